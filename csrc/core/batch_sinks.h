@@ -1,0 +1,84 @@
+// dynemb core: what batch upserts do with value rows (the Sinks of table_ops.h).
+//
+//   FindOrInsertSink  hit -> copy the row out; new -> initialise the row in the
+//                     table, copy it out; failed -> the initial row, not stored.
+//   AssignSink        hit/new -> write the caller's row into the table (a new
+//                     key's extra columns are initialised first); failed -> nothing.
+// Both can capture evicted residents (key, full row, score) at the position of
+// the key that replaced them, so nothing leaves the table unreported.
+#pragma once
+
+#include "core/initializer.h"
+#include "core/table_ref.h"
+
+namespace dynemb {
+
+/// Keys of one upsert batch per Status (hit, inserted, evicted, failed).
+struct StatusCounts {
+  int64_t by_status[4] = {0, 0, 0, 0};
+};
+
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = src[j];
+}
+
+/// Optional capture of evicted residents; all pointers null when not wanted.
+template <class V>
+struct EvictedOut {
+  int64_t* keys;    // (n)
+  V* rows;          // (n, row_width)
+  int64_t* scores;  // (n)
+
+  DYNEMB_HD void capture(const TableRef<V>& t, int64_t i, int64_t slot) const {
+    if (keys == nullptr) return;
+    keys[i] = t.keys[slot];
+    scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
+    copy_row(t.row(slot), rows + i * t.row_width, t.row_width);
+  }
+};
+
+template <class V>
+struct FindOrInsertSink {
+  TableRef<V> t;
+  InitArgs init;
+  int64_t dim;        // initialised embedding columns
+  V* out;             // (n, out_width)
+  int64_t out_width;  // <= t.row_width
+  EvictedOut<V> evicted;
+
+  DYNEMB_HD void hit(int64_t i, int64_t slot) {
+    copy_row(t.row(slot), out + i * out_width, out_width);
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
+  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t key) {
+    init_row(init, key, t.row(slot), dim, t.row_width);
+    hit(i, slot);
+  }
+  DYNEMB_HD void failed(int64_t i, int64_t key) {
+    init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width);
+  }
+};
+
+template <class V>
+struct AssignSink {
+  TableRef<V> t;
+  InitArgs init;
+  int64_t dim;
+  const V* in;       // (n, in_width)
+  int64_t in_width;  // dim or row_width
+  EvictedOut<V> evicted;
+
+  DYNEMB_HD void hit(int64_t i, int64_t slot) {
+    copy_row(in + i * in_width, t.row(slot), in_width);
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
+  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t) {
+    V* row = t.row(slot);
+    for (int64_t j = in_width; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
+    hit(i, slot);
+  }
+  DYNEMB_HD void failed(int64_t, int64_t) {}
+};
+
+}  // namespace dynemb

@@ -1,0 +1,56 @@
+// dynemb core: scanning one bucket.
+//
+// A bucket is bucket_capacity consecutive slots, scanned as groups of 16
+// digests: Platform::match16 turns a group into a bit mask of candidate slots
+// and only candidates have their key compared, so a probe touches the 16-64
+// digest bytes of a group before any key. The caller holds the bucket's lock
+// when the table may change under it (see platform.h).
+#pragma once
+
+#include "core/hash.h"
+#include "core/platform.h"
+#include "core/score_policy.h"
+#include "core/table_ref.h"
+
+namespace dynemb {
+
+/// @return the slot of `key` in `bucket`, or -1.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket, int64_t key,
+                                            uint8_t digest) {
+  const int64_t base = bucket * t.bucket_capacity;
+  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
+    uint32_t mask = P::match16(t.digests + base + g, digest);
+    while (mask != 0) {
+      const int64_t slot = base + g + lowest_bit(mask);
+      if (t.keys[slot] == key) return slot;
+      mask &= mask - 1;
+    }
+  }
+  return -1;
+}
+
+/// @return the first empty slot of `bucket`, or -1 when the bucket is full.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t bucket) {
+  const int64_t base = bucket * t.bucket_capacity;
+  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
+    const uint32_t mask = P::match16(t.digests + base + g, kEmptyDigest);
+    if (mask != 0) return base + g + lowest_bit(mask);
+  }
+  return -1;
+}
+
+/// The eviction victim of a full bucket: the slot with the smallest (score, key).
+/// Requires t.scores (every strategy that evicts keeps scores).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
+  const int64_t base = bucket * t.bucket_capacity;
+  int64_t victim = base;
+  for (int64_t s = base + 1; s < base + t.bucket_capacity; ++s) {
+    if (ranks_below(t.scores[s], t.keys[s], t.scores[victim], t.keys[victim])) victim = s;
+  }
+  return victim;
+}
+
+}  // namespace dynemb

@@ -1,0 +1,48 @@
+// dynemb core: key -> (bucket, digest).
+//
+// A key is mixed with the murmur3 64-bit finaliser (a bijection of uint64, so
+// distinct keys never share a hash). The high 32 bits pick the bucket by
+// multiply-shift range reduction, which works for any bucket count and maps
+// bucket b of a table to buckets {2b, 2b+1} of a table twice as large. The low 8
+// bits give the digest stored per slot; digest 0 marks an empty slot, so a key
+// whose low byte is 0 gets digest 1. No key value is reserved: every int64 is a
+// legal key, emptiness lives in the digest byte.
+#pragma once
+
+#include "core/macros.h"
+
+namespace dynemb {
+
+constexpr uint8_t kEmptyDigest = 0;
+
+/// murmur3 fmix64: a bijective 64-bit mix.
+DYNEMB_HD DYNEMB_INLINE uint64_t mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+/// @param key any int64 (reinterpreted as uint64, two's complement)
+/// @return the 64-bit hash of key
+DYNEMB_HD DYNEMB_INLINE uint64_t hash_key(int64_t key) {
+  return mix64(static_cast<uint64_t>(key));
+}
+
+/// @param hash hash_key(key)
+/// @param num_buckets number of buckets, 1 <= num_buckets <= 2^32
+/// @return the bucket index in [0, num_buckets)
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_of(uint64_t hash, int64_t num_buckets) {
+  return static_cast<int64_t>(((hash >> 32) * static_cast<uint64_t>(num_buckets)) >> 32);
+}
+
+/// @param hash hash_key(key)
+/// @return the slot digest in [1, 255] (0 is kEmptyDigest)
+DYNEMB_HD DYNEMB_INLINE uint8_t digest_of(uint64_t hash) {
+  const uint8_t d = static_cast<uint8_t>(hash);
+  return d == kEmptyDigest ? uint8_t{1} : d;
+}
+
+}  // namespace dynemb

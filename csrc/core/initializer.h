@@ -1,0 +1,114 @@
+// dynemb core: the rows given to new keys.
+//
+// A new row depends only on (seed, key, column): element j draws from a
+// counter-based generator keyed by mix64(key ^ mix64(seed)), so the same key gets
+// the same initial row whatever the batch order, thread count, device or world
+// size. Extra columns (optimizer state) start at `extra_value`.
+#pragma once
+
+#include <math.h>
+
+#include "core/hash.h"
+
+namespace dynemb {
+
+/// Mirrors dynemb.DynamicEmbInitializerMode (values are part of the op contract).
+enum class InitMode : int64_t {
+  kNormal = 0,
+  kTruncatedNormal = 1,
+  kUniform = 2,
+  kConstant = 3,
+  kDebug = 4,
+};
+
+struct InitArgs {
+  InitMode mode;
+  float a;  // uniform: lower;  normal: mean;    constant: value
+  float b;  // uniform: upper;  normal: std_dev
+  float lower;  // truncated normal bounds
+  float upper;
+  float extra_value;  // value of the extra (optimizer state) columns
+  uint64_t seed;
+};
+
+/// Two independent uniforms in [0, 1) (24-bit resolution) from one 64-bit draw.
+DYNEMB_HD DYNEMB_INLINE void unit_pair(uint64_t r, float* u0, float* u1) {
+  constexpr float kScale = 1.0f / 16777216.0f;  // 2^-24
+  *u0 = static_cast<float>(static_cast<uint32_t>(r) >> 8) * kScale;
+  *u1 = static_cast<float>(static_cast<uint32_t>(r >> 32) >> 8) * kScale;
+}
+
+/// Standard normal pair (Box-Muller) from one 64-bit draw.
+DYNEMB_HD DYNEMB_INLINE void normal_pair(uint64_t r, float* z0, float* z1) {
+  float u0, u1;
+  unit_pair(r, &u0, &u1);
+  const float radius = sqrtf(-2.0f * logf(1.0f - u0));  // 1 - u0 in (0, 1]: log is finite
+  const float angle = 6.283185307179586f * u1;
+  *z0 = radius * cosf(angle);
+  *z1 = radius * sinf(angle);
+}
+
+/// The stream of 64-bit draws for one key: draw(c) for c = 0, 1, 2, ...
+DYNEMB_HD DYNEMB_INLINE uint64_t draw(uint64_t stream, uint64_t c) {
+  return mix64(stream + (c + 1) * 0x9E3779B97F4A7C15ULL);
+}
+
+DYNEMB_HD DYNEMB_INLINE uint64_t stream_of(uint64_t seed, int64_t key) {
+  return mix64(static_cast<uint64_t>(key) ^ mix64(seed ^ 0x5851F42D4C957F2DULL));
+}
+
+/// Element values of a new row: out[j] for j < dim, then extra columns.
+/// @param out   (row_width) destination row
+/// @param dim   embedding columns filled by the initializer
+template <typename V>
+DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
+  const uint64_t stream = stream_of(a.seed, key);
+  switch (a.mode) {
+    case InitMode::kUniform: {
+      const float span = a.b - a.a;
+      for (int64_t j = 0; j < dim; j += 2) {
+        float u0, u1;
+        unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
+        out[j] = static_cast<V>(a.a + span * u0);
+        if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + span * u1);
+      }
+      break;
+    }
+    case InitMode::kNormal: {
+      for (int64_t j = 0; j < dim; j += 2) {
+        float z0, z1;
+        normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
+        out[j] = static_cast<V>(a.a + a.b * z0);
+        if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + a.b * z1);
+      }
+      break;
+    }
+    case InitMode::kTruncatedNormal: {
+      // Rejection sampling on a per-key counter; after 64 rejections (probability
+      // negligible for bounds within a few std devs) the value is clamped.
+      uint64_t c = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        float v = a.a;
+        for (int attempt = 0; attempt < 64; ++attempt) {
+          float z0, z1;
+          normal_pair(draw(stream, c++), &z0, &z1);
+          v = a.a + a.b * z0;
+          if (v >= a.lower && v <= a.upper) break;
+          v = fminf(fmaxf(v, a.lower), a.upper);
+        }
+        out[j] = static_cast<V>(v);
+      }
+      break;
+    }
+    case InitMode::kConstant:
+      for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(a.a);
+      break;
+    case InitMode::kDebug:
+      // Every element is the key itself, as a float (exact for |key| < 2^24).
+      for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(static_cast<float>(key));
+      break;
+  }
+  for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(a.extra_value);
+}
+
+}  // namespace dynemb

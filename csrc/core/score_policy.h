@@ -1,0 +1,68 @@
+// dynemb core: how a key's score changes when it is stored or accessed.
+//
+// The score decides eviction: in a full bucket the resident with the smallest
+// (score, key) pair is the victim; comparing the key too makes the choice
+// deterministic and independent of slot positions. The batch value (a timestamp
+// or a step) is read once per batch by the caller, so every key of one batch gets
+// the same value and the algorithm never reads a device clock.
+#pragma once
+
+#include "core/macros.h"
+
+namespace dynemb {
+
+/// Mirrors dynemb.DynamicEmbScoreStrategy (values are part of the op contract).
+enum class ScoreStrategy : int64_t {
+  kTimestamp = 0,     ///< score = batch timestamp (ns, monotonic)
+  kStep = 1,          ///< score = batch step counter
+  kCustomized = 2,    ///< score = caller's value; lower than every resident -> refused
+  kLfu = 3,           ///< score = number of accesses
+  kNoEviction = 4,    ///< no score; a full bucket means "grow the table"
+  kTimestampLfu = 5,  ///< score = LFU count, plus the last-access timestamp beside it
+};
+
+/// One batch's scoring context.
+struct ScoreArgs {
+  ScoreStrategy strategy;
+  uint64_t batch_value;   // timestamp or step of this batch
+  const int64_t* custom;  // (n) caller scores, CUSTOMIZED only; may be null on a pure find
+};
+
+DYNEMB_HD DYNEMB_INLINE bool evicts(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
+DYNEMB_HD DYNEMB_INLINE bool keeps_scores(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
+DYNEMB_HD DYNEMB_INLINE bool keeps_timestamps(ScoreStrategy s) {
+  return s == ScoreStrategy::kTimestampLfu;
+}
+
+/// Score of a key stored by this batch (element i of the batch).
+DYNEMB_HD DYNEMB_INLINE uint64_t score_for_new(const ScoreArgs& a, int64_t i) {
+  switch (a.strategy) {
+    case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
+    case ScoreStrategy::kLfu:
+    case ScoreStrategy::kTimestampLfu: return 1;
+    default: return a.batch_value;
+  }
+}
+
+/// Score of a stored key accessed again by this batch; `old` is its current score.
+DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, uint64_t old) {
+  switch (a.strategy) {
+    case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
+    case ScoreStrategy::kLfu:
+    case ScoreStrategy::kTimestampLfu: return old == ~uint64_t{0} ? old : old + 1;
+    default: return a.batch_value > old ? a.batch_value : old;
+  }
+}
+
+/// True when (score_a, key_a) ranks strictly below (score_b, key_b): a is evicted first.
+DYNEMB_HD DYNEMB_INLINE bool ranks_below(uint64_t score_a, int64_t key_a, uint64_t score_b,
+                                          int64_t key_b) {
+  return score_a < score_b || (score_a == score_b && key_a < key_b);
+}
+
+/// CUSTOMIZED refuses a newcomer whose score is below every resident's.
+DYNEMB_HD DYNEMB_INLINE bool admits(ScoreStrategy s, uint64_t new_score, uint64_t victim_score) {
+  return s != ScoreStrategy::kCustomized || new_score >= victim_score;
+}
+
+}  // namespace dynemb

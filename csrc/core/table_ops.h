@@ -1,0 +1,211 @@
+// dynemb core: THE per-key table algorithm (find, upsert, erase, move).
+//
+// Every executor (CPU loops, CUDA kernels) calls these functions once per key;
+// they decide everything: which bucket, which slot, whether to evict and whom,
+// what the scores become. What happens to value rows is delegated to a Sink
+// (batch_sinks.h), called while the bucket lock is held:
+//
+//   sink.hit(i, slot)                 key i found at slot
+//   sink.evicting(i, slot)            slot's resident is about to be replaced
+//   sink.fresh(i, slot, key)          key i now owns slot (new row)
+//   sink.failed(i, key)               key i could not be stored
+//
+// Placement. A key lives in its home bucket. Under NO_EVICTION a full home
+// bucket spills into the next buckets of a window of kMaxProbeBuckets; every
+// bucket passed gets its overflow flag, so a find walks on only past flagged
+// buckets and a table fills to ~90% before it must grow. Strategies that evict
+// never spill: a full bucket evicts its minimum (score, key), or, when the owner
+// forbids eviction (a table still below max capacity, which grows instead),
+// reports the key as failed.
+//
+// Locking. An upsert first takes the home bucket's lock alone; when the bucket
+// has never overflowed (the common case) that lock covers every place the key
+// could be. Otherwise it releases it and takes the locks of the whole window in
+// ascending index order (deadlock-free), then walks the chain.
+#pragma once
+
+#include "core/bucket.h"
+#include "core/score_policy.h"
+
+namespace dynemb {
+
+struct UpsertArgs {
+  ScoreArgs score;
+  bool allow_evict;  // false: a full bucket fails the key instead of evicting
+};
+
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int window_of(const TableRef<V>& t, ScoreStrategy s) {
+  if (evicts(s)) return 1;
+  return t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets) : kMaxProbeBuckets;
+}
+
+/// @return the slot holding `key`, or -1. Takes no lock (see platform.h).
+template <class P, class V>
+DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  int64_t b = bucket_of(h, t.num_buckets);
+  const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
+                                                    : kMaxProbeBuckets;
+  for (int k = 0; k < walk; ++k) {
+    const int64_t slot = bucket_find<P>(t, b, key, digest);
+    if (slot >= 0 || !t.overflow[b]) return slot;
+    b = t.next_bucket(b);
+  }
+  return -1;
+}
+
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const ScoreArgs& a,
+                                   int64_t i) {
+  if (t.scores) t.scores[slot] = score_for_hit(a, i, t.scores[slot]);
+  if (t.timestamps) t.timestamps[slot] = a.batch_value;
+}
+
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void claim(const TableRef<V>& t, int64_t slot, int64_t key,
+                                   uint8_t digest, uint64_t score, uint64_t timestamp) {
+  t.keys[slot] = key;
+  t.digests[slot] = digest;
+  if (t.scores) t.scores[slot] = score;
+  if (t.timestamps) t.timestamps[slot] = timestamp;
+}
+
+/// Locks (or unlocks) the `window` buckets starting at `home`, in ascending index order.
+template <class P, class V>
+DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool lock) {
+  // Buckets past the end wrap to 0..: they have the smallest indices, so go first.
+  const int64_t wrapped = home + window - t.num_buckets;  // count of wrapped buckets
+  for (int64_t b = 0; b < wrapped; ++b) lock ? P::lock(&t.locks[b]) : P::unlock(&t.locks[b]);
+  const int64_t stop = wrapped > 0 ? t.num_buckets : home + window;
+  for (int64_t b = home; b < stop; ++b) lock ? P::lock(&t.locks[b]) : P::unlock(&t.locks[b]);
+}
+
+/// Finds key i, or stores it; calls exactly one of sink.hit / sink.fresh / sink.failed.
+template <class P, class V, class Sink>
+DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const UpsertArgs& u,
+                        Sink& sink) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const ScoreArgs& a = u.score;
+
+  P::lock(&t.locks[home]);
+  if (!t.overflow[home]) {
+    int64_t slot = bucket_find<P>(t, home, key, digest);
+    if (slot >= 0) {
+      touch(t, slot, a, i);
+      sink.hit(i, slot);
+      P::unlock(&t.locks[home]);
+      return Status::kHit;
+    }
+    slot = bucket_free_slot<P>(t, home);
+    if (slot >= 0) {
+      claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
+      sink.fresh(i, slot, key);
+      P::unlock(&t.locks[home]);
+      return Status::kInserted;
+    }
+    if (evicts(a.strategy)) {
+      Status status = Status::kFailed;
+      const int64_t victim = bucket_victim(t, home);
+      const uint64_t score = score_for_new(a, i);
+      if (u.allow_evict && admits(a.strategy, score, t.scores[victim])) {
+        sink.evicting(i, victim);
+        claim(t, victim, key, digest, score, a.batch_value);
+        sink.fresh(i, victim, key);
+        status = Status::kEvicted;
+      } else {
+        sink.failed(i, key);
+      }
+      P::unlock(&t.locks[home]);
+      return status;
+    }
+  }
+  P::unlock(&t.locks[home]);
+
+  // NO_EVICTION and the home bucket is full or has spilled: walk the window.
+  const int window = window_of(t, a.strategy);
+  lock_window<P>(t, home, window, true);
+  Status status = Status::kFailed;
+  int64_t b = home;
+  int64_t found = -1;
+  for (int k = 0; k < window; ++k) {
+    found = bucket_find<P>(t, b, key, digest);
+    if (found >= 0 || !t.overflow[b]) break;
+    b = t.next_bucket(b);
+  }
+  if (found >= 0) {
+    touch(t, found, a, i);
+    sink.hit(i, found);
+    status = Status::kHit;
+  } else {
+    b = home;
+    for (int k = 0; k < window; ++k) {
+      const int64_t slot = bucket_free_slot<P>(t, b);
+      if (slot >= 0) {
+        claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
+        sink.fresh(i, slot, key);
+        status = Status::kInserted;
+        break;
+      }
+      t.overflow[b] = 1;
+      b = t.next_bucket(b);
+    }
+    if (status == Status::kFailed) sink.failed(i, key);
+  }
+  lock_window<P>(t, home, window, false);
+  return status;
+}
+
+/// Removes `key`; @return true when it was stored.
+template <class P, class V>
+DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const int window = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
+                                                      : kMaxProbeBuckets;
+  lock_window<P>(t, home, window, true);
+  int64_t b = home;
+  bool erased = false;
+  for (int k = 0; k < window; ++k) {
+    const int64_t slot = bucket_find<P>(t, b, key, digest);
+    if (slot >= 0) {
+      t.digests[slot] = kEmptyDigest;
+      erased = true;
+      break;
+    }
+    if (!t.overflow[b]) break;
+    b = t.next_bucket(b);
+  }
+  lock_window<P>(t, home, window, false);
+  return erased;
+}
+
+/// Places a key known to be absent from `t` (a rehash moves each key once), with
+/// its score and timestamp, spilling over `window` buckets; one lock at a time is
+/// enough because no other thread places the same key.
+/// @return the slot, or -1 when the whole window is full.
+template <class P, class V>
+DYNEMB_HD int64_t place_moved(const TableRef<V>& t, int64_t key, uint64_t score,
+                              uint64_t timestamp, int window) {
+  const uint64_t h = hash_key(key);
+  int64_t b = bucket_of(h, t.num_buckets);
+  for (int k = 0; k < window; ++k) {
+    P::lock(&t.locks[b]);
+    const int64_t slot = bucket_free_slot<P>(t, b);
+    if (slot >= 0) {
+      claim(t, slot, key, digest_of(h), score, timestamp);
+      P::unlock(&t.locks[b]);
+      return slot;
+    }
+    t.overflow[b] = 1;
+    P::unlock(&t.locks[b]);
+    b = t.next_bucket(b);
+  }
+  return -1;
+}
+
+}  // namespace dynemb

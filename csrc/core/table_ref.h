@@ -1,0 +1,48 @@
+// dynemb core: a non-owning view of one scored hash table's buffers.
+//
+// Memory layout (num_slots = num_buckets * bucket_capacity, slot s of bucket b is
+// s = b * bucket_capacity + i):
+//
+//   struct Table {
+//     uint8_t  digests[num_slots];              // 0 = empty, else digest_of(hash)
+//     int64_t  keys[num_slots];                 // valid where digest != 0
+//     uint64_t scores[num_slots];               // eviction score; absent (null) under NO_EVICTION
+//     uint64_t timestamps[num_slots];           // last access; only for (TIMESTAMP, LFU)
+//     V        values[num_slots][row_width];    // embedding (dim) + extra columns
+//     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
+//     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in the next bucket
+//   };
+//
+// Invariants: a key occupies at most one slot; a key homed at bucket b lives in
+// b, or (NO_EVICTION only) in b+1..b+k-1 where overflow[b..b+k-2] are all set
+// (k <= kMaxProbeBuckets, indices modulo num_buckets). overflow is only cleared by
+// a rehash or clear, so it may be set where no key is displaced any more.
+#pragma once
+
+#include "core/macros.h"
+
+namespace dynemb {
+
+/// Buckets a NO_EVICTION insert may walk before it reports the key as failed
+/// (which makes the owner grow the table). Eviction strategies use 1.
+constexpr int kMaxProbeBuckets = 4;
+
+template <typename V>
+struct TableRef {
+  uint8_t* digests;     // (num_slots)
+  int64_t* keys;        // (num_slots)
+  uint64_t* scores;     // (num_slots) or nullptr
+  uint64_t* timestamps; // (num_slots) or nullptr
+  V* values;            // (num_slots, row_width)
+  uint32_t* locks;      // (num_buckets)
+  uint8_t* overflow;    // (num_buckets)
+  int64_t num_buckets;
+  int64_t bucket_capacity;  // multiple of 16
+  int64_t row_width;        // dim + extra columns
+
+  DYNEMB_HD int64_t num_slots() const { return num_buckets * bucket_capacity; }
+  DYNEMB_HD V* row(int64_t slot) const { return values + slot * row_width; }
+  DYNEMB_HD int64_t next_bucket(int64_t b) const { return b + 1 == num_buckets ? 0 : b + 1; }
+};
+
+}  // namespace dynemb

@@ -1,0 +1,46 @@
+// dynemb CPU executor: the Platform of core/platform.h for host threads.
+#pragma once
+
+#include <atomic>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "core/platform.h"
+
+namespace dynemb {
+
+struct CpuPlatform {
+  static void lock(uint32_t* word) {
+    std::atomic_ref<uint32_t> a(*word);
+    uint32_t expected = 0;
+    while (!a.compare_exchange_weak(expected, 1, std::memory_order_acquire,
+                                    std::memory_order_relaxed)) {
+      expected = 0;
+      while (a.load(std::memory_order_relaxed) != 0) {
+#if defined(__SSE2__)
+        _mm_pause();
+#endif
+      }
+    }
+  }
+
+  static void unlock(uint32_t* word) {
+    std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
+  }
+
+  static uint32_t match16(const uint8_t* group, uint8_t digest) {
+#if defined(__SSE2__)
+    const __m128i g = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group));
+    const __m128i d = _mm_set1_epi8(static_cast<char>(digest));
+    return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(g, d)));
+#else
+    return match16_scalar(group, digest);
+#endif
+  }
+
+  static void prefetch(const void* addr) { __builtin_prefetch(addr, 0, 1); }
+};
+
+}  // namespace dynemb

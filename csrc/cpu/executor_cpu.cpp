@@ -1,0 +1,192 @@
+// dynemb CPU executor: see executor_cpu.h.
+#include "cpu/executor_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/cpu_platform.h"
+
+namespace dynemb::cpu {
+
+using P = CpuPlatform;
+
+namespace {
+
+constexpr int64_t kGrain = 2048;   // keys per task below which one thread runs a batch
+constexpr int64_t kPrefetch = 8;   // keys ahead whose bucket digests are prefetched
+
+int threads_for(int64_t n) {
+  return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
+}
+
+template <class V>
+DYNEMB_INLINE void prefetch_bucket(const TableRef<V>& t, int64_t key) {
+  const int64_t b = bucket_of(hash_key(key), t.num_buckets);
+  P::prefetch(t.digests + b * t.bucket_capacity);
+}
+
+/// Runs upsert for keys[i] in `order` (or 0..n-1 when order is null), one thread.
+template <class V, class Sink>
+void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
+                     const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
+                     int8_t* status, StatusCounts& counts) {
+  for (int64_t j = begin; j < end; ++j) {
+    if (j + kPrefetch < end) prefetch_bucket(t, keys[order ? order[j + kPrefetch] : j + kPrefetch]);
+    const int64_t i = order ? order[j] : j;
+    const Status s = upsert<P>(t, i, keys[i], args, sink);
+    status[i] = static_cast<int8_t>(s);
+    ++counts.by_status[static_cast<int>(s)];
+  }
+}
+
+/// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
+template <class V, class Sink>
+StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
+                         const int64_t* keys, int64_t n, int8_t* status) {
+  const int max_threads = threads_for(n);
+  StatusCounts total;
+  if (max_threads == 1) {
+    upsert_sequence(t, sink, args, keys, nullptr, 0, n, status, total);
+    return total;
+  }
+  std::vector<int32_t> part(n);
+  std::vector<int64_t> order(n);
+  // cursor[c * T + p]: next position in `order` for keys of chunk c and part p.
+  std::vector<int64_t> cursor(static_cast<size_t>(max_threads) * max_threads, 0);
+  std::vector<int64_t> part_begin(max_threads + 1, 0);
+  std::vector<StatusCounts> counts(max_threads);
+#pragma omp parallel num_threads(max_threads)
+  {
+    const int T = omp_get_num_threads();
+    const int c = omp_get_thread_num();
+    const int64_t lo = n * c / T, hi = n * (c + 1) / T;
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t b = bucket_of(hash_key(keys[i]), t.num_buckets);
+      const int32_t p = static_cast<int32_t>(b * T / t.num_buckets);
+      part[i] = p;
+      ++cursor[c * T + p];
+    }
+#pragma omp barrier
+#pragma omp single
+    {
+      // Exclusive prefix sum in (part, chunk) order keeps batch order inside a part.
+      int64_t running = 0;
+      for (int p = 0; p < T; ++p) {
+        part_begin[p] = running;
+        for (int cc = 0; cc < T; ++cc) {
+          const int64_t k = cursor[cc * T + p];
+          cursor[cc * T + p] = running;
+          running += k;
+        }
+      }
+      part_begin[T] = running;
+    }
+    for (int64_t i = lo; i < hi; ++i) order[cursor[c * T + part[i]]++] = i;
+#pragma omp barrier
+    upsert_sequence(t, sink, args, keys, order.data(), part_begin[c], part_begin[c + 1], status,
+                    counts[c]);
+  }
+  for (const StatusCounts& c : counts) {
+    for (int s = 0; s < 4; ++s) total.by_status[s] += c.by_status[s];
+  }
+  return total;
+}
+
+}  // namespace
+
+void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
+               uint8_t* digest) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t h = hash_key(keys[i]);
+      bucket[i] = bucket_of(h, num_buckets);
+      digest[i] = digest_of(h);
+    }
+  });
+}
+
+template <class V>
+void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
+          bool* found) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetch < end) prefetch_bucket(t, keys[i + kPrefetch]);
+      const int64_t slot = find_slot<P>(t, keys[i]);
+      found[i] = slot >= 0;
+      if (slot >= 0) copy_row(t.row(slot), out + i * out_width, out_width);
+    }
+  });
+}
+
+template <class V>
+void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetch < end) prefetch_bucket(t, keys[i + kPrefetch]);
+      slots[i] = find_slot<P>(t, keys[i]);
+    }
+  });
+}
+
+template <class V>
+StatusCounts find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
+                           const int64_t* keys, int64_t n, int8_t* status) {
+  return upsert_batch(sink.t, sink, args, keys, n, status);
+}
+
+template <class V>
+StatusCounts assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                   int64_t n, int8_t* status) {
+  return upsert_batch(sink.t, sink, args, keys, n, status);
+}
+
+template <class V>
+void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) erased[i] = erase_key<P>(t, keys[i]);
+  });
+}
+
+template <class V>
+int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
+  std::vector<int64_t> failed(std::max(1, at::get_num_threads()), 0);
+  at::parallel_for(0, src.num_buckets, 64, [&](int64_t begin, int64_t end) {
+    int64_t lost = 0;
+    for (int64_t s = begin * src.bucket_capacity; s < end * src.bucket_capacity; ++s) {
+      if (src.digests[s] == kEmptyDigest) continue;
+      const uint64_t score = src.scores ? src.scores[s] : 0;
+      const uint64_t stamp = src.timestamps ? src.timestamps[s] : 0;
+      const int64_t slot = place_moved<P>(dst, src.keys[s], score, stamp, window);
+      if (slot < 0) {
+        ++lost;
+        continue;
+      }
+      copy_row(src.row(s), dst.row(slot), src.row_width);
+    }
+    failed[at::get_thread_num()] += lost;
+  });
+  int64_t total = 0;
+  for (int64_t f : failed) total += f;
+  return total;
+}
+
+#define DYNEMB_INSTANTIATE(V)                                                                 \
+  template void find<V>(const TableRef<V>&, const int64_t*, int64_t, V*, int64_t, bool*);     \
+  template void find_slots<V>(const TableRef<V>&, const int64_t*, int64_t, int64_t*);         \
+  template StatusCounts find_or_insert<V>(const FindOrInsertSink<V>&, const UpsertArgs&,       \
+                                         const int64_t*, int64_t, int8_t*);                   \
+  template StatusCounts assign<V>(const AssignSink<V>&, const UpsertArgs&, const int64_t*,     \
+                                 int64_t, int8_t*);                                           \
+  template void erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*);                 \
+  template int64_t rehash<V>(const TableRef<V>&, const TableRef<V>&, int);
+
+DYNEMB_INSTANTIATE(float)
+DYNEMB_INSTANTIATE(c10::Half)
+DYNEMB_INSTANTIATE(c10::BFloat16)
+
+}  // namespace dynemb::cpu

@@ -1,0 +1,50 @@
+// dynemb CPU executor: batch loops over the core per-key algorithm.
+//
+// Mutating batches are partitioned by home-bucket range: with T threads, thread p
+// processes, in batch order, exactly the keys whose home bucket lies in the p-th
+// range. Keys of one bucket are therefore handled by one thread in batch order,
+// and the result (which keys are evicted or refused, which duplicate inserts
+// first) is the same as a sequential run whatever the thread count. Read-only
+// batches are split evenly.
+#pragma once
+
+#include <cstdint>
+
+#include "core/batch_sinks.h"
+#include "core/table_ops.h"
+
+namespace dynemb::cpu {
+
+/// @param keys   (n) int64
+/// @param bucket (n) int64 out
+/// @param digest (n) uint8 out
+void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
+               uint8_t* digest);
+
+/// Gathers the first out_width columns of each key's row; absent keys leave
+/// their output row untouched and found[i] = false.
+template <class V>
+void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
+          bool* found);
+
+/// slots[i] = slot of keys[i] or -1.
+template <class V>
+void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots);
+
+template <class V>
+StatusCounts find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
+                           const int64_t* keys, int64_t n, int8_t* status);
+
+template <class V>
+StatusCounts assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                   int64_t n, int8_t* status);
+
+/// erased[i] = keys[i] was stored (and is now gone).
+template <class V>
+void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased);
+
+/// Moves every entry of src into dst (an empty table). @return entries that did not fit.
+template <class V>
+int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window);
+
+}  // namespace dynemb::cpu

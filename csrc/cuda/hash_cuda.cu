@@ -1,0 +1,26 @@
+// dynemb CUDA executor: key hashing (core/hash.h), one thread per key.
+#include "cuda/launchers_cuda.h"
+
+namespace dynemb::cuda {
+namespace {
+
+__global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
+                                 int64_t* bucket, uint8_t* digest) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint64_t h = hash_key(keys[i]);
+  bucket[i] = bucket_of(h, num_buckets);
+  digest[i] = digest_of(h);
+}
+
+}  // namespace
+
+void launch_hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
+                      uint8_t* digest, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kBlock = 256;
+  const auto blocks = static_cast<unsigned>((n + kBlock - 1) / kBlock);
+  hash_keys_kernel<<<blocks, kBlock, 0, stream>>>(keys, n, num_buckets, bucket, digest);
+}
+
+}  // namespace dynemb::cuda

@@ -1,0 +1,53 @@
+// dynemb CUDA executor: torch-free launchers, one per op. Every pointer is device
+// memory; every launcher enqueues on `stream` and returns without synchronising.
+// csrc/torch/ops_cuda.cpp (CUDA builds only) checks tensors and calls these.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/batch_sinks.h"
+#include "core/table_ops.h"
+
+namespace dynemb::cuda {
+
+/// @param keys   (n) int64
+/// @param bucket (n) int64 out
+/// @param digest (n) uint8 out
+void launch_hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
+                      uint8_t* digest, cudaStream_t stream);
+
+/// @param out   (n, out_width) rows of found keys
+/// @param found (n) bool out
+template <class V>
+void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
+                 bool* found, cudaStream_t stream);
+
+/// @param slots (n) int64 out, -1 for absent keys
+template <class V>
+void launch_find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots,
+                       cudaStream_t stream);
+
+/// @param status (n) int8 out (dynemb::Status)
+/// @param counts (4) int64 out, zeroed by the launcher: keys per Status
+template <class V>
+void launch_find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
+                           const int64_t* keys, int64_t n, int8_t* status, int64_t* counts,
+                           cudaStream_t stream);
+
+template <class V>
+void launch_assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                   int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream);
+
+/// @param erased (n) bool out
+template <class V>
+void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
+                  cudaStream_t stream);
+
+/// Moves every entry of src into the empty dst. @param failed (1) int64 out, zeroed here.
+template <class V>
+void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, int64_t* failed,
+                   cudaStream_t stream);
+
+}  // namespace dynemb::cuda

@@ -1,0 +1,116 @@
+// dynemb torch layer: parsing and checking the scalar lists of upsert ops
+// (policy, init) and their row tensors; shared by every backend.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "core/batch_sinks.h"
+#include "core/table_ops.h"
+#include "torch/tensor_checks.h"
+
+namespace dynemb {
+
+/// The decoded scalar arguments of one upsert call.
+struct UpsertCall {
+  UpsertArgs args;
+  InitArgs init;
+  int64_t dim;
+};
+
+/// rows: (n, width) with min_width <= width <= max_width, the table's value dtype.
+inline void check_rows(const char* op, const char* name, const at::Tensor& rows,
+                       const at::Tensor& table_values, int64_t n, int64_t min_width,
+                       int64_t max_width) {
+  TORCH_CHECK_TYPE(rows.scalar_type() == table_values.scalar_type(), "dynemb.", op, ": `", name,
+                   "` must have the table's dtype ", table_values.scalar_type(), ", got ",
+                   rows.scalar_type());
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.size(0) == n && rows.size(1) >= min_width &&
+                        rows.size(1) <= max_width && rows.is_contiguous(),
+                    "dynemb.", op, ": `", name, "` must be a contiguous (", n, ", w) tensor with ",
+                    min_width, " <= w <= ", max_width, ", got shape ", rows.sizes());
+  check_same_device(op, name, rows, table_values);
+}
+
+inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArrayRef policy,
+                               at::ArrayRef<double> init, const at::Tensor& keys,
+                               const std::optional<at::Tensor>& scores,
+                               at::TensorList evicted) {
+  check_table(op, table);
+  check_keys(op, keys);
+  check_same_device(op, "keys", keys, table[0]);
+  TORCH_CHECK_VALUE(policy.size() == 5, "dynemb.", op,
+                    ": `policy` must be [strategy, batch_value, seed, allow_evict, dim], got ",
+                    policy.size(), " values");
+  TORCH_CHECK_VALUE(init.size() == 6, "dynemb.", op,
+                    ": `init` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
+                    " values");
+  const int64_t strategy = policy[0];
+  TORCH_CHECK_VALUE(strategy >= 0 && strategy <= 5, "dynemb.", op,
+                    ": unknown score strategy ", strategy);
+  const auto s = static_cast<ScoreStrategy>(strategy);
+  TORCH_CHECK_VALUE(keeps_scores(s) == (table[2].numel() != 0) &&
+                        keeps_timestamps(s) == (table[3].numel() != 0),
+                    "dynemb.", op, ": the table's score buffers do not match strategy ", strategy);
+  const int64_t row_width = table[4].size(1);
+  TORCH_CHECK_VALUE(policy[4] >= 0 && policy[4] <= row_width, "dynemb.", op, ": dim ",
+                    policy[4], " must be in [0, row_width=", row_width, "]");
+  const int64_t mode = static_cast<int64_t>(init[0]);
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 4, "dynemb.", op, ": unknown initializer mode ", mode);
+  const int64_t* custom = nullptr;
+  if (s == ScoreStrategy::kCustomized) {
+    TORCH_CHECK_VALUE(scores.has_value(), "dynemb.", op,
+                      ": `scores` are required under the CUSTOMIZED strategy");
+  }
+  if (scores.has_value()) {
+    TORCH_CHECK_VALUE(s == ScoreStrategy::kCustomized, "dynemb.", op,
+                      ": `scores` are accepted only under the CUSTOMIZED strategy");
+    check_tensor(op, "scores", *scores, at::kLong, 1);
+    TORCH_CHECK_VALUE(scores->numel() == keys.numel(), "dynemb.", op, ": `scores` has ",
+                      scores->numel(), " elements, `keys` has ", keys.numel());
+    check_same_device(op, "scores", *scores, table[0]);
+    custom = scores->data_ptr<int64_t>();
+  }
+  if (!evicted.empty()) {
+    TORCH_CHECK_VALUE(evicted.size() == 3, "dynemb.", op,
+                      ": `evicted` must be [] or [keys, rows, scores]");
+    check_tensor(op, "evicted.keys", evicted[0], at::kLong, 1);
+    check_tensor(op, "evicted.scores", evicted[2], at::kLong, 1);
+    TORCH_CHECK_VALUE(evicted[0].numel() == keys.numel() && evicted[2].numel() == keys.numel(),
+                      "dynemb.", op, ": evicted.keys and evicted.scores need ", keys.numel(),
+                      " elements");
+    check_rows(op, "evicted.rows", evicted[1], table[4], keys.numel(), row_width, row_width);
+  }
+  UpsertCall call;
+  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom};
+  call.args.allow_evict = policy[3] != 0;
+  call.dim = policy[4];
+  call.init = InitArgs{static_cast<InitMode>(mode),
+                       static_cast<float>(init[1]),
+                       static_cast<float>(init[2]),
+                       static_cast<float>(init[3]),
+                       static_cast<float>(init[4]),
+                       static_cast<float>(init[5]),
+                       static_cast<uint64_t>(policy[2])};
+  return call;
+}
+
+template <class V>
+EvictedOut<V> evicted_out(at::TensorList evicted) {
+  if (evicted.empty()) return EvictedOut<V>{nullptr, nullptr, nullptr};
+  return EvictedOut<V>{evicted[0].data_ptr<int64_t>(), reinterpret_cast<V*>(evicted[1].data_ptr()),
+                       evicted[2].data_ptr<int64_t>()};
+}
+
+/// Allocates the status output, runs `body(status_ptr) -> StatusCounts` and packs the counts.
+template <class Body>
+std::tuple<at::Tensor, at::Tensor> finish_upsert(const at::Tensor& keys, Body&& body) {
+  at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
+  const StatusCounts done = body(status.data_ptr<int8_t>());
+  at::Tensor counts = at::empty({4}, at::TensorOptions().dtype(at::kLong));
+  for (int k = 0; k < 4; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
+  return {status, counts};
+}
+
+}  // namespace dynemb

@@ -1,0 +1,33 @@
+// dynemb torch layer: every op schema, declared once. Backends register
+// implementations in ops_cpu.cpp (always) and ops_cuda.cpp (CUDA builds).
+//
+// Conventions: `table` is the Tensor[] described in tensor_checks.h;
+// policy = [score_strategy, batch_value, seed, allow_evict, dim];
+// init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
+// evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
+#include <torch/library.h>
+#include <torch/extension.h>
+
+TORCH_LIBRARY(dynemb, m) {
+  m.def("hash_keys(Tensor keys, int num_buckets) -> (Tensor bucket, Tensor digest)");
+  m.def("table_find(Tensor[] table, Tensor keys, Tensor(a!) values) -> Tensor found");
+  m.def("table_find_slots(Tensor[] table, Tensor keys) -> Tensor slots");
+  m.def(
+      "table_find_or_insert(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
+      "Tensor? scores, Tensor(b!) values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
+  m.def(
+      "table_insert_or_assign(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
+      "Tensor? scores, Tensor values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
+  m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
+  m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
+}
+
+// Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("with_cuda") =
+#ifdef DYNEMB_WITH_CUDA
+      true;
+#else
+      false;
+#endif
+}
