@@ -1,0 +1,103 @@
+"""Typed wrappers over ``torch.ops.dynemb.*``: the only Python module that calls C++.
+
+The dispatcher picks the device implementation (CPU always; CUDA in CUDA builds),
+so nothing here branches on the device. ``table`` is the list of seven tensors
+described in ``csrc/torch/tensor_checks.h`` (built by ``TableStorage.tensors()``).
+"""
+
+import enum
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+
+import dynemb._C  # noqa: F401  (loads the op library into torch.ops.dynemb)
+
+_dynemb = torch.ops.dynemb
+
+MAX_PROBE_BUCKETS = 4  # core/table_ref.h kMaxProbeBuckets
+
+
+class Status(enum.IntEnum):
+    """Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."""
+
+    HIT = 0
+    INSERTED = 1
+    EVICTED = 2
+    FAILED = 3
+
+
+class UpsertResult(NamedTuple):
+    status: torch.Tensor  # (n,) int8, a Status per key
+    counts: torch.Tensor  # (4,) int64, keys per Status
+
+
+def hash_keys(keys: torch.Tensor, num_buckets: int) -> tuple:
+    """Hashes keys to buckets and slot digests.
+
+    Args:
+        keys: (n,) int64, contiguous.
+        num_buckets: number of buckets, in [1, 2**32].
+
+    Returns:
+        ``(bucket, digest)``: (n,) int64 in [0, num_buckets) and (n,) uint8 in [1, 255].
+    """
+    return _dynemb.hash_keys(keys, num_buckets)
+
+
+def table_find(table: Sequence[torch.Tensor], keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Copies the first ``values.shape[1]`` columns of each found key's row into ``values``.
+
+    Returns found: (n,) bool. Rows of absent keys are left untouched.
+    """
+    return _dynemb.table_find(list(table), keys, values)
+
+
+def table_find_slots(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
+    """Returns slots: (n,) int64, the slot of each key or -1."""
+    return _dynemb.table_find_slots(list(table), keys)
+
+
+def table_find_or_insert(
+    table: Sequence[torch.Tensor],
+    policy: List[int],
+    init: List[float],
+    keys: torch.Tensor,
+    scores: Optional[torch.Tensor],
+    values: torch.Tensor,
+    evicted: Sequence[torch.Tensor] = (),
+) -> UpsertResult:
+    """Finds each key or stores it with an initialised row; copies rows into ``values``.
+
+    ``policy = [strategy, batch_value, seed, allow_evict, dim]``,
+    ``init = [mode, a, b, lower, upper, extra_value]``,
+    ``evicted = []`` or ``[keys (n,), rows (n, row_width), scores (n,)]`` filled at the
+    positions whose status is EVICTED.
+    """
+    return UpsertResult(
+        *_dynemb.table_find_or_insert(list(table), policy, init, keys, scores, values, list(evicted))
+    )
+
+
+def table_insert_or_assign(
+    table: Sequence[torch.Tensor],
+    policy: List[int],
+    init: List[float],
+    keys: torch.Tensor,
+    scores: Optional[torch.Tensor],
+    values: torch.Tensor,
+    evicted: Sequence[torch.Tensor] = (),
+) -> UpsertResult:
+    """Stores ``values`` (n, dim or row_width) for each key; arguments as table_find_or_insert."""
+    return UpsertResult(
+        *_dynemb.table_insert_or_assign(list(table), policy, init, keys, scores, values, list(evicted))
+    )
+
+
+def table_erase(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
+    """Removes keys. Returns erased: (n,) bool, True where the key was stored."""
+    return _dynemb.table_erase(list(table), keys)
+
+
+def table_rehash(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor], window: int) -> int:
+    """Moves every entry of ``src`` into the empty ``dst``. Returns entries that did not fit."""
+    return _dynemb.table_rehash(list(src), list(dst), window)

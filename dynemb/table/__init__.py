@@ -1,0 +1,1 @@
+"""Table state: buffers, growth, the ScoredHashTable."""

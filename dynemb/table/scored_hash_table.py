@@ -1,0 +1,456 @@
+"""``ScoredHashTable``: a bucketed hash table from any int64 key to a value row and a score.
+
+The algorithm (probe, digest match, victim choice, score update) lives in
+csrc/core and runs on the table's device through ``dynemb._ops``; this class
+validates arguments, owns the buffers, drives growth and keeps the accounting.
+"""
+
+import dataclasses
+import time
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.table.capacity import bucket_counts
+from dynemb.table.rw_lock import RWLock
+from dynemb.table.table_storage import TableLayout, TableStorage
+from dynemb.types import DynamicEmbScoreStrategy
+
+ScoreStrategyArg = Union[DynamicEmbScoreStrategy, Tuple[DynamicEmbScoreStrategy, ...]]
+
+_VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TIMESTAMP_LFU = 5  # core/score_policy.h kTimestampLfu
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStats:
+    """Accounting of one batch op: ``inserted + evicted + failed`` = distinct new keys.
+
+    Attributes:
+        hits: occurrences of keys that were already stored (a key repeated in the
+            batch counts as a hit after its first occurrence).
+        inserted: new keys stored in a free slot.
+        evicted: new keys stored in place of an evicted resident.
+        failed: new keys that could not be stored (reported, never silent).
+        failed_keys: (failed,) int64, those keys.
+    """
+
+    hits: int
+    inserted: int
+    evicted: int
+    failed: int
+    failed_keys: torch.Tensor
+
+
+def _strategy_code(strategy: ScoreStrategyArg) -> int:
+    if isinstance(strategy, DynamicEmbScoreStrategy):
+        return strategy.value
+    ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU
+    if isinstance(strategy, tuple) and set(strategy) == {ts, lfu} and len(strategy) == 2:
+        return _TIMESTAMP_LFU
+    raise ValueError(
+        "score_strategy must be a DynamicEmbScoreStrategy or the compound "
+        f"(TIMESTAMP, LFU), got {strategy!r}"
+    )
+
+
+class ScoredHashTable:
+    """A dynamic embedding table: int64 key -> value row + score, with eviction or growth.
+
+    Every int64 is a legal key (emptiness is kept in a per-slot digest byte, no key
+    value is reserved). A key hashes to one bucket of ``bucket_capacity`` slots; when
+    the bucket is full, the resident with the smallest (score, key) is evicted
+    (ties broken by key, so results never depend on thread count). While the table
+    is below ``capacity`` it grows (2x buckets) instead of evicting; under
+    NO_EVICTION it never evicts, and once at ``capacity`` keys that do not fit are
+    reported as failed. Batch ops de-duplicate: a key repeated in a batch is stored
+    once and every occurrence sees the same row.
+
+    Args:
+        dim: embedding width (columns initialised by ``initializer``).
+        capacity: maximum number of slots (rounded up to the bucket layout).
+        init_capacity: initial slots (``None``: ``capacity``); the table doubles up to
+            ``capacity`` as keys arrive.
+        bucket_capacity: slots per bucket, a positive multiple of 16.
+        score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU)``.
+        value_dtype: storage type of rows: float32, float16 or bfloat16.
+        extra_columns: columns stored after the embedding (optimizer state), set to
+            ``extra_init`` for new keys.
+        initializer: how new rows are initialised; a function of (seed, key).
+        seed: initializer seed.
+        device: where the table lives (CPU always; CUDA in CUDA builds).
+        extra_init: initial value of the extra columns.
+
+    Raises:
+        TypeError / ValueError: on a bad argument, naming it and the value.
+
+    Example::
+
+        >>> t = ScoredHashTable(dim=4, capacity=1024)
+        >>> keys = torch.tensor([7, -3, 2**63 - 1])
+        >>> rows = t.find_or_insert(keys)          # (3, 4), new rows initialised
+        >>> values, found = t.find(torch.tensor([7, 8]))
+        >>> found
+        tensor([ True, False])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        capacity: int,
+        init_capacity: Optional[int] = None,
+        bucket_capacity: int = 128,
+        score_strategy: ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
+        value_dtype: torch.dtype = torch.float32,
+        extra_columns: int = 0,
+        initializer: Optional[DynamicEmbInitializerArgs] = None,
+        seed: int = 0,
+        device: Union[str, torch.device] = "cpu",
+        extra_init: float = 0.0,
+    ) -> None:
+        _check_int("dim", dim, 1)
+        _check_int("bucket_capacity", bucket_capacity, 16)
+        if bucket_capacity % 16:
+            raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
+        _check_int("capacity", capacity, bucket_capacity, "bucket_capacity")
+        if init_capacity is None:
+            init_capacity = capacity
+        _check_int("init_capacity", init_capacity, 1)
+        if init_capacity > capacity:
+            raise ValueError(f"init_capacity={init_capacity} exceeds capacity={capacity}")
+        _check_int("extra_columns", extra_columns, 0)
+        if value_dtype not in _VALUE_DTYPES:
+            raise TypeError(f"value_dtype must be one of {_VALUE_DTYPES}, got {value_dtype}")
+        if not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+            raise ValueError(f"seed must be an int64, got {seed!r}")
+        initializer = initializer if initializer is not None else DynamicEmbInitializerArgs()
+        if not isinstance(initializer, DynamicEmbInitializerArgs):
+            raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
+        initializer.validate()
+        code = _strategy_code(score_strategy)
+
+        self.dim = dim
+        self.extra_columns = extra_columns
+        self.score_strategy = score_strategy
+        self.initializer = initializer
+        self.seed = seed
+        self._strategy = code
+        self._layout = TableLayout(
+            row_width=dim + extra_columns,
+            bucket_capacity=bucket_capacity,
+            value_dtype=value_dtype,
+            keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
+            keeps_timestamps=code == _TIMESTAMP_LFU,
+            device=torch.device(device),
+        )
+        init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
+        self._storage = TableStorage(self._layout, init_buckets)
+        self._init = [float(v) for v in initializer.resolved(capacity)] + [float(extra_init)]
+        self._size = 0
+        self._step = 0
+        self._lock = RWLock()
+        self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
+        self.last_stats: Optional[BatchStats] = None
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def bucket_capacity(self) -> int:
+        return self._layout.bucket_capacity
+
+    @property
+    def num_buckets(self) -> int:
+        return self._storage.num_buckets
+
+    @property
+    def device(self) -> torch.device:
+        return self._layout.device
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        return self._layout.value_dtype
+
+    def size(self) -> int:
+        """Number of stored keys."""
+        return self._size
+
+    def capacity(self) -> int:
+        """Slots currently allocated (grows up to ``max_capacity()``)."""
+        return self._storage.num_slots
+
+    def max_capacity(self) -> int:
+        return self._max_buckets * self.bucket_capacity
+
+    def load_factor(self) -> float:
+        return self._size / self.capacity()
+
+    def memory_usage(self) -> int:
+        """Bytes of every buffer the table holds."""
+        return self._storage.memory_bytes()
+
+    # ------------------------------------------------------------ read-only ops
+
+    def find(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Looks keys up without changing anything (scores included).
+
+        Args:
+            keys: (n,) int64.
+
+        Returns:
+            ``(values, found)``: (n, dim) rows (zeros where not found) and (n,) bool.
+        """
+        keys = self._check_keys(keys)
+        values = torch.zeros((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
+        with self._lock.read():
+            found = _ops.table_find(self._storage.tensors(), keys, values)
+        return values, found
+
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """Returns (n,) bool: whether each key is stored."""
+        return self._slots(self._check_keys(keys))[0] >= 0
+
+    def get_scores(self, keys: torch.Tensor) -> torch.Tensor:
+        """Returns (n,) int64 scores (LFU count for the compound), 0 where not stored.
+
+        Under NO_EVICTION no score is kept and every score is 0.
+        """
+        return self._gather_meta(self._check_keys(keys), "scores")
+
+    def get_timestamps(self, keys: torch.Tensor) -> torch.Tensor:
+        """Returns (n,) int64 last-access times of the (TIMESTAMP, LFU) compound, 0 where not stored."""
+        if not self._layout.keeps_timestamps:
+            raise ValueError(
+                f"get_timestamps needs the (TIMESTAMP, LFU) strategy, this table uses {self.score_strategy}"
+            )
+        return self._gather_meta(self._check_keys(keys), "timestamps")
+
+    def export_batch(
+        self, offset: int, n: int, include_extra: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Exports the live entries of slots ``[offset, offset + n)``.
+
+        Iterating ``offset = 0, next_offset, ...`` until ``next_offset == capacity()``
+        visits every live entry exactly once, provided the table does not change
+        in between.
+
+        Args:
+            offset: first slot, in [0, capacity()].
+            n: number of slots to scan (> 0).
+            include_extra: also return the extra (optimizer state) columns.
+
+        Returns:
+            ``(keys, values, scores, next_offset)``: (m,) int64, (m, dim or dim + extra),
+            (m,) int64, and the slot to continue from.
+        """
+        _check_int("n", n, 1)
+        with self._lock.read():
+            cap = self.capacity()
+            if not isinstance(offset, int) or not 0 <= offset <= cap:
+                raise ValueError(f"offset must be an int in [0, capacity()={cap}], got {offset!r}")
+            end = min(cap, offset + n)
+            s = self._storage
+            slots = s.occupied(offset, end)
+            width = self._layout.row_width if include_extra else self.dim
+            keys = s.keys[slots]
+            values = s.values[slots, :width]
+            scores = s.scores[slots] if self._layout.keeps_scores else torch.zeros_like(keys)
+        return keys, values, scores, end
+
+    # ------------------------------------------------------------- upsert ops
+
+    def find_or_insert(self, keys: torch.Tensor, scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Returns each key's row, storing missing keys with initialised rows.
+
+        Scores of every key are updated by the strategy (CUSTOMIZED: set to ``scores``).
+        Keys that could not be stored get their initial row, unstored, and are
+        reported in ``last_stats``.
+
+        Args:
+            keys: (n,) int64.
+            scores: (n,) int64 >= 0, required under CUSTOMIZED and refused otherwise.
+
+        Returns:
+            (n, dim) rows in the table's value dtype.
+        """
+        keys = self._check_keys(keys)
+        scores = self._check_scores(scores, keys)
+        values = torch.empty((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
+        self._upsert(_ops.table_find_or_insert, keys, scores, values, evicted=None)
+        return values
+
+    def insert_or_assign(
+        self, keys: torch.Tensor, values: torch.Tensor, scores: Optional[torch.Tensor] = None
+    ) -> BatchStats:
+        """Stores ``values`` for each key (inserting or overwriting).
+
+        Args:
+            keys: (n,) int64.
+            values: (n, dim), or (n, dim + extra_columns) to set the extra columns too
+                (otherwise a new key's extra columns start at ``extra_init``).
+            scores: as in find_or_insert.
+
+        Returns:
+            The batch's BatchStats (also in ``last_stats``).
+        """
+        keys = self._check_keys(keys)
+        scores = self._check_scores(scores, keys)
+        values = self._check_values(values, keys)
+        return self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted=None)
+
+    def insert_and_evict(
+        self, keys: torch.Tensor, values: torch.Tensor, scores: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """insert_or_assign that returns the residents it evicted.
+
+        Returns:
+            ``(evicted_keys, evicted_values, evicted_scores)``: (m,) int64,
+            (m, dim + extra_columns) full rows, (m,) int64.
+        """
+        keys = self._check_keys(keys)
+        scores = self._check_scores(scores, keys)
+        values = self._check_values(values, keys)
+        n = keys.numel()
+        evicted = [
+            torch.empty(n, dtype=torch.int64, device=self.device),
+            torch.empty((n, self._layout.row_width), dtype=self.value_dtype, device=self.device),
+            torch.empty(n, dtype=torch.int64, device=self.device),
+        ]
+        status = self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted, True)
+        mask = status == _ops.Status.EVICTED
+        return evicted[0][mask], evicted[1][mask], evicted[2][mask]
+
+    def erase(self, keys: torch.Tensor) -> int:
+        """Removes keys; returns how many were stored."""
+        keys = self._check_keys(keys)
+        with self._lock.write():
+            erased = int(_ops.table_erase(self._storage.tensors(), keys).sum())
+            self._size -= erased
+        return erased
+
+    def clear(self) -> None:
+        """Removes every key (capacity is kept)."""
+        with self._lock.write():
+            self._storage.clear()
+            self._size = 0
+
+    # -------------------------------------------------------------- internals
+
+    def _upsert(self, op, keys, scores, values, evicted, return_status=False):
+        with self._lock.write():
+            self._step += 1
+            batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
+            if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, _TIMESTAMP_LFU):
+                batch_value = int(self._clock())
+            status, counts = op(
+                self._storage.tensors(), self._policy(batch_value), self._init,
+                keys, scores, values, evicted or [],
+            )  # fmt: skip
+            counts = counts.tolist()
+            while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
+                if not self._grow():
+                    break
+                status, counts = self._retry_failed(op, keys, scores, values, evicted, status, counts, batch_value)
+            self._size += counts[_ops.Status.INSERTED]
+            failed_keys = keys[status == _ops.Status.FAILED]
+            stats = BatchStats(*counts, failed_keys=failed_keys)
+            self.last_stats = stats
+        return status if return_status else stats
+
+    def _retry_failed(self, op, keys, scores, values, evicted, status, counts, batch_value):
+        """Re-runs the failed positions of a batch on the grown table, in batch order."""
+        pos = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+        sub_values = values[pos].contiguous()
+        sub_evicted = [t[pos].contiguous() for t in evicted] if evicted else []
+        sub_scores = scores[pos].contiguous() if scores is not None else None
+        sub_status, sub_counts = op(
+            self._storage.tensors(), self._policy(batch_value), self._init,
+            keys[pos].contiguous(), sub_scores, sub_values, sub_evicted,
+        )  # fmt: skip
+        values[pos] = sub_values  # find_or_insert writes rows; assign leaves them as given
+        for full, part in zip(evicted or [], sub_evicted):
+            full[pos] = part
+        status = status.clone()
+        status[pos] = sub_status
+        counts = [c for c in counts]
+        counts[_ops.Status.FAILED] = 0
+        return status, [a + b for a, b in zip(counts, sub_counts.tolist())]
+
+    def _policy(self, batch_value: int):
+        allow_evict = int(self.num_buckets == self._max_buckets)
+        return [self._strategy, batch_value, self.seed, allow_evict, self.dim]
+
+    def _grow(self) -> bool:
+        """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""
+        old = self._storage
+        new = TableStorage(self._layout, min(2 * old.num_buckets, self._max_buckets))
+        window = 1 if self._layout.keeps_scores else _ops.MAX_PROBE_BUCKETS
+        if _ops.table_rehash(old.tensors(), new.tensors(), window):
+            return False
+        self._storage = new
+        return True
+
+    def _slots(self, keys: torch.Tensor):
+        with self._lock.read():
+            return _ops.table_find_slots(self._storage.tensors(), keys), self._storage
+
+    def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:
+        with self._lock.read():
+            slots = _ops.table_find_slots(self._storage.tensors(), keys)
+            buf = getattr(self._storage, name)
+            if buf.numel() == 0:
+                return torch.zeros_like(keys)
+            return torch.where(slots >= 0, buf[slots.clamp(min=0)], 0)
+
+    def _check_keys(self, keys) -> torch.Tensor:
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+        if keys.dtype != torch.int64:
+            raise TypeError(f"keys must have dtype torch.int64, got {keys.dtype}")
+        if keys.dim() != 1:
+            raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+        if keys.device != self.device:
+            raise ValueError(f"keys are on {keys.device}, the table is on {self.device}")
+        return keys.contiguous()
+
+    def _check_scores(self, scores, keys) -> Optional[torch.Tensor]:
+        customized = self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
+        if scores is None:
+            if customized:
+                raise ValueError("scores are required: the table's score_strategy is CUSTOMIZED")
+            return None
+        if not customized:
+            raise ValueError(
+                f"scores are accepted only under CUSTOMIZED; this table uses {self.score_strategy}"
+            )
+        if not isinstance(scores, torch.Tensor) or scores.dtype != torch.int64:
+            raise TypeError(f"scores must be an int64 tensor, got {getattr(scores, 'dtype', type(scores))}")
+        if scores.shape != keys.shape:
+            raise ValueError(f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}")
+        if scores.numel() and int(scores.min()) < 0:
+            raise ValueError(f"scores must be >= 0, got minimum {int(scores.min())}")
+        return scores.to(self.device).contiguous()
+
+    def _check_values(self, values, keys) -> torch.Tensor:
+        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+            raise TypeError(f"values must be a floating-point tensor, got {getattr(values, 'dtype', type(values))}")
+        widths = {self.dim, self._layout.row_width}
+        if values.dim() != 2 or values.shape[0] != keys.numel() or values.shape[1] not in widths:
+            raise ValueError(
+                f"values must have shape ({keys.numel()}, {self.dim})"
+                + (f" or ({keys.numel()}, {self._layout.row_width})" if self.extra_columns else "")
+                + f", got {tuple(values.shape)}"
+            )
+        return values.to(device=self.device, dtype=self.value_dtype).contiguous()
+
+
+def _check_int(name: str, value, minimum: int, minimum_name: Optional[str] = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        bound = f"{minimum_name}={minimum}" if minimum_name else str(minimum)
+        raise ValueError(f"{name} must be >= {bound}, got {value}")
+
+
+__all__: Sequence[str] = ["ScoredHashTable", "BatchStats"]
