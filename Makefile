@@ -25,7 +25,7 @@ build: $(STAMP)
 	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: build
-	$(PY) -m dynemb.demo
+	$(PY) demo/table_demo.py
 
 # Compiles every CUDA source for sm_80 and sm_90 with the shared core headers; skipped
 # (with the reason printed) on machines without nvcc.

@@ -25,7 +25,9 @@ def _extension():
         import torch
 
         if torch.version.cuda is None:
-            raise RuntimeError("DYNEMB_WITH_CUDA=1 needs a CUDA build of torch; this one is CPU-only")
+            raise RuntimeError(
+                "DYNEMB_WITH_CUDA=1 needs a CUDA build of torch; this one is CPU-only"
+            )
     cxx = ["-O3", "-std=c++20", "-fopenmp", "-march=native", "-Wall", "-Wno-unused-function"]
     sources = _sources("csrc/cpu/*.cpp") + [
         p for p in _sources("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp")

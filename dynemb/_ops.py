@@ -6,7 +6,8 @@ described in ``csrc/torch/tensor_checks.h`` (built by ``TableStorage.tensors()``
 """
 
 import enum
-from typing import List, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -44,7 +45,9 @@ def hash_keys(keys: torch.Tensor, num_buckets: int) -> tuple:
     return _dynemb.hash_keys(keys, num_buckets)
 
 
-def table_find(table: Sequence[torch.Tensor], keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def table_find(
+    table: Sequence[torch.Tensor], keys: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
     """Copies the first ``values.shape[1]`` columns of each found key's row into ``values``.
 
     Returns found: (n,) bool. Rows of absent keys are left untouched.
@@ -59,10 +62,10 @@ def table_find_slots(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch
 
 def table_find_or_insert(
     table: Sequence[torch.Tensor],
-    policy: List[int],
-    init: List[float],
+    policy: list[int],
+    init: list[float],
     keys: torch.Tensor,
-    scores: Optional[torch.Tensor],
+    scores: torch.Tensor | None,
     values: torch.Tensor,
     evicted: Sequence[torch.Tensor] = (),
 ) -> UpsertResult:
@@ -74,22 +77,26 @@ def table_find_or_insert(
     positions whose status is EVICTED.
     """
     return UpsertResult(
-        *_dynemb.table_find_or_insert(list(table), policy, init, keys, scores, values, list(evicted))
+        *_dynemb.table_find_or_insert(
+            list(table), policy, init, keys, scores, values, list(evicted)
+        )
     )
 
 
 def table_insert_or_assign(
     table: Sequence[torch.Tensor],
-    policy: List[int],
-    init: List[float],
+    policy: list[int],
+    init: list[float],
     keys: torch.Tensor,
-    scores: Optional[torch.Tensor],
+    scores: torch.Tensor | None,
     values: torch.Tensor,
     evicted: Sequence[torch.Tensor] = (),
 ) -> UpsertResult:
     """Stores ``values`` (n, dim or row_width) for each key; arguments as table_find_or_insert."""
     return UpsertResult(
-        *_dynemb.table_insert_or_assign(list(table), policy, init, keys, scores, values, list(evicted))
+        *_dynemb.table_insert_or_assign(
+            list(table), policy, init, keys, scores, values, list(evicted)
+        )
     )
 
 

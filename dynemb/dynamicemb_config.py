@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-from typing import Optional
 
 from dynemb.types import DynamicEmbInitializerMode
 
@@ -32,8 +31,8 @@ class DynamicEmbInitializerArgs:
     mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
     mean: float = 0.0
     std_dev: float = 1.0
-    lower: Optional[float] = None
-    upper: Optional[float] = None
+    lower: float | None = None
+    upper: float | None = None
     value: float = 0.0
 
     def validate(self) -> None:
@@ -45,10 +44,17 @@ class DynamicEmbInitializerArgs:
         for name in ("mean", "std_dev", "value"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"DynamicEmbInitializerArgs.{name} must be a finite number, got {v!r}")
-        if self.mode in (DynamicEmbInitializerMode.NORMAL, DynamicEmbInitializerMode.TRUNCATED_NORMAL):
+                raise ValueError(
+                    f"DynamicEmbInitializerArgs.{name} must be a finite number, got {v!r}"
+                )
+        if self.mode in (
+            DynamicEmbInitializerMode.NORMAL,
+            DynamicEmbInitializerMode.TRUNCATED_NORMAL,
+        ):
             if self.std_dev <= 0:
-                raise ValueError(f"DynamicEmbInitializerArgs.std_dev must be > 0, got {self.std_dev}")
+                raise ValueError(
+                    f"DynamicEmbInitializerArgs.std_dev must be > 0, got {self.std_dev}"
+                )
         if self.lower is not None and self.upper is not None and not self.lower < self.upper:
             raise ValueError(
                 f"DynamicEmbInitializerArgs needs lower < upper, got lower={self.lower}, upper={self.upper}"

@@ -1,9 +1,8 @@
 """Shared fixtures: every table test takes a `device` (cpu always, cuda when built and present)."""
 
+import dynemb._C as _C
 import pytest
 import torch
-
-import dynemb._C as _C
 
 DEVICES = ["cpu"] + (["cuda"] if _C.with_cuda and torch.cuda.is_available() else [])
 

@@ -9,7 +9,6 @@ it: it checks instead that a key the table reports as failed really had its whol
 window full.
 """
 
-
 import numpy as np
 
 from dynemb.table.capacity import bucket_counts
@@ -47,7 +46,9 @@ def _draw(stream: int, c: int) -> int:
     return mix64(stream + (c + 1) * 0x9E3779B97F4A7C15)
 
 
-def init_row(key: int, seed: int, mode: int, a: float, b: float, dim: int, row_width: int, extra: float):
+def init_row(
+    key: int, seed: int, mode: int, a: float, b: float, dim: int, row_width: int, extra: float
+):
     """Reference of core/initializer.h for UNIFORM (2), CONSTANT (3) and DEBUG (4)."""
     stream = mix64((key & M64) ^ mix64((seed & M64) ^ 0x5851F42D4C957F2D))
     row = np.full(row_width, extra, dtype=np.float32)
@@ -70,8 +71,18 @@ def init_row(key: int, seed: int, mode: int, a: float, b: float, dim: int, row_w
 class ReferenceTable:
     """Dict-based oracle of ScoredHashTable with the same eviction rule."""
 
-    def __init__(self, dim, capacity, init_capacity, bucket_capacity, strategy, extra_columns=0,
-                 seed=0, init=(2, -0.1, 0.1), extra_init=0.0):
+    def __init__(
+        self,
+        dim,
+        capacity,
+        init_capacity,
+        bucket_capacity,
+        strategy,
+        extra_columns=0,
+        seed=0,
+        init=(2, -0.1, 0.1),
+        extra_init=0.0,
+    ):
         self.dim, self.row_width = dim, dim + extra_columns
         self.bc, self.strategy, self.seed = bucket_capacity, strategy, seed
         self.init, self.extra_init = init, extra_init
@@ -203,6 +214,6 @@ def window_full(table, key: int) -> bool:
 
 
 def isclose_rows(a, b, tol=1e-6):
-    return np.allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), atol=tol, rtol=0)
-
-
+    return np.allclose(
+        np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), atol=tol, rtol=0
+    )

@@ -28,8 +28,17 @@ EDGE_KEYS = [0, -1, 1, 2**63 - 1, -(2**63)]
 
 
 class Harness:
-    def __init__(self, strategy_name, dim=4, extra=2, capacity=256, init_capacity=32, bc=16,
-                 debug_init=False, seed=3):
+    def __init__(
+        self,
+        strategy_name,
+        dim=4,
+        extra=2,
+        capacity=256,
+        init_capacity=32,
+        bc=16,
+        debug_init=False,
+        seed=3,
+    ):
         strategy, code = STRATEGIES[strategy_name]
         init = (
             DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
@@ -67,7 +76,9 @@ class Harness:
         got = self.table.last_stats
         if self.code == ref.NO_EVICTION:
             for k in got.failed_keys.tolist():
-                assert self.table.capacity() == self.table.max_capacity(), "failed below max capacity"
+                assert self.table.capacity() == self.table.max_capacity(), (
+                    "failed below max capacity"
+                )
                 assert ref.window_full(self.table, k), f"key {k} failed with room in its window"
                 self.oracle.drop(k)
             return
@@ -145,7 +156,10 @@ class Harness:
 def _random_keys(rng, h, n):
     pool = rng.integers(-(2**63), 2**63 - 1, size=max(4, n // 2), dtype=np.int64).tolist()
     old = list(h.seen)
-    picks = [pool[i] if rng.random() < 0.5 else old[rng.integers(len(old))] for i in rng.integers(0, len(pool), n)]
+    picks = [
+        pool[i] if rng.random() < 0.5 else old[rng.integers(len(old))]
+        for i in rng.integers(0, len(pool), n)
+    ]
     if rng.random() < 0.3:
         picks += EDGE_KEYS
     h.seen.update(picks)
@@ -159,7 +173,9 @@ def test_random_operation_sequences(strategy, seed):
     h = Harness(strategy, debug_init=seed == 1)
     for _ in range(40):
         keys = _random_keys(rng, h, int(rng.integers(0, 90)))
-        op = rng.choice(["find_or_insert", "insert", "insert_and_evict", "erase"], p=[0.45, 0.2, 0.2, 0.15])
+        op = rng.choice(
+            ["find_or_insert", "insert", "insert_and_evict", "erase"], p=[0.45, 0.2, 0.2, 0.15]
+        )
         if op == "find_or_insert":
             h.find_or_insert(keys, rng)
         elif op == "erase":

@@ -7,10 +7,8 @@ maximum bucket count is rounded up to ``initial * 2**k``; the rounding adds fewe
 than ``2**k`` buckets, i.e. less than one part in ``initial`` of the maximum.
 """
 
-from typing import Tuple
 
-
-def bucket_counts(init_capacity: int, max_capacity: int, bucket_capacity: int) -> Tuple[int, int]:
+def bucket_counts(init_capacity: int, max_capacity: int, bucket_capacity: int) -> tuple[int, int]:
     """Returns ``(initial_buckets, max_buckets)`` with ``max_buckets = initial_buckets * 2**k``.
 
     ``initial_buckets * bucket_capacity >= init_capacity`` and

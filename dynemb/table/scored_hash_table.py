@@ -7,7 +7,7 @@ validates arguments, owns the buffers, drives growth and keeps the accounting.
 
 import dataclasses
 import time
-from typing import Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import torch
 
@@ -18,7 +18,7 @@ from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
 
-ScoreStrategyArg = Union[DynamicEmbScoreStrategy, Tuple[DynamicEmbScoreStrategy, ...]]
+ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 
 _VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TIMESTAMP_LFU = 5  # core/score_policy.h kTimestampLfu
@@ -100,14 +100,14 @@ class ScoredHashTable:
         self,
         dim: int,
         capacity: int,
-        init_capacity: Optional[int] = None,
+        init_capacity: int | None = None,
         bucket_capacity: int = 128,
         score_strategy: ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
         value_dtype: torch.dtype = torch.float32,
         extra_columns: int = 0,
-        initializer: Optional[DynamicEmbInitializerArgs] = None,
+        initializer: DynamicEmbInitializerArgs | None = None,
         seed: int = 0,
-        device: Union[str, torch.device] = "cpu",
+        device: str | torch.device = "cpu",
         extra_init: float = 0.0,
     ) -> None:
         _check_int("dim", dim, 1)
@@ -152,7 +152,7 @@ class ScoredHashTable:
         self._step = 0
         self._lock = RWLock()
         self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
-        self.last_stats: Optional[BatchStats] = None
+        self.last_stats: BatchStats | None = None
 
     # ------------------------------------------------------------------ sizes
 
@@ -192,7 +192,7 @@ class ScoredHashTable:
 
     # ------------------------------------------------------------ read-only ops
 
-    def find(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Looks keys up without changing anything (scores included).
 
         Args:
@@ -228,7 +228,7 @@ class ScoredHashTable:
 
     def export_batch(
         self, offset: int, n: int, include_extra: bool = False
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """Exports the live entries of slots ``[offset, offset + n)``.
 
         Iterating ``offset = 0, next_offset, ...`` until ``next_offset == capacity()``
@@ -260,7 +260,9 @@ class ScoredHashTable:
 
     # ------------------------------------------------------------- upsert ops
 
-    def find_or_insert(self, keys: torch.Tensor, scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def find_or_insert(
+        self, keys: torch.Tensor, scores: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Returns each key's row, storing missing keys with initialised rows.
 
         Scores of every key are updated by the strategy (CUSTOMIZED: set to ``scores``).
@@ -281,7 +283,7 @@ class ScoredHashTable:
         return values
 
     def insert_or_assign(
-        self, keys: torch.Tensor, values: torch.Tensor, scores: Optional[torch.Tensor] = None
+        self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor | None = None
     ) -> BatchStats:
         """Stores ``values`` for each key (inserting or overwriting).
 
@@ -300,8 +302,8 @@ class ScoredHashTable:
         return self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted=None)
 
     def insert_and_evict(
-        self, keys: torch.Tensor, values: torch.Tensor, scores: Optional[torch.Tensor] = None
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """insert_or_assign that returns the residents it evicted.
 
         Returns:
@@ -351,7 +353,9 @@ class ScoredHashTable:
             while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
                 if not self._grow():
                     break
-                status, counts = self._retry_failed(op, keys, scores, values, evicted, status, counts, batch_value)
+                status, counts = self._retry_failed(
+                    op, keys, scores, values, evicted, status, counts, batch_value
+                )
             self._size += counts[_ops.Status.INSERTED]
             failed_keys = keys[status == _ops.Status.FAILED]
             stats = BatchStats(*counts, failed_keys=failed_keys)
@@ -414,7 +418,7 @@ class ScoredHashTable:
             raise ValueError(f"keys are on {keys.device}, the table is on {self.device}")
         return keys.contiguous()
 
-    def _check_scores(self, scores, keys) -> Optional[torch.Tensor]:
+    def _check_scores(self, scores, keys) -> torch.Tensor | None:
         customized = self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
         if scores is None:
             if customized:
@@ -425,16 +429,22 @@ class ScoredHashTable:
                 f"scores are accepted only under CUSTOMIZED; this table uses {self.score_strategy}"
             )
         if not isinstance(scores, torch.Tensor) or scores.dtype != torch.int64:
-            raise TypeError(f"scores must be an int64 tensor, got {getattr(scores, 'dtype', type(scores))}")
+            raise TypeError(
+                f"scores must be an int64 tensor, got {getattr(scores, 'dtype', type(scores))}"
+            )
         if scores.shape != keys.shape:
-            raise ValueError(f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}")
+            raise ValueError(
+                f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}"
+            )
         if scores.numel() and int(scores.min()) < 0:
             raise ValueError(f"scores must be >= 0, got minimum {int(scores.min())}")
         return scores.to(self.device).contiguous()
 
     def _check_values(self, values, keys) -> torch.Tensor:
         if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-            raise TypeError(f"values must be a floating-point tensor, got {getattr(values, 'dtype', type(values))}")
+            raise TypeError(
+                f"values must be a floating-point tensor, got {getattr(values, 'dtype', type(values))}"
+            )
         widths = {self.dim, self._layout.row_width}
         if values.dim() != 2 or values.shape[0] != keys.numel() or values.shape[1] not in widths:
             raise ValueError(
@@ -445,7 +455,7 @@ class ScoredHashTable:
         return values.to(device=self.device, dtype=self.value_dtype).contiguous()
 
 
-def _check_int(name: str, value, minimum: int, minimum_name: Optional[str] = None) -> None:
+def _check_int(name: str, value, minimum: int, minimum_name: str | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:

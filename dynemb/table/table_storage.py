@@ -6,7 +6,6 @@ into it, then drops the first: at most old + new are alive at once.
 """
 
 import dataclasses
-from typing import List
 
 import torch
 
@@ -49,9 +48,13 @@ class TableStorage:
         self.num_buckets = num_buckets
         slots = num_buckets * layout.bucket_capacity
         dev = layout.device
-        self.digests = torch.zeros((num_buckets, layout.bucket_capacity), dtype=torch.uint8, device=dev)
+        self.digests = torch.zeros(
+            (num_buckets, layout.bucket_capacity), dtype=torch.uint8, device=dev
+        )
         self.keys = torch.empty(slots, dtype=torch.int64, device=dev)
-        self.scores = torch.zeros(slots if layout.keeps_scores else 0, dtype=torch.int64, device=dev)
+        self.scores = torch.zeros(
+            slots if layout.keeps_scores else 0, dtype=torch.int64, device=dev
+        )
         self.timestamps = torch.zeros(
             slots if layout.keeps_timestamps else 0, dtype=torch.int64, device=dev
         )
@@ -63,7 +66,7 @@ class TableStorage:
     def num_slots(self) -> int:
         return self.num_buckets * self.layout.bucket_capacity
 
-    def tensors(self) -> List[torch.Tensor]:
+    def tensors(self) -> list[torch.Tensor]:
         """The op argument ``table`` (order fixed by csrc/torch/tensor_checks.h)."""
         return [
             self.digests,

@@ -1,0 +1,450 @@
+"""Benchmarks the hash table alone: workloads W-table and W-scale (/work/shared/WORKLOADS.md).
+
+Usage::
+
+    python benchmark/bench_table.py [--quick] [--only table|scale] [--out DIR] [--repeats N]
+
+W-table: a TIMESTAMP table of 2^22 slots (buckets of 128, dim 64 float32) is
+pre-filled to load factor 0.75 with random 63-bit keys (``insert_or_assign`` in
+batches of 2^20, generator seed 0), then each op runs on batches of 2^20 keys, at
+one thread and at every available thread:
+
+- ``find``: keys drawn without replacement from the keys actually resident
+  after the pre-fill (a few pre-fill keys are evicted from full buckets); the
+  values are gathered into the (n, 64) output the op returns.
+- ``find_or_insert``: half resident keys, half new random keys, shuffled; the table
+  is at its maximum capacity, so new keys landing in full buckets evict.
+- ``insert_or_assign``: the same half/half batch, with given values.
+- ``erase``: 2^20 resident keys.
+
+The three ops that change the table run on the same pre-filled state every time:
+before each run (warm-up included) the table's buffers are restored by copy from
+a snapshot taken after the pre-fill, outside the timed region (``TableSnapshot``).
+This is the "fresh copy of the pre-filled table" of the workload: exact, and it
+leaves every page of the table touched, as in a long-running process.
+
+The peer, measured at the same thread count just before the ops, is the memory
+roof: ``torch.index_select`` of 2^20 rows of a dense (2^22, 64) float32 tensor by
+precomputed random row indices. Like ``find``, it allocates its output. Each
+figure is the median of ``--repeats`` runs after one warm-up run.
+
+W-scale: a NO_EVICTION table (dim 16, initial capacity 2^16, maximum 2^27 slots)
+receives distinct keys by ``insert_or_assign`` in batches of 2^20 up to 1M, 4M,
+16M and 64M keys in total (one table, cumulative). Reported per segment: insert
+Mkeys/s (growth included), then at each size bytes of table memory per stored key
+against the payload (8 + 4 * dim bytes) and the load factor. Growth doubles the
+capacity when a key does not fit; the state after the batch preceding a doubling
+gives the highest load factor reached before growth (a lower bound: the doubling
+happens somewhere inside the next batch). Peak RSS of the process closes the run.
+
+Output: JSON lines on stdout (common.Recorder), then a table and the targets on
+stderr; a PNG plot of W-scale in ``--out``.
+"""
+
+import argparse
+import dataclasses
+import gc
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import (
+    Recorder,
+    available_threads,
+    commit_hash,
+    median_seconds,
+    peak_rss_bytes,
+    print_rows,
+    progress,
+    set_threads,
+)
+
+import dynemb
+
+TABLE_DIM = 64
+SCALE_DIM = 16
+BUCKET_CAPACITY = 128
+PREFILL_LOAD = 0.75
+KEY_HIGH = 2**63 - 1  # torch.randint's exclusive bound: keys in [0, 2^63 - 1)
+IMPL = "dynemb.ScoredHashTable"
+ROOF = "torch.index_select"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Problem sizes: WORKLOADS.md defaults, or shrunk ones for --quick."""
+
+    table_slots: int  # W-table capacity
+    batch: int  # keys per batch, both workloads
+    scale_init: int  # W-scale initial capacity
+    scale_max: int  # W-scale maximum capacity
+    scale_marks: tuple[int, ...]  # W-scale sizes at which figures are reported
+    repeats: int
+
+
+FULL = Sizes(2**22, 2**20, 2**16, 2**27, (2**20, 2**22, 2**24, 2**26), repeats=5)
+QUICK = Sizes(2**16, 2**12, 2**10, 2**19, (2**12, 2**14, 2**16, 2**18), repeats=3)
+
+
+# ------------------------------------------------------------------------------- W-table
+
+
+class TableSnapshot:
+    """A copy of a table's buffers, restored in place before each run of a mutating op.
+
+    Reaches into ``ScoredHashTable._storage`` and ``_size``: the table has no public
+    clone, and rebuilding it by re-insertion takes seconds per run and leaves pages
+    never touched that the measured op would then fault in.
+    """
+
+    def __init__(self, table: dynemb.ScoredHashTable) -> None:
+        self.table = table
+        self.storage = table._storage
+        self.buffers = [b.clone() for b in self.storage.tensors()]
+        self.size = table.size()
+
+    def restore(self) -> None:
+        if self.table._storage is not self.storage:
+            raise RuntimeError("the table reallocated its buffers since the snapshot")
+        for dst, src in zip(self.storage.tensors(), self.buffers, strict=True):
+            dst.copy_(src)
+        self.table._size = self.size
+
+
+def prefill(table: dynemb.ScoredHashTable, n: int, batch: int, gen: torch.Generator) -> None:
+    """Stores ``n`` random keys with random values, ``batch`` keys per insert_or_assign."""
+    for start in progress(range(0, n, batch), "W-table pre-fill"):
+        m = min(batch, n - start)
+        keys = torch.randint(0, KEY_HIGH, (m,), generator=gen)
+        table.insert_or_assign(keys, torch.randn(m, table.dim, generator=gen))
+
+
+def resident_keys(table: dynemb.ScoredHashTable) -> torch.Tensor:
+    """(size,) int64: every key the table stores."""
+    keys, _, _, _ = table.export_batch(0, table.capacity())
+    return keys
+
+
+def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: int) -> list[str]:
+    """Runs W-table at each thread count; returns notes for the human report."""
+    gen = torch.Generator().manual_seed(0)
+    table = dynemb.ScoredHashTable(
+        dim=TABLE_DIM,
+        capacity=sizes.table_slots,
+        bucket_capacity=BUCKET_CAPACITY,
+        score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
+        value_dtype=torch.float32,
+    )
+    target = int(PREFILL_LOAD * sizes.table_slots)
+    prefill(table, target, sizes.batch, gen)
+    resident = resident_keys(table)
+    n = sizes.batch
+    notes = [
+        f"W-table: pre-fill of {target} keys left {table.size()} resident "
+        f"(load factor {table.load_factor():.4f}, {table.memory_usage() / 2**20:.0f} MiB)"
+    ]
+
+    def sample_resident(m: int) -> torch.Tensor:
+        return resident[torch.randperm(resident.numel(), generator=gen)[:m]]
+
+    hit_keys = sample_resident(n)
+    half = torch.cat(
+        [sample_resident(n // 2), torch.randint(0, KEY_HIGH, (n - n // 2,), generator=gen)]
+    )
+    mixed_keys = half[torch.randperm(n, generator=gen)]
+    values = torch.randn(n, TABLE_DIM, generator=gen)
+    dense = torch.randn(sizes.table_slots, TABLE_DIM, generator=gen)
+    rows = torch.randint(0, sizes.table_slots, (n,), generator=gen)
+    snapshot = TableSnapshot(table)
+
+    ops = {  # name -> (call, setup before each run)
+        "find": (lambda: table.find(hit_keys), None),
+        "find_or_insert": (lambda: table.find_or_insert(mixed_keys), snapshot.restore),
+        "insert_or_assign": (lambda: table.insert_or_assign(mixed_keys, values), snapshot.restore),
+        "erase": (lambda: table.erase(hit_keys), snapshot.restore),
+    }
+    notes += check_table_ops(table, snapshot, hit_keys, mixed_keys, values)
+
+    one_thread: dict[str, float] = {}
+    for threads in thread_counts:
+        set_threads(threads)
+        roof_s = median_seconds(
+            lambda: torch.index_select(dense, 0, rows),
+            repeats=repeats,
+            desc=f"{ROOF} x{threads}",
+        )
+        roof = n / roof_s / 1e6
+        rec.add("W-table", ROOF, "gather_mkeys_per_s", roof, threads=threads)
+        for name, (call, setup) in ops.items():
+            secs = median_seconds(call, setup=setup, repeats=repeats, desc=f"{name} x{threads}")
+            rate = n / secs / 1e6
+            metric = f"{name}_mkeys_per_s"
+            rec.add("W-table", IMPL, metric, rate, threads=threads, peer=ROOF, peer_value=roof)
+            if threads == 1:
+                one_thread[name] = rate
+            elif name in one_thread:
+                rec.add(
+                    "W-table", IMPL, f"{name}_thread_scaling", rate, threads=threads,
+                    peer=f"{name} at 1 thread", peer_value=one_thread[name],
+                )  # fmt: skip
+    return notes
+
+
+def check_table_ops(table, snapshot, hit_keys, mixed_keys, values) -> list[str]:
+    """Runs each op once, untimed, and says what it did (a wrong count means a bad run)."""
+    n = hit_keys.numel()
+    _, found = table.find(hit_keys)
+    notes = [f"W-table find: {int(found.sum())}/{n} hits"]
+    for name, call in (
+        ("find_or_insert", lambda: table.find_or_insert(mixed_keys)),
+        ("insert_or_assign", lambda: table.insert_or_assign(mixed_keys, values)),
+    ):
+        snapshot.restore()
+        call()
+        s = table.last_stats
+        notes.append(
+            f"W-table {name}: hits {s.hits}, inserted {s.inserted}, evicted {s.evicted}, "
+            f"failed {s.failed} (load factor after {table.load_factor():.4f})"
+        )
+    snapshot.restore()
+    notes.append(f"W-table erase: {table.erase(hit_keys)}/{n} erased")
+    snapshot.restore()
+    return notes
+
+
+# ------------------------------------------------------------------------------- W-scale
+
+_MASK63 = 2**63 - 1
+_MIX1, _MIX2 = 0x1E3779B97F4A7C15, 0x3F58476D1CE4E5B9  # odd, below 2^63
+
+
+def distinct_keys(start: int, n: int) -> torch.Tensor:
+    """(n,) int64 keys ``mix(start), ..., mix(start + n - 1)``, spread over [0, 2^63).
+
+    ``mix`` is a bijection of [0, 2^63) (odd multiplications mod 2^63 and xorshifts
+    of non-negative values), so distinct counters give distinct keys.
+    """
+    x = torch.arange(start, start + n, dtype=torch.int64)
+    x = (x * _MIX1) & _MASK63
+    x ^= x >> 31
+    x = (x * _MIX2) & _MASK63
+    x ^= x >> 29
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSample:
+    """Table state after one W-scale batch."""
+
+    size: int
+    seconds: float  # time of this batch's insert_or_assign
+    capacity: int
+    memory: int  # bytes
+
+    @property
+    def bytes_per_key(self) -> float:
+        return self.memory / self.size
+
+    @property
+    def load_factor(self) -> float:
+        return self.size / self.capacity
+
+
+def run_scale(rec: Recorder, sizes: Sizes, threads: int) -> tuple[list[ScaleSample], list[str]]:
+    """Runs W-scale; returns the per-batch samples (for the plot) and notes."""
+    set_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    table = dynemb.ScoredHashTable(
+        dim=SCALE_DIM,
+        capacity=sizes.scale_max,
+        init_capacity=sizes.scale_init,
+        bucket_capacity=BUCKET_CAPACITY,
+        score_strategy=dynemb.DynamicEmbScoreStrategy.NO_EVICTION,
+        value_dtype=torch.float32,
+    )
+    values = torch.randn(sizes.batch, SCALE_DIM, generator=gen)
+    payload = 8 + 4 * SCALE_DIM
+    payload_name = f"payload 8+4*{SCALE_DIM} B"
+    total = sizes.scale_marks[-1]
+    samples: list[ScaleSample] = []
+    for start in progress(range(0, total, sizes.batch), "W-scale inserts", unit="batch"):
+        keys = distinct_keys(start, min(sizes.batch, total - start))
+        t0 = time.perf_counter()
+        stats = table.insert_or_assign(keys, values[: keys.numel()])
+        seconds = time.perf_counter() - t0
+        if stats.failed or stats.hits:
+            raise RuntimeError(
+                f"W-scale batch at {start}: {stats.failed} failed, {stats.hits} hits"
+            )
+        samples.append(ScaleSample(table.size(), seconds, table.capacity(), table.memory_usage()))
+
+    lo = 0
+    for mark in sizes.scale_marks:
+        seg = [s for s in samples if lo < s.size <= mark]
+        rate = (mark - lo) / sum(s.seconds for s in seg) / 1e6
+        at = seg[-1]
+        span = f"{_count(lo)}-{_count(mark)}"
+        rec.add("W-scale", IMPL, f"insert_mkeys_per_s@{span}", rate, threads=threads)
+        rec.add(
+            "W-scale", IMPL, f"bytes_per_key@{_count(mark)}", at.bytes_per_key, threads=threads,
+            peer=payload_name, peer_value=payload,
+        )  # fmt: skip
+        rec.add("W-scale", IMPL, f"load_factor@{_count(mark)}", at.load_factor, threads=threads)
+        lo = mark
+
+    before_growth = [
+        prev
+        for prev, cur in zip(samples, samples[1:], strict=False)
+        if cur.capacity > prev.capacity
+    ]
+    notes = [
+        f"W-scale: final capacity {table.capacity()} slots, {table.size()} keys, "
+        f"{len(before_growth)} growths after the first batch"
+    ]
+    if before_growth:
+        top = max(before_growth, key=lambda s: s.load_factor)
+        rec.add("W-scale", IMPL, "max_load_factor_before_growth", top.load_factor, threads=threads)
+        rec.add(
+            "W-scale", IMPL, "bytes_per_key@max_load_before_growth", top.bytes_per_key,
+            threads=threads, peer=payload_name, peer_value=payload,
+        )  # fmt: skip
+        notes += [
+            f"W-scale growth at {_count(cur.size)} keys: load factor before "
+            f"{prev.load_factor:.3f}, {prev.bytes_per_key:.1f} B/key, "
+            f"capacity {prev.capacity} -> {cur.capacity}"
+            for prev, cur in zip(samples, samples[1:], strict=False)
+            if cur.capacity > prev.capacity
+        ]
+    final_memory = table.memory_usage()
+    del table
+    gc.collect()
+    rec.add(
+        "W-scale", "process", "peak_rss_bytes", peak_rss_bytes(), threads=threads,
+        peer="final table.memory_usage()", peer_value=final_memory,
+    )  # fmt: skip
+    return samples, notes
+
+
+def _count(n: int) -> str:
+    """2**20 -> '1M', 2**12 -> '4K'."""
+    for unit, scale in (("M", 2**20), ("K", 2**10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def plot_scale(samples: list[ScaleSample], marks: tuple[int, ...], path: Path) -> None:
+    """Writes insert rate and bytes/key against the number of keys stored."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [s.size for s in samples]
+    batch = samples[0].size
+    fig, (ax_rate, ax_mem) = plt.subplots(2, 1, sharex=True, figsize=(7, 6))
+    ax_rate.plot(sizes, [batch / s.seconds / 1e6 for s in samples], lw=0.8, label="per batch")
+    lo, seg_x, seg_y = 0, [], []
+    for mark in marks:
+        secs = sum(s.seconds for s in samples if lo < s.size <= mark)
+        seg_x.append(mark)
+        seg_y.append((mark - lo) / secs / 1e6)
+        lo = mark
+    ax_rate.plot(seg_x, seg_y, "o-", label="segment average")
+    ax_rate.set_ylabel("insert Mkeys/s")
+    ax_rate.legend()
+    payload = 8 + 4 * SCALE_DIM
+    ax_mem.plot(sizes, [s.bytes_per_key for s in samples], lw=0.8, label="table memory / key")
+    ax_mem.axhline(payload, ls="--", color="gray", label=f"payload {payload} B")
+    ax_mem.axhline(1.4 * payload, ls=":", color="gray", label="1.4x payload")
+    ax_mem.set_ylabel("bytes per key")
+    ax_mem.set_xlabel("keys stored")
+    ax_mem.set_xscale("log", base=2)
+    ax_mem.legend()
+    fig.suptitle(f"W-scale: NO_EVICTION, dim {SCALE_DIM}, batches of {batch}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def target_rows(records: list[dict]) -> list[tuple[str, ...]]:
+    """Context targets (not asserted): (target, measured, met)."""
+
+    def get(metric: str, threads: int | None = None, key: str = "value"):
+        for r in records:
+            if r["metric"] == metric and (threads is None or r["threads"] == threads):
+                return r[key]
+        return None
+
+    rows = []
+
+    def check(name: str, value, ok) -> None:
+        if value is not None:
+            rows.append((name, f"{value:.3g}", "yes" if ok(value) else "NO"))
+
+    check("find+gather 1 thread >= 20 Mkeys/s", get("find_mkeys_per_s", 1), lambda v: v >= 20)
+    check(
+        "find+gather 1 thread >= 0.6x roof", get("find_mkeys_per_s", 1, "ratio"), lambda v: v >= 0.6
+    )
+    check(
+        "find_or_insert 1 thread >= 8 Mkeys/s",
+        get("find_or_insert_mkeys_per_s", 1),
+        lambda v: v >= 8,
+    )
+    for r in records:
+        if r["metric"].endswith("_thread_scaling"):
+            op = r["metric"].removesuffix("_thread_scaling")
+            check(f"{op} {r['threads']} threads >= 1.6x 1 thread", r["ratio"], lambda v: v >= 1.6)
+    for r in records:
+        if r["metric"].startswith("bytes_per_key@"):
+            point = r["metric"].removeprefix("bytes_per_key@")
+            lf_metric = (
+                "max_load_factor_before_growth" if "growth" in point else f"load_factor@{point}"
+            )
+            lf = get(lf_metric)
+            if lf is not None and lf >= PREFILL_LOAD:
+                check(f"bytes/key @{point} <= 1.4x payload", r["ratio"], lambda v: v <= 1.4)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    parser.add_argument("--only", choices=("table", "scale"), help="run one workload")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out", help="plot dir")
+    parser.add_argument("--repeats", type=int, help="timed runs per figure (default 5, quick 3)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    repeats = args.repeats or sizes.repeats
+    rec = Recorder(commit_hash())
+    all_threads = available_threads()
+    notes: list[str] = []
+    if args.only in (None, "table"):
+        notes += run_table(rec, sizes, sorted({1, all_threads}), repeats)
+        gc.collect()
+    if args.only in (None, "scale"):
+        samples, scale_notes = run_scale(rec, sizes, all_threads)
+        notes += scale_notes
+        plot = args.out / ("bench_table_scale_quick.png" if args.quick else "bench_table_scale.png")
+        plot_scale(samples, sizes.scale_marks, plot)
+        notes.append(f"W-scale plot: {plot}")
+    print(file=sys.stderr)
+    rec.print_table()
+    print(file=sys.stderr)
+    print_rows(("target (context, not asserted)", "measured", "met"), target_rows(rec.records))
+    print(file=sys.stderr)
+    for note in notes:
+        print(note, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

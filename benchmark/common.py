@@ -1,0 +1,184 @@
+"""Helpers shared by the benchmarks: records, commit, threads, timing, progress.
+
+Every benchmark follows /work/shared/WORKLOADS.md: each figure is printed as one
+JSON object per line on stdout, next to the peer measured in the same run, then
+a short human table goes to stderr (so stdout stays pure JSON lines).
+
+Example::
+
+    >>> rec = Recorder(commit=commit_hash())
+    >>> rec.add("W-table", "torch.index_select", "gather_mkeys_per_s", 31.2, threads=1)
+    {"workload": "W-table", "impl": "torch.index_select", "metric": ..., "peer": null, ...}
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECORD_KEYS = (
+    "workload",
+    "impl",
+    "metric",
+    "value",
+    "peer",
+    "peer_value",
+    "ratio",
+    "threads",
+    "commit",
+)
+
+
+def commit_hash() -> str:
+    """Short hash of HEAD, suffixed ``-dirty`` when the work tree has uncommitted changes.
+
+    Returns ``"unknown"`` outside a git checkout.
+    """
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def available_threads() -> int:
+    """Number of CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(n: int) -> int:
+    """Sets torch's intra-op thread count (which the dynemb CPU ops follow); returns it."""
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def peak_rss_bytes() -> int:
+    """High-water mark of this process's resident set, in bytes (Linux reports KiB)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None, unit: str = "it") -> tqdm:
+    """A tqdm bar on stderr (stdout carries the JSON lines)."""
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, leave=False)
+
+
+def median_seconds(
+    fn: Callable[[], Any],
+    *,
+    setup: Callable[[], Any] | None = None,
+    warmup: int = 1,
+    repeats: int = 5,
+    desc: str | None = None,
+) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs.
+
+    Args:
+        fn: the measured call.
+        setup: called before every run (warm-up included), outside the timed region;
+            e.g. restores a table that ``fn`` modifies.
+        warmup: untimed runs first.
+        repeats: timed runs (>= 1).
+        desc: label of a progress bar; no bar when None.
+
+    Returns:
+        The median of the timed runs, in seconds.
+    """
+    times = []
+    runs = range(warmup + repeats)
+    for i in progress(runs, desc) if desc else runs:
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        if i >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+class Recorder:
+    """Collects benchmark records and prints each as a JSON line when added.
+
+    Args:
+        commit: recorded in every line (see ``commit_hash``).
+        stream: where JSON lines go (stdout by default).
+    """
+
+    def __init__(self, commit: str, stream=None) -> None:
+        self.commit = commit
+        self.stream = stream if stream is not None else sys.stdout
+        self.records: list[dict[str, Any]] = []
+
+    def add(
+        self,
+        workload: str,
+        impl: str,
+        metric: str,
+        value: float,
+        *,
+        threads: int,
+        peer: str | None = None,
+        peer_value: float | None = None,
+    ) -> dict[str, Any]:
+        """Records one figure; ``ratio = value / peer_value`` when there is a peer."""
+        ratio = value / peer_value if peer_value else None
+        record = dict(
+            zip(
+                RECORD_KEYS,
+                (workload, impl, metric, _round(value), peer, _round(peer_value),
+                 _round(ratio), threads, self.commit),
+                strict=True,
+            )
+        )  # fmt: skip
+        self.records.append(record)
+        print(json.dumps(record), file=self.stream, flush=True)
+        return record
+
+    def print_table(self, stream=None) -> None:
+        """Writes the records as an aligned text table (stderr by default)."""
+        header = ("workload", "impl", "metric", "thr", "value", "peer", "peer_value", "ratio")
+        rows = [
+            (r["workload"], r["impl"], r["metric"], str(r["threads"]), _fmt(r["value"]),
+             r["peer"] or "", _fmt(r["peer_value"]), _fmt(r["ratio"]))
+            for r in self.records
+        ]  # fmt: skip
+        print_rows(header, rows, stream)
+
+
+def print_rows(header: tuple[str, ...], rows: list[tuple[str, ...]], stream=None) -> None:
+    """Prints ``rows`` under ``header`` with columns padded to their widest cell."""
+    stream = stream if stream is not None else sys.stderr
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    for line in (header, tuple("-" * w for w in widths), *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)), file=stream)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.5g}")
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:.4g}" if abs(x) < 1e6 else f"{x:.3e}"

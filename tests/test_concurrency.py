@@ -1,0 +1,95 @@
+"""Concurrency: several Python threads on one table, and all OpenMP threads on one batch.
+
+Rows use the DEBUG initializer (every element = float(key)) with keys below 2**24,
+so any lost key or misplaced row is visible exactly.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+from dynemb import DynamicEmbScoreStrategy as S
+
+DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
+
+
+def _table(strategy=S.NO_EVICTION, capacity=2**18, init_capacity=1024):
+    return dynemb.ScoredHashTable(
+        dim=4,
+        capacity=capacity,
+        init_capacity=init_capacity,
+        score_strategy=strategy,
+        initializer=DEBUG,
+    )
+
+
+def _run_threads(targets):
+    errors = []
+
+    def wrap(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(fn,)) for fn in targets]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+        assert not th.is_alive(), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.LFU])
+def test_python_threads_insert_and_read_concurrently(strategy):
+    t = _table(strategy, capacity=2**19)
+    preloaded = torch.arange(1, 5001, dtype=torch.int64)
+    t.find_or_insert(preloaded)
+    wrong_reads, written = [], []
+
+    def writer(w):
+        g = torch.Generator().manual_seed(w)
+        for _ in range(30):
+            keys = torch.randint(10_000, 2**24, (3000,), generator=g)
+            written.append(keys)
+            rows = t.find_or_insert(keys)
+            if not torch.equal(rows, keys.float().unsqueeze(1).expand(-1, 4)):
+                wrong_reads.append(("writer", w))
+
+    def reader(r):
+        for _ in range(60):
+            values, found = t.find(preloaded)
+            if not bool(found.all()) or not torch.equal(values[:, 0], preloaded.float()):
+                wrong_reads.append(("reader", r))
+
+    _run_threads(
+        [lambda w=w: writer(w) for w in range(3)] + [lambda r=r: reader(r) for r in range(2)]
+    )
+    assert wrong_reads == []
+    # Every key any writer inserted is there, with its own row.
+    everything = torch.cat([preloaded] + written)
+    values, found = t.find(everything)
+    assert bool(found.all()), f"{int((~found).sum())} keys lost"
+    assert torch.equal(values[:, 0], everything.float())
+    assert t.size() == everything.unique().numel()
+
+
+def test_all_openmp_threads_on_one_batch():
+    torch.set_num_threads(2)
+    t = _table(capacity=2**20, init_capacity=2**20)
+    keys = torch.randperm(2**22)[: 2**19] + 1  # distinct, < 2**24
+    dup = torch.cat([keys, keys[:1000]])  # duplicates across the batch
+    rows = t.find_or_insert(dup)
+    stats = t.last_stats
+    assert stats.inserted == keys.numel() and stats.hits == 1000 and stats.failed == 0
+    assert torch.equal(rows[:, 0], dup.float())
+    values, found = t.find(keys)
+    assert bool(found.all()) and torch.equal(values[:, 3], keys.float())
+    assert t.erase(keys[::2]) == keys[::2].numel()
+    assert t.size() == keys.numel() - keys[::2].numel()
+    assert not bool(t.contains(keys[::2]).any()) and bool(t.contains(keys[1::2]).all())

@@ -1,0 +1,127 @@
+"""Exact eviction order inside one full bucket, for every strategy that evicts.
+
+A table of a single bucket (capacity == bucket_capacity == 16) makes every key
+compete for the same slots. Evicted + remaining must always equal every key ever
+stored, and no sentinel (or unknown key) is ever returned.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbScoreStrategy as S
+
+BC = 16
+
+
+def _table(strategy):
+    t = dynemb.ScoredHashTable(dim=2, capacity=BC, bucket_capacity=BC, score_strategy=strategy)
+    clock = itertools.count(100, 10)
+    t._clock = lambda: next(clock)
+    return t
+
+
+def _one(t, key, score=None, rows=None):
+    keys = torch.tensor([key])
+    values = torch.full((1, 2), float(key)) if rows is None else rows
+    scores = None if score is None else torch.tensor([score])
+    return t.insert_and_evict(keys, values, scores)
+
+
+def _fill(t, keys, scores=None):
+    for i, k in enumerate(keys):
+        ek, _, _ = _one(t, k, None if scores is None else scores[i])
+        assert ek.numel() == 0
+    assert t.size() == BC
+
+
+@pytest.mark.parametrize("strategy", [S.TIMESTAMP, S.STEP])
+def test_recency_evicts_least_recently_used(strategy):
+    t = _table(strategy)
+    keys = list(range(1000, 1000 + BC))
+    _fill(t, keys)  # key 1000 is the oldest
+    t.find_or_insert(torch.tensor([1000, 1001]))  # now the oldest is 1002
+    evicted = []
+    for k in range(5000, 5004):
+        ek, ev, _ = _one(t, k)
+        evicted += ek.tolist()
+        assert ev.tolist() == [[float(x), float(x)] for x in ek.tolist()]  # the victims' own rows
+    assert evicted == [1002, 1003, 1004, 1005]
+
+
+def test_lfu_evicts_least_frequent_then_smallest_key():
+    t = _table(S.LFU)
+    keys = list(range(-8, 8))
+    _fill(t, keys)
+    # Access counts: key k gets (k + 8) % 4 extra accesses.
+    for k in keys:
+        for _ in range((k + 8) % 4):
+            t.find_or_insert(torch.tensor([k]))
+    got, got_scores = [], []
+    for k in range(100, 106):
+        ek, _, es = _one(t, k)
+        got += ek.tolist()
+        got_scores += es.tolist()
+    # The count-1 residents go first, smallest key first; then the newcomers (count 1,
+    # keys 100.. are larger than nothing left at count 1) are each other's victims.
+    assert got == [-8, -4, 0, 4, 100, 101]
+    assert got_scores == [1] * 6
+    assert t.get_scores(torch.tensor([-7, -6, -5, 105])).tolist() == [2, 3, 4, 1]
+
+
+def test_customized_evicts_lowest_score_and_refuses_lower_newcomers():
+    t = _table(S.CUSTOMIZED)
+    keys = list(range(BC))
+    scores = [10 + (k * 7) % BC for k in keys]  # a permutation of 10..25
+    _fill(t, keys, scores)
+    ek, _, es = _one(t, 999, score=5)  # below every resident: refused
+    assert (
+        ek.numel() == 0 and t.last_stats.failed == 1 and t.last_stats.failed_keys.tolist() == [999]
+    )
+    assert not t.contains(torch.tensor([999])).item()
+    ek, _, es = _one(t, 998, score=10)  # ties the minimum: admitted, evicts it
+    assert es.tolist() == [10] and ek.tolist() == [keys[scores.index(10)]]
+    # Ties between residents are broken by the smaller key.
+    t2 = _table(S.CUSTOMIZED)
+    _fill(t2, list(range(50, 50 + BC)), [7] * BC)
+    ek, _, _ = _one(t2, 1, score=7)
+    assert ek.tolist() == [50]
+
+
+def test_compound_timestamp_lfu_evicts_by_count_and_keeps_time():
+    t = _table((S.TIMESTAMP, S.LFU))
+    keys = list(range(BC))
+    _fill(t, keys)
+    t.find_or_insert(torch.tensor(keys[1:]))  # all but key 0 now have count 2
+    stamps = t.get_timestamps(torch.tensor(keys))
+    assert stamps[0] < stamps[1] and len(set(stamps[1:].tolist())) == 1
+    ek, _, es = _one(t, 77)
+    assert ek.tolist() == [0] and es.tolist() == [1]
+
+
+@pytest.mark.parametrize("strategy", [S.TIMESTAMP, S.STEP, S.LFU, S.CUSTOMIZED])
+def test_evicted_plus_remaining_is_everything_inserted(strategy):
+    t = _table(strategy)
+    g = torch.Generator().manual_seed(1)
+    inserted, evicted = set(), []
+    for _ in range(20):
+        keys = torch.randint(
+            -(2**63), 2**63 - 1, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g
+        )
+        scores = torch.randint(0, 50, keys.shape, generator=g) if strategy == S.CUSTOMIZED else None
+        ek, _, _ = t.insert_and_evict(keys, torch.zeros(keys.numel(), 2), scores)
+        stats = t.last_stats
+        inserted |= set(keys.tolist()) - set(stats.failed_keys.tolist())
+        assert set(ek.tolist()) <= inserted, "an evicted key was never inserted (sentinel?)"
+        evicted += ek.tolist()
+    offset, remaining = 0, []
+    while offset < t.capacity():
+        k, _, _, offset = t.export_batch(offset, 7)
+        remaining += k.tolist()
+    assert (
+        len(evicted) == len(set(evicted)) or strategy == S.CUSTOMIZED
+    )  # re-inserted keys may go twice
+    assert set(remaining) | set(evicted) == inserted
+    assert len(remaining) == t.size() == BC

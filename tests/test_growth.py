@@ -1,0 +1,90 @@
+"""Growth: NO_EVICTION doubles the table and keeps every key and value; strategies
+that evict do not evict before reaching max capacity; a rehash holds only old + new."""
+
+import gc
+import weakref
+
+import torch
+
+import dynemb
+from dynemb import DynamicEmbScoreStrategy as S
+from dynemb import _ops
+from dynemb.table import table_storage
+
+
+def _values_for(keys, dim):
+    base = (keys % 100_003).to(torch.float32).unsqueeze(1)
+    return base + torch.arange(dim, dtype=torch.float32)
+
+
+def test_no_eviction_growth_preserves_every_key_and_value():
+    t = dynemb.ScoredHashTable(
+        dim=3, capacity=2**17, init_capacity=128, bucket_capacity=32, score_strategy=S.NO_EVICTION
+    )
+    g = torch.Generator().manual_seed(0)
+    all_keys = []
+    capacities = {t.capacity()}
+    for _ in range(12):
+        keys = torch.randint(-(2**63), 2**63 - 1, (5000,), generator=g)
+        stats = t.insert_or_assign(keys, _values_for(keys, 3))
+        assert stats.failed == 0 and stats.evicted == 0
+        all_keys.append(keys)
+        capacities.add(t.capacity())
+        everything = torch.cat(all_keys)
+        values, found = t.find(everything)
+        assert bool(found.all()), f"{int((~found).sum())} keys lost after growth"
+        assert torch.equal(values, _values_for(everything, 3))
+    assert len(capacities) > 5  # it really grew, several times
+    assert t.size() == torch.cat(all_keys).unique().numel()
+
+
+def test_no_eviction_fills_past_ninety_percent_before_growing():
+    t = dynemb.ScoredHashTable(
+        dim=1, capacity=2**20, init_capacity=256 * 128, score_strategy=S.NO_EVICTION
+    )
+    start = t.capacity()
+    g = torch.Generator().manual_seed(3)
+    best = 0.0
+    while t.capacity() == start:
+        before = t.load_factor()
+        t.find_or_insert(torch.randint(-(2**63), 2**63 - 1, (256,), generator=g))
+        best = max(best, before) if t.capacity() != start else t.load_factor()
+    assert best > 0.88, f"grew at load factor {best:.3f}"
+
+
+def test_evicting_strategies_grow_instead_of_evicting_below_max_capacity():
+    t = dynemb.ScoredHashTable(dim=2, capacity=4096, init_capacity=128, score_strategy=S.LFU)
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randint(-(2**63), 2**63 - 1, (1500,), generator=g)
+    for chunk in keys.split(100):
+        t.find_or_insert(chunk)
+        assert t.last_stats.evicted == 0 and t.last_stats.failed == 0
+    assert t.size() == 1500 and bool(t.contains(keys).all())
+
+
+def test_rehash_holds_only_the_old_and_the_new_storage(monkeypatch):
+    live = weakref.WeakSet()
+    original_init = table_storage.TableStorage.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        live.add(self)
+
+    monkeypatch.setattr(table_storage.TableStorage, "__init__", tracking_init)
+    alive_during_rehash = []
+    original_rehash = _ops.table_rehash
+
+    def tracking_rehash(src, dst, window):
+        gc.collect()
+        alive_during_rehash.append(len(live))
+        return original_rehash(src, dst, window)
+
+    monkeypatch.setattr(_ops, "table_rehash", tracking_rehash)
+    t = dynemb.ScoredHashTable(
+        dim=2, capacity=2**14, init_capacity=16, bucket_capacity=16, score_strategy=S.NO_EVICTION
+    )
+    t.find_or_insert(torch.arange(10_000, dtype=torch.int64))
+    assert len(alive_during_rehash) >= 4
+    assert max(alive_during_rehash) == 2
+    gc.collect()
+    assert len(live) == 1

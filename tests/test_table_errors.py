@@ -1,0 +1,147 @@
+"""Bad arguments raise TypeError / ValueError naming the problem, before anything changes."""
+
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+from dynemb import DynamicEmbScoreStrategy as S
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(bucket_capacity=100), ValueError, "bucket_capacity must be a multiple of 16"),
+        (dict(bucket_capacity=0), ValueError, "bucket_capacity must be >= 16"),
+        (
+            dict(capacity=64, bucket_capacity=128),
+            ValueError,
+            "capacity must be >= bucket_capacity=128",
+        ),
+        (dict(init_capacity=10**6), ValueError, "init_capacity=1000000 exceeds capacity"),
+        (dict(dim=0), ValueError, "dim must be >= 1"),
+        (dict(dim=2.5), TypeError, "dim must be an int"),
+        (dict(extra_columns=-1), ValueError, "extra_columns must be >= 0"),
+        (dict(value_dtype=torch.float64), TypeError, "value_dtype must be one of"),
+        (dict(score_strategy=(S.STEP, S.LFU)), ValueError, "score_strategy must be"),
+        (dict(score_strategy="lru"), ValueError, "score_strategy must be"),
+        (
+            dict(initializer=DynamicEmbInitializerArgs(lower=1.0, upper=0.0)),
+            ValueError,
+            "lower < upper",
+        ),
+        (
+            dict(
+                initializer=DynamicEmbInitializerArgs(
+                    mode=DynamicEmbInitializerMode.NORMAL, std_dev=0
+                )
+            ),
+            ValueError,
+            "std_dev must be > 0",
+        ),
+        (dict(initializer="uniform"), TypeError, "initializer must be"),
+        (dict(seed=2**64), ValueError, "seed must be an int64"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, exc, match):
+    args = dict(dim=4, capacity=1024) | kwargs
+    with pytest.raises(exc, match=match):
+        dynemb.ScoredHashTable(**args)
+
+
+def _snapshot(t):
+    k, v, s, _ = t.export_batch(0, t.capacity(), include_extra=True)
+    order = torch.argsort(k)
+    return k[order], v[order], s[order], t.size()
+
+
+def _assert_unchanged(t, before):
+    after = _snapshot(t)
+    for a, b in zip(before[:3], after[:3]):
+        assert torch.equal(a, b)
+    assert before[3] == after[3]
+
+
+KEYS = torch.tensor([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda t: t.find_or_insert(KEYS.int()), TypeError, "keys must have dtype torch.int64"),
+        (lambda t: t.find_or_insert(KEYS.view(3, 1)), ValueError, "keys must be 1-D"),
+        (lambda t: t.find_or_insert([1, 2]), TypeError, "keys must be a torch.Tensor"),
+        (
+            lambda t: t.find_or_insert(KEYS, torch.tensor([1, 2, 3])),
+            ValueError,
+            "scores are accepted only under CUSTOMIZED",
+        ),
+        (
+            lambda t: t.insert_or_assign(KEYS, torch.zeros(3, 5)),
+            ValueError,
+            r"values must have shape \(3, 4\)",
+        ),
+        (
+            lambda t: t.insert_or_assign(KEYS, torch.zeros(2, 4)),
+            ValueError,
+            "values must have shape",
+        ),
+        (
+            lambda t: t.insert_or_assign(KEYS, torch.zeros(3, 4, dtype=torch.int64)),
+            TypeError,
+            "values must be a floating-point tensor",
+        ),
+        (
+            lambda t: t.insert_and_evict(KEYS.float(), torch.zeros(3, 4)),
+            TypeError,
+            "keys must have dtype",
+        ),
+        (lambda t: t.erase(KEYS.view(1, 3)), ValueError, "keys must be 1-D"),
+        (lambda t: t.export_batch(-1, 10), ValueError, "offset must be an int in"),
+        (lambda t: t.export_batch(0, 0), ValueError, "n must be >= 1"),
+    ],
+)
+def test_bad_call_arguments_leave_the_table_unchanged(call, exc, match):
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024, score_strategy=S.LFU)
+    t.find_or_insert(torch.arange(100))
+    before = _snapshot(t)
+    with pytest.raises(exc, match=match):
+        call(t)
+    _assert_unchanged(t, before)
+
+
+@pytest.mark.parametrize(
+    "scores, exc, match",
+    [
+        (None, ValueError, "scores are required"),
+        (torch.tensor([1.0, 2.0, 3.0]), TypeError, "scores must be an int64 tensor"),
+        (torch.tensor([1, 2]), ValueError, r"scores must have shape \(3,\)"),
+        (torch.tensor([1, -2, 3]), ValueError, "scores must be >= 0"),
+    ],
+)
+def test_customized_scores_are_checked(scores, exc, match):
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024, score_strategy=S.CUSTOMIZED)
+    t.find_or_insert(torch.arange(10), torch.arange(10))
+    before = _snapshot(t)
+    with pytest.raises(exc, match=match):
+        t.find_or_insert(KEYS, scores)
+    _assert_unchanged(t, before)
+
+
+def test_timestamps_need_the_compound_strategy():
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024, score_strategy=S.LFU)
+    with pytest.raises(ValueError, match="TIMESTAMP, LFU"):
+        t.get_timestamps(KEYS)
+
+
+def test_op_level_checks_name_the_argument():
+    """The C++ ops check too (for callers that bypass the Python face)."""
+    from dynemb import _ops
+
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024)
+    with pytest.raises(ValueError, match="`values` must be a contiguous"):
+        _ops.table_find(t._storage.tensors(), KEYS, torch.zeros(2, 4))
+    with pytest.raises(TypeError, match="`keys` must have dtype Long"):
+        _ops.table_find_slots(t._storage.tensors(), KEYS.int())
+    with pytest.raises(ValueError, match="`table` must hold 7 tensors"):
+        _ops.table_erase(t._storage.tensors()[:3], KEYS)
