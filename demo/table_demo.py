@@ -23,14 +23,20 @@ def main() -> None:
     print(f"  scores (access counts): {table.get_scores(keys).tolist()}")
 
     values, found = table.find(torch.tensor([42, 43]))
-    print(f"find [42, 43] -> found {found.tolist()}, same row for 42: {torch.equal(values[0], rows[0])}")
+    print(
+        f"find [42, 43] -> found {found.tolist()}, same row for 42: {torch.equal(values[0], rows[0])}"
+    )
 
     many = torch.randint(-(2**63), 2**63 - 1, (5000,))
     table.find_or_insert(many)
     s = table.last_stats
     print(f"find_or_insert 5000 random keys -> grew to capacity {table.capacity()}")
-    print(f"  {s.inserted} inserted, {s.evicted} evicted (full buckets at max capacity), {s.failed} failed")
-    print(f"  size {table.size()}, load factor {table.load_factor():.2f}, {table.memory_usage()} bytes")
+    print(
+        f"  {s.inserted} inserted, {s.evicted} evicted (full buckets at max capacity), {s.failed} failed"
+    )
+    print(
+        f"  size {table.size()}, load factor {table.load_factor():.2f}, {table.memory_usage()} bytes"
+    )
 
     table.insert_or_assign(torch.tensor([42]), torch.ones(1, 4))
     print(f"insert_or_assign 42 := ones -> {table.find(torch.tensor([42]))[0][0].tolist()}")

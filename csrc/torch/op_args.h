@@ -103,14 +103,4 @@ EvictedOut<V> evicted_out(at::TensorList evicted) {
                        evicted[2].data_ptr<int64_t>()};
 }
 
-/// Allocates the status output, runs `body(status_ptr) -> StatusCounts` and packs the counts.
-template <class Body>
-std::tuple<at::Tensor, at::Tensor> finish_upsert(const at::Tensor& keys, Body&& body) {
-  at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
-  const StatusCounts done = body(status.data_ptr<int8_t>());
-  at::Tensor counts = at::empty({4}, at::TensorOptions().dtype(at::kLong));
-  for (int k = 0; k < 4; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
-  return {status, counts};
-}
-
 }  // namespace dynemb

@@ -1,0 +1,192 @@
+// dynemb torch layer: the table ops, written once over a Backend.
+//
+// Each op checks every argument before anything changes, builds a TableRef and
+// hands it to the Backend, which runs the device's executor:
+//
+//   struct Backend {
+//     template <class TorchV> using Value = ...;  // element type the executor uses
+//     struct DeviceGuard { explicit DeviceGuard(at::Device); };  // makes it current
+//     static void hash_keys(keys*, n, num_buckets, bucket*, digest*);
+//     template <class V> static void find(TableRef<V>, keys*, n, V* out, out_width, bool*);
+//     template <class V> static void find_slots(TableRef<V>, keys*, n, int64_t* slots);
+//     template <class V> static void find_or_insert(FindOrInsertSink<V>, UpsertArgs, keys*, n,
+//                                                   int8_t* status, at::Tensor& counts);
+//     template <class V> static void assign(AssignSink<V>, ...same...);
+//     template <class V> static void erase(TableRef<V>, keys*, n, bool*);
+//     template <class V> static int64_t rehash(TableRef<V> src, TableRef<V> dst, int window);
+//   };
+// ops_cpu.cpp and ops_cuda.cpp define a Backend and register these functions.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "torch/op_args.h"
+
+namespace dynemb {
+
+template <class F>
+decltype(auto) dispatch_values(const char* op, const at::Tensor& values, F&& f) {
+  switch (values.scalar_type()) {
+    case at::kFloat: return f(float{});
+    case at::kHalf: return f(c10::Half{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    default:
+      TORCH_CHECK_TYPE(false, "dynemb.", op,
+                       ": table values must be float32, float16 or bfloat16, got ",
+                       values.scalar_type());
+  }
+}
+
+template <class Backend>
+struct TableOpImpls {
+  template <class TorchV>
+  using V = typename Backend::template Value<TorchV>;
+
+  static std::tuple<at::Tensor, at::Tensor> hash_keys(const at::Tensor& keys,
+                                                      int64_t num_buckets) {
+    check_keys("hash_keys", keys);
+    typename Backend::DeviceGuard guard(keys.device());
+    TORCH_CHECK_VALUE(num_buckets >= 1 && num_buckets <= (int64_t{1} << 32),
+                      "dynemb.hash_keys: `num_buckets` must be in [1, 2^32], got ", num_buckets);
+    at::Tensor bucket = at::empty_like(keys);
+    at::Tensor digest = at::empty(keys.sizes(), keys.options().dtype(at::kByte));
+    Backend::hash_keys(keys.data_ptr<int64_t>(), keys.numel(), num_buckets,
+                       bucket.data_ptr<int64_t>(), digest.data_ptr<uint8_t>());
+    return {bucket, digest};
+  }
+
+  static at::Tensor find(at::TensorList table, const at::Tensor& keys, const at::Tensor& values) {
+    constexpr const char* op = "table_find";
+    check_table(op, table);
+    typename Backend::DeviceGuard guard(table[0].device());
+    check_keys(op, keys);
+    check_same_device(op, "keys", keys, table[0]);
+    check_rows(op, "values", values, table[4], keys.numel(), 1, table[4].size(1));
+    at::Tensor found = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::find(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
+                    reinterpret_cast<W*>(values.data_ptr()), values.size(1),
+                    found.data_ptr<bool>());
+    });
+    return found;
+  }
+
+  static at::Tensor find_slots(at::TensorList table, const at::Tensor& keys) {
+    constexpr const char* op = "table_find_slots";
+    check_table(op, table);
+    typename Backend::DeviceGuard guard(table[0].device());
+    check_keys(op, keys);
+    check_same_device(op, "keys", keys, table[0]);
+    at::Tensor slots = at::empty_like(keys);
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::find_slots(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
+                          slots.data_ptr<int64_t>());
+    });
+    return slots;
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> find_or_insert(
+      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      const at::Tensor& keys, const std::optional<at::Tensor>& scores, const at::Tensor& values,
+      at::TensorList evicted) {
+    constexpr const char* op = "table_find_or_insert";
+    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, evicted);
+    typename Backend::DeviceGuard guard(table[0].device());
+    check_rows(op, "values", values, table[4], keys.numel(), 1, table[4].size(1));
+    auto [status, counts] = upsert_outputs(keys);
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      FindOrInsertSink<W> sink{table_ref<W>(table), call.init, call.dim,
+                               reinterpret_cast<W*>(values.data_ptr()), values.size(1),
+                               evicted_out<W>(evicted)};
+      Backend::find_or_insert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+                              status.template data_ptr<int8_t>(), counts);
+    });
+    return {status, counts};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> insert_or_assign(
+      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      const at::Tensor& keys, const std::optional<at::Tensor>& scores, const at::Tensor& values,
+      at::TensorList evicted) {
+    constexpr const char* op = "table_insert_or_assign";
+    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, evicted);
+    typename Backend::DeviceGuard guard(table[0].device());
+    const int64_t row_width = table[4].size(1);
+    check_rows(op, "values", values, table[4], keys.numel(), call.dim, row_width);
+    TORCH_CHECK_VALUE(values.size(1) == call.dim || values.size(1) == row_width, "dynemb.", op,
+                      ": `values` must have dim=", call.dim, " or row_width=", row_width,
+                      " columns, got ", values.size(1));
+    auto [status, counts] = upsert_outputs(keys);
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      AssignSink<W> sink{table_ref<W>(table), call.init, call.dim,
+                         reinterpret_cast<const W*>(values.data_ptr()), values.size(1),
+                         evicted_out<W>(evicted)};
+      Backend::assign(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+                      status.template data_ptr<int8_t>(), counts);
+    });
+    return {status, counts};
+  }
+
+  static at::Tensor erase(at::TensorList table, const at::Tensor& keys) {
+    constexpr const char* op = "table_erase";
+    check_table(op, table);
+    typename Backend::DeviceGuard guard(table[0].device());
+    check_keys(op, keys);
+    check_same_device(op, "keys", keys, table[0]);
+    at::Tensor erased = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::erase(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
+                     erased.data_ptr<bool>());
+    });
+    return erased;
+  }
+
+  static int64_t rehash(at::TensorList src, at::TensorList dst, int64_t window) {
+    constexpr const char* op = "table_rehash";
+    check_table(op, src);
+    check_table(op, dst);
+    TORCH_CHECK_VALUE(src[4].scalar_type() == dst[4].scalar_type() &&
+                          src[4].size(1) == dst[4].size(1) &&
+                          (src[2].numel() == 0) == (dst[2].numel() == 0) &&
+                          (src[3].numel() == 0) == (dst[3].numel() == 0),
+                      "dynemb.", op, ": `src` and `dst` must have the same row layout and scores");
+    check_same_device(op, "dst", dst[0], src[0]);
+    typename Backend::DeviceGuard guard(src[0].device());
+    TORCH_CHECK_VALUE(window >= 1 && window <= kMaxProbeBuckets, "dynemb.", op,
+                      ": `window` must be in [1, ", kMaxProbeBuckets, "], got ", window);
+    return dispatch_values(op, src[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      return Backend::rehash(table_ref<W>(src), table_ref<W>(dst), static_cast<int>(window));
+    });
+  }
+
+ private:
+  /// (status (n) int8, counts (4) int64) on the keys' device.
+  static std::tuple<at::Tensor, at::Tensor> upsert_outputs(const at::Tensor& keys) {
+    return {at::empty(keys.sizes(), keys.options().dtype(at::kChar)),
+            at::zeros({4}, keys.options().dtype(at::kLong))};
+  }
+};
+
+/// Registers every table op of TableOpImpls<Backend> for one dispatch key.
+#define DYNEMB_REGISTER_TABLE_OPS(m, Backend)                                     \
+  do {                                                                            \
+    using Impl = ::dynemb::TableOpImpls<Backend>;                                 \
+    (m).impl("hash_keys", &Impl::hash_keys);                                      \
+    (m).impl("table_find", &Impl::find);                                          \
+    (m).impl("table_find_slots", &Impl::find_slots);                              \
+    (m).impl("table_find_or_insert", &Impl::find_or_insert);                      \
+    (m).impl("table_insert_or_assign", &Impl::insert_or_assign);                  \
+    (m).impl("table_erase", &Impl::erase);                                        \
+    (m).impl("table_rehash", &Impl::rehash);                                      \
+  } while (0)
+
+}  // namespace dynemb
