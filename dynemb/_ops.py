@@ -108,3 +108,13 @@ def table_erase(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch.Tens
 def table_rehash(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor], window: int) -> int:
     """Moves every entry of ``src`` into the empty ``dst``. Returns entries that did not fit."""
     return _dynemb.table_rehash(list(src), list(dst), window)
+
+
+def advise_huge_pages(buffer: torch.Tensor) -> bool:
+    """Asks for transparent huge pages under an untouched host buffer (no-op elsewhere).
+
+    Returns True when the kernel accepted the advice.
+    """
+    if buffer.device.type != "cpu":
+        return False
+    return _dynemb.advise_huge_pages(buffer)

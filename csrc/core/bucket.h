@@ -54,3 +54,25 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t buck
 }
 
 }  // namespace dynemb
+
+namespace dynemb {
+
+/// The slot a lookup of `digest` in `bucket` will most likely touch: the first
+/// digest match, else the first empty slot, else -1. Executors use it only to
+/// prefetch; it decides nothing.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t likely_slot(const TableRef<V>& t, int64_t bucket, uint8_t digest) {
+  const int64_t base = bucket * t.bucket_capacity;
+  int64_t empty = -1;
+  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
+    const uint32_t match = P::match16(t.digests + base + g, digest);
+    if (match != 0) return base + g + lowest_bit(match);
+    if (empty < 0) {
+      const uint32_t free = P::match16(t.digests + base + g, kEmptyDigest);
+      if (free != 0) empty = base + g + lowest_bit(free);
+    }
+  }
+  return empty;
+}
+
+}  // namespace dynemb

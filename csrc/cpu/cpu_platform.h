@@ -40,7 +40,7 @@ struct CpuPlatform {
 #endif
   }
 
-  static void prefetch(const void* addr) { __builtin_prefetch(addr, 0, 1); }
+  static void prefetch(const void* addr) { __builtin_prefetch(addr, 0, 3); }
 };
 
 }  // namespace dynemb

@@ -17,17 +17,47 @@ using P = CpuPlatform;
 
 namespace {
 
-constexpr int64_t kGrain = 2048;   // keys per task below which one thread runs a batch
-constexpr int64_t kPrefetch = 8;   // keys ahead whose bucket digests are prefetched
+constexpr int64_t kGrain = 2048;  // keys per task below which one thread runs a batch
+
+// Batch loops overlap the cache misses of many keys (group prefetching): keys go
+// in groups of kGroup; the group's bucket digests are prefetched, then the key
+// and row of each key's likely slot, then the keys are processed in order.
+constexpr int64_t kGroup = 8;
 
 int threads_for(int64_t n) {
   return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
 }
 
 template <class V>
-DYNEMB_INLINE void prefetch_bucket(const TableRef<V>& t, int64_t key) {
+DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   const int64_t b = bucket_of(hash_key(key), t.num_buckets);
-  P::prefetch(t.digests + b * t.bucket_capacity);
+  const uint8_t* d = t.digests + b * t.bucket_capacity;
+  for (int64_t off = 0; off < t.bucket_capacity; off += 64) P::prefetch(d + off);
+}
+
+template <class V>
+DYNEMB_INLINE void prefetch_slot(const TableRef<V>& t, int64_t key) {
+  const uint64_t h = hash_key(key);
+  const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
+  if (slot < 0) return;
+  P::prefetch(t.keys + slot);
+  if (t.scores) P::prefetch(t.scores + slot);
+  const char* row = reinterpret_cast<const char*>(t.row(slot));
+  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+  for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+}
+
+/// Calls body(j) for j in [begin, end) in order, prefetching group by group;
+/// key_at(j) is the key body(j) will look up.
+template <class V, class KeyAt, class Body>
+DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
+                                   KeyAt&& key_at, Body&& body) {
+  for (int64_t g = begin; g < end; g += kGroup) {
+    const int64_t g_end = std::min(end, g + kGroup);
+    for (int64_t j = g; j < g_end; ++j) prefetch_digests(t, key_at(j));
+    for (int64_t j = g; j < g_end; ++j) prefetch_slot(t, key_at(j));
+    for (int64_t j = g; j < g_end; ++j) body(j);
+  }
 }
 
 /// Runs upsert for keys[i] in `order` (or 0..n-1 when order is null), one thread.
@@ -35,13 +65,13 @@ template <class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
-  for (int64_t j = begin; j < end; ++j) {
-    if (j + kPrefetch < end) prefetch_bucket(t, keys[order ? order[j + kPrefetch] : j + kPrefetch]);
+  auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
+  prefetched_loop(t, begin, end, key_at, [&](int64_t j) {
     const int64_t i = order ? order[j] : j;
     const Status s = upsert<P>(t, i, keys[i], args, sink);
     status[i] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
-  }
+  });
 }
 
 /// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
@@ -114,22 +144,25 @@ template <class V>
 void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
           bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetch < end) prefetch_bucket(t, keys[i + kPrefetch]);
+    auto key_at = [&](int64_t j) { return keys[j]; };
+    prefetched_loop(t, begin, end, key_at, [&](int64_t i) {
       const int64_t slot = find_slot<P>(t, keys[i]);
       found[i] = slot >= 0;
-      if (slot >= 0) copy_row(t.row(slot), out + i * out_width, out_width);
-    }
+      V* dst = out + i * out_width;
+      if (slot >= 0) {
+        copy_row(t.row(slot), dst, out_width);
+      } else {
+        for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0);
+      }
+    });
   });
 }
 
 template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetch < end) prefetch_bucket(t, keys[i + kPrefetch]);
-      slots[i] = find_slot<P>(t, keys[i]);
-    }
+    auto key_at = [&](int64_t j) { return keys[j]; };
+    prefetched_loop(t, begin, end, key_at, [&](int64_t i) { slots[i] = find_slot<P>(t, keys[i]); });
   });
 }
 

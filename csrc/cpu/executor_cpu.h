@@ -21,8 +21,8 @@ namespace dynemb::cpu {
 void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                uint8_t* digest);
 
-/// Gathers the first out_width columns of each key's row; absent keys leave
-/// their output row untouched and found[i] = false.
+/// Gathers the first out_width columns of each key's row; absent keys get a
+/// zero row and found[i] = false.
 template <class V>
 void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
           bool* found);

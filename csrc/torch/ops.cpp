@@ -20,6 +20,7 @@ TORCH_LIBRARY(dynemb, m) {
       "Tensor? scores, Tensor values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
   m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
   m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
+  m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
 }
 
 // Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.

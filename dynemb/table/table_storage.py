@@ -6,8 +6,21 @@ into it, then drops the first: at most old + new are alive at once.
 """
 
 import dataclasses
+import functools
 
 import torch
+
+from dynemb import _ops
+
+_HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def _allocate(shape, dtype, device) -> torch.Tensor:
+    """An uninitialised buffer; large host buffers get huge pages before first touch."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if t.numel() * t.element_size() >= _HUGE_PAGE_MIN_BYTES:
+        _ops.advise_huge_pages(t)
+    return t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,20 +60,14 @@ class TableStorage:
         self.layout = layout
         self.num_buckets = num_buckets
         slots = num_buckets * layout.bucket_capacity
-        dev = layout.device
-        self.digests = torch.zeros(
-            (num_buckets, layout.bucket_capacity), dtype=torch.uint8, device=dev
-        )
-        self.keys = torch.empty(slots, dtype=torch.int64, device=dev)
-        self.scores = torch.zeros(
-            slots if layout.keeps_scores else 0, dtype=torch.int64, device=dev
-        )
-        self.timestamps = torch.zeros(
-            slots if layout.keeps_timestamps else 0, dtype=torch.int64, device=dev
-        )
-        self.values = torch.empty((slots, layout.row_width), dtype=layout.value_dtype, device=dev)
-        self.locks = torch.zeros(num_buckets, dtype=torch.int32, device=dev)
-        self.overflow = torch.zeros(num_buckets, dtype=torch.uint8, device=dev)
+        new = functools.partial(_allocate, device=layout.device)
+        self.digests = new((num_buckets, layout.bucket_capacity), torch.uint8).zero_()
+        self.keys = new((slots,), torch.int64)
+        self.scores = new((slots if layout.keeps_scores else 0,), torch.int64).zero_()
+        self.timestamps = new((slots if layout.keeps_timestamps else 0,), torch.int64).zero_()
+        self.values = new((slots, layout.row_width), layout.value_dtype)
+        self.locks = new((num_buckets,), torch.int32).zero_()
+        self.overflow = new((num_buckets,), torch.uint8).zero_()
 
     @property
     def num_slots(self) -> int:
