@@ -2,10 +2,13 @@
 
 import dataclasses
 import math
+from typing import Any
 
-from dynemb.types import DynamicEmbInitializerMode
+import torch
 
-__all__ = ["DynamicEmbInitializerArgs"]
+from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbScoreStrategy
+
+__all__ = ["DynamicEmbInitializerArgs", "DynamicEmbTableOptions"]
 
 
 @dataclasses.dataclass
@@ -75,3 +78,59 @@ class DynamicEmbInitializerArgs:
         if mode == DynamicEmbInitializerMode.CONSTANT:
             return (mode.value, self.value, 0.0, 0.0, 0.0)
         return (mode.value, 0.0, 0.0, 0.0, 0.0)
+
+
+def _zeros() -> DynamicEmbInitializerArgs:
+    return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.0)
+
+
+@dataclasses.dataclass
+class DynamicEmbTableOptions:
+    """Options of one dynamic table (field names and defaults mirror DynamicEmb).
+
+    Args:
+        dim: embedding width (``None``: taken from the TorchRec config by the planner).
+        max_capacity: maximum rows on this rank (``None``: filled by the planner).
+        init_capacity: initial rows (``None``: ``max_capacity``); the table doubles up
+            to ``max_capacity`` before it evicts.
+        index_type: key dtype (int64).
+        embedding_dtype: row storage: float32, float16 or bfloat16.
+        score_strategy: eviction score (see DynamicEmbScoreStrategy).
+        bucket_capacity: slots per bucket (multiple of 16).
+        initializer_args: rows of new keys in training.
+        eval_initializer_args: rows of unknown keys in eval mode (zeros by default).
+        safe_check_mode: what a training lookup does with keys that could not be
+            stored (ERROR raises, WARNING warns, IGNORE is silent; both give zero rows).
+        training: False makes the table read-only (lookups never insert).
+        seed: initializer seed (rows are a function of (seed, key)).
+        global_hbm_for_values, local_hbm_for_values, caching, dist_type,
+        admit_strategy, admission_counter, external_storage: used by the planner,
+            sharding, tiering and admission (see DynamicEmb_APIs.md).
+
+    Example::
+
+        DynamicEmbTableOptions(dim=64, max_capacity=1 << 20,
+                               score_strategy=DynamicEmbScoreStrategy.LFU)
+    """
+
+    dim: int | None = None
+    max_capacity: int | None = None
+    init_capacity: int | None = None
+    index_type: torch.dtype = torch.int64
+    embedding_dtype: torch.dtype = torch.float32
+    score_strategy: DynamicEmbScoreStrategy | tuple = DynamicEmbScoreStrategy.TIMESTAMP
+    bucket_capacity: int = 128
+    initializer_args: DynamicEmbInitializerArgs = dataclasses.field(
+        default_factory=DynamicEmbInitializerArgs
+    )
+    eval_initializer_args: DynamicEmbInitializerArgs = dataclasses.field(default_factory=_zeros)
+    safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
+    training: bool = True
+    seed: int = 0
+    global_hbm_for_values: int = 0
+    local_hbm_for_values: int = 0
+    caching: bool = False
+    dist_type: str = "roundrobin"
+    admit_strategy: Any | None = None
+    admission_counter: Any | None = None
+    external_storage: Any | None = None

@@ -4,6 +4,8 @@
 //                     table, copy it out; failed -> the initial row, not stored.
 //   AssignSink        hit/new -> write the caller's row into the table (a new
 //                     key's extra columns are initialised first); failed -> nothing.
+//   SlotSink          hit/new -> record the key's slot (a new row is initialised);
+//                     failed -> slot -1. The embedding kernels read rows by slot.
 // Both can capture evicted residents (key, full row, score) at the position of
 // the key that replaced them, so nothing leaves the table unreported.
 #pragma once
@@ -79,6 +81,23 @@ struct AssignSink {
     hit(i, slot);
   }
   DYNEMB_HD void failed(int64_t, int64_t) {}
+};
+
+template <class V>
+struct SlotSink {
+  TableRef<V> t;
+  InitArgs init;
+  int64_t dim;
+  int64_t* slots;  // (n)
+  EvictedOut<V> evicted;
+
+  DYNEMB_HD void hit(int64_t i, int64_t slot) { slots[i] = slot; }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
+  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t key) {
+    init_row(init, key, t.row(slot), dim, t.row_width);
+    slots[i] = slot;
+  }
+  DYNEMB_HD void failed(int64_t i, int64_t) { slots[i] = -1; }
 };
 
 }  // namespace dynemb

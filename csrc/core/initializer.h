@@ -57,56 +57,54 @@ DYNEMB_HD DYNEMB_INLINE uint64_t stream_of(uint64_t seed, int64_t key) {
   return mix64(static_cast<uint64_t>(key) ^ mix64(seed ^ 0x5851F42D4C957F2DULL));
 }
 
-/// Element values of a new row: out[j] for j < dim, then extra columns.
-/// @param out   (row_width) destination row
-/// @param dim   embedding columns filled by the initializer
+/// Element j of the initial row of `key` (stream = stream_of(seed, key)). init_row
+/// produces the same values, two elements per draw where it can.
+DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, int64_t key,
+                                           int64_t j) {
+  switch (a.mode) {
+    case InitMode::kUniform: {
+      float u0, u1;
+      unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
+      return a.a + (a.b - a.a) * ((j & 1) ? u1 : u0);
+    }
+    case InitMode::kNormal: {
+      float z0, z1;
+      normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
+      return a.a + a.b * ((j & 1) ? z1 : z0);
+    }
+    case InitMode::kTruncatedNormal: {
+      // Rejection sampling on element j's own counters; after 64 rejections
+      // (negligible for bounds within a few std devs) the value is clamped.
+      float v = a.a;
+      for (uint64_t attempt = 0; attempt < 64; ++attempt) {
+        float z0, z1;
+        normal_pair(draw(stream, (static_cast<uint64_t>(j) << 6) + attempt), &z0, &z1);
+        v = a.a + a.b * z0;
+        if (v >= a.lower && v <= a.upper) return v;
+      }
+      return fminf(fmaxf(v, a.lower), a.upper);
+    }
+    case InitMode::kConstant: return a.a;
+    case InitMode::kDebug: return static_cast<float>(key);  // exact for |key| < 2^24
+  }
+  return 0.0f;
+}
+
+/// Writes a new row: out[j] for j < dim from the initializer, then the extra
+/// columns (j < row_width) at `extra_value`.
 template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
   const uint64_t stream = stream_of(a.seed, key);
-  switch (a.mode) {
-    case InitMode::kUniform: {
-      const float span = a.b - a.a;
-      for (int64_t j = 0; j < dim; j += 2) {
-        float u0, u1;
-        unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
-        out[j] = static_cast<V>(a.a + span * u0);
-        if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + span * u1);
-      }
-      break;
+  if (a.mode == InitMode::kUniform) {
+    const float span = a.b - a.a;
+    for (int64_t j = 0; j < dim; j += 2) {
+      float u0, u1;
+      unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
+      out[j] = static_cast<V>(a.a + span * u0);
+      if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + span * u1);
     }
-    case InitMode::kNormal: {
-      for (int64_t j = 0; j < dim; j += 2) {
-        float z0, z1;
-        normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
-        out[j] = static_cast<V>(a.a + a.b * z0);
-        if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + a.b * z1);
-      }
-      break;
-    }
-    case InitMode::kTruncatedNormal: {
-      // Rejection sampling on a per-key counter; after 64 rejections (probability
-      // negligible for bounds within a few std devs) the value is clamped.
-      uint64_t c = 0;
-      for (int64_t j = 0; j < dim; ++j) {
-        float v = a.a;
-        for (int attempt = 0; attempt < 64; ++attempt) {
-          float z0, z1;
-          normal_pair(draw(stream, c++), &z0, &z1);
-          v = a.a + a.b * z0;
-          if (v >= a.lower && v <= a.upper) break;
-          v = fminf(fmaxf(v, a.lower), a.upper);
-        }
-        out[j] = static_cast<V>(v);
-      }
-      break;
-    }
-    case InitMode::kConstant:
-      for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(a.a);
-      break;
-    case InitMode::kDebug:
-      // Every element is the key itself, as a float (exact for |key| < 2^24).
-      for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(static_cast<float>(key));
-      break;
+  } else {
+    for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(init_element(a, stream, key, j));
   }
   for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(a.extra_value);
 }

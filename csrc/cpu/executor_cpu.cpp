@@ -129,6 +129,19 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
 
 }  // namespace
 
+template <class V, class Sink>
+StatusCounts upsert_batch_with(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
+                               const int64_t* keys, int64_t n, int8_t* status) {
+  return upsert_batch(t, sink, args, keys, n, status);
+}
+template StatusCounts upsert_batch_with(const TableRef<float>&, const SlotSink<float>&,
+                                        const UpsertArgs&, const int64_t*, int64_t, int8_t*);
+template StatusCounts upsert_batch_with(const TableRef<c10::Half>&, const SlotSink<c10::Half>&,
+                                        const UpsertArgs&, const int64_t*, int64_t, int8_t*);
+template StatusCounts upsert_batch_with(const TableRef<c10::BFloat16>&,
+                                        const SlotSink<c10::BFloat16>&, const UpsertArgs&,
+                                        const int64_t*, int64_t, int8_t*);
+
 void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                uint8_t* digest) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {

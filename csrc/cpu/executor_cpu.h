@@ -39,6 +39,11 @@ template <class V>
 StatusCounts assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
                    int64_t n, int8_t* status);
 
+/// The partitioned upsert loop for any Sink (instantiated for SlotSink).
+template <class V, class Sink>
+StatusCounts upsert_batch_with(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
+                               const int64_t* keys, int64_t n, int8_t* status);
+
 /// erased[i] = keys[i] was stored (and is now gone).
 template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased);

@@ -5,6 +5,7 @@
 // policy = [score_strategy, batch_value, seed, allow_evict, dim];
 // init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
 // evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
+// Table ops: table_op_impls.h; embedding ops: embedding_op_impls.h.
 #include <torch/library.h>
 #include <torch/extension.h>
 
@@ -21,6 +22,21 @@ TORCH_LIBRARY(dynemb, m) {
   m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
   m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
   m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
+  // Embedding kernels (csrc/core/pooling.h, optimizer_rules.h).
+  // missing = init list of the rows given to keys that are not stored;
+  // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].
+  m.def(
+      "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
+      "Tensor? scores) -> (Tensor slots, Tensor status, Tensor counts)");
+  m.def(
+      "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "
+      "int mode, float[] missing, int seed, int dim) -> Tensor");
+  m.def(
+      "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "
+      "int dim) -> Tensor");
+  m.def(
+      "embedding_backward(Tensor(a!)[] table, Tensor slots, Tensor offsets, Tensor? weights, "
+      "int mode, Tensor grad, float[] optimizer, int step, int dim, Tensor(b!) uid_scratch) -> int");
 }
 
 // Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.

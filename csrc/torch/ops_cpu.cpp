@@ -1,7 +1,9 @@
 // dynemb torch layer: CPU registration of the ops declared in ops.cpp.
 #include <torch/library.h>
 
+#include "cpu/embedding_cpu.h"
 #include "cpu/executor_cpu.h"
+#include "torch/embedding_op_impls.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {
@@ -47,6 +49,32 @@ struct CpuBackend {
     return cpu::rehash(src, dst, window);
   }
 
+  template <class V>
+  static void find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
+                                   const int64_t* keys, int64_t n, int8_t* status,
+                                   at::Tensor& counts) {
+    store_counts(cpu::find_or_insert_slots(sink, args, keys, n, status), counts);
+  }
+  template <class V>
+  static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+                   const int64_t* offsets, int64_t num_bags, const float* weights,
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    cpu::pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
+  }
+  template <class V>
+  static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
+                     const InitArgs& missing, float* out, int64_t dim) {
+    cpu::gather(t, slots, keys, n, missing, out, dim);
+  }
+  template <class V>
+  static int64_t backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
+                          int64_t num_bags, const float* weights, PoolingMode mode,
+                          const float* grad, int64_t dim, const OptimizerArgs& opt,
+                          int32_t* uid_scratch) {
+    return cpu::backward_update(t, slots, offsets, num_bags, weights, mode, grad, dim, opt,
+                                uid_scratch);
+  }
+
  private:
   static void store_counts(const StatusCounts& done, at::Tensor& counts) {
     for (int k = 0; k < 4; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
@@ -55,6 +83,9 @@ struct CpuBackend {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(dynemb, CPU, m) { DYNEMB_REGISTER_TABLE_OPS(m, CpuBackend); }
+TORCH_LIBRARY_IMPL(dynemb, CPU, m) {
+  DYNEMB_REGISTER_TABLE_OPS(m, CpuBackend);
+  DYNEMB_REGISTER_EMBEDDING_OPS(m, CpuBackend);
+}
 
 }  // namespace dynemb

@@ -152,6 +152,8 @@ class ScoredHashTable:
         self._step = 0
         self._lock = RWLock()
         self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
+        self._mutations = 0  # bumped by every op that may move or drop a key
+        self._generation = 0  # bumped when growth replaces the storage
         self.last_stats: BatchStats | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -327,6 +329,7 @@ class ScoredHashTable:
         """Removes keys; returns how many were stored."""
         keys = self._check_keys(keys)
         with self._lock.write():
+            self._mutations += 1
             erased = int(_ops.table_erase(self._storage.tensors(), keys).sum())
             self._size -= erased
         return erased
@@ -334,13 +337,16 @@ class ScoredHashTable:
     def clear(self) -> None:
         """Removes every key (capacity is kept)."""
         with self._lock.write():
+            self._mutations += 1
             self._storage.clear()
             self._size = 0
 
     # -------------------------------------------------------------- internals
 
-    def _upsert(self, op, keys, scores, values, evicted, return_status=False):
+    def _upsert(self, op, keys, scores, values, evicted, return_status=False, slots=None):
         with self._lock.write():
+            generation = self._generation  # not the storage itself: growth must free it
+            self._mutations += 1
             self._step += 1
             batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
             if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, _TIMESTAMP_LFU):
@@ -357,6 +363,8 @@ class ScoredHashTable:
                     op, keys, scores, values, evicted, status, counts, batch_value
                 )
             self._size += counts[_ops.Status.INSERTED]
+            if slots is not None and self._generation != generation:
+                slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
             failed_keys = keys[status == _ops.Status.FAILED]
             stats = BatchStats(*counts, failed_keys=failed_keys)
             self.last_stats = stats
@@ -381,6 +389,28 @@ class ScoredHashTable:
         counts[_ops.Status.FAILED] = 0
         return status, [a + b for a, b in zip(counts, sub_counts.tolist())]
 
+    # ------------------------------------------------- embedding kernel access
+
+    def _find_or_insert_slots(self, keys: torch.Tensor) -> tuple[torch.Tensor, BatchStats]:
+        """Slots of keys ((n,) int64, -1 where not stored), inserting missing keys.
+
+        Used by the embedding kernels, which read and update rows by slot.
+        """
+        slots = torch.empty_like(keys)
+
+        def op(table, policy, init, k, scores, out, evicted):
+            found, status, counts = _ops.table_find_or_insert_slots(table, policy, init, k, scores)
+            out.copy_(found)
+            return _ops.UpsertResult(status, counts)
+
+        stats = self._upsert(op, keys, None, slots, evicted=None, slots=slots)
+        return slots, stats
+
+    def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:
+        """Slots of keys, -1 where not stored; changes nothing."""
+        with self._lock.read():
+            return _ops.table_find_slots(self._storage.tensors(), keys)
+
     def _policy(self, batch_value: int):
         allow_evict = int(self.num_buckets == self._max_buckets)
         return [self._strategy, batch_value, self.seed, allow_evict, self.dim]
@@ -393,6 +423,7 @@ class ScoredHashTable:
         if _ops.table_rehash(old.tensors(), new.tensors(), window):
             return False
         self._storage = new
+        self._generation += 1
         return True
 
     def _slots(self, keys: torch.Tensor):

@@ -1,0 +1,105 @@
+// dynemb core: fused optimizer updates of one embedding row, in place.
+//
+// A row is [w (dim) | state]; the state lives in the row's extra columns:
+//   EXACT_SGD              no state
+//   EXACT_ADAGRAD          dim  accumulators   s += g^2 (per element)
+//   EXACT_ROWWISE_ADAGRAD  1    accumulator    s += mean(g^2) over the row
+//   ADAM                   2*dim  m (dim), v (dim)
+// Maths follow fbgemm's TBE (tests/fbgemm_reference.py documents and checks
+// them): w -= lr * g / (sqrt(s) + eps) for the Adagrads; Adam with bias
+// correction by the module's global step and decoupled weight decay. Weight
+// decay for SGD and the Adagrads is L2 (g += weight_decay * w). Arithmetic is in
+// float whatever the storage type.
+#pragma once
+
+#include <math.h>
+
+#include "core/macros.h"
+
+namespace dynemb {
+
+/// Mirrors dynemb.optimizer.EmbOptimType's kernel codes (part of the op contract).
+enum class OptimizerKind : int64_t {
+  kSgd = 0,
+  kAdagrad = 1,
+  kRowwiseAdagrad = 2,
+  kAdam = 3,
+};
+
+struct OptimizerArgs {
+  OptimizerKind kind;
+  float learning_rate;
+  float eps;
+  float beta1;
+  float beta2;
+  float weight_decay;
+  int64_t step;  // 1-based count of updates so far, for Adam's bias correction
+};
+
+/// Extra columns each optimizer keeps per row.
+DYNEMB_HD DYNEMB_INLINE int64_t state_columns(OptimizerKind kind, int64_t dim) {
+  switch (kind) {
+    case OptimizerKind::kAdagrad: return dim;
+    case OptimizerKind::kRowwiseAdagrad: return 1;
+    case OptimizerKind::kAdam: return 2 * dim;
+    default: return 0;
+  }
+}
+
+/// Applies one update to `row` ([w | state], float-convertible V) with gradient g (dim).
+template <typename V>
+DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const float* g) {
+  V* state = row + dim;
+  const float lr = a.learning_rate, wd = a.weight_decay;
+  switch (a.kind) {
+    case OptimizerKind::kSgd:
+      for (int64_t j = 0; j < dim; ++j) {
+        const float w = static_cast<float>(row[j]);
+        row[j] = static_cast<V>(w - lr * (g[j] + wd * w));
+      }
+      break;
+    case OptimizerKind::kAdagrad:
+      for (int64_t j = 0; j < dim; ++j) {
+        const float w = static_cast<float>(row[j]);
+        const float gj = g[j] + wd * w;
+        const float s = static_cast<float>(state[j]) + gj * gj;
+        state[j] = static_cast<V>(s);
+        row[j] = static_cast<V>(w - lr * gj / (sqrtf(s) + a.eps));
+      }
+      break;
+    case OptimizerKind::kRowwiseAdagrad: {
+      float sum_sq = 0.0f;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float gj = g[j] + wd * static_cast<float>(row[j]);
+        sum_sq += gj * gj;
+      }
+      const float s = static_cast<float>(state[0]) + sum_sq / static_cast<float>(dim);
+      state[0] = static_cast<V>(s);
+      const float scale = lr / (sqrtf(s) + a.eps);
+      for (int64_t j = 0; j < dim; ++j) {
+        const float w = static_cast<float>(row[j]);
+        row[j] = static_cast<V>(w - scale * (g[j] + wd * w));
+      }
+      break;
+    }
+    case OptimizerKind::kAdam: {
+      V* m = state;
+      V* v = state + dim;
+      const float t = static_cast<float>(a.step);
+      const float correction1 = 1.0f - powf(a.beta1, t);
+      const float correction2 = 1.0f - powf(a.beta2, t);
+      for (int64_t j = 0; j < dim; ++j) {
+        const float w = static_cast<float>(row[j]);
+        const float mj = a.beta1 * static_cast<float>(m[j]) + (1.0f - a.beta1) * g[j];
+        const float vj = a.beta2 * static_cast<float>(v[j]) + (1.0f - a.beta2) * g[j] * g[j];
+        m[j] = static_cast<V>(mj);
+        v[j] = static_cast<V>(vj);
+        const float update = (mj / correction1) / (sqrtf(vj / correction2) + a.eps) + wd * w;
+        row[j] = static_cast<V>(w - lr * update);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace dynemb

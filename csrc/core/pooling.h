@@ -1,0 +1,66 @@
+// dynemb core: pooled and sequence lookups over slots, and the gradient they
+// send back to each row.
+//
+// A batch arrives as fbgemm's TBE: `slots` (n) holds the slot of each index
+// (-1 when its key is not stored: the row is then the `missing` initializer's row
+// for that key, zeros by default) and `offsets` (num_bags + 1) delimits the bags.
+// SUM pools w_i * row_i over a bag; MEAN divides the sum by the bag's length;
+// per-sample weights w_i (1 when absent). An empty bag pools to zeros. The
+// gradient of index i in bag b is scale_b * w_i * grad_out[b], scale_b = 1 for
+// SUM and 1 / len(b) for MEAN.
+#pragma once
+
+#include "core/initializer.h"
+#include "core/table_ref.h"
+
+namespace dynemb {
+
+enum class PoolingMode : int64_t { kSum = 0, kMean = 1 };
+
+/// Element j of the row the `missing` initializer gives key.
+DYNEMB_HD DYNEMB_INLINE float missing_element(const InitArgs& a, int64_t key, int64_t j) {
+  return init_element(a, stream_of(a.seed, key), key, j);
+}
+
+/// out (dim floats) = the pooled bag [begin, end).
+template <typename V>
+DYNEMB_HD void pool_bag(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+                        const float* weights, int64_t begin, int64_t end, PoolingMode mode,
+                        const InitArgs& missing, float* out, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) out[j] = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const float w = weights ? weights[i] : 1.0f;
+    if (slots[i] >= 0) {
+      const V* row = t.row(slots[i]);
+      for (int64_t j = 0; j < dim; ++j) out[j] += w * static_cast<float>(row[j]);
+    } else {
+      for (int64_t j = 0; j < dim; ++j) out[j] += w * missing_element(missing, keys[i], j);
+    }
+  }
+  if (mode == PoolingMode::kMean && end > begin) {
+    const float inv = 1.0f / static_cast<float>(end - begin);
+    for (int64_t j = 0; j < dim; ++j) out[j] *= inv;
+  }
+}
+
+/// out (dim floats) = the row of index i (sequence lookup).
+template <typename V>
+DYNEMB_HD DYNEMB_INLINE void gather_row(const TableRef<V>& t, const int64_t* slots,
+                                        const int64_t* keys, int64_t i, const InitArgs& missing,
+                                        float* out, int64_t dim) {
+  if (slots[i] >= 0) {
+    const V* row = t.row(slots[i]);
+    for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<float>(row[j]);
+  } else {
+    for (int64_t j = 0; j < dim; ++j) out[j] = missing_element(missing, keys[i], j);
+  }
+}
+
+/// Coefficient of grad_out[b] in the gradient of index i of bag [begin, end).
+DYNEMB_HD DYNEMB_INLINE float grad_scale(PoolingMode mode, const float* weights, int64_t i,
+                                         int64_t begin, int64_t end) {
+  const float w = weights ? weights[i] : 1.0f;
+  return mode == PoolingMode::kMean ? w / static_cast<float>(end - begin) : w;
+}
+
+}  // namespace dynemb

@@ -1,0 +1,183 @@
+// dynemb torch layer: the embedding ops, written once over a Backend (see
+// table_op_impls.h for the pattern). The Backend adds:
+//
+//   template <class V> static void find_or_insert_slots(SlotSink<V>, UpsertArgs, keys*, n,
+//                                                       int8_t* status, at::Tensor& counts);
+//   template <class V> static void pool(TableRef<V>, slots*, keys*, offsets*, num_bags,
+//                                       weights*, PoolingMode, InitArgs, float* out, dim);
+//   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
+//   template <class V> static int64_t backward(TableRef<V>, slots*, offsets*, num_bags,
+//                                              weights*, PoolingMode, grad*, dim,
+//                                              OptimizerArgs, int32_t* uid_scratch);
+#pragma once
+
+#include "core/optimizer_rules.h"
+#include "core/pooling.h"
+#include "torch/table_op_impls.h"
+
+namespace dynemb {
+
+inline InitArgs parse_missing(const char* op, at::ArrayRef<double> missing, int64_t seed) {
+  TORCH_CHECK_VALUE(missing.size() == 6, "dynemb.", op,
+                    ": `missing` must be [mode, a, b, lower, upper, extra_value], got ",
+                    missing.size(), " values");
+  const auto mode = static_cast<int64_t>(missing[0]);
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 4, "dynemb.", op, ": unknown initializer mode ", mode);
+  return InitArgs{static_cast<InitMode>(mode),         static_cast<float>(missing[1]),
+                  static_cast<float>(missing[2]),      static_cast<float>(missing[3]),
+                  static_cast<float>(missing[4]),      static_cast<float>(missing[5]),
+                  static_cast<uint64_t>(seed)};
+}
+
+inline PoolingMode parse_pooling(const char* op, int64_t mode) {
+  TORCH_CHECK_VALUE(mode == 0 || mode == 1, "dynemb.", op,
+                    ": `mode` must be 0 (SUM) or 1 (MEAN), got ", mode);
+  return static_cast<PoolingMode>(mode);
+}
+
+/// Checks slots/keys (n) int64, offsets (num_bags + 1) int64 ending at n, weights (n) float.
+inline void check_bags(const char* op, const at::Tensor& table0, const at::Tensor& slots,
+                       const at::Tensor* keys, const at::Tensor& offsets,
+                       const std::optional<at::Tensor>& weights) {
+  check_tensor(op, "slots", slots, at::kLong, 1);
+  check_same_device(op, "slots", slots, table0);
+  if (keys != nullptr) {
+    check_tensor(op, "keys", *keys, at::kLong, 1);
+    TORCH_CHECK_VALUE(keys->numel() == slots.numel(), "dynemb.", op, ": `keys` has ",
+                      keys->numel(), " elements, `slots` has ", slots.numel());
+  }
+  check_tensor(op, "offsets", offsets, at::kLong, 1);
+  TORCH_CHECK_VALUE(offsets.numel() >= 1, "dynemb.", op, ": `offsets` must not be empty");
+  if (weights.has_value()) {
+    check_tensor(op, "weights", *weights, at::kFloat, 1);
+    TORCH_CHECK_VALUE(weights->numel() == slots.numel(), "dynemb.", op, ": `weights` has ",
+                      weights->numel(), " elements, `slots` has ", slots.numel());
+  }
+}
+
+template <class Backend>
+struct EmbeddingOpImpls {
+  template <class TorchV>
+  using V = typename Backend::template Value<TorchV>;
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> find_or_insert_slots(
+      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      const at::Tensor& keys, const std::optional<at::Tensor>& scores) {
+    constexpr const char* op = "table_find_or_insert_slots";
+    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    typename Backend::DeviceGuard guard(table[0].device());
+    at::Tensor slots = at::empty_like(keys);
+    at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
+    at::Tensor counts = at::zeros({4}, keys.options().dtype(at::kLong));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
+                       EvictedOut<W>{nullptr, nullptr, nullptr}};
+      Backend::find_or_insert_slots(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+                                    status.data_ptr<int8_t>(), counts);
+    });
+    return {slots, status, counts};
+  }
+
+  static at::Tensor pool(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
+                         const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                         int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
+    constexpr const char* op = "embedding_pool";
+    check_table(op, table);
+    check_bags(op, table[0], slots, &keys, offsets, weights);
+    check_dim(op, table, dim);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const InitArgs init = parse_missing(op, missing, seed);
+    typename Backend::DeviceGuard guard(table[0].device());
+    const int64_t num_bags = offsets.numel() - 1;
+    at::Tensor out = at::empty({num_bags, dim}, slots.options().dtype(at::kFloat));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
+                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
+                    out.data_ptr<float>(), dim);
+    });
+    return out;
+  }
+
+  static at::Tensor gather(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
+                           at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
+    constexpr const char* op = "embedding_gather";
+    check_table(op, table);
+    check_tensor(op, "slots", slots, at::kLong, 1);
+    check_tensor(op, "keys", keys, at::kLong, 1);
+    TORCH_CHECK_VALUE(keys.numel() == slots.numel(), "dynemb.", op,
+                      ": `keys` and `slots` must have the same length");
+    check_dim(op, table, dim);
+    const InitArgs init = parse_missing(op, missing, seed);
+    typename Backend::DeviceGuard guard(table[0].device());
+    at::Tensor out = at::empty({slots.numel(), dim}, slots.options().dtype(at::kFloat));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::gather(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
+                      slots.numel(), init, out.data_ptr<float>(), dim);
+    });
+    return out;
+  }
+
+  static int64_t backward(at::TensorList table, const at::Tensor& slots,
+                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                          int64_t mode, const at::Tensor& grad, at::ArrayRef<double> optimizer,
+                          int64_t step, int64_t dim, const at::Tensor& uid_scratch) {
+    constexpr const char* op = "embedding_backward";
+    check_table(op, table);
+    check_bags(op, table[0], slots, nullptr, offsets, weights);
+    check_dim(op, table, dim);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const int64_t num_bags = offsets.numel() - 1;
+    check_tensor(op, "grad", grad, at::kFloat, 2);
+    TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
+                      ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
+    check_tensor(op, "uid_scratch", uid_scratch, at::kInt, 1);
+    TORCH_CHECK_VALUE(uid_scratch.numel() == table[1].numel(), "dynemb.", op,
+                      ": `uid_scratch` must have one int32 per slot (", table[1].numel(), ")");
+    const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
+    TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table[4].size(1), "dynemb.", op,
+                      ": the table's rows (", table[4].size(1),
+                      " columns) cannot hold this optimizer's state for dim ", dim);
+    typename Backend::DeviceGuard guard(table[0].device());
+    return dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      return Backend::backward(table_ref<W>(table), slots.data_ptr<int64_t>(),
+                               offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
+                               grad.data_ptr<float>(), dim, opt, uid_scratch.data_ptr<int32_t>());
+    });
+  }
+
+ private:
+  static const float* opt_ptr(const std::optional<at::Tensor>& t) {
+    return t.has_value() ? t->data_ptr<float>() : nullptr;
+  }
+  static void check_dim(const char* op, at::TensorList table, int64_t dim) {
+    TORCH_CHECK_VALUE(dim >= 1 && dim <= table[4].size(1), "dynemb.", op, ": `dim` ", dim,
+                      " must be in [1, row_width=", table[4].size(1), "]");
+  }
+  static OptimizerArgs parse_optimizer(const char* op, at::ArrayRef<double> o, int64_t step) {
+    TORCH_CHECK_VALUE(o.size() == 6, "dynemb.", op,
+                      ": `optimizer` must be [kind, learning_rate, eps, beta1, beta2, "
+                      "weight_decay], got ", o.size(), " values");
+    const auto kind = static_cast<int64_t>(o[0]);
+    TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "dynemb.", op, ": unknown optimizer kind ", kind);
+    TORCH_CHECK_VALUE(step >= 1, "dynemb.", op, ": `step` must be >= 1, got ", step);
+    return OptimizerArgs{static_cast<OptimizerKind>(kind), static_cast<float>(o[1]),
+                         static_cast<float>(o[2]),         static_cast<float>(o[3]),
+                         static_cast<float>(o[4]),         static_cast<float>(o[5]),
+                         step};
+  }
+};
+
+#define DYNEMB_REGISTER_EMBEDDING_OPS(m, Backend)                                 \
+  do {                                                                            \
+    using EImpl = ::dynemb::EmbeddingOpImpls<Backend>;                            \
+    (m).impl("table_find_or_insert_slots", &EImpl::find_or_insert_slots);         \
+    (m).impl("embedding_pool", &EImpl::pool);                                     \
+    (m).impl("embedding_gather", &EImpl::gather);                                 \
+    (m).impl("embedding_backward", &EImpl::backward);                             \
+  } while (0)
+
+}  // namespace dynemb

@@ -1,0 +1,1 @@
+"""The compute kernel: BatchedDynamicEmbeddingTables and its autograd function."""

@@ -1,0 +1,95 @@
+"""fbgemm TBE input conventions: checks, and the split of one batch per table.
+
+A batch is feature-major: with T features and B samples, bag ``f * B + b`` is
+``indices[offsets[f * B + b] : offsets[f * B + b + 1]]`` (``offsets`` has B * T + 1
+entries). A table serves the features that ``feature_table_map`` maps to it; its
+share of the batch is the concatenation of those features' indices, with their
+offsets rebased, so one table op handles every feature of that table.
+"""
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class TableBatch:
+    """One table's share of a batch.
+
+    Attributes:
+        features: the features (in feature order) served by the table.
+        keys: (n_t,) int64, their indices concatenated.
+        offsets: (len(features) * B + 1,) int64, rebased bag boundaries into ``keys``.
+        weights: (n_t,) float32 per-sample weights, or None.
+        index_ranges: per feature, its [begin, end) in the batch's ``indices``.
+    """
+
+    features: list[int]
+    keys: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None
+    index_ranges: list[tuple]
+
+
+def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
+    """Validates a TBE batch; returns B. Raises TypeError / ValueError naming the argument."""
+    if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must be an int64 (or int32) tensor, got {_describe(indices)}")
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"offsets must be an int64 (or int32) tensor, got {_describe(offsets)}")
+    if indices.dim() != 1 or offsets.dim() != 1:
+        raise ValueError(
+            f"indices and offsets must be 1-D, got shapes {tuple(indices.shape)} and {tuple(offsets.shape)}"
+        )
+    if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
+        raise ValueError(
+            f"offsets must have B * T + 1 entries with T={num_features} features, got {offsets.numel()}"
+        )
+    if offsets.numel() > 1:
+        first, last = int(offsets[0]), int(offsets[-1])
+        if first != 0:
+            raise ValueError(f"offsets must start at 0, got {first}")
+        if last != indices.numel():
+            raise ValueError(f"offsets must end at len(indices)={indices.numel()}, got {last}")
+        lengths = offsets[1:] - offsets[:-1]
+        if bool((lengths < 0).any()):
+            bag = int(torch.nonzero(lengths < 0)[0])
+            raise ValueError(f"offsets must not decrease: bag {bag} has length {int(lengths[bag])}")
+    elif indices.numel():
+        raise ValueError(f"offsets=[{int(offsets[0])}] describes no bag but indices has {indices.numel()} entries")
+    if per_sample_weights is not None:
+        if not isinstance(per_sample_weights, torch.Tensor) or not per_sample_weights.is_floating_point():
+            raise TypeError(f"per_sample_weights must be a float tensor, got {_describe(per_sample_weights)}")
+        if per_sample_weights.shape != indices.shape:
+            raise ValueError(
+                f"per_sample_weights must have shape {tuple(indices.shape)}, got {tuple(per_sample_weights.shape)}"
+            )
+    return (offsets.numel() - 1) // num_features
+
+
+def split_by_table(indices, offsets, weights, feature_table_map, num_tables, batch_size):
+    """Returns one TableBatch per table (None for a table no feature uses)."""
+    indices = indices.to(torch.int64)
+    offsets = offsets.to(torch.int64)
+    weights = None if weights is None else weights.to(torch.float32)
+    B = batch_size
+    bounds = offsets[:: B].tolist() if B else [0] * (len(feature_table_map) + 1)
+    out = []
+    for t in range(num_tables):
+        features = [f for f, tt in enumerate(feature_table_map) if tt == t]
+        if not features:
+            out.append(None)
+            continue
+        ranges = [(bounds[f], bounds[f + 1]) for f in features]
+        keys = torch.cat([indices[a:b] for a, b in ranges]) if features else indices[:0]
+        parts, base = [offsets[:1] * 0], 0
+        for f, (a, b) in zip(features, ranges):
+            parts.append(offsets[f * B + 1 : (f + 1) * B + 1] - a + base)
+            base += b - a
+        w = torch.cat([weights[a:b] for a, b in ranges]) if weights is not None else None
+        out.append(TableBatch(features, keys.contiguous(), torch.cat(parts).contiguous(), w, ranges))
+    return out
+
+
+def _describe(x) -> str:
+    return f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
