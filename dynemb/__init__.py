@@ -4,7 +4,8 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 ``import dynemb``. See DynamicEmb_APIs.md.
 """
 
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.types import (
     DynamicEmbCheckMode,
@@ -14,11 +15,13 @@ from dynemb.types import (
 )
 
 __all__ = [
+    "BatchedDynamicEmbeddingTables",
     "BatchStats",
     "DynamicEmbCheckMode",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
+    "DynamicEmbTableOptions",
     "ScoredHashTable",
 ]

@@ -118,3 +118,45 @@ def advise_huge_pages(buffer: torch.Tensor) -> bool:
     if buffer.device.type != "cpu":
         return False
     return _dynemb.advise_huge_pages(buffer)
+
+
+def table_find_or_insert_slots(
+    table: Sequence[torch.Tensor],
+    policy: list[int],
+    init: list[float],
+    keys: torch.Tensor,
+    scores: torch.Tensor | None,
+) -> tuple:
+    """find_or_insert that records slots instead of copying rows.
+
+    Returns ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
+    """
+    return _dynemb.table_find_or_insert_slots(list(table), policy, init, keys, scores)
+
+
+def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
+    """Pools bags of rows by slot: (num_bags, dim) float32 (core/pooling.h).
+
+    Args:
+        slots, keys: (n,) int64; a slot of -1 takes the ``missing`` initializer's row of its key.
+        offsets: (num_bags + 1,) int64. weights: (n,) float32 or None.
+        mode: 0 SUM, 1 MEAN. missing: init list ``[mode, a, b, lower, upper, extra]``.
+    """
+    return _dynemb.embedding_pool(
+        list(table), slots, keys, offsets, weights, mode, missing, seed, dim
+    )
+
+
+def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.Tensor:
+    """One row per index: (n, dim) float32."""
+    return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)
+
+
+def embedding_backward(
+    table, slots, offsets, weights, mode: int, grad, optimizer, step: int, dim: int, uid_scratch
+) -> int:
+    """Reduces grad (num_bags, dim) to one gradient per distinct slot and applies the
+    optimizer ``[kind, lr, eps, beta1, beta2, weight_decay]`` in place. Returns rows updated."""
+    return _dynemb.embedding_backward(
+        list(table), slots, offsets, weights, mode, grad, optimizer, step, dim, uid_scratch
+    )

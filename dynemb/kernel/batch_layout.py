@@ -56,10 +56,17 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
             bag = int(torch.nonzero(lengths < 0)[0])
             raise ValueError(f"offsets must not decrease: bag {bag} has length {int(lengths[bag])}")
     elif indices.numel():
-        raise ValueError(f"offsets=[{int(offsets[0])}] describes no bag but indices has {indices.numel()} entries")
+        raise ValueError(
+            f"offsets=[{int(offsets[0])}] describes no bag but indices has {indices.numel()} entries"
+        )
     if per_sample_weights is not None:
-        if not isinstance(per_sample_weights, torch.Tensor) or not per_sample_weights.is_floating_point():
-            raise TypeError(f"per_sample_weights must be a float tensor, got {_describe(per_sample_weights)}")
+        if (
+            not isinstance(per_sample_weights, torch.Tensor)
+            or not per_sample_weights.is_floating_point()
+        ):
+            raise TypeError(
+                f"per_sample_weights must be a float tensor, got {_describe(per_sample_weights)}"
+            )
         if per_sample_weights.shape != indices.shape:
             raise ValueError(
                 f"per_sample_weights must have shape {tuple(indices.shape)}, got {tuple(per_sample_weights.shape)}"
@@ -73,7 +80,7 @@ def split_by_table(indices, offsets, weights, feature_table_map, num_tables, bat
     offsets = offsets.to(torch.int64)
     weights = None if weights is None else weights.to(torch.float32)
     B = batch_size
-    bounds = offsets[:: B].tolist() if B else [0] * (len(feature_table_map) + 1)
+    bounds = offsets[::B].tolist() if B else [0] * (len(feature_table_map) + 1)
     out = []
     for t in range(num_tables):
         features = [f for f, tt in enumerate(feature_table_map) if tt == t]
@@ -87,7 +94,9 @@ def split_by_table(indices, offsets, weights, feature_table_map, num_tables, bat
             parts.append(offsets[f * B + 1 : (f + 1) * B + 1] - a + base)
             base += b - a
         w = torch.cat([weights[a:b] for a, b in ranges]) if weights is not None else None
-        out.append(TableBatch(features, keys.contiguous(), torch.cat(parts).contiguous(), w, ranges))
+        out.append(
+            TableBatch(features, keys.contiguous(), torch.cat(parts).contiguous(), w, ranges)
+        )
     return out
 
 

@@ -1,0 +1,308 @@
+"""``BatchedDynamicEmbeddingTables``: the dynamic counterpart of fbgemm's TBE.
+
+Forward looks each table's keys up (inserting new keys in training), pools them
+(SUM / MEAN) or returns one row per index (NONE). Backward reduces the output
+gradient to one gradient per distinct key of each table and applies the fused
+optimizer to those rows in place: no dense gradient and no autograd leaf exist
+for the tables. The per-element maths is in csrc/core (pooling.h,
+optimizer_rules.h).
+"""
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
+from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
+
+_ZEROS = [float(DynamicEmbInitializerMode.CONSTANT.value), 0.0, 0.0, 0.0, 0.0, 0.0]
+_POOLING_CODE = {DynamicEmbPoolingMode.SUM: 0, DynamicEmbPoolingMode.MEAN: 1}
+
+
+class BatchedDynamicEmbeddingTables(nn.Module):
+    """Several dynamic tables looked up in one call, with a fused optimizer.
+
+    Args:
+        table_options: one DynamicEmbTableOptions per table (``dim`` and
+            ``max_capacity`` required).
+        feature_table_map: for each feature, the index of its table (several
+            features may share a table).
+        pooling_mode: SUM, MEAN, or NONE (sequence: one row per index; every table
+            must then have the same dim).
+        optimizer: EXACT_SGD (or SGD), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD or ADAM.
+        learning_rate, eps, beta1, beta2, weight_decay: optimizer hyper-parameters
+            (see dynemb.optimizer.OptimizerConfig); change them between steps with
+            ``set_learning_rate`` or ``optimizer_config``.
+        table_names: names used in messages (default ``table_0``, ...).
+        device: where the tables live (default CPU).
+
+    Inputs follow fbgemm's TBE: ``forward(indices, offsets, per_sample_weights=None)``
+    with feature-major ``indices`` and ``offsets`` of length ``B * T + 1``.
+
+    Example::
+
+        >>> tables = BatchedDynamicEmbeddingTables(
+        ...     [DynamicEmbTableOptions(dim=4, max_capacity=1024)], feature_table_map=[0, 0],
+        ...     pooling_mode=DynamicEmbPoolingMode.SUM, optimizer=EmbOptimType.EXACT_SGD)
+        >>> # 2 features x B=2 bags: f0 = [[10, 11], [12]], f1 = [[], [10]]
+        >>> indices = torch.tensor([10, 11, 12, 10])
+        >>> offsets = torch.tensor([0, 2, 3, 3, 4])
+        >>> tables(indices, offsets).shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(
+        self,
+        table_options: Sequence[DynamicEmbTableOptions],
+        feature_table_map: Sequence[int],
+        pooling_mode: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
+        optimizer: EmbOptimType = EmbOptimType.EXACT_SGD,
+        learning_rate: float = 0.01,
+        eps: float = 1e-8,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        weight_decay: float = 0.0,
+        table_names: Sequence[str] | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        options = list(table_options)
+        if not options:
+            raise ValueError("table_options must hold at least one DynamicEmbTableOptions")
+        fmap = [int(t) for t in feature_table_map]
+        if not fmap or any(not 0 <= t < len(options) for t in fmap):
+            raise ValueError(
+                f"feature_table_map must map each feature to a table in [0, {len(options)}), got {fmap}"
+            )
+        if not isinstance(pooling_mode, DynamicEmbPoolingMode):
+            raise TypeError(f"pooling_mode must be a DynamicEmbPoolingMode, got {pooling_mode!r}")
+        config = OptimizerConfig(optimizer, learning_rate, eps, beta1, beta2, weight_decay)
+        config.validate()
+        names = (
+            list(table_names)
+            if table_names is not None
+            else [f"table_{i}" for i in range(len(options))]
+        )
+        if len(names) != len(options):
+            raise ValueError(f"table_names has {len(names)} names for {len(options)} tables")
+        for name, o in zip(names, options):
+            _check_options(name, o)
+        dims = [o.dim for o in options]
+        if pooling_mode == DynamicEmbPoolingMode.NONE and len(set(dims[t] for t in fmap)) > 1:
+            raise ValueError(f"pooling_mode NONE needs one dim for every table, got dims {dims}")
+
+        self.table_options = options
+        self.feature_table_map = fmap
+        self.pooling_mode = pooling_mode
+        self.optimizer_config = config
+        self.table_names = names
+        self.dims = dims
+        self.feature_dims = [dims[t] for t in fmap]
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.tables = [
+            ScoredHashTable(
+                dim=o.dim,
+                capacity=o.max_capacity,
+                init_capacity=o.init_capacity,
+                bucket_capacity=o.bucket_capacity,
+                score_strategy=o.score_strategy,
+                value_dtype=o.embedding_dtype,
+                extra_columns=config.state_columns(o.dim),
+                initializer=o.initializer_args,
+                seed=o.seed,
+                device=self.device,
+            )
+            for o in options
+        ]
+        self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
+        self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
+        # fbgemm's trick: a zero-size leaf so that autograd calls our backward.
+        self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
+
+    # ------------------------------------------------------------------ API
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Sets the learning rate used by the next backward (fbgemm TBE's hook)."""
+        if not lr >= 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        self.optimizer_config.learning_rate = float(lr)
+
+    def get_learning_rate(self) -> float:
+        return self.optimizer_config.learning_rate
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Looks a TBE batch up.
+
+        Args:
+            indices: (n,) int64 keys, feature-major.
+            offsets: (B * T + 1,) int64 bag boundaries.
+            per_sample_weights: (n,) float weights (SUM and MEAN pooling).
+
+        Returns:
+            (B, sum of feature dims) float32 for SUM / MEAN; (n, dim) for NONE.
+        """
+        batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
+        if per_sample_weights is not None and self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            raise ValueError("per_sample_weights are not supported with pooling_mode NONE")
+        for name, t in (("indices", indices), ("offsets", offsets)):
+            if t.device != self.device:
+                raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
+        return _LookupFunction.apply(
+            self, indices, offsets, per_sample_weights, batch_size, self.placeholder_autograd_tensor
+        )
+
+    # -------------------------------------------------------------- internals
+
+    def _lookup(self, indices, offsets, weights, batch_size):
+        """Forward without autograd: returns (output, per-table saved state for backward)."""
+        batches = split_by_table(
+            indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size
+        )
+        sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
+        if sequence:
+            out = torch.empty(
+                (indices.numel(), self.dims[self.feature_table_map[0]]), device=self.device
+            )
+        else:
+            out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
+        columns = _feature_columns(self.feature_dims)
+        saved = []
+        for t, tb in enumerate(batches):
+            if tb is None:
+                saved.append(None)
+                continue
+            slots, token = self._table_slots(t, tb.keys)
+            table, opts = self.tables[t], self.table_options[t]
+            missing = _ZEROS if self._inserts(t) else _init_list(opts.eval_initializer_args, table)
+            with table._lock.read():
+                rows = self._read_rows(t, tb, slots, missing, batch_size)
+            if sequence:
+                start = 0
+                for a, b in tb.index_ranges:
+                    out[a:b] = rows[start : start + b - a]
+                    start += b - a
+            else:
+                for k, f in enumerate(tb.features):
+                    c0, c1 = columns[f]
+                    out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
+            saved.append((tb, slots, token))
+        return out, saved
+
+    def _read_rows(self, t, tb, slots, missing, batch_size):
+        """Pooled bags (len(features) * B, dim), or one row per index for NONE."""
+        table, opts = self.tables[t], self.table_options[t]
+        storage = table._storage.tensors()
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
+        return _ops.embedding_pool(
+            storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
+            missing, opts.seed, table.dim,
+        )  # fmt: skip
+
+    def _inserts(self, t: int) -> bool:
+        return self.training and self.table_options[t].training
+
+    def _table_slots(self, t: int, keys: torch.Tensor):
+        table = self.tables[t]
+        if not self._inserts(t):
+            return table._find_slots(keys), table._mutations
+        slots, stats = table._find_or_insert_slots(keys)
+        if stats.failed:
+            self._safe_check(t, stats.failed)
+        return slots, table._mutations
+
+    def _safe_check(self, t: int, failed: int) -> None:
+        self.safe_check_failures[t] += failed
+        mode = self.table_options[t].safe_check_mode
+        message = (
+            f"dynamic table {self.table_names[t]!r}: {failed} keys could not be stored "
+            f"(table full at capacity {self.tables[t].capacity()}); they got zero rows"
+        )
+        if mode == DynamicEmbCheckMode.ERROR:
+            raise RuntimeError(message)
+        if mode == DynamicEmbCheckMode.WARNING:
+            warnings.warn(message, stacklevel=4)
+
+    def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> None:
+        """Backward: one fused optimizer update per distinct key of each table."""
+        grad_out = grad_out.to(torch.float32)
+        self.step += 1
+        optimizer = self.optimizer_config.kernel_args()
+        columns = _feature_columns(self.feature_dims)
+        sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
+        for t, entry in enumerate(saved):
+            if entry is None or not self._inserts(t):
+                continue
+            tb, slots, token = entry
+            table = self.tables[t]
+            if sequence:
+                grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges])
+                offsets = torch.arange(tb.keys.numel() + 1, device=self.device)
+                weights, mode = None, 0
+            else:
+                grad = torch.cat([grad_out[:, columns[f][0] : columns[f][1]] for f in tb.features])
+                offsets, weights = tb.offsets, tb.weights
+                mode = _POOLING_CODE[self.pooling_mode]
+            with table._lock.write():
+                if table._mutations != token:  # keys moved since forward: find them again
+                    slots = _ops.table_find_slots(table._storage.tensors(), tb.keys)
+                storage = table._storage
+                _ops.embedding_backward(
+                    storage.tensors(), slots, offsets, weights, mode, grad.contiguous(), optimizer,
+                    self.step, table.dim, storage.uid_scratch(),
+                )  # fmt: skip
+
+
+class _LookupFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, indices, offsets, weights, batch_size, _placeholder):
+        out, saved = module._lookup(indices, offsets, weights, batch_size)
+        ctx.module, ctx.saved, ctx.batch_size = module, saved, batch_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ctx.module._apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
+        return None, None, None, None, None, None
+
+
+def _feature_columns(dims):
+    cols, start = [], 0
+    for d in dims:
+        cols.append((start, start + d))
+        start += d
+    return cols
+
+
+def _init_list(args: DynamicEmbInitializerArgs, table: ScoredHashTable) -> list:
+    args.validate()
+    return [float(v) for v in args.resolved(table.max_capacity())] + [0.0]
+
+
+def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
+    if not isinstance(o, DynamicEmbTableOptions):
+        raise TypeError(f"table {name!r}: options must be DynamicEmbTableOptions, got {o!r}")
+    if not isinstance(o.dim, int) or o.dim < 1:
+        raise ValueError(f"table {name!r}: dim must be a positive int, got {o.dim!r}")
+    if not isinstance(o.max_capacity, int) or o.max_capacity < 1:
+        raise ValueError(
+            f"table {name!r}: max_capacity must be a positive int, got {o.max_capacity!r}"
+        )
+    if o.index_type != torch.int64:
+        raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
+    if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):
+        raise TypeError(f"table {name!r}: safe_check_mode must be a DynamicEmbCheckMode")
+
+
+__all__ = ["BatchedDynamicEmbeddingTables", "TableBatch"]
