@@ -51,3 +51,43 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
                    cudaStream_t stream);
 
 }  // namespace dynemb::cuda
+
+#include "core/optimizer_rules.h"
+#include "core/pooling.h"
+
+namespace dynemb::cuda {
+
+/// find_or_insert recording slots (SlotSink); status and counts as launch_find_or_insert.
+template <class V>
+void launch_find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
+                                 const int64_t* keys, int64_t n, int8_t* status, int64_t* counts,
+                                 cudaStream_t stream);
+
+/// out (num_bags, dim) float: pooled bags, one thread per bag.
+template <class V>
+void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+                 const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
+                 const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
+
+/// out (n, dim) float: one row per index.
+template <class V>
+void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
+                   const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
+
+/// Scratch of launch_backward, all device memory owned by the caller.
+struct BackwardScratch {
+  int32_t* uid_of_slot;   // (num_slots) all -1 on entry and exit
+  int32_t* uid;           // (n)
+  int64_t* unique_slots;  // (n)
+  float* acc;             // (n, dim)
+  int32_t* num_unique;    // (1)
+};
+
+/// Reduces gradients to one per distinct slot (atomics) and applies the optimizer.
+template <class V>
+void launch_backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
+                     int64_t num_bags, int64_t n, const float* weights, PoolingMode mode,
+                     const float* grad, int64_t dim, const OptimizerArgs& opt,
+                     const BackwardScratch& scratch, cudaStream_t stream);
+
+}  // namespace dynemb::cuda

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cuda/launchers_cuda.h"
+#include "torch/embedding_op_impls.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {
@@ -54,6 +55,45 @@ struct CudaBackend {
     cuda::launch_erase(t, keys, n, erased, stream());
   }
   template <class V>
+  static void find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
+                                   const int64_t* keys, int64_t n, int8_t* status,
+                                   at::Tensor& counts) {
+    cuda::launch_find_or_insert_slots(sink, args, keys, n, status, counts.data_ptr<int64_t>(),
+                                      stream());
+  }
+  template <class V>
+  static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+                   const int64_t* offsets, int64_t num_bags, const float* weights,
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    cuda::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
+                      stream());
+  }
+  template <class V>
+  static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
+                     const InitArgs& missing, float* out, int64_t dim) {
+    cuda::launch_gather(t, slots, keys, n, missing, out, dim, stream());
+  }
+  template <class V>
+  static int64_t backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
+                          int64_t num_bags, const float* weights, PoolingMode mode,
+                          const float* grad, int64_t dim, const OptimizerArgs& opt,
+                          int32_t* uid_scratch) {
+    int64_t n = 0;  // offsets[num_bags], read from the device
+    cudaMemcpyAsync(&n, offsets + num_bags, sizeof(int64_t), cudaMemcpyDeviceToHost, stream());
+    cudaStreamSynchronize(stream());
+    const auto opts = at::TensorOptions().device(at::kCUDA);
+    at::Tensor uid = at::empty({n}, opts.dtype(at::kInt));
+    at::Tensor unique_slots = at::empty({n}, opts.dtype(at::kLong));
+    at::Tensor acc = at::empty({n, dim}, opts.dtype(at::kFloat));
+    at::Tensor num_unique = at::empty({1}, opts.dtype(at::kInt));
+    const cuda::BackwardScratch scratch{uid_scratch, uid.data_ptr<int32_t>(),
+                                        unique_slots.data_ptr<int64_t>(), acc.data_ptr<float>(),
+                                        num_unique.data_ptr<int32_t>()};
+    cuda::launch_backward(t, slots, offsets, num_bags, n, weights, mode, grad, dim, opt, scratch,
+                          stream());
+    return num_unique.item<int32_t>();
+  }
+  template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
     at::Tensor failed = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
     cuda::launch_rehash(src, dst, window, failed.data_ptr<int64_t>(), stream());
@@ -63,6 +103,9 @@ struct CudaBackend {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(dynemb, CUDA, m) { DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend); }
+TORCH_LIBRARY_IMPL(dynemb, CUDA, m) {
+  DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend);
+  DYNEMB_REGISTER_EMBEDDING_OPS(m, CudaBackend);
+}
 
 }  // namespace dynemb
