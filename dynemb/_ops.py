@@ -126,12 +126,24 @@ def table_find_or_insert_slots(
     init: list[float],
     keys: torch.Tensor,
     scores: torch.Tensor | None,
+    accesses: torch.Tensor | None = None,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
-    Returns ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
+    ``accesses`` (n,) int64: how many accesses each key stands for (LFU adds them;
+    a de-duplicated batch passes its counts). Returns
+    ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
-    return _dynemb.table_find_or_insert_slots(list(table), policy, init, keys, scores)
+    return _dynemb.table_find_or_insert_slots(list(table), policy, init, keys, scores, accesses)
+
+
+def unique_keys(keys: torch.Tensor) -> tuple:
+    """De-duplicates keys in first-occurrence order (CPU; any order on a GPU).
+
+    Returns ``(unique (U,), inverse (n,), counts (U,))``, all int64, with
+    ``unique[inverse] == keys`` and ``counts`` the occurrences of each unique key.
+    """
+    return _dynemb.unique_keys(keys)
 
 
 def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
@@ -153,10 +165,15 @@ def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.
 
 
 def embedding_backward(
-    table, slots, offsets, weights, mode: int, grad, optimizer, step: int, dim: int, uid_scratch
-) -> int:
-    """Reduces grad (num_bags, dim) to one gradient per distinct slot and applies the
-    optimizer ``[kind, lr, eps, beta1, beta2, weight_decay]`` in place. Returns rows updated."""
-    return _dynemb.embedding_backward(
-        list(table), slots, offsets, weights, mode, grad, optimizer, step, dim, uid_scratch
+    table, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dim: int
+) -> None:
+    """Reduces grad (num_bags, dim) to one gradient per distinct key and applies the
+    optimizer ``[kind, lr, eps, beta1, beta2, weight_decay]`` to its row in place.
+
+    Args:
+        unique_slots: (U,) int64, slot of each distinct key (-1: skipped).
+        inverse: (n,) int64, distinct-key id of each index.
+    """
+    _dynemb.embedding_backward(
+        list(table), unique_slots, inverse, offsets, weights, mode, grad, optimizer, step, dim
     )

@@ -14,6 +14,10 @@
 //     static uint32_t match16(const uint8_t* group, uint8_t digest);
 //     // Hint that addr will be read soon (no-op where there is no such hint).
 //     static void prefetch(const void* addr);
+//     // 32-bit atomics of the batch de-duplication set (core/dedup.h).
+//     static int32_t load32(int32_t*); static void store32(int32_t*, int32_t);
+//     static int32_t cas32(int32_t*, int32_t expected, int32_t desired);  // returns old
+//     static int32_t fetch_add32(int32_t*, int32_t);
 //   };
 //
 // Locks are per bucket. A batch op that changes the table holds the lock of the

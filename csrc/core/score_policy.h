@@ -24,9 +24,14 @@ enum class ScoreStrategy : int64_t {
 /// One batch's scoring context.
 struct ScoreArgs {
   ScoreStrategy strategy;
-  uint64_t batch_value;   // timestamp or step of this batch
-  const int64_t* custom;  // (n) caller scores, CUSTOMIZED only; may be null on a pure find
+  uint64_t batch_value;       // timestamp or step of this batch
+  const int64_t* custom;      // (n) caller scores, CUSTOMIZED only; may be null on a pure find
+  const int64_t* increments;  // (n) accesses each key stands for (a de-duplicated batch), or null: 1
 };
+
+DYNEMB_HD DYNEMB_INLINE uint64_t accesses(const ScoreArgs& a, int64_t i) {
+  return a.increments ? static_cast<uint64_t>(a.increments[i]) : 1;
+}
 
 DYNEMB_HD DYNEMB_INLINE bool evicts(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
 DYNEMB_HD DYNEMB_INLINE bool keeps_scores(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
@@ -39,7 +44,7 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_new(const ScoreArgs& a, int64_t i) {
   switch (a.strategy) {
     case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
     case ScoreStrategy::kLfu:
-    case ScoreStrategy::kTimestampLfu: return 1;
+    case ScoreStrategy::kTimestampLfu: return accesses(a, i);
     default: return a.batch_value;
   }
 }
@@ -49,7 +54,10 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
   switch (a.strategy) {
     case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
     case ScoreStrategy::kLfu:
-    case ScoreStrategy::kTimestampLfu: return old == ~uint64_t{0} ? old : old + 1;
+    case ScoreStrategy::kTimestampLfu: {
+      const uint64_t sum = old + accesses(a, i);
+      return sum < old ? ~uint64_t{0} : sum;  // saturate
+    }
     default: return a.batch_value > old ? a.batch_value : old;
   }
 }

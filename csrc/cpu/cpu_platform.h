@@ -41,6 +41,21 @@ struct CpuPlatform {
   }
 
   static void prefetch(const void* addr) { __builtin_prefetch(addr, 0, 3); }
+
+  static int32_t load32(int32_t* p) {
+    return std::atomic_ref<int32_t>(*p).load(std::memory_order_acquire);
+  }
+  static void store32(int32_t* p, int32_t v) {
+    std::atomic_ref<int32_t>(*p).store(v, std::memory_order_release);
+  }
+  static int32_t cas32(int32_t* p, int32_t expected, int32_t desired) {
+    std::atomic_ref<int32_t>(*p).compare_exchange_strong(expected, desired,
+                                                         std::memory_order_acq_rel);
+    return expected;
+  }
+  static int32_t fetch_add32(int32_t* p, int32_t v) {
+    return std::atomic_ref<int32_t>(*p).fetch_add(v, std::memory_order_relaxed);
+  }
 };
 
 }  // namespace dynemb

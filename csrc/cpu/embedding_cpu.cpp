@@ -5,6 +5,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/cpu_platform.h"
@@ -49,49 +50,53 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
   });
 }
 
-template <class V>
-int64_t backward_update(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                        int64_t num_bags, const float* weights, PoolingMode mode,
-                        const float* grad, int64_t dim, const OptimizerArgs& opt,
-                        int32_t* uid_scratch) {
-  const int64_t n = offsets[num_bags];
-  // Pass 1: a dense id per distinct slot, in first-occurrence order.
-  std::vector<int32_t> uid(n);
-  std::vector<int64_t> unique_slots;
+int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
+              int64_t* counts) {
+  int64_t capacity = 16;
+  while (capacity < 2 * n) capacity <<= 1;
+  std::vector<int64_t> cell_keys(capacity);
+  std::vector<int32_t> cell_uids(capacity, -1);
+  int32_t next_uid = 0;
+  const DedupSetRef set{cell_keys.data(), cell_uids.data(), capacity, &next_uid, unique};
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = slots[i];
-    if (s < 0) {
-      uid[i] = -1;
-      continue;
-    }
-    int32_t u = uid_scratch[s];
-    if (u < 0) {
-      u = static_cast<int32_t>(unique_slots.size());
-      uid_scratch[s] = u;
-      unique_slots.push_back(s);
-    }
-    uid[i] = u;
+    bool is_new = false;
+    const int32_t u = dedup_insert<CpuPlatform>(set, keys[i], &is_new);
+    inverse[i] = u;
+    counts[u] = is_new ? 1 : counts[u] + 1;
   }
-  const int64_t num_unique = static_cast<int64_t>(unique_slots.size());
-  // Pass 2: sum every index's gradient into its row's accumulator, in index order.
+  return next_uid;
+}
+
+template <class V>
+void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                     const OptimizerArgs& opt) {
+  if (num_unique == 0) return;
   std::vector<float> acc(static_cast<size_t>(num_unique * dim), 0.0f);
-  for (int64_t b = 0; b < num_bags; ++b) {
-    const float* g = grad + b * dim;
-    for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
-      if (uid[i] < 0) continue;
-      const float c = grad_scale(mode, weights, i, offsets[b], offsets[b + 1]);
-      float* a = acc.data() + static_cast<int64_t>(uid[i]) * dim;
-      for (int64_t j = 0; j < dim; ++j) a[j] += c * g[j];
-    }
-  }
-  // Pass 3: one fused optimizer update per distinct row, rows in parallel.
-  at::parallel_for(0, num_unique, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      update_row(opt, t.row(unique_slots[u]), dim, acc.data() + u * dim);
-      uid_scratch[unique_slots[u]] = -1;
+  // One task per thread owns a range of distinct keys: it sums the gradients of
+  // their indices (scanning the batch in order, so sums are deterministic) and
+  // then updates their rows.
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_unique / 64));
+  at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
+      for (int64_t b = 0; b < num_bags; ++b) {
+        const float* g = grad + b * dim;
+        for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
+          const int64_t u = inverse[i];
+          if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
+          const float c = grad_scale(mode, weights, i, offsets[b], offsets[b + 1]);
+          float* a = acc.data() + u * dim;
+          for (int64_t j = 0; j < dim; ++j) a[j] += c * g[j];
+        }
+      }
+      for (int64_t u = u0; u < u1; ++u) {
+        if (u + 4 < u1 && unique_slots[u + 4] >= 0) CpuPlatform::prefetch(t.row(unique_slots[u + 4]));
+        if (unique_slots[u] >= 0) update_row(opt, t.row(unique_slots[u]), dim, acc.data() + u * dim);
+      }
     }
   });
-  return num_unique;
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
@@ -101,9 +106,9 @@ int64_t backward_update(const TableRef<V>& t, const int64_t* slots, const int64_
                         int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t);   \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \
                           const InitArgs&, float*, int64_t);                                     \
-  template int64_t backward_update<V>(const TableRef<V>&, const int64_t*, const int64_t*,        \
-                                      int64_t, const float*, PoolingMode, const float*, int64_t, \
-                                      const OptimizerArgs&, int32_t*);
+  template void backward_update<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*,  \
+                                   const int64_t*, int64_t, const float*, PoolingMode,          \
+                                   const float*, int64_t, const OptimizerArgs&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/batch_sinks.h"
+#include "core/dedup.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/table_ops.h"
@@ -27,15 +28,22 @@ template <class V>
 void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
             const InitArgs& missing, float* out, int64_t dim);
 
-/// Reduces the gradient of every index to one gradient per distinct slot and
-/// applies the optimizer to those rows in place. Indices with slot -1 are skipped.
-/// @param grad        (num_bags, dim) float, d loss / d pooled bag
-/// @param uid_scratch (num_slots) int32, all -1 on entry and on exit
-/// @return the number of rows updated
+/// De-duplicates keys (first-occurrence order; core/dedup.h).
+/// @param unique  (n) out: the distinct keys first; @return their number U
+/// @param inverse (n) out: uid of each key, unique[inverse[i]] == keys[i]
+/// @param counts  (n) out: occurrences of each distinct key (first U entries)
+int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
+              int64_t* counts);
+
+/// Reduces the gradient of every index to one gradient per distinct key and
+/// applies the optimizer to those rows in place; keys whose slot is -1 are skipped.
+/// @param unique_slots (num_unique) slot of each distinct key
+/// @param inverse      (n) distinct-key id of each index
+/// @param grad         (num_bags, dim) float, d loss / d pooled bag
 template <class V>
-int64_t backward_update(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                        int64_t num_bags, const float* weights, PoolingMode mode,
-                        const float* grad, int64_t dim, const OptimizerArgs& opt,
-                        int32_t* uid_scratch);
+void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                     const OptimizerArgs& opt);
 
 }  // namespace dynemb::cpu

@@ -31,6 +31,31 @@ struct CudaPlatform {
   }
 
   DYNEMB_HD static void prefetch(const void*) {}
+
+#if defined(__CUDA_ARCH__)
+  __device__ static int32_t load32(int32_t* p) { return atomicAdd(p, 0); }
+  __device__ static void store32(int32_t* p, int32_t v) {
+    __threadfence();
+    atomicExch(p, v);
+  }
+  __device__ static int32_t cas32(int32_t* p, int32_t expected, int32_t desired) {
+    return atomicCAS(p, expected, desired);
+  }
+  __device__ static int32_t fetch_add32(int32_t* p, int32_t v) { return atomicAdd(p, v); }
+#else
+  static int32_t load32(int32_t* p) { return *p; }
+  static void store32(int32_t* p, int32_t v) { *p = v; }
+  static int32_t cas32(int32_t* p, int32_t expected, int32_t desired) {
+    const int32_t old = *p;
+    if (old == expected) *p = desired;
+    return old;
+  }
+  static int32_t fetch_add32(int32_t* p, int32_t v) {
+    const int32_t old = *p;
+    *p += v;
+    return old;
+  }
+#endif
 };
 
 }  // namespace dynemb

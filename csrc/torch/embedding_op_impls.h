@@ -6,9 +6,10 @@
 //   template <class V> static void pool(TableRef<V>, slots*, keys*, offsets*, num_bags,
 //                                       weights*, PoolingMode, InitArgs, float* out, dim);
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
-//   template <class V> static int64_t backward(TableRef<V>, slots*, offsets*, num_bags,
-//                                              weights*, PoolingMode, grad*, dim,
-//                                              OptimizerArgs, int32_t* uid_scratch);
+//   static int64_t dedup(keys*, n, unique*, inverse*, counts*);  // returns U
+//   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*,
+//                                           offsets*, num_bags, weights*, PoolingMode, grad*,
+//                                           dim, OptimizerArgs);
 #pragma once
 
 #include "core/optimizer_rules.h"
@@ -62,9 +63,17 @@ struct EmbeddingOpImpls {
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> find_or_insert_slots(
       at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
-      const at::Tensor& keys, const std::optional<at::Tensor>& scores) {
+      const at::Tensor& keys, const std::optional<at::Tensor>& scores,
+      const std::optional<at::Tensor>& accesses) {
     constexpr const char* op = "table_find_or_insert_slots";
-    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    if (accesses.has_value()) {
+      check_tensor(op, "accesses", *accesses, at::kLong, 1);
+      TORCH_CHECK_VALUE(accesses->numel() == keys.numel(), "dynemb.", op, ": `accesses` has ",
+                        accesses->numel(), " elements, `keys` has ", keys.numel());
+      check_same_device(op, "accesses", *accesses, table[0]);
+      call.args.score.increments = accesses->data_ptr<int64_t>();
+    }
     typename Backend::DeviceGuard guard(table[0].device());
     at::Tensor slots = at::empty_like(keys);
     at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
@@ -120,32 +129,45 @@ struct EmbeddingOpImpls {
     return out;
   }
 
-  static int64_t backward(at::TensorList table, const at::Tensor& slots,
-                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                          int64_t mode, const at::Tensor& grad, at::ArrayRef<double> optimizer,
-                          int64_t step, int64_t dim, const at::Tensor& uid_scratch) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_keys(const at::Tensor& keys) {
+    check_keys("unique_keys", keys);
+    typename Backend::DeviceGuard guard(keys.device());
+    at::Tensor unique = at::empty_like(keys);
+    at::Tensor inverse = at::empty_like(keys);
+    at::Tensor counts = at::empty_like(keys);
+    const int64_t num_unique =
+        Backend::dedup(keys.data_ptr<int64_t>(), keys.numel(), unique.data_ptr<int64_t>(),
+                       inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
+    return {unique.narrow(0, 0, num_unique), inverse, counts.narrow(0, 0, num_unique)};
+  }
+
+  static void backward(at::TensorList table, const at::Tensor& unique_slots,
+                       const at::Tensor& inverse, const at::Tensor& offsets,
+                       const std::optional<at::Tensor>& weights, int64_t mode,
+                       const at::Tensor& grad, at::ArrayRef<double> optimizer, int64_t step,
+                       int64_t dim) {
     constexpr const char* op = "embedding_backward";
     check_table(op, table);
-    check_bags(op, table[0], slots, nullptr, offsets, weights);
+    check_tensor(op, "unique_slots", unique_slots, at::kLong, 1);
+    check_same_device(op, "unique_slots", unique_slots, table[0]);
+    check_bags(op, table[0], inverse, nullptr, offsets, weights);
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
     check_tensor(op, "grad", grad, at::kFloat, 2);
     TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
                       ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
-    check_tensor(op, "uid_scratch", uid_scratch, at::kInt, 1);
-    TORCH_CHECK_VALUE(uid_scratch.numel() == table[1].numel(), "dynemb.", op,
-                      ": `uid_scratch` must have one int32 per slot (", table[1].numel(), ")");
     const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
     TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table[4].size(1), "dynemb.", op,
                       ": the table's rows (", table[4].size(1),
                       " columns) cannot hold this optimizer's state for dim ", dim);
     typename Backend::DeviceGuard guard(table[0].device());
-    return dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table[4], [&](auto v) {
       using W = V<decltype(v)>;
-      return Backend::backward(table_ref<W>(table), slots.data_ptr<int64_t>(),
-                               offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
-                               grad.data_ptr<float>(), dim, opt, uid_scratch.data_ptr<int32_t>());
+      Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
+                        unique_slots.numel(), inverse.data_ptr<int64_t>(),
+                        offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
+                        grad.data_ptr<float>(), dim, opt);
     });
   }
 
@@ -178,6 +200,7 @@ struct EmbeddingOpImpls {
     (m).impl("embedding_pool", &EImpl::pool);                                     \
     (m).impl("embedding_gather", &EImpl::gather);                                 \
     (m).impl("embedding_backward", &EImpl::backward);                             \
+    (m).impl("unique_keys", &EImpl::unique_keys);                                 \
   } while (0)
 
 }  // namespace dynemb

@@ -83,7 +83,7 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
     check_rows(op, "evicted.rows", evicted[1], table[4], keys.numel(), row_width, row_width);
   }
   UpsertCall call;
-  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom};
+  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom, nullptr};
   call.args.allow_evict = policy[3] != 0;
   call.dim = policy[4];
   call.init = InitArgs{static_cast<InitMode>(mode),

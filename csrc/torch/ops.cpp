@@ -27,7 +27,8 @@ TORCH_LIBRARY(dynemb, m) {
   // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].
   m.def(
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores) -> (Tensor slots, Tensor status, Tensor counts)");
+      "Tensor? scores, Tensor? accesses) -> (Tensor slots, Tensor status, Tensor counts)");
+  m.def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def(
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "
       "int mode, float[] missing, int seed, int dim) -> Tensor");
@@ -35,8 +36,8 @@ TORCH_LIBRARY(dynemb, m) {
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "
       "int dim) -> Tensor");
   m.def(
-      "embedding_backward(Tensor(a!)[] table, Tensor slots, Tensor offsets, Tensor? weights, "
-      "int mode, Tensor grad, float[] optimizer, int step, int dim, Tensor(b!) uid_scratch) -> int");
+      "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "
+      "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim) -> ()");
 }
 
 // Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.

@@ -66,13 +66,17 @@ struct CpuBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
+  static int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
+                       int64_t* counts) {
+    return cpu::dedup(keys, n, unique, inverse, counts);
+  }
   template <class V>
-  static int64_t backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                          int64_t num_bags, const float* weights, PoolingMode mode,
-                          const float* grad, int64_t dim, const OptimizerArgs& opt,
-                          int32_t* uid_scratch) {
-    return cpu::backward_update(t, slots, offsets, num_bags, weights, mode, grad, dim, opt,
-                                uid_scratch);
+  static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                       const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                       const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                       const OptimizerArgs& opt) {
+    cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
+                         grad, dim, opt);
   }
 
  private:

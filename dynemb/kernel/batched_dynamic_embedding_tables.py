@@ -182,7 +182,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             if tb is None:
                 saved.append(None)
                 continue
-            slots, token = self._table_slots(t, tb.keys)
+            unique, inverse, counts = _ops.unique_keys(tb.keys)
+            unique_slots, token = self._table_slots(t, unique, counts)
+            slots = unique_slots[inverse]
             table, opts = self.tables[t], self.table_options[t]
             missing = _ZEROS if self._inserts(t) else _init_list(opts.eval_initializer_args, table)
             with table._lock.read():
@@ -196,7 +198,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 for k, f in enumerate(tb.features):
                     c0, c1 = columns[f]
                     out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
-            saved.append((tb, slots, token))
+            saved.append((tb, unique, unique_slots, inverse, token))
         return out, saved
 
     def _read_rows(self, t, tb, slots, missing, batch_size):
@@ -213,11 +215,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
 
-    def _table_slots(self, t: int, keys: torch.Tensor):
+    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+        """Slots of the distinct keys of table t (inserting them in training), and the
+        table's mutation count (backward finds the keys again if it changed)."""
         table = self.tables[t]
         if not self._inserts(t):
             return table._find_slots(keys), table._mutations
-        slots, stats = table._find_or_insert_slots(keys)
+        slots, stats = table._find_or_insert_slots(keys, accesses)
         if stats.failed:
             self._safe_check(t, stats.failed)
         return slots, table._mutations
@@ -244,7 +248,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         for t, entry in enumerate(saved):
             if entry is None or not self._inserts(t):
                 continue
-            tb, slots, token = entry
+            tb, unique, unique_slots, inverse, token = entry
             table = self.tables[t]
             if sequence:
                 grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges])
@@ -256,11 +260,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 mode = _POOLING_CODE[self.pooling_mode]
             with table._lock.write():
                 if table._mutations != token:  # keys moved since forward: find them again
-                    slots = _ops.table_find_slots(table._storage.tensors(), tb.keys)
-                storage = table._storage
+                    unique_slots = _ops.table_find_slots(table._storage.tensors(), unique)
                 _ops.embedding_backward(
-                    storage.tensors(), slots, offsets, weights, mode, grad.contiguous(), optimizer,
-                    self.step, table.dim, storage.uid_scratch(),
+                    table._storage.tensors(), unique_slots, inverse, offsets, weights, mode,
+                    grad.contiguous(), optimizer, self.step, table.dim,
                 )  # fmt: skip
 
 

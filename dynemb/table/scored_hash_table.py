@@ -343,7 +343,13 @@ class ScoredHashTable:
 
     # -------------------------------------------------------------- internals
 
-    def _upsert(self, op, keys, scores, values, evicted, return_status=False, slots=None):
+    def _upsert(
+        self, op, keys, scores, values, evicted, return_status=False, slots=None, per_key=None
+    ):
+        """Runs a batch upsert, growing the table and retrying the keys that failed.
+
+        ``per_key`` is an extra (n,) tensor passed to ``op`` (and subset on retries).
+        """
         with self._lock.write():
             generation = self._generation  # not the storage itself: growth must free it
             self._mutations += 1
@@ -351,9 +357,10 @@ class ScoredHashTable:
             batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
             if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, _TIMESTAMP_LFU):
                 batch_value = int(self._clock())
+            extra = {} if per_key is None else {"per_key": per_key}
             status, counts = op(
                 self._storage.tensors(), self._policy(batch_value), self._init,
-                keys, scores, values, evicted or [],
+                keys, scores, values, evicted or [], **extra,
             )  # fmt: skip
             counts = counts.tolist()
             while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
@@ -370,15 +377,18 @@ class ScoredHashTable:
             self.last_stats = stats
         return status if return_status else stats
 
-    def _retry_failed(self, op, keys, scores, values, evicted, status, counts, batch_value):
+    def _retry_failed(
+        self, op, keys, scores, values, evicted, status, counts, batch_value, per_key=None
+    ):
         """Re-runs the failed positions of a batch on the grown table, in batch order."""
         pos = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
         sub_values = values[pos].contiguous()
         sub_evicted = [t[pos].contiguous() for t in evicted] if evicted else []
         sub_scores = scores[pos].contiguous() if scores is not None else None
+        extra = {} if per_key is None else {"per_key": per_key[pos].contiguous()}
         sub_status, sub_counts = op(
             self._storage.tensors(), self._policy(batch_value), self._init,
-            keys[pos].contiguous(), sub_scores, sub_values, sub_evicted,
+            keys[pos].contiguous(), sub_scores, sub_values, sub_evicted, **extra,
         )  # fmt: skip
         values[pos] = sub_values  # find_or_insert writes rows; assign leaves them as given
         for full, part in zip(evicted or [], sub_evicted):
@@ -391,19 +401,24 @@ class ScoredHashTable:
 
     # ------------------------------------------------- embedding kernel access
 
-    def _find_or_insert_slots(self, keys: torch.Tensor) -> tuple[torch.Tensor, BatchStats]:
+    def _find_or_insert_slots(
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, BatchStats]:
         """Slots of keys ((n,) int64, -1 where not stored), inserting missing keys.
 
         Used by the embedding kernels, which read and update rows by slot.
+        ``accesses`` (n,) int64: accesses each (de-duplicated) key stands for.
         """
         slots = torch.empty_like(keys)
 
-        def op(table, policy, init, k, scores, out, evicted):
-            found, status, counts = _ops.table_find_or_insert_slots(table, policy, init, k, scores)
+        def op(table, policy, init, k, scores, out, evicted, per_key=None):
+            found, status, counts = _ops.table_find_or_insert_slots(
+                table, policy, init, k, scores, per_key
+            )
             out.copy_(found)
             return _ops.UpsertResult(status, counts)
 
-        stats = self._upsert(op, keys, None, slots, evicted=None, slots=slots)
+        stats = self._upsert(op, keys, None, slots, evicted=None, slots=slots, per_key=accesses)
         return slots, stats
 
     def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:

@@ -69,14 +69,6 @@ class TableStorage:
         self.locks = new((num_buckets,), torch.int32).zero_()
         self.overflow = new((num_buckets,), torch.uint8).zero_()
 
-    def uid_scratch(self) -> torch.Tensor:
-        """(num_slots,) int32 of -1: the embedding backward's slot -> row-id map (lazy)."""
-        if getattr(self, "_uid_scratch", None) is None:
-            self._uid_scratch = torch.full(
-                (self.num_slots,), -1, dtype=torch.int32, device=self.layout.device
-            )
-        return self._uid_scratch
-
     @property
     def num_slots(self) -> int:
         return self.num_buckets * self.layout.bucket_capacity
