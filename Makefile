@@ -37,7 +37,7 @@ else
 	@echo "cuda-check: compiled $(words $(CUDA_SRCS)) CUDA sources for sm_$(firstword $(CUDA_ARCHS)) and sm_$(lastword $(CUDA_ARCHS))"
 endif
 
-build/cuda-check/%.o: csrc/cuda/%.cu $(wildcard csrc/core/*.h csrc/cuda/*.cuh)
+build/cuda-check/%.o: csrc/cuda/%.cu $(wildcard csrc/core/*.h csrc/cuda/*.cuh csrc/cuda/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) -c $< -o $@ -std=c++20 -O3 -Icsrc -Werror all-warnings \
 	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))

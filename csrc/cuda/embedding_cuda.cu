@@ -44,53 +44,35 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
   if (i < n) gather_row(t, slots, keys, i, missing, out + i * dim, dim);
 }
 
-// Gives every distinct slot a dense id: the first thread to see a slot claims it
-// (-1 -> -2), takes an id and publishes it; the others wait for the id.
-__global__ void assign_uid_kernel(const int64_t* slots, int64_t n, BackwardScratch s) {
+__global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
+                             int64_t* inverse, unsigned long long* counts) {
   const int64_t i = thread_index();
   if (i >= n) return;
-  const int64_t slot = slots[i];
-  if (slot < 0) {
-    s.uid[i] = -1;
-    return;
-  }
-  int32_t* cell = s.uid_of_slot + slot;
-  if (atomicCAS(cell, -1, -2) == -1) {
-    const int32_t u = atomicAdd(s.num_unique, 1);
-    s.unique_slots[u] = slot;
-    __threadfence();
-    atomicExch(cell, u);
-    s.uid[i] = u;
-  } else {
-    int32_t u;
-    while ((u = atomicAdd(cell, 0)) == -2) {
-    }
-    s.uid[i] = u;
-  }
+  bool is_new = false;
+  const int32_t u = dedup_insert<P>(set, keys[i], &is_new);
+  inverse[i] = u;
+  atomicAdd(counts + u, 1ULL);
 }
 
-__global__ void accumulate_kernel(const int64_t* offsets, int64_t num_bags, const float* weights,
-                                  PoolingMode mode, const float* grad, int64_t dim,
-                                  BackwardScratch s) {
+__global__ void accumulate_kernel(const int64_t* unique_slots, const int64_t* inverse,
+                                  const int64_t* offsets, int64_t num_bags, const float* weights,
+                                  PoolingMode mode, const float* grad, int64_t dim, float* acc) {
   const int64_t b = thread_index();
   if (b >= num_bags) return;
   const int64_t begin = offsets[b], end = offsets[b + 1];
   for (int64_t i = begin; i < end; ++i) {
-    if (s.uid[i] < 0) continue;
+    const int64_t u = inverse[i];
+    if (unique_slots[u] < 0) continue;
     const float c = grad_scale(mode, weights, i, begin, end);
-    float* a = s.acc + static_cast<int64_t>(s.uid[i]) * dim;
-    for (int64_t j = 0; j < dim; ++j) atomicAdd(a + j, c * grad[b * dim + j]);
+    for (int64_t j = 0; j < dim; ++j) atomicAdd(acc + u * dim + j, c * grad[b * dim + j]);
   }
 }
 
 template <class V>
-__global__ void update_kernel(TableRef<V> t, int64_t n, int64_t dim, OptimizerArgs opt,
-                              BackwardScratch s) {
+__global__ void update_kernel(TableRef<V> t, const int64_t* unique_slots, int64_t num_unique,
+                              int64_t dim, OptimizerArgs opt, const float* acc) {
   const int64_t u = thread_index();
-  if (u >= n || u >= *s.num_unique) return;
-  const int64_t slot = s.unique_slots[u];
-  update_row(opt, t.row(slot), dim, s.acc + u * dim);
-  s.uid_of_slot[slot] = -1;
+  if (u < num_unique && unique_slots[u] >= 0) update_row(opt, t.row(unique_slots[u]), dim, acc + u * dim);
 }
 
 }  // namespace
@@ -121,18 +103,28 @@ void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* ke
   gather_kernel<V><<<blocks_for(n), kBlock, 0, stream>>>(t, slots, keys, n, missing, out, dim);
 }
 
-template <class V>
-void launch_backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                     int64_t num_bags, int64_t n, const float* weights, PoolingMode mode,
-                     const float* grad, int64_t dim, const OptimizerArgs& opt,
-                     const BackwardScratch& scratch, cudaStream_t stream) {
-  cudaMemsetAsync(scratch.num_unique, 0, sizeof(int32_t), stream);
+void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,
+                  int64_t capacity, int32_t* num_unique, int64_t* unique, int64_t* inverse,
+                  int64_t* counts, cudaStream_t stream) {
+  cudaMemsetAsync(num_unique, 0, sizeof(int32_t), stream);
+  cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream);
   if (n == 0) return;
-  cudaMemsetAsync(scratch.acc, 0, static_cast<size_t>(n * dim) * sizeof(float), stream);
-  assign_uid_kernel<<<blocks_for(n), kBlock, 0, stream>>>(slots, n, scratch);
-  accumulate_kernel<<<blocks_for(num_bags), kBlock, 0, stream>>>(offsets, num_bags, weights, mode,
-                                                                 grad, dim, scratch);
-  update_kernel<V><<<blocks_for(n), kBlock, 0, stream>>>(t, n, dim, opt, scratch);
+  const DedupSetRef set{cell_keys, cell_uids, capacity, num_unique, unique};
+  dedup_kernel<<<blocks_for(n), kBlock, 0, stream>>>(
+      keys, n, set, inverse, reinterpret_cast<unsigned long long*>(counts));
+}
+
+template <class V>
+void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                     const OptimizerArgs& opt, float* acc, cudaStream_t stream) {
+  if (num_unique == 0) return;
+  cudaMemsetAsync(acc, 0, static_cast<size_t>(num_unique * dim) * sizeof(float), stream);
+  accumulate_kernel<<<blocks_for(num_bags), kBlock, 0, stream>>>(
+      unique_slots, inverse, offsets, num_bags, weights, mode, grad, dim, acc);
+  update_kernel<V><<<blocks_for(num_unique), kBlock, 0, stream>>>(t, unique_slots, num_unique,
+                                                                  dim, opt, acc);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                  \
@@ -144,9 +136,10 @@ void launch_backward(const TableRef<V>& t, const int64_t* slots, const int64_t* 
                                const InitArgs&, float*, int64_t, cudaStream_t);                \
   template void launch_gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,  \
                                  const InitArgs&, float*, int64_t, cudaStream_t);              \
-  template void launch_backward<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t, \
-                                   int64_t, const float*, PoolingMode, const float*, int64_t,  \
-                                   const OptimizerArgs&, const BackwardScratch&, cudaStream_t);
+  template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
+                                   const int64_t*, int64_t, const float*, PoolingMode,         \
+                                   const float*, int64_t, const OptimizerArgs&, float*,        \
+                                   cudaStream_t);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(__half)

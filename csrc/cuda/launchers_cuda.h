@@ -52,6 +52,7 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
 
 }  // namespace dynemb::cuda
 
+#include "core/dedup.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 
@@ -74,20 +75,19 @@ template <class V>
 void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                    const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
 
-/// Scratch of launch_backward, all device memory owned by the caller.
-struct BackwardScratch {
-  int32_t* uid_of_slot;   // (num_slots) all -1 on entry and exit
-  int32_t* uid;           // (n)
-  int64_t* unique_slots;  // (n)
-  float* acc;             // (n, dim)
-  int32_t* num_unique;    // (1)
-};
+/// De-duplicates keys (core/dedup.h) with one thread per key.
+/// @param cell_keys (capacity) int64 and cell_uids (capacity) int32 set to -1: the
+///        set's memory, capacity a power of two >= 2n; num_unique (1) int32 zeroed here.
+void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,
+                  int64_t capacity, int32_t* num_unique, int64_t* unique, int64_t* inverse,
+                  int64_t* counts, cudaStream_t stream);
 
-/// Reduces gradients to one per distinct slot (atomics) and applies the optimizer.
+/// Reduces gradients to one per distinct key (atomics into acc (num_unique, dim),
+/// zeroed here) and applies the optimizer to the rows of unique_slots.
 template <class V>
-void launch_backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                     int64_t num_bags, int64_t n, const float* weights, PoolingMode mode,
-                     const float* grad, int64_t dim, const OptimizerArgs& opt,
-                     const BackwardScratch& scratch, cudaStream_t stream);
+void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                     const OptimizerArgs& opt, float* acc, cudaStream_t stream);
 
 }  // namespace dynemb::cuda

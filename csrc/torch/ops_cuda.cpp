@@ -73,25 +73,28 @@ struct CudaBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cuda::launch_gather(t, slots, keys, n, missing, out, dim, stream());
   }
-  template <class V>
-  static int64_t backward(const TableRef<V>& t, const int64_t* slots, const int64_t* offsets,
-                          int64_t num_bags, const float* weights, PoolingMode mode,
-                          const float* grad, int64_t dim, const OptimizerArgs& opt,
-                          int32_t* uid_scratch) {
-    int64_t n = 0;  // offsets[num_bags], read from the device
-    cudaMemcpyAsync(&n, offsets + num_bags, sizeof(int64_t), cudaMemcpyDeviceToHost, stream());
-    cudaStreamSynchronize(stream());
+  static int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
+                       int64_t* counts) {
+    int64_t capacity = 16;
+    while (capacity < 2 * n) capacity <<= 1;
     const auto opts = at::TensorOptions().device(at::kCUDA);
-    at::Tensor uid = at::empty({n}, opts.dtype(at::kInt));
-    at::Tensor unique_slots = at::empty({n}, opts.dtype(at::kLong));
-    at::Tensor acc = at::empty({n, dim}, opts.dtype(at::kFloat));
+    at::Tensor cell_keys = at::empty({capacity}, opts.dtype(at::kLong));
+    at::Tensor cell_uids = at::full({capacity}, -1, opts.dtype(at::kInt));
     at::Tensor num_unique = at::empty({1}, opts.dtype(at::kInt));
-    const cuda::BackwardScratch scratch{uid_scratch, uid.data_ptr<int32_t>(),
-                                        unique_slots.data_ptr<int64_t>(), acc.data_ptr<float>(),
-                                        num_unique.data_ptr<int32_t>()};
-    cuda::launch_backward(t, slots, offsets, num_bags, n, weights, mode, grad, dim, opt, scratch,
-                          stream());
+    cuda::launch_dedup(keys, n, cell_keys.data_ptr<int64_t>(), cell_uids.data_ptr<int32_t>(),
+                       capacity, num_unique.data_ptr<int32_t>(), unique, inverse, counts,
+                       stream());
     return num_unique.item<int32_t>();
+  }
+  template <class V>
+  static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                       const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
+                       const float* weights, PoolingMode mode, const float* grad, int64_t dim,
+                       const OptimizerArgs& opt) {
+    at::Tensor acc = at::empty({num_unique, dim},
+                               at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
+    cuda::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
+                          grad, dim, opt, acc.data_ptr<float>(), stream());
   }
   template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
