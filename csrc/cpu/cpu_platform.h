@@ -40,7 +40,22 @@ struct CpuPlatform {
 #endif
   }
 
-  static void prefetch(const void* addr) { __builtin_prefetch(addr, 0, 3); }
+  // An asm statement, not __builtin_prefetch: GCC's pure/const analysis may delete a
+  // whole helper whose only effects are builtin prefetches (it did, silently).
+  static void prefetch(const void* addr) {
+#if defined(__x86_64__)
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(addr)));
+#else
+    __builtin_prefetch(addr, 0, 3);
+#endif
+  }
+  static void prefetch_for_write(const void* addr) {
+#if defined(__x86_64__)
+    asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(addr)));
+#else
+    __builtin_prefetch(addr, 1, 3);
+#endif
+  }
 
   static int32_t load32(int32_t* p) {
     return std::atomic_ref<int32_t>(*p).load(std::memory_order_acquire);

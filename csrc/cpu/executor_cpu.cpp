@@ -19,9 +19,10 @@ namespace {
 
 constexpr int64_t kGrain = 2048;  // keys per task below which one thread runs a batch
 
-// Batch loops overlap the cache misses of many keys (group prefetching): keys go
-// in groups of kGroup; the group's bucket digests are prefetched, then the key
-// and row of each key's likely slot, then the keys are processed in order.
+// Batch loops overlap the cache misses of many keys (software-pipelined group
+// prefetching): keys go in groups of kGroup; while group g is processed, the key,
+// score and row of each key's likely slot are prefetched for group g + 1 (whose
+// digests arrived meanwhile) and the bucket digests and lock for group g + 2.
 constexpr int64_t kGroup = 8;
 
 int threads_for(int64_t n) {
@@ -33,6 +34,7 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   const int64_t b = bucket_of(hash_key(key), t.num_buckets);
   const uint8_t* d = t.digests + b * t.bucket_capacity;
   for (int64_t off = 0; off < t.bucket_capacity; off += 64) P::prefetch(d + off);
+  P::prefetch_for_write(t.locks + b);  // the lock is written first: fetch it owned
 }
 
 template <class V>
@@ -52,11 +54,19 @@ DYNEMB_INLINE void prefetch_slot(const TableRef<V>& t, int64_t key) {
 template <class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
+  auto digests = [&](int64_t from) {
+    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) prefetch_digests(t, key_at(j));
+  };
+  auto slots = [&](int64_t from) {
+    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) prefetch_slot(t, key_at(j));
+  };
+  digests(begin);
+  digests(begin + kGroup);
+  slots(begin);
   for (int64_t g = begin; g < end; g += kGroup) {
-    const int64_t g_end = std::min(end, g + kGroup);
-    for (int64_t j = g; j < g_end; ++j) prefetch_digests(t, key_at(j));
-    for (int64_t j = g; j < g_end; ++j) prefetch_slot(t, key_at(j));
-    for (int64_t j = g; j < g_end; ++j) body(j);
+    digests(g + 2 * kGroup);
+    slots(g + kGroup);
+    for (int64_t j = g; j < std::min(end, g + kGroup); ++j) body(j);
   }
 }
 
