@@ -3,30 +3,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/cuda_platform.cuh"
+#include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
 namespace dynemb::cuda {
 namespace {
 
 using P = CudaPlatform;
-constexpr int kBlock = 256;
-
-unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
-
-__device__ int64_t thread_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-template <class V>
-__global__ void slots_kernel(SlotSink<V> sink, UpsertArgs args, const int64_t* keys, int64_t n,
-                             int8_t* status, unsigned long long* counts) {
-  const int64_t i = thread_index();
-  if (i >= n) return;
-  const Status s = upsert<P>(sink.t, i, keys[i], args, sink);
-  status[i] = static_cast<int8_t>(s);
-  atomicAdd(counts + static_cast<int>(s), 1ULL);
-}
 
 template <class V>
 __global__ void pool_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys,
@@ -81,10 +64,7 @@ template <class V>
 void launch_find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
                                  const int64_t* keys, int64_t n, int8_t* status, int64_t* counts,
                                  cudaStream_t stream) {
-  cudaMemsetAsync(counts, 0, 4 * sizeof(int64_t), stream);
-  if (n == 0) return;
-  slots_kernel<V><<<blocks_for(n), kBlock, 0, stream>>>(
-      sink, args, keys, n, status, reinterpret_cast<unsigned long long*>(counts));
+  launch_upsert<V>(sink, args, keys, n, status, counts, stream);
 }
 
 template <class V>

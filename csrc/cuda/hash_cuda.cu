@@ -1,4 +1,5 @@
 // dynemb CUDA executor: key hashing (core/hash.h), one thread per key.
+#include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
 namespace dynemb::cuda {
@@ -6,7 +7,7 @@ namespace {
 
 __global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
                                  int64_t* bucket, uint8_t* digest) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = thread_index();
   if (i >= n) return;
   const uint64_t h = hash_key(keys[i]);
   bucket[i] = bucket_of(h, num_buckets);
@@ -18,9 +19,7 @@ __global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buc
 void launch_hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                       uint8_t* digest, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kBlock = 256;
-  const auto blocks = static_cast<unsigned>((n + kBlock - 1) / kBlock);
-  hash_keys_kernel<<<blocks, kBlock, 0, stream>>>(keys, n, num_buckets, bucket, digest);
+  hash_keys_kernel<<<blocks_for(n), kBlock, 0, stream>>>(keys, n, num_buckets, bucket, digest);
 }
 
 }  // namespace dynemb::cuda

@@ -5,24 +5,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/cuda_platform.cuh"
+#include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
 namespace dynemb::cuda {
 namespace {
 
 using P = CudaPlatform;
-constexpr int kBlock = 256;
-
-unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
-
-DYNEMB_HD int64_t thread_index() {
-#if defined(__CUDA_ARCH__)
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-#else
-  return 0;
-#endif
-}
 
 template <class V>
 __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* out,
@@ -39,16 +28,6 @@ __global__ void find_slots_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
                                   int64_t* slots) {
   const int64_t i = thread_index();
   if (i < n) slots[i] = find_slot<P>(t, keys[i]);
-}
-
-template <class V, class Sink>
-__global__ void upsert_kernel(TableRef<V> t, Sink sink, UpsertArgs args, const int64_t* keys,
-                              int64_t n, int8_t* status, unsigned long long* counts) {
-  const int64_t i = thread_index();
-  if (i >= n) return;
-  const Status s = upsert<P>(t, i, keys[i], args, sink);
-  status[i] = static_cast<int8_t>(s);
-  atomicAdd(counts + static_cast<int>(s), 1ULL);
 }
 
 template <class V>
@@ -70,15 +49,6 @@ __global__ void rehash_kernel(TableRef<V> src, TableRef<V> dst, int window,
     return;
   }
   copy_row(src.row(s), dst.row(slot), src.row_width);
-}
-
-template <class V, class Sink>
-void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                   int8_t* status, int64_t* counts, cudaStream_t stream) {
-  cudaMemsetAsync(counts, 0, 4 * sizeof(int64_t), stream);
-  if (n == 0) return;
-  upsert_kernel<V, Sink><<<blocks_for(n), kBlock, 0, stream>>>(
-      sink.t, sink, args, keys, n, status, reinterpret_cast<unsigned long long*>(counts));
 }
 
 }  // namespace
