@@ -30,8 +30,16 @@ def _extension():
             )
     # -ffp-contract=off: no fused multiply-add contraction, so every code path (and the
     # reference formulas in tests) rounds the same way.
-    cxx = ["-O3", "-std=c++20", "-fopenmp", "-march=native", "-ffp-contract=off", "-Wall",
-           "-Wno-unused-function", "-Wno-unknown-pragmas"]
+    cxx = [
+        "-O3",
+        "-std=c++20",
+        "-fopenmp",
+        "-march=native",
+        "-ffp-contract=off",
+        "-Wall",
+        "-Wno-unused-function",
+        "-Wno-unknown-pragmas",
+    ]
     sources = _sources("csrc/cpu/*.cpp") + [
         p for p in _sources("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp")
     ]

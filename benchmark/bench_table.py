@@ -23,10 +23,13 @@ a snapshot taken after the pre-fill, outside the timed region (``TableSnapshot``
 This is the "fresh copy of the pre-filled table" of the workload: exact, and it
 leaves every page of the table touched, as in a long-running process.
 
-The peer, measured at the same thread count just before the ops, is the memory
-roof: ``torch.index_select`` of 2^20 rows of a dense (2^22, 64) float32 tensor by
-precomputed random row indices. Like ``find``, it allocates its output. Each
-figure is the median of ``--repeats`` runs after one warm-up run.
+The peer is the memory roof: ``torch.index_select`` of 2^20 rows of a dense
+(2^22, 64) float32 tensor by precomputed random row indices, at the same thread
+count. Like ``find``, it allocates its output. Each op's runs alternate with runs
+of the roof (``common.paired_median_seconds``), so load from other processes on a
+shared machine hits both; the roof is also reported alone, and into a
+preallocated output (``index_select(out=)``) to show what the allocation costs.
+Each figure is the median of ``--repeats`` runs after one warm-up run.
 
 W-scale: a NO_EVICTION table (dim 16, initial capacity 2^16, maximum 2^27 slots)
 receives distinct keys by ``insert_or_assign`` in batches of 2^20 up to 1M, 4M,
@@ -53,7 +56,7 @@ from common import (
     Recorder,
     available_threads,
     commit_hash,
-    median_seconds,
+    paired_median_seconds,
     peak_rss_bytes,
     print_rows,
     progress,
@@ -156,7 +159,11 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
     values = torch.randn(n, TABLE_DIM, generator=gen)
     dense = torch.randn(sizes.table_slots, TABLE_DIM, generator=gen)
     rows = torch.randint(0, sizes.table_slots, (n,), generator=gen)
+    gathered = torch.empty(n, TABLE_DIM)
     snapshot = TableSnapshot(table)
+
+    def gather() -> torch.Tensor:
+        return torch.index_select(dense, 0, rows)
 
     ops = {  # name -> (call, setup before each run)
         "find": (lambda: table.find(hit_keys), None),
@@ -169,18 +176,30 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
     one_thread: dict[str, float] = {}
     for threads in thread_counts:
         set_threads(threads)
-        roof_s = median_seconds(
-            lambda: torch.index_select(dense, 0, rows),
+        # The roof alone, and beside it the same gather into a preallocated output: the
+        # difference is the page faults of a fresh (n, 64) allocation, which find pays too.
+        pre_s, roof_s = paired_median_seconds(
+            lambda: torch.index_select(dense, 0, rows, out=gathered),
+            gather,
             repeats=repeats,
             desc=f"{ROOF} x{threads}",
         )
         roof = n / roof_s / 1e6
         rec.add("W-table", ROOF, "gather_mkeys_per_s", roof, threads=threads)
+        rec.add(
+            "W-table", f"{ROOF}(out=)", "gather_mkeys_per_s", n / pre_s / 1e6, threads=threads,
+            peer=ROOF, peer_value=roof,
+        )  # fmt: skip
         for name, (call, setup) in ops.items():
-            secs = median_seconds(call, setup=setup, repeats=repeats, desc=f"{name} x{threads}")
+            secs, peer_secs = paired_median_seconds(
+                call, gather, setup=setup, repeats=repeats, desc=f"{name} x{threads}"
+            )
             rate = n / secs / 1e6
             metric = f"{name}_mkeys_per_s"
-            rec.add("W-table", IMPL, metric, rate, threads=threads, peer=ROOF, peer_value=roof)
+            rec.add(
+                "W-table", IMPL, metric, rate, threads=threads,
+                peer=ROOF, peer_value=n / peer_secs / 1e6,
+            )  # fmt: skip
             if threads == 1:
                 one_thread[name] = rate
             elif name in one_thread:
@@ -310,9 +329,9 @@ def run_scale(rec: Recorder, sizes: Sizes, threads: int) -> tuple[list[ScaleSamp
             threads=threads, peer=payload_name, peer_value=payload,
         )  # fmt: skip
         notes += [
-            f"W-scale growth at {_count(cur.size)} keys: load factor before "
+            f"W-scale growth in the batch up to {_count(cur.size)} keys: load factor before "
             f"{prev.load_factor:.3f}, {prev.bytes_per_key:.1f} B/key, "
-            f"capacity {prev.capacity} -> {cur.capacity}"
+            f"capacity {prev.capacity} -> {cur.capacity}, that batch took {cur.seconds:.2f} s"
             for prev, cur in zip(samples, samples[1:], strict=False)
             if cur.capacity > prev.capacity
         ]
@@ -361,7 +380,8 @@ def plot_scale(samples: list[ScaleSample], marks: tuple[int, ...], path: Path) -
     ax_mem.set_ylabel("bytes per key")
     ax_mem.set_xlabel("keys stored")
     ax_mem.set_xscale("log", base=2)
-    ax_mem.legend()
+    ax_mem.set_ylim(bottom=0)
+    ax_mem.legend(loc="lower right")
     fig.suptitle(f"W-scale: NO_EVICTION, dim {SCALE_DIM}, batches of {batch}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,43 @@ def median_seconds(
     return statistics.median(times)
 
 
+def paired_median_seconds(
+    fn: Callable[[], Any],
+    peer: Callable[[], Any],
+    *,
+    setup: Callable[[], Any] | None = None,
+    warmup: int = 1,
+    repeats: int = 5,
+    desc: str | None = None,
+) -> tuple[float, float]:
+    """Median wall times of ``fn()`` and of its ``peer()``, run back to back in each repeat.
+
+    Interleaving puts the peer's runs next to the measured ones, so that a burst of
+    load on a shared machine hits both and the ratio stays meaningful.
+
+    Args:
+        fn: the measured call.
+        peer: the reference call.
+        setup: called before every run of ``fn`` (warm-up included), untimed.
+        warmup, repeats, desc: as in ``median_seconds``.
+
+    Returns:
+        ``(fn_seconds, peer_seconds)``, medians over the timed repeats.
+    """
+    times: tuple[list[float], list[float]] = ([], [])
+    runs = range(warmup + repeats)
+    for i in progress(runs, desc) if desc else runs:
+        for call, pre, acc in ((peer, None, times[1]), (fn, setup, times[0])):
+            if pre is not None:
+                pre()
+            start = time.perf_counter()
+            call()
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                acc.append(elapsed)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 class Recorder:
     """Collects benchmark records and prints each as a JSON line when added.
 

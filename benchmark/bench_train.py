@@ -1,0 +1,500 @@
+"""Benchmarks one training step of embedding tables: workload W-train (/work/shared/WORKLOADS.md).
+
+Usage::
+
+    python benchmark/bench_train.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
+                                    [--threads N] [--steps N] [--repeats N] [--in-process]
+
+The step: 8 sparse features, one table each (1,000,000 rows, dim 64), batch 4096,
+pooling factor 16 (fixed lengths), SUM pooling, ``loss = sum of the pooled outputs``,
+backward with the optimizer fused into it (learning rate 0.01, eps 1e-8). Ids follow
+Zipf(s=1.05) over the 1,000,000 ids of each table, drawn by inverse-CDF sampling from
+one generator seeded 0 (``zipf_ids``); every step gets a fresh batch, all batches
+being drawn before any timing (so both implementations see exactly the same ids).
+
+- Peer (``run_torchrec``): TorchRec ``EmbeddingBagCollection`` built on the meta
+  device, sharded by ``DistributedModelParallel`` at world size 1 (one gloo process
+  group, initialised in-process on a free localhost port) TABLE_WISE with the FUSED
+  compute kernel, i.e. fbgemm's CPU TBE. The planner is restricted to that kernel by
+  ``ParameterConstraints`` (its CPU estimators reject the uvm kernels). The optimizer
+  goes through the sharder's fused params as an fbgemm ``EmbOptimType`` (what
+  ``apply_optimizer_in_backward``, deprecated in TorchRec 1.8, would be converted
+  to); the built TBE is checked to carry it. Optimizers: EXACT_ROWWISE_ADAGRAD,
+  EXACT_SGD, EXACT_ADAGRAD. fbgemm's CPU TBE has no Adam: for ADAM only dynemb runs.
+- dynemb (``run_dynemb``): ``dynemb.BatchedDynamicEmbeddingTables`` over the same 8
+  tables, keys spread over the 63-bit space as ``(id * 0x9E3779B97F4A7C15) & (2^63 - 1)``,
+  capacity ``2 x`` the distinct keys of each table in the run (no eviction), then a
+  variant at ``0.25 x`` (eviction on the hot path). Skipped (peer figures only) while
+  dynemb does not provide the module.
+
+Each figure: ``samples_per_s = batch / median step time`` over the timed steps (after
+warm-up steps), and the peak RSS of the process (it includes the pre-drawn batches,
+the same for both implementations). Every (implementation, optimizer, capacity) runs
+in its own subprocess (``--worker``), so that peak RSS is per configuration and no
+state leaks from one to the next; ``--in-process`` runs all in this process instead
+(faster start, but RSS is then a running maximum). ``--quick`` shrinks the sizes
+(CI smoke run, in-process, well under 30 s).
+
+Noise: both implementations run parallel loops on every thread; when another
+process holds a core of a 2-core machine, each parallel region waits for a
+descheduled thread and a whole run can be 10-20x slower (not 2x). ``--repeats N``
+repeats the sequence peer, dynemb (interleaved) and keeps each configuration's best
+run; ``--threads 1`` is far less sensitive to such neighbours.
+
+Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import Recorder, available_threads, commit_hash, peak_rss_bytes, progress, set_threads
+
+WORKLOAD = "W-train"
+PEER_IMPL = "torchrec.EBC.FUSED"
+DYNEMB_IMPL = "dynemb.BatchedDynamicEmbeddingTables"
+PEER_OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
+OPTIMIZERS = (*PEER_OPTIMIZERS, "ADAM")
+CAPACITY_RATIOS = (2.0, 0.25)  # dynemb: no eviction, then eviction on the hot path
+SPREAD = 0x9E3779B97F4A7C15
+KEY_MASK = 0x7FFFFFFFFFFFFFFF
+RESULT_PREFIX = "RESULT "
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One W-train configuration; the defaults are WORKLOADS.md's sizes."""
+
+    optimizer: str = "EXACT_ROWWISE_ADAGRAD"
+    num_tables: int = 8
+    num_ids: int = 1_000_000
+    dim: int = 64
+    batch: int = 4096
+    pooling_factor: int = 16
+    zipf_s: float = 1.05
+    seed: int = 0
+    learning_rate: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup: int = 5
+    steps: int = 50
+    capacity_ratio: float = 2.0  # dynemb only: capacity / distinct keys per table
+    threads: int = 1
+
+    @property
+    def ids_per_batch(self) -> int:
+        return self.num_tables * self.batch * self.pooling_factor
+
+
+QUICK = {"num_ids": 10_000, "batch": 128, "pooling_factor": 4, "warmup": 1, "steps": 3}
+
+
+# --- ids ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def zipf_cdf(num_ids: int, s: float) -> torch.Tensor:
+    """CDF (float64) of Zipf(s) over ranks 1..num_ids; entry k is P(id <= k)."""
+    weights = torch.arange(1, num_ids + 1, dtype=torch.float64).pow(-s)
+    cdf = weights.cumsum(0)
+    return cdf / cdf[-1]
+
+
+def zipf_ids(n: int, num_ids: int, s: float, generator: torch.Generator) -> torch.Tensor:
+    """``n`` int64 ids in ``[0, num_ids)``, id ``k`` with probability ``∝ 1 / (k + 1)^s``.
+
+    Inverse-CDF sampling: uniform doubles from ``generator``, then the first id whose
+    CDF exceeds each (id 0 is the most frequent).
+    """
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    return torch.searchsorted(zipf_cdf(num_ids, s), u, right=True).clamp_(max=num_ids - 1)
+
+
+def make_batches(config: Config) -> list[torch.Tensor]:
+    """``warmup + steps`` batches of ids, each ``(num_tables * batch * pooling_factor,)``.
+
+    Feature-major (fbgemm/KJT order): feature ``t``'s ``batch * pooling_factor`` ids
+    are contiguous; bag ``b`` of feature ``t`` is a run of ``pooling_factor`` ids.
+    """
+    gen = torch.Generator().manual_seed(config.seed)
+    per_feature = config.batch * config.pooling_factor
+    batches = []
+    for _ in progress(range(config.warmup + config.steps), "drawing Zipf ids"):
+        features = [
+            zipf_ids(per_feature, config.num_ids, config.zipf_s, gen)
+            for _ in range(config.num_tables)
+        ]
+        batches.append(torch.cat(features))
+    return batches
+
+
+def fixed_offsets(config: Config) -> torch.Tensor:
+    """fbgemm offsets (``num_tables * batch + 1``) of bags of ``pooling_factor`` ids."""
+    bags = config.num_tables * config.batch
+    return torch.arange(0, bags + 1, dtype=torch.int64) * config.pooling_factor
+
+
+def spread_ids(ids: torch.Tensor) -> torch.Tensor:
+    """``(id * 0x9E3779B97F4A7C15) & (2^63 - 1)``, in wrapping 64-bit arithmetic."""
+    keys = ids.numpy().astype(np.uint64) * np.uint64(SPREAD) & np.uint64(KEY_MASK)
+    return torch.from_numpy(keys.astype(np.int64))
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def time_steps(step: Callable[[object], None], inputs: list, warmup: int, desc: str) -> list[float]:
+    """Runs ``step(x)`` for each input; returns the wall times of those after ``warmup``."""
+    times = []
+    for i, x in enumerate(progress(inputs, desc, unit="step")):
+        start = time.perf_counter()
+        step(x)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def summarize(config: Config, times: list[float], **extra) -> dict:
+    """The result of one configuration: samples/s from the median step, and peak RSS."""
+    return {
+        "samples_per_s": config.batch / statistics.median(times),
+        "samples_per_s_wall": config.batch * len(times) / sum(times),
+        "peak_rss_bytes": peak_rss_bytes(),
+        **extra,
+    }
+
+
+# --- peer: TorchRec EBC, FUSED kernel, DMP world size 1 ----------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on localhost right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def single_process_group() -> Iterator[None]:
+    """A gloo process group of world size 1 on localhost (reused if one exists)."""
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def table_names(config: Config) -> list[str]:
+    return [f"t{i}" for i in range(config.num_tables)]
+
+
+def feature_names(config: Config) -> list[str]:
+    return [f"f{i}" for i in range(config.num_tables)]
+
+
+def build_torchrec_peer(config: Config) -> torch.nn.Module:
+    """The DMP-sharded EBC (TABLE_WISE, FUSED kernel, fused optimizer) on CPU."""
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingEnv, ShardingType
+    from torchrec.modules.embedding_configs import PoolingType
+
+    tables = [
+        EmbeddingBagConfig(
+            name=name,
+            embedding_dim=config.dim,
+            num_embeddings=config.num_ids,
+            feature_names=[feature],
+            pooling=PoolingType.SUM,
+        )
+        for name, feature in zip(table_names(config), feature_names(config), strict=True)
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    fused_params = {
+        "optimizer": EmbOptimType[config.optimizer],
+        "learning_rate": config.learning_rate,
+        "eps": config.eps,
+    }
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused_params)
+    constraint = ParameterConstraints(
+        sharding_types=[ShardingType.TABLE_WISE.value],
+        compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+    )
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=1, compute_device="cpu"),
+        constraints={name: constraint for name in table_names(config)},
+    )
+    plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
+    model = DistributedModelParallel(
+        ebc,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=[sharder],
+    )
+    check_peer(model, config)
+    return model
+
+
+def check_peer(model: torch.nn.Module, config: Config) -> None:
+    """Asserts that the sharded model runs fbgemm's CPU TBE with the requested optimizer."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    lookups = model.module._lookups  # a plain list in ShardedEmbeddingBagCollection
+    tbes = [
+        m
+        for lookup in lookups
+        for m in lookup.modules()
+        if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)
+    ]
+    assert tbes, "no fbgemm TBE in the sharded model: not the FUSED kernel"
+    for tbe in tbes:
+        assert tbe.use_cpu and tbe.optimizer == EmbOptimType[config.optimizer], tbe.optimizer
+        assert abs(tbe.get_learning_rate() - config.learning_rate) < 1e-9
+
+
+def run_torchrec(config: Config) -> dict | None:
+    """Trains the peer on ``config``'s batches; None for ADAM (fbgemm CPU has none)."""
+    if config.optimizer not in PEER_OPTIMIZERS:
+        return None
+    from torchrec import KeyedJaggedTensor
+
+    batches = make_batches(config)
+    lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
+    inputs = [
+        KeyedJaggedTensor(keys=feature_names(config), values=b, lengths=lengths) for b in batches
+    ]
+    with single_process_group():
+        model = build_torchrec_peer(config)
+
+        def step(kjt: KeyedJaggedTensor) -> None:
+            model(kjt).values().sum().backward()
+
+        times = time_steps(step, inputs, config.warmup, f"{PEER_IMPL} {config.optimizer}")
+    return summarize(config, times)
+
+
+# --- dynemb: the extension point ---------------------------------------------------------
+
+
+def dynemb_capacities(keys: list[torch.Tensor], config: Config) -> list[int]:
+    """Per table: ``ceil(capacity_ratio * distinct keys over all batches)``."""
+    per_feature = config.batch * config.pooling_factor
+    capacities = []
+    for t in range(config.num_tables):
+        table_keys = torch.cat([k[t * per_feature : (t + 1) * per_feature] for k in keys])
+        distinct = len(torch.unique(table_keys))
+        capacities.append(int(-(-config.capacity_ratio * distinct // 1)))
+    return capacities
+
+
+def run_dynemb(config: Config) -> dict:
+    """Trains ``dynemb.BatchedDynamicEmbeddingTables`` like the peer.
+
+    Same batches as the peer, each id spread to a 63-bit key (``spread_ids``); one
+    table per feature of ``ceil(capacity_ratio * distinct keys)`` rows, allocated up
+    front (``init_capacity = max_capacity``) so that no growth happens while timed.
+    """
+    from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynemb.optimizer import EmbOptimType
+
+    keys = [spread_ids(b) for b in make_batches(config)]
+    capacities = dynemb_capacities(keys, config)
+    module = BatchedDynamicEmbeddingTables(
+        table_options=[
+            DynamicEmbTableOptions(dim=config.dim, max_capacity=c, init_capacity=c)
+            for c in capacities
+        ],
+        feature_table_map=list(range(config.num_tables)),
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer=EmbOptimType[config.optimizer],
+        learning_rate=config.learning_rate,
+        eps=config.eps,
+        beta1=config.beta1,
+        beta2=config.beta2,
+        weight_decay=0.0,
+    )
+    offsets = fixed_offsets(config)
+
+    def step(indices: torch.Tensor) -> None:
+        module(indices, offsets).sum().backward()
+
+    times = time_steps(step, keys, config.warmup, f"dynemb {config.optimizer}")
+    return summarize(config, times, capacities=capacities)
+
+
+# --- running configurations --------------------------------------------------------------
+
+RUNNERS = {"torchrec": run_torchrec, "dynemb": run_dynemb}
+
+
+def run_worker(impl: str, config: Config) -> None:
+    """Subprocess entry: runs one configuration, prints its result as one prefixed line."""
+    set_threads(config.threads)
+    result = RUNNERS[impl](config)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def run_isolated(impl: str, config: Config) -> dict | None:
+    """Runs ``impl`` on ``config`` in a fresh interpreter (per-configuration peak RSS)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl]
+    cmd += ["--config", json.dumps(dataclasses.asdict(config))]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def run_in_process(impl: str, config: Config) -> dict | None:
+    set_threads(config.threads)
+    return RUNNERS[impl](config)
+
+
+def record_peer(rec: Recorder, config: Config, peer: dict) -> None:
+    for metric, value in metrics(config, peer):
+        rec.add(WORKLOAD, PEER_IMPL, metric, value, threads=config.threads)
+
+
+def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -> None:
+    peer_metrics = dict(metrics(config, peer)) if peer else {}
+    suffix = "" if config.capacity_ratio == 2.0 else f",capacity={config.capacity_ratio:g}x"
+    for metric, value in metrics(config, dyn):
+        rec.add(
+            WORKLOAD,
+            DYNEMB_IMPL,
+            metric + suffix,
+            value,
+            threads=config.threads,
+            peer=PEER_IMPL if peer else None,
+            peer_value=peer_metrics.get(metric),
+        )
+
+
+def metrics(config: Config, result: dict) -> list[tuple[str, float]]:
+    opt = config.optimizer
+    return [
+        (f"samples_per_s@{opt}", result["samples_per_s"]),
+        (f"peak_rss_mib@{opt}", result["peak_rss_bytes"] / 2**20),
+    ]
+
+
+def best_result(results: list[dict | None]) -> dict | None:
+    """The fastest of repeated runs (the least disturbed), with the highest peak RSS."""
+    done = [r for r in results if r is not None]
+    if not done:
+        return None
+    best = dict(max(done, key=lambda r: r["samples_per_s"]))
+    best["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in done)
+    return best
+
+
+def run_optimizer(
+    rec: Recorder,
+    base: Config,
+    run: Callable,
+    *,
+    with_peer: bool,
+    with_dynemb: bool,
+    repeats: int = 1,
+) -> None:
+    """The peer, then dynemb at each capacity ratio, for ``base.optimizer``.
+
+    With ``repeats > 1`` the whole sequence is repeated (so the peer's runs stay
+    interleaved with dynemb's) and each configuration keeps its best run.
+    """
+    configs: list[tuple[str, Config]] = []
+    if with_peer and base.optimizer in PEER_OPTIMIZERS:
+        configs.append(("torchrec", base))
+    if with_dynemb:
+        configs += [
+            ("dynemb", dataclasses.replace(base, capacity_ratio=r)) for r in CAPACITY_RATIOS
+        ]
+    results: list[list[dict | None]] = [[] for _ in configs]
+    for _ in range(repeats):
+        for (impl, config), acc in zip(configs, results, strict=True):
+            acc.append(run(impl, config))
+    peer = None
+    for (impl, config), acc in zip(configs, results, strict=True):
+        result = best_result(acc)
+        if result is None:
+            continue
+        if impl == "torchrec":
+            peer = result
+            record_peer(rec, config, result)
+        else:
+            record_dynemb(rec, config, result, peer)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
+    parser.add_argument("--only", choices=sorted(RUNNERS), help="run this implementation only")
+    parser.add_argument("--threads", type=int, default=available_threads())
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per configuration; the best is kept"
+    )
+    parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
+    parser.add_argument("--in-process", action="store_true", help="no subprocess per configuration")
+    parser.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        run_worker(args.worker, Config(**json.loads(args.config)))
+        return
+    sizes = dict(QUICK) if args.quick else {}
+    if args.steps:
+        sizes["steps"] = args.steps
+    run = run_in_process if args.in_process or args.quick else run_isolated
+    with_dynemb = args.only != "torchrec"
+    rec = Recorder(commit_hash())
+    for optimizer in (args.optimizer,) if args.optimizer else OPTIMIZERS:
+        config = Config(optimizer=optimizer, threads=args.threads, **sizes)
+        run_optimizer(
+            rec,
+            config,
+            run,
+            with_peer=args.only != "dynemb",
+            with_dynemb=with_dynemb,
+            repeats=args.repeats,
+        )
+    print(file=sys.stderr)
+    rec.print_table()
+    if args.only != "torchrec" and not with_dynemb:
+        print(f"\n{DYNEMB_IMPL} not available yet: peer figures only.", file=sys.stderr)
+    print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
