@@ -204,7 +204,8 @@ class ScoredHashTable:
             ``(values, found)``: (n, dim) rows (zeros where not found) and (n,) bool.
         """
         keys = self._check_keys(keys)
-        values = torch.zeros((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
+        # The op writes every row (zeros where a key is absent): no need to zero here.
+        values = torch.empty((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
         with self._lock.read():
             found = _ops.table_find(self._storage.tensors(), keys, values)
         return values, found
