@@ -145,3 +145,16 @@ def test_op_level_checks_name_the_argument():
         _ops.table_find_slots(t._storage.tensors(), KEYS.int())
     with pytest.raises(ValueError, match="`table` must hold 7 tensors"):
         _ops.table_erase(t._storage.tensors()[:3], KEYS)
+
+
+def test_find_into_out():
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024)
+    rows = t.find_or_insert(torch.arange(3))
+    out = torch.full((4, 4), 7.0)
+    values, found = t.find(torch.tensor([0, 1, 2, 99]), out=out)
+    assert values is out and found.tolist() == [True, True, True, False]
+    assert torch.equal(out[:3], rows) and out[3].tolist() == [0.0] * 4
+    with pytest.raises(
+        ValueError, match=r"out must be a contiguous torch.float32 tensor of shape \(4, 4\)"
+    ):
+        t.find(torch.tensor([0, 1, 2, 99]), out=torch.zeros(4, 3))

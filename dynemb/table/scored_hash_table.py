@@ -194,21 +194,25 @@ class ScoredHashTable:
 
     # ------------------------------------------------------------ read-only ops
 
-    def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def find(
+        self, keys: torch.Tensor, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Looks keys up without changing anything (scores included).
 
         Args:
             keys: (n,) int64.
+            out: optional (n, dim) contiguous tensor of the table's value dtype to write
+                the rows into (saves allocating, and page-faulting, a new output).
 
         Returns:
-            ``(values, found)``: (n, dim) rows (zeros where not found) and (n,) bool.
+            ``(values, found)``: (n, dim) rows (zeros where not found; ``out`` when
+            given) and (n,) bool.
         """
         keys = self._check_keys(keys)
-        # The op writes every row (zeros where a key is absent): no need to zero here.
-        values = torch.empty((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
+        out = self._output_rows(out, keys.numel())
         with self._lock.read():
-            found = _ops.table_find(self._storage.tensors(), keys, values)
-        return values, found
+            found = _ops.table_find(self._storage.tensors(), keys, out)
+        return out, found
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) bool: whether each key is stored."""
@@ -264,7 +268,10 @@ class ScoredHashTable:
     # ------------------------------------------------------------- upsert ops
 
     def find_or_insert(
-        self, keys: torch.Tensor, scores: torch.Tensor | None = None
+        self,
+        keys: torch.Tensor,
+        scores: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Returns each key's row, storing missing keys with initialised rows.
 
@@ -275,13 +282,14 @@ class ScoredHashTable:
         Args:
             keys: (n,) int64.
             scores: (n,) int64 >= 0, required under CUSTOMIZED and refused otherwise.
+            out: optional (n, dim) output, as in find.
 
         Returns:
-            (n, dim) rows in the table's value dtype.
+            (n, dim) rows in the table's value dtype (``out`` when given).
         """
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
-        values = torch.empty((keys.numel(), self.dim), dtype=self.value_dtype, device=self.device)
+        values = self._output_rows(out, keys.numel())
         self._upsert(_ops.table_find_or_insert, keys, scores, values, evicted=None)
         return values
 
@@ -343,6 +351,24 @@ class ScoredHashTable:
             self._size = 0
 
     # -------------------------------------------------------------- internals
+
+    def _output_rows(self, out, n: int) -> torch.Tensor:
+        """``out`` checked, or a new (n, dim) output (uninitialised: the ops write every row)."""
+        shape = (n, self.dim)
+        if out is None:
+            return torch.empty(shape, dtype=self.value_dtype, device=self.device)
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != shape
+            or out.dtype != self.value_dtype
+            or out.device != self.device
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"out must be a contiguous {self.value_dtype} tensor of shape {shape} on "
+                f"{self.device}, got {_describe_tensor(out)}"
+            )
+        return out
 
     def _upsert(
         self, op, keys, scores, values, evicted, return_status=False, slots=None, per_key=None
@@ -500,6 +526,13 @@ class ScoredHashTable:
                 + f", got {tuple(values.shape)}"
             )
         return values.to(device=self.device, dtype=self.value_dtype).contiguous()
+
+
+def _describe_tensor(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
+    return f"{layout} {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
 
 
 def _check_int(name: str, value, minimum: int, minimum_name: str | None = None) -> None:
