@@ -29,21 +29,23 @@ int threads_for(int64_t n) {
   return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
 }
 
-template <class V>
+// kWrites: the loop changes the table (upserts), so also fetch the bucket lock (owned)
+// and the slot's score; a read-only loop leaves them out to save memory traffic.
+template <bool kWrites, class V>
 DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   const int64_t b = bucket_of(hash_key(key), t.num_buckets);
   const uint8_t* d = t.digests + b * t.bucket_capacity;
   for (int64_t off = 0; off < t.bucket_capacity; off += 64) P::prefetch(d + off);
-  P::prefetch_for_write(t.locks + b);  // the lock is written first: fetch it owned
+  if (kWrites) P::prefetch_for_write(t.locks + b);
 }
 
-template <class V>
+template <bool kWrites, class V>
 DYNEMB_INLINE void prefetch_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
   if (slot < 0) return;
   P::prefetch(t.keys + slot);
-  if (t.scores) P::prefetch(t.scores + slot);
+  if (kWrites && t.scores) P::prefetch(t.scores + slot);
   const char* row = reinterpret_cast<const char*>(t.row(slot));
   const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
   for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
@@ -51,14 +53,18 @@ DYNEMB_INLINE void prefetch_slot(const TableRef<V>& t, int64_t key) {
 
 /// Calls body(j) for j in [begin, end) in order, prefetching group by group;
 /// key_at(j) is the key body(j) will look up.
-template <class V, class KeyAt, class Body>
+template <bool kWrites, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
   auto digests = [&](int64_t from) {
-    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) prefetch_digests(t, key_at(j));
+    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
+      prefetch_digests<kWrites>(t, key_at(j));
+    }
   };
   auto slots = [&](int64_t from) {
-    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) prefetch_slot(t, key_at(j));
+    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
+      prefetch_slot<kWrites>(t, key_at(j));
+    }
   };
   digests(begin);
   digests(begin + kGroup);
@@ -76,7 +82,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  prefetched_loop(t, begin, end, key_at, [&](int64_t j) {
+  prefetched_loop<true>(t, begin, end, key_at, [&](int64_t j) {
     const int64_t i = order ? order[j] : j;
     const Status s = upsert<P>(t, i, keys[i], args, sink);
     status[i] = static_cast<int8_t>(s);
@@ -168,7 +174,7 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
           bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop(t, begin, end, key_at, [&](int64_t i) {
+    prefetched_loop<false>(t, begin, end, key_at, [&](int64_t i) {
       const int64_t slot = find_slot<P>(t, keys[i]);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
@@ -185,7 +191,8 @@ template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop(t, begin, end, key_at, [&](int64_t i) { slots[i] = find_slot<P>(t, keys[i]); });
+    prefetched_loop<false>(t, begin, end, key_at,
+                           [&](int64_t i) { slots[i] = find_slot<P>(t, keys[i]); });
   });
 }
 
