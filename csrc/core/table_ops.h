@@ -56,6 +56,16 @@ DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
   return -1;
 }
 
+/// find_slot with a guess (e.g. likely_slot computed earlier to prefetch): when the
+/// guessed slot holds `key` it is the answer (a key occupies at most one slot),
+/// otherwise the full walk runs.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t find_slot_hinted(const TableRef<V>& t, int64_t key,
+                                                 int64_t hint) {
+  if (hint >= 0 && t.digests[hint] != kEmptyDigest && t.keys[hint] == key) return hint;
+  return find_slot<P>(t, key);
+}
+
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const ScoreArgs& a,
                                    int64_t i) {

@@ -39,23 +39,26 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   if (kWrites) P::prefetch_for_write(t.locks + b);
 }
 
+/// Prefetches the likely slot of key; @return it (-1 if none), a hint for find_slot_hinted.
 template <bool kWrites, class V>
-DYNEMB_INLINE void prefetch_slot(const TableRef<V>& t, int64_t key) {
+DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
-  if (slot < 0) return;
+  if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
   const char* row = reinterpret_cast<const char*>(t.row(slot));
   const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
   for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+  return slot;
 }
 
-/// Calls body(j) for j in [begin, end) in order, prefetching group by group;
-/// key_at(j) is the key body(j) will look up.
+/// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group;
+/// key_at(j) is the key body(j) will look up and hint its likely slot (or -1).
 template <bool kWrites, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
+  int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       prefetch_digests<kWrites>(t, key_at(j));
@@ -63,7 +66,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   };
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      prefetch_slot<kWrites>(t, key_at(j));
+      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites>(t, key_at(j));
     }
   };
   digests(begin);
@@ -72,7 +75,9 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   for (int64_t g = begin; g < end; g += kGroup) {
     digests(g + 2 * kGroup);
     slots(g + kGroup);
-    for (int64_t j = g; j < std::min(end, g + kGroup); ++j) body(j);
+    for (int64_t j = g; j < std::min(end, g + kGroup); ++j) {
+      body(j, hints[(j - begin) % (2 * kGroup)]);
+    }
   }
 }
 
@@ -82,7 +87,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  prefetched_loop<true>(t, begin, end, key_at, [&](int64_t j) {
+  prefetched_loop<true>(t, begin, end, key_at, [&](int64_t j, int64_t) {
     const int64_t i = order ? order[j] : j;
     const Status s = upsert<P>(t, i, keys[i], args, sink);
     status[i] = static_cast<int8_t>(s);
@@ -174,8 +179,8 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
           bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false>(t, begin, end, key_at, [&](int64_t i) {
-      const int64_t slot = find_slot<P>(t, keys[i]);
+    prefetched_loop<false>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
+      const int64_t slot = find_slot_hinted<P>(t, keys[i], hint);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
       if (slot >= 0) {
@@ -192,7 +197,9 @@ void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* s
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     prefetched_loop<false>(t, begin, end, key_at,
-                           [&](int64_t i) { slots[i] = find_slot<P>(t, keys[i]); });
+                           [&](int64_t i, int64_t hint) {
+                             slots[i] = find_slot_hinted<P>(t, keys[i], hint);
+                           });
   });
 }
 
