@@ -165,3 +165,30 @@ def test_learning_rate_can_change_between_steps():
     assert m.get_learning_rate() == 0.5
     m(spread(indices), offsets).sum().backward()
     torch.testing.assert_close(rows_of(m)[3], start[3] - 0.02 - 0.5)
+
+
+def test_weighted_mean_pooling_uses_the_exact_gradient():
+    """fbgemm's CPU backward drops MEAN's 1/L with per-sample weights; dynemb's gradient is
+    the autograd gradient of sum_i w_i * row_i / L (checked with a dense PyTorch table)."""
+    g = torch.Generator().manual_seed(5)
+    m, (start,) = make(EmbOptimType.EXACT_SGD, DynamicEmbPoolingMode.MEAN, lr=0.1, fmap=(0, 0))
+    dense = start.clone().requires_grad_(True)
+    for _ in range(5):
+        indices, offsets = batch(g, 2)
+        weights = torch.rand(indices.numel(), generator=g) + 0.5
+        grad_out = torch.randn(5, 2 * DIM, generator=g)
+        out = m(spread(indices), offsets, weights)
+        bags = []
+        for f in range(2):
+            for b in range(5):
+                a, e = offsets[f * 5 + b], offsets[f * 5 + b + 1]
+                rows = dense[indices[a:e]] * weights[a:e].unsqueeze(1)
+                bags.append(rows.sum(0) / max(int(e - a), 1))
+        want = torch.cat([torch.stack(bags[:5]), torch.stack(bags[5:])], dim=1)
+        torch.testing.assert_close(out.detach(), want.detach(), atol=1e-5, rtol=0)
+        out.backward(grad_out)
+        (want * grad_out).sum().backward()
+        with torch.no_grad():
+            dense -= 0.1 * dense.grad
+            dense.grad = None
+        torch.testing.assert_close(rows_of(m), dense.detach(), atol=1e-5, rtol=0)
