@@ -13,15 +13,13 @@ import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.table import batch_arguments as args
 from dynemb.table.capacity import bucket_counts
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
 
-ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
-
 _VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TIMESTAMP_LFU = 5  # core/score_policy.h kTimestampLfu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,18 +40,6 @@ class BatchStats:
     evicted: int
     failed: int
     failed_keys: torch.Tensor
-
-
-def _strategy_code(strategy: ScoreStrategyArg) -> int:
-    if isinstance(strategy, DynamicEmbScoreStrategy):
-        return strategy.value
-    ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU
-    if isinstance(strategy, tuple) and set(strategy) == {ts, lfu} and len(strategy) == 2:
-        return _TIMESTAMP_LFU
-    raise ValueError(
-        "score_strategy must be a DynamicEmbScoreStrategy or the compound "
-        f"(TIMESTAMP, LFU), got {strategy!r}"
-    )
 
 
 class ScoredHashTable:
@@ -102,7 +88,7 @@ class ScoredHashTable:
         capacity: int,
         init_capacity: int | None = None,
         bucket_capacity: int = 128,
-        score_strategy: ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
+        score_strategy: args.ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
         value_dtype: torch.dtype = torch.float32,
         extra_columns: int = 0,
         initializer: DynamicEmbInitializerArgs | None = None,
@@ -110,17 +96,17 @@ class ScoredHashTable:
         device: str | torch.device = "cpu",
         extra_init: float = 0.0,
     ) -> None:
-        _check_int("dim", dim, 1)
-        _check_int("bucket_capacity", bucket_capacity, 16)
+        args.check_int("dim", dim, 1)
+        args.check_int("bucket_capacity", bucket_capacity, 16)
         if bucket_capacity % 16:
             raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
-        _check_int("capacity", capacity, bucket_capacity, "bucket_capacity")
+        args.check_int("capacity", capacity, bucket_capacity, "bucket_capacity")
         if init_capacity is None:
             init_capacity = capacity
-        _check_int("init_capacity", init_capacity, 1)
+        args.check_int("init_capacity", init_capacity, 1)
         if init_capacity > capacity:
             raise ValueError(f"init_capacity={init_capacity} exceeds capacity={capacity}")
-        _check_int("extra_columns", extra_columns, 0)
+        args.check_int("extra_columns", extra_columns, 0)
         if value_dtype not in _VALUE_DTYPES:
             raise TypeError(f"value_dtype must be one of {_VALUE_DTYPES}, got {value_dtype}")
         if not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
@@ -129,7 +115,7 @@ class ScoredHashTable:
         if not isinstance(initializer, DynamicEmbInitializerArgs):
             raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
         initializer.validate()
-        code = _strategy_code(score_strategy)
+        code = args.strategy_code(score_strategy)
 
         self.dim = dim
         self.extra_columns = extra_columns
@@ -142,7 +128,7 @@ class ScoredHashTable:
             bucket_capacity=bucket_capacity,
             value_dtype=value_dtype,
             keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
-            keeps_timestamps=code == _TIMESTAMP_LFU,
+            keeps_timestamps=code == args.TIMESTAMP_LFU,
             device=torch.device(device),
         )
         init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
@@ -251,7 +237,7 @@ class ScoredHashTable:
             ``(keys, values, scores, next_offset)``: (m,) int64, (m, dim or dim + extra),
             (m,) int64, and the slot to continue from.
         """
-        _check_int("n", n, 1)
+        args.check_int("n", n, 1)
         with self._lock.read():
             cap = self.capacity()
             if not isinstance(offset, int) or not 0 <= offset <= cap:
@@ -353,22 +339,7 @@ class ScoredHashTable:
     # -------------------------------------------------------------- internals
 
     def _output_rows(self, out, n: int) -> torch.Tensor:
-        """``out`` checked, or a new (n, dim) output (uninitialised: the ops write every row)."""
-        shape = (n, self.dim)
-        if out is None:
-            return torch.empty(shape, dtype=self.value_dtype, device=self.device)
-        if (
-            not isinstance(out, torch.Tensor)
-            or tuple(out.shape) != shape
-            or out.dtype != self.value_dtype
-            or out.device != self.device
-            or not out.is_contiguous()
-        ):
-            raise ValueError(
-                f"out must be a contiguous {self.value_dtype} tensor of shape {shape} on "
-                f"{self.device}, got {_describe_tensor(out)}"
-            )
-        return out
+        return args.output_rows(out, n, self.dim, self.value_dtype, self.device)
 
     def _upsert(
         self, op, keys, scores, values, evicted, return_status=False, slots=None, per_key=None
@@ -382,7 +353,7 @@ class ScoredHashTable:
             self._mutations += 1
             self._step += 1
             batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
-            if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, _TIMESTAMP_LFU):
+            if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, args.TIMESTAMP_LFU):
                 batch_value = int(self._clock())
             extra = {} if per_key is None else {"per_key": per_key}
             status, counts = op(
@@ -481,66 +452,16 @@ class ScoredHashTable:
             return torch.where(slots >= 0, buf[slots.clamp(min=0)], 0)
 
     def _check_keys(self, keys) -> torch.Tensor:
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
-        if keys.dtype != torch.int64:
-            raise TypeError(f"keys must have dtype torch.int64, got {keys.dtype}")
-        if keys.dim() != 1:
-            raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
-        if keys.device != self.device:
-            raise ValueError(f"keys are on {keys.device}, the table is on {self.device}")
-        return keys.contiguous()
+        return args.check_keys(keys, self.device)
 
     def _check_scores(self, scores, keys) -> torch.Tensor | None:
         customized = self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
-        if scores is None:
-            if customized:
-                raise ValueError("scores are required: the table's score_strategy is CUSTOMIZED")
-            return None
-        if not customized:
-            raise ValueError(
-                f"scores are accepted only under CUSTOMIZED; this table uses {self.score_strategy}"
-            )
-        if not isinstance(scores, torch.Tensor) or scores.dtype != torch.int64:
-            raise TypeError(
-                f"scores must be an int64 tensor, got {getattr(scores, 'dtype', type(scores))}"
-            )
-        if scores.shape != keys.shape:
-            raise ValueError(
-                f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}"
-            )
-        if scores.numel() and int(scores.min()) < 0:
-            raise ValueError(f"scores must be >= 0, got minimum {int(scores.min())}")
-        return scores.to(self.device).contiguous()
+        return args.check_scores(scores, keys, customized, self.score_strategy, self.device)
 
     def _check_values(self, values, keys) -> torch.Tensor:
-        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-            raise TypeError(
-                f"values must be a floating-point tensor, got {getattr(values, 'dtype', type(values))}"
-            )
-        widths = {self.dim, self._layout.row_width}
-        if values.dim() != 2 or values.shape[0] != keys.numel() or values.shape[1] not in widths:
-            raise ValueError(
-                f"values must have shape ({keys.numel()}, {self.dim})"
-                + (f" or ({keys.numel()}, {self._layout.row_width})" if self.extra_columns else "")
-                + f", got {tuple(values.shape)}"
-            )
-        return values.to(device=self.device, dtype=self.value_dtype).contiguous()
-
-
-def _describe_tensor(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
-    return f"{layout} {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
-
-
-def _check_int(name: str, value, minimum: int, minimum_name: str | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        bound = f"{minimum_name}={minimum}" if minimum_name else str(minimum)
-        raise ValueError(f"{name} must be >= {bound}, got {value}")
+        return args.check_values(
+            values, keys, self.dim, self._layout.row_width, self.value_dtype, self.device
+        )
 
 
 __all__: Sequence[str] = ["ScoredHashTable", "BatchStats"]

@@ -1,0 +1,104 @@
+"""Argument checks of ScoredHashTable: each raises TypeError / ValueError naming the
+argument, its value and what was expected, before the table changes."""
+
+import torch
+
+from dynemb.types import DynamicEmbScoreStrategy
+
+ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
+TIMESTAMP_LFU = 5  # core/score_policy.h kTimestampLfu
+
+
+def strategy_code(strategy: ScoreStrategyArg) -> int:
+    """The kernel code of a strategy or of the compound (TIMESTAMP, LFU)."""
+    if isinstance(strategy, DynamicEmbScoreStrategy):
+        return strategy.value
+    ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU
+    if isinstance(strategy, tuple) and set(strategy) == {ts, lfu} and len(strategy) == 2:
+        return TIMESTAMP_LFU
+    raise ValueError(
+        "score_strategy must be a DynamicEmbScoreStrategy or the compound "
+        f"(TIMESTAMP, LFU), got {strategy!r}"
+    )
+
+
+def check_int(name: str, value, minimum: int, minimum_name: str | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        bound = f"{minimum_name}={minimum}" if minimum_name else str(minimum)
+        raise ValueError(f"{name} must be >= {bound}, got {value}")
+
+
+def check_keys(keys, device: torch.device) -> torch.Tensor:
+    """keys: (n,) int64 on the table's device; returned contiguous."""
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+    if keys.dtype != torch.int64:
+        raise TypeError(f"keys must have dtype torch.int64, got {keys.dtype}")
+    if keys.dim() != 1:
+        raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+    if keys.device != device:
+        raise ValueError(f"keys are on {keys.device}, the table is on {device}")
+    return keys.contiguous()
+
+
+def check_scores(scores, keys, customized: bool, strategy, device) -> torch.Tensor | None:
+    """scores: (n,) int64 >= 0, required under CUSTOMIZED and refused otherwise."""
+    if scores is None:
+        if customized:
+            raise ValueError("scores are required: the table's score_strategy is CUSTOMIZED")
+        return None
+    if not customized:
+        raise ValueError(f"scores are accepted only under CUSTOMIZED; this table uses {strategy}")
+    if not isinstance(scores, torch.Tensor) or scores.dtype != torch.int64:
+        raise TypeError(
+            f"scores must be an int64 tensor, got {getattr(scores, 'dtype', type(scores))}"
+        )
+    if scores.shape != keys.shape:
+        raise ValueError(f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}")
+    if scores.numel() and int(scores.min()) < 0:
+        raise ValueError(f"scores must be >= 0, got minimum {int(scores.min())}")
+    return scores.to(device).contiguous()
+
+
+def check_values(values, keys, dim: int, row_width: int, dtype, device) -> torch.Tensor:
+    """values: (n, dim) or (n, row_width) floats; returned in the table's dtype."""
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        raise TypeError(
+            f"values must be a floating-point tensor, got {getattr(values, 'dtype', type(values))}"
+        )
+    n = keys.numel()
+    if values.dim() != 2 or values.shape[0] != n or values.shape[1] not in (dim, row_width):
+        raise ValueError(
+            f"values must have shape ({n}, {dim})"
+            + (f" or ({n}, {row_width})" if row_width != dim else "")
+            + f", got {tuple(values.shape)}"
+        )
+    return values.to(device=device, dtype=dtype).contiguous()
+
+
+def output_rows(out, n: int, dim: int, dtype, device) -> torch.Tensor:
+    """``out`` checked, or a new (n, dim) output (uninitialised: the ops write every row)."""
+    shape = (n, dim)
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != shape
+        or out.dtype != dtype
+        or out.device != device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of shape {shape} on {device}, "
+            f"got {describe_tensor(out)}"
+        )
+    return out
+
+
+def describe_tensor(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
+    return f"{layout} {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
