@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cpu/cpu_platform.h"
-#include "cpu/executor_cpu.h"
 
 namespace dynemb::cpu {
 
@@ -17,12 +16,6 @@ namespace {
 constexpr int64_t kBagGrain = 64;
 constexpr int64_t kRowGrain = 256;
 }  // namespace
-
-template <class V>
-StatusCounts find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
-                                  const int64_t* keys, int64_t n, int8_t* status) {
-  return upsert_batch_with(sink.t, sink, args, keys, n, status);
-}
 
 template <class V>
 void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
@@ -100,8 +93,6 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
-  template StatusCounts find_or_insert_slots<V>(const SlotSink<V>&, const UpsertArgs&,           \
-                                                const int64_t*, int64_t, int8_t*);               \
   template void pool<V>(const TableRef<V>&, const int64_t*, const int64_t*, const int64_t*,      \
                         int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t);   \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \

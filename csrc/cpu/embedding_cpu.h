@@ -11,11 +11,6 @@
 
 namespace dynemb::cpu {
 
-/// Finds or inserts keys, recording each key's slot (-1 when it could not be stored).
-template <class V>
-StatusCounts find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
-                                  const int64_t* keys, int64_t n, int8_t* status);
-
 /// out (num_bags, dim) float: pooled bags (see core/pooling.h).
 /// @param offsets (num_bags + 1) bag boundaries into slots/keys/weights
 template <class V>

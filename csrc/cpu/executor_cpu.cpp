@@ -150,18 +150,11 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
 
 }  // namespace
 
-template <class V, class Sink>
-StatusCounts upsert_batch_with(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
-                               const int64_t* keys, int64_t n, int8_t* status) {
-  return upsert_batch(t, sink, args, keys, n, status);
+template <class Sink>
+StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
+                         int8_t* status) {
+  return upsert_batch(sink.t, sink, args, keys, n, status);
 }
-template StatusCounts upsert_batch_with(const TableRef<float>&, const SlotSink<float>&,
-                                        const UpsertArgs&, const int64_t*, int64_t, int8_t*);
-template StatusCounts upsert_batch_with(const TableRef<c10::Half>&, const SlotSink<c10::Half>&,
-                                        const UpsertArgs&, const int64_t*, int64_t, int8_t*);
-template StatusCounts upsert_batch_with(const TableRef<c10::BFloat16>&,
-                                        const SlotSink<c10::BFloat16>&, const UpsertArgs&,
-                                        const int64_t*, int64_t, int8_t*);
 
 void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                uint8_t* digest) {
@@ -204,18 +197,6 @@ void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* s
 }
 
 template <class V>
-StatusCounts find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
-                           const int64_t* keys, int64_t n, int8_t* status) {
-  return upsert_batch(sink.t, sink, args, keys, n, status);
-}
-
-template <class V>
-StatusCounts assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                   int64_t n, int8_t* status) {
-  return upsert_batch(sink.t, sink, args, keys, n, status);
-}
-
-template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) erased[i] = erase_key<P>(t, keys[i]);
@@ -248,10 +229,12 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
 #define DYNEMB_INSTANTIATE(V)                                                                 \
   template void find<V>(const TableRef<V>&, const int64_t*, int64_t, V*, int64_t, bool*);     \
   template void find_slots<V>(const TableRef<V>&, const int64_t*, int64_t, int64_t*);         \
-  template StatusCounts find_or_insert<V>(const FindOrInsertSink<V>&, const UpsertArgs&,       \
-                                         const int64_t*, int64_t, int8_t*);                   \
-  template StatusCounts assign<V>(const AssignSink<V>&, const UpsertArgs&, const int64_t*,     \
-                                 int64_t, int8_t*);                                           \
+  template StatusCounts upsert_keys(const FindOrInsertSink<V>&, const UpsertArgs&,            \
+                                    const int64_t*, int64_t, int8_t*);                        \
+  template StatusCounts upsert_keys(const AssignSink<V>&, const UpsertArgs&, const int64_t*,   \
+                                    int64_t, int8_t*);                                        \
+  template StatusCounts upsert_keys(const SlotSink<V>&, const UpsertArgs&, const int64_t*,     \
+                                    int64_t, int8_t*);                                        \
   template void erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*);                 \
   template int64_t rehash<V>(const TableRef<V>&, const TableRef<V>&, int);
 

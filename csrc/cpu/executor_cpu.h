@@ -31,18 +31,12 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
 template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots);
 
-template <class V>
-StatusCounts find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
-                           const int64_t* keys, int64_t n, int8_t* status);
-
-template <class V>
-StatusCounts assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                   int64_t n, int8_t* status);
-
-/// The partitioned upsert loop for any Sink (instantiated for SlotSink).
-template <class V, class Sink>
-StatusCounts upsert_batch_with(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
-                               const int64_t* keys, int64_t n, int8_t* status);
+/// Upserts keys[0..n) with any Sink of core/batch_sinks.h (FindOrInsertSink,
+/// AssignSink, SlotSink; the sink carries the table), partitioned by bucket range.
+/// @param status (n) int8 out (dynemb::Status)
+template <class Sink>
+StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
+                         int8_t* status);
 
 /// erased[i] = keys[i] was stored (and is now gone).
 template <class V>

@@ -33,12 +33,12 @@ struct CpuBackend {
   template <class V>
   static void find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
                              const int64_t* keys, int64_t n, int8_t* status, at::Tensor& counts) {
-    store_counts(cpu::find_or_insert(sink, args, keys, n, status), counts);
+    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
   }
   template <class V>
   static void assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
                      int64_t n, int8_t* status, at::Tensor& counts) {
-    store_counts(cpu::assign(sink, args, keys, n, status), counts);
+    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
   }
   template <class V>
   static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
@@ -53,7 +53,7 @@ struct CpuBackend {
   static void find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
                                    const int64_t* keys, int64_t n, int8_t* status,
                                    at::Tensor& counts) {
-    store_counts(cpu::find_or_insert_slots(sink, args, keys, n, status), counts);
+    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
   }
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,

@@ -88,7 +88,7 @@ def split_by_table(indices, offsets, weights, feature_table_map, num_tables, bat
             out.append(None)
             continue
         ranges = [(bounds[f], bounds[f + 1]) for f in features]
-        keys = torch.cat([indices[a:b] for a, b in ranges]) if features else indices[:0]
+        keys = torch.cat([indices[a:b] for a, b in ranges])
         parts, base = [offsets[:1] * 0], 0
         for f, (a, b) in zip(features, ranges):
             parts.append(offsets[f * B + 1 : (f + 1) * B + 1] - a + base)

@@ -120,6 +120,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             )
             for o in options
         ]
+        # Rows of unknown keys in eval mode, resolved once (the op's init list per table).
+        self._eval_missing = [
+            _init_list(o.eval_initializer_args, table) for o, table in zip(options, self.tables)
+        ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward.
@@ -185,8 +189,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             unique, inverse, counts = _ops.unique_keys(tb.keys)
             unique_slots, token = self._table_slots(t, unique, counts)
             slots = unique_slots[inverse]
-            table, opts = self.tables[t], self.table_options[t]
-            missing = _ZEROS if self._inserts(t) else _init_list(opts.eval_initializer_args, table)
+            table = self.tables[t]
+            missing = _ZEROS if self._inserts(t) else self._eval_missing[t]
             with table._lock.read():
                 rows = self._read_rows(t, tb, slots, missing, batch_size)
             if sequence:

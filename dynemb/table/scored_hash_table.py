@@ -202,7 +202,7 @@ class ScoredHashTable:
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) bool: whether each key is stored."""
-        return self._slots(self._check_keys(keys))[0] >= 0
+        return self._find_slots(self._check_keys(keys)) >= 0
 
     def get_scores(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) int64 scores (LFU count for the compound), 0 where not stored.
@@ -438,10 +438,6 @@ class ScoredHashTable:
         self._storage = new
         self._generation += 1
         return True
-
-    def _slots(self, keys: torch.Tensor):
-        with self._lock.read():
-            return _ops.table_find_slots(self._storage.tensors(), keys), self._storage
 
     def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:
         with self._lock.read():

@@ -90,9 +90,6 @@ class TableStorage:
         flat = self.digests.view(-1)[begin:end]
         return torch.nonzero(flat, as_tuple=True)[0] + begin
 
-    def size(self) -> int:
-        return int(torch.count_nonzero(self.digests))
-
     def clear(self) -> None:
         self.digests.zero_()
         self.overflow.zero_()
