@@ -1,0 +1,13 @@
+"""Sharders that put dynamic tables into TorchRec's sharded EBC / EC (names mirror DynamicEmb).
+
+A table whose plan entry is a ``dynemb.planner.DynamicEmbParameterSharding``
+(ROW_WISE, ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``) becomes a dynamic table
+sharded row-wise over the ranks; every other table stays TorchRec's.
+"""
+
+from dynemb.shard.sharders import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+)
+
+__all__ = ["DynamicEmbeddingBagCollectionSharder", "DynamicEmbeddingCollectionSharder"]
