@@ -126,8 +126,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
-        # fbgemm's trick: a zero-size leaf so that autograd calls our backward.
-        self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.device))
+        # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
+        # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.
+        self.placeholder_autograd_tensor = torch.zeros(0, device=self.device, requires_grad=True)
 
     # ------------------------------------------------------------------ API
 

@@ -5,9 +5,14 @@ A table whose plan entry is a ``dynemb.planner.DynamicEmbParameterSharding``
 sharded row-wise over the ranks; every other table stays TorchRec's.
 """
 
+from dynemb.shard.sharded_modules import dynamic_embedding_tables
 from dynemb.shard.sharders import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
 )
 
-__all__ = ["DynamicEmbeddingBagCollectionSharder", "DynamicEmbeddingCollectionSharder"]
+__all__ = [
+    "DynamicEmbeddingBagCollectionSharder",
+    "DynamicEmbeddingCollectionSharder",
+    "dynamic_embedding_tables",
+]

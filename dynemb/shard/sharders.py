@@ -5,6 +5,11 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
+from dynemb.shard.sharded_modules import (
+    ShardedDynamicEmbeddingBagCollection,
+    ShardedDynamicEmbeddingCollection,
+)
+
 DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
 
@@ -20,7 +25,25 @@ def _compute_kernels(kernels: list[str], sharding_type: str) -> list[str]:
 
 
 class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
-    """Drop-in for TorchRec's EmbeddingBagCollectionSharder (same arguments)."""
+    """Drop-in for TorchRec's EmbeddingBagCollectionSharder (same arguments).
+
+    ``fused_params`` carries the dynamic tables' optimizer: ``optimizer`` (an
+    ``EmbOptimType`` from ``dynemb.optimizer``), ``learning_rate``, ``eps``, ``beta1``,
+    ``beta2``, ``weight_decay``, plus ``output_dtype`` (a ``SparseType``); ordinary
+    tables read them as TorchRec does.
+    """
+
+    def shard(self, module, params, env, device=None, module_fqn=None):
+        return ShardedDynamicEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            sharded_module_order_overwrite=self._sharded_module_order_overwrite,
+        )
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return _sharding_types(super().sharding_types(compute_device_type))
@@ -32,7 +55,20 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
 
 class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
-    """Drop-in for TorchRec's EmbeddingCollectionSharder (same arguments)."""
+    """Drop-in for TorchRec's EmbeddingCollectionSharder (same arguments, including
+    ``use_index_dedup``; ``fused_params`` as for DynamicEmbeddingBagCollectionSharder)."""
+
+    def shard(self, module, params, env, device=None, module_fqn=None):
+        return ShardedDynamicEmbeddingCollection(
+            module,
+            params,
+            env,
+            self.fused_params,
+            device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=self._use_index_dedup,
+            module_fqn=module_fqn,
+        )
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return _sharding_types(super().sharding_types(compute_device_type))

@@ -1,0 +1,189 @@
+"""TorchRec kernels over BatchedDynamicEmbeddingTables: what a lookup calls per table group.
+
+``BatchedDynamicEmbeddingBag`` (pooled, EBC) and ``BatchedDynamicEmbedding``
+(sequence, EC) turn a group's KeyedJaggedTensor into a TBE call, and expose a
+``fused_optimizer`` whose learning rate reaches the tables (TorchRec's fused
+optimizer and LR schedulers write ``param_groups[*]["lr"]``).
+"""
+
+from typing import Any
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
+from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.optimizer import EmbOptimType
+from dynemb.types import DynamicEmbPoolingMode
+
+# fused_params keys that are the optimizer's hyper-parameters (TorchRec / fbgemm names).
+_OPTIMIZER_KWARGS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay")
+_POOLING = {
+    PoolingMode.SUM: DynamicEmbPoolingMode.SUM,
+    PoolingMode.MEAN: DynamicEmbPoolingMode.MEAN,
+    PoolingMode.NONE: DynamicEmbPoolingMode.NONE,
+}
+
+
+class DynamicEmbFusedOptimizer(FusedOptimizer):
+    """The fused optimizer of one group of dynamic tables.
+
+    The update happens inside backward; ``step`` only pushes the param groups'
+    learning rate to the tables (the kernel also reads it before every forward,
+    so a changed ``lr`` applies from the next backward without calling ``step``).
+    ``params`` holds one placeholder tensor per table (the rows live in the tables).
+    """
+
+    def __init__(self, tables: BatchedDynamicEmbeddingTables, params: dict[str, torch.Tensor]):
+        self._tables = tables
+        config = tables.optimizer_config
+        group = {
+            "params": list(params.values()),
+            "lr": config.learning_rate,
+            "eps": config.eps,
+            "beta1": config.beta1,
+            "beta2": config.beta2,
+            "weight_decay": config.weight_decay,
+            "optimizer": config.optimizer.name,
+        }
+        super().__init__(params, {p: {} for p in params.values()}, [group])
+
+    def sync(self) -> None:
+        self._tables.set_learning_rate(self.param_groups[0]["lr"])
+
+    def step(self, closure: Any = None) -> None:
+        self.sync()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        pass  # no gradient is ever stored
+
+
+def _build_tables(
+    config: GroupedEmbeddingConfig,
+    options_by_table: dict[str, DynamicEmbTableOptions],
+    pooling: DynamicEmbPoolingMode,
+    device: torch.device | None,
+) -> BatchedDynamicEmbeddingTables:
+    fused = dict(config.fused_params or {})
+    optimizer = fused.get("optimizer", EmbOptimType.EXACT_SGD)
+    if not isinstance(optimizer, EmbOptimType):
+        raise TypeError(
+            f"fused_params['optimizer'] must be a dynemb.optimizer.EmbOptimType, got {optimizer!r}"
+        )
+    kwargs = {k: fused[k] for k in _OPTIMIZER_KWARGS if k in fused}
+    options, feature_table_map, names = [], [], []
+    for index, table in enumerate(config.embedding_tables):
+        if table.name not in options_by_table:
+            raise ValueError(
+                f"table {table.name!r} uses the dynamic kernel but its plan entry is not a "
+                "DynamicEmbParameterSharding: plan with dynemb.planner.DynamicEmbeddingShardingPlanner"
+            )
+        opts = options_by_table[table.name]
+        if opts.dim != table.embedding_dim:
+            raise ValueError(
+                f"table {table.name!r}: dynamicemb_options.dim={opts.dim} but the config has "
+                f"embedding_dim={table.embedding_dim}"
+            )
+        options.append(opts)
+        names.append(table.name)
+        feature_table_map.extend([index] * table.num_features())
+    return BatchedDynamicEmbeddingTables(
+        options,
+        feature_table_map,
+        pooling_mode=pooling,
+        optimizer=optimizer,
+        table_names=names,
+        device=device,
+        **kwargs,
+    )
+
+
+class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
+    """What the two kernels share: the tables, the placeholders, the fused optimizer."""
+
+    def __init__(
+        self,
+        config: GroupedEmbeddingConfig,
+        options_by_table: dict[str, DynamicEmbTableOptions],
+        pooling: DynamicEmbPoolingMode,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        self._config = config
+        self._emb_module = _build_tables(config, options_by_table, pooling, device)
+        fused = config.fused_params or {}
+        output = fused.get("output_dtype")
+        self._output_dtype = output.as_dtype() if output is not None else torch.float32
+        # One small tensor per table: what state_dict and the optimizer's params show.
+        self._placeholders = {
+            f"{t.name}.weight": torch.zeros(1, device=device) for t in config.embedding_tables
+        }
+        self._optim = DynamicEmbFusedOptimizer(self._emb_module, self._placeholders)
+
+    @property
+    def config(self) -> GroupedEmbeddingConfig:
+        return self._config
+
+    @property
+    def emb_module(self) -> BatchedDynamicEmbeddingTables:
+        return self._emb_module
+
+    @property
+    def fused_optimizer(self) -> FusedOptimizer:
+        return self._optim
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        self._optim.sync()
+        self._emb_module.train(self.training)
+        weights = features.weights_or_none()
+        if weights is not None and not torch.is_floating_point(weights):
+            weights = None
+        out = self._emb_module(
+            features.values().to(torch.int64), features.offsets().to(torch.int64), weights
+        )
+        return out if self._output_dtype == torch.float32 else out.to(self._output_dtype)
+
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
+        # The rows are saved by dynemb's dump; TorchRec's state_dict gets placeholders.
+        if destination is None:
+            destination = {}
+        for key, tensor in self._placeholders.items():
+            destination[prefix + key] = tensor
+        return destination
+
+    def named_parameters_by_table(self):
+        return iter(())  # no parameter: dense optimizers must not see dynamic tables
+
+    def named_split_embedding_weights(self, prefix: str = "", recurse=True, remove_duplicate=True):
+        return iter(())
+
+    def split_embedding_weights(self) -> list:
+        return []
+
+    def flush(self) -> None:
+        pass
+
+    def purge(self) -> None:
+        pass
+
+
+class BatchedDynamicEmbeddingBag(_DynamicKernel):
+    """Pooled kernel (EBC). Row-wise MEAN runs as SUM here; TorchRec divides after the
+    reduce-scatter, as it does for fbgemm's kernels."""
+
+    def __init__(self, config, options_by_table, device=None, sharding_type=ShardingType.ROW_WISE):
+        mode = pooling_type_to_pooling_mode(config.pooling, sharding_type)
+        super().__init__(config, options_by_table, _POOLING[mode], device)
+
+
+class BatchedDynamicEmbedding(_DynamicKernel):
+    """Sequence kernel (EC): one row per id."""
+
+    def __init__(self, config, options_by_table, device=None):
+        super().__init__(config, options_by_table, DynamicEmbPoolingMode.NONE, device)

@@ -1,0 +1,86 @@
+"""Output dists that keep TorchRec's semantics where its own fail on gloo.
+
+- Pooled (EBC), uneven per-rank batches: TorchRec's reduce-scatter backward is an
+  all_gather of unequal tensors, which gloo refuses. ``RwUnevenPooledEmbeddingDist``
+  runs the reduce-scatter-v as an all-to-all of unequal splits (which gloo does),
+  with the same gradient division by the world size; even batches keep TorchRec's.
+- Sequence (EC), a rank with an empty batch: TorchRec's EC output reshapes lengths by
+  ``stride() == 0`` and fails. ``EmptyBatchSafeAwaitable`` returns empty jagged tensors
+  still attached to the received embeddings, so this rank's backward joins the
+  all-to-all that the other ranks wait for.
+"""
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+from torchrec.distributed.types import Awaitable, LazyAwaitable, NoWait
+from torchrec.sparse.jagged_tensor import JaggedTensor
+
+
+class _ReduceScatterV(torch.autograd.Function):
+    """Sums each rank's rows of every rank's partial sums, by all-to-all."""
+
+    @staticmethod
+    def forward(ctx, local_embs, splits: list[int], rank: int, pg):
+        world_size = len(splits)
+        mine = splits[rank]
+        received = local_embs.new_empty((mine * world_size, local_embs.shape[1]))
+        dist.all_to_all_single(
+            received, local_embs.contiguous(), [mine] * world_size, splits, group=pg
+        )
+        ctx.splits, ctx.rank, ctx.pg = splits, rank, pg
+        return received.view(world_size, mine, local_embs.shape[1]).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        world_size = len(ctx.splits)
+        mine = ctx.splits[ctx.rank]
+        if get_gradient_division():
+            grad = grad / world_size
+        grad_input = grad.new_empty((sum(ctx.splits), grad.shape[1]))
+        dist.all_to_all_single(
+            grad_input,
+            grad.contiguous().repeat(world_size, 1),
+            ctx.splits,
+            [mine] * world_size,
+            group=ctx.pg,
+        )
+        return grad_input, None, None, None
+
+
+class RwUnevenPooledEmbeddingDist(RwPooledEmbeddingDist):
+    """TorchRec's row-wise pooled dist; uneven per-rank batches go by all-to-all."""
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+        splits = None if sharding_ctx is None else sharding_ctx.batch_size_per_rank
+        if (
+            not splits
+            or sharding_ctx.variable_batch_per_feature
+            or len(set(splits)) == 1
+            or self._codecs is not None
+        ):
+            return super().forward(local_embs, sharding_ctx)
+        return NoWait(_ReduceScatterV.apply(local_embs, list(splits), self._pg.rank(), self._pg))
+
+
+class EmptyBatchSafeAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
+    """TorchRec's EC output awaitable, except on a rank whose batch is empty."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def _wait_impl(self) -> dict[str, JaggedTensor]:
+        inner = self._inner
+        if any(f.stride() != 0 for f in inner._features_per_sharding):
+            return inner.wait()
+        out = {}
+        for w, names in zip(inner._awaitables_per_sharding, inner._embedding_names_per_sharding):
+            embeddings = w.wait()  # zero rows, but on the autograd graph
+            for name in names:
+                out[name] = JaggedTensor(
+                    values=embeddings[:0],
+                    lengths=torch.zeros(0, dtype=torch.int32, device=embeddings.device),
+                )
+        return out

@@ -1,0 +1,153 @@
+"""Row-wise routing of raw int64 keys to their owner rank, and the input dist that does it.
+
+``DynamicEmbTableOptions.dist_type`` picks the rule of a dynamic table:
+
+- ``roundrobin`` (default): ``rank = key mod world_size`` (floored: negative keys too).
+- ``hash_roundrobin``: ``rank = hash(key) mod world_size``, with a salted murmur3 mix,
+  so patterned ids (e.g. all multiples of world_size) spread evenly. The salt makes
+  the routing hash independent of the table's own bucket hash: otherwise every key of
+  a rank would fall in the same 1/world_size of that rank's buckets.
+- ``continuous``: blocks of ``ceil(num_embeddings / world_size)`` consecutive ids per
+  rank, as TorchRec's row-wise sharding; keys outside ``[0, num_embeddings)`` are not
+  dropped, they go to ``key mod world_size`` (what fbgemm's block bucketizer does).
+
+Keys are never rewritten: the owner stores the raw key. Ordinary TorchRec tables
+sharded row-wise in the same module keep TorchRec's block routing and local row ids.
+"""
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_sharding import (
+    _fx_wrap_gen_list_n_times,
+    _fx_wrap_stride,
+    _fx_wrap_stride_per_key_per_rank,
+    bucketize_kjt_before_all2all,
+)
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dynemb import _ops
+
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+STATIC = "static"  # an ordinary TorchRec table: block routing, keys become local rows
+_ROUTING_SALT = 0x5BD1E9955BD1E995  # any odd constant unrelated to the table hash
+
+
+def check_dist_type(table: str, dist_type: str) -> None:
+    if dist_type not in DIST_TYPES:
+        raise ValueError(
+            f"table {table!r}: dist_type must be one of {', '.join(DIST_TYPES)}, got {dist_type!r}"
+        )
+
+
+def route_keys(
+    keys: torch.Tensor, dist_type: str, world_size: int, num_embeddings: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(rank, value)`` for each key: its owner and what the owner receives.
+
+    ``value`` is the raw key for dynamic tables, the local row for ``STATIC`` tables.
+    """
+    if dist_type == "roundrobin":
+        return torch.remainder(keys, world_size), keys
+    if dist_type == "hash_roundrobin":
+        salted = torch.bitwise_xor(keys, _as_int64(_ROUTING_SALT)).contiguous()
+        return _ops.hash_keys(salted, world_size)[0], keys
+    block = max(1, -(-num_embeddings // world_size))
+    in_range = (keys >= 0) & (keys < block * world_size)
+    if dist_type == "continuous":
+        in_range &= keys < num_embeddings
+        rank = torch.where(in_range, torch.div(keys, block, rounding_mode="floor"), 0)
+        return torch.where(in_range, rank, torch.remainder(keys, world_size)), keys
+    if dist_type == STATIC:  # fbgemm's block_bucketize_sparse_features, key by key
+        rank = torch.where(
+            in_range,
+            torch.div(keys, block, rounding_mode="floor"),
+            torch.remainder(keys, world_size),
+        )
+        local = torch.where(
+            in_range, keys - rank * block, torch.div(keys, world_size, rounding_mode="floor")
+        )
+        return rank, local
+    raise ValueError(f"unknown dist_type {dist_type!r}")
+
+
+def _as_int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
+    """Routes each key to its owner by its table's rule, then TorchRec's KJT all-to-all.
+
+    Args:
+        pg: the sharding process group.
+        feature_routes: per feature of this sharding, ``(dist_type, num_embeddings)``
+            (dist_type ``STATIC`` for ordinary tables).
+        device: where buffers live.
+        is_sequence: keep the permutation that restores the input order (EC).
+    """
+
+    def __init__(
+        self,
+        pg: dist.ProcessGroup,
+        feature_routes: list[tuple[str, int]],
+        device: torch.device | None = None,
+        is_sequence: bool = False,
+    ) -> None:
+        super().__init__(
+            pg=pg,
+            num_features=len(feature_routes),
+            feature_hash_sizes=[max(1, n) for _, n in feature_routes],
+            device=device,
+            is_sequence=is_sequence,
+        )
+        self._routes = feature_routes
+        self._ones = torch.ones(len(feature_routes), dtype=torch.int64, device=device)
+
+    def forward(
+        self, sparse_features: KeyedJaggedTensor
+    ) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        values = sparse_features.values().to(torch.int64)
+        ranks = torch.empty_like(values)
+        routed = torch.empty_like(values)
+        start = 0
+        for (dist_type, num_embeddings), n in zip(
+            self._routes, sparse_features.length_per_key(), strict=True
+        ):
+            rank, value = route_keys(
+                values[start : start + n], dist_type, self._world_size, num_embeddings
+            )
+            ranks[start : start + n] = rank
+            routed[start : start + n] = value
+            start += n
+        # fbgemm's bucketizer sorts the values by rank (block size 1 on the rank ids),
+        # carrying lengths and weights; its permutation then places the routed keys.
+        by_rank = KeyedJaggedTensor(
+            keys=sparse_features.keys(),
+            values=ranks,
+            weights=sparse_features.weights_or_none(),
+            lengths=sparse_features.lengths(),
+            stride_per_key_per_rank=(
+                sparse_features.stride_per_key_per_rank()
+                if sparse_features.variable_stride_per_key()
+                else None
+            ),
+            stride=sparse_features.stride(),
+        )
+        bucketized, permute = bucketize_kjt_before_all2all(
+            by_rank, num_buckets=self._world_size, block_sizes=self._ones, output_permute=True
+        )
+        keys = torch.empty_like(routed)
+        keys[permute] = routed
+        self.unbucketize_permute_tensor = permute if self._is_sequence else None
+        features = KeyedJaggedTensor(
+            keys=_fx_wrap_gen_list_n_times(sparse_features.keys(), self._world_size),
+            values=keys,
+            weights=bucketized.weights_or_none(),
+            lengths=bucketized.lengths(),
+            stride=_fx_wrap_stride(sparse_features),
+            stride_per_key_per_rank=_fx_wrap_stride_per_key_per_rank(
+                sparse_features, self._world_size
+            ),
+        )
+        return self._dist(features)

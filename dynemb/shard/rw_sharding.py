@@ -1,0 +1,168 @@
+"""Row-wise sharding of dynamic tables: TorchRec's RW sharding with our routing and kernels.
+
+A module's ROW_WISE tables share one sharding (TorchRec fuses them by sharding
+type), so dynamic and ordinary row-wise tables can sit in the same one: each
+feature is routed by its own rule (``routing.py``) and each group of tables gets
+its kernel (ours for CUSTOMIZED_KERNEL groups, TorchRec's otherwise).
+"""
+
+from typing import Any
+
+import torch
+from torchrec.distributed.embedding_lookup import (
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+)
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel, GroupedEmbeddingConfig
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import ShardingEnv, ShardingType
+
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.shard.kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
+from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
+from dynemb.shard.routing import STATIC, DynamicEmbRwSparseFeaturesDist, check_dist_type
+
+DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL
+
+
+def is_dynamic(info: EmbeddingShardingInfo) -> bool:
+    return info.param_sharding.compute_kernel == DYNAMIC_KERNEL.value
+
+
+def dynamic_options(infos: list[EmbeddingShardingInfo]) -> dict[str, DynamicEmbTableOptions]:
+    """Table name -> per-rank options of the dynamic tables, checked against their configs."""
+    options = {}
+    for info in infos:
+        if not is_dynamic(info):
+            continue
+        name = info.embedding_config.name
+        opts = getattr(info.param_sharding, "dynamicemb_options", None)
+        if not isinstance(opts, DynamicEmbTableOptions):
+            raise ValueError(
+                f"table {name!r} uses the dynamic kernel but its plan entry is a "
+                f"{type(info.param_sharding).__name__}, not a DynamicEmbParameterSharding: "
+                "plan with dynemb.planner.DynamicEmbeddingShardingPlanner"
+            )
+        if opts.max_capacity is None or opts.dim is None:
+            raise ValueError(
+                f"table {name!r}: dynamicemb_options needs dim and max_capacity (the planner fills them)"
+            )
+        if info.embedding_config.has_feature_processor:
+            raise ValueError(
+                f"table {name!r}: feature processors are not supported on dynamic tables"
+            )
+        check_dist_type(name, opts.dist_type)
+        options[name] = opts
+    return options
+
+
+def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
+    """True when this sharding holds dynamic tables (which must then be ROW_WISE)."""
+    dynamic = [i.embedding_config.name for i in infos if is_dynamic(i)]
+    if dynamic and sharding_type != ShardingType.ROW_WISE.value:
+        raise ValueError(
+            f"dynamic tables {dynamic} are planned {sharding_type}; only row_wise is supported"
+        )
+    return bool(dynamic)
+
+
+def _feature_routes(configs: list[GroupedEmbeddingConfig], options) -> list[tuple[str, int]]:
+    routes = []
+    for group in configs:
+        for table in group.embedding_tables:
+            opts = options.get(table.name)
+            route = (opts.dist_type if opts else STATIC, table.num_embeddings)
+            routes.extend([route] * table.num_features())
+    return routes
+
+
+class _DynamicRwMixin:
+    """What both shardings add to TorchRec's: the options, and the routing input dist."""
+
+    def _init_dynamic(self, sharding_infos) -> None:
+        self._dynamic_options = dynamic_options(sharding_infos)
+
+    def _dynamic_input_dist(self, device, is_sequence: bool) -> DynamicEmbRwSparseFeaturesDist:
+        return DynamicEmbRwSparseFeaturesDist(
+            pg=self._pg,
+            feature_routes=_feature_routes(self._grouped_embedding_configs, self._dynamic_options),
+            device=device if device is not None else self._device,
+            is_sequence=is_sequence,
+        )
+
+
+class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingSharding):
+    """Row-wise pooled sharding (EBC) holding dynamic tables."""
+
+    def __init__(self, sharding_infos, env: ShardingEnv, device=None, qcomm_codecs_registry=None):
+        self._init_dynamic(sharding_infos)
+        super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+
+    def create_input_dist(self, device: torch.device | None = None):
+        return self._dynamic_input_dist(device, is_sequence=False)
+
+    def create_output_dist(self, device: torch.device | None = None):
+        return RwUnevenPooledEmbeddingDist(
+            self._pg,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            embedding_dims=self.embedding_dims(),
+        )
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        return DynamicEmbGroupedPooledEmbeddingsLookup(
+            self._dynamic_options,
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            feature_processor=feature_processor,
+            sharding_type=ShardingType.ROW_WISE,
+            env=self._env,
+        )
+
+
+class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbeddingSharding):
+    """Row-wise sequence sharding (EC) holding dynamic tables."""
+
+    def __init__(self, sharding_infos, env: ShardingEnv, device=None, qcomm_codecs_registry=None):
+        self._init_dynamic(sharding_infos)
+        super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+
+    def create_input_dist(self, device: torch.device | None = None):
+        return self._dynamic_input_dist(device, is_sequence=True)
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        return DynamicEmbGroupedEmbeddingsLookup(
+            self._dynamic_options,
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+
+class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
+    """TorchRec's pooled lookup; CUSTOMIZED_KERNEL groups get BatchedDynamicEmbeddingBag."""
+
+    def __init__(self, dynamic_options: dict[str, DynamicEmbTableOptions], **kwargs: Any):
+        object.__setattr__(self, "_dynamic_options", dynamic_options)  # read during super init
+        super().__init__(**kwargs)
+
+    def _create_embedding_kernel(self, config, device, pg, sharding_type, env):
+        if config.compute_kernel == DYNAMIC_KERNEL:
+            return BatchedDynamicEmbeddingBag(config, self._dynamic_options, device, sharding_type)
+        return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
+
+
+class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
+    """TorchRec's sequence lookup; CUSTOMIZED_KERNEL groups get BatchedDynamicEmbedding."""
+
+    def __init__(self, dynamic_options: dict[str, DynamicEmbTableOptions], **kwargs: Any):
+        object.__setattr__(self, "_dynamic_options", dynamic_options)
+        super().__init__(**kwargs)
+
+    def _create_embedding_kernel(self, config, pg, device, env=None):
+        if config.compute_kernel == DYNAMIC_KERNEL:
+            return BatchedDynamicEmbedding(config, self._dynamic_options, device)
+        return super()._create_embedding_kernel(config, pg, device, env)

@@ -1,0 +1,144 @@
+"""ShardedEmbeddingBagCollection / ShardedEmbeddingCollection whose dynamic tables are ours.
+
+Only two things change from TorchRec's modules: the ROW_WISE sharding that holds
+dynamic tables is ours (routing + kernels), and each dynamic table shows a small
+placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
+skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
+``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
+dynemb's dump / load.
+"""
+
+import torch
+from torch import nn
+from torchrec.distributed.embedding import ShardedEmbeddingCollection
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.kernel import _DynamicKernel
+from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
+from dynemb.shard.rw_sharding import (
+    DynamicEmbRwPooledEmbeddingSharding,
+    DynamicEmbRwSequenceEmbeddingSharding,
+    check_sharding_type,
+)
+
+
+def _skipping_dynamic(module, configs_attr: str, reset) -> None:
+    """Runs TorchRec's reset_parameters over the ordinary tables only (dynamic tables
+    have no weight to initialise: their rows are made on first sight)."""
+    configs = getattr(module, configs_attr)
+    plan = module.module_sharding_plan
+    dynamic = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+    setattr(module, configs_attr, [c for c in configs if plan[c.name].compute_kernel != dynamic])
+    try:
+        reset()
+    finally:
+        setattr(module, configs_attr, configs)
+
+
+def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
+    # TorchRec keeps lookups in a plain list: nn.Module.modules() does not reach them.
+    kernels = []
+    for lookup in lookups:
+        module = getattr(lookup, "module", lookup)  # unwrap DistributedDataParallel
+        kernels.extend(m for m in module.modules() if isinstance(m, _DynamicKernel))
+    return kernels
+
+
+def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbeddingTables]:
+    """Every group of dynamic tables of this rank, by ``<module path>.<first table name>``.
+
+    Example::
+
+        for path, tables in dynamic_embedding_tables(dmp_model).items():
+            print(path, tables.table_names, [t.size() for t in tables.tables])
+    """
+    found = {}
+    for path, module in model.named_modules():
+        for kernel in _dynamic_kernels(getattr(module, "_lookups", [])):
+            tables = kernel.emb_module
+            found[f"{path}.{tables.table_names[0]}" if path else tables.table_names[0]] = tables
+    return found
+
+
+def _register_placeholders(lookups, tables: nn.ModuleDict) -> None:
+    for kernel in _dynamic_kernels(lookups):
+        for key, tensor in kernel._placeholders.items():
+            tables[key[: -len(".weight")]].register_buffer("weight", tensor)
+
+
+class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC with dynamic tables (built by DynamicEmbeddingBagCollectionSharder)."""
+
+    @classmethod
+    def create_embedding_bag_sharding(
+        cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None
+    ):
+        sharding_type = sharding_infos[0].param_sharding.sharding_type
+        if check_sharding_type(sharding_type, sharding_infos):
+            return DynamicEmbRwPooledEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return super().create_embedding_bag_sharding(
+            sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+        )
+
+    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        super()._initialize_torch_state(skip_registering)
+        _register_placeholders(self._lookups, self.embedding_bags)
+
+    def reset_parameters(self) -> None:
+        _skipping_dynamic(self, "_embedding_bag_configs", super().reset_parameters)
+
+    def input_dist(self, ctx, features):
+        # TorchRec's MEAN callback reshapes lengths by stride() and fails on an empty
+        # batch; an empty batch has nothing to divide, so the divisor is 1.
+        if not self._has_mean_pooling_callback or features.stride() != 0:
+            return super().input_dist(ctx, features)
+        first = self._has_uninitialized_input_dist
+        self._has_mean_pooling_callback = False
+        try:
+            awaitable = super().input_dist(ctx, features)
+        finally:
+            self._has_mean_pooling_callback = True
+        if first:
+            self._init_mean_pooling_callback(features.keys(), ctx.inverse_indices)
+        ctx.divisor = torch.ones(1, device=features.device())
+        return awaitable
+
+
+class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
+    """TorchRec's sharded EC with dynamic tables (built by DynamicEmbeddingCollectionSharder)."""
+
+    @classmethod
+    def create_embedding_sharding(
+        cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None
+    ):
+        if check_sharding_type(sharding_type, sharding_infos):
+            return DynamicEmbRwSequenceEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return super().create_embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        )
+
+    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        super()._initialize_torch_state(skip_registering)
+        _register_placeholders(self._lookups, self.embeddings)
+
+    def reset_parameters(self) -> None:
+        _skipping_dynamic(self, "_embedding_configs", super().reset_parameters)
+
+    def output_dist(self, ctx, output):
+        return EmptyBatchSafeAwaitable(super().output_dist(ctx, output))
+
+    def compute_and_output_dist(self, ctx, input):
+        return EmptyBatchSafeAwaitable(super().compute_and_output_dist(ctx, input))
+
+
+__all__ = [
+    "ShardedDynamicEmbeddingBagCollection",
+    "ShardedDynamicEmbeddingCollection",
+    "dynamic_embedding_tables",
+]
