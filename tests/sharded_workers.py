@@ -45,6 +45,7 @@ class Case:
     dist_type: str
     pooling: str = "SUM"  # SUM / MEAN (EBC); NONE for EC
     weighted: bool = False
+    index_dedup: bool = False  # EC only
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
@@ -127,7 +128,9 @@ def build_model(case: Case, world_size: int):
                             feature_names=["f2"]),
         ]  # fmt: skip
         module = EmbeddingCollection(tables=configs, device=torch.device("meta"))
-        sharder = DynamicEmbeddingCollectionSharder(fused_params=case.fused_params())
+        sharder = DynamicEmbeddingCollectionSharder(
+            fused_params=case.fused_params(), use_index_dedup=case.index_dedup
+        )
     else:
         pooling = PoolingType[case.pooling]
         configs = [

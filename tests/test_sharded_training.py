@@ -33,7 +33,11 @@ def _ebc_cases() -> list[Case]:
 
 
 def _ec_cases() -> list[Case]:
-    return [Case(opt, dt, "NONE") for opt in OPTIMIZERS for dt in DIST_TYPES]
+    cases = [Case(opt, dt, "NONE") for opt in OPTIMIZERS for dt in DIST_TYPES]
+    # use_index_dedup: one lookup per distinct raw id (TorchRec's dedup assumes ids < num_embeddings)
+    return cases + [
+        Case(opt, dt, "NONE", index_dedup=True) for opt, dt in zip(OPTIMIZERS, DIST_TYPES)
+    ]
 
 
 def _check(cases, batch_sizes, results):

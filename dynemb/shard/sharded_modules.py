@@ -13,6 +13,7 @@ from torch import nn
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.kernel import _DynamicKernel
@@ -129,6 +130,49 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_configs", super().reset_parameters)
+
+    def _dedup_indices(self, ctx, input_feature_splits):
+        """``use_index_dedup``: one lookup per distinct id of each table, exact for raw ids.
+
+        TorchRec's dedup offsets ids by the tables' num_embeddings, so ids beyond it (or
+        negative) of two tables could collide; here each table's ids are deduplicated
+        apart. The distinct ids go to the table's first feature (routing is per table),
+        and ``reverse_indices`` puts the rows back in input order after the lookup.
+        """
+        if any(f.variable_stride_per_key() for f in input_feature_splits):
+            return super()._dedup_indices(ctx, input_feature_splits)
+        deduped = []
+        for features, sharding in zip(
+            input_feature_splits, self._sharding_type_to_sharding.values()
+        ):
+            stride, per_key = features.stride(), features.length_per_key()
+            values = features.values()
+            lengths = torch.zeros(len(per_key) * stride, dtype=torch.int64, device=values.device)
+            uniques, reverse = [], []
+            feature = position = base = 0
+            for table in sharding.embedding_tables():
+                count = sum(per_key[feature : feature + table.num_features()])
+                unique, inverse = torch.unique(
+                    values[position : position + count], return_inverse=True
+                )
+                uniques.append(unique)
+                reverse.append(inverse + base)
+                if stride:
+                    lengths[feature * stride] = unique.numel()
+                feature += table.num_features()
+                position += count
+                base += unique.numel()
+            deduped.append(
+                KeyedJaggedTensor(
+                    keys=features.keys(),
+                    values=torch.cat(uniques) if uniques else values[:0],
+                    lengths=lengths,
+                    stride=stride,
+                )
+            )
+            ctx.input_features.append(features)
+            ctx.reverse_indices.append(torch.cat(reverse) if reverse else values[:0])
+        return deduped
 
     def output_dist(self, ctx, output):
         return EmptyBatchSafeAwaitable(super().output_dist(ctx, output))
