@@ -1,0 +1,30 @@
+"""Sharding planner for models with dynamic tables (names mirror ``dynamicemb.planner``).
+
+Mark a table dynamic with ``DynamicEmbParameterConstraints(use_dynamicemb=True, ...)``
+and plan with ``DynamicEmbeddingShardingPlanner``: dynamic tables are sharded ROW_WISE
+with ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL`` and their plan entries
+(``DynamicEmbParameterSharding``) carry each rank's filled ``DynamicEmbTableOptions``;
+every other table is planned by TorchRec as usual.
+"""
+
+from dynemb.planner.capacity import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    get_sharded_table_capacity,
+    get_table_value_bytes,
+)
+from dynemb.planner.constraints import DynamicEmbParameterConstraints
+from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
+from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynemb.planner.planner import DynamicEmbeddingShardingPlanner
+
+__all__ = [
+    "BUCKET_ALIGNMENT",
+    "MAX_BUCKET_CAPACITY",
+    "DynamicEmbeddingEnumerator",
+    "DynamicEmbeddingShardingPlanner",
+    "DynamicEmbParameterConstraints",
+    "DynamicEmbParameterSharding",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
+]

@@ -1,0 +1,142 @@
+"""Per-rank size of a row-wise sharded dynamic table: rows aligned to buckets, bytes.
+
+A dynamic table has ``num_buckets x bucket_capacity`` slots. Sharded row-wise over
+``world_size`` ranks, each rank owns about ``num_embeddings / world_size`` keys, so
+its table is that many rows rounded up to whole buckets. A bucket never needs to be
+wider than the rank's (16-aligned) row count: a 40-row table gets one 48-slot bucket
+per rank, not a 128-slot one.
+"""
+
+import torch
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
+
+from dynemb.optimizer import EmbOptimType, OptimizerConfig
+
+__all__ = [
+    "BUCKET_ALIGNMENT",
+    "MAX_BUCKET_CAPACITY",
+    "check_bucket_capacity",
+    "effective_bucket_capacity",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
+]
+
+BUCKET_ALIGNMENT = 16
+"""Slots per bucket are a multiple of this: a probe compares 16 one-byte digests at once."""
+
+MAX_BUCKET_CAPACITY = 1024
+"""Widest bucket the planner accepts (DynamicEmb's cache bucket width). A probe scans a
+whole bucket, so wider buckets only make misses slower."""
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_bucket_capacity(bucket_capacity: object) -> None:
+    """Raises ValueError unless ``bucket_capacity`` is a multiple of 16 in [16, MAX_BUCKET_CAPACITY]."""
+    _check_positive_int("bucket_capacity", bucket_capacity)
+    if bucket_capacity % BUCKET_ALIGNMENT or bucket_capacity > MAX_BUCKET_CAPACITY:
+        raise ValueError(
+            f"bucket_capacity must be a multiple of {BUCKET_ALIGNMENT} in "
+            f"[{BUCKET_ALIGNMENT}, {MAX_BUCKET_CAPACITY}], got {bucket_capacity}"
+        )
+
+
+def _rows_per_rank(num_embeddings: int, world_size: int) -> int:
+    _check_positive_int("num_embeddings", num_embeddings)
+    _check_positive_int("world_size", world_size)
+    return -(-num_embeddings // world_size)
+
+
+def effective_bucket_capacity(num_embeddings: int, world_size: int, bucket_capacity: int) -> int:
+    """The bucket width a rank uses: ``min(bucket_capacity, rows per rank rounded up to 16)``.
+
+    Args:
+        num_embeddings: rows of the whole table (the TorchRec config's ``num_embeddings``).
+        world_size: ranks the table is sharded over.
+        bucket_capacity: the requested width, a multiple of 16 in [16, MAX_BUCKET_CAPACITY].
+
+    Raises:
+        ValueError: a non-positive size, or a bucket_capacity that is not a multiple of
+            16 in [16, MAX_BUCKET_CAPACITY].
+
+    Example::
+
+        effective_bucket_capacity(100, 2, 128)  # 64: 50 rows per rank fit one 64-slot bucket
+    """
+    check_bucket_capacity(bucket_capacity)
+    rows = _rows_per_rank(num_embeddings, world_size)
+    return min(bucket_capacity, _round_up(rows, BUCKET_ALIGNMENT))
+
+
+def get_sharded_table_capacity(
+    embedding_config: BaseEmbeddingConfig, world_size: int, bucket_capacity: int
+) -> int:
+    """Rows of one rank's table: ``ceil(num_embeddings / world_size)`` rounded up to a
+    multiple of ``bucket_capacity``.
+
+    Args:
+        embedding_config: the table's ``EmbeddingBagConfig`` / ``EmbeddingConfig``.
+        world_size: ranks the table is sharded over (row-wise).
+        bucket_capacity: slots per bucket (the planner passes the effective width, see
+            ``effective_bucket_capacity``).
+
+    Raises:
+        ValueError: a non-positive size, or a bucket_capacity that is not a multiple of
+            16 in [16, MAX_BUCKET_CAPACITY].
+
+    Example::
+
+        config = EmbeddingBagConfig(name="t", embedding_dim=8, num_embeddings=1000,
+                                    feature_names=["f"])
+        get_sharded_table_capacity(config, world_size=3, bucket_capacity=128)  # 384
+    """
+    check_bucket_capacity(bucket_capacity)
+    rows = _rows_per_rank(embedding_config.num_embeddings, world_size)
+    return _round_up(rows, bucket_capacity)
+
+
+def get_table_value_bytes(
+    embedding_config: BaseEmbeddingConfig,
+    optimizer_type: EmbOptimType,
+    world_size: int,
+    bucket_capacity: int,
+    embedding_dtype: torch.dtype | None = None,
+) -> int:
+    """Bytes of one rank's value rows: embedding plus optimizer state columns.
+
+    ``get_sharded_table_capacity(...) * (dim + state_columns) * element_size``, with
+    state columns 0 (SGD / EXACT_SGD), 1 (EXACT_ROWWISE_ADAGRAD), ``dim``
+    (EXACT_ADAGRAD) or ``2 * dim`` (ADAM). Keys, scores and digests are not counted.
+
+    Args:
+        embedding_config: the table's ``EmbeddingBagConfig`` / ``EmbeddingConfig``.
+        optimizer_type: the fused optimizer (``dynemb.optimizer.EmbOptimType``).
+        world_size: ranks the table is sharded over (row-wise).
+        bucket_capacity: slots per bucket (as in ``get_sharded_table_capacity``).
+        embedding_dtype: row storage type; ``None``: the config's ``data_type``. The
+            planner passes ``DynamicEmbTableOptions.embedding_dtype``, what the table
+            really stores.
+
+    Raises:
+        ValueError: an optimizer dynemb does not run, or a size as in
+            ``get_sharded_table_capacity``.
+
+    Example::
+
+        config = EmbeddingBagConfig(name="t", embedding_dim=8, num_embeddings=1000,
+                                    feature_names=["f"])
+        get_table_value_bytes(config, EmbOptimType.ADAM, 2, 128)  # 512 rows * 24 cols * 4 B
+    """
+    optimizer = OptimizerConfig(optimizer=optimizer_type)
+    optimizer.validate()
+    rows = get_sharded_table_capacity(embedding_config, world_size, bucket_capacity)
+    dim = embedding_config.embedding_dim
+    dtype = embedding_dtype or data_type_to_dtype(embedding_config.data_type)
+    return rows * (dim + optimizer.state_columns(dim)) * dtype.itemsize

@@ -1,0 +1,209 @@
+"""TorchRec's EmbeddingEnumerator, offering ROW_WISE + CUSTOMIZED_KERNEL to dynamic tables.
+
+TorchRec's enumerator lists, per table, every (sharding type, compute kernel) the
+sharder offers and the constraints allow, then asks its estimators for each
+option's perf and storage. Two things change here:
+
+- *Filtering*: a dynamic table gets exactly ROW_WISE / CUSTOMIZED_KERNEL; other tables
+  never get CUSTOMIZED_KERNEL and, on cpu, only the kernels TorchRec's cpu estimators
+  know (DENSE, FUSED, QUANT) unless their constraints name kernels.
+- *Estimates*: TorchRec's estimators do not know CUSTOMIZED_KERNEL. A dynamic option
+  is estimated as the TorchRec kernel it behaves like (same row-wise comms, one row
+  read per lookup from the tier holding it): FUSED when its values are all in fast
+  memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
+  load factor ``hbm / total`` in between. Its storage is then replaced by the real
+  one: ``get_table_value_bytes`` per rank, in DDR on cpu; on cuda the first
+  ``local_hbm_for_values`` bytes in HBM and the rest in DDR.
+"""
+
+import copy
+import logging
+
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    ShardEstimator,
+    ShardingOption,
+    Storage,
+    Topology,
+)
+from torchrec.distributed.types import CacheParams
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from dynemb.optimizer import EmbOptimType
+from dynemb.planner.capacity import effective_bucket_capacity, get_table_value_bytes
+from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
+from dynemb.planner.rank_options import local_hbm_bytes
+from dynemb.planner.validation import DYNAMIC_KERNEL, DYNAMIC_SHARDING_TYPE
+
+__all__ = ["DynamicEmbeddingEnumerator"]
+
+logger = logging.getLogger(__name__)
+
+# Kernels with a cpu entry in TorchRec's bandwidth table (planner/constants.py
+# kernel_bw_lookup); its cpu estimators reject the others (uvm, key-value, ...).
+CPU_KERNELS = frozenset(
+    k.value
+    for k in (
+        EmbeddingComputeKernel.DENSE,
+        EmbeddingComputeKernel.FUSED,
+        EmbeddingComputeKernel.QUANT,
+    )
+)
+DYNAMIC_DEVICES = frozenset({"cpu", "cuda"})
+
+
+class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
+    """Sharding options for a module with dynamic and ordinary tables (TorchRec's arguments).
+
+    Tables whose constraints are ``DynamicEmbParameterConstraints(use_dynamicemb=True)``
+    get a single option, ROW_WISE with ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``, on
+    cpu and cuda; the sharders must offer it (``dynemb.shard``'s do). Other tables get
+    TorchRec's options without CUSTOMIZED_KERNEL; on cpu, without the kernels TorchRec's
+    cpu estimators reject (uvm ones) unless their constraints list ``compute_kernels``.
+
+    Args:
+        topology: device topology (world size, compute device, memory).
+        batch_size: batch size per rank.
+        constraints: per-table constraints, ``ParameterConstraints`` or
+            ``DynamicEmbParameterConstraints``, by table name.
+        estimator: perf / storage estimators (TorchRec's defaults when ``None``); dynamic
+            options are estimated through them as explained in this module's docstring.
+        use_exact_enumerate_order: as in TorchRec.
+
+    Raises (from ``enumerate``):
+        ValueError: a dynamic table on a compute device other than cpu / cuda, or whose
+            sharder does not offer ROW_WISE / CUSTOMIZED_KERNEL.
+
+    Example::
+
+        enumerator = DynamicEmbeddingEnumerator(
+            topology=Topology(world_size=2, compute_device="cpu"),
+            batch_size=512,
+            constraints={"user_id": DynamicEmbParameterConstraints(use_dynamicemb=True)},
+        )
+        options = enumerator.enumerate(ebc, [DynamicEmbeddingBagCollectionSharder()])
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        batch_size: int,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        estimator: ShardEstimator | list[ShardEstimator] | None = None,
+        use_exact_enumerate_order: bool | None = False,
+    ) -> None:
+        super().__init__(
+            topology=topology,
+            batch_size=batch_size,
+            constraints=constraints,
+            estimator=estimator,
+            use_exact_enumerate_order=use_exact_enumerate_order,
+        )
+
+    def _dynamic_constraints(self, name: str) -> DynamicEmbParameterConstraints | None:
+        c = (self._constraints or {}).get(name)
+        return c if is_dynamic(c) else None
+
+    def _filter_sharding_types(
+        self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
+    ) -> list[str]:
+        if self._dynamic_constraints(name) is None:
+            return super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+        if self._compute_device not in DYNAMIC_DEVICES:
+            raise ValueError(
+                f"table {name!r}: dynamic tables run on {sorted(DYNAMIC_DEVICES)}, "
+                f"the topology's compute device is {self._compute_device!r}"
+            )
+        if DYNAMIC_SHARDING_TYPE not in allowed_sharding_types:
+            raise ValueError(
+                f"table {name!r} is dynamic but its sharder ({sharder_key}) does not offer "
+                f"{DYNAMIC_SHARDING_TYPE!r} on {self._compute_device!r} (it offers "
+                f"{allowed_sharding_types}); use the sharders of dynemb.shard"
+            )
+        return [DYNAMIC_SHARDING_TYPE]
+
+    def _filter_compute_kernels(
+        self, name: str, allowed_compute_kernels: list[str], sharding_type: str
+    ) -> list[str]:
+        if self._dynamic_constraints(name) is not None:
+            if DYNAMIC_KERNEL not in allowed_compute_kernels:
+                raise ValueError(
+                    f"table {name!r} is dynamic but its sharder does not offer compute kernel "
+                    f"{DYNAMIC_KERNEL!r} for {sharding_type!r} (it offers "
+                    f"{allowed_compute_kernels}); use the sharders of dynemb.shard"
+                )
+            return [DYNAMIC_KERNEL]
+        allowed = [k for k in allowed_compute_kernels if k != DYNAMIC_KERNEL]
+        c = (self._constraints or {}).get(name)
+        if self._compute_device == "cpu" and not (c and c.compute_kernels):
+            allowed = [k for k in allowed if k in CPU_KERNELS]
+        return super()._filter_compute_kernels(name, allowed, sharding_type)
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+        # Estimate dynamic options as their stand-in kernel (see the module docstring),
+        # through shallow copies that share the originals' shards.
+        proxies, dynamic = [], []
+        for so in sharding_options:
+            c = self._dynamic_constraints(so.name)
+            if c is None or so.compute_kernel != DYNAMIC_KERNEL:
+                proxies.append(so)
+                continue
+            storage = self._dynamic_storage(so, c)
+            proxy = copy.copy(so)
+            proxy.compute_kernel, proxy.cache_params = _stand_in_kernel(
+                self._compute_device, storage, so.cache_params
+            )
+            proxies.append(proxy)
+            dynamic.append((so, proxy, storage))
+        super().populate_estimates(proxies)
+        for so, proxy, storage in dynamic:
+            # Keep what the estimators derived (e.g. is_weighted), not the stand-in kernel.
+            for key, value in vars(proxy).items():
+                if key not in ("compute_kernel", "cache_params"):
+                    setattr(so, key, value)
+            for shard in so.shards:
+                shard.storage = copy.copy(storage)
+
+    def _dynamic_storage(self, so: ShardingOption, c: DynamicEmbParameterConstraints) -> Storage:
+        """Per-rank storage of a dynamic table's values and optimizer state."""
+        o = c.dynamicemb_options
+        rows, dim = so.tensor.shape
+        # A stand-in config from the module's parameter: the planner checks that it
+        # agrees with eb_configs.
+        config = EmbeddingBagConfig(
+            name=so.name,
+            num_embeddings=rows,
+            embedding_dim=dim,
+            feature_names=[],
+        )
+        bucket = effective_bucket_capacity(rows, self._world_size, o.bucket_capacity)
+        total = get_table_value_bytes(
+            config, self._optimizer(so), self._world_size, bucket, o.embedding_dtype
+        )
+        if self._compute_device == "cpu":
+            return Storage(hbm=0, ddr=total)
+        hbm = min(total, local_hbm_bytes(o, self._world_size))
+        return Storage(hbm=hbm, ddr=total - hbm)
+
+    def _optimizer(self, so: ShardingOption) -> EmbOptimType:
+        # The dynamic tables' optimizer travels in the sharder's fused_params.
+        sharder_data = self._sharder_data_map.get(so.module_type_key)
+        fused_params = sharder_data.fused_params if sharder_data else None
+        optimizer = (fused_params or {}).get("optimizer")
+        return EmbOptimType.EXACT_SGD if optimizer is None else optimizer
+
+
+def _stand_in_kernel(
+    compute_device: str, storage: Storage, cache_params: CacheParams | None
+) -> tuple[str, CacheParams | None]:
+    """The TorchRec kernel (and cache params) a dynamic table is estimated as."""
+    total = storage.hbm + storage.ddr
+    if compute_device == "cpu" or storage.ddr == 0:
+        return EmbeddingComputeKernel.FUSED.value, cache_params
+    if storage.hbm == 0:
+        return EmbeddingComputeKernel.FUSED_UVM.value, cache_params
+    params = copy.deepcopy(cache_params) or CacheParams()
+    params.load_factor = storage.hbm / total
+    return EmbeddingComputeKernel.FUSED_UVM_CACHING.value, params

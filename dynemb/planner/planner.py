@@ -1,0 +1,214 @@
+"""TorchRec's EmbeddingShardingPlanner, returning per-rank options for dynamic tables."""
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+from torchrec.distributed.comm import get_local_size, get_topology_domain_multiple
+from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    Partitioner,
+    PerfModel,
+    Proposer,
+    Stats,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.types import (
+    ModuleSharder,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingPlanner,
+)
+from torchrec.distributed.utils import get_device_type
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.planner.constraints import is_dynamic
+from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
+from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynemb.planner.rank_options import fill_rank_options
+from dynemb.planner.validation import (
+    DYNAMIC_KERNEL,
+    DYNAMIC_SHARDING_TYPE,
+    check_planner_inputs,
+)
+
+__all__ = ["DynamicEmbeddingShardingPlanner"]
+
+_PARAMETER_SHARDING_FIELDS = tuple(f.name for f in dataclasses.fields(ParameterSharding))
+
+
+class DynamicEmbeddingShardingPlanner(ShardingPlanner):
+    """Plans a model with dynamic and ordinary tables (TorchRec's planner arguments).
+
+    TorchRec's ``EmbeddingShardingPlanner`` does the planning with a
+    ``DynamicEmbeddingEnumerator``; each dynamic table's plan entry then becomes a
+    ``DynamicEmbParameterSharding`` (ROW_WISE, CUSTOMIZED_KERNEL, TorchRec's row-wise
+    ``sharding_spec`` over all ranks, whose row counts are nominal: a dynamic table
+    holds any int64 key) carrying the table's per-rank options. Ordinary tables keep
+    TorchRec's ``ParameterSharding``.
+
+    Args:
+        eb_configs: every ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of the model; a
+            dynamic table's options are filled from its config.
+        topology: the devices (default: TorchRec's, from the default process group).
+        batch_size: batch size per rank (default: TorchRec's, 512).
+        enumerator: default ``DynamicEmbeddingEnumerator(topology, batch_size,
+            constraints)``. Another enumerator must give dynamic tables ROW_WISE /
+            CUSTOMIZED_KERNEL, or ``plan`` raises.
+        storage_reservation, proposer, partitioner, performance_model, stats, debug: as
+            in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
+        constraints: per-table constraints by table name: ``ParameterConstraints`` or
+            ``DynamicEmbParameterConstraints`` (``use_dynamicemb=True`` for dynamic tables).
+            Never modified.
+
+    Raises:
+        TypeError / ValueError at construction, naming the table: a constraint for a table
+            not in ``eb_configs``, duplicate table names, CUSTOMIZED_KERNEL without
+            ``use_dynamicemb``, a dynamic table constrained to other sharding types /
+            kernels, ``dynamicemb_options`` that disagree with the config (``dim``) or are
+            out of range (``bucket_capacity`` not a multiple of 16 in
+            [16, MAX_BUCKET_CAPACITY], ``init_capacity < 1``, negative
+            ``global_hbm_for_values``, invalid initializer args, ...).
+
+    Example::
+
+        eb_configs = [
+            EmbeddingBagConfig(name="user_id", embedding_dim=16, num_embeddings=1 << 20,
+                               feature_names=["user"]),
+            EmbeddingBagConfig(name="country", embedding_dim=16, num_embeddings=300,
+                               feature_names=["country"]),
+        ]
+        planner = DynamicEmbeddingShardingPlanner(
+            eb_configs,
+            topology=Topology(world_size=2, compute_device="cpu"),
+            constraints={"user_id": DynamicEmbParameterConstraints(use_dynamicemb=True)},
+        )
+        ebc = EmbeddingBagCollection(tables=eb_configs, device=torch.device("meta"))
+        plan = planner.collective_plan(ebc, [DynamicEmbeddingBagCollectionSharder()])
+        plan.plan[""]["user_id"].dynamicemb_options.max_capacity  # 524288 rows per rank
+    """
+
+    def __init__(
+        self,
+        eb_configs: Sequence[BaseEmbeddingConfig],
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: StorageReservation | None = None,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Stats | list[Stats] | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        debug: bool = True,
+    ) -> None:
+        self._configs = check_planner_inputs(eb_configs, constraints)
+        if topology is None:
+            # TorchRec's default, built here because the enumerator needs it first.
+            topology = Topology(
+                local_world_size=get_local_size(),
+                world_size=dist.get_world_size(),
+                compute_device=get_device_type(),
+                pod_size=get_topology_domain_multiple(),
+            )
+        batch_size = batch_size or BATCH_SIZE
+        self._topology = topology
+        self._dynamic = {
+            name: c.dynamicemb_options for name, c in (constraints or {}).items() if is_dynamic(c)
+        }
+        # Filled now so that bad options fail at construction; refilled by each plan
+        # so that no two plans share option objects.
+        for name, options in self._dynamic.items():
+            fill_rank_options(name, self._configs[name], options, topology.world_size)
+        self._planner = EmbeddingShardingPlanner(
+            topology=topology,
+            batch_size=batch_size,
+            enumerator=enumerator
+            or DynamicEmbeddingEnumerator(
+                topology=topology, batch_size=batch_size, constraints=constraints
+            ),
+            storage_reservation=storage_reservation,
+            proposer=proposer,
+            partitioner=partitioner,
+            performance_model=performance_model,
+            stats=stats,
+            constraints=constraints,
+            debug=debug,
+        )
+
+    def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        """Plans ``module`` (usually on the meta device) on this process alone.
+
+        Args:
+            module: the model, or the EBC / EC itself.
+            sharders: e.g. ``[DynamicEmbeddingBagCollectionSharder(),
+                DynamicEmbeddingCollectionSharder()]``.
+
+        Returns:
+            TorchRec's plan, with a ``DynamicEmbParameterSharding`` for each dynamic table.
+
+        Raises:
+            ValueError: a dynamic table whose sharder does not offer ROW_WISE /
+                CUSTOMIZED_KERNEL, that the enumerator did not give them, or whose
+                parameter in ``module`` disagrees with its config in ``eb_configs``.
+            PlannerError: TorchRec found no plan (e.g. not enough memory).
+        """
+        sharding_plan = self._planner.plan(module, sharders)
+        for module_plan in sharding_plan.plan.values():
+            for name, ps in module_plan.items():
+                if name in self._dynamic:
+                    module_plan[name] = self._dynamic_entry(name, ps)
+                elif ps.compute_kernel == DYNAMIC_KERNEL:
+                    raise ValueError(
+                        f"table {name!r} got compute kernel {DYNAMIC_KERNEL!r} but is not "
+                        "dynamic; check the enumerator and the sharders"
+                    )
+        return sharding_plan
+
+    def collective_plan(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+        pg: dist.ProcessGroup | None = None,
+    ) -> ShardingPlan:
+        """Plans on rank 0 of ``pg`` (default: the world) and broadcasts the plan to every rank.
+
+        Same arguments, result and errors as ``plan``; every rank must call it.
+        """
+        if pg is None:
+            if not dist.is_initialized():
+                raise RuntimeError(
+                    "collective_plan needs a process group: call "
+                    "torch.distributed.init_process_group first, or use plan()"
+                )
+            pg = dist.GroupMember.WORLD
+        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+    def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
+        if ps.sharding_type != DYNAMIC_SHARDING_TYPE or ps.compute_kernel != DYNAMIC_KERNEL:
+            raise ValueError(
+                f"table {name!r} is dynamic but was planned {ps.sharding_type!r} / "
+                f"{ps.compute_kernel!r}; pass a DynamicEmbeddingEnumerator (or none)"
+            )
+        config = self._configs[name]
+        shards = ps.sharding_spec.shards if ps.sharding_spec else []
+        rows = sum(s.shard_sizes[0] for s in shards)
+        dims = {s.shard_sizes[1] for s in shards}
+        if rows != config.num_embeddings or dims != {config.embedding_dim}:
+            raise ValueError(
+                f"table {name!r}: the module's parameter ({rows} rows, dims {sorted(dims)}) "
+                f"disagrees with eb_configs (num_embeddings={config.num_embeddings}, "
+                f"embedding_dim={config.embedding_dim})"
+            )
+        options: DynamicEmbTableOptions = fill_rank_options(
+            name, config, self._dynamic[name], self._topology.world_size
+        )
+        fields = {f: getattr(ps, f) for f in _PARAMETER_SHARDING_FIELDS}
+        return DynamicEmbParameterSharding(**fields, dynamicemb_options=options)

@@ -1,0 +1,85 @@
+"""The per-rank options of a row-wise sharded dynamic table, filled from its config."""
+
+import copy
+import dataclasses
+import math
+
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.planner.capacity import effective_bucket_capacity, get_sharded_table_capacity
+from dynemb.types import DynamicEmbInitializerMode
+
+__all__ = ["fill_rank_options", "local_hbm_bytes"]
+
+
+def local_hbm_bytes(options: DynamicEmbTableOptions, world_size: int) -> int:
+    """Per-rank bytes of the fast tier: ``ceil(global_hbm_for_values / world_size)``."""
+    return -(-options.global_hbm_for_values // world_size)
+
+
+def fill_rank_options(
+    name: str,
+    config: BaseEmbeddingConfig,
+    options: DynamicEmbTableOptions,
+    world_size: int,
+) -> DynamicEmbTableOptions:
+    """Returns a copy of ``options`` holding what one rank's table of ``config`` needs.
+
+    - ``bucket_capacity``: ``min(bucket_capacity, rows per rank rounded up to 16)``.
+    - ``max_capacity``: ``ceil(num_embeddings / world_size)`` rounded up to buckets.
+    - ``init_capacity``: ``None`` gives ``max_capacity``; otherwise (rows per rank)
+      rounded up to buckets and clamped to ``[bucket_capacity, max_capacity]``.
+    - ``dim``: the config's ``embedding_dim``.
+    - ``local_hbm_for_values``: ``ceil(global_hbm_for_values / world_size)`` (replaces
+      any value set by the user: the global budget is the input).
+    - UNIFORM initializer bounds left ``None``: ``-+sqrt(1 / num_embeddings)``.
+
+    ``options`` and its initializer args are not modified; ``admit_strategy``,
+    ``admission_counter`` and ``external_storage`` stay shared (user objects).
+
+    Raises:
+        ValueError: filled initializer bounds that are not ``lower < upper`` (a user
+            bound on the wrong side of the default one).
+
+    Example::
+
+        # num_embeddings=1000, world_size=3, bucket_capacity=128, init_capacity=100
+        # -> bucket_capacity=128, max_capacity=384, init_capacity=128, dim=embedding_dim
+    """
+    bucket = effective_bucket_capacity(config.num_embeddings, world_size, options.bucket_capacity)
+    max_capacity = get_sharded_table_capacity(config, world_size, bucket)
+    if options.init_capacity is None:
+        init_capacity = max_capacity
+    else:
+        aligned = -(-options.init_capacity // bucket) * bucket
+        init_capacity = min(max(aligned, bucket), max_capacity)
+    initializer = _with_default_bounds(options.initializer_args, config.num_embeddings)
+    try:
+        initializer.validate()
+    except ValueError as e:
+        raise ValueError(f"table {name!r}: dynamicemb_options.initializer_args: {e}") from None
+    return dataclasses.replace(
+        options,
+        dim=config.embedding_dim,
+        max_capacity=max_capacity,
+        init_capacity=init_capacity,
+        bucket_capacity=bucket,
+        local_hbm_for_values=local_hbm_bytes(options, world_size),
+        initializer_args=initializer,
+        eval_initializer_args=copy.deepcopy(options.eval_initializer_args),
+    )
+
+
+def _with_default_bounds(
+    args: DynamicEmbInitializerArgs, num_embeddings: int
+) -> DynamicEmbInitializerArgs:
+    # The bounds depend on the whole table, which a rank's shard does not know.
+    if args.mode != DynamicEmbInitializerMode.UNIFORM:
+        return copy.deepcopy(args)
+    bound = math.sqrt(1.0 / num_embeddings)
+    return dataclasses.replace(
+        args,
+        lower=-bound if args.lower is None else args.lower,
+        upper=bound if args.upper is None else args.upper,
+    )
