@@ -11,7 +11,7 @@ dynemb's dump / load.
 import torch
 from torch import nn
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel, KJTList
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -67,6 +67,14 @@ def _register_placeholders(lookups, tables: nn.ModuleDict) -> None:
     for kernel in _dynamic_kernels(lookups):
         for key, tensor in kernel._placeholders.items():
             tables[key[: -len(".weight")]].register_buffer("weight", tensor)
+
+
+def _empty_bags(features: KeyedJaggedTensor, stride: int) -> KeyedJaggedTensor:
+    keys = features.keys()
+    lengths = torch.zeros(
+        len(keys) * stride, dtype=features.lengths().dtype, device=features.device()
+    )
+    return KeyedJaggedTensor(keys=keys, values=features.values(), lengths=lengths, stride=stride)
 
 
 class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
@@ -178,6 +186,11 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         return EmptyBatchSafeAwaitable(super().output_dist(ctx, output))
 
     def compute_and_output_dist(self, ctx, input):
+        # When every rank's batch is empty, the routed KJTs have stride 0, which
+        # TorchRec's EC reshapes by; one empty bag per rank and feature is the same lookup.
+        if any(f.stride() == 0 for f in input):
+            ranks = self._env.world_size
+            input = KJTList([_empty_bags(f, ranks) if f.stride() == 0 else f for f in input])
         return EmptyBatchSafeAwaitable(super().compute_and_output_dist(ctx, input))
 
 
