@@ -25,15 +25,18 @@ from dynemb.shard.rw_sharding import (
 )
 
 
-def _skipping_dynamic(module, configs_attr: str, reset) -> None:
-    """Runs TorchRec's reset_parameters over the ordinary tables only (dynamic tables
-    have no weight to initialise: their rows are made on first sight)."""
+def _skipping_dynamic(module, configs_attr: str, run):
+    """Runs ``run`` while ``module.<configs_attr>`` lists the ordinary tables only.
+
+    For TorchRec's reset_parameters (dynamic tables have no weight to initialise:
+    their rows are made on first sight) and its first-batch id range check (raw ids
+    of dynamic tables are meant to exceed num_embeddings)."""
     configs = getattr(module, configs_attr)
     plan = module.module_sharding_plan
     dynamic = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
     setattr(module, configs_attr, [c for c in configs if plan[c.name].compute_kernel != dynamic])
     try:
-        reset()
+        return run()
     finally:
         setattr(module, configs_attr, configs)
 
@@ -101,6 +104,13 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         _skipping_dynamic(self, "_embedding_bag_configs", super().reset_parameters)
 
     def input_dist(self, ctx, features):
+        if self._has_uninitialized_input_dist:  # its id range check: ordinary tables only
+            return _skipping_dynamic(
+                self, "_embedding_bag_configs", lambda: self._input_dist(ctx, features)
+            )
+        return self._input_dist(ctx, features)
+
+    def _input_dist(self, ctx, features):
         # TorchRec's MEAN callback reshapes lengths by stride() and fails on an empty
         # batch; an empty batch has nothing to divide, so the divisor is 1.
         if not self._has_mean_pooling_callback or features.stride() != 0:

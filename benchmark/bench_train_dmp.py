@@ -1,0 +1,234 @@
+"""W-train through DistributedModelParallel: dynamic vs TorchRec tables, 1 and 2 processes.
+
+Usage::
+
+    python benchmark/bench_train_dmp.py [--quick] [--optimizer NAME] [--world-sizes 1,2]
+                                        [--steps N] [--repeats N]
+
+The step of W-train (/work/shared/WORKLOADS.md; sizes and ids from bench_train.py):
+8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
+pooling factor 16, SUM, ``loss = sum of the pooled outputs``, fused optimizer.
+Every process draws its own Zipf batches (seed ``rank``), the same for both models.
+
+- Peer (``torchrec``): TorchRec's EmbeddingBagCollection sharded by DMP with the
+  FUSED kernel (fbgemm's CPU TBE): TABLE_WISE at world size 1, ROW_WISE at 2.
+- dynemb (``dynemb``): the same EmbeddingBagCollection with every table dynamic,
+  planned by ``DynamicEmbeddingShardingPlanner`` and sharded by
+  ``DynamicEmbeddingBagCollectionSharder`` (ROW_WISE, ``roundrobin``): raw ids spread
+  over 63 bits, ``num_embeddings`` = the id count, so each rank holds
+  ``1,000,000 / world_size`` rows, all allocated up front (no growth while timed).
+
+World size N runs N processes (gloo on localhost), each with ``threads / N``
+threads; each reports its median step time; the figure is per-process samples/s
+(the slowest rank) and the aggregate (N x batch / slowest median). Each
+(implementation, optimizer, world size) runs in fresh processes, interleaved
+peer / dynemb, ``--repeats`` times, best kept. ADAM has no CPU peer.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from bench_train import (
+    OPTIMIZERS,
+    PEER_OPTIMIZERS,
+    QUICK,
+    Config,
+    feature_names,
+    free_port,
+    make_batches,
+    spread_ids,
+    summarize,
+    table_names,
+    time_steps,
+)
+from common import Recorder, available_threads, commit_hash, set_threads
+
+WORKLOAD = "W-train-dmp"
+PEER_IMPL = "torchrec.EBC.FUSED"
+DYNEMB_IMPL = "dynemb.EBC.DMP"
+RESULT_PREFIX = "RESULT "
+
+
+def _cpu_row_wise_sharder_class():
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    class CpuRowWiseSharder(EmbeddingBagCollectionSharder):
+        """TorchRec's sharder, offering ROW_WISE on cpu too (its RW machinery runs on gloo)."""
+
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            types = super().sharding_types(compute_device_type)
+            return types if "row_wise" in types else types + ["row_wise"]
+
+    return CpuRowWiseSharder
+
+
+def build_model(impl: str, config: Config, world_size: int) -> torch.nn.Module:
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingEnv
+
+    from dynemb import DynamicEmbTableOptions
+    from dynemb.optimizer import EmbOptimType
+    from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+
+    configs = [
+        EmbeddingBagConfig(
+            name=name, embedding_dim=config.dim, num_embeddings=config.num_ids, feature_names=[f]
+        )
+        for name, f in zip(table_names(config), feature_names(config), strict=True)
+    ]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    fused = {
+        "optimizer": EmbOptimType[config.optimizer],
+        "learning_rate": config.learning_rate,
+        "eps": config.eps,
+        "beta1": config.beta1,
+        "beta2": config.beta2,
+    }
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    if impl == "dynemb":
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
+        options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
+        constraints = {
+            name: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
+            for name in table_names(config)
+        }
+        planner = DynamicEmbeddingShardingPlanner(configs, topology, constraints=constraints)
+    else:
+        sharder = _cpu_row_wise_sharder_class()(fused_params=fused)
+        sharding = "table_wise" if world_size == 1 else "row_wise"
+        constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
+        constraints = {name: constraint for name in table_names(config)}
+        planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    return DistributedModelParallel(
+        module, env=env, plan=plan, sharders=[sharder], device=torch.device("cpu")
+    )
+
+
+def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -> dict:
+    import torch.distributed as dist
+    from torchrec import KeyedJaggedTensor
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        batches = make_batches(dataclasses.replace(config, seed=config.seed + rank))
+        if impl == "dynemb":
+            batches = [spread_ids(b) for b in batches]
+        lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
+        inputs = [KeyedJaggedTensor(feature_names(config), b, lengths=lengths) for b in batches]
+        model = build_model(impl, config, world_size)
+
+        def step(kjt) -> None:
+            model(kjt).values().sum().backward()
+
+        times = time_steps(step, inputs, config.warmup, f"{impl} {config.optimizer} rank {rank}")
+        dist.barrier()
+        return summarize(config, times)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(impl: str, config: Config, world_size: int) -> dict:
+    """Runs ``world_size`` fresh processes; the slowest rank's figures."""
+    port = free_port()
+    script = str(Path(__file__).resolve())
+    procs = []
+    for rank in range(world_size):
+        cmd = [sys.executable, script, "--worker", impl, "--rank", str(rank)]
+        cmd += ["--world-size", str(world_size), "--port", str(port)]
+        cmd += ["--config", json.dumps(dataclasses.asdict(config))]
+        env = dict(os.environ, OMP_NUM_THREADS=str(config.threads))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"{impl} world size {world_size}: a rank exited {p.returncode}")
+        line = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)][-1]
+        results.append(json.loads(line[len(RESULT_PREFIX) :]))
+    slowest = min(results, key=lambda r: r["samples_per_s"])
+    return {
+        "samples_per_s": slowest["samples_per_s"],
+        "aggregate_samples_per_s": slowest["samples_per_s"] * world_size,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
+    }
+
+
+def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict | None) -> None:
+    tag = f"@{config.optimizer},world_size={ws}"
+    for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
+        if result is None:
+            continue
+        for metric in ("samples_per_s", "aggregate_samples_per_s"):
+            rec.add(
+                WORKLOAD, impl, metric + tag, result[metric], threads=config.threads,
+                peer=PEER_IMPL if other else None, peer_value=other[metric] if other else None,
+            )  # fmt: skip
+        rec.add(
+            WORKLOAD, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
+            threads=config.threads,
+        )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
+    parser.add_argument("--world-sizes", default="1,2", help="comma-separated process counts")
+    parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
+    parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        config = Config(**json.loads(args.config))
+        set_threads(config.threads)
+        result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return
+    sizes = dict(QUICK) if args.quick else {}
+    if args.steps:
+        sizes["steps"] = args.steps
+    # --quick proves the script runs: the headline optimizer only.
+    optimizers = [args.optimizer] if args.optimizer else OPTIMIZERS
+    if args.quick and not args.optimizer:
+        optimizers = ["EXACT_ROWWISE_ADAGRAD"]
+    rec = Recorder(commit_hash())
+    for ws in (int(w) for w in args.world_sizes.split(",")):
+        threads = max(1, args.threads // ws)
+        for optimizer in optimizers:
+            config = Config(optimizer=optimizer, threads=threads, **sizes)
+            best = {"torchrec": [], "dynemb": []}
+            for _ in range(args.repeats):
+                if optimizer in PEER_OPTIMIZERS:
+                    best["torchrec"].append(run_world("torchrec", config, ws))
+                best["dynemb"].append(run_world("dynemb", config, ws))
+            pick = {
+                k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in best.items()
+            }
+            record(rec, config, ws, pick["dynemb"], pick["torchrec"])
+    print(file=sys.stderr)
+    rec.print_table()
+    print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
