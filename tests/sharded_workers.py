@@ -14,6 +14,7 @@ from torchrec import (
 )
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import Topology
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
@@ -25,7 +26,11 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynemb.planner import (
+    DynamicEmbeddingShardingPlanner,
+    DynamicEmbParameterConstraints,
+    DynamicEmbParameterSharding,
+)
 from dynemb.shard import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
@@ -46,6 +51,7 @@ class Case:
     pooling: str = "SUM"  # SUM / MEAN (EBC); NONE for EC
     weighted: bool = False
     index_dedup: bool = False  # EC only
+    planner: bool = False  # plan with DynamicEmbeddingShardingPlanner instead of by hand
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
@@ -118,6 +124,22 @@ def _plan(module, sharder, case: Case, world_size: int, dims_: list[int]) -> Sha
     return ShardingPlan({"": mplan})
 
 
+def _planned(module, configs, sharder, case: Case, world_size: int, dims_: list[int]):
+    constraints = {
+        c.name: DynamicEmbParameterConstraints(
+            use_dynamicemb=True, dynamicemb_options=table_options(dim, case.dist_type, None)
+        )
+        for c, dim in zip(configs, dims_)
+    }
+    planner = DynamicEmbeddingShardingPlanner(
+        configs, Topology(world_size=world_size, compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
+    for c in configs:  # the planner's per-rank options reach the tables
+        assert plan.plan[""][c.name].dynamicemb_options.max_capacity is not None
+    return plan
+
+
 def build_model(case: Case, world_size: int):
     d = dims(case)
     if case.pooling == "NONE":
@@ -143,7 +165,10 @@ def build_model(case: Case, world_size: int):
             tables=configs, is_weighted=case.weighted, device=torch.device("meta")
         )
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
-    plan = _plan(module, sharder, case, world_size, d)
+    if case.planner:
+        plan = _planned(module, configs, sharder, case, world_size, d)
+    else:
+        plan = _plan(module, sharder, case, world_size, d)
     return DistributedModelParallel(
         module,
         env=ShardingEnv.from_process_group(dist.group.WORLD),

@@ -29,7 +29,8 @@ def _ebc_cases() -> list[Case]:
             # weights (its mean callback), the unsharded TBE by the length.
             pooling = "MEAN" if (i + j) % 2 else "SUM"
             cases.append(Case(opt, dist_type, pooling, weighted=pooling == "SUM" and j != 1))
-    return cases
+    # The planner's plan (per-rank capacities, aligned buckets) trains the same.
+    return cases + [Case("EXACT_ROWWISE_ADAGRAD", "hash_roundrobin", "SUM", planner=True)]
 
 
 def _ec_cases() -> list[Case]:
