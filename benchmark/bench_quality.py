@@ -1,0 +1,145 @@
+"""Held-out AUC of dynamic vs TorchRec tables: workload W-quality (/work/shared/WORKLOADS.md).
+
+Usage::
+
+    python benchmark/bench_quality.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
+                                      [--threads N]
+
+The data is ``dynemb.datasets.SyntheticClicks`` at its defaults (8 one-hot features
+with Zipf(1.05) ids over 1M ids each, a hidden vector per id, 1M training rows, 100k
+held-out rows, seed 0). The model and the training code are ``example.py``'s (imported,
+so that the benchmark measures exactly what the example runs): ``SequenceDLRM`` with 7
+pooled tables and 1 sequence table of dim 16, trained for one epoch, batch 1024, with
+the embedding optimizer fused into backward (default EXACT_ROWWISE_ADAGRAD, LR 0.05)
+and Adam (LR 1e-3) on the dense part, world size 1 through
+``DistributedModelParallel`` (a gloo group on a free localhost port).
+
+- Peer (``example.py --static``): every table a TorchRec table (TABLE_WISE, FUSED
+  kernel, fbgemm's CPU TBE), ids given as rows in ``[0, 1M)``.
+- dynemb (``example.py``'s default): 7 dynamic tables fed the raw ids spread over 63
+  bits (capacity 2^19 rows each, > 2x the distinct ids of the epoch: no eviction), and
+  example.py's one ordinary TorchRec table (feature f6, identical in both runs).
+
+Both runs see the same rows in the same order and start from the same torch seed;
+initial rows are uniform in the same bounds but not the same values (a dynamic row is
+a function of its key), so the AUCs differ by training noise (~0.002 run to run). The
+figure: ``auc`` of each, the dynemb one beside the peer's (ratio ~1: no quality
+lost), and the Bayes AUC of the held-out rows (the AUC of the true click
+probabilities, the ceiling). ``--quick`` shrinks everything (CI smoke run, ~15 s).
+
+Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+from bench_train import single_process_group
+from common import REPO_ROOT, Recorder, available_threads, commit_hash, set_threads
+
+sys.path.insert(0, str(REPO_ROOT))  # example.py lives at the top of the repository
+
+import example  # noqa: E402
+
+WORKLOAD = "W-quality"
+PEER_IMPL = "torchrec.static"
+DYNEMB_IMPL = "dynemb.dynamic"
+OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD", "ADAM")
+PEER_OPTIMIZERS = OPTIMIZERS[:3]  # fbgemm's CPU TBE has no Adam
+
+# example.py flags of W-quality's sizes (one-hot sequence feature), then of --quick.
+FULL = [
+    "--num_train",
+    "1000000",
+    "--num_eval",
+    "100000",
+    "--seq_len",
+    "1",
+    "--capacity",
+    str(1 << 19),
+]
+QUICK = [
+    "--num_train",
+    "20000",
+    "--num_eval",
+    "5000",
+    "--seq_len",
+    "1",
+    "--vocab_size",
+    "10000",
+    "--capacity",
+    "8192",
+    "--batch_size",
+    "256",
+]
+
+
+def example_args(sizes: list[str], optimizer: str, static: bool) -> argparse.Namespace:
+    flags = ["--train", "--eval", "--epochs", "1", "--optimizer", optimizer, *sizes]
+    return example.parse_args(flags + (["--static"] if static else []))
+
+
+def train_and_evaluate(args: argparse.Namespace, data, label: str) -> dict:
+    """One epoch of example.py's training on ``data``; returns loss, AUC and throughput."""
+    torch.manual_seed(args.seed)
+    device = torch.device("cpu")
+    model = example.build_model(args, data.num_dense, torch.distributed.group.WORLD, device)
+    optimizer = example.dense_optimizer(model, args)
+    batches = dict(batch_size=args.batch_size, id_view=example.id_views(args))
+    start = time.perf_counter()
+    loss = example.train_epoch(
+        model, optimizer, data.batches("train", **batches), device, f"{label} train", True
+    )
+    seconds = time.perf_counter() - start
+    auc = example.evaluate(model, data.batches("eval", **batches), device, f"{label} eval", True)
+    return {"auc": auc, "train_loss": loss, "samples_per_s": data.num_rows["train"] / seconds}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="EXACT_ROWWISE_ADAGRAD")
+    parser.add_argument("--only", choices=("torchrec", "dynemb"), help="run one side only")
+    parser.add_argument("--threads", type=int, default=available_threads())
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    threads = set_threads(args.threads)
+    sizes = QUICK if args.quick else FULL
+    peer_args = example_args(sizes, args.optimizer, static=True)
+    dyn_args = example_args(sizes, args.optimizer, static=False)
+    data = example.make_dataset(peer_args)  # the same rows for both; views differ
+    rec = Recorder(commit_hash())
+    rec.add(WORKLOAD, "SyntheticClicks.bayes", "auc", data.bayes_auc("eval"), threads=threads)
+    peer = None
+    with single_process_group():
+        if args.only != "dynemb" and args.optimizer in PEER_OPTIMIZERS:
+            peer = train_and_evaluate(peer_args, data, PEER_IMPL)
+            for metric in ("auc", "train_loss", "samples_per_s"):
+                rec.add(WORKLOAD, PEER_IMPL, metric, peer[metric], threads=threads)
+        if args.only != "torchrec":
+            dyn = train_and_evaluate(dyn_args, data, DYNEMB_IMPL)
+            for metric in ("auc", "train_loss", "samples_per_s"):
+                rec.add(
+                    WORKLOAD,
+                    DYNEMB_IMPL,
+                    metric,
+                    dyn[metric],
+                    threads=threads,
+                    peer=PEER_IMPL if peer else None,
+                    peer_value=peer[metric] if peer else None,
+                )
+    print(file=sys.stderr)
+    rec.print_table()
+    if args.optimizer not in PEER_OPTIMIZERS:
+        print(
+            f"{args.optimizer}: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.",
+            file=sys.stderr,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""dynemb example: a DLRM with dynamic embedding tables, trained on synthetic clicks.
+
+Usage::
+
+    torchrun --nproc_per_node=2 example.py --train --eval            # dynamic tables
+    torchrun --nproc_per_node=2 example.py --train --eval --static   # TorchRec tables only
+    python example.py --train --eval                                 # one process
+
+The model (``dynemb.models.SequenceDLRM``): a dense MLP, an EmbeddingBagCollection
+of 7 pooled features, an EmbeddingCollection of 1 sequence feature (its rows
+mean-pooled per sample), pairwise dot products and an over MLP. By default 6 pooled
+tables and the sequence table are dynamic (``dynemb``: raw 63-bit ids, rows
+inserted on first sight, sharded ROW_WISE with ``--dist_type``) and 1 pooled table
+is an ordinary TorchRec table (ids are row indices in ``[0, vocab_size)``; dynamic
+too with ``--optimizer ADAM`` on CPU, where fbgemm has no Adam); ``--static`` makes
+every table an ordinary one (TABLE_WISE, FUSED kernel), as a peer. The data is ``dynemb.datasets.SyntheticClicks`` (W-quality's generator), of
+which the default run uses half (``--num_train``: the first 500k of W-quality's 1M
+training rows, all 100k held-out rows) so that it finishes in well under a minute
+on 2 CPU cores (3 minutes at most on a busy machine).
+
+The code follows NVIDIA DynamicEmb's example: tables on the meta device, a
+constraint per table, the planner's plan, ``DistributedModelParallel`` with the
+dynamic sharders, the embedding optimizer in the sharders' ``fused_params`` and a
+torch optimizer over the dense parameters. Runs on CPU with gloo, or on GPUs with
+NCCL when CUDA is present.
+"""
+
+import argparse
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlanner, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from tqdm import tqdm
+
+import dynemb
+from dynemb.datasets import SyntheticClicks, roc_auc
+from dynemb.models import SequenceDLRM
+from dynemb.optimizer import EmbOptimType
+from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+
+# Deprecation notices raised inside torch / TorchRec, which user code cannot act on.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
+
+OPTIMIZERS = ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+NUM_FEATURES = 8
+SEQUENCE_FEATURE = "f7"  # the EmbeddingCollection's feature
+ORDINARY_FEATURE = "f6"  # a TorchRec table even without --static
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="The default sizes (500k of W-quality's 1M training rows) finish in under a "
+        "minute with torchrun --nproc_per_node=2 on 2 CPU cores (under 3 minutes on a busy "
+        "machine). W-quality's sizes: --num_train 1000000 --seq_len 1 "
+        "(benchmark/bench_quality.py).",
+    )
+    run = parser.add_argument_group("what to run")
+    run.add_argument("--train", action="store_true", help="train for --epochs epochs")
+    run.add_argument("--eval", action="store_true", help="held-out AUC after each epoch")
+    run.add_argument("--dump", action="store_true", help="save a checkpoint to --checkpoint_dir")
+    run.add_argument("--load", action="store_true", help="load --checkpoint_dir first")
+    run.add_argument("--checkpoint_dir", default="dynemb_example_ckpt", help="for --dump/--load")
+    model = parser.add_argument_group("tables and training")
+    model.add_argument("--static", action="store_true", help="all tables ordinary TorchRec")
+    model.add_argument(
+        "--dist_type",
+        choices=DIST_TYPES,
+        default="roundrobin",
+        help="how dynamic tables route raw ids to ranks",
+    )
+    model.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="EXACT_ROWWISE_ADAGRAD",
+        help="embedding optimizer (fused into the backward)",
+    )
+    model.add_argument("--learning_rate", type=float, default=0.05, help="embedding LR")
+    model.add_argument("--dense_learning_rate", type=float, default=1e-3, help="Adam LR")
+    model.add_argument("--batch_size", type=int, default=1024, help="samples per rank")
+    model.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="passes over the training rows; more than one overfits (the rows of rare ids "
+        "memorise their few labels), as usual for click models",
+    )
+    model.add_argument("--embedding_dim", type=int, default=16, help="width of every table")
+    model.add_argument(
+        "--capacity",
+        type=int,
+        default=1 << 18,
+        help="rows of each dynamic table (all ranks together)",
+    )
+    model.add_argument(
+        "--init_bound", type=float, default=0.05, help="new rows are uniform in [-bound, bound]"
+    )
+    model.add_argument("--seed", type=int, default=0, help="model seed (the data's is fixed)")
+    data = parser.add_argument_group("data (dynemb.datasets.SyntheticClicks)")
+    data.add_argument(
+        "--num_train", type=int, default=500_000, help="training rows: a prefix of W-quality's 1M"
+    )
+    data.add_argument("--num_eval", type=int, default=100_000, help="held-out rows")
+    data.add_argument("--vocab_size", type=int, default=1_000_000, help="ids per feature")
+    data.add_argument(
+        "--seq_len",
+        type=int,
+        default=4,
+        help=f"ids per sample of {SEQUENCE_FEATURE}: uniform in [1, seq_len]",
+    )
+    args = parser.parse_args(argv)
+    if not (args.train or args.eval or args.dump or args.load):
+        parser.error("nothing to do: give --train, --eval, --dump and/or --load")
+    return args
+
+
+# --- data --------------------------------------------------------------------------------
+
+
+def make_dataset(args: argparse.Namespace) -> SyntheticClicks:
+    """The synthetic clicks; every rank generates the same rows (deterministic)."""
+    max_ids = [1] * NUM_FEATURES
+    max_ids[int(SEQUENCE_FEATURE[1:])] = args.seq_len
+    return SyntheticClicks(
+        num_train=args.num_train,
+        num_eval=args.num_eval,
+        num_features=NUM_FEATURES,
+        vocab_size=args.vocab_size,
+        max_ids_per_feature=max_ids,
+    )
+
+
+def no_cpu_adam(args: argparse.Namespace) -> bool:
+    """ADAM on CPU, which fbgemm's CPU TBE (TorchRec's FUSED kernel) does not have."""
+    return args.optimizer == "ADAM" and not torch.cuda.is_available()
+
+
+def dynamic_features(args: argparse.Namespace) -> set[str]:
+    """Features looked up in dynamic tables (their ids are given raw, spread over 63 bits)."""
+    if args.static:
+        return set()
+    everything = {f"f{i}" for i in range(NUM_FEATURES)}
+    return everything if no_cpu_adam(args) else everything - {ORDINARY_FEATURE}
+
+
+def id_views(args: argparse.Namespace) -> dict[str, str]:
+    dynamic = dynamic_features(args)
+    return {f"f{i}": "raw" if f"f{i}" in dynamic else "row" for i in range(NUM_FEATURES)}
+
+
+# --- model, plan, DMP --------------------------------------------------------------------
+
+
+def table_configs(
+    args: argparse.Namespace,
+) -> tuple[list[EmbeddingBagConfig], list[EmbeddingConfig]]:
+    """One table per feature: pooled (MEAN) tables for f0..f6, a sequence table for f7.
+
+    A dynamic table's ``num_embeddings`` is its capacity (ids are not bounded by it);
+    an ordinary table's is the vocabulary (ids are rows).
+    """
+    dynamic = dynamic_features(args)
+
+    def common(feature: str) -> dict:
+        rows = args.capacity if feature in dynamic else args.vocab_size
+        return dict(
+            name=f"t_{feature}",
+            embedding_dim=args.embedding_dim,
+            num_embeddings=rows,
+            feature_names=[feature],
+            weight_init_min=-args.init_bound,
+            weight_init_max=args.init_bound,
+        )
+
+    features = [f"f{i}" for i in range(NUM_FEATURES)]
+    pooled = [
+        EmbeddingBagConfig(pooling=PoolingType.MEAN, **common(f))
+        for f in features
+        if f != SEQUENCE_FEATURE
+    ]
+    return pooled, [EmbeddingConfig(**common(SEQUENCE_FEATURE))]
+
+
+def build_model(
+    args: argparse.Namespace, num_dense: int, pg: dist.ProcessGroup, device: torch.device
+) -> DistributedModelParallel:
+    """The model on the meta device, planned and sharded by DistributedModelParallel."""
+    pooled, sequence = table_configs(args)
+    meta = torch.device("meta")
+    model = SequenceDLRM(
+        EmbeddingBagCollection(tables=pooled, device=meta),
+        dense_in_features=num_dense,
+        dense_arch_layer_sizes=[64, args.embedding_dim],
+        over_arch_layer_sizes=[64, 32, 1],
+        embedding_collection=EmbeddingCollection(tables=sequence, device=meta),
+    )
+    fused_params = {
+        "optimizer": EmbOptimType[args.optimizer],
+        "learning_rate": args.learning_rate,
+        "eps": 1e-8,
+    }
+    topology = Topology(
+        world_size=dist.get_world_size(pg),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg))),
+        compute_device=device.type,
+    )
+    if args.static:
+        sharders, planner = static_planner(args, pooled + sequence, topology, fused_params)
+    else:
+        sharders, planner = dynamic_planner(args, pooled + sequence, topology, fused_params)
+    plan = planner.collective_plan(model, sharders, pg)
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(pg),
+        plan=plan,
+        sharders=sharders,
+        device=device,
+    )
+
+
+def ordinary_constraints(device: torch.device) -> ParameterConstraints:
+    """TorchRec tables: TABLE_WISE with fbgemm's TBE (FUSED). The kernel is forced because
+    TorchRec's CPU estimators reject the uvm kernels the planner would also try."""
+    return ParameterConstraints(
+        sharding_types=[ShardingType.TABLE_WISE.value],
+        compute_kernels=[EmbeddingComputeKernel.FUSED.value] if device.type == "cpu" else None,
+    )
+
+
+Tables = list[EmbeddingBagConfig | EmbeddingConfig]
+Planned = tuple[list[ModuleSharder[nn.Module]], ShardingPlanner]
+
+
+def static_planner(
+    args: argparse.Namespace, tables: Tables, topology: Topology, fused_params: dict
+) -> Planned:
+    """Plain TorchRec: its sharders and planner, every table ordinary."""
+    device = torch.device(topology.compute_device)
+    sharders = [
+        EmbeddingBagCollectionSharder(fused_params=fused_params),
+        EmbeddingCollectionSharder(fused_params=fused_params),
+    ]
+    constraints = {t.name: ordinary_constraints(device) for t in tables}
+    return sharders, EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+
+
+def dynamic_planner(
+    args: argparse.Namespace, tables: Tables, topology: Topology, fused_params: dict
+) -> Planned:
+    """dynemb: dynamic tables marked by their constraints; the ordinary table stays TorchRec's.
+
+    The dynemb sharders are drop-ins for TorchRec's: they shard the ordinary table as
+    TorchRec would. The planner turns ``num_embeddings`` of a dynamic table into each
+    rank's capacity (``num_embeddings / world_size`` rows).
+    """
+    device = torch.device(topology.compute_device)
+    dynamic = dynamic_features(args)
+    options = dynemb.DynamicEmbTableOptions(
+        initializer_args=dynemb.DynamicEmbInitializerArgs(
+            mode=dynemb.DynamicEmbInitializerMode.UNIFORM,
+            lower=-args.init_bound,
+            upper=args.init_bound,
+        ),
+        score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
+        dist_type=args.dist_type,
+        seed=args.seed,
+    )
+    constraints = {}
+    for t in tables:
+        if t.feature_names[0] in dynamic:
+            constraints[t.name] = DynamicEmbParameterConstraints(
+                sharding_types=[ShardingType.ROW_WISE.value],
+                use_dynamicemb=True,
+                dynamicemb_options=options,
+            )
+        else:
+            constraints[t.name] = ordinary_constraints(device)
+    sharders = [
+        DynamicEmbeddingBagCollectionSharder(fused_params=fused_params),
+        DynamicEmbeddingCollectionSharder(fused_params=fused_params),
+    ]
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=tables, topology=topology, constraints=constraints
+    )
+    return sharders, planner
+
+
+def dense_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """Adam over the dense parameters (the embeddings' optimizer is fused into backward)."""
+    params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+    return torch.optim.Adam(params, lr=args.dense_learning_rate)
+
+
+# --- training and evaluation -------------------------------------------------------------
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[Batch],
+    device: torch.device,
+    desc: str,
+    progress: bool,
+) -> float:
+    """One pass over ``batches``; returns the mean training loss over all ranks."""
+    model.train()
+    total = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
+    bar = tqdm(batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr)
+    for batch in bar:
+        batch = batch.to(device)
+        logits = model(batch.dense_features, batch.sparse_features)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += torch.tensor([loss.item() * len(batch.labels), len(batch.labels)])
+        bar.set_postfix(loss=f"{total[0] / total[1]:.4f}", refresh=False)
+    dist.all_reduce(total)
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, batches: Iterable[Batch], device: torch.device, desc: str, progress: bool
+) -> float:
+    """Held-out AUC over all ranks' predictions (gathered, then ranked)."""
+    model.eval()
+    scores, labels = [], []
+    for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
+        batch = batch.to(device)
+        scores.append(model(batch.dense_features, batch.sparse_features).float().cpu())
+        labels.append(batch.labels.cpu())
+    local = torch.stack([torch.cat(scores), torch.cat(labels)])  # same size on every rank
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    everything = torch.cat(gathered, dim=1)
+    return roc_auc(everything[0], everything[1])
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+
+def checkpoint_unavailable(args: argparse.Namespace) -> str | None:
+    """Why --dump / --load cannot run, or None."""
+    if (args.dump or args.load) and not hasattr(dynemb, "DynamicEmbDump"):
+        return "--dump / --load: not available yet (dynemb.DynamicEmbDump does not exist yet)"
+    return None
+
+
+def load_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
+    dynemb.DynamicEmbLoad(args.checkpoint_dir, model, optim=True)
+
+
+def dump_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
+    dynemb.DynamicEmbDump(args.checkpoint_dir, model, optim=True)
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = checkpoint_unavailable(args)
+    if reason:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(reason, file=sys.stderr)
+        return 2
+    if args.static and no_cpu_adam(args):
+        print(
+            "--static --optimizer ADAM: fbgemm's CPU TBE has no Adam (dynemb's tables do)",
+            file=sys.stderr,
+        )
+        return 2
+    start = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:  # plain `python example.py`: a world of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(args.seed)
+    lead = rank == 0
+    try:
+        data = make_dataset(args)
+        views = id_views(args)
+        model = build_model(args, data.num_dense, dist.group.WORLD, device)
+        optimizer = dense_optimizer(model, args)
+        if lead:
+            if not args.static and no_cpu_adam(args):
+                print(
+                    f"note: ADAM on CPU: {ORDINARY_FEATURE} is dynamic too (fbgemm's CPU TBE, "
+                    "which would hold the ordinary table, has no Adam)",
+                    flush=True,
+                )
+            kind = "static (TorchRec)" if args.static else f"dynamic ({args.dist_type})"
+            print(
+                f"{world_size} rank(s) on {device.type}; tables: {kind}; optimizer "
+                f"{args.optimizer}; {args.num_train} training rows, {args.num_eval} "
+                f"held-out; Bayes AUC {data.bayes_auc('eval'):.4f}",
+                flush=True,
+            )
+        if args.load:
+            load_checkpoint(model, args)
+        batches = dict(batch_size=args.batch_size, rank=rank, world_size=world_size, id_view=views)
+        for epoch in range(1, args.epochs + 1) if args.train else ():
+            loss = train_epoch(
+                model,
+                optimizer,
+                data.batches("train", **batches),
+                device,
+                f"train {epoch}/{args.epochs}",
+                lead,
+            )
+            line = f"epoch {epoch}/{args.epochs}: train loss {loss:.4f}"
+            if args.eval:
+                auc = evaluate(model, data.batches("eval", **batches), device, "eval", lead)
+                line += f", held-out AUC {auc:.4f}"
+            if lead:
+                print(line, flush=True)
+        if args.eval and not args.train:
+            auc = evaluate(model, data.batches("eval", **batches), device, "eval", lead)
+            if lead:
+                print(f"held-out AUC {auc:.4f}", flush=True)
+        if args.dump:
+            dump_checkpoint(model, args)
+        if lead:
+            print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
