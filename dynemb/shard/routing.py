@@ -107,6 +107,9 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
     def forward(
         self, sparse_features: KeyedJaggedTensor
     ) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        if self._world_size == 1:  # every key stays here, unchanged (static rows too)
+            self.unbucketize_permute_tensor = None
+            return self._dist(sparse_features)
         values = sparse_features.values().to(torch.int64)
         ranks = torch.empty_like(values)
         routed = torch.empty_like(values)

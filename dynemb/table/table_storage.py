@@ -62,10 +62,13 @@ class TableStorage:
         slots = num_buckets * layout.bucket_capacity
         new = functools.partial(_allocate, device=layout.device)
         self.digests = new((num_buckets, layout.bucket_capacity), torch.uint8).zero_()
-        self.keys = new((slots,), torch.int64)
+        # Keys and rows are written once here so that every page is faulted in now,
+        # not on a key's first insert in the middle of a training step (a fault on a
+        # huge-page region may compact memory: milliseconds, and very uneven).
+        self.keys = new((slots,), torch.int64).zero_()
         self.scores = new((slots if layout.keeps_scores else 0,), torch.int64).zero_()
         self.timestamps = new((slots if layout.keeps_timestamps else 0,), torch.int64).zero_()
-        self.values = new((slots, layout.row_width), layout.value_dtype)
+        self.values = new((slots, layout.row_width), layout.value_dtype).zero_()
         self.locks = new((num_buckets,), torch.int32).zero_()
         self.overflow = new((num_buckets,), torch.uint8).zero_()
 
