@@ -22,10 +22,14 @@ and Adam (LR 1e-3) on the dense part, world size 1 through
 
 Both runs see the same rows in the same order and start from the same torch seed;
 initial rows are uniform in the same bounds but not the same values (a dynamic row is
-a function of its key), so the AUCs differ by training noise (~0.002 run to run). The
-figure: ``auc`` of each, the dynemb one beside the peer's (ratio ~1: no quality
-lost), and the Bayes AUC of the held-out rows (the AUC of the true click
-probabilities, the ceiling). ``--quick`` shrinks everything (CI smoke run, ~15 s).
+a function of its key), so the AUCs differ by training noise (seeds 0-2: within
+0.0005 of each other). The figure: ``auc`` of each, the dynemb one beside the peer's
+(ratio ~1: no quality lost), and the Bayes AUC of the held-out rows (the AUC of the
+true click probabilities, the ceiling). Beside them, each side's final training loss
+and its training samples/s (a hint only: quality is the figure here). With ADAM,
+fbgemm's CPU TBE has none: no peer, and f6 is dynamic too. One thread by default:
+with two, a neighbour holding a core can stall every parallel region (see
+bench_train.py). ``--quick`` shrinks everything (CI smoke run, ~5 s).
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -101,7 +105,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="EXACT_ROWWISE_ADAGRAD")
     parser.add_argument("--only", choices=("torchrec", "dynemb"), help="run one side only")
-    parser.add_argument("--threads", type=int, default=available_threads())
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help=f"torch threads (this machine: {available_threads()}); one is far less slowed "
+        "down by a busy neighbour (see bench_train.py)",
+    )
     return parser.parse_args(argv)
 
 
