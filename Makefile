@@ -25,7 +25,7 @@ build: $(STAMP)
 	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: build
-	$(PY) demo/table_demo.py
+	$(VENV)/bin/torchrun --nproc_per_node=2 example.py --train --eval
 
 # Compiles every CUDA source for sm_80 and sm_90 with the shared core headers; skipped
 # (with the reason printed) on machines without nvcc.
