@@ -8,8 +8,10 @@ for the tables. The per-element maths is in csrc/core (pooling.h,
 optimizer_rules.h).
 """
 
+import functools
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -183,11 +185,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
         columns = _feature_columns(self.feature_dims)
         saved = []
-        for t, tb in enumerate(batches):
+        for t, (tb, distinct) in enumerate(zip(batches, _distinct_keys(batches), strict=True)):
             if tb is None:
                 saved.append(None)
                 continue
-            unique, inverse, counts = _ops.unique_keys(tb.keys)
+            unique, inverse, counts = distinct
             unique_slots, token = self._table_slots(t, unique, counts)
             slots = unique_slots[inverse]
             table = self.tables[t]
@@ -283,6 +285,25 @@ class _LookupFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
         return None, None, None, None, None, None
+
+
+@functools.cache
+def _dedup_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="dynemb-dedup")
+
+
+def _distinct_keys(batches: list) -> list:
+    """``unique_keys`` of each table's keys (None for absent tables).
+
+    The per-table dedup is serial C++ that releases the GIL; two tables run at once
+    (each result depends on its own keys only, so the outcome is the same).
+    """
+    present = [tb for tb in batches if tb is not None]
+    if len(present) > 1 and torch.get_num_threads() > 1:
+        results = iter(_dedup_pool().map(lambda tb: _ops.unique_keys(tb.keys), present))
+    else:
+        results = iter([_ops.unique_keys(tb.keys) for tb in present])
+    return [None if tb is None else next(results) for tb in batches]
 
 
 def _feature_columns(dims):
