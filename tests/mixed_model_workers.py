@@ -15,6 +15,8 @@ from torchrec.distributed.sharding_plan import (
     table_wise,
 )
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
@@ -127,6 +129,18 @@ def dynamic_tables_behave_like_torchrec_tables(rank: int, world_size: int) -> No
     torch.save(state, buffer)
     buffer.seek(0)
     model.load_state_dict(torch.load(buffer, weights_only=False), strict=False)
+
+    # TorchRec's optimizer plumbing: fused + dense in one CombinedOptimizer (here
+    # every parameter is an embedding: the dense filter leaves nothing).
+    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    assert not dense_params, list(dense_params)
+    extra = torch.nn.Parameter(torch.ones(1))
+    dense = KeyedOptimizerWrapper({"extra": extra}, lambda p: torch.optim.SGD(p, lr=0.1))
+    combined = CombinedOptimizer([model.fused_optimizer, dense])
+    combined.zero_grad()
+    model(kjt).values().sum().backward()
+    combined.step()
+    assert "state" in model.fused_optimizer.state_dict()
 
     # The fused optimizer's learning rate reaches the dynamic tables.
     (tables,) = dynamic_embedding_tables(model).values()
