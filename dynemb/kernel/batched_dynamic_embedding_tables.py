@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dynemb import _ops
+from dynemb.admission import AdmissionStrategy, Counter
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
@@ -43,6 +44,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             ``set_learning_rate`` or ``optimizer_config``.
         table_names: names used in messages (default ``table_0``, ...).
         device: where the tables live (default CPU).
+
+    Admission: a table whose options set ``admit_strategy`` and ``admission_counter``
+    stores a new key only once the strategy admits it (see dynemb.admission); its
+    counter is ``admission_counters[t]`` (built with ``admission_counter.create``).
 
     Inputs follow fbgemm's TBE: ``forward(indices, offsets, per_sample_weights=None)``
     with feature-major ``indices`` and ``offsets`` of length ``B * T + 1``.
@@ -126,6 +131,17 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self._eval_missing = [
             _init_list(o.eval_initializer_args, table) for o, table in zip(options, self.tables)
         ]
+        # Each table counts in its own counter: the one in the options is a template
+        # that several tables (or shards) may share.
+        self.admission_counters: list[Counter | None] = [
+            o.admission_counter.create(self.device) if o.admit_strategy is not None else None
+            for o in options
+        ]
+        # Rows of keys not stored in training: zeros, or the admission initializer.
+        self._train_missing = [
+            _admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else _ZEROS
+            for o, table in zip(options, self.tables)
+        ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
@@ -193,7 +209,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             unique_slots, token = self._table_slots(t, unique, counts)
             slots = unique_slots[inverse]
             table = self.tables[t]
-            missing = _ZEROS if self._inserts(t) else self._eval_missing[t]
+            missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
             with table._lock.read():
                 rows = self._read_rows(t, tb, slots, missing, batch_size)
             if sequence:
@@ -228,17 +244,52 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         table = self.tables[t]
         if not self._inserts(t):
             return table._find_slots(keys), table._mutations
+        if self.admission_counters[t] is not None:
+            return self._admitted_slots(t, keys, accesses), table._mutations
         slots, stats = table._find_or_insert_slots(keys, accesses)
         if stats.failed:
             self._safe_check(t, stats.failed)
         return slots, table._mutations
 
+    def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+        """Training slots of table t under admission (-1 for keys not admitted).
+
+        Only keys not stored yet are counted (each distinct key once, with its
+        occurrences in the batch); admitted keys are inserted together with the stored
+        ones (whose scores the upsert updates) and leave the counter.
+        """
+        table, counter = self.tables[t], self.admission_counters[t]
+        upsert = table._find_slots(keys) >= 0
+        new = torch.nonzero(~upsert, as_tuple=True)[0]
+        if new.numel():
+            new_keys = keys[new]
+            counts = counter.add(new_keys, accesses[new])
+            admit = self.table_options[t].admit_strategy.admit(new_keys, counts)
+            if not isinstance(admit, torch.Tensor) or admit.shape != new_keys.shape:
+                raise TypeError(
+                    f"table {self.table_names[t]!r}: admit_strategy.admit must return a "
+                    f"({new_keys.numel()},) bool tensor, got {admit!r}"
+                )
+            upsert[new[admit.to(device=keys.device, dtype=torch.bool)]] = True
+        slots = torch.full_like(keys, -1)
+        pos = torch.nonzero(upsert, as_tuple=True)[0]
+        if pos.numel():
+            slots[pos], stats = table._find_or_insert_slots(keys[pos], accesses[pos])
+            if stats.failed:
+                self._safe_check(t, stats.failed)
+        if new.numel():
+            stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
+            if stored.numel():
+                counter.erase(keys[stored])
+        return slots
+
     def _safe_check(self, t: int, failed: int) -> None:
         self.safe_check_failures[t] += failed
         mode = self.table_options[t].safe_check_mode
+        rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
         message = (
             f"dynamic table {self.table_names[t]!r}: {failed} keys could not be stored "
-            f"(table full at capacity {self.tables[t].capacity()}); they got zero rows"
+            f"(table full at capacity {self.tables[t].capacity()}); they got {rows}"
         )
         if mode == DynamicEmbCheckMode.ERROR:
             raise RuntimeError(message)
@@ -319,6 +370,13 @@ def _init_list(args: DynamicEmbInitializerArgs, table: ScoredHashTable) -> list:
     return [float(v) for v in args.resolved(table.max_capacity())] + [0.0]
 
 
+def _admission_missing(strategy: AdmissionStrategy, table: ScoredHashTable) -> list:
+    """Init list of keys not admitted: the strategy's initializer, else the table's own
+    (a key then keeps the row it will start from once admitted)."""
+    args = strategy.get_initializer_args()
+    return list(table._init) if args is None else _init_list(args, table)
+
+
 def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
     if not isinstance(o, DynamicEmbTableOptions):
         raise TypeError(f"table {name!r}: options must be DynamicEmbTableOptions, got {o!r}")
@@ -332,6 +390,25 @@ def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
         raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
     if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):
         raise TypeError(f"table {name!r}: safe_check_mode must be a DynamicEmbCheckMode")
+    _check_admission(name, o)
+
+
+def _check_admission(name: str, o: DynamicEmbTableOptions) -> None:
+    strategy, counter = o.admit_strategy, o.admission_counter
+    if (strategy is None) != (counter is None):
+        raise ValueError(
+            f"table {name!r}: admission needs both admit_strategy and admission_counter, "
+            f"got admit_strategy={strategy!r}, admission_counter={counter!r}"
+        )
+    if strategy is not None and not isinstance(strategy, AdmissionStrategy):
+        raise TypeError(
+            f"table {name!r}: admit_strategy must be an AdmissionStrategy "
+            f"(e.g. FrequencyAdmissionStrategy), got {strategy!r}"
+        )
+    if counter is not None and not isinstance(counter, Counter):
+        raise TypeError(
+            f"table {name!r}: admission_counter must be a Counter (e.g. KVCounter), got {counter!r}"
+        )
 
 
 __all__ = ["BatchedDynamicEmbeddingTables", "TableBatch"]

@@ -1,0 +1,274 @@
+"""Embedding admission: a new key is stored only once it has been seen often enough.
+
+Two small interfaces (names mirror NVIDIA DynamicEmb):
+
+- a ``Counter`` remembers how often each not-yet-stored key was seen
+  (``KVCounter``: a bounded hash table that forgets the least counted keys);
+- an ``AdmissionStrategy`` decides from those counts which keys a table stores
+  (``FrequencyAdmissionStrategy``: count >= threshold).
+
+A table opts in with ``DynamicEmbTableOptions(admit_strategy=..., admission_counter=...)``;
+BatchedDynamicEmbeddingTables does the counting (see DynamicEmb_APIs.md, "Admission").
+"""
+
+import abc
+from collections.abc import Sequence
+
+import torch
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.types import DynamicEmbScoreStrategy
+
+__all__: Sequence[str] = [
+    "AdmissionStrategy",
+    "Counter",
+    "FrequencyAdmissionStrategy",
+    "KVCounter",
+]
+
+
+class Counter(abc.ABC):
+    """Interface of a key -> count table used for admission.
+
+    A counter given in ``DynamicEmbTableOptions.admission_counter`` is a template:
+    each table builds its own empty counter with ``create(device)``, so tables (and
+    the shards of one table) never mix their counts.
+    """
+
+    @abc.abstractmethod
+    def add(self, keys: torch.Tensor, frequency: torch.Tensor | None = None) -> torch.Tensor:
+        """Adds ``frequency`` to the count of each key.
+
+        Args:
+            keys: (n,) int64; a key may repeat (its frequencies are summed).
+            frequency: (n,) int64 >= 0, or ``None`` for one occurrence per key.
+
+        Returns:
+            (n,) int64: each key's count after adding.
+        """
+
+    @abc.abstractmethod
+    def erase(self, keys: torch.Tensor) -> None:
+        """Forgets keys ((n,) int64); absent keys are ignored."""
+
+    @abc.abstractmethod
+    def memory_usage(self) -> int:
+        """Bytes held by the counter."""
+
+    @abc.abstractmethod
+    def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(keys, counts)``: (m,) int64 each, every remembered key once (any order)."""
+
+    @abc.abstractmethod
+    def load(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        """Sets the count of each key (others are kept): the inverse of ``dump``.
+
+        Args:
+            keys: (m,) int64, distinct.
+            counts: (m,) int64 >= 0.
+        """
+
+    @abc.abstractmethod
+    def create(self, device: str | torch.device | None = None) -> "Counter":
+        """Returns a new, empty counter with this one's configuration on ``device``."""
+
+
+class KVCounter(Counter):
+    """A bounded counter: a ScoredHashTable whose score is the key's count.
+
+    Counts are exact for the keys it keeps. When a bucket is full, the key with the
+    smallest (count, key) is forgotten; a new key counted below every key of its
+    full bucket is not remembered (its count is still returned, for this call).
+
+    Args:
+        capacity: keys it can hold (>= bucket_capacity; rounded up to whole buckets).
+        bucket_capacity: slots per bucket, a positive multiple of 16 (default 1024).
+        key_type: key dtype; only ``torch.int64``.
+        device: where the table lives (default CPU).
+
+    Raises:
+        TypeError / ValueError: on a bad argument, naming it and its value.
+
+    Example::
+
+        >>> c = KVCounter(capacity=1024, bucket_capacity=16)
+        >>> c.add(torch.tensor([7, 8, 7]))
+        tensor([2, 1, 2])
+        >>> c.add(torch.tensor([7]), torch.tensor([5]))
+        tensor([7])
+        >>> keys, counts = c.dump()                # slot order
+        >>> sorted(zip(keys.tolist(), counts.tolist()))
+        [(7, 7), (8, 1)]
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        bucket_capacity: int = 1024,
+        key_type: torch.dtype = torch.int64,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if key_type != torch.int64:
+            raise ValueError(f"KVCounter: key_type must be torch.int64, got {key_type}")
+        for name, v in (("capacity", capacity), ("bucket_capacity", bucket_capacity)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"KVCounter: {name} must be a positive int, got {v!r}")
+        if capacity < bucket_capacity:
+            raise ValueError(
+                f"KVCounter: capacity={capacity} is below bucket_capacity={bucket_capacity}; "
+                "pass a smaller bucket_capacity (a multiple of 16)"
+            )
+        self.capacity = capacity
+        self.bucket_capacity = bucket_capacity
+        self.key_type = key_type
+        # CUSTOMIZED with the count as score (not LFU): the count is then exactly the
+        # score we set, load() can restore any count, and a newcomer never evicts a
+        # key counted more often. The value row is unused: 1 fp16 column, the minimum.
+        self._table = ScoredHashTable(
+            dim=1,
+            capacity=capacity,
+            bucket_capacity=bucket_capacity,
+            score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED,
+            value_dtype=torch.float16,
+            device=device if device is not None else "cpu",
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self._table.device
+
+    def size(self) -> int:
+        """Number of remembered keys."""
+        return self._table.size()
+
+    def add(self, keys: torch.Tensor, frequency: torch.Tensor | None = None) -> torch.Tensor:
+        keys = self._check_keys(keys)
+        if frequency is None:
+            frequency = torch.ones_like(keys)
+        frequency = self._check_counts("frequency", frequency, keys)
+        if keys.numel() == 0:
+            return torch.zeros_like(keys)
+        unique, inverse, _ = _ops.unique_keys(keys)
+        added = torch.zeros_like(unique).index_add_(0, inverse, frequency)
+        # Scores are 0 for absent keys, so old + added is the exact new count.
+        counts = self._table.get_scores(unique) + added
+        self._store(unique, counts)
+        return counts[inverse]
+
+    def erase(self, keys: torch.Tensor) -> None:
+        self._table.erase(self._check_keys(keys))
+
+    def memory_usage(self) -> int:
+        return self._table.memory_usage()
+
+    def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, _, counts, _ = self._table.export_batch(0, self._table.capacity())
+        return keys, counts
+
+    def load(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        keys = self._check_keys(keys)
+        counts = self._check_counts("counts", counts, keys)
+        if keys.numel() and _ops.unique_keys(keys)[0].numel() != keys.numel():
+            raise ValueError("KVCounter.load: keys must be distinct")
+        if keys.numel():
+            self._store(keys, counts)
+
+    def create(self, device: str | torch.device | None = None) -> "KVCounter":
+        return KVCounter(
+            self.capacity,
+            self.bucket_capacity,
+            self.key_type,
+            device=device if device is not None else self.device,
+        )
+
+    def _store(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        values = torch.zeros((keys.numel(), 1), dtype=torch.float16, device=self.device)
+        self._table.insert_or_assign(keys, values, scores=counts)
+
+    def _check_keys(self, keys) -> torch.Tensor:
+        if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or keys.dim() != 1:
+            raise TypeError(f"KVCounter: keys must be a 1-D int64 tensor, got {_describe(keys)}")
+        if keys.device != self.device:
+            raise ValueError(f"KVCounter: keys are on {keys.device}, the counter on {self.device}")
+        return keys.contiguous()
+
+    def _check_counts(self, name: str, counts, keys: torch.Tensor) -> torch.Tensor:
+        if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int64:
+            raise TypeError(f"KVCounter: {name} must be an int64 tensor, got {_describe(counts)}")
+        if counts.shape != keys.shape:
+            raise ValueError(
+                f"KVCounter: {name} has shape {tuple(counts.shape)}, keys {tuple(keys.shape)}"
+            )
+        if counts.numel() and int(counts.min()) < 0:
+            raise ValueError(f"KVCounter: {name} must be >= 0, got {int(counts.min())}")
+        return counts.to(keys.device).contiguous()
+
+
+class AdmissionStrategy(abc.ABC):
+    """Decides which new keys a table stores, from their counts."""
+
+    @abc.abstractmethod
+    def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+        """Returns (n,) bool: True for the keys to store.
+
+        Args:
+            keys: (n,) int64 keys not stored in the table.
+            frequencies: (n,) int64, their counts (this batch included).
+        """
+
+    @abc.abstractmethod
+    def get_initializer_args(self) -> DynamicEmbInitializerArgs | None:
+        """Rows given to keys not admitted (``None``: the table's ``initializer_args``)."""
+
+
+class FrequencyAdmissionStrategy(AdmissionStrategy):
+    """Admits a key once it has been seen ``threshold`` times.
+
+    Args:
+        threshold: int >= 1; a key is stored when its count reaches it.
+        initializer_args: rows of keys not yet admitted, for the lookup that sees
+            them (``None``: the table's own ``initializer_args``, so a key keeps the
+            row it will start from once admitted).
+
+    Raises:
+        TypeError / ValueError: on a bad threshold or initializer_args.
+
+    Example::
+
+        >>> s = FrequencyAdmissionStrategy(threshold=3)
+        >>> s.admit(torch.tensor([1, 2]), torch.tensor([3, 2]))
+        tensor([ True, False])
+    """
+
+    def __init__(
+        self, threshold: int, initializer_args: DynamicEmbInitializerArgs | None = None
+    ) -> None:
+        if not isinstance(threshold, int) or isinstance(threshold, bool):
+            raise TypeError(
+                f"FrequencyAdmissionStrategy: threshold must be an int, got {threshold!r}"
+            )
+        if threshold < 1:
+            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 1, got {threshold}")
+        if initializer_args is not None:
+            if not isinstance(initializer_args, DynamicEmbInitializerArgs):
+                raise TypeError(
+                    "FrequencyAdmissionStrategy: initializer_args must be DynamicEmbInitializerArgs "
+                    f"or None, got {initializer_args!r}"
+                )
+            initializer_args.validate()
+        self.threshold = threshold
+        self.initializer_args = initializer_args
+
+    def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+        return frequencies >= self.threshold
+
+    def get_initializer_args(self) -> DynamicEmbInitializerArgs | None:
+        return self.initializer_args
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dim()}-D {x.dtype} tensor"
+    return repr(x)
