@@ -93,7 +93,7 @@ def _build_tables(
         options.append(opts)
         names.append(table.name)
         feature_table_map.extend([index] * table.num_features())
-    return BatchedDynamicEmbeddingTables(
+    tables = BatchedDynamicEmbeddingTables(
         options,
         feature_table_map,
         pooling_mode=pooling,
@@ -102,6 +102,11 @@ def _build_tables(
         device=device,
         **kwargs,
     )
+    # How keys reach this rank (checkpoint loading re-routes keys with it).
+    tables.routing = [
+        (o.dist_type, t.num_embeddings) for o, t in zip(options, config.embedding_tables)
+    ]
+    return tables
 
 
 class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):

@@ -50,6 +50,15 @@ def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
     return kernels
 
 
+def dynamic_kernels_by_path(model: nn.Module) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
+    """``(sharded module path, tables)`` for each group of dynamic tables of this rank."""
+    return [
+        (path, kernel.emb_module)
+        for path, module in model.named_modules()
+        for kernel in _dynamic_kernels(getattr(module, "_lookups", []))
+    ]
+
+
 def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbeddingTables]:
     """Every group of dynamic tables of this rank, by ``<module path>.<first table name>``.
 
@@ -59,10 +68,8 @@ def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbedd
             print(path, tables.table_names, [t.size() for t in tables.tables])
     """
     found = {}
-    for path, module in model.named_modules():
-        for kernel in _dynamic_kernels(getattr(module, "_lookups", [])):
-            tables = kernel.emb_module
-            found[f"{path}.{tables.table_names[0]}" if path else tables.table_names[0]] = tables
+    for path, tables in dynamic_kernels_by_path(model):
+        found[f"{path}.{tables.table_names[0]}" if path else tables.table_names[0]] = tables
     return found
 
 

@@ -1,0 +1,7 @@
+"""Checkpoints of dynamic tables: parallel dump, atomic commit, load at any world size."""
+
+from dynemb.checkpoint.dump import DynamicEmbDump
+from dynemb.checkpoint.format import CheckpointError
+from dynemb.checkpoint.load import DynamicEmbLoad
+
+__all__ = ["CheckpointError", "DynamicEmbDump", "DynamicEmbLoad"]

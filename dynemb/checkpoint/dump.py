@@ -1,0 +1,168 @@
+"""``DynamicEmbDump``: every rank writes its shard of every dynamic table, then one atomic commit."""
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import nn
+
+from dynemb.checkpoint.format import (
+    CHUNK_ROWS,
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    FieldWriter,
+    dtype_name,
+    fsync_dir,
+    read_manifest,
+    write_manifest,
+)
+from dynemb.checkpoint.tables import NamedTable, named_tables
+
+
+def process_group(pg):
+    """The group to work over, or None for a single process."""
+    if pg is not None:
+        return pg
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_and_size(pg) -> tuple[int, int]:
+    return (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+
+
+def all_gather(obj, pg) -> list:
+    if pg is None:
+        return [obj]
+    out = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(out, obj, group=pg)
+    return out
+
+
+def table_meta(t: NamedTable, world_size: int) -> dict:
+    """What a loader checks against its own table before loading this one."""
+    table, group = t.table, t.group
+    routing = getattr(group, "routing", None)
+    dist_type, num_embeddings = routing[t.index] if routing else ("roundrobin", 0)
+    return {
+        "dim": table.dim,
+        "value_dtype": dtype_name(table.value_dtype),
+        "optimizer": group.optimizer_config.optimizer.name,
+        "state_columns": group.optimizer_config.state_columns(table.dim),
+        "score_strategy": str(table.score_strategy),
+        "bucket_capacity": table.bucket_capacity,
+        "capacity_per_rank": table.max_capacity(),
+        "dist_type": dist_type,
+        "num_embeddings": num_embeddings,
+        "world_size": world_size,
+        "optimizer_step": group.step,
+        "table_step": table._step,
+    }
+
+
+def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict:
+    table = t.table
+    keeps_ts = table._layout.keeps_timestamps
+    fields = (
+        ["keys", "values", "scores"]
+        + (["state"] if optim else [])
+        + (["timestamps"] if keeps_ts else [])
+    )
+    writers = {f: FieldWriter(directory / f"{t.name}.r{rank}.{f}") for f in fields}
+    rows, offset = 0, 0
+    capacity = table.capacity()
+    while offset < capacity:
+        keys, values, scores, offset = table.export_batch(offset, CHUNK_ROWS, include_extra=optim)
+        writers["keys"].write(keys)
+        writers["values"].write(values[:, : table.dim])
+        writers["scores"].write(scores)
+        if optim:
+            writers["state"].write(values[:, table.dim :])
+        if keeps_ts:
+            writers["timestamps"].write(table.get_timestamps(keys))
+        rows += keys.numel()
+    return {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
+
+
+def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
+    path: str | Path,
+    model: nn.Module,
+    table_names: list[str] | None = None,
+    optim: bool = False,
+    pg: dist.ProcessGroup | None = None,
+) -> Path:
+    """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
+
+    Every rank writes its own shard (keys, rows, scores, and the optimizer state with
+    ``optim=True``), streamed in chunks; rank 0 then commits by replacing
+    ``path/manifest.json`` atomically, so an existing checkpoint at ``path`` stays
+    loadable until this one is complete, and a crash leaves no half checkpoint that
+    could be loaded. Every rank of ``pg`` (default: the world, or this process alone)
+    must call it. ``path`` must be one directory seen by every rank.
+
+    Args:
+        path: the checkpoint directory (created if needed).
+        model: a model sharded by DistributedModelParallel with dynemb's sharders, a
+            sharded collection, or a BatchedDynamicEmbeddingTables.
+        table_names: dump these tables only (``<collection path>.<table>`` or the bare
+            table name); default all.
+        optim: also write each row's optimizer state.
+        pg: the process group of the model's ranks.
+
+    Returns:
+        ``path``.
+
+    Example::
+
+        DynamicEmbDump("/ckpt/step_1000", model, optim=True)
+    """
+    pg = process_group(pg)
+    rank, world_size = rank_and_size(pg)
+    path = Path(path)
+    tables = named_tables(model, table_names)
+    dump_id = None
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        dump_id = f"dump-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:12]}"
+        (path / dump_id).mkdir()
+    dump_id = all_gather(dump_id, pg)[0]
+    directory = path / dump_id
+    if pg is not None:
+        dist.barrier(group=pg)  # the directory exists for everyone
+    mine = {
+        t.name: (table_meta(t, world_size), _write_table(t, directory, rank, optim)) for t in tables
+    }
+    everyone = all_gather(mine, pg)
+    if rank == 0:
+        fsync_dir(directory)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dump_id": dump_id,
+            "optim": optim,
+            "tables": {},
+        }
+        for name in sorted(mine):
+            manifest["tables"][name] = dict(mine[name][0])
+            manifest["tables"][name]["files"] = [r[name][1] for r in everyone]
+        write_manifest(path, manifest)  # the commit point
+        _remove_old_dumps(path, keep=dump_id)
+    if pg is not None:
+        dist.barrier(group=pg)
+    return path
+
+
+def _remove_old_dumps(path: Path, keep: str) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and child.name.startswith("dump-") and child.name != keep:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def committed_dump(path: Path) -> str:
+    """The dump directory the manifest names (for tests and tools)."""
+    return read_manifest(path)["dump_id"]
+
+
+__all__ = ["DynamicEmbDump", "MANIFEST", "committed_dump"]

@@ -1,0 +1,132 @@
+"""On-disk layout of a dynemb checkpoint, and its validation.
+
+    <path>/manifest.json           the commit point: written last, renamed into place
+    <path>/<dump_id>/<table>.r<rank>.<field>   raw little-endian arrays, one per field
+
+Fields of a table's file set (``rows`` entries each): ``keys`` int64, ``values``
+(dim columns) and ``state`` (the optimizer's extra columns, with ``optim=True``)
+in the table's value dtype, ``scores`` int64, ``timestamps`` int64 (the
+(TIMESTAMP, LFU) compound only). The manifest records, per table, its options and
+per file its row count, byte size and CRC-32. A dump writes a fresh ``<dump_id>``
+directory and only then replaces the manifest, so the previous checkpoint stays
+loadable until the new one is complete; a dump directory that the manifest does not
+name is an incomplete dump and is never read.
+"""
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+
+FORMAT = "dynemb-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+CHUNK_ROWS = 1 << 16  # rows per read / write: memory stays bounded for any table size
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded (missing, incomplete, corrupted or mismatched)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise CheckpointError(f"unknown value dtype {name!r} in the manifest")
+    return _DTYPES[name]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Writes ``path/manifest.json`` atomically (temporary file, fsync, rename, fsync dir)."""
+    tmp = path / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / MANIFEST)
+    fsync_dir(path)
+
+
+def read_manifest(path: Path) -> dict:
+    file = path / MANIFEST
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file}: no manifest; {path} is not a checkpoint, or its first dump never completed"
+        )
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: unreadable manifest ({e})") from e
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{file}: not a dynemb checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(
+            f"{file}: format version {manifest.get('version')!r}, this dynemb reads version {VERSION}"
+        )
+    return manifest
+
+
+class FieldWriter:
+    """Appends raw arrays to one field file, keeping its size and CRC-32."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self._f = open(file, "wb")
+        self.bytes = 0
+        self.crc = 0
+
+    def write(self, t: torch.Tensor) -> None:
+        data = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        self._f.write(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self.bytes += len(data)
+
+    def close(self) -> dict:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return {"file": self.file.name, "bytes": self.bytes, "crc32": self.crc}
+
+
+def verify_field(directory: Path, entry: dict, expected_bytes: int) -> None:
+    """Raises CheckpointError naming the file if it is missing, truncated or corrupted."""
+    file = directory / entry["file"]
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    size = file.stat().st_size
+    if size != entry["bytes"] or size != expected_bytes:
+        raise CheckpointError(
+            f"{file}: {size} bytes, the manifest expects {expected_bytes} (truncated or extended)"
+        )
+    crc = 0
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    if crc != entry["crc32"]:
+        raise CheckpointError(f"{file}: checksum mismatch (corrupted)")
+
+
+def read_rows(
+    directory: Path, entry: dict, begin: int, end: int, dtype, width: int
+) -> torch.Tensor:
+    """Rows [begin, end) of a field file as a (end - begin, width) tensor (width 0: 1-D)."""
+    item = torch.empty((), dtype=dtype).element_size() * max(1, width)
+    with open(directory / entry["file"], "rb") as f:
+        f.seek(begin * item)
+        data = bytearray(f.read((end - begin) * item))
+    flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+    return flat.view(end - begin, width) if width else flat

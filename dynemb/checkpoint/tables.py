@@ -1,0 +1,64 @@
+"""The dynamic tables of a model, by a name that does not depend on the world size."""
+
+import dataclasses
+
+from torch import nn
+
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.sharded_modules import dynamic_kernels_by_path
+from dynemb.table.scored_hash_table import ScoredHashTable
+
+_WRAPPERS = ("_dmp_wrapped_module.", "module.")  # DMP / DDP prefixes, not part of a name
+
+
+@dataclasses.dataclass
+class NamedTable:
+    """One dynamic table of this rank: ``name`` is ``<collection path>.<table>``."""
+
+    name: str
+    group: BatchedDynamicEmbeddingTables
+    index: int
+
+    @property
+    def table(self) -> ScoredHashTable:
+        return self.group.tables[self.index]
+
+
+def _clean(path: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _WRAPPERS:
+            if path.startswith(prefix):
+                path, changed = path[len(prefix) :], True
+    return path
+
+
+def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
+    """Every dynamic table of ``model`` on this rank, sorted by name.
+
+    ``model``: a (DMP-)sharded model, or a BatchedDynamicEmbeddingTables.
+    ``table_names``: keep these only; each may be the full name or the bare table
+    name when that is unambiguous. Unknown names raise ValueError.
+    """
+    if isinstance(model, BatchedDynamicEmbeddingTables):
+        groups = [("", model)]
+    else:
+        groups = [(_clean(path), g) for path, g in dynamic_kernels_by_path(model)]
+    found = [
+        NamedTable(f"{path}.{name}" if path else name, group, i)
+        for path, group in groups
+        for i, name in enumerate(group.table_names)
+    ]
+    found.sort(key=lambda t: t.name)
+    if table_names is None:
+        return found
+    chosen = []
+    for wanted in table_names:
+        matches = [t for t in found if t.name == wanted or t.name.endswith("." + wanted)]
+        if len(matches) != 1:
+            known = ", ".join(t.name for t in found) or "none"
+            why = "is ambiguous" if matches else "is not a dynamic table of the model"
+            raise ValueError(f"table_names: {wanted!r} {why} (dynamic tables: {known})")
+        chosen.append(matches[0])
+    return sorted({id(t): t for t in chosen}.values(), key=lambda t: t.name)
