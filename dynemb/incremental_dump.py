@@ -1,0 +1,285 @@
+"""Incremental dump: the entries of a model's dynamic tables touched since a score reference.
+
+Names and shapes mirror NVIDIA DynamicEmb's ``dynamicemb.incremental_dump``::
+
+    before = get_score(model)                  # {collection: {table: int}}
+    ...train...
+    dumped, now = incremental_dump(model, before)
+    # dumped[collection][table] = (keys, rows, scores), gathered from every rank
+    # ``now`` is the reference of the next incremental dump
+
+The score reference of a table is the lowest score an entry updated from now on
+can get, so ``incremental_dump(model, get_score(model))`` returns exactly the
+entries updated in between:
+
+- TIMESTAMP and (TIMESTAMP, LFU): the table clock now (ns, ``time.monotonic_ns``);
+  the compound is filtered by its last-access time, not by its LFU count.
+- STEP: the step the next batch will get (``table._step + 1``).
+- CUSTOMIZED: the score given by ``set_score``; before any, the maximum score stored.
+- LFU: the maximum count stored (a count has no time: the threshold filters by count).
+- NO_EVICTION: no score is kept (every score is 0); 0 is returned and every entry
+  is always dumped.
+
+References are per rank (clocks and step counters are): pass ``get_score``'s result
+back on the rank that produced it.
+"""
+
+import warnings
+from collections.abc import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard import dynamic_embedding_tables
+from dynemb.table.batch_arguments import TIMESTAMP_LFU
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.types import DynamicEmbScoreStrategy
+
+ScoreDict = dict[str, dict[str, int]]
+Dumped = dict[str, dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
+
+_CHUNK_SLOTS = 1 << 16  # slots scanned at once: bounds the temporary memory of a dump
+_CUSTOM_SCORE = "_custom_score"  # attribute of a CUSTOMIZED ScoredHashTable set by set_score
+_TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
+_STEP = DynamicEmbScoreStrategy.STEP.value
+_CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
+_NO_EVICTION = DynamicEmbScoreStrategy.NO_EVICTION.value
+
+
+def get_score(model: nn.Module) -> ScoreDict:
+    """The current score reference of every dynamic table of this rank.
+
+    Args:
+        model: a (DMP-)sharded model with dynamic tables, or any module holding
+            BatchedDynamicEmbeddingTables (a bare one is the collection ``""``).
+
+    Returns:
+        ``{collection name: {table name: int}}``; the collection name is the module
+        path of the sharded collection inside ``model``. See the module docstring for
+        what the int is under each score strategy.
+
+    Example::
+
+        >>> before = get_score(model)   # {"ebc": {"t0": 81234567890123, "t1": ...}}
+    """
+    return {
+        name: {t: _reference(table) for t, table in tables.items()}
+        for name, tables in _collections(model).items()
+    }
+
+
+def set_score(model: nn.Module, table_score: Mapping[str, Mapping[str, int]]) -> None:
+    """Sets the score that keys of CUSTOMIZED tables get when updated from now on.
+
+    The embedding kernel does not read it yet (training a CUSTOMIZED table through
+    BatchedDynamicEmbeddingTables still fails with "scores are required"); it is the
+    reference ``get_score`` returns for the table.
+
+    Args:
+        model: as in ``get_score``.
+        table_score: ``{collection name: {table name: score}}``, scores ints >= 0;
+            tables not named keep their score.
+
+    Raises:
+        ValueError: an unknown collection or table name, a table whose strategy is not
+            CUSTOMIZED, or a negative score (nothing is changed then).
+        TypeError: a score that is not an int.
+
+    Warns:
+        UserWarning: a score lower than the table's current reference (entries
+            updated from now on rank below older ones and are missed by an incremental
+            dump from the older reference).
+    """
+    collections = _collections(model)
+    chosen = []
+    for coll, name, table, score in _named_entries(collections, table_score, "table_score"):
+        if table._strategy != _CUSTOMIZED:
+            raise ValueError(
+                f"set_score: table {coll!r}/{name!r} uses "
+                f"{table.score_strategy}; only CUSTOMIZED tables take a score"
+            )
+        if score < 0:
+            raise ValueError(f"set_score: scores must be >= 0, got {score}")
+        chosen.append((coll, name, table, score))
+    for coll, name, table, score in chosen:
+        old = _reference(table)
+        if score < old:
+            warnings.warn(
+                f"set_score: table {coll!r}/{name!r} score goes down from {old} to {score}",
+                stacklevel=2,
+            )
+        setattr(table, _CUSTOM_SCORE, score)
+
+
+def incremental_dump(
+    model: nn.Module,
+    score_threshold: int | Mapping[str, Mapping[str, int]],
+    pg: dist.ProcessGroup | None = None,
+) -> tuple[Dumped, ScoreDict]:
+    """The entries whose score is >= the threshold, from every rank, on the host.
+
+    Collective over ``pg`` when torch.distributed is initialised: every rank of ``pg``
+    must call it, and every rank receives every rank's entries.
+
+    Args:
+        model: as in ``get_score``.
+        score_threshold: one int for every table, or ``{collection: {table: int}}``
+            (e.g. an earlier ``get_score`` result); tables not named are not dumped.
+        pg: the process group to gather over (default: the world).
+
+    Returns:
+        ``(dumped, current_scores)``: ``dumped[collection][table] = (keys, rows,
+        scores)``, (m,) int64, (m, dim) in the table's value dtype (embedding columns,
+        no optimizer state), (m,) int64 (the compound's last-access times), CPU
+        tensors, concatenated in rank order; ``current_scores`` is this rank's
+        ``get_score(model)`` read before the dump (the reference of the next one).
+
+    Raises:
+        ValueError / TypeError: an unknown collection or table name, or a threshold
+            that is not an int (raised before any collective).
+
+    Example::
+
+        >>> before = get_score(model)
+        >>> ...train...
+        >>> dumped, before = incremental_dump(model, before)
+        >>> keys, rows, scores = dumped["ebc"]["t0"]
+    """
+    collections = _collections(model)
+    if isinstance(score_threshold, Mapping):
+        chosen = list(_named_entries(collections, score_threshold, "score_threshold"))
+    else:
+        _check_int("score_threshold", score_threshold)
+        chosen = [
+            (c, name, table, score_threshold)
+            for c, tables in collections.items()
+            for name, table in tables.items()
+        ]
+    current = get_score(model)
+    local: Dumped = {}
+    for coll, name, table, threshold in chosen:
+        local.setdefault(coll, {})[name] = _dump_table(table, threshold)
+    if not dist.is_initialized() or dist.get_world_size(pg) == 1:
+        return local, current
+    parts: list = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(parts, local, group=pg)
+    return _concat_ranks(parts), current
+
+
+# ------------------------------------------------------------------ internals
+
+
+def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
+    """This rank's dynamic tables: ``{collection path: {table name: table}}``."""
+    groups = []
+    for key, group in dynamic_embedding_tables(model).items():
+        first = group.table_names[0]
+        groups.append((key[: -len(first) - 1] if key != first else "", group))
+    groups += [
+        (p, m) for p, m in model.named_modules() if isinstance(m, BatchedDynamicEmbeddingTables)
+    ]
+    found: dict[str, dict[str, ScoredHashTable]] = {}
+    seen = set()
+    for path, group in groups:
+        if id(group) in seen:
+            continue
+        seen.add(id(group))
+        found.setdefault(path, {}).update(zip(group.table_names, group.tables))
+    return found
+
+
+def _named_entries(collections, named: Mapping, arg: str) -> Iterator:
+    """(collection, table name, table, int) of a nested ``{collection: {table: int}}``, checked."""
+    for coll, scores in named.items():
+        if coll not in collections:
+            raise ValueError(
+                f"{arg}: unknown collection {coll!r}; this model has {sorted(collections)}"
+            )
+        if not isinstance(scores, Mapping):
+            raise TypeError(f"{arg}[{coll!r}] must be a dict of table name -> int, got {scores!r}")
+        for name, score in scores.items():
+            if name not in collections[coll]:
+                raise ValueError(
+                    f"{arg}: unknown table {name!r} in collection {coll!r}; it has "
+                    f"{sorted(collections[coll])}"
+                )
+            _check_int(f"{arg}[{coll!r}][{name!r}]", score)
+            yield coll, name, collections[coll][name], score
+
+
+def _check_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _reference(table: ScoredHashTable) -> int:
+    """The lowest score an entry updated from now on can get (see the module docstring)."""
+    code = table._strategy
+    if code in (_TIMESTAMP, TIMESTAMP_LFU):
+        return int(table._clock())
+    if code == _STEP:
+        return table._step + 1
+    if code == _NO_EVICTION:
+        return 0
+    if code == _CUSTOMIZED and getattr(table, _CUSTOM_SCORE, None) is not None:
+        return getattr(table, _CUSTOM_SCORE)
+    return _max_score(table)
+
+
+def _max_score(table: ScoredHashTable) -> int:
+    best = 0
+    with table._lock.read():
+        s = table._storage
+        for begin in range(0, s.num_slots, _CHUNK_SLOTS):
+            slots = s.occupied(begin, min(s.num_slots, begin + _CHUNK_SLOTS))
+            if slots.numel():
+                best = max(best, int(s.scores[slots].max()))
+    return best
+
+
+def _dump_table(table: ScoredHashTable, threshold: int):
+    """(keys, rows, scores) of the entries scoring >= threshold, on the host.
+
+    The table's read lock is held for the whole scan: the dump is one snapshot."""
+    keys, rows, scores = [], [], []
+    with table._lock.read():
+        s = table._storage
+        by_time = table._strategy == TIMESTAMP_LFU
+        for begin in range(0, s.num_slots, _CHUNK_SLOTS):
+            slots = s.occupied(begin, min(s.num_slots, begin + _CHUNK_SLOTS))
+            if table._strategy == _NO_EVICTION:
+                score = torch.zeros_like(slots)
+            else:
+                score = (s.timestamps if by_time else s.scores)[slots]
+                keep = score >= threshold
+                slots, score = slots[keep], score[keep]
+            keys.append(s.keys[slots].cpu())
+            rows.append(s.values[slots, : table.dim].cpu())
+            scores.append(score.cpu())
+    if not keys:  # a table always has slots; kept for an empty storage
+        return (
+            torch.empty(0, dtype=torch.int64),
+            torch.empty((0, table.dim), dtype=table.value_dtype),
+            torch.empty(0, dtype=torch.int64),
+        )
+    return torch.cat(keys), torch.cat(rows), torch.cat(scores)
+
+
+def _concat_ranks(parts: list[Dumped]) -> Dumped:
+    merged: dict[str, dict[str, list]] = {}
+    for part in parts:
+        for coll, tables in part.items():
+            for name, entry in tables.items():
+                merged.setdefault(coll, {}).setdefault(name, []).append(entry)
+    return {
+        coll: {
+            name: tuple(torch.cat(list(col)) for col in zip(*entries))
+            for name, entries in tables.items()
+        }
+        for coll, tables in merged.items()
+    }
+
+
+__all__ = ["get_score", "incremental_dump", "set_score"]
