@@ -1,0 +1,198 @@
+"""Checkpoints refuse bad files loudly and survive a kill -9 in the middle of a dump."""
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
+from dynemb.checkpoint.dump import committed_dump
+from dynemb.optimizer import EmbOptimType
+
+
+def _module(optimizer=EmbOptimType.ADAM, dim=8, capacity=1 << 12):
+    options = [
+        DynamicEmbTableOptions(
+            dim=dim, max_capacity=capacity, score_strategy=DynamicEmbScoreStrategy.LFU
+        ),
+        DynamicEmbTableOptions(dim=dim, max_capacity=capacity),
+    ]
+    return BatchedDynamicEmbeddingTables(
+        options, [0, 1], optimizer=optimizer, table_names=["a", "b"]
+    )
+
+
+def _train(module, keys: torch.Tensor) -> None:
+    """One step over 2 features of len(keys) / 2 single-id bags each."""
+    offsets = torch.arange(keys.numel() + 1)
+    module(keys, offsets).sum().backward()
+
+
+def _contents(module) -> list:
+    out = []
+    for table in module.tables:
+        keys, rows, scores, _ = table.export_batch(0, table.capacity(), include_extra=True)
+        order = torch.argsort(keys)
+        out.append((keys[order], rows[order], scores[order]))
+    return out
+
+
+def _same(a, b) -> bool:
+    return all(
+        torch.equal(x, y) for ta, tb in zip(a, b, strict=True) for x, y in zip(ta, tb, strict=True)
+    )
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    module = _module()
+    _train(module, torch.arange(-300, 300))
+    path = tmp_path / "ckpt"
+    DynamicEmbDump(path, module, optim=True)
+    return path, _contents(module)
+
+
+def _target():
+    """A module that already holds rows: a failed load must leave them as they are."""
+    module = _module()
+    _train(module, torch.arange(1000, 1010))
+    return module, _contents(module)
+
+
+def _file(path, table: str, field: str):
+    return path / committed_dump(path) / f"{table}.r0.{field}"
+
+
+def test_round_trip_restores_rows_state_and_exact_lfu_counts(checkpoint):
+    path, saved = checkpoint
+    module = _module()
+    DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), saved)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 0.5, -1])
+def test_truncated_file_is_refused_and_tables_unchanged(checkpoint, cut):
+    path, _ = checkpoint
+    file = _file(path, "a", "values")
+    size = file.stat().st_size
+    keep = {0: 0, 1: 1, 0.5: size // 2, -1: size - 1}[cut]
+    with open(file, "r+b") as f:
+        f.truncate(keep)
+    module, before = _target()
+    with pytest.raises(CheckpointError, match=f"{file.name}.*truncated"):
+        DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), before)
+
+
+@pytest.mark.parametrize("field", ["keys", "values", "state", "scores"])
+def test_flipped_byte_is_a_checksum_error(checkpoint, field):
+    path, _ = checkpoint
+    file = _file(path, "b", field)
+    data = bytearray(file.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    file.write_bytes(bytes(data))
+    module, before = _target()
+    with pytest.raises(CheckpointError, match=f"{file.name}: checksum mismatch"):
+        DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), before)
+
+
+def test_missing_file_is_named(checkpoint):
+    path, _ = checkpoint
+    file = _file(path, "a", "scores")
+    file.unlink()
+    with pytest.raises(CheckpointError, match=f"{file.name}: missing"):
+        DynamicEmbLoad(path, _module(), optim=True)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(version=99), "format version 99"),
+        (lambda m: m["tables"]["a"].update(dim=16), "table 'a': the checkpoint has dim=16"),
+        (lambda m: m["tables"]["b"].update(value_dtype="float16"), "value_dtype='float16'"),
+        (lambda m: m["tables"]["a"].update(optimizer="EXACT_ADAGRAD"), "EXACT_ADAGRAD state"),
+    ],
+)
+def test_manifest_mismatches_are_refused(checkpoint, edit, message):
+    path, _ = checkpoint
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    module, before = _target()
+    with pytest.raises(CheckpointError, match=message):
+        DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), before)
+
+
+def test_other_optimizer_loads_rows_only_when_asked(checkpoint):
+    path, saved = checkpoint
+    module = _module(optimizer=EmbOptimType.EXACT_SGD)
+    with pytest.raises(CheckpointError, match="allow_optimizer_mismatch"):
+        DynamicEmbLoad(path, module, optim=True)
+    DynamicEmbLoad(path, module, optim=True, allow_optimizer_mismatch=True)
+    got = _contents(module)
+    for (k, rows, s), (wk, wrows, ws) in zip(got, saved, strict=True):
+        assert torch.equal(k, wk) and torch.equal(s, ws)
+        assert torch.equal(rows, wrows[:, : rows.shape[1]])
+
+
+def test_unknown_names_and_non_checkpoints(checkpoint, tmp_path):
+    path, _ = checkpoint
+    with pytest.raises(ValueError, match="'zz' is not a dynamic table"):
+        DynamicEmbLoad(path, _module(), table_names=["zz"])
+    with pytest.raises(CheckpointError, match="no manifest"):
+        DynamicEmbLoad(tmp_path, _module())
+    with pytest.raises(CheckpointError, match="dumped without optimizer state"):
+        plain = tmp_path / "plain"
+        DynamicEmbDump(plain, _module())
+        DynamicEmbLoad(plain, _module(), optim=True)
+
+
+def test_kill_9_during_dump_never_breaks_the_previous_checkpoint(tmp_path):
+    """A dump killed at 20 random moments: the checkpoint always loads, bit-exact, as
+    either the previous dump or (if the kill came after the commit) the new one; a
+    dump directory the manifest does not name is never loadable."""
+    module = _module(dim=32, capacity=1 << 17)
+    _train(module, torch.arange(0, 60_000))
+    path = tmp_path / "ckpt"
+    DynamicEmbDump(path, module, optim=True)
+    previous = _contents(module)
+    _train(module, torch.arange(30_000, 90_000))
+    current = _contents(module)
+
+    def dump_in_child() -> int:
+        pid = os.fork()
+        if pid == 0:  # the child: dump, then leave without any cleanup
+            try:
+                torch.set_num_threads(1)
+                DynamicEmbDump(path, module, optim=True)
+            finally:
+                os._exit(0)
+        return pid
+
+    start = time.monotonic()
+    os.waitpid(dump_in_child(), 0)  # one whole dump, to time it
+    duration = time.monotonic() - start
+    rng = random.Random(0)
+    outcomes = set()
+    for _ in range(20):
+        pid = dump_in_child()
+        time.sleep(rng.uniform(0, duration))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        loaded = _module(dim=32, capacity=1 << 17)
+        DynamicEmbLoad(path, loaded, optim=True)
+        got = _contents(loaded)
+        assert _same(got, previous) or _same(got, current)
+        outcomes.add(_same(got, current))
+        for partial in path.iterdir():
+            if partial.is_dir() and partial.name != committed_dump(path):
+                with pytest.raises(CheckpointError, match="no manifest"):
+                    DynamicEmbLoad(partial, _module(dim=32, capacity=1 << 17))
+    assert outcomes  # at least one load happened per kill
