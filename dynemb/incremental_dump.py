@@ -73,9 +73,8 @@ def get_score(model: nn.Module) -> ScoreDict:
 def set_score(model: nn.Module, table_score: Mapping[str, Mapping[str, int]]) -> None:
     """Sets the score that keys of CUSTOMIZED tables get when updated from now on.
 
-    The embedding kernel does not read it yet (training a CUSTOMIZED table through
-    BatchedDynamicEmbeddingTables still fails with "scores are required"); it is the
-    reference ``get_score`` returns for the table.
+    Training lookups give every key they touch this score (0 before the first
+    ``set_score``); it is also the reference ``get_score`` returns for the table.
 
     Args:
         model: as in ``get_score``.

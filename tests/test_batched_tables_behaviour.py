@@ -201,3 +201,25 @@ def test_bad_constructor_arguments():
             [0, 1],
             DynamicEmbPoolingMode.NONE,
         )
+
+
+def test_customized_tables_train_with_the_score_set_by_set_score():
+    from dynemb.incremental_dump import set_score
+
+    module = BatchedDynamicEmbeddingTables(
+        [
+            DynamicEmbTableOptions(
+                dim=4, max_capacity=256, score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED
+            )
+        ],
+        [0],
+        table_names=["t"],
+    )
+    keys = torch.tensor([5, 6, 5])
+    offsets = torch.tensor([0, 1, 3])
+    set_score(module, {"": {"t": 7}})
+    module(keys, offsets).sum().backward()
+    assert module.tables[0].get_scores(torch.tensor([5, 6])).tolist() == [7, 7]
+    set_score(module, {"": {"t": 9}})
+    module(torch.tensor([6]), torch.tensor([0, 1])).sum().backward()
+    assert module.tables[0].get_scores(torch.tensor([5, 6])).tolist() == [7, 9]

@@ -138,6 +138,9 @@ class ScoredHashTable:
         self._step = 0
         self._lock = RWLock()
         self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
+        # CUSTOMIZED: the score training lookups give the keys they touch (set by
+        # dynemb.incremental_dump.set_score; None: never set, keys get 0).
+        self._custom_score: int | None = None
         self._mutations = 0  # bumped by every op that may move or drop a key
         self._generation = 0  # bumped when growth replaces the storage
         self.last_stats: BatchStats | None = None
@@ -408,6 +411,9 @@ class ScoredHashTable:
         ``accesses`` (n,) int64: accesses each (de-duplicated) key stands for.
         """
         slots = torch.empty_like(keys)
+        scores = None
+        if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
+            scores = torch.full_like(keys, self._custom_score or 0)
 
         def op(table, policy, init, k, scores, out, evicted, per_key=None):
             found, status, counts = _ops.table_find_or_insert_slots(
@@ -416,7 +422,7 @@ class ScoredHashTable:
             out.copy_(found)
             return _ops.UpsertResult(status, counts)
 
-        stats = self._upsert(op, keys, None, slots, evicted=None, slots=slots, per_key=accesses)
+        stats = self._upsert(op, keys, scores, slots, evicted=None, slots=slots, per_key=accesses)
         return slots, stats
 
     def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:
