@@ -5,6 +5,8 @@ Usage::
     torchrun --nproc_per_node=2 example.py --train --eval            # dynamic tables
     torchrun --nproc_per_node=2 example.py --train --eval --static   # TorchRec tables only
     python example.py --train --eval                                 # one process
+    torchrun --nproc_per_node=2 example.py --train --dump            # then, at any world size:
+    python example.py --load --eval                                  # the same held-out AUC
 
 The model (``dynemb.models.SequenceDLRM``): a dense MLP, an EmbeddingBagCollection
 of 7 pooled features, an EmbeddingCollection of 1 sequence feature (its rows
@@ -35,6 +37,7 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection
@@ -361,19 +364,18 @@ def evaluate(
 # --- checkpoints -------------------------------------------------------------------------
 
 
-def checkpoint_unavailable(args: argparse.Namespace) -> str | None:
-    """Why --dump / --load cannot run, or None."""
-    if (args.dump or args.load) and not hasattr(dynemb, "DynamicEmbDump"):
-        return "--dump / --load: not available yet (dynemb.DynamicEmbDump does not exist yet)"
-    return None
-
-
 def load_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
-    dynemb.DynamicEmbLoad(args.checkpoint_dir, model, optim=True)
+    """Dynamic tables from dynemb's checkpoint (any world size), the rest (dense layers,
+    ordinary TorchRec tables) from torch.distributed.checkpoint."""
+    dynemb.DynamicEmbLoad(os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True)
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=os.path.join(args.checkpoint_dir, "torchrec"))
+    model.load_state_dict(state, strict=False)
 
 
 def dump_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
-    dynemb.DynamicEmbDump(args.checkpoint_dir, model, optim=True)
+    dynemb.DynamicEmbDump(os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True)
+    dcp.save(model.state_dict(), checkpoint_id=os.path.join(args.checkpoint_dir, "torchrec"))
 
 
 # --- main --------------------------------------------------------------------------------
@@ -381,11 +383,6 @@ def dump_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = checkpoint_unavailable(args)
-    if reason:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(reason, file=sys.stderr)
-        return 2
     if args.static and no_cpu_adam(args):
         print(
             "--static --optimizer ADAM: fbgemm's CPU TBE has no Adam (dynemb's tables do)",

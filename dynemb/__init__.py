@@ -4,6 +4,8 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 ``import dynemb``. See DynamicEmb_APIs.md.
 """
 
+from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
+from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
@@ -15,13 +17,20 @@ from dynemb.types import (
 )
 
 __all__ = [
+    "AdmissionStrategy",
     "BatchedDynamicEmbeddingTables",
     "BatchStats",
+    "CheckpointError",
+    "Counter",
     "DynamicEmbCheckMode",
+    "DynamicEmbDump",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
+    "DynamicEmbLoad",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
+    "FrequencyAdmissionStrategy",
+    "KVCounter",
     "ScoredHashTable",
 ]

@@ -196,3 +196,28 @@ def test_kill_9_during_dump_never_breaks_the_previous_checkpoint(tmp_path):
                 with pytest.raises(CheckpointError, match="no manifest"):
                     DynamicEmbLoad(partial, _module(dim=32, capacity=1 << 17))
     assert outcomes  # at least one load happened per kill
+
+
+def test_admission_counts_survive_a_checkpoint(tmp_path):
+    from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+
+    def module():
+        options = DynamicEmbTableOptions(
+            dim=4,
+            max_capacity=1024,
+            admit_strategy=FrequencyAdmissionStrategy(threshold=3),
+            admission_counter=KVCounter(capacity=1024),
+        )
+        return BatchedDynamicEmbeddingTables([options], [0], table_names=["t"])
+
+    a = module()
+    for keys in ([1, 2, 2], [1, 3]):  # counts: 1 -> 2, 2 -> 2, 3 -> 1; nothing admitted
+        _train(a, torch.tensor(keys))
+    assert a.tables[0].size() == 0
+    DynamicEmbDump(tmp_path / "ckpt", a)
+    b = module()
+    DynamicEmbLoad(tmp_path / "ckpt", b)
+    keys, counts = b.admission_counters[0].dump()
+    assert dict(zip(keys.tolist(), counts.tolist())) == {1: 2, 2: 2, 3: 1}
+    _train(b, torch.tensor([1, 2, 3]))  # 1 and 2 reach 3: admitted; 3 is not
+    assert sorted(b.tables[0].export_batch(0, 1024)[0].tolist()) == [1, 2]

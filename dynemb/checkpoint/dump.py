@@ -5,6 +5,7 @@ import time
 import uuid
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -83,7 +84,21 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict
         if keeps_ts:
             writers["timestamps"].write(table.get_timestamps(keys))
         rows += keys.numel()
-    return {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
+    entry = {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
+    counter = admission_counter(t)
+    if counter is not None:  # admission counts are part of the checkpoint
+        keys, counts = counter.dump()
+        for field, values in (("counter_keys", keys), ("counter_counts", counts)):
+            writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
+            writer.write(values.to(torch.int64))
+            entry["fields"][field] = writer.close()
+        entry["counter_rows"] = keys.numel()
+    return entry
+
+
+def admission_counter(t: NamedTable):
+    counters = getattr(t.group, "admission_counters", None)
+    return counters[t.index] if counters else None
 
 
 def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dynemb import _ops
-from dynemb.checkpoint.dump import all_gather, process_group, rank_and_size
+from dynemb.checkpoint.dump import admission_counter, all_gather, process_group, rank_and_size
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
     CheckpointError,
@@ -151,6 +151,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
             local = _read_chunk(directory, fields, *chunks[k]) if k < len(chunks) else None
             received = _route(t, fields, local, pg, world_size)
             failed[t.name] = failed.get(t.name, 0) + _insert(t, fields, received)
+        _load_counter(directory, t, share[t.name], pg, world_size)
         t.table._step = max(t.table._step, meta["table_step"])
         if "state" in fields:
             t.group.step = max(t.group.step, meta["optimizer_step"])
@@ -168,7 +169,36 @@ def _verify(directory: Path, t: NamedTable, fields: dict, entry: dict) -> list[s
             verify_field(directory, entry["fields"][field], _nbytes(dtype, width, entry["rows"]))
         except CheckpointError as e:
             errors.append(str(e))
+    for field in ("counter_keys", "counter_counts"):
+        if field in entry["fields"]:
+            try:
+                verify_field(directory, entry["fields"][field], 8 * entry["counter_rows"])
+            except CheckpointError as e:
+                errors.append(str(e))
     return errors
+
+
+def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size: int) -> None:
+    """Admission counts: each saved count goes to the owner of its key, like the rows."""
+    counter = admission_counter(t)
+    fields = {"keys": (torch.int64, 0), "counts": (torch.int64, 0)}
+    local = {"keys": [], "counts": []}
+    for e in entries:
+        if counter is not None and "counter_keys" in e["fields"]:
+            n = e["counter_rows"]
+            local["keys"].append(
+                read_rows(directory, e["fields"]["counter_keys"], 0, n, torch.int64, 0)
+            )
+            local["counts"].append(
+                read_rows(directory, e["fields"]["counter_counts"], 0, n, torch.int64, 0)
+            )
+    has_counter = max(all_gather(counter is not None, pg))  # the same collectives everywhere
+    if not has_counter:
+        return
+    local = {f: torch.cat(v) if v else torch.empty(0, dtype=torch.int64) for f, v in local.items()}
+    received = _route(t, fields, local, pg, world_size)
+    if counter is not None and received["keys"].numel():
+        counter.load(received["keys"], received["counts"])
 
 
 def _read_chunk(directory: Path, fields: dict, entry: dict, begin: int, end: int) -> dict:
