@@ -1,5 +1,6 @@
 """``DynamicEmbLoad``: validate everything, then route every saved key to its owner and insert."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -130,10 +131,11 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     share: dict[str, list] = {t.name: [] for t, _, _ in plans}
     for name, entry in entries[rank::world_size]:
         share[name].append(entry)
-    errors = []
-    for t, _, fields in plans:
-        for entry in share[t.name]:
-            errors += _verify(directory, t, fields, entry)
+    jobs = [(t, fields, entry) for t, _, fields in plans for entry in share[t.name]]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # file reads and CRC-32 release the GIL
+        errors = [
+            e for found in pool.map(lambda job: _verify(directory, *job), jobs) for e in found
+        ]
     errors = [e for rank_errors in all_gather(errors, pg) for e in rank_errors]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
