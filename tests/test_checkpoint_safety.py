@@ -221,3 +221,17 @@ def test_admission_counts_survive_a_checkpoint(tmp_path):
     assert dict(zip(keys.tolist(), counts.tolist())) == {1: 2, 2: 2, 3: 1}
     _train(b, torch.tensor([1, 2, 3]))  # 1 and 2 reach 3: admitted; 3 is not
     assert sorted(b.tables[0].export_batch(0, 1024)[0].tolist()) == [1, 2]
+
+
+def test_table_names_dump_and_load_a_subset(tmp_path):
+    module = _module()
+    _train(module, torch.arange(0, 40))
+    DynamicEmbDump(tmp_path / "ckpt", module, table_names=["b"], optim=True)
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    assert sorted(manifest["tables"]) == ["b"]
+    with pytest.raises(CheckpointError, match=r"no saved table \['a'\]"):
+        DynamicEmbLoad(tmp_path / "ckpt", _module(), optim=True)  # 'a' is not in it
+    target = _module()
+    DynamicEmbLoad(tmp_path / "ckpt", target, table_names=["b"], optim=True)
+    assert _same(_contents(target)[1:], _contents(module)[1:])
+    assert target.tables[0].size() == 0
