@@ -64,9 +64,10 @@ struct CudaBackend {
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim,
+                   int64_t out_stride) {
     cuda::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
-                      stream());
+                      out_stride, stream());
   }
   template <class V>
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
@@ -90,11 +91,11 @@ struct CudaBackend {
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                        const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                        const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                       const OptimizerArgs& opt) {
+                       int64_t grad_stride, const OptimizerArgs& opt) {
     at::Tensor acc = at::empty({num_unique, dim},
                                at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
     cuda::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
-                          grad, dim, opt, acc.data_ptr<float>(), stream());
+                          grad, dim, grad_stride, opt, acc.data_ptr<float>(), stream());
   }
   template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
