@@ -159,17 +159,6 @@ def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, see
     )
 
 
-def embedding_pool_out(
-    table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int, out
-) -> torch.Tensor:
-    """embedding_pool into ``out`` (num_bags, dim) float32, whose rows may be spaced
-    (e.g. a column block of a wider output); returns ``out``."""
-    _dynemb.embedding_pool_out(
-        list(table), slots, keys, offsets, weights, mode, missing, seed, dim, out
-    )
-    return out
-
-
 def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.Tensor:
     """One row per index: (n, dim) float32."""
     return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)

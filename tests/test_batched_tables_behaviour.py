@@ -223,26 +223,3 @@ def test_customized_tables_train_with_the_score_set_by_set_score():
     set_score(module, {"": {"t": 9}})
     module(torch.tensor([6]), torch.tensor([0, 1])).sum().backward()
     assert module.tables[0].get_scores(torch.tensor([5, 6])).tolist() == [7, 9]
-
-
-def test_pool_out_writes_a_column_block_and_checks_it():
-    from dynemb import _ops
-
-    module = BatchedDynamicEmbeddingTables(
-        [DynamicEmbTableOptions(dim=4, max_capacity=256)], [0], table_names=["t"]
-    )
-    table = module.tables[0]
-    keys = torch.tensor([3, 4, 5, 3])
-    slots, _ = table._find_or_insert_slots(keys)
-    offsets = torch.tensor([0, 1, 4])
-    zeros = [float(DynamicEmbInitializerMode.CONSTANT.value), 0.0, 0.0, 0.0, 0.0, 0.0]
-    args = (table._storage.tensors(), slots, keys, offsets, None, 0, zeros, 0, 4)
-    want = _ops.embedding_pool(*args)
-    wide = torch.full((2, 10), 7.0)
-    _ops.embedding_pool_out(*args, wide[:, 3:7])
-    assert torch.equal(wide[:, 3:7], want)
-    assert bool((wide[:, :3] == 7).all() and (wide[:, 7:] == 7).all())  # nothing else written
-    with pytest.raises(ValueError, match="`out` must have shape"):
-        _ops.embedding_pool_out(*args, torch.empty(3, 4))
-    with pytest.raises(ValueError, match="`out` must have contiguous rows"):
-        _ops.embedding_pool_out(*args, torch.empty(4, 2).t())

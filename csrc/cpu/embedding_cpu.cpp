@@ -20,7 +20,7 @@ constexpr int64_t kRowGrain = 256;
 template <class V>
 void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
           const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-          const InitArgs& missing, float* out, int64_t dim, int64_t out_stride) {
+          const InitArgs& missing, float* out, int64_t dim) {
   at::parallel_for(0, num_bags, kBagGrain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       // Prefetch the rows of the next bag while pooling this one.
@@ -30,7 +30,7 @@ void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
         }
       }
       pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing,
-               out + b * out_stride, dim);
+               out + b * dim, dim);
     }
   });
 }
@@ -64,7 +64,7 @@ template <class V>
 void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                      const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     int64_t grad_stride, const OptimizerArgs& opt) {
+                     const OptimizerArgs& opt) {
   if (num_unique == 0) return;
   std::vector<float> acc(static_cast<size_t>(num_unique * dim), 0.0f);
   // One task per thread owns a range of distinct keys: it sums the gradients of
@@ -75,7 +75,7 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
       for (int64_t b = 0; b < num_bags; ++b) {
-        const float* g = grad + b * grad_stride;
+        const float* g = grad + b * dim;
         for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
           const int64_t u = inverse[i];
           if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
@@ -94,13 +94,12 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
   template void pool<V>(const TableRef<V>&, const int64_t*, const int64_t*, const int64_t*,      \
-                        int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t,    \
-                        int64_t);                                                                \
+                        int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t);   \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \
                           const InitArgs&, float*, int64_t);                                     \
   template void backward_update<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*,  \
                                    const int64_t*, int64_t, const float*, PoolingMode,          \
-                                   const float*, int64_t, int64_t, const OptimizerArgs&);
+                                   const float*, int64_t, const OptimizerArgs&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)

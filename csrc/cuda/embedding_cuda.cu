@@ -14,12 +14,10 @@ using P = CudaPlatform;
 template <class V>
 __global__ void pool_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys,
                             const int64_t* offsets, int64_t num_bags, const float* weights,
-                            PoolingMode mode, InitArgs missing, float* out, int64_t dim,
-                            int64_t out_stride) {
+                            PoolingMode mode, InitArgs missing, float* out, int64_t dim) {
   const int64_t b = thread_index();
   if (b >= num_bags) return;
-  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out + b * out_stride,
-           dim);
+  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out + b * dim, dim);
 }
 
 template <class V>
@@ -41,8 +39,7 @@ __global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
 
 __global__ void accumulate_kernel(const int64_t* unique_slots, const int64_t* inverse,
                                   const int64_t* offsets, int64_t num_bags, const float* weights,
-                                  PoolingMode mode, const float* grad, int64_t dim,
-                                  int64_t grad_stride, float* acc) {
+                                  PoolingMode mode, const float* grad, int64_t dim, float* acc) {
   const int64_t b = thread_index();
   if (b >= num_bags) return;
   const int64_t begin = offsets[b], end = offsets[b + 1];
@@ -50,7 +47,7 @@ __global__ void accumulate_kernel(const int64_t* unique_slots, const int64_t* in
     const int64_t u = inverse[i];
     if (unique_slots[u] < 0) continue;
     const float c = grad_scale(mode, weights, i, begin, end);
-    for (int64_t j = 0; j < dim; ++j) atomicAdd(acc + u * dim + j, c * grad[b * grad_stride + j]);
+    for (int64_t j = 0; j < dim; ++j) atomicAdd(acc + u * dim + j, c * grad[b * dim + j]);
   }
 }
 
@@ -73,11 +70,10 @@ void launch_find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args
 template <class V>
 void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                  const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, float* out, int64_t dim, int64_t out_stride,
-                 cudaStream_t stream) {
+                 const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream) {
   if (num_bags == 0) return;
-  pool_kernel<V><<<blocks_for(num_bags), kBlock, 0, stream>>>(
-      t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim, out_stride);
+  pool_kernel<V><<<blocks_for(num_bags), kBlock, 0, stream>>>(t, slots, keys, offsets, num_bags,
+                                                              weights, mode, missing, out, dim);
 }
 
 template <class V>
@@ -102,12 +98,11 @@ template <class V>
 void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                      const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     int64_t grad_stride, const OptimizerArgs& opt, float* acc,
-                     cudaStream_t stream) {
+                     const OptimizerArgs& opt, float* acc, cudaStream_t stream) {
   if (num_unique == 0) return;
   cudaMemsetAsync(acc, 0, static_cast<size_t>(num_unique * dim) * sizeof(float), stream);
   accumulate_kernel<<<blocks_for(num_bags), kBlock, 0, stream>>>(
-      unique_slots, inverse, offsets, num_bags, weights, mode, grad, dim, grad_stride, acc);
+      unique_slots, inverse, offsets, num_bags, weights, mode, grad, dim, acc);
   update_kernel<V><<<blocks_for(num_unique), kBlock, 0, stream>>>(t, unique_slots, num_unique,
                                                                   dim, opt, acc);
 }
@@ -118,12 +113,12 @@ void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
                                                cudaStream_t);                                  \
   template void launch_pool<V>(const TableRef<V>&, const int64_t*, const int64_t*,             \
                                const int64_t*, int64_t, const float*, PoolingMode,             \
-                               const InitArgs&, float*, int64_t, int64_t, cudaStream_t);       \
+                               const InitArgs&, float*, int64_t, cudaStream_t);                \
   template void launch_gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,  \
                                  const InitArgs&, float*, int64_t, cudaStream_t);              \
   template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
                                    const int64_t*, int64_t, const float*, PoolingMode,         \
-                                   const float*, int64_t, int64_t, const OptimizerArgs&, float*, \
+                                   const float*, int64_t, const OptimizerArgs&, float*,        \
                                    cudaStream_t);
 
 DYNEMB_INSTANTIATE(float)

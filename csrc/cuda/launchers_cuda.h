@@ -64,12 +64,11 @@ void launch_find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args
                                  const int64_t* keys, int64_t n, int8_t* status, int64_t* counts,
                                  cudaStream_t stream);
 
-/// out (num_bags, dim) float, rows out_stride apart: pooled bags, one thread per bag.
+/// out (num_bags, dim) float: pooled bags, one thread per bag.
 template <class V>
 void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                  const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, float* out, int64_t dim, int64_t out_stride,
-                 cudaStream_t stream);
+                 const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
 
 /// out (n, dim) float: one row per index.
 template <class V>
@@ -89,7 +88,6 @@ template <class V>
 void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                      const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     int64_t grad_stride, const OptimizerArgs& opt, float* acc,
-                     cudaStream_t stream);
+                     const OptimizerArgs& opt, float* acc, cudaStream_t stream);
 
 }  // namespace dynemb::cuda

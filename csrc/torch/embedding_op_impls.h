@@ -91,19 +91,22 @@ struct EmbeddingOpImpls {
   static at::Tensor pool(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                          int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
-    at::Tensor out = at::empty({std::max<int64_t>(offsets.numel() - 1, 0), dim},
-                               slots.options().dtype(at::kFloat));
-    pool_into("embedding_pool", table, slots, keys, offsets, weights, mode, missing, seed, dim, out);
+    constexpr const char* op = "embedding_pool";
+    check_table(op, table);
+    check_bags(op, table[0], slots, &keys, offsets, weights);
+    check_dim(op, table, dim);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const InitArgs init = parse_missing(op, missing, seed);
+    typename Backend::DeviceGuard guard(table[0].device());
+    const int64_t num_bags = offsets.numel() - 1;
+    at::Tensor out = at::empty({num_bags, dim}, slots.options().dtype(at::kFloat));
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
+                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
+                    out.data_ptr<float>(), dim);
+    });
     return out;
-  }
-
-  /// pool into `out` (num_bags, dim), which may be a column block of a wider tensor.
-  static void pool_out(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
-                       const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                       int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim,
-                       const at::Tensor& out) {
-    pool_into("embedding_pool_out", table, slots, keys, offsets, weights, mode, missing, seed, dim,
-              out);
   }
 
   static at::Tensor gather(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
@@ -151,7 +154,9 @@ struct EmbeddingOpImpls {
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
-    check_rows(op, "grad", grad, num_bags, dim);
+    check_tensor(op, "grad", grad, at::kFloat, 2);
+    TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
+                      ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
     const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
     TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table[4].size(1), "dynemb.", op,
                       ": the table's rows (", table[4].size(1),
@@ -162,43 +167,11 @@ struct EmbeddingOpImpls {
       Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
                         unique_slots.numel(), inverse.data_ptr<int64_t>(),
                         offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
-                        grad.data_ptr<float>(), dim, grad.stride(0), opt);
+                        grad.data_ptr<float>(), dim, opt);
     });
   }
 
  private:
-  static void pool_into(const char* op, at::TensorList table, const at::Tensor& slots,
-                        const at::Tensor& keys, const at::Tensor& offsets,
-                        const std::optional<at::Tensor>& weights, int64_t mode,
-                        at::ArrayRef<double> missing, int64_t seed, int64_t dim,
-                        const at::Tensor& out) {
-    check_table(op, table);
-    check_bags(op, table[0], slots, &keys, offsets, weights);
-    check_dim(op, table, dim);
-    const PoolingMode pooling = parse_pooling(op, mode);
-    const InitArgs init = parse_missing(op, missing, seed);
-    const int64_t num_bags = offsets.numel() - 1;
-    check_rows(op, "out", out, num_bags, dim);
-    check_same_device(op, "out", out, table[0]);
-    typename Backend::DeviceGuard guard(table[0].device());
-    dispatch_values(op, table[4], [&](auto v) {
-      using W = V<decltype(v)>;
-      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
-                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
-                    out.data_ptr<float>(), dim, out.stride(0));
-    });
-  }
-  /// A (rows, dim) float tensor whose rows may be spaced (a column block of a wider one).
-  static void check_rows(const char* op, const char* name, const at::Tensor& t, int64_t rows,
-                         int64_t dim) {
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "dynemb.", op, ": `", name,
-                     "` must have dtype float32, got ", t.scalar_type());
-    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == rows && t.size(1) == dim, "dynemb.", op, ": `",
-                      name, "` must have shape (", rows, ", ", dim, "), got ", t.sizes());
-    TORCH_CHECK_VALUE(t.stride(1) == 1 && (rows <= 1 || t.stride(0) >= dim), "dynemb.", op, ": `",
-                      name, "` must have contiguous rows (stride ", dim, " or more, then 1), got ",
-                      t.strides());
-  }
   static const float* opt_ptr(const std::optional<at::Tensor>& t) {
     return t.has_value() ? t->data_ptr<float>() : nullptr;
   }
@@ -225,7 +198,6 @@ struct EmbeddingOpImpls {
     using EImpl = ::dynemb::EmbeddingOpImpls<Backend>;                            \
     (m).impl("table_find_or_insert_slots", &EImpl::find_or_insert_slots);         \
     (m).impl("embedding_pool", &EImpl::pool);                                     \
-    (m).impl("embedding_pool_out", &EImpl::pool_out);                             \
     (m).impl("embedding_gather", &EImpl::gather);                                 \
     (m).impl("embedding_backward", &EImpl::backward);                             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \

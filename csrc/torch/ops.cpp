@@ -33,9 +33,6 @@ TORCH_LIBRARY(dynemb, m) {
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "
       "int mode, float[] missing, int seed, int dim) -> Tensor");
   m.def(
-      "embedding_pool_out(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, "
-      "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(a!) out) -> ()");
-  m.def(
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "
       "int dim) -> Tensor");
   m.def(

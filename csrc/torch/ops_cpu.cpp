@@ -58,9 +58,8 @@ struct CpuBackend {
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim,
-                   int64_t out_stride) {
-    cpu::pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim, out_stride);
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    cpu::pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
   }
   template <class V>
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
@@ -75,9 +74,9 @@ struct CpuBackend {
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                        const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                        const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                       int64_t grad_stride, const OptimizerArgs& opt) {
+                       const OptimizerArgs& opt) {
     cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
-                         grad, dim, grad_stride, opt);
+                         grad, dim, opt);
   }
 
  private:

@@ -64,10 +64,9 @@ struct CudaBackend {
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim,
-                   int64_t out_stride) {
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
     cuda::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
-                      out_stride, stream());
+                      stream());
   }
   template <class V>
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
@@ -91,11 +90,11 @@ struct CudaBackend {
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                        const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
                        const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                       int64_t grad_stride, const OptimizerArgs& opt) {
+                       const OptimizerArgs& opt) {
     at::Tensor acc = at::empty({num_unique, dim},
                                at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
     cuda::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
-                          grad, dim, grad_stride, opt, acc.data_ptr<float>(), stream());
+                          grad, dim, opt, acc.data_ptr<float>(), stream());
   }
   template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {

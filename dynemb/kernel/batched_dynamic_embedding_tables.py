@@ -210,12 +210,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             slots = unique_slots[inverse]
             table = self.tables[t]
             missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
-            if not sequence and len(tb.features) == 1:  # pool straight into its columns
-                c0, c1 = columns[tb.features[0]]
-                with table._lock.read():
-                    self._read_rows(t, tb, slots, missing, batch_size, out=out[:, c0:c1])
-                saved.append((tb, unique, unique_slots, inverse, token))
-                continue
             with table._lock.read():
                 rows = self._read_rows(t, tb, slots, missing, batch_size)
             if sequence:
@@ -230,20 +224,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             saved.append((tb, unique, unique_slots, inverse, token))
         return out, saved
 
-    def _read_rows(self, t, tb, slots, missing, batch_size, out=None):
-        """Pooled bags (len(features) * B, dim), or one row per index for NONE; pooled
-        bags go into ``out`` (rows may be spaced: a column block) when given."""
+    def _read_rows(self, t, tb, slots, missing, batch_size):
+        """Pooled bags (len(features) * B, dim), or one row per index for NONE."""
         table, opts = self.tables[t], self.table_options[t]
         storage = table._storage.tensors()
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
-        args = (
+        return _ops.embedding_pool(
             storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
             missing, opts.seed, table.dim,
         )  # fmt: skip
-        if out is not None:
-            return _ops.embedding_pool_out(*args, out)
-        return _ops.embedding_pool(*args)
 
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
@@ -323,8 +313,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 offsets = torch.arange(tb.keys.numel() + 1, device=self.device)
                 weights, mode = None, 0
             else:
-                blocks = [grad_out[:, columns[f][0] : columns[f][1]] for f in tb.features]
-                grad = blocks[0] if len(blocks) == 1 else torch.cat(blocks)  # rows may be spaced
+                grad = torch.cat([grad_out[:, columns[f][0] : columns[f][1]] for f in tb.features])
                 offsets, weights = tb.offsets, tb.weights
                 mode = _POOLING_CODE[self.pooling_mode]
             with table._lock.write():
@@ -332,7 +321,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     unique_slots = _ops.table_find_slots(table._storage.tensors(), unique)
                 _ops.embedding_backward(
                     table._storage.tensors(), unique_slots, inverse, offsets, weights, mode,
-                    grad, optimizer, self.step, table.dim,
+                    grad.contiguous(), optimizer, self.step, table.dim,
                 )  # fmt: skip
 
 
