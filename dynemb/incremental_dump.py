@@ -33,6 +33,7 @@ from torch import nn
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard import dynamic_embedding_tables
+from dynemb.shard.sharded_modules import collection_path
 from dynemb.table.batch_arguments import TIMESTAMP_LFU
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
@@ -175,9 +176,11 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
     groups = []
     for key, group in dynamic_embedding_tables(model).items():
         first = group.table_names[0]
-        groups.append((key[: -len(first) - 1] if key != first else "", group))
+        groups.append((collection_path(key[: -len(first) - 1] if key != first else ""), group))
     groups += [
-        (p, m) for p, m in model.named_modules() if isinstance(m, BatchedDynamicEmbeddingTables)
+        (collection_path(p), m)
+        for p, m in model.named_modules()
+        if isinstance(m, BatchedDynamicEmbeddingTables)
     ]
     found: dict[str, dict[str, ScoredHashTable]] = {}
     seen = set()

@@ -2,6 +2,7 @@
 world sizes and dist_types, and training that continues as if never interrupted."""
 
 import filecmp
+import json
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,6 @@ def test_manifest_names_a_complete_dump(dumped):
     path, _, _ = dumped
     dumps = [p for p in Path(path).iterdir() if p.is_dir()]
     assert [p.name for p in dumps] == [committed_dump(path)]
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    assert sorted(manifest["tables"]) == ["t0", "t1"]  # no DMP wrapper level in names
+    assert [f["rank"] for f in manifest["tables"]["t0"]["files"]] == [0, 1]

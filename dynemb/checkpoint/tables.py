@@ -5,10 +5,8 @@ import dataclasses
 from torch import nn
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.shard.sharded_modules import dynamic_kernels_by_path
+from dynemb.shard.sharded_modules import collection_path, dynamic_kernels_by_path
 from dynemb.table.scored_hash_table import ScoredHashTable
-
-_WRAPPERS = ("_dmp_wrapped_module.", "module.")  # DMP / DDP prefixes, not part of a name
 
 
 @dataclasses.dataclass
@@ -24,16 +22,6 @@ class NamedTable:
         return self.group.tables[self.index]
 
 
-def _clean(path: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _WRAPPERS:
-            if path.startswith(prefix):
-                path, changed = path[len(prefix) :], True
-    return path
-
-
 def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
     """Every dynamic table of ``model`` on this rank, sorted by name.
 
@@ -44,7 +32,7 @@ def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
     if isinstance(model, BatchedDynamicEmbeddingTables):
         groups = [("", model)]
     else:
-        groups = [(_clean(path), g) for path, g in dynamic_kernels_by_path(model)]
+        groups = [(collection_path(path), g) for path, g in dynamic_kernels_by_path(model)]
     found = [
         NamedTable(f"{path}.{name}" if path else name, group, i)
         for path, group in groups

@@ -50,6 +50,18 @@ def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
     return kernels
 
 
+_WRAPPERS = ("_dmp_wrapped_module", "module")  # DMP / DDP wrappers: not part of a name
+
+
+def collection_path(path: str) -> str:
+    """A module path without DMP / DDP wrapper levels, so that a collection (and its
+    tables) has the same name wrapped or not, at any world size."""
+    parts = path.split(".") if path else []
+    while parts and parts[0] in _WRAPPERS:
+        parts.pop(0)
+    return ".".join(parts)
+
+
 def dynamic_kernels_by_path(model: nn.Module) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
     """``(sharded module path, tables)`` for each group of dynamic tables of this rank."""
     return [
