@@ -16,6 +16,7 @@ import dynemb._C  # noqa: F401  (loads the op library into torch.ops.dynemb)
 _dynemb = torch.ops.dynemb
 
 MAX_PROBE_BUCKETS = 4  # core/table_ref.h kMaxProbeBuckets
+EVICT_ANY = -1  # policy evict_below: core/table_ops.h kEvictAny (0: never evict)
 
 
 class Status(enum.IntEnum):
@@ -71,7 +72,9 @@ def table_find_or_insert(
 ) -> UpsertResult:
     """Finds each key or stores it with an initialised row; copies rows into ``values``.
 
-    ``policy = [strategy, batch_value, seed, allow_evict, dim]``,
+    ``policy = [strategy, batch_value, seed, evict_below, dim]``: a full bucket evicts
+    its minimum resident only when that resident's score is ``< evict_below``
+    (``EVICT_ANY`` = -1: any resident; 0: never, the key fails),
     ``init = [mode, a, b, lower, upper, extra_value]``,
     ``evicted = []`` or ``[keys (n,), rows (n, row_width), scores (n,)]`` filled at the
     positions whose status is EVICTED.

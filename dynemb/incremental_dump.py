@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynemb.checkpoint.tables import persistent
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard import dynamic_embedding_tables
 from dynemb.shard.sharded_modules import collection_path
@@ -188,7 +189,9 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
         if id(group) in seen:
             continue
         seen.add(id(group))
-        found.setdefault(path, {}).update(zip(group.table_names, group.tables))
+        # Caching mode: the slow tier, after the cache wrote its rows back.
+        tables = [persistent(t) for t in group.tables]
+        found.setdefault(path, {}).update(zip(group.table_names, tables))
     return found
 
 

@@ -90,6 +90,7 @@ class ReferenceTable:
         self.entries = {}  # key -> [row, score, timestamp]
         self.buckets = {}  # home bucket -> set of keys (eviction strategies)
         self.step = 0
+        self.evict_below = None
 
     # -- helpers
     def _home(self, key):
@@ -156,6 +157,8 @@ class ReferenceTable:
         victim = min(members, key=lambda k: (self.entries[k][1], k))
         if self.strategy == CUSTOMIZED and score < self.entries[victim][1]:
             return FAILED
+        if self.evict_below is not None and not self.entries[victim][1] < self.evict_below:
+            return FAILED  # the eviction floor pins every resident of the bucket
         old = self.entries.pop(victim)
         evicted[i] = (victim, old[0].copy(), old[1])
         members.discard(victim)
@@ -163,11 +166,14 @@ class ReferenceTable:
         self.entries[key] = [row, score, stamp]
         return EVICTED
 
-    def upsert(self, keys, scores=None, values=None, batch_value=0):
+    def upsert(self, keys, scores=None, values=None, batch_value=0, evict_below=None):
         """Returns (status list, {position: (key, row, score)} of evicted residents).
 
         ``self.rows[i]`` is then the row key i saw when it was processed.
+        ``evict_below``: a full bucket evicts only a resident scored below it (None:
+        any resident; core/table_ops.h UpsertArgs::evict_below).
         """
+        self.evict_below = evict_below
         self.step += 1
         self.rows = [None] * len(keys)
         batch = self.step if self.strategy == STEP else batch_value

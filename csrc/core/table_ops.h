@@ -14,9 +14,12 @@
 // bucket spills into the next buckets of a window of kMaxProbeBuckets; every
 // bucket passed gets its overflow flag, so a find walks on only past flagged
 // buckets and a table fills to ~90% before it must grow. Strategies that evict
-// never spill: a full bucket evicts its minimum (score, key), or, when the owner
-// forbids eviction (a table still below max capacity, which grows instead),
-// reports the key as failed.
+// never spill: a full bucket evicts its minimum (score, key) when that score is
+// below the caller's eviction floor (UpsertArgs::evict_below), else reports the
+// key as failed. The floor is 0 for a table still below max capacity (it grows
+// instead of evicting), kEvictAny for a full table, and, for a cache tier, the
+// oldest batch still in flight: residents scored with the number of a batch not
+// yet through backward are pinned (dynemb/tiering/cached_table.py).
 //
 // Locking. An upsert first takes the home bucket's lock alone; when the bucket
 // has never overflowed (the common case) that lock covers every place the key
@@ -29,10 +32,20 @@
 
 namespace dynemb {
 
+/// evict_below value that lets any resident be evicted.
+constexpr uint64_t kEvictAny = ~uint64_t{0};
+
 struct UpsertArgs {
   ScoreArgs score;
-  bool allow_evict;  // false: a full bucket fails the key instead of evicting
+  /// A full bucket evicts its minimum resident only when that resident's score is
+  /// < evict_below (or evict_below == kEvictAny); 0 never evicts (the key fails).
+  uint64_t evict_below;
 };
+
+/// True when a victim of score `victim_score` may be evicted under `u`'s floor.
+DYNEMB_HD DYNEMB_INLINE bool may_evict(const UpsertArgs& u, uint64_t victim_score) {
+  return u.evict_below == kEvictAny || victim_score < u.evict_below;
+}
 
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int window_of(const TableRef<V>& t, ScoreStrategy s) {
@@ -121,7 +134,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const Upse
       Status status = Status::kFailed;
       const int64_t victim = bucket_victim(t, home);
       const uint64_t score = score_for_new(a, i);
-      if (u.allow_evict && admits(a.strategy, score, t.scores[victim])) {
+      if (may_evict(u, t.scores[victim]) && admits(a.strategy, score, t.scores[victim])) {
         sink.evicting(i, victim);
         claim(t, victim, key, digest, score, a.batch_value);
         sink.fresh(i, victim, key);

@@ -41,7 +41,7 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
   check_keys(op, keys);
   check_same_device(op, "keys", keys, table[0]);
   TORCH_CHECK_VALUE(policy.size() == 5, "dynemb.", op,
-                    ": `policy` must be [strategy, batch_value, seed, allow_evict, dim], got ",
+                    ": `policy` must be [strategy, batch_value, seed, evict_below, dim], got ",
                     policy.size(), " values");
   TORCH_CHECK_VALUE(init.size() == 6, "dynemb.", op,
                     ": `init` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
@@ -84,7 +84,8 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
   }
   UpsertCall call;
   call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom, nullptr};
-  call.args.allow_evict = policy[3] != 0;
+  // evict_below travels as an int64: -1 is kEvictAny, 0 never evicts.
+  call.args.evict_below = static_cast<uint64_t>(policy[3]);
   call.dim = policy[4];
   call.init = InitArgs{static_cast<InitMode>(mode),
                        static_cast<float>(init[1]),

@@ -2,7 +2,8 @@
 // implementations in ops_cpu.cpp (always) and ops_cuda.cpp (CUDA builds).
 //
 // Conventions: `table` is the Tensor[] described in tensor_checks.h;
-// policy = [score_strategy, batch_value, seed, allow_evict, dim];
+// policy = [score_strategy, batch_value, seed, evict_below, dim] (evict_below: a full
+// bucket evicts only a resident scored below it; -1 = any, 0 = never);
 // init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
 // evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
 // Table ops: table_op_impls.h; embedding ops: embedding_op_impls.h.

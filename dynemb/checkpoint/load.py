@@ -110,6 +110,8 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     manifest = read_manifest(path)
     directory = path / manifest["dump_id"]
     tables = named_tables(model, table_names)
+    for t in tables:
+        t.prepare_load()
     saved = manifest["tables"]
     missing = [t.name for t in tables if t.name not in saved]
     if missing:

@@ -7,6 +7,7 @@ from torch import nn
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.sharded_modules import collection_path, dynamic_kernels_by_path
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.cached_table import CachedTable
 
 
 @dataclasses.dataclass
@@ -19,7 +20,20 @@ class NamedTable:
 
     @property
     def table(self) -> ScoredHashTable:
-        return self.group.tables[self.index]
+        """The table to dump or load: in caching mode its slow tier, after the cache
+        wrote its rows back (so it holds the whole table)."""
+        return persistent(self.group.tables[self.index])
+
+    def prepare_load(self) -> None:
+        """Caching mode: empties the cache into the slow tier, which the load fills."""
+        table = self.group.tables[self.index]
+        if isinstance(table, CachedTable):
+            table.flush()
+
+
+def persistent(table) -> ScoredHashTable:
+    """``table``, or the slow tier of a CachedTable after a sync."""
+    return table.persistent_table() if isinstance(table, CachedTable) else table
 
 
 def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:

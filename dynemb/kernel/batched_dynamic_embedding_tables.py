@@ -22,6 +22,8 @@ from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableO
 from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.cached_table import CachedTable
+from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
 _ZEROS = [float(DynamicEmbInitializerMode.CONSTANT.value), 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -100,6 +102,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             raise ValueError(f"table_names has {len(names)} names for {len(options)} tables")
         for name, o in zip(names, options):
             _check_options(name, o)
+            check_tiering_options(name, o, config.state_columns(o.dim))
         dims = [o.dim for o in options]
         if pooling_mode == DynamicEmbPoolingMode.NONE and len(set(dims[t] for t in fmap)) > 1:
             raise ValueError(f"pooling_mode NONE needs one dim for every table, got dims {dims}")
@@ -112,20 +115,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.dims = dims
         self.feature_dims = [dims[t] for t in fmap]
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering).
         self.tables = [
-            ScoredHashTable(
-                dim=o.dim,
-                capacity=o.max_capacity,
-                init_capacity=o.init_capacity,
-                bucket_capacity=o.bucket_capacity,
-                score_strategy=o.score_strategy,
-                value_dtype=o.embedding_dtype,
-                extra_columns=config.state_columns(o.dim),
-                initializer=o.initializer_args,
-                seed=o.seed,
-                device=self.device,
-            )
-            for o in options
+            make_table(name, o, config.state_columns(o.dim), self.device)
+            for name, o in zip(names, options)
         ]
         # Rows of unknown keys in eval mode, resolved once (the op's init list per table).
         self._eval_missing = [
@@ -185,6 +178,38 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self, indices, offsets, per_sample_weights, batch_size, self.placeholder_autograd_tensor
         )
 
+    def prefetch(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> None:
+        """Brings the keys of a future training batch into the caches (caching mode).
+
+        Each cached table fetches the batch's keys from its slow tier and pins them
+        until that batch's backward; the next training ``forward`` is that batch.
+        Tables without caching ignore it. Call it for every batch, in order (e.g.
+        from dynemb.tiering.PrefetchPipeline, which overlaps it with the compute
+        of the previous batch); it may run in another thread than forward.
+
+        Args:
+            indices, offsets, per_sample_weights: the future batch, as in forward.
+        """
+        batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
+        batches = split_by_table(
+            indices, offsets, per_sample_weights, self.feature_table_map, len(self.tables),
+            batch_size,
+        )  # fmt: skip
+        for t, (table, tb) in enumerate(zip(self.tables, batches, strict=True)):
+            if not isinstance(table, CachedTable) or not self._inserts(t):
+                continue
+            keys = _ops.unique_keys(tb.keys)[0] if tb is not None else indices[:0]
+            table.prefetch(keys)
+
+    def cache_stats(self) -> list:
+        """Per table: its dynemb.tiering.CacheStats (caching mode), else None."""
+        return [t.stats if isinstance(t, CachedTable) else None for t in self.tables]
+
     # -------------------------------------------------------------- internals
 
     def _lookup(self, indices, offsets, weights, batch_size):
@@ -202,16 +227,24 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         columns = _feature_columns(self.feature_dims)
         saved = []
         for t, (tb, distinct) in enumerate(zip(batches, _distinct_keys(batches), strict=True)):
+            table = self.tables[t]
+            cached = isinstance(table, CachedTable)
             if tb is None:
+                if cached and self._inserts(t):  # keep batch numbers in step with prefetch
+                    table.end_batch(table.begin_batch())
                 saved.append(None)
                 continue
             unique, inverse, counts = distinct
-            unique_slots, token = self._table_slots(t, unique, counts)
-            slots = unique_slots[inverse]
-            table = self.tables[t]
-            missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
-            with table._lock.read():
-                rows = self._read_rows(t, tb, slots, missing, batch_size)
+            if cached and not self._inserts(t):
+                rows = self._cached_eval_rows(t, tb, unique, inverse)
+                batch = None
+            else:
+                batch = table.begin_batch() if cached else None
+                unique_slots, token = self._table_slots(t, unique, counts, batch)
+                slots = unique_slots[inverse]
+                missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
+                with table._lock.read():
+                    rows = self._read_rows(t, tb, slots, missing, batch_size)
             if sequence:
                 start = 0
                 for a, b in tb.index_ranges:
@@ -221,8 +254,36 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 for k, f in enumerate(tb.features):
                     c0, c1 = columns[f]
                     out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
-            saved.append((tb, unique, unique_slots, inverse, token))
+            saved.append(None if batch is None and cached else
+                         (tb, unique, unique_slots, inverse, token, batch))  # fmt: skip
         return out, saved
+
+    def _cached_eval_rows(self, t, tb, unique, inverse):
+        """Eval lookup of a cached table: rows from the cache, else its slow tier, else
+        the eval initializer; pooled like _read_rows (nothing is inserted)."""
+        table = self.tables[t]
+        stored, found = table.read_rows(unique)
+        rows = stored.to(torch.float32)
+        lost = torch.nonzero(~found, as_tuple=True)[0]
+        if lost.numel():
+            none = torch.full_like(lost, -1)
+            with table._lock.read():
+                rows[lost] = _ops.embedding_gather(
+                    table._storage.tensors(), none, unique[lost].contiguous(),
+                    self._eval_missing[t], self.table_options[t].seed, table.dim,
+                )  # fmt: skip
+        per_index = rows[inverse]
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            return per_index
+        lengths = tb.offsets.diff()
+        if tb.weights is not None:
+            per_index = per_index * tb.weights.unsqueeze(1)
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=self.device), lengths)
+        pooled = torch.zeros((lengths.numel(), table.dim), device=self.device)
+        pooled.index_add_(0, bag, per_index)
+        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
+            pooled /= lengths.clamp(min=1).unsqueeze(1)
+        return pooled
 
     def _read_rows(self, t, tb, slots, missing, batch_size):
         """Pooled bags (len(features) * B, dim), or one row per index for NONE."""
@@ -238,15 +299,19 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
 
-    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, batch=None):
         """Slots of the distinct keys of table t (inserting them in training), and the
-        table's mutation count (backward finds the keys again if it changed)."""
+        table's mutation count (backward finds the keys again if it changed).
+        ``batch``: a cached table's batch number (from begin_batch)."""
         table = self.tables[t]
         if not self._inserts(t):
             return table._find_slots(keys), table._mutations
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses), table._mutations
-        slots, stats = table._find_or_insert_slots(keys, accesses)
+        if batch is not None:
+            slots, stats = table._find_or_insert_slots(keys, accesses, batch=batch)
+        else:
+            slots, stats = table._find_or_insert_slots(keys, accesses)
         if stats.failed:
             self._safe_check(t, stats.failed)
         return slots, table._mutations
@@ -306,7 +371,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         for t, entry in enumerate(saved):
             if entry is None or not self._inserts(t):
                 continue
-            tb, unique, unique_slots, inverse, token = entry
+            tb, unique, unique_slots, inverse, token, batch = entry
             table = self.tables[t]
             if sequence:
                 grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges])
@@ -323,6 +388,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     table._storage.tensors(), unique_slots, inverse, offsets, weights, mode,
                     grad.contiguous(), optimizer, self.step, table.dim,
                 )  # fmt: skip
+            if batch is not None:
+                table.end_batch(batch)  # its rows may leave the cache again
 
 
 class _LookupFunction(torch.autograd.Function):

@@ -431,8 +431,8 @@ class ScoredHashTable:
             return _ops.table_find_slots(self._storage.tensors(), keys)
 
     def _policy(self, batch_value: int):
-        allow_evict = int(self.num_buckets == self._max_buckets)
-        return [self._strategy, batch_value, self.seed, allow_evict, self.dim]
+        evict_below = _ops.EVICT_ANY if self.num_buckets == self._max_buckets else 0
+        return [self._strategy, batch_value, self.seed, evict_below, self.dim]
 
     def _grow(self) -> bool:
         """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""

@@ -1,0 +1,16 @@
+"""Caching mode: a fast cache table in front of a slow ``Storage`` (see DynamicEmb_APIs.md)."""
+
+from dynemb.tiering.backing import HashTableStorage, make_backing_storage
+from dynemb.tiering.cached_table import CachedTable, CacheStats
+from dynemb.tiering.pipeline import PrefetchPipeline
+from dynemb.tiering.storage import Storage, StorageSpec
+
+__all__ = [
+    "CacheStats",
+    "CachedTable",
+    "HashTableStorage",
+    "PrefetchPipeline",
+    "Storage",
+    "StorageSpec",
+    "make_backing_storage",
+]

@@ -1,0 +1,118 @@
+"""The slow tier of a cached table: the built-in ``HashTableStorage`` and the factory.
+
+``make_backing_storage`` is the one place that decides what sits behind a cache:
+the user's ``external_storage`` when set, else a ``ScoredHashTable`` of the table's
+full ``max_capacity`` (a file-backed table can be plugged in here later).
+"""
+
+import torch
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.storage import Storage, StorageSpec
+from dynemb.types import DynamicEmbScoreStrategy
+
+
+class HashTableStorage(Storage):
+    """``Storage`` over a ``ScoredHashTable`` (rows include the optimizer state).
+
+    Args:
+        table: the table; its ``extra_columns`` are the state columns.
+
+    Scores are stored exactly as given (``insert`` writes them after the upsert),
+    so a row that goes through the cache keeps its score.
+    """
+
+    def __init__(self, table: ScoredHashTable) -> None:
+        self.table = table
+
+    def find(self, keys):
+        t = self.table
+        with t._lock.read():
+            s = t._storage
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            found = slots >= 0
+            safe = slots.clamp(min=0)
+            rows = s.values[safe]
+            scores = s.scores[safe] if t._layout.keeps_scores else torch.zeros_like(keys)
+        return rows, torch.where(found, scores, 0), found
+
+    def insert(self, keys, rows, scores):
+        t = self.table
+        customized = t._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
+        step = t._step  # a write-back is not a training step (STEP scores count those)
+        ev_keys, ev_rows, ev_scores = t.insert_and_evict(
+            keys, rows.contiguous(), scores if customized else None
+        )
+        failed = t.last_stats.failed_keys
+        with t._lock.write():
+            t._step = step
+            s = t._storage
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            ok = slots >= 0
+            if t._layout.keeps_scores:
+                s.scores[slots[ok]] = scores[ok]
+        if failed.numel():
+            lost = torch.isin(keys, failed)
+            ev_keys = torch.cat([ev_keys, keys[lost]])
+            ev_rows = torch.cat([ev_rows, rows[lost]])
+            ev_scores = torch.cat([ev_scores, scores[lost]])
+        return ev_keys, ev_rows, ev_scores
+
+    def erase(self, keys):
+        return self.table.erase(keys)
+
+    def export_batch(self, offset, n):
+        return self.table.export_batch(offset, n, include_extra=True)
+
+    def end_offset(self):
+        return self.table.capacity()
+
+    def size(self):
+        return self.table.size()
+
+
+def make_backing_storage(
+    options: DynamicEmbTableOptions, spec: StorageSpec, extra_init: float = 0.0
+) -> Storage:
+    """Builds the slow tier of a cached table.
+
+    Args:
+        options: the table's options (``external_storage``, ``initializer_args``,
+            ``score_strategy``, ``init_capacity``, ``seed``).
+        spec: sizes, dtype and device of the rows.
+        extra_init: initial value of the optimizer-state columns.
+
+    Returns:
+        The user's storage (``options.external_storage(spec)``), or a
+        ``HashTableStorage`` over a ScoredHashTable of ``spec.capacity`` rows.
+
+    Raises:
+        TypeError: when ``external_storage`` does not build a Storage.
+    """
+    if options.external_storage is not None:
+        storage = options.external_storage(spec)
+        if not isinstance(storage, Storage):
+            raise TypeError(
+                f"table {spec.table_name!r}: external_storage must build a "
+                f"dynemb.tiering.Storage, {options.external_storage!r} built {storage!r}"
+            )
+        return storage
+    table = ScoredHashTable(
+        dim=spec.dim,
+        capacity=spec.capacity,
+        init_capacity=options.init_capacity,
+        bucket_capacity=spec.bucket_capacity,
+        score_strategy=spec.score_strategy,
+        value_dtype=spec.value_dtype,
+        extra_columns=spec.state_columns,
+        initializer=options.initializer_args,
+        seed=options.seed,
+        device=spec.device,
+        extra_init=extra_init,
+    )
+    return HashTableStorage(table)
+
+
+__all__ = ["HashTableStorage", "make_backing_storage"]

@@ -1,0 +1,435 @@
+"""``CachedTable``: a fast scored hash table caching a slow ``Storage`` (caching mode).
+
+Layout. Two tiers: the *cache*, a ScoredHashTable of ``cache_capacity`` rows that the
+embedding kernels read and update by slot exactly as an ordinary table, and the
+*storage* (dynemb.tiering.Storage), which holds every row. A row is the full value
+row (embedding + optimizer state). While a key is cached its cache row is the
+truth; the storage may keep an older copy, overwritten when the key leaves the
+cache. So the table's content is the union of both tiers, the cache winning.
+
+Scores. The cache's own score of a slot (the C++ ``scores`` buffer, STEP
+strategy) is the number of the latest batch that needs the key: the training
+batch that looked it up, or the future batch it was prefetched for. The key's
+score under the table's strategy (what a slow-tier eviction and the checkpoints
+see) is kept beside it, ``user_scores[slot]``, updated by each training lookup
+with the strategy's rule, and written back with the row.
+
+Pinning. Every batch is *in flight* from its prefetch (or forward) until its
+backward. A cache insert may evict a victim only if its batch number is below the
+oldest batch in flight (``UpsertArgs::evict_below``, csrc/core/table_ops.h), so
+the rows of a batch stay at their slots until its backward is done. A key whose
+bucket holds only pinned rows is not stored: it is reported (the kernel's safe
+check) like a key of a full table.
+
+Lookup of a training batch b (distinct keys):
+  1. find the keys in the cache; raise the hits' batch number to b (pin);
+  2. fetch the misses from the storage; insert them with batch number b: found
+     keys with their rows, new keys with initial rows (a pure function of
+     (seed, key), so a key gets the row it would get in an uncached table);
+  3. every resident evicted by step 2 is written back to the storage (row +
+     optimizer state + score); what the storage drops is counted.
+Eval lookups read the cache, then the storage, and insert nothing.
+"""
+
+import collections
+import dataclasses
+import threading
+import time
+
+import torch
+
+from dynemb import _ops
+from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.tiering.backing import HashTableStorage
+from dynemb.tiering.storage import Storage
+from dynemb.types import DynamicEmbScoreStrategy
+
+_STEP = DynamicEmbScoreStrategy.STEP.value
+_TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
+_LFU = DynamicEmbScoreStrategy.LFU.value
+_CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
+
+# Forward batches (without their backward yet) kept pinned; an older one is retired
+# when a new forward starts (its backward would find moved keys again by key).
+MAX_OPEN_FORWARDS = 2
+# Prefetched batches not yet consumed by a forward; an older one is retired.
+MAX_PENDING_PREFETCHES = 2
+
+
+@dataclasses.dataclass
+class CacheStats:
+    """Cumulative counters of one cached table (distinct keys per batch).
+
+    Attributes:
+        lookup_keys / lookup_hits: keys of training lookups, and those found in
+            the cache (the forward's hit rate is their ratio).
+        prefetch_keys / prefetch_hits: the same for prefetches.
+        fetched: keys read from the storage into the cache.
+        written_back: rows written back to the storage (cache evictions and syncs).
+        storage_drops: rows the storage dropped (slow-tier evictions): lost.
+        not_cached: keys that could not enter the cache (bucket fully pinned).
+    """
+
+    lookup_keys: int = 0
+    lookup_hits: int = 0
+    prefetch_keys: int = 0
+    prefetch_hits: int = 0
+    fetched: int = 0
+    written_back: int = 0
+    storage_drops: int = 0
+    not_cached: int = 0
+
+    def hit_rate(self) -> float:
+        """Cache hit rate of training lookups (1.0 before any lookup)."""
+        return self.lookup_hits / self.lookup_keys if self.lookup_keys else 1.0
+
+
+class _ScoreContext:
+    """Step counter, clock and CUSTOMIZED score of a table without a built-in storage."""
+
+    def __init__(self) -> None:
+        self._step = 0
+        self._clock = time.monotonic_ns
+        self._custom_score: int | None = None
+
+
+class CachedTable:
+    """A cache (ScoredHashTable) in front of a Storage; see the module docstring.
+
+    Args:
+        cache: the fast table (STEP strategy, no growth, ``extra_columns`` = state).
+        storage: the slow tier holding every row.
+        score_strategy: the table's score strategy (``user_scores`` rule); not
+            (TIMESTAMP, LFU).
+        capacity: the table's configured ``max_capacity`` (initializer bounds).
+
+    The kernel uses the same private members as on a ScoredHashTable
+    (``_storage``, ``_lock``, ``_mutations``, ``_init``, ``_find_slots``,
+    ``_find_or_insert_slots``) plus ``begin_batch`` / ``end_batch`` / ``prefetch``
+    / ``read_rows``.
+    """
+
+    def __init__(
+        self,
+        cache: ScoredHashTable,
+        storage: Storage,
+        score_strategy,
+        capacity: int,
+    ) -> None:
+        if cache._strategy != _STEP or cache.capacity() != cache.max_capacity():
+            raise ValueError("the cache must be a STEP table allocated at full capacity")
+        self.cache = cache
+        self.storage = storage
+        self.score_strategy = score_strategy
+        self._strategy = (
+            score_strategy.value
+            if isinstance(score_strategy, DynamicEmbScoreStrategy)
+            else int(score_strategy)
+        )
+        self._capacity = capacity
+        self.dim = cache.dim
+        self.extra_columns = cache.extra_columns
+        self.seed = cache.seed
+        self.stats = CacheStats()
+        backing = self.backing_table()
+        self._ctx = backing if backing is not None else _ScoreContext()
+        self._user_scores = torch.zeros(cache.capacity(), dtype=torch.int64, device=cache.device)
+        self._moves = 0  # bumped when cached rows may have moved (flush, clear, erase)
+        self._dirty = False  # cache rows may differ from the storage's copies
+        self._batch_lock = threading.Lock()
+        self._next_batch = 1
+        self._in_flight: set[int] = set()
+        self._open_forwards: collections.deque[int] = collections.deque()
+        self._pending_prefetches: collections.deque[int] = collections.deque()
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def _storage(self):
+        return self.cache._storage
+
+    @property
+    def _lock(self):
+        return self.cache._lock
+
+    @property
+    def _mutations(self) -> int:
+        return self._moves
+
+    @property
+    def _init(self) -> list:
+        return self.cache._init
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        return self.cache.value_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.device
+
+    @property
+    def bucket_capacity(self) -> int:
+        return self.cache.bucket_capacity
+
+    def capacity(self) -> int:
+        """Rows of the cache."""
+        return self.cache.capacity()
+
+    def max_capacity(self) -> int:
+        """The table's configured capacity (both tiers)."""
+        return self._capacity
+
+    def cache_size(self) -> int:
+        return self.cache.size()
+
+    def backing_table(self) -> ScoredHashTable | None:
+        """The built-in slow table, or None when the storage is external."""
+        return self.storage.table if isinstance(self.storage, HashTableStorage) else None
+
+    # ---------------------------------------------------------- batch numbers
+
+    def begin_batch(self) -> int:
+        """Starts a training forward: returns its batch number (the oldest pending
+        prefetch's, or a new one) and keeps it in flight until ``end_batch``."""
+        with self._batch_lock:
+            if self._pending_prefetches:
+                b = self._pending_prefetches.popleft()
+            else:
+                b = self._new_batch()
+            self._open_forwards.append(b)
+            while len(self._open_forwards) > MAX_OPEN_FORWARDS:
+                self._in_flight.discard(self._open_forwards.popleft())
+        return b
+
+    def end_batch(self, batch: int) -> None:
+        """The batch's backward is done: its rows may be evicted again."""
+        with self._batch_lock:
+            self._in_flight.discard(batch)
+            if batch in self._open_forwards:
+                self._open_forwards.remove(batch)
+        self._dirty = True
+
+    def _new_batch(self) -> int:
+        b = self._next_batch
+        self._next_batch += 1
+        self._in_flight.add(b)
+        return b
+
+    def _evict_floor(self) -> int:
+        """Victims must have a batch number below this (the oldest batch in flight)."""
+        with self._batch_lock:
+            return min(self._in_flight) if self._in_flight else self._next_batch
+
+    # ---------------------------------------------------------------- lookups
+
+    def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:
+        """Cache slots of keys (-1 where not cached); changes nothing."""
+        return self.cache._find_slots(keys)
+
+    def _find_or_insert_slots(
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None, batch: int | None = None
+    ) -> tuple[torch.Tensor, BatchStats]:
+        """Cache slots of a training batch's distinct keys (steps 1-3 of the module doc),
+        updating their scores; -1 (reported in the stats) where not cached.
+
+        ``batch``: the batch number from ``begin_batch`` (default: a new batch that
+        ends at once, for callers without a backward).
+        """
+        own = batch is None
+        if own:
+            batch = self.begin_batch()
+        with self._lock.write():
+            slots, hits = self._fill(keys, batch)
+            self._touch(slots, accesses)
+            self.stats.lookup_keys += keys.numel()
+            self.stats.lookup_hits += hits
+        if own:
+            self.end_batch(batch)
+        failed = slots < 0
+        n_failed = int(failed.sum())
+        stats = BatchStats(hits, keys.numel() - hits - n_failed, 0, n_failed, keys[failed])
+        self.cache.last_stats = stats
+        return slots, stats
+
+    def prefetch(self, keys: torch.Tensor) -> int:
+        """Brings distinct keys of a future training batch into the cache and pins
+        them until that batch's backward; the next ``begin_batch`` takes its number.
+
+        Returns the batch number.
+        """
+        with self._batch_lock:
+            b = self._new_batch()
+            self._pending_prefetches.append(b)
+            while len(self._pending_prefetches) > MAX_PENDING_PREFETCHES:
+                self._in_flight.discard(self._pending_prefetches.popleft())
+        if keys.numel():
+            with self._lock.write():
+                _, hits = self._fill(keys, b)
+                self.stats.prefetch_keys += keys.numel()
+                self.stats.prefetch_hits += hits
+        return b
+
+    def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval lookup: rows ((n, dim), value dtype) from the cache, else the storage;
+        found (n,) bool. Inserts nothing, changes no score."""
+        with self._lock.read():
+            slots = _ops.table_find_slots(self._storage.tensors(), keys)
+            rows = self._storage.values[slots.clamp(min=0), : self.dim].clone()
+            found = slots >= 0
+            miss = torch.nonzero(~found, as_tuple=True)[0]
+            if miss.numel():
+                slow_rows, _, slow_found = self.storage.find(keys[miss])
+                rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
+                found[miss] = slow_found
+        return rows, found
+
+    # -------------------------------------------------------------- internals
+
+    def _fill(self, keys: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
+        """Steps 1-3 under the cache's write lock; returns (slots, hits)."""
+        s = self._storage
+        slots = _ops.table_find_slots(s.tensors(), keys)
+        hit = slots >= 0
+        pinned = slots[hit]
+        s.scores[pinned] = s.scores[pinned].clamp(min=batch)
+        miss = torch.nonzero(~hit, as_tuple=True)[0]
+        if miss.numel():
+            slots[miss] = self._insert_misses(keys[miss].contiguous(), batch)
+            self._dirty = True
+        return slots, int(pinned.numel())
+
+    def _insert_misses(self, keys: torch.Tensor, batch: int) -> torch.Tensor:
+        """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)."""
+        s = self._storage
+        rows, scores, found = self.storage.find(keys)
+        self.stats.fetched += int(found.sum())
+        policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
+        n = keys.numel()
+        status = torch.empty(n, dtype=torch.int8, device=keys.device)
+        victims = (
+            torch.empty(n, dtype=torch.int64, device=keys.device),
+            torch.empty(
+                (n, self.cache._layout.row_width), dtype=self.value_dtype, device=keys.device
+            ),
+            torch.empty(n, dtype=torch.int64, device=keys.device),
+        )
+        for part, op in ((found, "assign"), (~found, "init")):
+            pos = torch.nonzero(part, as_tuple=True)[0]
+            if not pos.numel():
+                continue
+            evicted = [
+                torch.empty(pos.numel(), dtype=torch.int64, device=keys.device),
+                torch.empty((pos.numel(), victims[1].shape[1]), dtype=self.value_dtype, device=keys.device),
+                torch.empty(pos.numel(), dtype=torch.int64, device=keys.device),
+            ]  # fmt: skip
+            k = keys[pos].contiguous()
+            if op == "assign":
+                result = _ops.table_insert_or_assign(
+                    s.tensors(), policy, self._init, k, None, rows[pos].contiguous(), evicted
+                )
+            else:
+                out = torch.empty((pos.numel(), 1), dtype=self.value_dtype, device=keys.device)
+                result = _ops.table_find_or_insert(
+                    s.tensors(), policy, self._init, k, None, out, evicted
+                )
+            status[pos] = result.status
+            for full, sub in zip(victims, evicted):
+                full[pos] = sub
+        slots = _ops.table_find_slots(s.tensors(), keys)
+        self.cache._size += int((status == _ops.Status.INSERTED).sum())
+        out = status == _ops.Status.EVICTED
+        if out.any():
+            victim_scores = self._user_scores[slots[out]]  # not yet overwritten
+            self._write_back(victims[0][out], victims[1][out], victim_scores)
+        stored = slots >= 0
+        self._user_scores[slots[stored]] = scores[stored]
+        self.stats.not_cached += int((~stored).sum())
+        return slots
+
+    def _write_back(self, keys, rows, scores) -> None:
+        if not keys.numel():
+            return
+        dropped = self.storage.insert(keys, rows, scores)[0]
+        self.stats.written_back += keys.numel()
+        self.stats.storage_drops += int(dropped.numel())
+
+    def _touch(self, slots: torch.Tensor, accesses: torch.Tensor | None) -> None:
+        """Applies the table's score rule (csrc/core/score_policy.h) to the keys of a
+        training lookup; a key new to the table starts from 0, which gives the
+        rule's score for a new key."""
+        ok = slots >= 0
+        live = slots[ok]
+        us = self._user_scores
+        code = self._strategy
+        if code == _TIMESTAMP:
+            us[live] = us[live].clamp(min=int(self._ctx._clock()))
+        elif code == _STEP:
+            self._ctx._step += 1
+            us[live] = us[live].clamp(min=self._ctx._step)
+        elif code == _LFU:
+            us[live] += accesses[ok] if accesses is not None else 1
+        elif code == _CUSTOMIZED:
+            us[live] = self._ctx._custom_score or 0
+
+    # ------------------------------------------------------------ whole table
+
+    def sync(self) -> None:
+        """Writes every cached row (and score) back to the storage; the cache keeps
+        them. After it the storage alone holds the whole table."""
+        with self._lock.write():
+            if not self._dirty:
+                return
+            s = self._storage
+            slots = s.occupied(0, s.num_slots)
+            if slots.numel():
+                self._write_back(s.keys[slots], s.values[slots], self._user_scores[slots])
+            self._dirty = False
+
+    def flush(self) -> None:
+        """``sync`` then empties the cache (e.g. before loading into the storage)."""
+        self.sync()
+        with self._lock.write():
+            self.cache._storage.clear()
+            self.cache._size = 0
+            self.cache._mutations += 1
+            self._user_scores.zero_()
+            self._moves += 1
+
+    def persistent_table(self) -> ScoredHashTable:
+        """The built-in slow table after a ``sync``: the whole table, for checkpoints.
+
+        Raises:
+            ValueError: when the slow tier is an external storage (persist it yourself
+                through its ``export_batch``).
+        """
+        backing = self.backing_table()
+        if backing is None:
+            raise ValueError(
+                f"this cached table's slow tier is an external storage "
+                f"({type(self.storage).__name__}); dump it through the Storage "
+                f"interface (sync() then storage.export_batch)"
+            )
+        self.sync()
+        return backing
+
+    def size(self) -> int:
+        """Distinct keys in both tiers (syncs the cache first)."""
+        self.sync()
+        return self.storage.size()
+
+    def erase(self, keys: torch.Tensor) -> int:
+        """Removes keys from both tiers; returns how many were stored in either."""
+        keys = keys.contiguous()
+        with self._lock.write():
+            self._moves += 1
+            in_cache = _ops.table_erase(self._storage.tensors(), keys)
+            self.cache._size -= int(in_cache.sum())
+        in_storage = torch.zeros_like(in_cache)
+        _, _, found = self.storage.find(keys)
+        in_storage |= found
+        self.storage.erase(keys[found])
+        return int((in_cache | in_storage).sum())
+
+
+__all__ = ["CacheStats", "CachedTable"]

@@ -1,0 +1,124 @@
+"""Builds a table from its options: a ScoredHashTable, or a CachedTable (caching mode)."""
+
+import torch
+
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.table.batch_arguments import TIMESTAMP_LFU, strategy_code
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.backing import make_backing_storage
+from dynemb.tiering.cached_table import CachedTable
+from dynemb.tiering.storage import Storage, StorageSpec
+from dynemb.types import DynamicEmbScoreStrategy
+
+CACHE_BUCKET_CAPACITY = 1024  # slots per cache bucket, as in DynamicEmb
+
+
+def cache_rows(options: DynamicEmbTableOptions, state_columns: int) -> int:
+    """Rows of cache that ``local_hbm_for_values`` bytes hold (embedding + state)."""
+    width = options.dim + state_columns
+    element = torch.empty((), dtype=options.embedding_dtype).element_size()
+    return options.local_hbm_for_values // (width * element)
+
+
+def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_columns: int) -> None:
+    """Raises ValueError / TypeError on caching options that cannot work, naming them."""
+    o = options
+    if not isinstance(o.caching, bool):
+        raise TypeError(f"table {name!r}: caching must be a bool, got {o.caching!r}")
+    if o.external_storage is not None:
+        if not callable(o.external_storage):
+            raise TypeError(
+                f"table {name!r}: external_storage must be a dynemb.tiering.Storage subclass "
+                f"(or a callable StorageSpec -> Storage), got {o.external_storage!r}"
+            )
+        if isinstance(o.external_storage, Storage):
+            raise TypeError(
+                f"table {name!r}: external_storage must be a Storage class or factory, "
+                f"not an instance ({o.external_storage!r}): each table builds its own"
+            )
+        if not o.caching:
+            raise ValueError(
+                f"table {name!r}: external_storage={o.external_storage!r} needs caching=True "
+                f"(the kernels read rows from the cache in front of it)"
+            )
+    if not o.caching:
+        return
+    hbm = o.local_hbm_for_values
+    if isinstance(hbm, bool) or not isinstance(hbm, int) or hbm <= 0:
+        raise ValueError(
+            f"table {name!r}: caching=True needs local_hbm_for_values > 0 (bytes of cache "
+            f"rows), got {hbm!r}"
+        )
+    rows = cache_rows(o, state_columns)
+    if rows < 16:
+        raise ValueError(
+            f"table {name!r}: local_hbm_for_values={hbm} bytes hold {rows} rows of "
+            f"dim + optimizer state = {o.dim + state_columns} columns; a cache needs >= 16"
+        )
+    if strategy_code(o.score_strategy) == TIMESTAMP_LFU:
+        raise ValueError(
+            f"table {name!r}: caching=True does not support score_strategy="
+            f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, CUSTOMIZED or NO_EVICTION"
+        )
+    if o.admit_strategy is not None:
+        raise ValueError(
+            f"table {name!r}: caching=True does not support admission "
+            f"(admit_strategy={o.admit_strategy!r})"
+        )
+
+
+def make_table(
+    name: str,
+    options: DynamicEmbTableOptions,
+    state_columns: int,
+    device: torch.device,
+) -> ScoredHashTable | CachedTable:
+    """The table of one DynamicEmbTableOptions (options already checked).
+
+    Caching mode: a cache of ``cache_rows(options)`` rows (rounded to the bucket
+    layout), buckets of ``min(1024, rows)`` slots, in front of
+    ``make_backing_storage``. Otherwise an ordinary ScoredHashTable.
+    """
+    o = options
+    if not o.caching:
+        return ScoredHashTable(
+            dim=o.dim,
+            capacity=o.max_capacity,
+            init_capacity=o.init_capacity,
+            bucket_capacity=o.bucket_capacity,
+            score_strategy=o.score_strategy,
+            value_dtype=o.embedding_dtype,
+            extra_columns=state_columns,
+            initializer=o.initializer_args,
+            seed=o.seed,
+            device=device,
+        )
+    rows = cache_rows(o, state_columns)
+    bucket = min(CACHE_BUCKET_CAPACITY, rows // 16 * 16)
+    cache = ScoredHashTable(
+        dim=o.dim,
+        capacity=rows,
+        bucket_capacity=bucket,
+        score_strategy=DynamicEmbScoreStrategy.STEP,
+        value_dtype=o.embedding_dtype,
+        extra_columns=state_columns,
+        initializer=o.initializer_args,
+        seed=o.seed,
+        device=device,
+    )
+    # New rows as the whole table would initialise them (bounds depend on capacity).
+    cache._init = [float(v) for v in o.initializer_args.resolved(o.max_capacity)] + [0.0]
+    spec = StorageSpec(
+        dim=o.dim,
+        state_columns=state_columns,
+        value_dtype=o.embedding_dtype,
+        capacity=o.max_capacity,
+        score_strategy=o.score_strategy,
+        bucket_capacity=o.bucket_capacity,
+        device=device,
+        table_name=name,
+    )
+    return CachedTable(cache, make_backing_storage(o, spec), o.score_strategy, o.max_capacity)
+
+
+__all__ = ["CACHE_BUCKET_CAPACITY", "cache_rows", "check_tiering_options", "make_table"]

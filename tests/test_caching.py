@@ -1,0 +1,304 @@
+"""Caching mode (dynemb.tiering) against an uncached run of the same training.
+
+The oracle is a BatchedDynamicEmbeddingTables without caching, large enough that
+nothing is evicted: with caching on, the same batches must give the same outputs,
+and the union of both tiers (the cache winning) the same rows, optimizer state and
+scores, with every key exactly once.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from dynemb import (
+    BatchedDynamicEmbeddingTables,
+    DynamicEmbInitializerArgs,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynemb.optimizer import EmbOptimType
+from dynemb.tiering import CachedTable, PrefetchPipeline, Storage
+
+DIM, BATCH, POOL = 8, 16, 4
+CAPACITY = 4096
+
+
+def options(cache_rows=0, strategy=DynamicEmbScoreStrategy.LFU, state=0, **extra):
+    o = dict(
+        dim=DIM,
+        max_capacity=CAPACITY,
+        score_strategy=strategy,
+        initializer_args=DynamicEmbInitializerArgs(lower=-0.5, upper=0.5),
+        seed=7,
+    )
+    if cache_rows:
+        o.update(caching=True, local_hbm_for_values=cache_rows * (DIM + state) * 4)
+    o.update(extra)
+    return DynamicEmbTableOptions(**o)
+
+
+def module(opts, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, pooling=DynamicEmbPoolingMode.SUM):
+    return BatchedDynamicEmbeddingTables(
+        opts, feature_table_map=[0, 1, 1], pooling_mode=pooling, optimizer=optimizer,
+        learning_rate=0.1,
+    )  # fmt: skip
+
+
+def batches(n, vocab=400, seed=0):
+    """n batches of 3 features x BATCH bags x POOL ids, Zipf-like (hot and cold keys)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = np.minimum(rng.zipf(1.3, 3 * BATCH * POOL), vocab) * 7919 - 3 * vocab
+        offsets = torch.arange(0, 3 * BATCH + 1, dtype=torch.int64) * POOL
+        out.append((torch.from_numpy(ids.astype(np.int64)), offsets))
+    return out
+
+
+def step(m, batch):
+    out = m(*batch)
+    (out * torch.linspace(-1, 1, out.shape[1])).sum().backward()
+    return out.detach()
+
+
+def contents(table):
+    """{key: (row with state, score)} of a table (a CachedTable is synced first)."""
+    if isinstance(table, CachedTable):
+        table.sync()
+        storage, end = table.storage, table.storage.end_offset()
+        export = storage.export_batch
+    else:
+        end = table.capacity()
+
+        def export(offset, n):
+            return table.export_batch(offset, n, include_extra=True)
+
+    found, offset = {}, 0
+    while offset < end:
+        keys, rows, scores, offset = export(offset, 1024)
+        for k, r, s in zip(keys.tolist(), rows, scores.tolist()):
+            assert k not in found, f"key {k} exported twice"
+            found[k] = (r.clone(), s)
+    return found
+
+
+def check_tiers(cached: CachedTable, want: dict) -> None:
+    """Union of the tiers (cache winning), read without a sync, equals ``want``."""
+    cache = cached.cache
+    ckeys, crows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
+    assert len(set(ckeys.tolist())) == ckeys.numel(), "a key sits twice in the cache"
+    union = dict(zip(ckeys.tolist(), crows))
+    offset, end = 0, cached.storage.end_offset()
+    while offset < end:
+        keys, rows, _, offset = cached.storage.export_batch(offset, 1024)
+        for k, r in zip(keys.tolist(), rows):
+            union.setdefault(k, r)
+    assert set(union) == set(want), "keys lost or invented between the tiers"
+    for k, (row, _) in want.items():
+        torch.testing.assert_close(union[k], row, rtol=0, atol=1e-6, msg=f"row of key {k}")
+
+
+def assert_same_tables(got: dict, want: dict, scores=True) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k][0], want[k][0], rtol=0, atol=1e-6)
+        if scores:
+            assert got[k][1] == want[k][1], f"score of key {k}"
+
+
+@pytest.mark.parametrize(
+    "optimizer, prefetch",
+    [
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, False),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, True),
+        (EmbOptimType.ADAM, True),
+    ],
+)
+def test_training_matches_uncached(optimizer, prefetch):
+    data = batches(8)
+    state = {EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1, EmbOptimType.ADAM: 2 * DIM}[optimizer]
+    plain = module([options(), options()], optimizer)
+    cached = module([options(64, state=state), options(128, state=state)], optimizer)
+    want = [step(plain, b) for b in data]
+    if prefetch:
+        pipe = PrefetchPipeline(data, lambda b: step(cached, b), lambda b: cached.prefetch(*b))
+        got = pipe.run()
+    else:
+        got = [step(cached, b) for b in data]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+    for t in range(2):
+        want_t = contents(plain.tables[t])
+        check_tiers(cached.tables[t], want_t)
+        assert_same_tables(contents(cached.tables[t]), want_t)
+    stats = cached.cache_stats()
+    assert all(s.written_back > 0 and s.storage_drops == 0 and s.not_cached == 0 for s in stats)
+    if prefetch:  # every key was brought in ahead of its forward
+        assert all(s.lookup_hits == s.lookup_keys for s in stats)
+    else:
+        assert all(0 < s.hit_rate() < 1 for s in stats)
+
+
+def test_step_scores_match_uncached():
+    data = batches(6, seed=3)
+    plain = module([options(strategy=DynamicEmbScoreStrategy.STEP)] * 2)
+    step_opts = [options(n, strategy=DynamicEmbScoreStrategy.STEP, state=1) for n in (64, 128)]
+    cached = module(step_opts)
+    for b in data:
+        step(plain, b), step(cached, b)
+    for t in range(2):
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
+
+
+def test_cache_eviction_preserves_row_state_and_score():
+    m = module([options(16, state=1)] * 2)  # one bucket of 16 rows per cache
+    table = m.tables[0]
+    keys = torch.arange(16, dtype=torch.int64) * 1000 + 1
+    filler = (keys[:4], torch.tensor([0] + [4] * 3 * BATCH, dtype=torch.int64))
+    for _ in range(3):  # table 0 sees 4 keys in bag 0 of feature 0
+        step(m, filler)
+    before = {k: v for k, v in contents_of_cache(table).items()}
+    assert set(before) == set(keys[:4].tolist())
+    # 16 new keys of one batch evict the 4 residents (batch numbers below the floor).
+    step(m, (keys + 7, torch.tensor([0] + [16] * 3 * BATCH, dtype=torch.int64)))
+    assert not set(contents_of_cache(table)) & set(before)
+    rows, scores, found = table.storage.find(keys[:4])
+    assert bool(found.all())
+    for i, k in enumerate(keys[:4].tolist()):
+        torch.testing.assert_close(rows[i], before[k][0], rtol=0, atol=0)
+        assert int(scores[i]) == before[k][1] == 3  # LFU: 3 accesses each
+    assert table.stats.written_back >= 4
+
+
+def contents_of_cache(table: CachedTable) -> dict:
+    cache = table.cache
+    keys, rows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
+    slots = cache._find_slots(keys)
+    return {k: (r.clone(), int(table._user_scores[s])) for k, r, s in zip(keys.tolist(), rows, slots.tolist())}  # fmt: skip
+
+
+def test_prefetched_keys_survive_until_their_backward():
+    m = module([options(16, state=1)] * 2)
+    table = m.tables[0]
+    offs = torch.tensor([0] + [16] * 3 * BATCH, dtype=torch.int64)
+    current = (torch.arange(16, dtype=torch.int64) + 100, offs)
+    future = (torch.arange(16, dtype=torch.int64) + 200, offs)
+    out = m(*current)  # batch 1 in flight: its 16 rows fill the one-bucket cache
+    m.prefetch(*future)  # batch 2 cannot evict them: all 16 keys are refused
+    assert table.stats.not_cached == 16
+    assert bool((table._find_slots(current[0]) >= 0).all())
+    out.sum().backward()  # batch 1 done
+    m.prefetch(*future)  # now batch 2's keys may replace batch 1's
+    slots = table._find_slots(future[0])
+    assert bool((slots >= 0).all())
+    # A forward of other keys (batch 3) while batch 2 is pending cannot evict them.
+    third = (torch.arange(16, dtype=torch.int64) + 300, offs)
+    with pytest.warns(UserWarning, match="could not be stored"):
+        m.table_options[0].safe_check_mode = __import__("dynemb").DynamicEmbCheckMode.WARNING
+        out = m(*third)  # takes batch number 2: the prefetched batch...
+    out.sum().backward()
+    assert torch.equal(table._find_slots(future[0]), slots)
+
+
+def test_eval_reads_both_tiers_and_inserts_nothing():
+    data = batches(4, seed=5)
+    plain = module([options(), options()])
+    cached = module([options(64, state=1), options(128, state=1)])
+    for b in data:
+        step(plain, b), step(cached, b)
+    plain.eval(), cached.eval()
+    probe = batches(1, vocab=800, seed=9)[0]  # hot keys, cold keys and unknown keys
+    sizes = [t.cache.size() for t in cached.tables]
+    stats = [dataclasses_tuple(s) for s in cached.cache_stats()]
+    with torch.no_grad():
+        torch.testing.assert_close(cached(*probe), plain(*probe), rtol=1e-5, atol=1e-5)
+    assert [t.cache.size() for t in cached.tables] == sizes
+    assert [dataclasses_tuple(s) for s in cached.cache_stats()] == stats
+
+
+def dataclasses_tuple(s):
+    import dataclasses
+
+    return dataclasses.astuple(s)
+
+
+class DictStorage(Storage):
+    """A toy external slow tier: a Python dict."""
+
+    def __init__(self, spec):
+        self.spec, self.rows = spec, {}
+
+    def find(self, keys):
+        n = keys.numel()
+        rows = torch.zeros((n, self.spec.row_width), dtype=self.spec.value_dtype)
+        scores = torch.zeros(n, dtype=torch.int64)
+        found = torch.zeros(n, dtype=torch.bool)
+        for i, k in enumerate(keys.tolist()):
+            if k in self.rows:
+                rows[i], scores[i] = self.rows[k]
+                found[i] = True
+        return rows, scores, found
+
+    def insert(self, keys, rows, scores):
+        for k, r, s in zip(keys.tolist(), rows, scores.tolist()):
+            self.rows[k] = (r.clone(), s)
+        empty = keys[:0]
+        return empty, rows[:0], empty
+
+    def erase(self, keys):
+        return sum(self.rows.pop(k, None) is not None for k in keys.tolist())
+
+    def export_batch(self, offset, n):
+        items = sorted(self.rows.items())[offset : offset + n]
+        keys = torch.tensor([k for k, _ in items], dtype=torch.int64)
+        rows = (
+            torch.stack([r for _, (r, _) in items])
+            if items
+            else torch.zeros((0, self.spec.row_width))
+        )
+        scores = torch.tensor([s for _, (_, s) in items], dtype=torch.int64)
+        return keys, rows, scores, min(offset + n, len(self.rows))
+
+    def end_offset(self):
+        return len(self.rows)
+
+    def size(self):
+        return len(self.rows)
+
+
+def test_external_storage_trains_like_uncached():
+    data = batches(5, seed=11)
+    plain = module([options(), options()])
+    cached = module([options(n, state=1, external_storage=DictStorage) for n in (64, 128)])
+    for b in data:
+        torch.testing.assert_close(step(cached, b), step(plain, b), rtol=0, atol=1e-5)
+    for t in range(2):
+        assert isinstance(cached.tables[t].storage, DictStorage)
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (dict(caching=True), "local_hbm_for_values > 0"),
+        (
+            dict(caching=True, local_hbm_for_values=100),
+            "local_hbm_for_values=100 bytes hold 2 rows",
+        ),
+        (dict(caching=True, local_hbm_for_values=-5), "got -5"),
+        (dict(external_storage=DictStorage), "needs caching=True"),
+        (dict(caching=True, local_hbm_for_values=1 << 16, external_storage=3), "Storage subclass"),
+        (
+            dict(
+                caching=True,
+                local_hbm_for_values=1 << 16,
+                score_strategy=(DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+            ),
+            "does not support score_strategy",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_options(extra, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        module([options(**extra), options()])

@@ -1,0 +1,79 @@
+"""Checkpoints in caching mode: DynamicEmbDump / DynamicEmbLoad and incremental_dump
+see the whole table (both tiers), exactly as an uncached run of the same training."""
+
+import torch
+
+from dynemb import DynamicEmbScoreStrategy
+from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
+from dynemb.incremental_dump import get_score, incremental_dump
+from dynemb.optimizer import EmbOptimType
+from tests.test_caching import batches, check_tiers, contents, module, options, step
+
+ADAM_STATE = 2 * 8
+
+
+def _pair(strategy=DynamicEmbScoreStrategy.LFU):
+    plain = module([options(strategy=strategy)] * 2, EmbOptimType.ADAM)
+    cached = module(
+        [options(n, strategy=strategy, state=ADAM_STATE) for n in (64, 128)], EmbOptimType.ADAM
+    )
+    return plain, cached
+
+
+def _same(a, b) -> None:
+    for t in range(2):
+        got, want = contents(a.tables[t]), contents(b.tables[t])
+        assert set(got) == set(want), f"table {t}: keys differ"
+        for k in want:
+            assert torch.equal(got[k][0], want[k][0]), f"table {t}: row of key {k}"
+            assert got[k][1] == want[k][1], f"table {t}: score of key {k}"
+
+
+def test_dump_load_every_mode(tmp_path):
+    plain, cached = _pair()
+    for b in batches(5, seed=21):
+        step(plain, b), step(cached, b)
+    DynamicEmbDump(tmp_path / "cached", cached, optim=True)
+    DynamicEmbDump(tmp_path / "plain", plain, optim=True)
+    # Cached checkpoint -> uncached table, and uncached checkpoint -> cached table
+    # that already holds other (older) rows in both tiers.
+    into_plain, into_cached = _pair()
+    for b in batches(2, seed=99):
+        step(into_cached, b)
+    DynamicEmbLoad(tmp_path / "cached", into_plain, optim=True)
+    DynamicEmbLoad(tmp_path / "plain", into_cached, optim=True)
+    assert all(t.cache.size() == 0 for t in into_cached.tables)  # load empties the caches
+    _same(into_plain, plain)
+    # into_cached also keeps the keys of its own two batches that the checkpoint lacks.
+    for t in range(2):
+        got, want = contents(into_cached.tables[t]), contents(plain.tables[t])
+        assert set(want) <= set(got)
+        for k in want:
+            assert torch.equal(got[k][0], want[k][0]) and got[k][1] == want[k][1]
+    # Training continues identically from the loaded tables.
+    for b in batches(3, seed=22):
+        torch.testing.assert_close(step(into_plain, b), step(plain, b), rtol=0, atol=1e-6)
+        step(cached, b)
+    _same(cached, plain)
+    check_tiers(cached.tables[0], contents(plain.tables[0]))
+
+
+def test_incremental_dump_sees_both_tiers():
+    plain, cached = _pair(DynamicEmbScoreStrategy.STEP)
+    for b in batches(4, seed=31):
+        step(plain, b), step(cached, b)
+    ref_plain, ref_cached = get_score(plain), get_score(cached)
+    assert ref_plain == ref_cached
+    for b in batches(2, seed=32):
+        step(plain, b), step(cached, b)
+    got, _ = incremental_dump(cached, ref_cached)
+    want, _ = incremental_dump(plain, ref_plain)
+    assert got.keys() == want.keys()
+    for coll in want:
+        for name, (keys, rows, scores) in want[coll].items():
+            gk, gr, gs = got[coll][name]
+            order, gorder = torch.argsort(keys), torch.argsort(gk)
+            assert keys.numel() > 0
+            assert torch.equal(gk[gorder], keys[order])
+            assert torch.equal(gr[gorder], rows[order])
+            assert torch.equal(gs[gorder], scores[order])

@@ -1,0 +1,54 @@
+"""The eviction floor (UpsertArgs::evict_below) against the dict oracle.
+
+A full bucket may evict its minimum (score, key) resident only when that score is
+below the floor; otherwise the newcomer fails and nothing changes. The cache tier
+uses it to pin the rows of batches in flight.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbScoreStrategy, _ops
+from tests import reference as ref
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_floor_matches_oracle(seed):
+    rng = np.random.default_rng(seed)
+    dim, cap, bc = 4, 64, 16
+    table = dynemb.ScoredHashTable(
+        dim=dim, capacity=cap, bucket_capacity=bc, score_strategy=DynamicEmbScoreStrategy.STEP
+    )
+    oracle = ref.ReferenceTable(dim, cap, cap, bc, ref.STEP, init=(2, -0.1, 0.1))
+    oracle._new_row = lambda key: np.zeros(dim, dtype=np.float32)
+    failures = evictions = 0
+    for batch in range(1, 13):
+        keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
+        values = torch.from_numpy(rng.standard_normal((40, dim)).astype(np.float32))
+        floor = int(rng.integers(0, batch + 1)) if batch > 4 else _ops.EVICT_ANY
+        policy = [DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim]
+        evicted = [
+            torch.empty(40, dtype=torch.int64),
+            torch.empty(40, dim),
+            torch.empty(40, dtype=torch.int64),
+        ]
+        status, _ = _ops.table_insert_or_assign(
+            table._storage.tensors(), policy, table._init, keys, None, values, evicted
+        )
+        want, want_evicted = oracle.upsert(
+            keys.tolist(), None, values.numpy(), evict_below=None if floor < 0 else floor
+        )
+        assert status.tolist() == want
+        for i, (k, row, score) in want_evicted.items():
+            assert int(evicted[0][i]) == k and int(evicted[2][i]) == score
+            assert ref.isclose_rows(evicted[1][i], row)
+        failures += want.count(ref.FAILED)
+        evictions += want.count(ref.EVICTED)
+        if floor == 0:
+            assert ref.EVICTED not in want  # floor 0 never evicts
+    assert failures > 0 and evictions > 0  # both branches were exercised
+    slots = _ops.table_find_slots(table._storage.tensors(), torch.tensor(sorted(oracle.entries)))
+    assert bool((slots >= 0).all())
+    assert int((table._storage.digests.view(-1) != 0).sum()) == len(oracle.entries)
