@@ -136,6 +136,7 @@ class CachedTable:
         self._user_scores = torch.zeros(cache.capacity(), dtype=torch.int64, device=cache.device)
         self._moves = 0  # bumped when cached rows may have moved (flush, clear, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
+        self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
         self._batch_lock = threading.Lock()
         self._next_batch = 1
         self._in_flight: set[int] = set()
@@ -303,49 +304,49 @@ class CachedTable:
         """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)."""
         s = self._storage
         rows, scores, found = self.storage.find(keys)
-        self.stats.fetched += int(found.sum())
+        rows = rows.contiguous()
+        new = torch.nonzero(~found, as_tuple=True)[0]
+        self.stats.fetched += keys.numel() - new.numel()
+        if new.numel():  # initial rows: the core initializer, as a table's insert gives
+            none = torch.full_like(new, -1)
+            init = _ops.embedding_gather(
+                s.tensors(), none, keys[new], self._init, self.seed, self.dim
+            )
+            rows[new, : self.dim] = init.to(rows.dtype)
+            rows[new, self.dim :] = self._init[5]
         policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
         n = keys.numel()
-        status = torch.empty(n, dtype=torch.int8, device=keys.device)
-        victims = (
-            torch.empty(n, dtype=torch.int64, device=keys.device),
-            torch.empty(
-                (n, self.cache._layout.row_width), dtype=self.value_dtype, device=keys.device
-            ),
-            torch.empty(n, dtype=torch.int64, device=keys.device),
+        evicted = [
+            self._scratch("evicted_keys", (n,), torch.int64),
+            self._scratch("evicted_rows", (n, rows.shape[1]), self.value_dtype),
+            self._scratch("evicted_scores", (n,), torch.int64),
+        ]
+        status, counts = _ops.table_insert_or_assign(
+            s.tensors(), policy, self._init, keys, None, rows, evicted
         )
-        for part, op in ((found, "assign"), (~found, "init")):
-            pos = torch.nonzero(part, as_tuple=True)[0]
-            if not pos.numel():
-                continue
-            evicted = [
-                torch.empty(pos.numel(), dtype=torch.int64, device=keys.device),
-                torch.empty((pos.numel(), victims[1].shape[1]), dtype=self.value_dtype, device=keys.device),
-                torch.empty(pos.numel(), dtype=torch.int64, device=keys.device),
-            ]  # fmt: skip
-            k = keys[pos].contiguous()
-            if op == "assign":
-                result = _ops.table_insert_or_assign(
-                    s.tensors(), policy, self._init, k, None, rows[pos].contiguous(), evicted
-                )
-            else:
-                out = torch.empty((pos.numel(), 1), dtype=self.value_dtype, device=keys.device)
-                result = _ops.table_find_or_insert(
-                    s.tensors(), policy, self._init, k, None, out, evicted
-                )
-            status[pos] = result.status
-            for full, sub in zip(victims, evicted):
-                full[pos] = sub
         slots = _ops.table_find_slots(s.tensors(), keys)
-        self.cache._size += int((status == _ops.Status.INSERTED).sum())
-        out = status == _ops.Status.EVICTED
-        if out.any():
+        counts = counts.tolist()
+        self.cache._size += counts[_ops.Status.INSERTED]
+        if counts[_ops.Status.EVICTED]:
+            out = status == _ops.Status.EVICTED
             victim_scores = self._user_scores[slots[out]]  # not yet overwritten
-            self._write_back(victims[0][out], victims[1][out], victim_scores)
-        stored = slots >= 0
-        self._user_scores[slots[stored]] = scores[stored]
-        self.stats.not_cached += int((~stored).sum())
+            self._write_back(evicted[0][out], evicted[1][out], victim_scores)
+        if counts[_ops.Status.FAILED]:
+            stored = slots >= 0
+            self._user_scores[slots[stored]] = scores[stored]
+            self.stats.not_cached += counts[_ops.Status.FAILED]
+        else:
+            self._user_scores[slots] = scores
         return slots
+
+    def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable buffer of at least ``shape[0]`` rows (fresh memory costs page faults)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < shape[0]:
+            rows = max(shape[0], int(1.5 * (buf.shape[0] if buf is not None else 0)))
+            buf = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.device)
+            self._buffers[name] = buf
+        return buf[: shape[0]]
 
     def _write_back(self, keys, rows, scores) -> None:
         if not keys.numel():

@@ -1,0 +1,162 @@
+"""W-train in caching mode: a cache of 10%, 25% and 100% of the touched keys in front
+of the slow tier, with and without prefetch, against all rows in one fast table.
+
+Every configuration trains the same batches (WORKLOADS.md W-train, ids spread to
+63-bit keys) in this process, interleaved with the all-in-memory peer
+(BatchedDynamicEmbeddingTables without caching); each is repeated and keeps its
+best run. Prefetch runs dynemb.tiering.PrefetchPipeline: batch t+1's keys are
+fetched into the cache in a background thread while batch t trains. Reported per
+configuration: samples/s (and its ratio to the peer) and the forward's cache hit
+rate over the timed steps (with prefetch, the hit rate of the prefetches, which
+are then the lookups that miss).
+"""
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+from bench_train import (
+    QUICK,
+    Config,
+    fixed_offsets,
+    make_batches,
+    spread_ids,
+)
+from common import Recorder, available_threads, commit_hash, progress, set_threads
+
+WORKLOAD = "W-train"
+PEER_IMPL = "dynemb.all_in_memory"
+CACHE_FRACTIONS = (0.10, 0.25, 1.00)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    cache_fraction: float | None  # None: the all-in-memory peer
+    prefetch: bool = False
+
+    @property
+    def impl(self) -> str:
+        if self.cache_fraction is None:
+            return PEER_IMPL
+        mode = "+prefetch" if self.prefetch else ""
+        return f"dynemb.caching{mode}@cache={self.cache_fraction:.0%}"
+
+
+def touched_keys(keys: list[torch.Tensor], config: Config) -> list[int]:
+    """Distinct keys of each table over all batches."""
+    per = config.batch * config.pooling_factor
+    return [
+        len(torch.unique(torch.cat([k[t * per : (t + 1) * per] for k in keys])))
+        for t in range(config.num_tables)
+    ]
+
+
+def build(run: Run, touched: list[int], config: Config):
+    from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynemb.optimizer import EmbOptimType, OptimizerConfig
+
+    optimizer = EmbOptimType[config.optimizer]
+    width = config.dim + OptimizerConfig(optimizer).state_columns(config.dim)
+    options = []
+    for n in touched:
+        capacity = 2 * n  # no eviction in the full table (nor in the slow tier)
+        o = DynamicEmbTableOptions(dim=config.dim, max_capacity=capacity, init_capacity=capacity)
+        if run.cache_fraction is not None:
+            o.caching = True
+            o.local_hbm_for_values = int(run.cache_fraction * n) * width * 4
+        options.append(o)
+    return BatchedDynamicEmbeddingTables(
+        options,
+        feature_table_map=list(range(config.num_tables)),
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer=optimizer,
+        learning_rate=config.learning_rate,
+    )
+
+
+def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
+    """Trains every batch; returns samples/s (median step) and the timed hit rate."""
+    from dynemb.tiering import PrefetchPipeline
+
+    offsets = fixed_offsets(config)
+
+    def step(indices: torch.Tensor) -> None:
+        module(indices, offsets).sum().backward()
+
+    def counters():
+        stats = [s for s in module.cache_stats() if s is not None]
+        keys_ = sum(s.prefetch_keys if run.prefetch else s.lookup_keys for s in stats)
+        hits = sum(s.prefetch_hits if run.prefetch else s.lookup_hits for s in stats)
+        return keys_, hits, sum(s.not_cached for s in stats)
+
+    if run.prefetch:
+        steps = PrefetchPipeline(keys, step, lambda k: module.prefetch(k, offsets))
+    else:
+        steps = (step(k) for k in keys)
+    times, start, base = [], time.perf_counter(), None
+    for i, _ in enumerate(progress(steps, run.impl, total=len(keys), unit="step")):
+        now = time.perf_counter()
+        if i == config.warmup - 1:
+            base = counters()
+        if i >= config.warmup:
+            times.append(now - start)
+        start = now
+    result = {"samples_per_s": config.batch / statistics.median(times)}
+    if run.cache_fraction is not None:
+        end = counters()
+        looked, hit = end[0] - base[0], end[1] - base[1]
+        result["hit_rate"] = hit / looked if looked else 1.0
+        result["not_cached"] = end[2]
+    return result
+
+
+def measure(runs: list[Run], config: Config, repeats: int) -> dict:
+    keys = [spread_ids(b) for b in make_batches(config)]
+    touched = touched_keys(keys, config)
+    print(f"touched keys per table: {touched}", file=sys.stderr)
+    best: dict[Run, dict] = {}
+    for _ in range(repeats):
+        for run in runs:  # interleaved: every configuration sees the same machine load
+            module = build(run, touched, config)
+            result = train(run, module, keys, config)
+            del module
+            if run not in best or result["samples_per_s"] > best[run]["samples_per_s"]:
+                best[run] = result
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--threads", type=int, default=available_threads())
+    parser.add_argument("--repeats", type=int, default=2, help="runs per configuration")
+    parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
+    parser.add_argument("--optimizer", default="EXACT_ROWWISE_ADAGRAD")
+    args = parser.parse_args(argv)
+    sizes = dict(QUICK) if args.quick else {}
+    if args.steps:
+        sizes["steps"] = args.steps
+    set_threads(args.threads)
+    config = Config(optimizer=args.optimizer, threads=args.threads, **sizes)
+    runs = [Run(None)] + [Run(f, p) for f in CACHE_FRACTIONS for p in (False, True)]
+    best = measure(runs, config, 1 if args.quick else args.repeats)
+    rec = Recorder(commit_hash())
+    peer = best[runs[0]]["samples_per_s"]
+    opt = config.optimizer
+    rec.add(WORKLOAD, PEER_IMPL, f"samples_per_s@{opt}", peer, threads=config.threads)
+    for run in runs[1:]:
+        r = best[run]
+        rec.add(WORKLOAD, run.impl, f"samples_per_s@{opt}", r["samples_per_s"],
+                threads=config.threads, peer=PEER_IMPL, peer_value=peer)  # fmt: skip
+        rec.add(WORKLOAD, run.impl, "cache_hit_rate", r["hit_rate"], threads=config.threads)
+        if r["not_cached"]:
+            rec.add(WORKLOAD, run.impl, "keys_not_cached", r["not_cached"], threads=config.threads)
+    print(file=sys.stderr)
+    rec.print_table()
+
+
+if __name__ == "__main__":
+    main()
