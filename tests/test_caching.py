@@ -179,26 +179,55 @@ def contents_of_cache(table: CachedTable) -> dict:
 
 
 def test_prefetched_keys_survive_until_their_backward():
-    m = module([options(16, state=1)] * 2)
+    plain = module([options()] * 2)
+    m = module([options(16, state=1)] * 2)  # one bucket of 16 rows per cache
     table = m.tables[0]
     offs = torch.tensor([0] + [16] * 3 * BATCH, dtype=torch.int64)
     current = (torch.arange(16, dtype=torch.int64) + 100, offs)
     future = (torch.arange(16, dtype=torch.int64) + 200, offs)
-    out = m(*current)  # batch 1 in flight: its 16 rows fill the one-bucket cache
-    m.prefetch(*future)  # batch 2 cannot evict them: all 16 keys are refused
-    assert table.stats.not_cached == 16
-    assert bool((table._find_slots(current[0]) >= 0).all())
-    out.sum().backward()  # batch 1 done
-    m.prefetch(*future)  # now batch 2's keys may replace batch 1's
-    slots = table._find_slots(future[0])
-    assert bool((slots >= 0).all())
-    # A forward of other keys (batch 3) while batch 2 is pending cannot evict them.
     third = (torch.arange(16, dtype=torch.int64) + 300, offs)
-    with pytest.warns(UserWarning, match="could not be stored"):
-        m.table_options[0].safe_check_mode = __import__("dynemb").DynamicEmbCheckMode.WARNING
-        out = m(*third)  # takes batch number 2: the prefetched batch...
-    out.sum().backward()
-    assert torch.equal(table._find_slots(future[0]), slots)
+    outs = []
+    for tables in (m, plain):
+        out = tables(*current)  # batch 1 in flight: its 16 rows fill the cache
+        tables.prefetch(*future)  # batch 2 cannot evict them: its 16 keys are refused
+        if tables is m:
+            assert table.stats.not_cached == 16
+            assert bool((table._find_slots(current[0]) >= 0).all())
+        out.sum().backward()  # batch 1 done
+        tables.prefetch(*future)  # now batch 2's keys replace batch 1's
+        if tables is m:
+            slots = table._find_slots(future[0])
+            assert bool((slots >= 0).all())
+        # The next forward takes the oldest pending prefetch's number (2) and its keys
+        # (batch 3's) cannot evict the ones prefetched for the next batch: they are
+        # staged, served and trained outside the cache.
+        outs.append(step(tables, third))
+        outs.append(step(tables, future))
+    assert torch.equal(table._find_slots(future[0]), slots)  # never moved
+    assert table.stats.staged == 16
+    assert table.stats.lookup_hits == 16  # the future batch: all prefetched
+    for got, want in zip(outs[:2], outs[2:]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert_same_tables(contents(table), contents(plain.tables[0]))
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_cache_smaller_than_a_batch_trains_like_uncached(prefetch):
+    data = batches(6, seed=13)
+    plain = module([options(), options()], EmbOptimType.EXACT_ADAGRAD)
+    cached = module([options(16, state=DIM)] * 2, EmbOptimType.EXACT_ADAGRAD)
+    want = [step(plain, b) for b in data]
+    if prefetch:
+        got = PrefetchPipeline(data, lambda b: step(cached, b), lambda b: cached.prefetch(*b)).run()
+    else:
+        got = [step(cached, b) for b in data]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for t in range(2):
+        assert cached.tables[t].stats.staged > 0
+        assert cached.tables[t]._staged_keys.numel() == 0
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
+    assert cached.safe_check_failures == [0, 0]
 
 
 def test_eval_reads_both_tiers_and_inserts_nothing():

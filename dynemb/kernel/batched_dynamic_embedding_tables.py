@@ -239,12 +239,21 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 rows = self._cached_eval_rows(t, tb, unique, inverse)
                 batch = None
             else:
-                batch = table.begin_batch() if cached else None
-                unique_slots, token = self._table_slots(t, unique, counts, batch)
+                batch = staged = None
+                if cached:  # training: cache slots, and the keys it could not take
+                    batch = table.begin_batch()
+                    unique_slots, staged = table.lookup(unique, counts, batch)
+                    token = table._mutations
+                else:
+                    unique_slots, token = self._table_slots(t, unique, counts)
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 with table._lock.read():
                     rows = self._read_rows(t, tb, slots, missing, batch_size)
+                if staged is not None:  # their rows, from the batch's private table
+                    rows += self._read_rows(
+                        t, tb, staged.unique_slots[inverse], _ZEROS, batch_size, staged.storage
+                    )
             if sequence:
                 start = 0
                 for a, b in tb.index_ranges:
@@ -255,7 +264,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     c0, c1 = columns[f]
                     out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
             saved.append(None if batch is None and cached else
-                         (tb, unique, unique_slots, inverse, token, batch))  # fmt: skip
+                         (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
         return out, saved
 
     def _cached_eval_rows(self, t, tb, unique, inverse):
@@ -285,10 +294,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             pooled /= lengths.clamp(min=1).unsqueeze(1)
         return pooled
 
-    def _read_rows(self, t, tb, slots, missing, batch_size):
-        """Pooled bags (len(features) * B, dim), or one row per index for NONE."""
+    def _read_rows(self, t, tb, slots, missing, batch_size, storage=None):
+        """Pooled bags (len(features) * B, dim), or one row per index for NONE.
+        ``storage``: the TableStorage to read (default: table t's)."""
         table, opts = self.tables[t], self.table_options[t]
-        storage = table._storage.tensors()
+        storage = (storage or table._storage).tensors()
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
         return _ops.embedding_pool(
@@ -299,19 +309,15 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
 
-    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, batch=None):
+    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
         """Slots of the distinct keys of table t (inserting them in training), and the
-        table's mutation count (backward finds the keys again if it changed).
-        ``batch``: a cached table's batch number (from begin_batch)."""
+        table's mutation count (backward finds the keys again if it changed)."""
         table = self.tables[t]
         if not self._inserts(t):
             return table._find_slots(keys), table._mutations
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses), table._mutations
-        if batch is not None:
-            slots, stats = table._find_or_insert_slots(keys, accesses, batch=batch)
-        else:
-            slots, stats = table._find_or_insert_slots(keys, accesses)
+        slots, stats = table._find_or_insert_slots(keys, accesses)
         if stats.failed:
             self._safe_check(t, stats.failed)
         return slots, table._mutations
@@ -371,7 +377,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         for t, entry in enumerate(saved):
             if entry is None or not self._inserts(t):
                 continue
-            tb, unique, unique_slots, inverse, token, batch = entry
+            tb, unique, unique_slots, inverse, token, batch, staged = entry
             table = self.tables[t]
             if sequence:
                 grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges])
@@ -388,6 +394,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     table._storage.tensors(), unique_slots, inverse, offsets, weights, mode,
                     grad.contiguous(), optimizer, self.step, table.dim,
                 )  # fmt: skip
+            if staged is not None:  # keys the cache could not take: same update, then home
+                _ops.embedding_backward(
+                    staged.storage.tensors(), staged.unique_slots, inverse, offsets, weights,
+                    mode, grad.contiguous(), optimizer, self.step, table.dim,
+                )  # fmt: skip
+                table.unstage(staged)
             if batch is not None:
                 table.end_batch(batch)  # its rows may leave the cache again
 

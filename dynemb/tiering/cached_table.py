@@ -18,8 +18,11 @@ Pinning. Every batch is *in flight* from its prefetch (or forward) until its
 backward. A cache insert may evict a victim only if its batch number is below the
 oldest batch in flight (``UpsertArgs::evict_below``, csrc/core/table_ops.h), so
 the rows of a batch stay at their slots until its backward is done. A key whose
-bucket holds only pinned rows is not stored: it is reported (the kernel's safe
-check) like a key of a full table.
+bucket holds only pinned rows is *staged*: its row (from the storage, or
+initial) goes to a small private table of the batch, which the kernels read and
+update like the cache, and is written back to the storage after the backward
+(the key is kept out of the cache meanwhile). So a cache too small for the
+batches in flight is slower, never wrong.
 
 Lookup of a training batch b (distinct keys):
   1. find the keys in the cache; raise the hits' batch number to b (pin);
@@ -27,12 +30,14 @@ Lookup of a training batch b (distinct keys):
      keys with their rows, new keys with initial rows (a pure function of
      (seed, key), so a key gets the row it would get in an uncached table);
   3. every resident evicted by step 2 is written back to the storage (row +
-     optimizer state + score); what the storage drops is counted.
+     optimizer state + score); what the storage drops is counted;
+  4. keys step 2 could not place are staged (see Pinning).
 Eval lookups read the cache, then the storage, and insert nothing.
 """
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 
@@ -40,6 +45,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.tiering.backing import HashTableStorage
 from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
@@ -67,7 +73,9 @@ class CacheStats:
         fetched: keys read from the storage into the cache.
         written_back: rows written back to the storage (cache evictions and syncs).
         storage_drops: rows the storage dropped (slow-tier evictions): lost.
-        not_cached: keys that could not enter the cache (bucket fully pinned).
+        not_cached: keys that could not enter the cache (bucket fully pinned);
+            a training lookup stages them (served and updated outside the cache).
+        staged: keys of training lookups served that way.
     """
 
     lookup_keys: int = 0
@@ -78,10 +86,28 @@ class CacheStats:
     written_back: int = 0
     storage_drops: int = 0
     not_cached: int = 0
+    staged: int = 0
 
     def hit_rate(self) -> float:
         """Cache hit rate of training lookups (1.0 before any lookup)."""
         return self.lookup_hits / self.lookup_keys if self.lookup_keys else 1.0
+
+
+@dataclasses.dataclass
+class Staged:
+    """Keys of one training batch that the cache could not take (see Pinning).
+
+    Attributes:
+        keys: (F,) int64. scores: (F,) int64, their scores after this lookup.
+        storage: a private table whose slot i holds the row of keys[i].
+        unique_slots: (U,) int64, for each distinct key of the batch its slot in
+            ``storage``, -1 for the keys the cache holds.
+    """
+
+    keys: torch.Tensor
+    scores: torch.Tensor
+    storage: TableStorage
+    unique_slots: torch.Tensor
 
 
 class _ScoreContext:
@@ -137,6 +163,8 @@ class CachedTable:
         self._moves = 0  # bumped when cached rows may have moved (flush, clear, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
         self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
+        self._storage_lock = threading.Lock()  # one storage call at a time
+        self._staged_keys = torch.empty(0, dtype=torch.int64, device=cache.device)
         self._batch_lock = threading.Lock()
         self._next_batch = 1
         self._in_flight: set[int] = set()
@@ -228,30 +256,79 @@ class CachedTable:
         """Cache slots of keys (-1 where not cached); changes nothing."""
         return self.cache._find_slots(keys)
 
-    def _find_or_insert_slots(
-        self, keys: torch.Tensor, accesses: torch.Tensor | None = None, batch: int | None = None
-    ) -> tuple[torch.Tensor, BatchStats]:
-        """Cache slots of a training batch's distinct keys (steps 1-3 of the module doc),
-        updating their scores; -1 (reported in the stats) where not cached.
+    def lookup(
+        self, keys: torch.Tensor, accesses: torch.Tensor | None, batch: int
+    ) -> tuple[torch.Tensor, Staged | None]:
+        """Training lookup of a batch's distinct keys (steps 1-4 of the module doc).
 
-        ``batch``: the batch number from ``begin_batch`` (default: a new batch that
-        ends at once, for callers without a backward).
+        Args:
+            keys: (U,) int64, distinct. accesses: (U,) int64 occurrences, or None.
+            batch: the batch number from ``begin_batch``.
+
+        Returns:
+            ``(slots, staged)``: (U,) int64 cache slots (-1 for staged keys) and the
+            Staged keys (None when every key is cached). The caller applies the
+            backward to both, then calls ``unstage`` and ``end_batch``.
         """
-        own = batch is None
-        if own:
-            batch = self.begin_batch()
+        now = int(self._ctx._clock()) if self._strategy == _TIMESTAMP else 0
+        if self._strategy == _STEP:
+            self._ctx._step += 1
         with self._lock.write():
-            slots, hits = self._fill(keys, batch)
-            self._touch(slots, accesses)
+            slots, hits, failed = self._fill(keys, batch, stage=True)
+            live = slots[slots >= 0]
+            ok = slots >= 0
+            self._user_scores[live] = self._rule(
+                self._user_scores[live], None if accesses is None else accesses[ok], now
+            )
             self.stats.lookup_keys += keys.numel()
             self.stats.lookup_hits += hits
-        if own:
-            self.end_batch(batch)
+        staged = None
+        if failed is not None:
+            pos, rows, scores = failed
+            acc = None if accesses is None else accesses[pos]
+            staged = self._stage(keys, pos, rows, self._rule(scores, acc, now))
+        self._dirty = True
+        return slots, staged
+
+    def _find_or_insert_slots(
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, BatchStats]:
+        """ScoredHashTable's kernel entry: a lookup that ends at once (no backward);
+        keys the cache cannot take are written straight back and reported failed."""
+        batch = self.begin_batch()
+        slots, staged = self.lookup(keys, accesses, batch)
+        if staged is not None:
+            self.unstage(staged)
+        self.end_batch(batch)
         failed = slots < 0
         n_failed = int(failed.sum())
-        stats = BatchStats(hits, keys.numel() - hits - n_failed, 0, n_failed, keys[failed])
+        stats = BatchStats(0, keys.numel() - n_failed, 0, n_failed, keys[failed])
         self.cache.last_stats = stats
         return slots, stats
+
+    def _stage(self, keys, pos, rows, scores) -> Staged:
+        n = pos.numel()
+        layout = TableLayout(
+            row_width=rows.shape[1], bucket_capacity=16, value_dtype=self.value_dtype,
+            keeps_scores=True, keeps_timestamps=False, device=self.device,
+        )  # fmt: skip
+        storage = TableStorage(layout, math.ceil(n / 16))
+        storage.values[:n] = rows
+        unique_slots = torch.full_like(keys, -1)
+        unique_slots[pos] = torch.arange(n, device=self.device)
+        staged = Staged(keys[pos], scores, storage, unique_slots)
+        with self._batch_lock:
+            self._staged_keys = torch.cat([self._staged_keys, staged.keys])
+        self.stats.staged += n
+        return staged
+
+    def unstage(self, staged: Staged) -> None:
+        """Writes the staged rows (after the batch's backward) back to the storage."""
+        n = staged.keys.numel()
+        with self._lock.write():
+            self._write_back(staged.keys, staged.storage.values[:n], staged.scores)
+        with self._batch_lock:
+            self._staged_keys = self._staged_keys[~torch.isin(self._staged_keys, staged.keys)]
 
     def prefetch(self, keys: torch.Tensor) -> int:
         """Brings distinct keys of a future training batch into the cache and pins
@@ -266,7 +343,7 @@ class CachedTable:
                 self._in_flight.discard(self._pending_prefetches.popleft())
         if keys.numel():
             with self._lock.write():
-                _, hits = self._fill(keys, b)
+                _, hits, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
         return b
@@ -280,30 +357,53 @@ class CachedTable:
             found = slots >= 0
             miss = torch.nonzero(~found, as_tuple=True)[0]
             if miss.numel():
-                slow_rows, _, slow_found = self.storage.find(keys[miss])
+                with self._storage_lock:
+                    slow_rows, _, slow_found = self.storage.find(keys[miss])
                 rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
                 found[miss] = slow_found
         return rows, found
 
     # -------------------------------------------------------------- internals
 
-    def _fill(self, keys: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
-        """Steps 1-3 under the cache's write lock; returns (slots, hits)."""
+    def _fill(self, keys: torch.Tensor, batch: int, stage: bool):
+        """Steps 1-3 under the cache's write lock.
+
+        Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
+        ``(positions, rows, scores)`` of the keys the cache could not take.
+        """
         s = self._storage
         slots = _ops.table_find_slots(s.tensors(), keys)
         hit = slots >= 0
         pinned = slots[hit]
         s.scores[pinned] = s.scores[pinned].clamp(min=batch)
         miss = torch.nonzero(~hit, as_tuple=True)[0]
+        failed = None
         if miss.numel():
-            slots[miss] = self._insert_misses(keys[miss].contiguous(), batch)
-            self._dirty = True
-        return slots, int(pinned.numel())
+            with self._batch_lock:
+                staged_keys = self._staged_keys
+            if staged_keys.numel():  # rows being trained outside the cache stay out
+                busy = torch.isin(keys[miss], staged_keys)
+                if stage and bool(busy.any()):
+                    raise RuntimeError(
+                        "a key staged by an earlier batch (still before its backward) is "
+                        "looked up again: run each batch's backward before the next "
+                        "forward, or give the table a larger cache (local_hbm_for_values)"
+                    )
+                miss = miss[~busy]
+            if miss.numel():
+                miss_slots, rows, scores = self._insert_misses(keys[miss].contiguous(), batch)
+                slots[miss] = miss_slots
+                out = miss_slots < 0
+                if stage and bool(out.any()):
+                    failed = (miss[out], rows[out], scores[out])
+        return slots, int(pinned.numel()), failed
 
-    def _insert_misses(self, keys: torch.Tensor, batch: int) -> torch.Tensor:
-        """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)."""
+    def _insert_misses(self, keys: torch.Tensor, batch: int):
+        """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)
+        and the rows and scores fetched (or initialised) for them."""
         s = self._storage
-        rows, scores, found = self.storage.find(keys)
+        with self._storage_lock:
+            rows, scores, found = self.storage.find(keys)
         rows = rows.contiguous()
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.fetched += keys.numel() - new.numel()
@@ -314,6 +414,7 @@ class CachedTable:
             )
             rows[new, : self.dim] = init.to(rows.dtype)
             rows[new, self.dim :] = self._init[5]
+            scores[new] = 0
         policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
         n = keys.numel()
         evicted = [
@@ -337,7 +438,7 @@ class CachedTable:
             self.stats.not_cached += counts[_ops.Status.FAILED]
         else:
             self._user_scores[slots] = scores
-        return slots
+        return slots, rows, scores
 
     def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer of at least ``shape[0]`` rows (fresh memory costs page faults)."""
@@ -351,27 +452,25 @@ class CachedTable:
     def _write_back(self, keys, rows, scores) -> None:
         if not keys.numel():
             return
-        dropped = self.storage.insert(keys, rows, scores)[0]
+        with self._storage_lock:
+            dropped = self.storage.insert(keys, rows, scores)[0]
         self.stats.written_back += keys.numel()
         self.stats.storage_drops += int(dropped.numel())
 
-    def _touch(self, slots: torch.Tensor, accesses: torch.Tensor | None) -> None:
-        """Applies the table's score rule (csrc/core/score_policy.h) to the keys of a
-        training lookup; a key new to the table starts from 0, which gives the
-        rule's score for a new key."""
-        ok = slots >= 0
-        live = slots[ok]
-        us = self._user_scores
+    def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, now: int) -> torch.Tensor:
+        """Scores after a training lookup under the table's strategy (the rules of
+        csrc/core/score_policy.h); a key new to the table starts from 0, which gives
+        the rule's score for a new key. ``now``: this batch's time (TIMESTAMP)."""
         code = self._strategy
         if code == _TIMESTAMP:
-            us[live] = us[live].clamp(min=int(self._ctx._clock()))
-        elif code == _STEP:
-            self._ctx._step += 1
-            us[live] = us[live].clamp(min=self._ctx._step)
-        elif code == _LFU:
-            us[live] += accesses[ok] if accesses is not None else 1
-        elif code == _CUSTOMIZED:
-            us[live] = self._ctx._custom_score or 0
+            return old.clamp(min=now)
+        if code == _STEP:
+            return old.clamp(min=self._ctx._step)
+        if code == _LFU:
+            return old + (accesses if accesses is not None else 1)
+        if code == _CUSTOMIZED:
+            return torch.full_like(old, self._ctx._custom_score or 0)
+        return old
 
     # ------------------------------------------------------------ whole table
 
@@ -426,11 +525,10 @@ class CachedTable:
             self._moves += 1
             in_cache = _ops.table_erase(self._storage.tensors(), keys)
             self.cache._size -= int(in_cache.sum())
-        in_storage = torch.zeros_like(in_cache)
-        _, _, found = self.storage.find(keys)
-        in_storage |= found
-        self.storage.erase(keys[found])
-        return int((in_cache | in_storage).sum())
+        with self._storage_lock:
+            _, _, found = self.storage.find(keys)
+            self.storage.erase(keys[found])
+        return int((in_cache | found).sum())
 
 
 __all__ = ["CacheStats", "CachedTable"]
