@@ -56,7 +56,7 @@ from tqdm import tqdm
 import dynemb
 from dynemb.datasets import SyntheticClicks, roc_auc
 from dynemb.models import SequenceDLRM
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 
@@ -118,6 +118,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     model.add_argument(
         "--init_bound", type=float, default=0.05, help="new rows are uniform in [-bound, bound]"
+    )
+    model.add_argument(
+        "--caching",
+        action="store_true",
+        help="dynamic tables in caching mode: a cache of --cache_fraction of the rows in "
+        "front of a slow table holding all of them",
+    )
+    model.add_argument(
+        "--cache_fraction", type=float, default=0.25, help="cache rows / capacity (--caching)"
     )
     model.add_argument("--seed", type=int, default=0, help="model seed (the data's is fixed)")
     data = parser.add_argument_group("data (dynemb.datasets.SyntheticClicks)")
@@ -288,6 +297,7 @@ def dynamic_planner(
         score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
         dist_type=args.dist_type,
         seed=args.seed,
+        **cache_options(args),
     )
     constraints = {}
     for t in tables:
@@ -307,6 +317,18 @@ def dynamic_planner(
         eb_configs=tables, topology=topology, constraints=constraints
     )
     return sharders, planner
+
+
+def cache_options(args: argparse.Namespace) -> dict:
+    """``--caching``: the cache's bytes over all ranks (the planner splits them)."""
+    if not args.caching:
+        return {}
+    state = OptimizerConfig(EmbOptimType[args.optimizer]).state_columns(args.embedding_dim)
+    row_bytes = 4 * (args.embedding_dim + state)
+    return {
+        "caching": True,
+        "global_hbm_for_values": int(args.cache_fraction * args.capacity) * row_bytes,
+    }
 
 
 def dense_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:

@@ -9,6 +9,7 @@ from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.tiering import Storage
 from dynemb.types import (
     DynamicEmbCheckMode,
     DynamicEmbInitializerMode,
@@ -33,4 +34,5 @@ __all__ = [
     "FrequencyAdmissionStrategy",
     "KVCounter",
     "ScoredHashTable",
+    "Storage",
 ]

@@ -1,0 +1,64 @@
+"""The Storage contract, checked on the built-in HashTableStorage and on the toy
+DictStorage of test_caching (a user's external storage), against a dict."""
+
+import numpy as np
+import pytest
+import torch
+
+from dynemb import DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynemb.tiering import HashTableStorage, StorageSpec, make_backing_storage
+from tests.test_caching import DictStorage
+
+SPEC = StorageSpec(
+    dim=4, state_columns=2, value_dtype=torch.float32, capacity=1024,
+    score_strategy=DynamicEmbScoreStrategy.LFU, bucket_capacity=16, device=torch.device("cpu"),
+)  # fmt: skip
+
+
+def _built_in():
+    return make_backing_storage(
+        DynamicEmbTableOptions(dim=4, max_capacity=1024, score_strategy=SPEC.score_strategy), SPEC
+    )
+
+
+@pytest.mark.parametrize("make", [_built_in, lambda: DictStorage(SPEC)], ids=["built_in", "dict"])
+def test_storage_contract(make):
+    storage = make()
+    rng = np.random.default_rng(0)
+    want = {}
+    for _ in range(5):
+        keys = torch.from_numpy(rng.choice(300, 60, replace=False) - 150).to(torch.int64)
+        rows = torch.from_numpy(rng.standard_normal((60, SPEC.row_width)).astype(np.float32))
+        scores = torch.from_numpy(rng.integers(0, 1000, 60)).to(torch.int64)
+        dropped = storage.insert(keys, rows, scores)
+        assert dropped[0].numel() == 0  # room for every key
+        want.update({k: (r, s) for k, r, s in zip(keys.tolist(), rows, scores.tolist())})
+        gone = keys[:5]
+        assert storage.erase(gone) == 5
+        for k in gone.tolist():
+            del want[k]
+    assert storage.size() == len(want)
+    probe = torch.arange(-160, 160, dtype=torch.int64)
+    rows, scores, found = storage.find(probe)
+    for i, k in enumerate(probe.tolist()):
+        assert bool(found[i]) == (k in want)
+        if k in want:
+            assert torch.equal(rows[i], want[k][0]) and int(scores[i]) == want[k][1]
+    seen, offset = {}, 0
+    while offset < storage.end_offset():
+        keys, rows, scores, offset = storage.export_batch(offset, 37)
+        for k, r, s in zip(keys.tolist(), rows, scores.tolist()):
+            assert k not in seen
+            seen[k] = (r, s)
+    assert seen.keys() == want.keys()
+    assert all(torch.equal(seen[k][0], want[k][0]) and seen[k][1] == want[k][1] for k in want)
+
+
+def test_built_in_storage_reports_what_a_full_table_drops():
+    storage = _built_in()
+    assert isinstance(storage, HashTableStorage)
+    keys = torch.arange(3000, dtype=torch.int64)
+    rows = torch.zeros((3000, SPEC.row_width))
+    dropped = storage.insert(keys, rows, torch.ones(3000, dtype=torch.int64))[0]
+    assert storage.size() + dropped.numel() == 3000  # every key stored or reported
+    assert storage.size() <= storage.table.max_capacity()
