@@ -5,6 +5,7 @@ Usage::
     torchrun --nproc_per_node=2 example.py --train --eval            # dynamic tables
     torchrun --nproc_per_node=2 example.py --train --eval --static   # TorchRec tables only
     python example.py --train --eval                                 # one process
+    torchrun --nproc_per_node=2 example.py --train --eval --caching --prefetch  # caching mode
     torchrun --nproc_per_node=2 example.py --train --dump            # then, at any world size:
     python example.py --load --eval                                  # the same held-out AUC
 
@@ -59,6 +60,7 @@ from dynemb.models import SequenceDLRM
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+from dynemb.tiering import PrefetchPipeline, distribute_for_prefetch, prefetch_distributed
 
 # Deprecation notices raised inside torch / TorchRec, which user code cannot act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
@@ -127,6 +129,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     model.add_argument(
         "--cache_fraction", type=float, default=0.25, help="cache rows / capacity (--caching)"
+    )
+    model.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="with --caching: fetch batch t+1's rows into the caches while batch t trains",
     )
     model.add_argument("--seed", type=int, default=0, help="model seed (the data's is fixed)")
     data = parser.add_argument_group("data (dynemb.datasets.SyntheticClicks)")
@@ -347,22 +354,49 @@ def train_epoch(
     device: torch.device,
     desc: str,
     progress: bool,
+    prefetch: bool = False,
 ) -> float:
-    """One pass over ``batches``; returns the mean training loss over all ranks."""
+    """One pass over ``batches``; returns the mean training loss over all ranks.
+
+    ``prefetch``: run dynemb.tiering.PrefetchPipeline (caching mode), which overlaps
+    the prefetch of each next batch with the training of the current one.
+    """
     model.train()
     total = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
     bar = tqdm(batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr)
-    for batch in bar:
+
+    def step(batch: Batch) -> torch.Tensor:
         batch = batch.to(device)
         logits = model(batch.dense_features, batch.sparse_features)
         loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        total += torch.tensor([loss.item() * len(batch.labels), len(batch.labels)])
+        return torch.tensor([loss.item() * len(batch.labels), len(batch.labels)])
+
+    if prefetch:
+        steps = PrefetchPipeline(bar, step, prefetch_distributed, distribute_batch(model, device))
+    else:
+        steps = map(step, bar)
+    for done in steps:
+        total += done
         bar.set_postfix(loss=f"{total[0] / total[1]:.4f}", refresh=False)
     dist.all_reduce(total)
     return float(total[0] / total[1])
+
+
+def distribute_batch(model: nn.Module, device: torch.device):
+    """--prefetch: a batch's input dist to each sharded collection of the SequenceDLRM."""
+    dlrm = model.module
+
+    def distribute(batch: Batch) -> list:
+        pooled, sequences = dlrm.split_features(batch.to(device).sparse_features)
+        parts = [(dlrm.embedding_bag_collection, pooled)]
+        if dlrm.embedding_collection is not None:
+            parts.append((dlrm.embedding_collection, sequences))
+        return [distribute_for_prefetch(module, features) for module, features in parts]
+
+    return distribute
 
 
 @torch.no_grad()
@@ -411,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if (args.prefetch or args.caching) and args.static:
+        print("--caching / --prefetch are options of dynamic tables, not --static", file=sys.stderr)
+        return 2
+    if args.prefetch and not args.caching:
+        print("--prefetch fills the caches of --caching: pass both", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:  # plain `python example.py`: a world of one
@@ -455,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                 device,
                 f"train {epoch}/{args.epochs}",
                 lead,
+                prefetch=args.prefetch,
             )
             line = f"epoch {epoch}/{args.epochs}: train loss {loss:.4f}"
             if args.eval:

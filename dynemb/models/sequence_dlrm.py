@@ -100,6 +100,11 @@ class SequenceDLRM(nn.Module):
         sparse = torch.stack(columns, dim=1)  # (B, F, D)
         return self.over_arch(self.inter_arch(dense, sparse)).squeeze(-1)
 
+    def split_features(self, kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
+        """The (pooled, sequence) features forward gives its two collections (e.g. to
+        prefetch them: dynemb.tiering.distribute_for_prefetch)."""
+        return self._split(kjt)
+
     def _split(self, kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
         wanted = self.pooled_features + self.sequence_features
         if kjt.keys() != wanted:  # e.g. the dataset's order; a permute is one gather

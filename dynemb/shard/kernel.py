@@ -154,6 +154,17 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         )
         return out if self._output_dtype == torch.float32 else out.to(self._output_dtype)
 
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Caching mode: brings the keys of a future batch (this kernel's part of its
+        input dist) into the caches (BatchedDynamicEmbeddingTables.prefetch)."""
+        self._emb_module.train(self.training)
+        weights = features.weights_or_none()
+        if weights is not None and not torch.is_floating_point(weights):
+            weights = None
+        self._emb_module.prefetch(
+            features.values().to(torch.int64), features.offsets().to(torch.int64), weights
+        )
+
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         # The rows are saved by dynemb's dump; TorchRec's state_dict gets placeholders.
         if destination is None:

@@ -154,6 +154,9 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
             return BatchedDynamicEmbeddingBag(config, self._dynamic_options, device, sharding_type)
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
+    def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:
+        _prefetch_dynamic(self, sparse_features)
+
 
 class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
     """TorchRec's sequence lookup; CUSTOMIZED_KERNEL groups get BatchedDynamicEmbedding."""
@@ -166,3 +169,15 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
         if config.compute_kernel == DYNAMIC_KERNEL:
             return BatchedDynamicEmbedding(config, self._dynamic_options, device)
         return super()._create_embedding_kernel(config, pg, device, env)
+
+    def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:
+        _prefetch_dynamic(self, sparse_features)
+
+
+def _prefetch_dynamic(lookup, sparse_features) -> None:
+    """TorchRec's lookup prefetch hook (ShardedModule.prefetch): each dynamic kernel
+    prefetches its features (caching mode); ordinary kernels are left alone."""
+    groups = sparse_features.split(lookup._feature_splits)
+    for emb_op, features in zip(lookup._emb_modules, groups, strict=True):
+        if isinstance(emb_op, (BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag)):
+            emb_op.prefetch(features)

@@ -2,15 +2,23 @@
 
 from dynemb.tiering.backing import HashTableStorage, make_backing_storage
 from dynemb.tiering.cached_table import CachedTable, CacheStats
-from dynemb.tiering.pipeline import PrefetchPipeline
+from dynemb.tiering.pipeline import (
+    DistributedInput,
+    PrefetchPipeline,
+    distribute_for_prefetch,
+    prefetch_distributed,
+)
 from dynemb.tiering.storage import Storage, StorageSpec
 
 __all__ = [
     "CacheStats",
     "CachedTable",
+    "DistributedInput",
     "HashTableStorage",
     "PrefetchPipeline",
     "Storage",
     "StorageSpec",
+    "distribute_for_prefetch",
     "make_backing_storage",
+    "prefetch_distributed",
 ]
