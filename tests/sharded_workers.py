@@ -25,7 +25,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.planner import (
     DynamicEmbeddingShardingPlanner,
     DynamicEmbParameterConstraints,
@@ -35,6 +35,12 @@ from dynemb.shard import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
     dynamic_embedding_tables,
+)
+from dynemb.tiering import (
+    CachedTable,
+    PrefetchPipeline,
+    distribute_for_prefetch,
+    prefetch_distributed,
 )
 
 NUM_EMBEDDINGS = 40  # nominal: keys go far beyond it, and below 0
@@ -52,18 +58,27 @@ class Case:
     weighted: bool = False
     index_dedup: bool = False  # EC only
     planner: bool = False  # plan with DynamicEmbeddingShardingPlanner instead of by hand
+    cache_rows: int = 0  # > 0: caching mode, a cache of this many rows per rank
+    prefetch: bool = False  # caching: train through dynemb.tiering.PrefetchPipeline
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
 
 
-def table_options(dim: int, dist_type: str, capacity: int) -> DynamicEmbTableOptions:
+def table_options(
+    dim: int, dist_type: str, capacity: int, case: Case | None = None
+) -> DynamicEmbTableOptions:
     init = DynamicEmbInitializerArgs(
         lower=-0.5, upper=0.5
     )  # bounds fixed: rows depend on keys only
-    return DynamicEmbTableOptions(
+    options = DynamicEmbTableOptions(
         dim=dim, max_capacity=capacity, dist_type=dist_type, initializer_args=init, seed=3
     )
+    if case is not None and case.cache_rows:
+        state = OptimizerConfig(EmbOptimType[case.optimizer]).state_columns(dim)
+        options.caching = True
+        options.local_hbm_for_values = case.cache_rows * (dim + state) * 4
+    return options
 
 
 def dims(case: Case) -> list[int]:
@@ -119,7 +134,7 @@ def _plan(module, sharder, case: Case, world_size: int, dims_: list[int]) -> Sha
         base = mplan[name]
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         mplan[name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=table_options(dim, case.dist_type, 256)
+            **fields, dynamicemb_options=table_options(dim, case.dist_type, 256, case)
         )
     return ShardingPlan({"": mplan})
 
@@ -195,10 +210,11 @@ def train_sharded(rank: int, world_size: int, cases: list[Case], batch_sizes: li
     for case in cases:
         model = build_model(case, world_size)
         outputs, all_keys = [], []
-        for step in range(STEPS):
+
+        def train_step(item, case=case, model=model, outputs=outputs, all_keys=all_keys):
+            step, kjt = item
             lengths, keys, weights = global_batch(step, total, case.weighted)
             all_keys.append(keys)
-            kjt = local_kjt(lengths, keys, weights, start, stop)
             out = model(kjt)
             if case.pooling == "NONE":
                 per_feature = [out[f].values() for f in FEATURES]
@@ -212,8 +228,29 @@ def train_sharded(rank: int, world_size: int, cases: list[Case], batch_sizes: li
                 loss = (values * out_grad(step, total, values.shape[1])[start:stop]).sum()
                 outputs.append(values.detach().clone())
             loss.backward()
+
+        batches = []
+        for step in range(STEPS):
+            lengths, keys, weights = global_batch(step, total, case.weighted)
+            batches.append((step, local_kjt(lengths, keys, weights, start, stop)))
+        if case.prefetch:  # batch t + 1 prefetched (input dist here, fill in the background)
+            PrefetchPipeline(
+                batches,
+                train_step,
+                prefetch_distributed,
+                distribute=lambda b, model=model: [distribute_for_prefetch(model.module, b[1])],
+            ).run()
+        else:
+            for item in batches:
+                train_step(item)
         keys = torch.unique(torch.cat(all_keys))
-        rows = {name: table.find(keys) for name, table in dynamic_tables(model).items()}
+        tables = dynamic_tables(model)
+        if case.cache_rows:  # caching mode really ran, and prefetch reached the caches
+            assert all(isinstance(t, CachedTable) for t in tables.values())
+            prefetched = sum(t.stats.prefetch_keys for t in tables.values())
+            assert (prefetched > 0) == case.prefetch
+            assert sum(t.stats.lookup_hits for t in tables.values()) > 0
+        rows = {name: table.find(keys) for name, table in tables.items()}
         results.append((outputs, keys, rows))
     return results
 

@@ -229,6 +229,7 @@ class CachedTable:
             self._open_forwards.append(b)
             while len(self._open_forwards) > MAX_OPEN_FORWARDS:
                 self._in_flight.discard(self._open_forwards.popleft())
+                self._moves += 1  # its rows may move: its backward finds them by key
         return b
 
     def end_batch(self, batch: int) -> None:
@@ -347,6 +348,13 @@ class CachedTable:
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
         return b
+
+    def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
+        zero rows where not found; changes nothing."""
+        values, found = self.read_rows(keys.contiguous())
+        values[~found] = 0
+        return values, found
 
     def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Eval lookup: rows ((n, dim), value dtype) from the cache, else the storage;
