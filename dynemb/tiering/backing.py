@@ -29,13 +29,18 @@ class HashTableStorage(Storage):
 
     def find(self, keys):
         t = self.table
+        rows = torch.empty(
+            (keys.numel(), t._layout.row_width), dtype=t.value_dtype, device=t.device
+        )
         with t._lock.read():
             s = t._storage
+            # The find op prefetches rows ahead of the copy (the slow tier is large: a
+            # plain gather waits on memory for each row); scores follow by slot.
+            found = _ops.table_find(s.tensors(), keys, rows)
+            if not t._layout.keeps_scores:
+                return rows, torch.zeros_like(keys), found
             slots = _ops.table_find_slots(s.tensors(), keys)
-            found = slots >= 0
-            safe = slots.clamp(min=0)
-            rows = s.values[safe]
-            scores = s.scores[safe] if t._layout.keeps_scores else torch.zeros_like(keys)
+            scores = s.scores[slots.clamp(min=0)]
         return rows, torch.where(found, scores, 0), found
 
     def insert(self, keys, rows, scores):
