@@ -42,6 +42,7 @@ struct EvictedOut {
 
 template <class V>
 struct FindOrInsertSink {
+  static constexpr bool kRowOnHit = true;  // a hit reads the row (executors prefetch it)
   TableRef<V> t;
   InitArgs init;
   int64_t dim;        // initialised embedding columns
@@ -64,6 +65,7 @@ struct FindOrInsertSink {
 
 template <class V>
 struct AssignSink {
+  static constexpr bool kRowOnHit = true;  // a hit writes the row
   TableRef<V> t;
   InitArgs init;
   int64_t dim;
@@ -85,6 +87,7 @@ struct AssignSink {
 
 template <class V>
 struct SlotSink {
+  static constexpr bool kRowOnHit = false;  // only new keys touch their row
   TableRef<V> t;
   InitArgs init;
   int64_t dim;

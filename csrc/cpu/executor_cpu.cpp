@@ -39,23 +39,31 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   if (kWrites) P::prefetch_for_write(t.locks + b);
 }
 
+/// Which value rows a loop body touches, so that prefetching fetches only those:
+/// rows are 4+ cache lines each, and needless ones fill the line-fill buffers and
+/// stall every prefetch behind them.
+enum class RowUse { kNone, kNewOnly, kAll };
+
 /// Prefetches the likely slot of key; @return it (-1 if none), a hint for find_slot_hinted.
-template <bool kWrites, class V>
+template <bool kWrites, RowUse kRows, class V>
 DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
   if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
-  const char* row = reinterpret_cast<const char*>(t.row(slot));
-  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-  for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+  const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
+  if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new)) {
+    const char* row = reinterpret_cast<const char*>(t.row(slot));
+    const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+    for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+  }
   return slot;
 }
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group;
 /// key_at(j) is the key body(j) will look up and hint its likely slot (or -1).
-template <bool kWrites, class V, class KeyAt, class Body>
+template <bool kWrites, RowUse kRows, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
   int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
@@ -66,7 +74,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   };
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites>(t, key_at(j));
+      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites, kRows>(t, key_at(j));
     }
   };
   digests(begin);
@@ -82,29 +90,40 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
 }
 
 /// Runs upsert for keys[i] in `order` (or 0..n-1 when order is null), one thread.
-template <class V, class Sink>
+/// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
+/// only one touching the buckets its keys may change (see upsert_batch).
+template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  prefetched_loop<true>(t, begin, end, key_at, [&](int64_t j, int64_t) {
+  constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
+  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t) {
     const int64_t i = order ? order[j] : j;
-    const Status s = upsert<P>(t, i, keys[i], args, sink);
+    const Status s = upsert<Q>(t, i, keys[i], args, sink);
     status[i] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   });
 }
 
 /// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
+///
+/// Bucket locks: the Python owner runs one mutating batch at a time and no reader
+/// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
+/// One thread alone needs no lock; nor do several when the strategy evicts, since
+/// then a key only ever touches its home bucket and each thread owns a range of
+/// home buckets. NO_EVICTION keys may spill into the next buckets, which can belong
+/// to the next thread's range: those batches keep the locks.
 template <class V, class Sink>
 StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
                          const int64_t* keys, int64_t n, int8_t* status) {
   const int max_threads = threads_for(n);
   StatusCounts total;
   if (max_threads == 1) {
-    upsert_sequence(t, sink, args, keys, nullptr, 0, n, status, total);
+    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total);
     return total;
   }
+  const bool exclusive = evicts(args.score.strategy);
   std::vector<int32_t> part(n);
   std::vector<int64_t> order(n);
   // cursor[c * T + p]: next position in `order` for keys of chunk c and part p.
@@ -139,8 +158,13 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     }
     for (int64_t i = lo; i < hi; ++i) order[cursor[c * T + part[i]]++] = i;
 #pragma omp barrier
-    upsert_sequence(t, sink, args, keys, order.data(), part_begin[c], part_begin[c + 1], status,
-                    counts[c]);
+    if (exclusive) {
+      upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, order.data(), part_begin[c],
+                                            part_begin[c + 1], status, counts[c]);
+    } else {
+      upsert_sequence<P>(t, sink, args, keys, order.data(), part_begin[c], part_begin[c + 1],
+                         status, counts[c]);
+    }
   }
   for (const StatusCounts& c : counts) {
     for (int s = 0; s < 4; ++s) total.by_status[s] += c.by_status[s];
@@ -172,7 +196,7 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
           bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
+    prefetched_loop<false, RowUse::kAll>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
       const int64_t slot = find_slot_hinted<P>(t, keys[i], hint);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
@@ -189,7 +213,7 @@ template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false>(t, begin, end, key_at,
+    prefetched_loop<false, RowUse::kNone>(t, begin, end, key_at,
                            [&](int64_t i, int64_t hint) {
                              slots[i] = find_slot_hinted<P>(t, keys[i], hint);
                            });
