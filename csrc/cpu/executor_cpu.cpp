@@ -89,7 +89,8 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   }
 }
 
-/// Runs upsert for keys[i] in `order` (or 0..n-1 when order is null), one thread.
+/// Runs upsert for keys[i], i = order[j] for j in [begin, end) (or i = j when order
+/// is null), one thread; outputs go to position j (status[j], the sink's o = j).
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
 /// only one touching the buckets its keys may change (see upsert_batch).
 template <class Q, class V, class Sink>
@@ -100,13 +101,23 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
   prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t) {
     const int64_t i = order ? order[j] : j;
-    const Status s = upsert<Q>(t, i, keys[i], args, sink);
-    status[i] = static_cast<int8_t>(s);
+    const Status s = upsert<Q>(t, i, j, keys[i], args, sink);
+    status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   });
 }
 
+/// Sinks whose per-key outputs go to position o (SlotSink's slots): partitioned
+/// batches give them a buffer in partition order and restore batch order after.
+template <class Sink>
+concept SlotOutputs = requires(Sink s) { s.slots; };
+
 /// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
+///
+/// Each thread writes its keys' status and slots to its own contiguous range of a
+/// buffer in partition order, then every thread restores batch order for a range
+/// of keys: writing at batch positions directly would make both threads store into
+/// the same cache lines, key after key.
 ///
 /// Bucket locks: the Python owner runs one mutating batch at a time and no reader
 /// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
@@ -124,10 +135,17 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     return total;
   }
   const bool exclusive = evicts(args.score.strategy);
-  std::vector<int32_t> part(n);
-  std::vector<int64_t> order(n);
-  // cursor[c * T + p]: next position in `order` for keys of chunk c and part p.
-  std::vector<int64_t> cursor(static_cast<size_t>(max_threads) * max_threads, 0);
+  std::vector<int64_t> order(n);     // order[j]: batch index of partition position j
+  std::vector<int64_t> position(n);  // its inverse
+  std::vector<int8_t> status_by_position(n);
+  Sink by_position = sink;
+  std::vector<int64_t> slots_by_position;
+  if constexpr (SlotOutputs<Sink>) {
+    slots_by_position.resize(n);
+    by_position.slots = slots_by_position.data();
+  }
+  // count[c * T + p]: keys of chunk c in part p, then the first position of those.
+  std::vector<int64_t> count(static_cast<size_t>(max_threads) * max_threads, 0);
   std::vector<int64_t> part_begin(max_threads + 1, 0);
   std::vector<StatusCounts> counts(max_threads);
 #pragma omp parallel num_threads(max_threads)
@@ -135,12 +153,12 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     const int T = omp_get_num_threads();
     const int c = omp_get_thread_num();
     const int64_t lo = n * c / T, hi = n * (c + 1) / T;
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = bucket_of(hash_key(keys[i]), t.num_buckets);
-      const int32_t p = static_cast<int32_t>(b * T / t.num_buckets);
-      part[i] = p;
-      ++cursor[c * T + p];
-    }
+    std::vector<int64_t> mine(T, 0);  // this chunk's counts, then cursors (not shared)
+    auto part_of = [&](int64_t i) {
+      return bucket_of(hash_key(keys[i]), t.num_buckets) * T / t.num_buckets;
+    };
+    for (int64_t i = lo; i < hi; ++i) ++mine[part_of(i)];
+    for (int p = 0; p < T; ++p) count[c * T + p] = mine[p];
 #pragma omp barrier
 #pragma omp single
     {
@@ -149,21 +167,32 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
       for (int p = 0; p < T; ++p) {
         part_begin[p] = running;
         for (int cc = 0; cc < T; ++cc) {
-          const int64_t k = cursor[cc * T + p];
-          cursor[cc * T + p] = running;
+          const int64_t k = count[cc * T + p];
+          count[cc * T + p] = running;
           running += k;
         }
       }
       part_begin[T] = running;
     }
-    for (int64_t i = lo; i < hi; ++i) order[cursor[c * T + part[i]]++] = i;
+    for (int p = 0; p < T; ++p) mine[p] = count[c * T + p];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t j = mine[part_of(i)]++;
+      order[j] = i;
+      position[i] = j;
+    }
 #pragma omp barrier
     if (exclusive) {
-      upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, order.data(), part_begin[c],
-                                            part_begin[c + 1], status, counts[c]);
+      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, keys, order.data(),
+                                            part_begin[c], part_begin[c + 1],
+                                            status_by_position.data(), counts[c]);
     } else {
-      upsert_sequence<P>(t, sink, args, keys, order.data(), part_begin[c], part_begin[c + 1],
-                         status, counts[c]);
+      upsert_sequence<P>(t, by_position, args, keys, order.data(), part_begin[c],
+                         part_begin[c + 1], status_by_position.data(), counts[c]);
+    }
+#pragma omp barrier
+    for (int64_t i = lo; i < hi; ++i) {
+      status[i] = status_by_position[position[i]];
+      if constexpr (SlotOutputs<Sink>) sink.slots[i] = slots_by_position[position[i]];
     }
   }
   for (const StatusCounts& c : counts) {
