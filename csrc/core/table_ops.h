@@ -98,9 +98,11 @@ DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool 
 }
 
 /// Finds key i, or stores it; calls exactly one of sink.hit / sink.fresh / sink.failed.
+/// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or -1;
+/// it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
 template <class P, class V, class Sink>
 DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
-                        const UpsertArgs& u, Sink& sink) {
+                        const UpsertArgs& u, Sink& sink, int64_t hint = -1) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
   const int64_t home = bucket_of(h, t.num_buckets);
@@ -108,7 +110,9 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
 
   P::lock(&t.locks[home]);
   if (!t.overflow[home]) {
-    int64_t slot = bucket_find<P>(t, home, key, digest);
+    int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
+                       ? hint
+                       : bucket_find<P>(t, home, key, digest);
     if (slot >= 0) {
       touch(t, slot, a, i);
       sink.hit(i, o, slot);

@@ -99,9 +99,9 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
   constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
-  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t) {
+  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
     const int64_t i = order ? order[j] : j;
-    const Status s = upsert<Q>(t, i, j, keys[i], args, sink);
+    const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   });
