@@ -331,3 +331,15 @@ def test_external_storage_trains_like_uncached():
 def test_bad_options(extra, match):
     with pytest.raises((ValueError, TypeError), match=match):
         module([options(**extra), options()])
+
+
+def test_spilled_slow_tier_trains_like_uncached(tmp_path):
+    data = batches(4, seed=17)
+    plain = module([options(), options()])
+    cached = module([options(n, state=1, spill_directory=str(tmp_path)) for n in (64, 128)])
+    for b in data:
+        torch.testing.assert_close(step(cached, b), step(plain, b), rtol=0, atol=1e-5)
+    cached.flush()  # the cache writes back, the slow tier commits its files
+    for t in range(2):
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
+    assert any(tmp_path.iterdir())

@@ -28,7 +28,7 @@ class NamedTable:
         """Caching mode: empties the cache into the slow tier, which the load fills."""
         table = self.group.tables[self.index]
         if isinstance(table, CachedTable):
-            table.flush()
+            table.empty_cache()
 
 
 def persistent(table) -> ScoredHashTable:

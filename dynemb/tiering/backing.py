@@ -79,7 +79,10 @@ class HashTableStorage(Storage):
 
 
 def make_backing_storage(
-    options: DynamicEmbTableOptions, spec: StorageSpec, extra_init: float = 0.0
+    options: DynamicEmbTableOptions,
+    spec: StorageSpec,
+    extra_init: float = 0.0,
+    spill_directory: str | None = None,
 ) -> Storage:
     """Builds the slow tier of a cached table.
 
@@ -88,6 +91,8 @@ def make_backing_storage(
             ``score_strategy``, ``init_capacity``, ``seed``).
         spec: sizes, dtype and device of the rows.
         extra_init: initial value of the optimizer-state columns.
+        spill_directory: the built-in table's spill directory (rows in memory-mapped
+            files, see ScoredHashTable), or None (in memory).
 
     Returns:
         The user's storage (``options.external_storage(spec)``), or a
@@ -116,6 +121,7 @@ def make_backing_storage(
         seed=options.seed,
         device=spec.device,
         extra_init=extra_init,
+        spill_directory=spill_directory,
     )
     return HashTableStorage(table)
 

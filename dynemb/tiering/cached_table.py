@@ -494,7 +494,7 @@ class CachedTable:
                 self._write_back(s.keys[slots], s.values[slots], self._user_scores[slots])
             self._dirty = False
 
-    def flush(self) -> None:
+    def empty_cache(self) -> None:
         """``sync`` then empties the cache (e.g. before loading into the storage)."""
         self.sync()
         with self._lock.write():
@@ -503,6 +503,14 @@ class CachedTable:
             self.cache._mutations += 1
             self._user_scores.zero_()
             self._moves += 1
+
+    def flush(self) -> None:
+        """ScoredHashTable.flush: ``sync``, then the built-in slow tier commits its spill
+        directory (a no-op in memory); the cache keeps its rows."""
+        self.sync()
+        backing = self.backing_table()
+        if backing is not None:
+            backing.flush()
 
     def persistent_table(self) -> ScoredHashTable:
         """The built-in slow table after a ``sync``: the whole table, for checkpoints.

@@ -72,12 +72,15 @@ def make_table(
     options: DynamicEmbTableOptions,
     state_columns: int,
     device: torch.device,
+    fast_rows: int | None = None,
+    spill_directory: str | None = None,
 ) -> ScoredHashTable | CachedTable:
     """The table of one DynamicEmbTableOptions (options already checked).
 
     Caching mode: a cache of ``cache_rows(options)`` rows (rounded to the bucket
     layout), buckets of ``min(1024, rows)`` slots, in front of
-    ``make_backing_storage``. Otherwise an ordinary ScoredHashTable.
+    ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
+    Otherwise a ScoredHashTable with ``fast_rows`` (hybrid) and ``spill_directory``.
     """
     o = options
     if not o.caching:
@@ -92,6 +95,8 @@ def make_table(
             initializer=o.initializer_args,
             seed=o.seed,
             device=device,
+            fast_rows=fast_rows,
+            spill_directory=spill_directory,
         )
     rows = cache_rows(o, state_columns)
     bucket = min(CACHE_BUCKET_CAPACITY, rows // 16 * 16)
@@ -118,7 +123,8 @@ def make_table(
         device=device,
         table_name=name,
     )
-    return CachedTable(cache, make_backing_storage(o, spec), o.score_strategy, o.max_capacity)
+    storage = make_backing_storage(o, spec, spill_directory=spill_directory)
+    return CachedTable(cache, storage, o.score_strategy, o.max_capacity)
 
 
 __all__ = ["CACHE_BUCKET_CAPACITY", "cache_rows", "check_tiering_options", "make_table"]
