@@ -2,11 +2,11 @@
 of the slow tier, with and without prefetch, against all rows in one fast table.
 
 Every configuration trains the same batches (WORKLOADS.md W-train, ids spread to
-63-bit keys) in this process, interleaved with the all-in-memory peer
-(BatchedDynamicEmbeddingTables without caching); each is repeated and keeps its
-best run. Prefetch runs dynemb.tiering.PrefetchPipeline: batch t+1's keys are
+63-bit keys) in this process, each right after a run of the all-in-memory peer
+(BatchedDynamicEmbeddingTables without caching). Prefetch runs dynemb.tiering.PrefetchPipeline: batch t+1's keys are
 fetched into the cache in a background thread while batch t trains. Reported per
-configuration: samples/s (and its ratio to the peer) and the forward's cache hit
+configuration: samples/s (and its ratio to the peer run just before it; medians
+over the repeats) and the forward's cache hit
 rate over the timed steps (with prefetch, the hit rate of the prefetches, which
 are then the lookups that miss), and the keys staged (served outside a cache too
 small for the batches in flight). The peer does no prefetch: with it, the table
@@ -116,25 +116,37 @@ def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
 
 
 def measure(runs: list[Run], config: Config, repeats: int) -> dict:
+    """Each configuration right after its own run of the peer (the machine is shared:
+    only neighbours in time see the same load); per configuration the medians over
+    the repeats of its results and of its peer's samples/s."""
     keys = [spread_ids(b) for b in make_batches(config)]
     touched = touched_keys(keys, config)
     print(f"touched keys per table: {touched}", file=sys.stderr)
-    best: dict[Run, dict] = {}
+    results: dict[Run, list[tuple[dict, dict]]] = {run: [] for run in runs}
     for _ in range(repeats):
-        for run in runs:  # interleaved: every configuration sees the same machine load
-            module = build(run, touched, config)
-            result = train(run, module, keys, config)
-            del module
-            if run not in best or result["samples_per_s"] > best[run]["samples_per_s"]:
-                best[run] = result
-    return best
+        for run in runs:
+            pair = []
+            for r in (Run(None), run):
+                module = build(r, touched, config)
+                pair.append(train(r, module, keys, config))
+                del module
+            results[run].append((pair[1], pair[0]))
+    return {
+        run: {
+            **{k: statistics.median(r[k] for r, _ in pairs) for k in pairs[0][0]},
+            "peer_samples_per_s": statistics.median(p["samples_per_s"] for _, p in pairs),
+        }
+        for run, pairs in results.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
     parser.add_argument("--threads", type=int, default=available_threads())
-    parser.add_argument("--repeats", type=int, default=2, help="runs per configuration")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per configuration (medians kept)"
+    )
     parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
     parser.add_argument("--optimizer", default="EXACT_ROWWISE_ADAGRAD")
     args = parser.parse_args(argv)
@@ -143,14 +155,14 @@ def main(argv: list[str] | None = None) -> None:
         sizes["steps"] = args.steps
     set_threads(args.threads)
     config = Config(optimizer=args.optimizer, threads=args.threads, **sizes)
-    runs = [Run(None)] + [Run(f, p) for f in CACHE_FRACTIONS for p in (False, True)]
+    runs = [Run(f, p) for f in CACHE_FRACTIONS for p in (False, True)]
     best = measure(runs, config, 1 if args.quick else args.repeats)
     rec = Recorder(commit_hash())
-    peer = best[runs[0]]["samples_per_s"]
     opt = config.optimizer
-    rec.add(WORKLOAD, PEER_IMPL, f"samples_per_s@{opt}", peer, threads=config.threads)
-    for run in runs[1:]:
+    for run in runs:
         r = best[run]
+        peer = r["peer_samples_per_s"]
+        rec.add(WORKLOAD, PEER_IMPL, f"samples_per_s@{opt}", peer, threads=config.threads)
         rec.add(WORKLOAD, run.impl, f"samples_per_s@{opt}", r["samples_per_s"],
                 threads=config.threads, peer=PEER_IMPL, peer_value=peer)  # fmt: skip
         rec.add(WORKLOAD, run.impl, "cache_hit_rate", r["hit_rate"], threads=config.threads)

@@ -10,7 +10,12 @@ from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.storage import Storage, StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
 
-CACHE_BUCKET_CAPACITY = 1024  # slots per cache bucket, as in DynamicEmb
+# Slots per cache bucket. DynamicEmb uses 1024 (a GPU warp scans a bucket at once);
+# on a CPU every cache eviction scans its whole bucket for the victim, and W-train
+# with a 25% cache and prefetch ran 2x faster with 128-slot buckets than with 1024
+# (20.8k vs 9.7k and 21.6k vs 10.1k samples/s, alternating in one process). Smaller
+# buckets fill with pinned rows sooner; those keys are staged, never lost.
+CACHE_BUCKET_CAPACITY = 128
 
 
 def cache_rows(options: DynamicEmbTableOptions, state_columns: int) -> int:
@@ -78,7 +83,7 @@ def make_table(
     """The table of one DynamicEmbTableOptions (options already checked).
 
     Caching mode: a cache of ``cache_rows(options)`` rows (rounded to the bucket
-    layout), buckets of ``min(1024, rows)`` slots, in front of
+    layout), buckets of ``min(CACHE_BUCKET_CAPACITY, rows)`` slots, in front of
     ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
     Otherwise a ScoredHashTable with ``fast_rows`` (hybrid) and ``spill_directory``.
     """
