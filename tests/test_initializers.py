@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dynemb
+from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb import DynamicEmbInitializerArgs as Args
 from dynemb import DynamicEmbInitializerMode as M
 from tests import reference as ref
@@ -77,3 +78,28 @@ def test_extra_columns_start_at_extra_init():
     t.find_or_insert(torch.arange(5))
     _, values, _, _ = t.export_batch(0, t.capacity(), include_extra=True)
     assert torch.allclose(values[:, 2:], torch.full((5, 3), 0.1))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        Args(mode=M.UNIFORM, lower=-0.3, upper=0.2),
+        Args(mode=M.NORMAL, mean=0.1, std_dev=0.4),
+        Args(mode=M.TRUNCATED_NORMAL, std_dev=0.1),
+    ],
+)
+def test_stored_rows_equal_the_rows_given_to_missing_keys(args):
+    """Rows stored by an insert (init_row) equal the rows an eval lookup gives unknown
+    keys (init_element): one generator, element by element, for odd dims too."""
+    keys = torch.tensor([3, -11, 2**62, 77])
+    for dim in (5, 8):
+        opts = dict(dim=dim, max_capacity=256, bucket_capacity=16, seed=9)
+        train = BatchedDynamicEmbeddingTables(
+            [DynamicEmbTableOptions(initializer_args=args, **opts)], feature_table_map=[0]
+        )
+        train(keys, torch.arange(5))  # four bags of one key: inserts them
+        stored, _ = train.tables[0].find(keys)
+        lookup = BatchedDynamicEmbeddingTables(
+            [DynamicEmbTableOptions(eval_initializer_args=args, **opts)], feature_table_map=[0]
+        ).eval()
+        assert torch.equal(lookup(keys, torch.arange(5)), stored)

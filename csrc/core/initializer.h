@@ -103,6 +103,13 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
       out[j] = static_cast<V>(a.a + span * u0);
       if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + span * u1);
     }
+  } else if (a.mode == InitMode::kNormal) {  // one Box-Muller draw serves two columns
+    for (int64_t j = 0; j < dim; j += 2) {
+      float z0, z1;
+      normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
+      out[j] = static_cast<V>(a.a + a.b * z0);
+      if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + a.b * z1);
+    }
   } else {
     for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(init_element(a, stream, key, j));
   }
