@@ -1,5 +1,6 @@
 """``DynamicEmbLoad``: validate everything, then route every saved key to its owner and insert."""
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -7,20 +8,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynemb import _ops
 from dynemb.checkpoint.dump import admission_counter, all_gather, process_group, rank_and_size
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
+    VERIFY_BLOCK,
     CheckpointError,
     dtype_name,
     dtype_of,
     read_manifest,
     read_rows,
+    read_rows_into,
     verify_field,
 )
 from dynemb.checkpoint.tables import NamedTable, named_tables
 from dynemb.shard.routing import route_keys
-from dynemb.types import DynamicEmbScoreStrategy
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:
@@ -131,53 +132,94 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     share: dict[str, list] = {t.name: [] for t, _, _ in plans}
     for name, entry in entries[rank::world_size]:
         share[name].append(entry)
-    jobs = [(t, fields, entry) for t, _, fields in plans for entry in share[t.name]]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # file reads and CRC-32 release the GIL
-        errors = [
-            e for found in pool.map(lambda job: _verify(directory, *job), jobs) for e in found
-        ]
+    errors = _verify_all(directory, plans, share)
     errors = [e for rank_errors in all_gather(errors, pg) for e in rank_errors]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise CheckpointError(errors[0] + more)
 
     failed = {}
-    for t, meta, fields in plans:
-        chunks = [
-            (e, b, min(b + CHUNK_ROWS, e["rows"]))
-            for e in share[t.name]
-            for b in range(0, e["rows"], CHUNK_ROWS)
-        ]
-        rounds = max(all_gather(len(chunks), pg))  # every rank joins every exchange
-        for k in range(rounds):
-            local = _read_chunk(directory, fields, *chunks[k]) if k < len(chunks) else None
-            received = _route(t, fields, local, pg, world_size)
-            failed[t.name] = failed.get(t.name, 0) + _insert(t, fields, received)
-        _load_counter(directory, t, share[t.name], pg, world_size)
-        t.table._step = max(t.table._step, meta["table_step"])
-        if "state" in fields:
-            t.group.step = max(t.group.step, meta["optimizer_step"])
+    buffers = [_ChunkBuffer(), _ChunkBuffer()]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as reader:
+            for t, meta, fields in plans:
+                chunks = [
+                    (e, b, min(b + CHUNK_ROWS, e["rows"]))
+                    for e in share[t.name]
+                    for b in range(0, e["rows"], CHUNK_ROWS)
+                ]
+                failed[t.name] = _load_chunks(directory, t, fields, chunks, buffers, reader, pg)
+                _load_counter(directory, t, share[t.name], pg, world_size)
+                t.table._step = max(t.table._step, meta["table_step"])
+                if "state" in fields:
+                    t.group.step = max(t.group.step, meta["optimizer_step"])
+    finally:
+        torch.set_num_threads(threads)
     lost = {name: n for name, n in failed.items() if n}
     if lost:
         raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
 
 
-def _verify(directory: Path, t: NamedTable, fields: dict, entry: dict) -> list[str]:
-    errors = []
-    for field, (dtype, width) in fields.items():
+def _load_chunks(directory, t: NamedTable, fields: dict, chunks: list, buffers, reader, pg) -> int:
+    """Reads, routes and restores this rank's chunks of one table; returns the keys that failed.
+
+    Chunk k + 1 is read (from the page cache the checks filled) on ``reader`` while
+    chunk k is routed and restored; the two ``buffers`` take turns.
+    """
+    world_size = rank_and_size(pg)[1]
+    rounds = max(all_gather(len(chunks), pg))  # every rank joins every exchange
+
+    def read(k: int):
+        if k >= len(chunks):
+            return None
+        return reader.submit(buffers[k % 2].read, directory, fields, *chunks[k])
+
+    failed, pending = 0, read(0)
+    for k in range(rounds):
+        local = pending.result() if pending is not None else None
+        pending = read(k + 1)
+        failed += _restore(t, fields, _route(t, fields, local, pg, world_size))
+    return failed
+
+
+def _verify_all(directory: Path, plans: list, share: dict) -> list[str]:
+    """Checks this rank's share of the files (size, CRC-32); returns the errors found.
+
+    One job per file, on two threads (reads and CRC-32 release the GIL), each
+    reading into its own block reused from file to file.
+    """
+    jobs = []
+    for t, _, fields in plans:
+        for entry in share[t.name]:
+            for field, (dtype, width) in fields.items():
+                if field not in entry["fields"]:
+                    jobs.append((f"{directory}: table {t.name!r} has no {field} file", None, 0))
+                else:
+                    jobs.append(
+                        (None, entry["fields"][field], _nbytes(dtype, width, entry["rows"]))
+                    )
+            for field in ("counter_keys", "counter_counts"):
+                if field in entry["fields"]:
+                    jobs.append((None, entry["fields"][field], 8 * entry["counter_rows"]))
+    jobs.sort(key=lambda job: -job[2])  # largest first: the two threads end together
+    blocks = threading.local()
+
+    def check(job) -> str | None:
+        error, field, nbytes = job
+        if error is not None:
+            return error
+        if not hasattr(blocks, "block"):
+            blocks.block = torch.empty(VERIFY_BLOCK, dtype=torch.uint8)
         try:
-            if field not in entry["fields"]:
-                raise CheckpointError(f"{directory}: table {t.name!r} has no {field} file")
-            verify_field(directory, entry["fields"][field], _nbytes(dtype, width, entry["rows"]))
+            verify_field(directory, field, nbytes, blocks.block)
         except CheckpointError as e:
-            errors.append(str(e))
-    for field in ("counter_keys", "counter_counts"):
-        if field in entry["fields"]:
-            try:
-                verify_field(directory, entry["fields"][field], 8 * entry["counter_rows"])
-            except CheckpointError as e:
-                errors.append(str(e))
-    return errors
+            return str(e)
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return [e for e in pool.map(check, jobs) if e is not None]
 
 
 def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size: int) -> None:
@@ -203,11 +245,30 @@ def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size:
         counter.load(received["keys"], received["counts"])
 
 
-def _read_chunk(directory: Path, fields: dict, entry: dict, begin: int, end: int) -> dict:
-    return {
-        f: read_rows(directory, entry["fields"][f], begin, end, dtype, width)
-        for f, (dtype, width) in fields.items()
-    }
+class _ChunkBuffer:
+    """Memory for one chunk of every field of a table, reused from chunk to chunk (a
+    fresh multi-megabyte buffer per read page-faults on every byte it receives)."""
+
+    _ALIGN = 64
+
+    def __init__(self) -> None:
+        self._arena = torch.empty(0, dtype=torch.uint8)
+
+    def read(self, directory: Path, fields: dict, entry: dict, begin: int, end: int) -> dict:
+        """Rows [begin, end) of each field of ``entry``: views into this buffer."""
+        rows = end - begin
+        sizes = [-(-_nbytes(d, w, rows) // self._ALIGN) * self._ALIGN for d, w in fields.values()]
+        if self._arena.numel() < sum(sizes):
+            full = [_nbytes(d, w, max(rows, CHUNK_ROWS)) + self._ALIGN for d, w in fields.values()]
+            self._arena = torch.empty(sum(full), dtype=torch.uint8)
+        out, offset = {}, 0
+        for (field, (dtype, width)), size in zip(fields.items(), sizes, strict=True):
+            raw = self._arena[offset : offset + _nbytes(dtype, width, rows)]
+            view = raw.view(dtype).view(rows, width) if width else raw.view(dtype)
+            read_rows_into(directory, entry["fields"][field], begin, view)
+            out[field] = view
+            offset += size
+        return out
 
 
 def _route(t: NamedTable, fields: dict, local: dict | None, pg, world_size: int) -> dict:
@@ -237,25 +298,20 @@ def _route(t: NamedTable, fields: dict, local: dict | None, pg, world_size: int)
     return out
 
 
-def _insert(t: NamedTable, fields: dict, rows: dict) -> int:
-    """Inserts the received rows with their exact scores; returns the keys that failed."""
+def _restore(t: NamedTable, fields: dict, rows: dict) -> int:
+    """Stores the received entries exactly (rows, state, scores, timestamps) in one
+    pass of the table op; returns the keys that failed."""
     table = t.table
     keys = rows["keys"]
     if keys.numel() == 0:
         return 0
-    values = torch.cat([rows["values"], rows["state"]], 1) if "state" in fields else rows["values"]
-    customized = table.score_strategy == DynamicEmbScoreStrategy.CUSTOMIZED
-    stats = table.insert_or_assign(
-        keys, values.contiguous(), rows["scores"] if customized else None
+    stats = table.restore(
+        keys,
+        rows["values"],
+        rows.get("state"),
+        rows["scores"] if table._layout.keeps_scores else None,
+        rows.get("timestamps"),
     )
-    storage = table._storage
-    with table._lock.write():
-        slots = _ops.table_find_slots(storage.tensors(), keys)
-        ok = slots >= 0
-        if table._layout.keeps_scores:
-            storage.scores[slots[ok]] = rows["scores"][ok]
-        if "timestamps" in rows:
-            storage.timestamps[slots[ok]] = rows["timestamps"][ok]
     return stats.failed
 
 
