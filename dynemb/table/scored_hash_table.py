@@ -429,7 +429,7 @@ class ScoredHashTable:
                 if not self._grow():
                     break
                 status, counts = self._retry_failed(
-                    op, keys, scores, values, evicted, status, counts, batch_value
+                    op, keys, scores, values, evicted, status, counts, batch_value, per_key
                 )
             self._size += counts[_ops.Status.INSERTED]
             if slots is not None and self._generation != generation:
