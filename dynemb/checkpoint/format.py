@@ -105,17 +105,16 @@ class FieldWriter:
 
 
 VERIFY_BLOCK = 16 << 20  # bytes per read while checking a file
+_CRC_POLY = 0xEDB88320  # CRC-32 (zlib's), bit-reflected
 
 
-def verify_field(directory: Path, entry: dict, expected_bytes: int, block: torch.Tensor) -> None:
-    """Raises CheckpointError naming the file if it is missing, truncated or corrupted.
+def check_size(directory: Path, entry: dict, expected_bytes: int) -> None:
+    """Raises CheckpointError naming the file if it is missing or has the wrong size.
 
     Args:
         directory: the dump directory.
         entry: the manifest's ``{"file", "bytes", "crc32"}`` of the file.
         expected_bytes: the size the table's options and row count imply.
-        block: (VERIFY_BLOCK,) uint8 scratch memory, reused from file to file (a fresh
-            buffer per read would page-fault on every byte it receives).
     """
     file = directory / entry["file"]
     if not file.is_file():
@@ -125,12 +124,44 @@ def verify_field(directory: Path, entry: dict, expected_bytes: int, block: torch
         raise CheckpointError(
             f"{file}: {size} bytes, the manifest expects {expected_bytes} (truncated or extended)"
         )
-    crc, raw = 0, block.numpy()
+
+
+def crc32_of_range(file: Path, begin: int, length: int, block: torch.Tensor) -> int:
+    """CRC-32 of bytes [begin, begin + length) of ``file`` (fewer if the file is shorter).
+
+    ``block``: (VERIFY_BLOCK,) uint8 scratch memory, reused from call to call (a fresh
+    buffer per read would page-fault on every byte it receives).
+    """
+    crc, raw = 0, memoryview(block.numpy())
     with open(file, "rb", buffering=0) as f:
-        while n := f.readinto(raw):
-            crc = _ops.crc32(block[:n], crc)  # zlib's CRC-32, ~10x faster, without the GIL
-    if crc != entry["crc32"]:
-        raise CheckpointError(f"{file}: checksum mismatch (corrupted)")
+        f.seek(begin)
+        while length > 0 and (n := f.readinto(raw[: min(length, len(raw))])):
+            crc = _ops.crc32(block[:n], crc)  # zlib's value, ~10x faster, without the GIL
+            length -= n
+    return crc
+
+
+def _multiply_mod_p(a: int, b: int) -> int:
+    """a * b modulo the CRC polynomial (bit-reflected, as zlib's multmodp)."""
+    product, m = 0, 1 << 31
+    while m:
+        if a & m:
+            product ^= b
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+    return product
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """The CRC-32 of A + B from crc1 = CRC(A), crc2 = CRC(B) and len(B) (zlib's crc32_combine)."""
+    x_power, square = 1 << 31, 1 << 30  # x^0; x^(2^0) shifted for bytes below
+    shift = length2 * 8  # multiply crc1 by x^(8 * len(B))
+    while shift:
+        if shift & 1:
+            x_power = _multiply_mod_p(square, x_power)
+        square = _multiply_mod_p(square, square)
+        shift >>= 1
+    return _multiply_mod_p(x_power, crc1) ^ crc2
 
 
 def read_rows(

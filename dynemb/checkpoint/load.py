@@ -13,12 +13,14 @@ from dynemb.checkpoint.format import (
     CHUNK_ROWS,
     VERIFY_BLOCK,
     CheckpointError,
+    check_size,
+    crc32_combine,
+    crc32_of_range,
     dtype_name,
     dtype_of,
     read_manifest,
     read_rows,
     read_rows_into,
-    verify_field,
 )
 from dynemb.checkpoint.tables import NamedTable, named_tables
 from dynemb.shard.routing import route_keys
@@ -184,42 +186,54 @@ def _load_chunks(directory, t: NamedTable, fields: dict, chunks: list, buffers, 
     return failed
 
 
-def _verify_all(directory: Path, plans: list, share: dict) -> list[str]:
-    """Checks this rank's share of the files (size, CRC-32); returns the errors found.
+_VERIFY_PIECE = 64 << 20  # bytes of a file checked by one job
 
-    One job per file, on two threads (reads and CRC-32 release the GIL), each
-    reading into its own block reused from file to file.
+
+def _verify_all(directory: Path, plans: list, share: dict) -> list[str]:
+    """Checks this rank's share of the files (presence, size, CRC-32); returns the errors.
+
+    Files are cut into pieces checked on two threads (reads and CRC-32 release the
+    GIL), each reading into its own block reused from piece to piece; the pieces'
+    CRCs are combined per file.
     """
-    jobs = []
+    errors, files = [], []
     for t, _, fields in plans:
         for entry in share[t.name]:
-            for field, (dtype, width) in fields.items():
-                if field not in entry["fields"]:
-                    jobs.append((f"{directory}: table {t.name!r} has no {field} file", None, 0))
-                else:
-                    jobs.append(
-                        (None, entry["fields"][field], _nbytes(dtype, width, entry["rows"]))
-                    )
+            wanted = {f: _nbytes(d, w, entry["rows"]) for f, (d, w) in fields.items()}
             for field in ("counter_keys", "counter_counts"):
                 if field in entry["fields"]:
-                    jobs.append((None, entry["fields"][field], 8 * entry["counter_rows"]))
-    jobs.sort(key=lambda job: -job[2])  # largest first: the two threads end together
+                    wanted[field] = 8 * entry["counter_rows"]
+            for field, nbytes in wanted.items():
+                if field not in entry["fields"]:
+                    errors.append(f"{directory}: table {t.name!r} has no {field} file")
+                    continue
+                try:
+                    check_size(directory, entry["fields"][field], nbytes)
+                    files.append(entry["fields"][field])
+                except CheckpointError as e:
+                    errors.append(str(e))
+    pieces = [
+        (f, begin, min(_VERIFY_PIECE, f["bytes"] - begin))
+        for f in files
+        for begin in range(0, f["bytes"], _VERIFY_PIECE)
+    ]
     blocks = threading.local()
 
-    def check(job) -> str | None:
-        error, field, nbytes = job
-        if error is not None:
-            return error
+    def crc_of(piece) -> int:
         if not hasattr(blocks, "block"):
             blocks.block = torch.empty(VERIFY_BLOCK, dtype=torch.uint8)
-        try:
-            verify_field(directory, field, nbytes, blocks.block)
-        except CheckpointError as e:
-            return str(e)
-        return None
+        file, begin, length = piece
+        return crc32_of_range(directory / file["file"], begin, length, blocks.block)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return [e for e in pool.map(check, jobs) if e is not None]
+        crcs = iter(pool.map(crc_of, pieces))
+    for f in files:
+        crc = 0
+        for begin in range(0, f["bytes"], _VERIFY_PIECE):
+            crc = crc32_combine(crc, next(crcs), min(_VERIFY_PIECE, f["bytes"] - begin))
+        if crc != f["crc32"]:
+            errors.append(f"{directory / f['file']}: checksum mismatch (corrupted)")
+    return errors
 
 
 def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size: int) -> None:
