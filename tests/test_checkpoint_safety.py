@@ -11,6 +11,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
+from dynemb.checkpoint import load as load_module
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.optimizer import EmbOptimType
 
@@ -95,6 +96,25 @@ def test_flipped_byte_is_a_checksum_error(checkpoint, field):
     file = _file(path, "b", field)
     data = bytearray(file.read_bytes())
     data[len(data) // 3] ^= 0x40
+    file.write_bytes(bytes(data))
+    module, before = _target()
+    with pytest.raises(CheckpointError, match=f"{file.name}: checksum mismatch"):
+        DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), before)
+
+
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.99])
+def test_files_checked_in_pieces_catch_a_flip_in_any_piece(checkpoint, monkeypatch, where):
+    """Big files are checked as pieces on two threads; their CRCs combine exactly."""
+    monkeypatch.setattr(load_module, "_VERIFY_PIECE", 1000)  # many pieces per file
+    path, saved = checkpoint
+    module = _module()
+    DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), saved)
+    file = _file(path, "a", "state")
+    data = bytearray(file.read_bytes())
+    assert len(data) > 10 * 1000
+    data[int(len(data) * where)] ^= 0x01
     file.write_bytes(bytes(data))
     module, before = _target()
     with pytest.raises(CheckpointError, match=f"{file.name}: checksum mismatch"):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynemb import _ops
+from dynemb.checkpoint.format import crc32_combine
 
 
 def _bytes(n: int, seed: int) -> bytes:
@@ -45,3 +46,11 @@ def test_bad_arguments():
         _ops.crc32(torch.zeros(4, dtype=torch.int32))
     with pytest.raises(ValueError, match="crc"):
         _ops.crc32(torch.zeros(4, dtype=torch.uint8), -1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.integers(0, 300), b=st.integers(0, 300))
+def test_combine_equals_the_crc_of_the_concatenation(a, b):
+    first, second = _bytes(a, seed=a), _bytes(b, seed=1000 + b)
+    combined = crc32_combine(zlib.crc32(first), zlib.crc32(second), len(second))
+    assert combined == zlib.crc32(first + second)
