@@ -295,9 +295,8 @@ class _ChunkBuffer:
         """Rows [begin, end) of each field of ``entry``: views into this buffer."""
         rows = end - begin
         sizes = [-(-_nbytes(d, w, rows) // self._ALIGN) * self._ALIGN for d, w in fields.values()]
-        if self._arena.numel() < sum(sizes):
-            full = [_nbytes(d, w, max(rows, CHUNK_ROWS)) + self._ALIGN for d, w in fields.values()]
-            self._arena = torch.empty(sum(full), dtype=torch.uint8)
+        if self._arena.numel() < sum(sizes):  # the first (largest) chunk, or a wider table
+            self._arena = torch.empty(sum(sizes), dtype=torch.uint8)
         out, offset = {}, 0
         for (field, (dtype, width)), size in zip(fields.items(), sizes, strict=True):
             raw = self._arena[offset : offset + _nbytes(dtype, width, rows)]
