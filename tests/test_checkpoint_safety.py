@@ -150,6 +150,16 @@ def test_manifest_mismatches_are_refused(checkpoint, edit, message):
     assert _same(_contents(module), before)
 
 
+def test_optimizer_without_state_round_trips(tmp_path):
+    """SGD keeps no state columns: optim=True writes empty state files and loads them."""
+    module = _module(optimizer=EmbOptimType.EXACT_SGD)
+    _train(module, torch.arange(-50, 50))
+    DynamicEmbDump(tmp_path / "ckpt", module, optim=True)
+    loaded = _module(optimizer=EmbOptimType.EXACT_SGD)
+    DynamicEmbLoad(tmp_path / "ckpt", loaded, optim=True)
+    assert _same(_contents(loaded), _contents(module))
+
+
 def test_other_optimizer_loads_rows_only_when_asked(checkpoint):
     path, saved = checkpoint
     module = _module(optimizer=EmbOptimType.EXACT_SGD)
