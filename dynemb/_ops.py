@@ -1,7 +1,7 @@
 """Typed wrappers over ``torch.ops.dynemb.*``: the only Python module that calls C++.
 
 The dispatcher picks the device implementation (CPU always; CUDA in CUDA builds),
-so nothing here branches on the device. ``table`` is the list of seven tensors
+so nothing here branches on the device. ``table`` is the list of eight tensors
 described in ``csrc/torch/tensor_checks.h`` (built by ``TableStorage.tensors()``).
 """
 

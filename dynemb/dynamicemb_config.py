@@ -103,9 +103,16 @@ class DynamicEmbTableOptions:
             stored (ERROR raises, WARNING warns, IGNORE is silent; both give zero rows).
         training: False makes the table read-only (lookups never insert).
         seed: initializer seed (rows are a function of (seed, key)).
-        global_hbm_for_values, local_hbm_for_values, caching, dist_type,
-        admit_strategy, admission_counter, external_storage: used by the planner,
-            sharding, tiering and admission (see DynamicEmb_APIs.md).
+        global_hbm_for_values, local_hbm_for_values: bytes of value rows (with optimizer
+            state) kept in the fast tier, over all ranks / on this rank (the planner
+            fills the local one). 0: no budget, every row is fast. Below the table's
+            value bytes and without ``caching``, the table is hybrid: the other rows
+            live in the slow tier (on a CPU both tiers are host memory).
+        spill_directory: (dynemb only) keep each table's slot buffers and slow-tier
+            rows in memory-mapped files under ``<spill_directory>/<table>.rank<r>``,
+            so tables may exceed RAM (see ScoredHashTable's ``spill_directory``).
+        caching, dist_type, admit_strategy, admission_counter, external_storage: used
+            by sharding, tiering and admission (see DynamicEmb_APIs.md).
 
     Example::
 
@@ -134,3 +141,4 @@ class DynamicEmbTableOptions:
     admit_strategy: Any | None = None
     admission_counter: Any | None = None
     external_storage: Any | None = None
+    spill_directory: str | None = None

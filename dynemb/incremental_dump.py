@@ -258,7 +258,7 @@ def _dump_table(table: ScoredHashTable, threshold: int):
                 keep = score >= threshold
                 slots, score = slots[keep], score[keep]
             keys.append(s.keys[slots].cpu())
-            rows.append(s.values[slots, : table.dim].cpu())
+            rows.append(s.rows(slots, table.dim).cpu())
             scores.append(score.cpu())
     if not keys:  # a table always has slots; kept for an empty storage
         return (

@@ -38,6 +38,7 @@ class Harness:
         bc=16,
         debug_init=False,
         seed=3,
+        **tiers,
     ):
         strategy, code = STRATEGIES[strategy_name]
         init = (
@@ -48,7 +49,7 @@ class Harness:
         self.table = dynemb.ScoredHashTable(
             dim=dim, capacity=capacity, init_capacity=init_capacity, bucket_capacity=bc,
             score_strategy=strategy, extra_columns=extra, initializer=init, seed=seed,
-            extra_init=0.5,
+            extra_init=0.5, **tiers,
         )  # fmt: skip
         self.clock = itertools.count(1000, 7)
         self.last_time = None
@@ -184,6 +185,40 @@ def test_random_operation_sequences(strategy, seed):
             h.insert(keys, rng, evict=op == "insert_and_evict")
         h.check_all()
     h.check_export()
+
+
+def _tiers(tier, tmp_path):
+    """ScoredHashTable arguments of a storage tier (rows move between tiers as the table grows)."""
+    return {
+        "memory": {},
+        "hybrid": {"fast_rows": 100},  # slots [0, 100) fast, the rest slow
+        "spill": {"spill_directory": str(tmp_path / "spill")},  # every row in a file
+        "spill_hybrid": {"fast_rows": 40, "spill_directory": str(tmp_path / "spill")},
+    }[tier]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("tier", ["hybrid", "spill", "spill_hybrid"])
+def test_random_operation_sequences_in_tiers(strategy, tier, tmp_path):
+    """The same semantics whatever tier holds the rows: 0 divergences from the oracle."""
+    rng = np.random.default_rng(5)
+    h = Harness(strategy, **_tiers(tier, tmp_path))
+    for _ in range(30):
+        keys = _random_keys(rng, h, int(rng.integers(0, 90)))
+        op = rng.choice(["find_or_insert", "insert_and_evict", "erase"], p=[0.5, 0.3, 0.2])
+        if op == "find_or_insert":
+            h.find_or_insert(keys, rng)
+        elif op == "erase":
+            h.erase(keys)
+        else:
+            h.insert(keys, rng, evict=True)
+        h.check_all()
+    h.check_export()
+    storage = h.table._storage
+    if "fast_rows" in _tiers(tier, tmp_path):  # both tiers really hold rows
+        occupied = storage.digests.view(-1) != 0
+        assert bool(occupied[: storage.fast_slots].any())
+        assert bool(occupied[storage.fast_slots :].any())
 
 
 @pytest.mark.parametrize("strategy", ["lfu", "customized", "step", "no_eviction"])

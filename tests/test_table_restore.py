@@ -13,7 +13,9 @@ DIM, EXTRA = 6, 5
 STRATEGIES = [S.TIMESTAMP, S.STEP, S.CUSTOMIZED, S.LFU, S.NO_EVICTION, (S.TIMESTAMP, S.LFU)]
 
 
-def _table(strategy, device, dtype=torch.float32, init_capacity=None, capacity=1 << 13):
+def _table(
+    strategy, device, dtype=torch.float32, init_capacity=None, capacity=1 << 13, fast_rows=None
+):
     t = dynemb.ScoredHashTable(
         dim=DIM,
         capacity=capacity,
@@ -24,6 +26,7 @@ def _table(strategy, device, dtype=torch.float32, init_capacity=None, capacity=1
         extra_columns=EXTRA,
         extra_init=0.25,
         device=device,
+        fast_rows=fast_rows,
     )
     t._clock = iter(range(10**6, 10**9, 1000)).__next__
     return t
@@ -105,6 +108,16 @@ def test_restore_matches_assign_then_write_scores(device, strategy, dtype, with_
         keys, rows, _, _ = _contents(got)
         fresh = ~torch.isin(keys, resident[0])
         assert bool((rows[fresh, DIM:] == 0.25).all())
+
+
+def test_restore_into_hybrid_tiers(device):
+    """Rows past the fast tier live in the slow tier: restore writes both."""
+    got, want = (_table(S.LFU, device, init_capacity=64, fast_rows=500) for _ in range(2))
+    batch = _saved(3000, torch.float32, device, seed=3)
+    _restore(got, *batch)
+    _oracle_restore(want, *batch)
+    assert got.capacity() > 500
+    _assert_same(got, want)
 
 
 def test_customized_admits_by_saved_score_in_a_full_bucket(device):

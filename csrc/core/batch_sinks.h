@@ -45,6 +45,7 @@ struct EvictedOut {
 
 template <class V>
 struct FindOrInsertSink {
+  static constexpr bool kRowOnHit = true;  // a hit reads the row (executors prefetch it)
   TableRef<V> t;
   InitArgs init;
   int64_t dim;        // initialised embedding columns
@@ -52,21 +53,22 @@ struct FindOrInsertSink {
   int64_t out_width;  // <= t.row_width
   EvictedOut<V> evicted;
 
-  DYNEMB_HD void hit(int64_t i, int64_t slot) {
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
     copy_row(t.row(slot), out + i * out_width, out_width);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
-  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t key) {
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t key) {
     init_row(init, key, t.row(slot), dim, t.row_width);
-    hit(i, slot);
+    hit(i, o, slot);
   }
-  DYNEMB_HD void failed(int64_t i, int64_t key) {
+  DYNEMB_HD void failed(int64_t i, int64_t, int64_t key) {
     init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width);
   }
 };
 
 template <class V>
 struct AssignSink {
+  static constexpr bool kRowOnHit = true;  // a hit writes the row
   TableRef<V> t;
   InitArgs init;
   int64_t dim;
@@ -74,33 +76,34 @@ struct AssignSink {
   int64_t in_width;  // dim or row_width
   EvictedOut<V> evicted;
 
-  DYNEMB_HD void hit(int64_t i, int64_t slot) {
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
     copy_row(in + i * in_width, t.row(slot), in_width);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
-  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t) {
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     V* row = t.row(slot);
     for (int64_t j = in_width; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
-    hit(i, slot);
+    hit(i, o, slot);
   }
-  DYNEMB_HD void failed(int64_t, int64_t) {}
+  DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
 };
 
 template <class V>
 struct SlotSink {
+  static constexpr bool kRowOnHit = false;  // only new keys touch their row
   TableRef<V> t;
   InitArgs init;
   int64_t dim;
-  int64_t* slots;  // (n)
+  int64_t* slots;  // (n), written at each key's output position o
   EvictedOut<V> evicted;
 
-  DYNEMB_HD void hit(int64_t i, int64_t slot) { slots[i] = slot; }
+  DYNEMB_HD void hit(int64_t, int64_t o, int64_t slot) { slots[o] = slot; }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
-  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t key) {
+  DYNEMB_HD void fresh(int64_t, int64_t o, int64_t slot, int64_t key) {
     init_row(init, key, t.row(slot), dim, t.row_width);
-    slots[i] = slot;
+    slots[o] = slot;
   }
-  DYNEMB_HD void failed(int64_t i, int64_t) { slots[i] = -1; }
+  DYNEMB_HD void failed(int64_t, int64_t o, int64_t) { slots[o] = -1; }
 };
 
 /// A checkpoint's entry i, in separate arrays as the files hold them (no row concat).
@@ -118,29 +121,28 @@ struct SavedEntries {
 /// critical section, so a restored entry is never visible half-written.
 template <class V>
 struct RestoreSink {
+  static constexpr bool kRowOnHit = true;  // a hit overwrites the row
   TableRef<V> t;
   InitArgs init;
   int64_t dim;
   SavedEntries<V> in;
 
-  DYNEMB_HD void hit(int64_t i, int64_t slot) {
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
     V* row = t.row(slot);
     copy_row(in.values + i * dim, row, dim);
-    if (in.state) {
-      copy_row(in.state + i * in.state_width, row + dim, in.state_width);
-    }
+    if (in.state) copy_row(in.state + i * in.state_width, row + dim, in.state_width);
     if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
     if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
   }
   DYNEMB_HD void evicting(int64_t, int64_t) {}
-  DYNEMB_HD void fresh(int64_t i, int64_t slot, int64_t) {
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     if (!in.state) {
       V* row = t.row(slot);
       for (int64_t j = dim; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
     }
-    hit(i, slot);
+    hit(i, o, slot);
   }
-  DYNEMB_HD void failed(int64_t, int64_t) {}
+  DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
 };
 
 }  // namespace dynemb

@@ -5,10 +5,15 @@
 // what the scores become. What happens to value rows is delegated to a Sink
 // (batch_sinks.h), called while the bucket lock is held:
 //
-//   sink.hit(i, slot)                 key i found at slot
+//   sink.hit(i, o, slot)              key i found at slot
 //   sink.evicting(i, slot)            slot's resident is about to be replaced
-//   sink.fresh(i, slot, key)          key i now owns slot (new row)
-//   sink.failed(i, key)               key i could not be stored
+//   sink.fresh(i, o, slot, key)       key i now owns slot (new row)
+//   sink.failed(i, o, key)            key i could not be stored
+//
+// i indexes the batch's inputs; o is where the key's small per-key outputs go (a
+// slot, a status). Executors that process keys out of batch order pass their own
+// position as o, so that each thread writes a contiguous range (no cache line
+// shared between threads), and restore the batch order afterwards; others pass i.
 //
 // Placement. A key lives in its home bucket. Under NO_EVICTION a full home
 // bucket spills into the next buckets of a window of kMaxProbeBuckets; every
@@ -93,9 +98,11 @@ DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool 
 }
 
 /// Finds key i, or stores it; calls exactly one of sink.hit / sink.fresh / sink.failed.
+/// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or -1;
+/// it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
 template <class P, class V, class Sink>
-DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const UpsertArgs& u,
-                        Sink& sink) {
+DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                        const UpsertArgs& u, Sink& sink, int64_t hint = -1) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
   const int64_t home = bucket_of(h, t.num_buckets);
@@ -103,17 +110,19 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const Upse
 
   P::lock(&t.locks[home]);
   if (!t.overflow[home]) {
-    int64_t slot = bucket_find<P>(t, home, key, digest);
+    int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
+                       ? hint
+                       : bucket_find<P>(t, home, key, digest);
     if (slot >= 0) {
       touch(t, slot, a, i);
-      sink.hit(i, slot);
+      sink.hit(i, o, slot);
       P::unlock(&t.locks[home]);
       return Status::kHit;
     }
     slot = bucket_free_slot<P>(t, home);
     if (slot >= 0) {
       claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
-      sink.fresh(i, slot, key);
+      sink.fresh(i, o, slot, key);
       P::unlock(&t.locks[home]);
       return Status::kInserted;
     }
@@ -124,10 +133,10 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const Upse
       if (u.allow_evict && admits(a.strategy, score, t.scores[victim])) {
         sink.evicting(i, victim);
         claim(t, victim, key, digest, score, a.batch_value);
-        sink.fresh(i, victim, key);
+        sink.fresh(i, o, victim, key);
         status = Status::kEvicted;
       } else {
-        sink.failed(i, key);
+        sink.failed(i, o, key);
       }
       P::unlock(&t.locks[home]);
       return status;
@@ -148,7 +157,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const Upse
   }
   if (found >= 0) {
     touch(t, found, a, i);
-    sink.hit(i, found);
+    sink.hit(i, o, found);
     status = Status::kHit;
   } else {
     b = home;
@@ -156,14 +165,14 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t key, const Upse
       const int64_t slot = bucket_free_slot<P>(t, b);
       if (slot >= 0) {
         claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
-        sink.fresh(i, slot, key);
+        sink.fresh(i, o, slot, key);
         status = Status::kInserted;
         break;
       }
       t.overflow[b] = 1;
       b = t.next_bucket(b);
     }
-    if (status == Status::kFailed) sink.failed(i, key);
+    if (status == Status::kFailed) sink.failed(i, o, key);
   }
   lock_window<P>(t, home, window, false);
   return status;

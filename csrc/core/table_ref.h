@@ -8,10 +8,17 @@
 //     int64_t  keys[num_slots];                 // valid where digest != 0
 //     uint64_t scores[num_slots];               // eviction score; absent (null) under NO_EVICTION
 //     uint64_t timestamps[num_slots];           // last access; only for (TIMESTAMP, LFU)
-//     V        values[num_slots][row_width];    // embedding (dim) + extra columns
+//     V        values[fast_slots][row_width];   // rows of slots [0, fast_slots): fast tier
+//     V        slow_values[num_slots - fast_slots][row_width];  // the rest: slow tier
 //     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
 //     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in the next bucket
 //   };
+//
+// A row is the embedding (dim) followed by the extra (optimizer state) columns.
+// Hybrid tiers: the rows of one table may live in two buffers, split by slot
+// index; on a GPU the fast one is device memory and the slow one pinned host
+// memory, on a CPU both are host memory (the slow one possibly a file mapping).
+// Without a slow tier fast_slots == num_slots. Only row() knows about the split.
 //
 // Invariants: a key occupies at most one slot; a key homed at bucket b lives in
 // b, or (NO_EVICTION only) in b+1..b+k-1 where overflow[b..b+k-2] are all set
@@ -33,15 +40,20 @@ struct TableRef {
   int64_t* keys;        // (num_slots)
   uint64_t* scores;     // (num_slots) or nullptr
   uint64_t* timestamps; // (num_slots) or nullptr
-  V* values;            // (num_slots, row_width)
+  V* values;            // (fast_slots, row_width): fast tier
+  V* slow_values;       // (num_slots - fast_slots, row_width): slow tier, or nullptr
   uint32_t* locks;      // (num_buckets)
   uint8_t* overflow;    // (num_buckets)
   int64_t num_buckets;
   int64_t bucket_capacity;  // multiple of 16
   int64_t row_width;        // dim + extra columns
+  int64_t fast_slots;       // slots whose rows are in `values`
 
   DYNEMB_HD int64_t num_slots() const { return num_buckets * bucket_capacity; }
-  DYNEMB_HD V* row(int64_t slot) const { return values + slot * row_width; }
+  DYNEMB_HD V* row(int64_t slot) const {
+    return slot < fast_slots ? values + slot * row_width
+                             : slow_values + (slot - fast_slots) * row_width;
+  }
   DYNEMB_HD int64_t next_bucket(int64_t b) const { return b + 1 == num_buckets ? 0 : b + 1; }
 };
 

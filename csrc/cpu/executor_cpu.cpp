@@ -39,23 +39,31 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
   if (kWrites) P::prefetch_for_write(t.locks + b);
 }
 
+/// Which value rows a loop body touches, so that prefetching fetches only those:
+/// rows are 4+ cache lines each, and needless ones fill the line-fill buffers and
+/// stall every prefetch behind them.
+enum class RowUse { kNone, kNewOnly, kAll };
+
 /// Prefetches the likely slot of key; @return it (-1 if none), a hint for find_slot_hinted.
-template <bool kWrites, class V>
+template <bool kWrites, RowUse kRows, class V>
 DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
   if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
-  const char* row = reinterpret_cast<const char*>(t.row(slot));
-  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-  for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+  const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
+  if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new)) {
+    const char* row = reinterpret_cast<const char*>(t.row(slot));
+    const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+    for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+  }
   return slot;
 }
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group;
 /// key_at(j) is the key body(j) will look up and hint its likely slot (or -1).
-template <bool kWrites, class V, class KeyAt, class Body>
+template <bool kWrites, RowUse kRows, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
   int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
@@ -66,7 +74,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   };
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites>(t, key_at(j));
+      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites, kRows>(t, key_at(j));
     }
   };
   digests(begin);
@@ -81,34 +89,63 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   }
 }
 
-/// Runs upsert for keys[i] in `order` (or 0..n-1 when order is null), one thread.
-template <class V, class Sink>
+/// Runs upsert for keys[i], i = order[j] for j in [begin, end) (or i = j when order
+/// is null), one thread; outputs go to position j (status[j], the sink's o = j).
+/// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
+/// only one touching the buckets its keys may change (see upsert_batch).
+template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  prefetched_loop<true>(t, begin, end, key_at, [&](int64_t j, int64_t) {
+  constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
+  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
     const int64_t i = order ? order[j] : j;
-    const Status s = upsert<P>(t, i, keys[i], args, sink);
-    status[i] = static_cast<int8_t>(s);
+    const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
+    status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   });
 }
 
+/// Sinks whose per-key outputs go to position o (SlotSink's slots): partitioned
+/// batches give them a buffer in partition order and restore batch order after.
+template <class Sink>
+concept SlotOutputs = requires(Sink s) { s.slots; };
+
 /// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
+///
+/// Each thread writes its keys' status and slots to its own contiguous range of a
+/// buffer in partition order, then every thread restores batch order for a range
+/// of keys: writing at batch positions directly would make both threads store into
+/// the same cache lines, key after key.
+///
+/// Bucket locks: the Python owner runs one mutating batch at a time and no reader
+/// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
+/// One thread alone needs no lock; nor do several when the strategy evicts, since
+/// then a key only ever touches its home bucket and each thread owns a range of
+/// home buckets. NO_EVICTION keys may spill into the next buckets, which can belong
+/// to the next thread's range: those batches keep the locks.
 template <class V, class Sink>
 StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
                          const int64_t* keys, int64_t n, int8_t* status) {
   const int max_threads = threads_for(n);
   StatusCounts total;
   if (max_threads == 1) {
-    upsert_sequence(t, sink, args, keys, nullptr, 0, n, status, total);
+    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total);
     return total;
   }
-  std::vector<int32_t> part(n);
-  std::vector<int64_t> order(n);
-  // cursor[c * T + p]: next position in `order` for keys of chunk c and part p.
-  std::vector<int64_t> cursor(static_cast<size_t>(max_threads) * max_threads, 0);
+  const bool exclusive = evicts(args.score.strategy);
+  std::vector<int64_t> order(n);     // order[j]: batch index of partition position j
+  std::vector<int64_t> position(n);  // its inverse
+  std::vector<int8_t> status_by_position(n);
+  Sink by_position = sink;
+  std::vector<int64_t> slots_by_position;
+  if constexpr (SlotOutputs<Sink>) {
+    slots_by_position.resize(n);
+    by_position.slots = slots_by_position.data();
+  }
+  // count[c * T + p]: keys of chunk c in part p, then the first position of those.
+  std::vector<int64_t> count(static_cast<size_t>(max_threads) * max_threads, 0);
   std::vector<int64_t> part_begin(max_threads + 1, 0);
   std::vector<StatusCounts> counts(max_threads);
 #pragma omp parallel num_threads(max_threads)
@@ -116,12 +153,12 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     const int T = omp_get_num_threads();
     const int c = omp_get_thread_num();
     const int64_t lo = n * c / T, hi = n * (c + 1) / T;
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = bucket_of(hash_key(keys[i]), t.num_buckets);
-      const int32_t p = static_cast<int32_t>(b * T / t.num_buckets);
-      part[i] = p;
-      ++cursor[c * T + p];
-    }
+    std::vector<int64_t> mine(T, 0);  // this chunk's counts, then cursors (not shared)
+    auto part_of = [&](int64_t i) {
+      return bucket_of(hash_key(keys[i]), t.num_buckets) * T / t.num_buckets;
+    };
+    for (int64_t i = lo; i < hi; ++i) ++mine[part_of(i)];
+    for (int p = 0; p < T; ++p) count[c * T + p] = mine[p];
 #pragma omp barrier
 #pragma omp single
     {
@@ -130,17 +167,33 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
       for (int p = 0; p < T; ++p) {
         part_begin[p] = running;
         for (int cc = 0; cc < T; ++cc) {
-          const int64_t k = cursor[cc * T + p];
-          cursor[cc * T + p] = running;
+          const int64_t k = count[cc * T + p];
+          count[cc * T + p] = running;
           running += k;
         }
       }
       part_begin[T] = running;
     }
-    for (int64_t i = lo; i < hi; ++i) order[cursor[c * T + part[i]]++] = i;
+    for (int p = 0; p < T; ++p) mine[p] = count[c * T + p];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t j = mine[part_of(i)]++;
+      order[j] = i;
+      position[i] = j;
+    }
 #pragma omp barrier
-    upsert_sequence(t, sink, args, keys, order.data(), part_begin[c], part_begin[c + 1], status,
-                    counts[c]);
+    if (exclusive) {
+      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, keys, order.data(),
+                                            part_begin[c], part_begin[c + 1],
+                                            status_by_position.data(), counts[c]);
+    } else {
+      upsert_sequence<P>(t, by_position, args, keys, order.data(), part_begin[c],
+                         part_begin[c + 1], status_by_position.data(), counts[c]);
+    }
+#pragma omp barrier
+    for (int64_t i = lo; i < hi; ++i) {
+      status[i] = status_by_position[position[i]];
+      if constexpr (SlotOutputs<Sink>) sink.slots[i] = slots_by_position[position[i]];
+    }
   }
   for (const StatusCounts& c : counts) {
     for (int s = 0; s < 4; ++s) total.by_status[s] += c.by_status[s];
@@ -172,7 +225,7 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
           bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
+    prefetched_loop<false, RowUse::kAll>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
       const int64_t slot = find_slot_hinted<P>(t, keys[i], hint);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
@@ -189,7 +242,7 @@ template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false>(t, begin, end, key_at,
+    prefetched_loop<false, RowUse::kNone>(t, begin, end, key_at,
                            [&](int64_t i, int64_t hint) {
                              slots[i] = find_slot_hinted<P>(t, keys[i], hint);
                            });

@@ -23,7 +23,7 @@ __global__ void upsert_kernel(TableRef<V> t, Sink sink, UpsertArgs args, const i
                               int64_t n, int8_t* status, unsigned long long* counts) {
   const int64_t i = thread_index();
   if (i >= n) return;
-  const Status s = upsert<CudaPlatform>(t, i, keys[i], args, sink);
+  const Status s = upsert<CudaPlatform>(t, i, i, keys[i], args, sink);
   status[i] = static_cast<int8_t>(s);
   atomicAdd(counts + static_cast<int>(s), 1ULL);
 }

@@ -7,9 +7,11 @@
 //   1 keys       (num_slots) int64
 //   2 scores     (num_slots) or (0) int64 (read as uint64)
 //   3 timestamps (num_slots) or (0) int64
-//   4 values     (num_slots, row_width) float32 | float16 | bfloat16
+//   4 values     (fast_slots, row_width) float32 | float16 | bfloat16: fast-tier rows
 //   5 locks      (num_buckets) int32
 //   6 overflow   (num_buckets) uint8
+//   7 slow_values (num_slots - fast_slots, row_width), values' dtype: slow-tier rows
+//                (0 rows for a table in one tier)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +21,7 @@
 
 namespace dynemb {
 
-constexpr int64_t kTableTensors = 7;
+constexpr int64_t kTableTensors = 8;
 
 inline void check_tensor(const char* op, const char* name, const at::Tensor& t,
                          at::ScalarType dtype, int64_t dim) {
@@ -62,9 +64,14 @@ inline void check_table(const char* op, at::TensorList table) {
                       name, " must have ", slots, " or 0 elements, got ", table[k].numel());
   }
   const at::Tensor& values = table[4];
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.size(0) == slots && values.is_contiguous(),
-                    "dynemb.", op, ": table.values must be a contiguous (", slots,
-                    ", row_width) tensor, got shape ", values.sizes());
+  const at::Tensor& slow = table[7];
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && slow.dim() == 2 &&
+                        slow.is_contiguous() && values.size(0) + slow.size(0) == slots &&
+                        slow.size(1) == values.size(1) &&
+                        slow.scalar_type() == values.scalar_type(),
+                    "dynemb.", op, ": table.values and table.slow_values must be contiguous ",
+                    "(rows, row_width) tensors of one dtype whose rows add up to ", slots,
+                    ", got shapes ", values.sizes(), " and ", slow.sizes());
   check_tensor(op, "table.locks", table[5], at::kInt, 1);
   check_tensor(op, "table.overflow", table[6], at::kByte, 1);
   TORCH_CHECK_VALUE(table[5].numel() == num_buckets && table[6].numel() == num_buckets,
@@ -84,6 +91,8 @@ TableRef<V> table_ref(at::TensorList table) {
   r.scores = opt_u64(table[2]);
   r.timestamps = opt_u64(table[3]);
   r.values = reinterpret_cast<V*>(table[4].data_ptr());
+  r.slow_values = table[7].numel() == 0 ? nullptr : reinterpret_cast<V*>(table[7].data_ptr());
+  r.fast_slots = table[4].size(0);
   r.locks = reinterpret_cast<uint32_t*>(table[5].data_ptr<int32_t>());
   r.overflow = table[6].data_ptr<uint8_t>();
   r.num_buckets = table[0].size(0);

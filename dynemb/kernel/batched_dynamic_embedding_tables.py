@@ -9,6 +9,7 @@ optimizer_rules.h).
 """
 
 import functools
+import os
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -124,8 +125,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 initializer=o.initializer_args,
                 seed=o.seed,
                 device=self.device,
+                fast_rows=_fast_rows(o, config),
+                spill_directory=_spill_path(o, name),
             )
-            for o in options
+            for o, name in zip(options, names)
         ]
         # Rows of unknown keys in eval mode, resolved once (the op's init list per table).
         self._eval_missing = [
@@ -158,6 +161,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     def get_learning_rate(self) -> float:
         return self.optimizer_config.learning_rate
+
+    def flush(self) -> None:
+        """Makes every spilled table's directory hold the table as it is now, so a
+        module built with the same options reopens it (no-op for tables in memory)."""
+        for table in self.tables:
+            table.flush()
 
     def forward(
         self,
@@ -377,6 +386,21 @@ def _admission_missing(strategy: AdmissionStrategy, table: ScoredHashTable) -> l
     return list(table._init) if args is None else _init_list(args, table)
 
 
+def _fast_rows(o: DynamicEmbTableOptions, config: OptimizerConfig) -> int | None:
+    """Rows of the fast tier: ``local_hbm_for_values`` bytes of rows (None: no budget)."""
+    if o.local_hbm_for_values == 0 or o.caching:
+        return None
+    element = torch.empty((), dtype=o.embedding_dtype).element_size()
+    return o.local_hbm_for_values // ((o.dim + config.state_columns(o.dim)) * element)
+
+
+def _spill_path(o: DynamicEmbTableOptions, name: str) -> str | None:
+    if o.spill_directory is None:
+        return None
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return os.path.join(o.spill_directory, f"{name}.rank{rank}")
+
+
 def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
     if not isinstance(o, DynamicEmbTableOptions):
         raise TypeError(f"table {name!r}: options must be DynamicEmbTableOptions, got {o!r}")
@@ -390,6 +414,15 @@ def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
         raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
     if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):
         raise TypeError(f"table {name!r}: safe_check_mode must be a DynamicEmbCheckMode")
+    if not isinstance(o.local_hbm_for_values, int) or o.local_hbm_for_values < 0:
+        raise ValueError(
+            f"table {name!r}: local_hbm_for_values must be an int >= 0 (bytes), "
+            f"got {o.local_hbm_for_values!r}"
+        )
+    if o.spill_directory is not None and not isinstance(o.spill_directory, (str, os.PathLike)):
+        raise TypeError(
+            f"table {name!r}: spill_directory must be a path or None, got {o.spill_directory!r}"
+        )
     _check_admission(name, o)
 
 

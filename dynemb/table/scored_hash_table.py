@@ -16,6 +16,7 @@ from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
 from dynemb.table import batch_arguments as args
 from dynemb.table.capacity import bucket_counts
 from dynemb.table.rw_lock import RWLock
+from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -68,6 +69,14 @@ class ScoredHashTable:
         seed: initializer seed.
         device: where the table lives (CPU always; CUDA in CUDA builds).
         extra_init: initial value of the extra columns.
+        fast_rows: hybrid tiers: at most this many value rows live in the fast tier
+            (device memory on a GPU), the rest in the slow tier (host memory); a
+            slot's index decides its tier (``None``: every row is fast; with a
+            ``spill_directory``, ``None`` means 0: every row is in the file).
+        spill_directory: keep the slot buffers (keys, scores, slow-tier rows) in
+            memory-mapped files under this directory, so the table may exceed RAM.
+            If the directory holds a table flushed before (``flush``), it is reopened
+            (its layout must match these arguments); otherwise a new table starts.
 
     Raises:
         TypeError / ValueError: on a bad argument, naming it and the value.
@@ -95,6 +104,8 @@ class ScoredHashTable:
         seed: int = 0,
         device: str | torch.device = "cpu",
         extra_init: float = 0.0,
+        fast_rows: int | None = None,
+        spill_directory: str | None = None,
     ) -> None:
         args.check_int("dim", dim, 1)
         args.check_int("bucket_capacity", bucket_capacity, 16)
@@ -116,6 +127,11 @@ class ScoredHashTable:
             raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
         initializer.validate()
         code = args.strategy_code(score_strategy)
+        if fast_rows is not None:
+            args.check_int("fast_rows", fast_rows, 0)
+        spill = SpillDirectory(spill_directory) if spill_directory is not None else None
+        if spill is not None and fast_rows is None:
+            fast_rows = 0
 
         self.dim = dim
         self.extra_columns = extra_columns
@@ -130,12 +146,22 @@ class ScoredHashTable:
             keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
             keeps_timestamps=code == args.TIMESTAMP_LFU,
             device=torch.device(device),
+            fast_rows=fast_rows,
         )
+        if spill is not None and self._layout.device.type != "cpu":
+            raise ValueError(f"spill_directory needs a CPU table, got device={device}")
         init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
-        self._storage = TableStorage(self._layout, init_buckets)
         self._init = [float(v) for v in initializer.resolved(capacity)] + [float(extra_init)]
         self._size = 0
         self._step = 0
+        self._spill = spill
+        meta = spill.read_meta() if spill is not None else None
+        if meta is None:
+            self._storage = TableStorage(self._layout, init_buckets, spill)
+            if spill is not None:
+                self._commit_spill()
+        else:
+            self._reopen(meta)
         self._lock = RWLock()
         self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
         # CUSTOMIZED: the score training lookups give the keys they touch (set by
@@ -250,7 +276,7 @@ class ScoredHashTable:
             slots = s.occupied(offset, end)
             width = self._layout.row_width if include_extra else self.dim
             keys = s.keys[slots]
-            values = s.values[slots, :width]
+            values = s.rows(slots, width)
             scores = s.scores[slots] if self._layout.keeps_scores else torch.zeros_like(keys)
         return keys, values, scores, end
 
@@ -400,7 +426,51 @@ class ScoredHashTable:
             self._storage.clear()
             self._size = 0
 
+    def flush(self) -> None:
+        """Spilled tables: makes the spill directory hold this exact table (rows,
+        scores, sizes), so that a new ScoredHashTable with the same arguments and
+        ``spill_directory`` reopens it. A no-op for a table in memory."""
+        if self._spill is None:
+            return
+        with self._lock.write():
+            self._commit_spill()
+
     # -------------------------------------------------------------- internals
+
+    def _spill_meta(self) -> dict:
+        layout = self._layout
+        return {
+            "dim": self.dim,
+            "row_width": layout.row_width,
+            "bucket_capacity": layout.bucket_capacity,
+            "value_dtype": str(layout.value_dtype),
+            "strategy": self._strategy,
+            "max_buckets": self._max_buckets,
+            "fast_rows": layout.fast_rows,
+        }
+
+    def _commit_spill(self) -> None:
+        storage = self._storage
+        storage.sync()
+        state = {"num_buckets": storage.num_buckets, "generation": storage.generation}
+        state["step"] = self._step
+        self._spill.write_meta({"layout": self._spill_meta(), "state": state})
+        self._spill.remove_generations_except(storage.generation)
+
+    def _reopen(self, meta: dict) -> None:
+        want = self._spill_meta()
+        for name, value in want.items():
+            if meta["layout"].get(name) != value:
+                raise ValueError(
+                    f"spill directory {self._spill.path!r} holds a table with {name}="
+                    f"{meta['layout'].get(name)!r}, these arguments give {name}={value!r}"
+                )
+        state = meta["state"]
+        self._storage = TableStorage(
+            self._layout, state["num_buckets"], self._spill, state["generation"], reopen=True
+        )
+        self._size = int(torch.count_nonzero(self._storage.digests))
+        self._step = state["step"]
 
     def _output_rows(self, out, n: int) -> torch.Tensor:
         return args.output_rows(out, n, self.dim, self.value_dtype, self.device)
@@ -498,12 +568,17 @@ class ScoredHashTable:
     def _grow(self) -> bool:
         """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""
         old = self._storage
-        new = TableStorage(self._layout, min(2 * old.num_buckets, self._max_buckets))
+        buckets = min(2 * old.num_buckets, self._max_buckets)
+        new = TableStorage(self._layout, buckets, self._spill, old.generation + 1)
         window = 1 if self._layout.keeps_scores else _ops.MAX_PROBE_BUCKETS
         if _ops.table_rehash(old.tensors(), new.tensors(), window):
+            if self._spill is not None:
+                self._spill.remove_generations_except(old.generation)
             return False
         self._storage = new
         self._generation += 1
+        if self._spill is not None:  # the committed state must not name a removed generation
+            self._commit_spill()
         return True
 
     def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:

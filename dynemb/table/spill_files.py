@@ -1,0 +1,134 @@
+"""Table buffers backed by memory-mapped files on local disk (the spill tier).
+
+A table opened with a ``spill_directory`` keeps its slot buffers (digests, keys,
+scores, slow-tier rows, overflow flags) in files under that directory, mapped
+shared: the operating system pages them in and out, so a table may be larger
+than RAM and is still addressed like memory by the same C++ ops. Only the bucket
+locks (transient) and a hybrid table's fast-tier rows stay in anonymous memory;
+``flush`` writes those rows beside the others and syncs every mapping, after
+which the directory reopens as the same table.
+
+Layout of a spill directory::
+
+    table.json               the committed state: layout, bucket count, step
+    lock                     held (flock) by the live table using the directory
+    g<generation>/<buffer>   one file per buffer of the storage of that generation
+
+Growth writes a new generation directory and removes the old one once the rehash
+is complete; ``table.json`` is replaced atomically (write, fsync, rename) by
+``flush``, so a reopen after a crash finds the last flushed generation intact only
+if no growth happened since; the spill tier is a working area, checkpoints
+(``DynamicEmbDump``) are the durable copy.
+"""
+
+import fcntl
+import json
+import mmap
+import os
+import shutil
+import warnings
+
+import torch
+
+META_FILE = "table.json"
+FORMAT_VERSION = 1
+
+
+class MappedBuffer:
+    """A tensor whose memory is a shared mapping of ``path`` (created zero-filled)."""
+
+    def __init__(self, path: str, shape: tuple, dtype: torch.dtype) -> None:
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        self.path = path
+        self._mmap = None
+        if nbytes == 0:
+            self.tensor = torch.empty(shape, dtype=dtype)
+            return
+        with open(path, "a+b") as f:
+            if os.fstat(f.fileno()).st_size != nbytes:
+                f.truncate(nbytes)  # sparse: zero-filled without writing
+            self._mmap = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_WRITE)
+        with warnings.catch_warnings():  # frombuffer warns about non-resizable buffers
+            warnings.simplefilter("ignore")
+            flat = torch.frombuffer(self._mmap, dtype=dtype, count=numel)
+        self.tensor = flat.view(shape)
+
+    def sync(self) -> None:
+        """Writes the mapping's dirty pages to the file (msync)."""
+        if self._mmap is not None:
+            self._mmap.flush()
+
+
+class SpillDirectory:
+    """The files of one spilled table: buffers per generation and the metadata.
+
+    One live table per directory: an exclusive lock (flock on ``lock``) is held
+    from construction until this object is garbage-collected, since two tables
+    mapping the same files would silently change each other.
+    """
+
+    def __init__(self, path: str) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"spill_directory must be a path, got {path!r}")
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise ValueError(
+                f"spill_directory {self.path!r} is in use by another live table "
+                "(delete that table first)"
+            ) from None
+
+    def __del__(self) -> None:
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def generation_dir(self, generation: int) -> str:
+        return os.path.join(self.path, f"g{generation}")
+
+    def buffer(self, generation: int, name: str, shape: tuple, dtype: torch.dtype) -> MappedBuffer:
+        directory = self.generation_dir(generation)
+        os.makedirs(directory, exist_ok=True)
+        return MappedBuffer(os.path.join(directory, name), shape, dtype)
+
+    def remove_generations_except(self, keep: int) -> None:
+        for entry in os.listdir(self.path):
+            if entry.startswith("g") and entry[1:].isdigit() and int(entry[1:]) != keep:
+                shutil.rmtree(os.path.join(self.path, entry), ignore_errors=True)
+
+    def read_meta(self) -> dict | None:
+        """The committed metadata, or None for a fresh directory."""
+        meta_path = os.path.join(self.path, META_FILE)
+        if not os.path.exists(meta_path):
+            return None
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if meta.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"spill directory {self.path!r}: format version {meta.get('version')!r}, "
+                f"expected {FORMAT_VERSION}"
+            )
+        return meta
+
+    def write_meta(self, meta: dict) -> None:
+        """Replaces the metadata atomically (temporary file, fsync, rename, fsync dir)."""
+        meta = {"version": FORMAT_VERSION, **meta}
+        tmp = os.path.join(self.path, META_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.path, META_FILE))
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
