@@ -103,6 +103,42 @@ def table_insert_or_assign(
     )
 
 
+def table_restore(
+    table: Sequence[torch.Tensor],
+    policy: list[int],
+    init: list[float],
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    state: torch.Tensor | None,
+    scores: torch.Tensor | None,
+    timestamps: torch.Tensor | None,
+) -> UpsertResult:
+    """Stores saved entries exactly, as a checkpoint holds them (core/batch_sinks.h RestoreSink).
+
+    Args:
+        values: (n, dim) embedding columns, ``dim = policy[4]``.
+        state: (n, row_width - dim) optimizer state, or None (a new key's state
+            columns get ``init[5]``).
+        scores: (n,) int64 scores to store (tables that keep scores), or None.
+        timestamps: (n,) int64 last-access times ((TIMESTAMP, LFU) tables), or None.
+
+    Placement, eviction and growth failures are those of table_insert_or_assign
+    (under CUSTOMIZED a newcomer is admitted by its saved score). Returns the
+    UpsertResult.
+    """
+    return UpsertResult(
+        *_dynemb.table_restore(list(table), policy, init, keys, values, state, scores, timestamps)
+    )
+
+
+def crc32(data: torch.Tensor, crc: int = 0) -> int:
+    """CRC-32 of ``data`` ((n,) uint8, contiguous, CPU) continued from ``crc``: zlib.crc32's value.
+
+    Runs without the GIL at several GB/s (carry-less multiply folding where the CPU has it).
+    """
+    return _dynemb.crc32(data, crc)
+
+
 def table_erase(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
     """Removes keys. Returns erased: (n,) bool, True where the key was stored."""
     return _dynemb.table_erase(list(table), keys)

@@ -11,6 +11,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
+from dynemb.checkpoint import load as load_module
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.optimizer import EmbOptimType
 
@@ -102,6 +103,25 @@ def test_flipped_byte_is_a_checksum_error(checkpoint, field):
     assert _same(_contents(module), before)
 
 
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.99])
+def test_files_checked_in_pieces_catch_a_flip_in_any_piece(checkpoint, monkeypatch, where):
+    """Big files are checked as pieces on two threads; their CRCs combine exactly."""
+    monkeypatch.setattr(load_module, "_VERIFY_PIECE", 1000)  # many pieces per file
+    path, saved = checkpoint
+    module = _module()
+    DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), saved)
+    file = _file(path, "a", "state")
+    data = bytearray(file.read_bytes())
+    assert len(data) > 10 * 1000
+    data[int(len(data) * where)] ^= 0x01
+    file.write_bytes(bytes(data))
+    module, before = _target()
+    with pytest.raises(CheckpointError, match=f"{file.name}: checksum mismatch"):
+        DynamicEmbLoad(path, module, optim=True)
+    assert _same(_contents(module), before)
+
+
 def test_missing_file_is_named(checkpoint):
     path, _ = checkpoint
     file = _file(path, "a", "scores")
@@ -128,6 +148,16 @@ def test_manifest_mismatches_are_refused(checkpoint, edit, message):
     with pytest.raises(CheckpointError, match=message):
         DynamicEmbLoad(path, module, optim=True)
     assert _same(_contents(module), before)
+
+
+def test_optimizer_without_state_round_trips(tmp_path):
+    """SGD keeps no state columns: optim=True writes empty state files and loads them."""
+    module = _module(optimizer=EmbOptimType.EXACT_SGD)
+    _train(module, torch.arange(-50, 50))
+    DynamicEmbDump(tmp_path / "ckpt", module, optim=True)
+    loaded = _module(optimizer=EmbOptimType.EXACT_SGD)
+    DynamicEmbLoad(tmp_path / "ckpt", loaded, optim=True)
+    assert _same(_contents(loaded), _contents(module))
 
 
 def test_other_optimizer_loads_rows_only_when_asked(checkpoint):

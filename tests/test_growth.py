@@ -88,3 +88,16 @@ def test_rehash_holds_only_the_old_and_the_new_storage(monkeypatch):
     assert max(alive_during_rehash) == 2
     gc.collect()
     assert len(live) == 1
+
+
+def test_keys_retried_after_growth_keep_their_access_counts():
+    """A de-duplicated batch passes each key's accesses; the keys that failed before
+    a growth are retried with their own counts (LFU adds them), not with 1."""
+    t = dynemb.ScoredHashTable(
+        dim=2, capacity=4096, init_capacity=16, bucket_capacity=16, score_strategy=S.LFU
+    )
+    keys = torch.arange(1000, dtype=torch.int64)
+    accesses = keys % 7 + 2
+    slots, stats = t._find_or_insert_slots(keys, accesses)
+    assert t.capacity() > 16 and stats.failed == 0 and bool((slots >= 0).all())
+    assert torch.equal(t.get_scores(keys), accesses)

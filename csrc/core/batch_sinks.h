@@ -6,6 +6,9 @@
 //                     key's extra columns are initialised first); failed -> nothing.
 //   SlotSink          hit/new -> record the key's slot (a new row is initialised);
 //                     failed -> slot -1. The embedding kernels read rows by slot.
+//   RestoreSink       hit/new -> write a saved entry exactly: embedding columns,
+//                     optimizer state, score and timestamp (a checkpoint load);
+//                     failed -> nothing.
 // Both can capture evicted residents (key, full row, score) at the position of
 // the key that replaced them, so nothing leaves the table unreported.
 #pragma once
@@ -101,6 +104,45 @@ struct SlotSink {
     slots[o] = slot;
   }
   DYNEMB_HD void failed(int64_t, int64_t o, int64_t) { slots[o] = -1; }
+};
+
+/// A checkpoint's entry i, in separate arrays as the files hold them (no row concat).
+template <class V>
+struct SavedEntries {
+  const V* values;             // (n, dim)
+  const V* state;              // (n, state_width), or null: state columns get init.extra_value
+  int64_t state_width;         // 0 or row_width - dim
+  const int64_t* scores;       // (n), or null: the strategy's score stays
+  const int64_t* timestamps;   // (n), or null: the batch value stays
+};
+
+/// Writes saved entries over whatever upsert stored: the score and timestamp the
+/// strategy gave a new or hit key are replaced by the saved ones in the same bucket
+/// critical section, so a restored entry is never visible half-written.
+template <class V>
+struct RestoreSink {
+  static constexpr bool kRowOnHit = true;  // a hit overwrites the row
+  TableRef<V> t;
+  InitArgs init;
+  int64_t dim;
+  SavedEntries<V> in;
+
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
+    V* row = t.row(slot);
+    copy_row(in.values + i * dim, row, dim);
+    if (in.state) copy_row(in.state + i * in.state_width, row + dim, in.state_width);
+    if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
+    if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
+  }
+  DYNEMB_HD void evicting(int64_t, int64_t) {}
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
+    if (!in.state) {
+      V* row = t.row(slot);
+      for (int64_t j = dim; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
+    }
+    hit(i, o, slot);
+  }
+  DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
 };
 
 }  // namespace dynemb

@@ -288,6 +288,8 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
                                     int64_t, int8_t*);                                        \
   template StatusCounts upsert_keys(const SlotSink<V>&, const UpsertArgs&, const int64_t*,     \
                                     int64_t, int8_t*);                                        \
+  template StatusCounts upsert_keys(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,  \
+                                    int64_t, int8_t*);                                        \
   template void erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*);                 \
   template int64_t rehash<V>(const TableRef<V>&, const TableRef<V>&, int);
 

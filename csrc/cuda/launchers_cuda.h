@@ -40,6 +40,11 @@ template <class V>
 void launch_assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
                    int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream);
 
+/// Writes saved checkpoint entries (RestoreSink); status and counts as launch_find_or_insert.
+template <class V>
+void launch_restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                    int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream);
+
 /// @param erased (n) bool out
 template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,

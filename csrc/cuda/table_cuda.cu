@@ -79,6 +79,12 @@ void launch_assign(const AssignSink<V>& sink, const UpsertArgs& args, const int6
 }
 
 template <class V>
+void launch_restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                    int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream) {
+  launch_upsert<V>(sink, args, keys, n, status, counts, stream);
+}
+
+template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                   cudaStream_t stream) {
   if (n > 0) erase_kernel<<<blocks_for(n), kBlock, 0, stream>>>(t, keys, n, erased);
@@ -105,6 +111,8 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
                                          cudaStream_t);                                         \
   template void launch_assign<V>(const AssignSink<V>&, const UpsertArgs&, const int64_t*,       \
                                  int64_t, int8_t*, int64_t*, cudaStream_t);                     \
+  template void launch_restore<V>(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,     \
+                                  int64_t, int8_t*, int64_t*, cudaStream_t);                    \
   template void launch_erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*,             \
                                 cudaStream_t);                                                  \
   template void launch_rehash<V>(const TableRef<V>&, const TableRef<V>&, int, int64_t*,         \

@@ -20,9 +20,16 @@ TORCH_LIBRARY(dynemb, m) {
   m.def(
       "table_insert_or_assign(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
       "Tensor? scores, Tensor values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
+  // Writes saved entries exactly (rows, optimizer state, scores, timestamps): a
+  // checkpoint load. values (n, dim); state (n, row_width - dim) or None.
+  m.def(
+      "table_restore(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, Tensor values, "
+      "Tensor? state, Tensor? scores, Tensor? timestamps) -> (Tensor status, Tensor counts)");
   m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
   m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
   m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
+  // CRC-32 (zlib's) of a host byte buffer, continued from crc: checkpoint checks.
+  m.def("crc32(Tensor data, int crc) -> int");
   // Embedding kernels (csrc/core/pooling.h, optimizer_rules.h).
   // missing = init list of the rows given to keys that are not stored;
   // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].

@@ -41,6 +41,11 @@ struct CpuBackend {
     store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
   }
   template <class V>
+  static void restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                      int64_t n, int8_t* status, at::Tensor& counts) {
+    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
+  }
+  template <class V>
   static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
     cpu::erase(t, keys, n, erased);
   }

@@ -51,6 +51,11 @@ struct CudaBackend {
     cuda::launch_assign(sink, args, keys, n, status, counts.data_ptr<int64_t>(), stream());
   }
   template <class V>
+  static void restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
+                      int64_t n, int8_t* status, at::Tensor& counts) {
+    cuda::launch_restore(sink, args, keys, n, status, counts.data_ptr<int64_t>(), stream());
+  }
+  template <class V>
   static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
     cuda::launch_erase(t, keys, n, erased, stream());
   }

@@ -12,6 +12,7 @@
 //     template <class V> static void find_or_insert(FindOrInsertSink<V>, UpsertArgs, keys*, n,
 //                                                   int8_t* status, at::Tensor& counts);
 //     template <class V> static void assign(AssignSink<V>, ...same...);
+//     template <class V> static void restore(RestoreSink<V>, ...same...);
 //     template <class V> static void erase(TableRef<V>, keys*, n, bool*);
 //     template <class V> static int64_t rehash(TableRef<V> src, TableRef<V> dst, int window);
 //   };
@@ -134,6 +135,49 @@ struct TableOpImpls {
     return {status, counts};
   }
 
+  static std::tuple<at::Tensor, at::Tensor> restore(
+      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      const at::Tensor& keys, const at::Tensor& values, const std::optional<at::Tensor>& state,
+      const std::optional<at::Tensor>& scores, const std::optional<at::Tensor>& timestamps) {
+    constexpr const char* op = "table_restore";
+    const bool customized = !policy.empty() && policy[0] == static_cast<int64_t>(
+                                                                 ScoreStrategy::kCustomized);
+    // CUSTOMIZED admits a newcomer by its score: the saved one, as a training batch would.
+    const UpsertCall call =
+        check_upsert(op, table, policy, init, keys, customized ? scores : std::nullopt, {});
+    typename Backend::DeviceGuard guard(table[0].device());
+    const int64_t n = keys.numel(), row_width = table[4].size(1);
+    check_rows(op, "values", values, table[4], n, call.dim, call.dim);
+    if (state.has_value()) {
+      check_rows(op, "state", *state, table[4], n, row_width - call.dim, row_width - call.dim);
+    }
+    auto check_meta = [&](const char* name, const std::optional<at::Tensor>& t,
+                          int which) -> const int64_t* {
+      if (!t.has_value()) return nullptr;
+      TORCH_CHECK_VALUE(table[which].numel() != 0, "dynemb.", op, ": `", name,
+                        "` given but the table keeps none under strategy ", policy[0]);
+      check_tensor(op, name, *t, at::kLong, 1);
+      TORCH_CHECK_VALUE(t->numel() == n, "dynemb.", op, ": `", name, "` has ", t->numel(),
+                        " elements, `keys` has ", n);
+      check_same_device(op, name, *t, table[0]);
+      return t->data_ptr<int64_t>();
+    };
+    const int64_t* saved_scores = check_meta("scores", scores, 2);
+    const int64_t* saved_timestamps = check_meta("timestamps", timestamps, 3);
+    auto [status, counts] = upsert_outputs(keys);
+    dispatch_values(op, table[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      const SavedEntries<W> saved{
+          reinterpret_cast<const W*>(values.data_ptr()),
+          state.has_value() ? reinterpret_cast<const W*>(state->data_ptr()) : nullptr,
+          state.has_value() ? row_width - call.dim : 0, saved_scores, saved_timestamps};
+      RestoreSink<W> sink{table_ref<W>(table), call.init, call.dim, saved};
+      Backend::restore(sink, call.args, keys.data_ptr<int64_t>(), n,
+                       status.template data_ptr<int8_t>(), counts);
+    });
+    return {status, counts};
+  }
+
   static at::Tensor erase(at::TensorList table, const at::Tensor& keys) {
     constexpr const char* op = "table_erase";
     check_table(op, table);
@@ -185,6 +229,7 @@ struct TableOpImpls {
     (m).impl("table_find_slots", &Impl::find_slots);                              \
     (m).impl("table_find_or_insert", &Impl::find_or_insert);                      \
     (m).impl("table_insert_or_assign", &Impl::insert_or_assign);                  \
+    (m).impl("table_restore", &Impl::restore);                                    \
     (m).impl("table_erase", &Impl::erase);                                        \
     (m).impl("table_rehash", &Impl::rehash);                                      \
   } while (0)

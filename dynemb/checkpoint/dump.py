@@ -3,6 +3,7 @@
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -72,18 +73,26 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict
         + (["timestamps"] if keeps_ts else [])
     )
     writers = {f: FieldWriter(directory / f"{t.name}.r{rank}.{f}") for f in fields}
-    rows, offset = 0, 0
+    rows, offset, pending = 0, 0, None
     capacity = table.capacity()
-    while offset < capacity:
-        keys, values, scores, offset = table.export_batch(offset, CHUNK_ROWS, include_extra=optim)
-        writers["keys"].write(keys)
-        writers["values"].write(values[:, : table.dim])
-        writers["scores"].write(scores)
-        if optim:
-            writers["state"].write(values[:, table.dim :])
-        if keeps_ts:
-            writers["timestamps"].write(table.get_timestamps(keys))
-        rows += keys.numel()
+    # Chunk k is written on `writer` while chunk k + 1 is exported; one chunk in
+    # flight at most, so memory stays bounded.
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        while offset < capacity:
+            keys, values, scores, offset = table.export_batch(
+                offset, CHUNK_ROWS, include_extra=optim
+            )
+            chunk = {"keys": keys, "values": values[:, : table.dim], "scores": scores}
+            if optim:
+                chunk["state"] = values[:, table.dim :]
+            if keeps_ts:
+                chunk["timestamps"] = table.get_timestamps(keys)
+            if pending is not None:
+                pending.result()
+            pending = writer.submit(_write_chunk, writers, chunk)
+            rows += keys.numel()
+        if pending is not None:
+            pending.result()
     entry = {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
     counter = admission_counter(t)
     if counter is not None:  # admission counts are part of the checkpoint
@@ -94,6 +103,11 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict
             entry["fields"][field] = writer.close()
         entry["counter_rows"] = keys.numel()
     return entry
+
+
+def _write_chunk(writers: dict, chunk: dict) -> None:
+    for field, values in chunk.items():
+        writers[field].write(values)
 
 
 def admission_counter(t: NamedTable):

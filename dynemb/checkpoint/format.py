@@ -15,10 +15,11 @@ name is an incomplete dump and is never read.
 
 import json
 import os
-import zlib
 from pathlib import Path
 
 import torch
+
+from dynemb import _ops
 
 FORMAT = "dynemb-checkpoint"
 VERSION = 1
@@ -90,10 +91,11 @@ class FieldWriter:
         self.crc = 0
 
     def write(self, t: torch.Tensor) -> None:
-        data = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        self._f.write(data)
-        self.crc = zlib.crc32(data, self.crc)
-        self.bytes += len(data)
+        raw = t.contiguous().view(torch.uint8).reshape(-1)
+        if raw.numel():
+            self._f.write(raw.numpy())  # the tensor's own bytes: no copy
+            self.crc = _ops.crc32(raw, self.crc)
+            self.bytes += raw.numel()
 
     def close(self) -> dict:
         self._f.flush()
@@ -102,8 +104,18 @@ class FieldWriter:
         return {"file": self.file.name, "bytes": self.bytes, "crc32": self.crc}
 
 
-def verify_field(directory: Path, entry: dict, expected_bytes: int) -> None:
-    """Raises CheckpointError naming the file if it is missing, truncated or corrupted."""
+VERIFY_BLOCK = 16 << 20  # bytes per read while checking a file
+_CRC_POLY = 0xEDB88320  # CRC-32 (zlib's), bit-reflected
+
+
+def check_size(directory: Path, entry: dict, expected_bytes: int) -> None:
+    """Raises CheckpointError naming the file if it is missing or has the wrong size.
+
+    Args:
+        directory: the dump directory.
+        entry: the manifest's ``{"file", "bytes", "crc32"}`` of the file.
+        expected_bytes: the size the table's options and row count imply.
+    """
     file = directory / entry["file"]
     if not file.is_file():
         raise CheckpointError(f"{file}: missing")
@@ -112,23 +124,64 @@ def verify_field(directory: Path, entry: dict, expected_bytes: int) -> None:
         raise CheckpointError(
             f"{file}: {size} bytes, the manifest expects {expected_bytes} (truncated or extended)"
         )
-    crc = 0
-    with open(file, "rb") as f:
-        while chunk := f.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    if crc != entry["crc32"]:
-        raise CheckpointError(f"{file}: checksum mismatch (corrupted)")
+
+
+def crc32_of_range(file: Path, begin: int, length: int, block: torch.Tensor) -> int:
+    """CRC-32 of bytes [begin, begin + length) of ``file`` (fewer if the file is shorter).
+
+    ``block``: (VERIFY_BLOCK,) uint8 scratch memory, reused from call to call (a fresh
+    buffer per read would page-fault on every byte it receives).
+    """
+    crc, raw = 0, memoryview(block.numpy())
+    with open(file, "rb", buffering=0) as f:
+        f.seek(begin)
+        while length > 0 and (n := f.readinto(raw[: min(length, len(raw))])):
+            crc = _ops.crc32(block[:n], crc)  # zlib's value, ~10x faster, without the GIL
+            length -= n
+    return crc
+
+
+def _multiply_mod_p(a: int, b: int) -> int:
+    """a * b modulo the CRC polynomial (bit-reflected, as zlib's multmodp)."""
+    product, m = 0, 1 << 31
+    while m:
+        if a & m:
+            product ^= b
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+    return product
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """The CRC-32 of A + B from crc1 = CRC(A), crc2 = CRC(B) and len(B) (zlib's crc32_combine)."""
+    x_power, square = 1 << 31, 1 << 30  # x^0; x^(2^0) shifted for bytes below
+    shift = length2 * 8  # multiply crc1 by x^(8 * len(B))
+    while shift:
+        if shift & 1:
+            x_power = _multiply_mod_p(square, x_power)
+        square = _multiply_mod_p(square, square)
+        shift >>= 1
+    return _multiply_mod_p(x_power, crc1) ^ crc2
 
 
 def read_rows(
     directory: Path, entry: dict, begin: int, end: int, dtype, width: int
 ) -> torch.Tensor:
-    """Rows [begin, end) of a field file as a (end - begin, width) tensor (width 0: 1-D)."""
+    """Rows [begin, end) of a field file as a new (end - begin, width) tensor (width 0: 1-D)."""
     out = torch.empty((end - begin, width) if width else (end - begin,), dtype=dtype)
-    raw = out.view(torch.uint8).reshape(-1).numpy()  # readinto: one copy, kernel to tensor
-    row_bytes = torch.empty((), dtype=dtype).element_size() * max(1, width)
-    with open(directory / entry["file"], "rb") as f:
-        f.seek(begin * row_bytes)
-        if f.readinto(raw) != raw.nbytes:
-            raise CheckpointError(f"{directory / entry['file']}: shorter than the manifest says")
+    read_rows_into(directory, entry, begin, out)
     return out
+
+
+def read_rows_into(directory: Path, entry: dict, begin: int, out: torch.Tensor) -> None:
+    """Fills ``out`` ((m, width) or (m,), contiguous) with rows [begin, begin + m) of a field
+    file: one copy, from the kernel straight into the tensor."""
+    raw = memoryview(out.view(torch.uint8).reshape(-1).numpy())
+    row_bytes = out.element_size() * (out.shape[1] if out.dim() == 2 else 1)
+    got = 0
+    with open(directory / entry["file"], "rb", buffering=0) as f:
+        f.seek(begin * row_bytes)
+        while got < len(raw) and (n := f.readinto(raw[got:])):
+            got += n
+    if got != len(raw):
+        raise CheckpointError(f"{directory / entry['file']}: shorter than the manifest says")

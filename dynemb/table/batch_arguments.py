@@ -62,6 +62,17 @@ def check_scores(scores, keys, customized: bool, strategy, device) -> torch.Tens
     return scores.to(device).contiguous()
 
 
+def check_meta(name: str, meta, keys, device) -> torch.Tensor | None:
+    """A per-key int64 column (saved scores or timestamps): (n,) int64, or None."""
+    if meta is None:
+        return None
+    if not isinstance(meta, torch.Tensor) or meta.dtype != torch.int64:
+        raise TypeError(f"{name} must be an int64 tensor, got {getattr(meta, 'dtype', type(meta))}")
+    if meta.shape != keys.shape:
+        raise ValueError(f"{name} must have shape {tuple(keys.shape)}, got {tuple(meta.shape)}")
+    return meta.to(device).contiguous()
+
+
 def check_values(values, keys, dim: int, row_width: int, dtype, device) -> torch.Tensor:
     """values: (n, dim) or (n, row_width) floats; returned in the table's dtype."""
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():

@@ -349,6 +349,67 @@ class ScoredHashTable:
         mask = status == _ops.Status.EVICTED
         return evicted[0][mask], evicted[1][mask], evicted[2][mask]
 
+    def restore(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        state: torch.Tensor | None = None,
+        scores: torch.Tensor | None = None,
+        timestamps: torch.Tensor | None = None,
+    ) -> BatchStats:
+        """Stores saved entries exactly as a checkpoint holds them, in one pass.
+
+        Each key gets its embedding columns, optimizer state, score and timestamp
+        (nothing is re-scored by the strategy); a key already stored is overwritten.
+        Placement follows insert_or_assign: the table grows while below capacity,
+        then a full bucket evicts its lowest (score, key) resident (CUSTOMIZED refuses
+        a newcomer ranking below it), and keys that fit nowhere are reported failed.
+
+        Args:
+            keys: (n,) int64, distinct.
+            values: (n, dim) contiguous, the table's value dtype.
+            state: (n, extra_columns) contiguous optimizer state, or None (a new
+                key's extra columns start at ``extra_init``).
+            scores: (n,) int64 saved scores; required under CUSTOMIZED, refused under
+                NO_EVICTION (no score is kept); None keeps the strategy's score.
+            timestamps: (n,) int64 last-access times, (TIMESTAMP, LFU) tables only.
+
+        Returns:
+            The batch's BatchStats (also in ``last_stats``).
+
+        Example::
+
+            >>> t.restore(torch.tensor([5, 9]), torch.zeros(2, t.dim), scores=torch.tensor([3, 1]))
+        """
+        keys = self._check_keys(keys)
+        n = keys.numel()
+        values = args.check_values(values, keys, self.dim, self.dim, self.value_dtype, self.device)
+        if state is not None:
+            width = self.extra_columns
+            state = args.check_values(state, keys, width, width, self.value_dtype, self.device)
+        if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value and scores is None:
+            raise ValueError("restore: `scores` are required under the CUSTOMIZED strategy")
+        for name, meta, kept in (
+            ("scores", scores, self._layout.keeps_scores),
+            ("timestamps", timestamps, self._layout.keeps_timestamps),
+        ):
+            if meta is not None and not kept:
+                raise ValueError(
+                    f"restore: `{name}` given, but a {self.score_strategy} table keeps none"
+                )
+        scores = args.check_meta("scores", scores, keys, self.device)
+        timestamps = args.check_meta("timestamps", timestamps, keys, self.device)
+        saved = (values, state, scores, timestamps)
+
+        def op(table, policy, init, k, _scores, _rows, _evicted, per_key):
+            # per_key: positions in the batch (all of them, or the retried ones).
+            sub = saved if per_key.numel() == n else [_subset(t, per_key) for t in saved]
+            return _ops.UpsertResult(*_ops.table_restore(table, policy, init, k, *sub))
+
+        positions = torch.arange(n, device=self.device)
+        # `positions` stands in for the row buffer too: op gathers its own inputs.
+        return self._upsert(op, keys, None, positions, evicted=None, per_key=positions)
+
     def erase(self, keys: torch.Tensor) -> int:
         """Removes keys; returns how many were stored."""
         keys = self._check_keys(keys)
@@ -438,7 +499,7 @@ class ScoredHashTable:
                 if not self._grow():
                     break
                 status, counts = self._retry_failed(
-                    op, keys, scores, values, evicted, status, counts, batch_value
+                    op, keys, scores, values, evicted, status, counts, batch_value, per_key
                 )
             self._size += counts[_ops.Status.INSERTED]
             if slots is not None and self._generation != generation:
@@ -539,6 +600,10 @@ class ScoredHashTable:
         return args.check_values(
             values, keys, self.dim, self._layout.row_width, self.value_dtype, self.device
         )
+
+
+def _subset(t: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t[positions].contiguous()
 
 
 __all__: Sequence[str] = ["ScoredHashTable", "BatchStats"]
