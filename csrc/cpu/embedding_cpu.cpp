@@ -15,6 +15,25 @@ namespace dynemb::cpu {
 namespace {
 constexpr int64_t kBagGrain = 64;
 constexpr int64_t kRowGrain = 256;
+constexpr int64_t kUpdateDistance = 8;  // rows ahead whose lines the update prefetches
+
+/// Prefetches every cache line of a row (a row is several lines: the first alone
+/// leaves the others to demand misses).
+template <class V>
+DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot) {
+  const char* row = reinterpret_cast<const char*>(t.row(slot));
+  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+  for (int64_t off = 0; off < bytes; off += 64) CpuPlatform::prefetch(row + off);
+}
+
+/// A float buffer of n elements (contents unspecified), reused by the calling
+/// thread: a fresh multi-MB allocation per backward page-faults (and the kernel
+/// zero-fills it) on every call.
+float* scratch(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
 }  // namespace
 
 template <class V>
@@ -26,7 +45,7 @@ void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
       // Prefetch the rows of the next bag while pooling this one.
       if (b + 1 < end) {
         for (int64_t i = offsets[b + 1]; i < offsets[b + 2]; ++i) {
-          if (slots[i] >= 0) CpuPlatform::prefetch(t.row(slots[i]));
+          if (slots[i] >= 0) prefetch_row(t, slots[i]);
         }
       }
       pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing,
@@ -66,7 +85,7 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
                      const float* weights, PoolingMode mode, const float* grad, int64_t dim,
                      const OptimizerArgs& opt) {
   if (num_unique == 0) return;
-  std::vector<float> acc(static_cast<size_t>(num_unique * dim), 0.0f);
+  float* const acc = scratch(num_unique * dim);
   // One task per thread owns a range of distinct keys: it sums the gradients of
   // their indices (scanning the batch in order, so sums are deterministic) and
   // then updates their rows.
@@ -74,19 +93,21 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
+      std::fill(acc + u0 * dim, acc + u1 * dim, 0.0f);
       for (int64_t b = 0; b < num_bags; ++b) {
         const float* g = grad + b * dim;
         for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
           const int64_t u = inverse[i];
           if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
           const float c = grad_scale(mode, weights, i, offsets[b], offsets[b + 1]);
-          float* a = acc.data() + u * dim;
+          float* a = acc + u * dim;
           for (int64_t j = 0; j < dim; ++j) a[j] += c * g[j];
         }
       }
       for (int64_t u = u0; u < u1; ++u) {
-        if (u + 4 < u1 && unique_slots[u + 4] >= 0) CpuPlatform::prefetch(t.row(unique_slots[u + 4]));
-        if (unique_slots[u] >= 0) update_row(opt, t.row(unique_slots[u]), dim, acc.data() + u * dim);
+        const int64_t ahead = u + kUpdateDistance;
+        if (ahead < u1 && unique_slots[ahead] >= 0) prefetch_row(t, unique_slots[ahead]);
+        if (unique_slots[u] >= 0) update_row(opt, t.row(unique_slots[u]), dim, acc + u * dim);
       }
     }
   });
