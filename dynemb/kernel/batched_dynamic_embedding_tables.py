@@ -118,14 +118,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering).
         self.tables = [
-            make_table(
-                name,
-                o,
-                config.state_columns(o.dim),
-                self.device,
-                fast_rows=_fast_rows(o, config),
-                spill_directory=_spill_path(o, name),
-            )  # fmt: skip
+            make_table(name, o, config.state_columns(o.dim), self.device)
             for name, o in zip(names, options)
         ]
         # Rows of unknown keys in eval mode, resolved once (the op's init list per table).
@@ -468,21 +461,6 @@ def _admission_missing(strategy: AdmissionStrategy, table: ScoredHashTable) -> l
     (a key then keeps the row it will start from once admitted)."""
     args = strategy.get_initializer_args()
     return list(table._init) if args is None else _init_list(args, table)
-
-
-def _fast_rows(o: DynamicEmbTableOptions, config: OptimizerConfig) -> int | None:
-    """Rows of the fast tier: ``local_hbm_for_values`` bytes of rows (None: no budget)."""
-    if o.local_hbm_for_values == 0 or o.caching:
-        return None
-    element = torch.empty((), dtype=o.embedding_dtype).element_size()
-    return o.local_hbm_for_values // ((o.dim + config.state_columns(o.dim)) * element)
-
-
-def _spill_path(o: DynamicEmbTableOptions, name: str) -> str | None:
-    if o.spill_directory is None:
-        return None
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    return os.path.join(o.spill_directory, f"{name}.rank{rank}")
 
 
 def _check_options(name: str, o: DynamicEmbTableOptions) -> None:

@@ -1,5 +1,7 @@
 """Builds a table from its options: a ScoredHashTable, or a CachedTable (caching mode)."""
 
+import os
+
 import torch
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
@@ -19,10 +21,19 @@ CACHE_BUCKET_CAPACITY = 128
 
 
 def cache_rows(options: DynamicEmbTableOptions, state_columns: int) -> int:
-    """Rows of cache that ``local_hbm_for_values`` bytes hold (embedding + state)."""
+    """Rows (embedding + state) that ``local_hbm_for_values`` bytes hold: the cache in
+    caching mode, the fast tier of a hybrid table otherwise."""
     width = options.dim + state_columns
     element = torch.empty((), dtype=options.embedding_dtype).element_size()
     return options.local_hbm_for_values // (width * element)
+
+
+def spill_path(options: DynamicEmbTableOptions, name: str) -> str | None:
+    """This rank's spill directory of table ``name`` (None: the table is not spilled)."""
+    if options.spill_directory is None:
+        return None
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return os.path.join(options.spill_directory, f"{name}.rank{rank}")
 
 
 def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_columns: int) -> None:
@@ -77,18 +88,19 @@ def make_table(
     options: DynamicEmbTableOptions,
     state_columns: int,
     device: torch.device,
-    fast_rows: int | None = None,
-    spill_directory: str | None = None,
 ) -> ScoredHashTable | CachedTable:
     """The table of one DynamicEmbTableOptions (options already checked).
 
     Caching mode: a cache of ``cache_rows(options)`` rows (rounded to the bucket
     layout), buckets of ``min(CACHE_BUCKET_CAPACITY, rows)`` slots, in front of
     ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
-    Otherwise a ScoredHashTable with ``fast_rows`` (hybrid) and ``spill_directory``.
+    Otherwise a ScoredHashTable, hybrid when ``local_hbm_for_values`` holds fewer rows
+    than the table (``fast_rows = cache_rows(options)``), spilled with ``spill_path``.
     """
     o = options
+    spill_directory = spill_path(o, name)
     if not o.caching:
+        fast_rows = cache_rows(o, state_columns) if o.local_hbm_for_values else None
         return ScoredHashTable(
             dim=o.dim,
             capacity=o.max_capacity,
