@@ -1,10 +1,29 @@
 // dynemb core: scanning one bucket.
 //
-// A bucket is bucket_capacity consecutive slots, scanned as groups of 16
-// digests: Platform::match16 turns a group into a bit mask of candidate slots
-// and only candidates have their key compared, so a probe touches the 16-64
-// digest bytes of a group before any key. The caller holds the bucket's lock
-// when the table may change under it (see platform.h).
+// A bucket is bucket_capacity consecutive slots in groups of 16: Platform::match16
+// turns the 16 digest bytes of a group into a bit mask of candidate slots, and only
+// candidates have their key compared, so a probe reads digests before any key.
+//
+// Probe order. A key scans the groups of its bucket in its own order: its home
+// group h (hash.h) first, then h ^ 1, h ^ 2, ..., for k up to the group count
+// rounded up to a power of two, skipping h ^ k past the last group (XOR by h
+// permutes [0, 2^m), so every group is visited once). A new key takes the first
+// empty slot in that order. Why XOR rather than h + 1, h + 2: with the bucket at a
+// 64-byte boundary (bucket_capacity a multiple of 64, buffers 64-byte aligned), the
+// first kLineGroups positions are the four groups of the home group's digest
+// line, so a key leaves its home line only when the whole line is full.
+//
+// Hence, where keys are placed by insertion (a table below capacity, load factor
+// 0.75, 128 slots: ~98% of keys in their home group, > 99.9% in their home line),
+// a hit reads one digest line instead of bucket_capacity / 64, and executors
+// prefetch only that line (likely_slot). What stays whole-bucket: a miss scans
+// every group (erase leaves holes, so an empty slot proves nothing), and a full
+// bucket's eviction victim is the minimum (score, key) of all its slots; the
+// newcomer takes the victim's slot wherever it is, so in a table that evicts
+// continually keys sit anywhere and a hit reads the other lines as before.
+//
+// The caller holds the bucket's lock when the table may change under it (see
+// platform.h).
 #pragma once
 
 #include "core/hash.h"
@@ -14,15 +33,39 @@
 
 namespace dynemb {
 
+/// Digest groups in one 64-byte cache line.
+constexpr int64_t kLineGroups = 4;
+
+/// The probe order of one key in buckets of `groups` groups: position k is group
+/// home ^ k, for k in [0, span) with home ^ k < groups.
+struct ProbeOrder {
+  int64_t home;
+  int64_t groups;
+  int64_t span;  // groups rounded up to a power of two
+
+  DYNEMB_HD ProbeOrder(uint64_t hash, int64_t bucket_capacity)
+      : home(home_group_of(hash, bucket_capacity / 16)), groups(bucket_capacity / 16), span(1) {
+    while (span < groups) span <<= 1;
+  }
+  /// Group at position k, or -1 when position k is skipped.
+  DYNEMB_HD int64_t group(int64_t k) const {
+    const int64_t g = home ^ k;
+    return g < groups ? g : -1;
+  }
+};
+
 /// @return the slot of `key` in `bucket`, or -1.
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket, int64_t key,
-                                            uint8_t digest) {
+                                            uint8_t digest, const ProbeOrder& order) {
   const int64_t base = bucket * t.bucket_capacity;
-  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
-    uint32_t mask = P::match16(t.digests + base + g, digest);
+  for (int64_t k = 0; k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    const int64_t first = base + 16 * g;
+    uint32_t mask = P::match16(t.digests + first, digest);
     while (mask != 0) {
-      const int64_t slot = base + g + lowest_bit(mask);
+      const int64_t slot = first + lowest_bit(mask);
       if (t.keys[slot] == key) return slot;
       mask &= mask - 1;
     }
@@ -30,13 +73,17 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket
   return -1;
 }
 
-/// @return the first empty slot of `bucket`, or -1 when the bucket is full.
+/// @return the first empty slot of `bucket` in probe order, or -1 when it is full.
 template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t bucket) {
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t bucket,
+                                                 const ProbeOrder& order) {
   const int64_t base = bucket * t.bucket_capacity;
-  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
-    const uint32_t mask = P::match16(t.digests + base + g, kEmptyDigest);
-    if (mask != 0) return base + g + lowest_bit(mask);
+  for (int64_t k = 0; k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    const int64_t first = base + 16 * g;
+    const uint32_t mask = P::match16(t.digests + first, kEmptyDigest);
+    if (mask != 0) return first + lowest_bit(mask);
   }
   return -1;
 }
@@ -53,23 +100,24 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t buck
   return victim;
 }
 
-}  // namespace dynemb
-
-namespace dynemb {
-
-/// The slot a lookup of `digest` in `bucket` will most likely touch: the first
-/// digest match, else the first empty slot, else -1. Executors use it only to
-/// prefetch; it decides nothing.
+/// The slot a lookup of `digest` in `bucket` will most likely touch, judged from
+/// the key's home line alone (the first kLineGroups positions of its probe order):
+/// the first digest match there, else the first empty slot there, else -1.
+/// Executors use it only to prefetch; it decides nothing.
 template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t likely_slot(const TableRef<V>& t, int64_t bucket, uint8_t digest) {
+DYNEMB_HD DYNEMB_INLINE int64_t likely_slot(const TableRef<V>& t, int64_t bucket, uint8_t digest,
+                                            const ProbeOrder& order) {
   const int64_t base = bucket * t.bucket_capacity;
   int64_t empty = -1;
-  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
-    const uint32_t match = P::match16(t.digests + base + g, digest);
-    if (match != 0) return base + g + lowest_bit(match);
+  for (int64_t k = 0; k < kLineGroups && k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    const int64_t first = base + 16 * g;
+    const uint32_t match = P::match16(t.digests + first, digest);
+    if (match != 0) return first + lowest_bit(match);
     if (empty < 0) {
-      const uint32_t free = P::match16(t.digests + base + g, kEmptyDigest);
-      if (free != 0) empty = base + g + lowest_bit(free);
+      const uint32_t free = P::match16(t.digests + first, kEmptyDigest);
+      if (free != 0) empty = first + lowest_bit(free);
     }
   }
   return empty;

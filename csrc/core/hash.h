@@ -1,12 +1,18 @@
 // dynemb core: key -> (bucket, digest).
 //
 // A key is mixed with the murmur3 64-bit finaliser (a bijection of uint64, so
-// distinct keys never share a hash). The high 32 bits pick the bucket by
-// multiply-shift range reduction, which works for any bucket count and maps
-// bucket b of a table to buckets {2b, 2b+1} of a table twice as large. The low 8
-// bits give the digest stored per slot; digest 0 marks an empty slot, so a key
-// whose low byte is 0 gets digest 1. No key value is reserved: every int64 is a
-// legal key, emptiness lives in the digest byte.
+// distinct keys never share a hash), then split into three independent fields:
+//
+//   bits 32..63  bucket: multiply-shift range reduction, which works for any bucket
+//                count and maps bucket b of a table to buckets {2b, 2b+1} of a table
+//                twice as large;
+//   bits  8..31  home group: where the key's scan of its bucket starts (bucket.h);
+//                independent of the bucket count, so a rehash keeps it;
+//   bits  0..7   digest stored per slot; digest 0 marks an empty slot, so a key
+//                whose low byte is 0 gets digest 1.
+//
+// No key value is reserved: every int64 is a legal key, emptiness lives in the
+// digest byte.
 #pragma once
 
 #include "core/macros.h"
@@ -36,6 +42,13 @@ DYNEMB_HD DYNEMB_INLINE uint64_t hash_key(int64_t key) {
 /// @return the bucket index in [0, num_buckets)
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_of(uint64_t hash, int64_t num_buckets) {
   return static_cast<int64_t>(((hash >> 32) * static_cast<uint64_t>(num_buckets)) >> 32);
+}
+
+/// @param hash hash_key(key)
+/// @param groups digest groups per bucket (bucket_capacity / 16), 1 <= groups <= 2^24
+/// @return the key's home group in [0, groups)
+DYNEMB_HD DYNEMB_INLINE int64_t home_group_of(uint64_t hash, int64_t groups) {
+  return static_cast<int64_t>((((hash >> 8) & 0xFFFFFFu) * static_cast<uint64_t>(groups)) >> 24);
 }
 
 /// @param hash hash_key(key)

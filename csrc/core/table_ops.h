@@ -63,11 +63,12 @@ template <class P, class V>
 DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
+  const ProbeOrder order(h, t.bucket_capacity);
   int64_t b = bucket_of(h, t.num_buckets);
   const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
                                                     : kMaxProbeBuckets;
   for (int k = 0; k < walk; ++k) {
-    const int64_t slot = bucket_find<P>(t, b, key, digest);
+    const int64_t slot = bucket_find<P>(t, b, key, digest, order);
     if (slot >= 0 || !t.overflow[b]) return slot;
     b = t.next_bucket(b);
   }
@@ -118,6 +119,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
                         const UpsertArgs& u, Sink& sink, int64_t hint = -1) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
+  const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
   const ScoreArgs& a = u.score;
 
@@ -125,14 +127,14 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
   if (!t.overflow[home]) {
     int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
                        ? hint
-                       : bucket_find<P>(t, home, key, digest);
+                       : bucket_find<P>(t, home, key, digest, order);
     if (slot >= 0) {
       touch(t, slot, a, i);
       sink.hit(i, o, slot);
       P::unlock(&t.locks[home]);
       return Status::kHit;
     }
-    slot = bucket_free_slot<P>(t, home);
+    slot = bucket_free_slot<P>(t, home, order);
     if (slot >= 0) {
       claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
       sink.fresh(i, o, slot, key);
@@ -164,7 +166,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
   int64_t b = home;
   int64_t found = -1;
   for (int k = 0; k < window; ++k) {
-    found = bucket_find<P>(t, b, key, digest);
+    found = bucket_find<P>(t, b, key, digest, order);
     if (found >= 0 || !t.overflow[b]) break;
     b = t.next_bucket(b);
   }
@@ -175,7 +177,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
   } else {
     b = home;
     for (int k = 0; k < window; ++k) {
-      const int64_t slot = bucket_free_slot<P>(t, b);
+      const int64_t slot = bucket_free_slot<P>(t, b, order);
       if (slot >= 0) {
         claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
         sink.fresh(i, o, slot, key);
@@ -196,6 +198,7 @@ template <class P, class V>
 DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
+  const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
   const int window = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
                                                       : kMaxProbeBuckets;
@@ -203,7 +206,7 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   int64_t b = home;
   bool erased = false;
   for (int k = 0; k < window; ++k) {
-    const int64_t slot = bucket_find<P>(t, b, key, digest);
+    const int64_t slot = bucket_find<P>(t, b, key, digest, order);
     if (slot >= 0) {
       t.digests[slot] = kEmptyDigest;
       erased = true;
@@ -224,10 +227,11 @@ template <class P, class V>
 DYNEMB_HD int64_t place_moved(const TableRef<V>& t, int64_t key, uint64_t score,
                               uint64_t timestamp, int window) {
   const uint64_t h = hash_key(key);
+  const ProbeOrder order(h, t.bucket_capacity);
   int64_t b = bucket_of(h, t.num_buckets);
   for (int k = 0; k < window; ++k) {
     P::lock(&t.locks[b]);
-    const int64_t slot = bucket_free_slot<P>(t, b);
+    const int64_t slot = bucket_free_slot<P>(t, b, order);
     if (slot >= 0) {
       claim(t, slot, key, digest_of(h), score, timestamp);
       P::unlock(&t.locks[b]);

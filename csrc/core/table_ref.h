@@ -23,7 +23,9 @@
 // Invariants: a key occupies at most one slot; a key homed at bucket b lives in
 // b, or (NO_EVICTION only) in b+1..b+k-1 where overflow[b..b+k-2] are all set
 // (k <= kMaxProbeBuckets, indices modulo num_buckets). overflow is only cleared by
-// a rehash or clear, so it may be set where no key is displaced any more.
+// a rehash or clear, so it may be set where no key is displaced any more. Inside
+// a bucket a key may sit in any slot: the probe order of bucket.h decides where a
+// new key goes (usually its home group), not where a lookup may stop.
 #pragma once
 
 #include "core/macros.h"

@@ -22,7 +22,8 @@ constexpr int64_t kGrain = 2048;  // keys per task below which one thread runs a
 // Batch loops overlap the cache misses of many keys (software-pipelined group
 // prefetching): keys go in groups of kGroup; while group g is processed, the key,
 // score and row of each key's likely slot are prefetched for group g + 1 (whose
-// digests arrived meanwhile) and the bucket digests and lock for group g + 2.
+// home digest line arrived meanwhile; the bucket's other digest lines too when the
+// home line holds no match) and the home digest line and lock for group g + 2.
 constexpr int64_t kGroup = 8;
 
 int threads_for(int64_t n) {
@@ -31,12 +32,27 @@ int threads_for(int64_t n) {
 
 // kWrites: the loop changes the table (upserts), so also fetch the bucket lock (owned)
 // and the slot's score; a read-only loop leaves them out to save memory traffic.
+// Only the home group's digest line is fetched: most keys sit in it (bucket.h).
 template <bool kWrites, class V>
 DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
-  const int64_t b = bucket_of(hash_key(key), t.num_buckets);
-  const uint8_t* d = t.digests + b * t.bucket_capacity;
-  for (int64_t off = 0; off < t.bucket_capacity; off += 64) P::prefetch(d + off);
+  const uint64_t h = hash_key(key);
+  const int64_t b = bucket_of(h, t.num_buckets);
+  const ProbeOrder order(h, t.bucket_capacity);
+  P::prefetch(t.digests + b * t.bucket_capacity + 16 * order.home);
   if (kWrites) P::prefetch_for_write(t.locks + b);
+}
+
+/// Prefetches the digest lines of `bucket` other than the home group's: a miss scans
+/// them all, and so does a hit on a key that left its home line.
+template <class V>
+DYNEMB_INLINE void prefetch_other_lines(const TableRef<V>& t, int64_t bucket,
+                                        const ProbeOrder& order) {
+  const uint8_t* first = t.digests + bucket * t.bucket_capacity;
+  const auto line_of = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) / 64; };
+  const uintptr_t home = line_of(first + 16 * order.home);
+  for (uintptr_t line = line_of(first); line <= line_of(first + t.bucket_capacity - 1); ++line) {
+    if (line != home) P::prefetch(reinterpret_cast<const void*>(line * 64));
+  }
 }
 
 /// Which value rows a loop body touches, so that prefetching fetches only those:
@@ -48,7 +64,11 @@ enum class RowUse { kNone, kNewOnly, kAll };
 template <bool kWrites, RowUse kRows, class V>
 DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
-  const int64_t slot = likely_slot<P>(t, bucket_of(h, t.num_buckets), digest_of(h));
+  const int64_t b = bucket_of(h, t.num_buckets);
+  const ProbeOrder order(h, t.bucket_capacity);
+  const uint8_t digest = digest_of(h);
+  const int64_t slot = likely_slot<P>(t, b, digest, order);
+  if (slot < 0 || t.digests[slot] != digest) prefetch_other_lines(t, b, order);
   if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
