@@ -16,7 +16,7 @@
 // Hence, where keys are placed by insertion (a table below capacity, load factor
 // 0.75, 128 slots: ~98% of keys in their home group, > 99.9% in their home line),
 // a hit reads one digest line instead of bucket_capacity / 64, and executors
-// prefetch only that line (likely_slot). What stays whole-bucket: a miss scans
+// can prefetch only that line (likely_slot). What stays whole-bucket: a miss scans
 // every group (erase leaves holes, so an empty slot proves nothing), and a full
 // bucket's eviction victim is the minimum (score, key) of all its slots; the
 // newcomer takes the victim's slot wherever it is, so in a table that evicts
@@ -101,15 +101,15 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t buck
 }
 
 /// The slot a lookup of `digest` in `bucket` will most likely touch, judged from
-/// the key's home line alone (the first kLineGroups positions of its probe order):
-/// the first digest match there, else the first empty slot there, else -1.
+/// the first `positions` groups of the key's probe order (kLineGroups: its home
+/// line): the first digest match there, else the first empty slot there, else -1.
 /// Executors use it only to prefetch; it decides nothing.
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t likely_slot(const TableRef<V>& t, int64_t bucket, uint8_t digest,
-                                            const ProbeOrder& order) {
+                                            const ProbeOrder& order, int64_t positions) {
   const int64_t base = bucket * t.bucket_capacity;
   int64_t empty = -1;
-  for (int64_t k = 0; k < kLineGroups && k < order.span; ++k) {
+  for (int64_t k = 0; k < positions && k < order.span; ++k) {
     const int64_t g = order.group(k);
     if (g < 0) continue;
     const int64_t first = base + 16 * g;

@@ -22,37 +22,65 @@ constexpr int64_t kGrain = 2048;  // keys per task below which one thread runs a
 // Batch loops overlap the cache misses of many keys (software-pipelined group
 // prefetching): keys go in groups of kGroup; while group g is processed, the key,
 // score and row of each key's likely slot are prefetched for group g + 1 (whose
-// home digest line arrived meanwhile; the bucket's other digest lines too when the
-// home line holds no match) and the home digest line and lock for group g + 2.
+// digests arrived meanwhile) and the digests (the key's home line or the whole
+// bucket, see BucketSpan) and lock for group g + 2.
 constexpr int64_t kGroup = 8;
 
 int threads_for(int64_t n) {
   return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
 }
 
-// kWrites: the loop changes the table (upserts), so also fetch the bucket lock (owned)
-// and the slot's score; a read-only loop leaves them out to save memory traffic.
-// Only the home group's digest line is fetched: most keys sit in it (bucket.h).
-template <bool kWrites, class V>
-DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key) {
-  const uint64_t h = hash_key(key);
-  const int64_t b = bucket_of(h, t.num_buckets);
-  const ProbeOrder order(h, t.bucket_capacity);
-  P::prefetch(t.digests + b * t.bucket_capacity + 16 * order.home);
-  if (kWrites) P::prefetch_for_write(t.locks + b);
-}
+/// How much of each bucket a batch loop prefetches. A key's home digest line is
+/// enough while keys sit in it (a table filled by inserts, bucket.h). Keys that
+/// find no match there (new keys, whose scan covers the whole bucket, or keys of a
+/// table that evicts continually, where a newcomer takes its victim's slot
+/// wherever it is) need the other lines too: fetched late, they stall the body
+/// about two memory latencies (the lines, then the key and row), the cost of some
+/// 32 needless line fetches. So a loop prefetches whole buckets for the next
+/// kWindow keys when more than 1/32 of the last kWindow keys found no match in
+/// their home line, and home lines only otherwise.
+class BucketSpan {
+ public:
+  bool whole() const { return whole_; }
+  void count(bool missed_home_line) {
+    missed_ += missed_home_line;
+    if (++seen_ == kWindow) {
+      whole_ = missed_ * 32 > kWindow;
+      seen_ = missed_ = 0;
+    }
+  }
 
-/// Prefetches the digest lines of `bucket` other than the home group's: a miss scans
-/// them all, and so does a hit on a key that left its home line.
+ private:
+  static constexpr int kWindow = 256;
+  bool whole_ = false;
+  int seen_ = 0;
+  int missed_ = 0;
+};
+
+/// Prefetches the digest lines of `bucket` except the one holding `skip` (or none).
 template <class V>
-DYNEMB_INLINE void prefetch_other_lines(const TableRef<V>& t, int64_t bucket,
-                                        const ProbeOrder& order) {
+DYNEMB_INLINE void prefetch_bucket_lines(const TableRef<V>& t, int64_t bucket,
+                                         const uint8_t* skip) {
   const uint8_t* first = t.digests + bucket * t.bucket_capacity;
   const auto line_of = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) / 64; };
-  const uintptr_t home = line_of(first + 16 * order.home);
+  const uintptr_t skipped = skip ? line_of(skip) : 0;
   for (uintptr_t line = line_of(first); line <= line_of(first + t.bucket_capacity - 1); ++line) {
-    if (line != home) P::prefetch(reinterpret_cast<const void*>(line * 64));
+    if (line != skipped) P::prefetch(reinterpret_cast<const void*>(line * 64));
   }
+}
+
+// kWrites: the loop changes the table (upserts), so also fetch the bucket lock (owned)
+// and the slot's score; a read-only loop leaves them out to save memory traffic.
+template <bool kWrites, class V>
+DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key, const BucketSpan& span) {
+  const uint64_t h = hash_key(key);
+  const int64_t b = bucket_of(h, t.num_buckets);
+  if (span.whole()) {
+    prefetch_bucket_lines(t, b, nullptr);
+  } else {
+    P::prefetch(t.digests + b * t.bucket_capacity + 16 * ProbeOrder(h, t.bucket_capacity).home);
+  }
+  if (kWrites) P::prefetch_for_write(t.locks + b);
 }
 
 /// Which value rows a loop body touches, so that prefetching fetches only those:
@@ -61,14 +89,24 @@ DYNEMB_INLINE void prefetch_other_lines(const TableRef<V>& t, int64_t bucket,
 enum class RowUse { kNone, kNewOnly, kAll };
 
 /// Prefetches the likely slot of key; @return it (-1 if none), a hint for find_slot_hinted.
+/// When the home line holds no match, the likely slot is sought in the whole bucket
+/// if `span` prefetched it, else the bucket's other lines are prefetched for the body.
 template <bool kWrites, RowUse kRows, class V>
-DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key) {
+DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpan& span) {
   const uint64_t h = hash_key(key);
   const int64_t b = bucket_of(h, t.num_buckets);
   const ProbeOrder order(h, t.bucket_capacity);
   const uint8_t digest = digest_of(h);
-  const int64_t slot = likely_slot<P>(t, b, digest, order);
-  if (slot < 0 || t.digests[slot] != digest) prefetch_other_lines(t, b, order);
+  int64_t slot = likely_slot<P>(t, b, digest, order, kLineGroups);
+  const bool missed_home_line = slot < 0 || t.digests[slot] != digest;
+  if (missed_home_line) {
+    if (span.whole()) {
+      slot = likely_slot<P>(t, b, digest, order, order.span);
+    } else {
+      prefetch_bucket_lines(t, b, t.digests + b * t.bucket_capacity + 16 * order.home);
+    }
+  }
+  span.count(missed_home_line);
   if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
@@ -87,14 +125,15 @@ template <bool kWrites, RowUse kRows, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
   int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
+  BucketSpan span;
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      prefetch_digests<kWrites>(t, key_at(j));
+      prefetch_digests<kWrites>(t, key_at(j), span);
     }
   };
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites, kRows>(t, key_at(j));
+      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites, kRows>(t, key_at(j), span);
     }
   };
   digests(begin);
