@@ -96,12 +96,22 @@ template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
   const uint64_t stream = stream_of(a.seed, key);
   if (a.mode == InitMode::kUniform) {
+    // Whole pairs first, in a loop without branches that compilers vectorise (new
+    // rows are a fifth of find_or_insert's time when half the keys are new); the
+    // bounds live in locals because stores to out might otherwise alias them.
+    const float lo = a.a;
     const float span = a.b - a.a;
-    for (int64_t j = 0; j < dim; j += 2) {
+    const int64_t pairs = dim / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
       float u0, u1;
-      unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
-      out[j] = static_cast<V>(a.a + span * u0);
-      if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + span * u1);
+      unit_pair(draw(stream, static_cast<uint64_t>(p)), &u0, &u1);
+      out[2 * p] = static_cast<V>(lo + span * u0);
+      out[2 * p + 1] = static_cast<V>(lo + span * u1);
+    }
+    if (dim % 2 != 0) {
+      float u0, u1;
+      unit_pair(draw(stream, static_cast<uint64_t>(pairs)), &u0, &u1);
+      out[dim - 1] = static_cast<V>(lo + span * u0);
     }
   } else if (a.mode == InitMode::kNormal) {  // one Box-Muller draw serves two columns
     for (int64_t j = 0; j < dim; j += 2) {
