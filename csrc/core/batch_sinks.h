@@ -43,7 +43,16 @@ struct EvictedOut {
   }
 };
 
-template <class V>
+/// How a sink writes rows into the caller's output: plain stores. An executor may
+/// substitute its own type with the same row() (the CPU one streams large outputs).
+struct PlainStore {
+  template <class V>
+  DYNEMB_HD static void row(const V* src, V* dst, int64_t n) {
+    copy_row(src, dst, n);
+  }
+};
+
+template <class V, class Store = PlainStore>
 struct FindOrInsertSink {
   static constexpr bool kRowOnHit = true;  // a hit reads the row (executors prefetch it)
   TableRef<V> t;
@@ -54,7 +63,7 @@ struct FindOrInsertSink {
   EvictedOut<V> evicted;
 
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
-    copy_row(t.row(slot), out + i * out_width, out_width);
+    Store::row(t.row(slot), out + i * out_width, out_width);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t key) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -54,6 +55,26 @@ struct CpuPlatform {
     asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(addr)));
 #else
     __builtin_prefetch(addr, 1, 3);
+#endif
+  }
+
+  // Copies `bytes` (a multiple of 16) to a 16-byte aligned dst with non-temporal
+  // stores (no read for ownership, no cache fill) where the CPU has them; they are
+  // weakly ordered: store_fence() before another thread may read dst.
+  static void stream_copy(void* dst, const void* src, int64_t bytes) {
+#if defined(__SSE2__)
+    for (int64_t off = 0; off < bytes; off += 16) {
+      const __m128i chunk =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const char*>(src) + off));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<char*>(dst) + off), chunk);
+    }
+#else
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+  }
+  static void store_fence() {
+#if defined(__SSE2__)
+    _mm_sfence();
 #endif
   }
 

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_platform.h"
@@ -29,6 +30,32 @@ constexpr int64_t kGroup = 8;
 int threads_for(int64_t n) {
   return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
 }
+
+/// Writes rows into a caller's output with non-temporal stores: they skip the read
+/// for ownership of each output line (4 of the ~10 lines a find+gather key moves)
+/// and leave the table's lines in the cache. Rows that are not whole 16-byte
+/// chunks at 16-byte boundaries get plain stores. A loop that used it ends with
+/// P::store_fence().
+struct StreamingStore {
+  template <class V>
+  static void row(const V* src, V* dst, int64_t n) {
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(V));
+    if ((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(bytes)) % 16 != 0) {
+      copy_row(src, dst, n);
+    } else {
+      P::stream_copy(dst, src, bytes);
+    }
+  }
+};
+
+/// Outputs larger than this are written with StreamingStore: their lines would
+/// leave the cache before anyone reads them, so fetching them first is wasted;
+/// smaller outputs stay cached for the caller's next op. It is the last-level
+/// cache of one core complex of current server CPUs (32 MiB; sysconf's figure can
+/// be a whole package's, 384 MiB on our VMs, where no thread sees that much).
+constexpr int64_t kStreamedOutputBytes = int64_t{32} << 20;
+
+bool streams_output(int64_t bytes) { return bytes > kStreamedOutputBytes; }
 
 /// How much of each bucket a batch loop prefetches. A key's home digest line is
 /// enough while keys sit in it (a table filled by inserts, bucket.h). Keys that
@@ -164,6 +191,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   });
+  P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
 
 /// Sinks whose per-key outputs go to position o (SlotSink's slots): partitioned
@@ -262,9 +290,23 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
 
 }  // namespace
 
+/// Sinks that copy rows into the caller's output (with PlainStore).
+template <class Sink>
+constexpr bool kCopiesRowsOut = false;
+template <class V>
+constexpr bool kCopiesRowsOut<FindOrInsertSink<V>> = true;
+
 template <class Sink>
 StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
                          int8_t* status) {
+  if constexpr (kCopiesRowsOut<Sink>) {
+    using V = std::remove_pointer_t<decltype(sink.out)>;
+    if (streams_output(n * sink.out_width * static_cast<int64_t>(sizeof(V)))) {
+      const FindOrInsertSink<V, StreamingStore> streaming{sink.t,   sink.init,      sink.dim,
+                                                          sink.out, sink.out_width, sink.evicted};
+      return upsert_batch(sink.t, streaming, args, keys, n, status);
+    }
+  }
   return upsert_batch(sink.t, sink, args, keys, n, status);
 }
 
@@ -279,9 +321,10 @@ void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* buc
   });
 }
 
-template <class V>
-void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
-          bool* found) {
+/// find, writing found rows with Store (PlainStore or StreamingStore).
+template <class Store, class V>
+void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
+               bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     prefetched_loop<false, RowUse::kAll>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
@@ -289,12 +332,23 @@ void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t 
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
       if (slot >= 0) {
-        copy_row(t.row(slot), dst, out_width);
+        Store::row(t.row(slot), dst, out_width);
       } else {
         for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0);
       }
     });
+    P::store_fence();
   });
+}
+
+template <class V>
+void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
+          bool* found) {
+  if (streams_output(n * out_width * static_cast<int64_t>(sizeof(V)))) {
+    find_rows<StreamingStore>(t, keys, n, out, out_width, found);
+  } else {
+    find_rows<PlainStore>(t, keys, n, out, out_width, found);
+  }
 }
 
 template <class V>
