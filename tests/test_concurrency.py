@@ -79,9 +79,10 @@ def test_python_threads_insert_and_read_concurrently(strategy):
     assert t.size() == everything.unique().numel()
 
 
-def test_all_openmp_threads_on_one_batch():
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # bucket locks, or none
+def test_all_openmp_threads_on_one_batch(strategy):
     torch.set_num_threads(2)
-    t = _table(capacity=2**20, init_capacity=2**20)
+    t = _table(strategy, capacity=2**20, init_capacity=2**20)
     keys = torch.randperm(2**22)[: 2**19] + 1  # distinct, < 2**24
     dup = torch.cat([keys, keys[:1000]])  # duplicates across the batch
     rows = t.find_or_insert(dup)

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -175,6 +176,10 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   }
 }
 
+/// Sinks that read a caller's row per key (AssignSink's in).
+template <class Sink>
+concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
+
 /// Runs upsert for keys[i], i = order[j] for j in [begin, end) (or i = j when order
 /// is null), one thread; outputs go to position j (status[j], the sink's o = j).
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
@@ -186,6 +191,15 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
   constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
   prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+    if constexpr (ReadsInputRows<Sink>) {
+      // In partition order the caller's rows are read out of order, beyond what the
+      // hardware prefetcher follows: fetch the row of the key one group ahead.
+      if (order && j + kGroup < end) {
+        const char* row = reinterpret_cast<const char*>(sink.in + order[j + kGroup] * sink.in_width);
+        const int64_t bytes = sink.in_width * static_cast<int64_t>(sizeof(V));
+        for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+      }
+    }
     const int64_t i = order ? order[j] : j;
     const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
@@ -199,43 +213,30 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
 template <class Sink>
 concept SlotOutputs = requires(Sink s) { s.slots; };
 
-/// Partitions the batch by home-bucket range (see executor_cpu.h) and upserts.
-///
-/// Each thread writes its keys' status and slots to its own contiguous range of a
-/// buffer in partition order, then every thread restores batch order for a range
-/// of keys: writing at batch positions directly would make both threads store into
-/// the same cache lines, key after key.
+/// Runs a mutating batch partitioned by home-bucket range (see executor_cpu.h) on
+/// `threads` threads. Thread c calls work(c, order, begin, end): partition positions
+/// [begin, end) hold its keys, order[j] being the batch index at position j; it
+/// writes per-key outputs at positions. After a barrier, each thread calls
+/// restore(lo, hi, position) for an even range [lo, hi) of batch indices, position[i]
+/// being the partition position of batch index i, to move outputs to batch order:
+/// writing at batch positions directly would make the threads store into the same
+/// cache lines, key after key.
 ///
 /// Bucket locks: the Python owner runs one mutating batch at a time and no reader
 /// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
-/// One thread alone needs no lock; nor do several when the strategy evicts, since
-/// then a key only ever touches its home bucket and each thread owns a range of
-/// home buckets. NO_EVICTION keys may spill into the next buckets, which can belong
-/// to the next thread's range: those batches keep the locks.
-template <class V, class Sink>
-StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
-                         const int64_t* keys, int64_t n, int8_t* status) {
-  const int max_threads = threads_for(n);
-  StatusCounts total;
-  if (max_threads == 1) {
-    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total);
-    return total;
-  }
-  const bool exclusive = evicts(args.score.strategy);
+/// One thread alone needs no lock; nor do several when keys only ever touch their
+/// home bucket (strategies that evict never spill), since each thread owns a range
+/// of home buckets. NO_EVICTION keys may spill into the next buckets, which can
+/// belong to the next thread's range: those batches keep the locks.
+template <class V, class Work, class Restore>
+void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
+                     Work&& work, Restore&& restore) {
   std::vector<int64_t> order(n);     // order[j]: batch index of partition position j
   std::vector<int64_t> position(n);  // its inverse
-  std::vector<int8_t> status_by_position(n);
-  Sink by_position = sink;
-  std::vector<int64_t> slots_by_position;
-  if constexpr (SlotOutputs<Sink>) {
-    slots_by_position.resize(n);
-    by_position.slots = slots_by_position.data();
-  }
   // count[c * T + p]: keys of chunk c in part p, then the first position of those.
-  std::vector<int64_t> count(static_cast<size_t>(max_threads) * max_threads, 0);
-  std::vector<int64_t> part_begin(max_threads + 1, 0);
-  std::vector<StatusCounts> counts(max_threads);
-#pragma omp parallel num_threads(max_threads)
+  std::vector<int64_t> count(static_cast<size_t>(threads) * threads, 0);
+  std::vector<int64_t> part_begin(threads + 1, 0);
+#pragma omp parallel num_threads(threads)
   {
     const int T = omp_get_num_threads();
     const int c = omp_get_thread_num();
@@ -268,24 +269,64 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
       position[i] = j;
     }
 #pragma omp barrier
+    work(c, order.data(), part_begin[c], part_begin[c + 1]);
+#pragma omp barrier
+    restore(lo, hi, position.data());
+  }
+}
+
+/// Upserts a batch, partitioned by home-bucket range (run_partitioned).
+template <class V, class Sink>
+StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
+                         const int64_t* keys, int64_t n, int8_t* status) {
+  const int max_threads = threads_for(n);
+  StatusCounts total;
+  if (max_threads == 1) {
+    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total);
+    return total;
+  }
+  const bool exclusive = evicts(args.score.strategy);
+  std::vector<int8_t> status_by_position(n);
+  Sink by_position = sink;
+  std::vector<int64_t> slots_by_position;
+  if constexpr (SlotOutputs<Sink>) {
+    slots_by_position.resize(n);
+    by_position.slots = slots_by_position.data();
+  }
+  std::vector<StatusCounts> counts(max_threads);
+  auto work = [&](int c, const int64_t* order, int64_t begin, int64_t end) {
     if (exclusive) {
-      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, keys, order.data(),
-                                            part_begin[c], part_begin[c + 1],
+      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, keys, order, begin, end,
                                             status_by_position.data(), counts[c]);
     } else {
-      upsert_sequence<P>(t, by_position, args, keys, order.data(), part_begin[c],
-                         part_begin[c + 1], status_by_position.data(), counts[c]);
+      upsert_sequence<P>(t, by_position, args, keys, order, begin, end,
+                         status_by_position.data(), counts[c]);
     }
-#pragma omp barrier
+  };
+  auto restore = [&](int64_t lo, int64_t hi, const int64_t* position) {
     for (int64_t i = lo; i < hi; ++i) {
       status[i] = status_by_position[position[i]];
       if constexpr (SlotOutputs<Sink>) sink.slots[i] = slots_by_position[position[i]];
     }
-  }
+  };
+  run_partitioned(t, keys, n, max_threads, work, restore);
   for (const StatusCounts& c : counts) {
     for (int s = 0; s < 4; ++s) total.by_status[s] += c.by_status[s];
   }
   return total;
+}
+
+/// Erases keys[order[j]] (or keys[j] when order is null) for j in [begin, end), one
+/// thread, erased[j] the outcome; Q as in upsert_sequence.
+template <class Q, class V>
+void erase_sequence(const TableRef<V>& t, const int64_t* keys, const int64_t* order,
+                    int64_t begin, int64_t end, bool* erased) {
+  auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
+  // Prefetches the digests and the likely key; no lock line (mostly none is taken) nor
+  // score or row (erase reads neither).
+  prefetched_loop<false, RowUse::kNone>(t, begin, end, key_at, [&](int64_t j, int64_t) {
+    erased[j] = erase_key<Q>(t, key_at(j));
+  });
 }
 
 }  // namespace
@@ -362,11 +403,29 @@ void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* s
   });
 }
 
+/// Partitioned by home-bucket range like upserts, hence without locks where keys stay
+/// in their home bucket: tables that keep scores (only NO_EVICTION, which keeps
+/// none, spills; see table_ref.h).
 template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) erased[i] = erase_key<P>(t, keys[i]);
-  });
+  const int max_threads = threads_for(n);
+  if (max_threads == 1) {
+    erase_sequence<CpuExclusivePlatform>(t, keys, nullptr, 0, n, erased);
+    return;
+  }
+  const bool exclusive = t.scores != nullptr;
+  const std::unique_ptr<bool[]> erased_by_position(new bool[n]);
+  auto work = [&](int, const int64_t* order, int64_t begin, int64_t end) {
+    if (exclusive) {
+      erase_sequence<CpuExclusivePlatform>(t, keys, order, begin, end, erased_by_position.get());
+    } else {
+      erase_sequence<P>(t, keys, order, begin, end, erased_by_position.get());
+    }
+  };
+  auto restore = [&](int64_t lo, int64_t hi, const int64_t* position) {
+    for (int64_t i = lo; i < hi; ++i) erased[i] = erased_by_position[position[i]];
+  };
+  run_partitioned(t, keys, n, max_threads, work, restore);
 }
 
 template <class V>
