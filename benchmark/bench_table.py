@@ -17,9 +17,10 @@ one thread and at every available thread:
 - ``insert_or_assign``: the same half/half batch, with given values.
 - ``erase``: 2^20 resident keys.
 
-The three ops that change the table run on the same pre-filled state every time:
-before each run (warm-up included) the table's buffers are restored by copy from
-a snapshot taken after the pre-fill, outside the timed region (``TableSnapshot``).
+Every op runs on the same pre-filled state every time: before each run (warm-up
+included) the table's buffers are restored by copy from a snapshot taken after the
+pre-fill, outside the timed region (``TableSnapshot``); ``find`` too, since at the
+second thread count it follows an ``erase`` of its own keys.
 This is the "fresh copy of the pre-filled table" of the workload: exact, and it
 leaves every page of the table touched, as in a long-running process.
 
@@ -170,8 +171,10 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
     def gather_allocating() -> torch.Tensor:
         return torch.index_select(dense, 0, rows)
 
-    ops = {  # name -> (call, setup before each run); outputs preallocated like the roof's
-        "find": (lambda: table.find(hit_keys, out=found_rows), None),
+    # name -> (call, setup before each run); outputs preallocated like the roof's. find
+    # restores too: it runs after the previous thread count's erase of its keys.
+    ops = {
+        "find": (lambda: table.find(hit_keys, out=found_rows), snapshot.restore),
         "find_or_insert": (
             lambda: table.find_or_insert(mixed_keys, out=found_rows),
             snapshot.restore,
