@@ -166,14 +166,21 @@ def table_find_or_insert_slots(
     keys: torch.Tensor,
     scores: torch.Tensor | None,
     accesses: torch.Tensor | None = None,
+    init_rows: bool = True,
+    evicted_keys: torch.Tensor | None = None,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
     ``accesses`` (n,) int64: how many accesses each key stands for (LFU adds them;
-    a de-duplicated batch passes its counts). Returns
+    a de-duplicated batch passes its counts). ``init_rows=False`` leaves a new
+    key's slot with the row it had (an evicted resident's): the caller moves that
+    row out and writes the new one (a cache fill). ``evicted_keys`` (n,) int64 gets,
+    at each EVICTED position, the key that left the slot. Returns
     ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
-    return _dynemb.table_find_or_insert_slots(list(table), policy, init, keys, scores, accesses)
+    return _dynemb.table_find_or_insert_slots(
+        list(table), policy, init, keys, scores, accesses, init_rows, evicted_keys
+    )
 
 
 def unique_keys(keys: torch.Tensor) -> tuple:

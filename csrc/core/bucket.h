@@ -43,14 +43,27 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
 
 /// The eviction victim of a full bucket: the slot with the smallest (score, key).
 /// Requires t.scores (every strategy that evicts keeps scores).
+///
+/// Three branch-free passes (the minimum score, the minimum key among the slots
+/// holding it, the slot of that key) instead of one loop comparing pairs: the
+/// passes vectorize, and a pairwise loop mispredicts on every tie, which is most
+/// slots of a bucket scored by batch numbers (a cache tier).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
   const int64_t base = bucket * t.bucket_capacity;
-  int64_t victim = base;
-  for (int64_t s = base + 1; s < base + t.bucket_capacity; ++s) {
-    if (ranks_below(t.scores[s], t.keys[s], t.scores[victim], t.keys[victim])) victim = s;
+  const uint64_t* scores = t.scores + base;
+  const int64_t* keys = t.keys + base;
+  uint64_t low = ~uint64_t{0};
+  for (int64_t s = 0; s < t.bucket_capacity; ++s) low = scores[s] < low ? scores[s] : low;
+  int64_t key = INT64_MAX;
+  for (int64_t s = 0; s < t.bucket_capacity; ++s) {
+    const int64_t k = scores[s] == low ? keys[s] : INT64_MAX;
+    key = k < key ? k : key;
   }
-  return victim;
+  for (int64_t s = 0; s < t.bucket_capacity; ++s) {
+    if (scores[s] == low && keys[s] == key) return base + s;
+  }
+  return base;  // unreachable: a slot holds (low, key)
 }
 
 }  // namespace dynemb

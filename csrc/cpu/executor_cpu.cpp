@@ -89,6 +89,13 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   }
 }
 
+/// False for a SlotSink that leaves new rows to its caller: no row is touched.
+template <class Sink>
+bool touches_new_rows(const Sink& sink) {
+  if constexpr (requires { sink.init_rows; }) return sink.init_rows;
+  return true;
+}
+
 /// Runs upsert for keys[i], i = order[j] for j in [begin, end) (or i = j when order
 /// is null), one thread; outputs go to position j (status[j], the sink's o = j).
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
@@ -98,13 +105,19 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
-  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+  auto body = [&](int64_t j, int64_t hint) {
     const int64_t i = order ? order[j] : j;
     const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
-  });
+  };
+  if constexpr (Sink::kRowOnHit) {
+    prefetched_loop<true, RowUse::kAll>(t, begin, end, key_at, body);
+  } else if (touches_new_rows(sink)) {
+    prefetched_loop<true, RowUse::kNewOnly>(t, begin, end, key_at, body);
+  } else {
+    prefetched_loop<true, RowUse::kNone>(t, begin, end, key_at, body);
+  }
 }
 
 /// Sinks whose per-key outputs go to position o (SlotSink's slots): partitioned

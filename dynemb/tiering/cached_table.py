@@ -408,11 +408,14 @@ class CachedTable:
 
     def _insert_misses(self, keys: torch.Tensor, batch: int):
         """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)
-        and the rows and scores fetched (or initialised) for them."""
+        and the rows and scores fetched (or initialised) for them.
+
+        The cache op only claims slots (a victim's row stays in its slot); then the
+        victims' rows are gathered for the write-back and the fetched rows written
+        in, as whole-batch copies instead of a row copy inside each key's probe."""
         s = self._storage
         with self._storage_lock:
             rows, scores, found = self.storage.find(keys)
-        rows = rows.contiguous()
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.fetched += keys.numel() - new.numel()
         if new.numel():  # initial rows: the core initializer, as a table's insert gives
@@ -424,28 +427,28 @@ class CachedTable:
             rows[new, self.dim :] = self._init[5]
             scores[new] = 0
         policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
-        n = keys.numel()
-        evicted = [
-            self._scratch("evicted_keys", (n,), torch.int64),
-            self._scratch("evicted_rows", (n, rows.shape[1]), self.value_dtype),
-            self._scratch("evicted_scores", (n,), torch.int64),
-        ]
-        status, counts = _ops.table_insert_or_assign(
-            s.tensors(), policy, self._init, keys, None, rows, evicted
-        )
-        slots = _ops.table_find_slots(s.tensors(), keys)
+        evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
+        slots, status, counts = _ops.table_find_or_insert_slots(
+            s.tensors(), policy, self._init, keys, None, None,
+            init_rows=False, evicted_keys=evicted_keys,
+        )  # fmt: skip
         counts = counts.tolist()
         self.cache._size += counts[_ops.Status.INSERTED]
-        if counts[_ops.Status.EVICTED]:
-            out = status == _ops.Status.EVICTED
-            victim_scores = self._user_scores[slots[out]]  # not yet overwritten
-            self._write_back(evicted[0][out], evicted[1][out], victim_scores)
+        victims = None
+        if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
+            out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
+            at = slots[out]
+            victims = (evicted_keys[out], s.values.index_select(0, at), self._user_scores[at])
         if counts[_ops.Status.FAILED]:
-            stored = slots >= 0
-            self._user_scores[slots[stored]] = scores[stored]
             self.stats.not_cached += counts[_ops.Status.FAILED]
-        else:
+            stored = torch.nonzero(slots >= 0, as_tuple=True)[0]
+            s.values.index_copy_(0, slots[stored], rows[stored])
+            self._user_scores[slots[stored]] = scores[stored]
+        else:  # index_copy_: a row copy per index; indexed assignment is several x slower
+            s.values.index_copy_(0, slots, rows)
             self._user_scores[slots] = scores
+        if victims is not None:
+            self._write_back(*victims)
         return slots, rows, scores
 
     def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
