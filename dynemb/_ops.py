@@ -149,6 +149,12 @@ def table_rehash(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor], windo
     return _dynemb.table_rehash(list(src), list(dst), window)
 
 
+def set_thread_limit(n: int) -> int:
+    """Limits the CPU threads of the ops (dynemb's and torch's) that the calling
+    thread runs to ``n``; other threads keep theirs. Returns the previous limit."""
+    return _dynemb.set_thread_limit(n)
+
+
 def advise_huge_pages(buffer: torch.Tensor) -> bool:
     """Asks for transparent huge pages under an untouched host buffer (no-op elsewhere).
 

@@ -29,19 +29,19 @@ class HashTableStorage(Storage):
 
     def find(self, keys):
         t = self.table
-        rows = torch.empty(
-            (keys.numel(), t._layout.row_width), dtype=t.value_dtype, device=t.device
-        )
         with t._lock.read():
             s = t._storage
-            # The find op prefetches rows ahead of the copy (the slow tier is large: a
-            # plain gather waits on memory for each row); scores follow by slot.
-            found = _ops.table_find(s.tensors(), keys, rows)
-            if not t._layout.keeps_scores:
-                return rows, torch.zeros_like(keys), found
+            # One probe per key, then whole-batch gathers by slot (absent keys read
+            # slot 0, then get zeros): probing twice, for rows and for scores, cost
+            # more than the gathers.
             slots = _ops.table_find_slots(s.tensors(), keys)
-            scores = s.scores[slots.clamp(min=0)]
-        return rows, torch.where(found, scores, 0), found
+            found = slots >= 0
+            at = slots.clamp(min=0)
+            rows = s.rows(at, t._layout.row_width)
+            scores = s.scores[at] if t._layout.keeps_scores else torch.zeros_like(keys)
+        missing = ~found
+        rows.masked_fill_(missing.unsqueeze(1), 0)
+        return rows, scores.masked_fill_(missing, 0), found
 
     def insert(self, keys, rows, scores):
         t = self.table
