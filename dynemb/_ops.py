@@ -174,6 +174,7 @@ def table_find_or_insert_slots(
     accesses: torch.Tensor | None = None,
     init_rows: bool = True,
     evicted_keys: torch.Tensor | None = None,
+    hits_first: bool = False,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
@@ -181,11 +182,13 @@ def table_find_or_insert_slots(
     a de-duplicated batch passes its counts). ``init_rows=False`` leaves a new
     key's slot with the row it had (an evicted resident's): the caller moves that
     row out and writes the new one (a cache fill). ``evicted_keys`` (n,) int64 gets,
-    at each EVICTED position, the key that left the slot. Returns
+    at each EVICTED position, the key that left the slot. ``hits_first`` (evicting
+    strategies): every stored key of the batch is touched before any new key is
+    placed, so new keys never evict keys the batch hits. Returns
     ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
     return _dynemb.table_find_or_insert_slots(
-        list(table), policy, init, keys, scores, accesses, init_rows, evicted_keys
+        list(table), policy, init, keys, scores, accesses, init_rows, evicted_keys, hits_first
     )
 
 

@@ -94,3 +94,41 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
                 assert int(slots[i]) == -1
         s.values[slots[slots >= 0]] = 0  # the caller's rows (the oracle's new rows)
     assert evictions > 0
+
+
+@pytest.mark.parametrize("hits_first", [False, True])
+def test_hits_first_keeps_the_batch_own_keys(hits_first):
+    """A full bucket; the batch [new key, the bucket's next victim]: processed in
+    order, the new key evicts the victim, which then comes back as a new key; with
+    hits_first the victim is touched first and another resident leaves instead."""
+    table = dynemb.ScoredHashTable(
+        dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.STEP
+    )
+    s = table._storage
+    residents = torch.arange(100, 116, dtype=torch.int64)
+    policy = [DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2]
+    _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
+    victim = int(residents.min())  # all scored 1: the smallest key goes first
+    batch = torch.tensor([7, victim])
+    evicted = torch.full_like(batch, -1)
+    policy[1] = 2
+    _, status, counts = _ops.table_find_or_insert_slots(
+        s.tensors(), policy, table._init, batch, None, None,
+        evicted_keys=evicted, hits_first=hits_first,
+    )  # fmt: skip
+    if hits_first:
+        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
+        assert evicted.tolist() == [victim + 1, -1]
+    else:
+        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.EVICTED]
+        assert evicted.tolist() == [victim, victim + 1]
+    assert counts.tolist()[_ops.Status.HIT] == (1 if hits_first else 0)
+    with pytest.raises(ValueError, match="hits_first needs an evicting strategy"):
+        nt = dynemb.ScoredHashTable(
+            dim=2, capacity=16, bucket_capacity=16,
+            score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+        )  # fmt: skip
+        pol = [DynamicEmbScoreStrategy.NO_EVICTION.value, 0, 0, _ops.EVICT_ANY, 2]
+        _ops.table_find_or_insert_slots(
+            nt._storage.tensors(), pol, nt._init, batch, None, hits_first=True
+        )

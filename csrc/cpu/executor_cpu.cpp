@@ -104,19 +104,40 @@ template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
-  auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  auto body = [&](int64_t j, int64_t hint) {
-    const int64_t i = order ? order[j] : j;
+  auto index_of = [&](int64_t j) { return order ? order[j] : j; };
+  // Positions to upsert: [begin, end), or with hits_first those whose key pass 1
+  // found absent (pending[x] for x in [0, size)).
+  std::vector<int64_t> pending;
+  if (args.hits_first) {
+    auto key_at = [&](int64_t j) { return keys[index_of(j)]; };
+    prefetched_loop<true, RowUse::kNone>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+      const int64_t i = index_of(j);
+      if (touch_stored<Q>(t, i, j, keys[i], args, sink, hint)) {
+        status[j] = static_cast<int8_t>(Status::kHit);
+        ++counts.by_status[static_cast<int>(Status::kHit)];
+      } else {
+        pending.push_back(j);
+      }
+    });
+  }
+  const bool all = !args.hits_first;
+  auto position = [&](int64_t x) { return all ? x : pending[x]; };
+  auto key_at = [&](int64_t x) { return keys[index_of(position(x))]; };
+  auto body = [&](int64_t x, int64_t hint) {
+    const int64_t j = position(x);
+    const int64_t i = index_of(j);
     const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   };
+  const int64_t first = all ? begin : 0;
+  const int64_t last = all ? end : static_cast<int64_t>(pending.size());
   if constexpr (Sink::kRowOnHit) {
-    prefetched_loop<true, RowUse::kAll>(t, begin, end, key_at, body);
+    prefetched_loop<true, RowUse::kAll>(t, first, last, key_at, body);
   } else if (touches_new_rows(sink)) {
-    prefetched_loop<true, RowUse::kNewOnly>(t, begin, end, key_at, body);
+    prefetched_loop<true, RowUse::kNewOnly>(t, first, last, key_at, body);
   } else {
-    prefetched_loop<true, RowUse::kNone>(t, begin, end, key_at, body);
+    prefetched_loop<true, RowUse::kNone>(t, first, last, key_at, body);
   }
 }
 

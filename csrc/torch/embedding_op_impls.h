@@ -65,9 +65,12 @@ struct EmbeddingOpImpls {
       at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores,
       const std::optional<at::Tensor>& accesses, bool init_rows,
-      const std::optional<at::Tensor>& evicted_keys) {
+      const std::optional<at::Tensor>& evicted_keys, bool hits_first) {
     constexpr const char* op = "table_find_or_insert_slots";
     UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    TORCH_CHECK_VALUE(!hits_first || evicts(call.args.score.strategy), "dynemb.", op,
+                      ": hits_first needs an evicting strategy, got strategy ", policy[0]);
+    call.args.hits_first = hits_first;
     if (evicted_keys.has_value()) {
       check_tensor(op, "evicted_keys", *evicted_keys, at::kLong, 1);
       TORCH_CHECK_VALUE(evicted_keys->numel() == keys.numel(), "dynemb.", op,

@@ -35,8 +35,8 @@ TORCH_LIBRARY(dynemb, m) {
   // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].
   m.def(
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None) "
-      "-> (Tensor slots, Tensor status, Tensor counts)");
+      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "
+      "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");
   m.def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def(
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "
