@@ -112,6 +112,7 @@ def table_restore(
     state: torch.Tensor | None,
     scores: torch.Tensor | None,
     timestamps: torch.Tensor | None,
+    evicted: Sequence[torch.Tensor] = (),
 ) -> UpsertResult:
     """Stores saved entries exactly, as a checkpoint holds them (core/batch_sinks.h RestoreSink).
 
@@ -123,11 +124,14 @@ def table_restore(
         timestamps: (n,) int64 last-access times ((TIMESTAMP, LFU) tables), or None.
 
     Placement, eviction and growth failures are those of table_insert_or_assign
-    (under CUSTOMIZED a newcomer is admitted by its saved score). Returns the
-    UpsertResult.
+    (under CUSTOMIZED a newcomer is admitted by its saved score); ``evicted`` as
+    there. With ``dim = row_width`` (``policy[4]``) ``values`` are whole rows.
+    Returns the UpsertResult.
     """
     return UpsertResult(
-        *_dynemb.table_restore(list(table), policy, init, keys, values, state, scores, timestamps)
+        *_dynemb.table_restore(
+            list(table), policy, init, keys, values, state, scores, timestamps, list(evicted)
+        )
     )
 
 

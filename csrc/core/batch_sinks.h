@@ -8,8 +8,8 @@
 //                     or left for the caller to write: a cache fill moving rows
 //                     in); failed -> slot -1. The embedding kernels read rows by slot.
 //   RestoreSink       hit/new -> write a saved entry exactly: embedding columns,
-//                     optimizer state, score and timestamp (a checkpoint load);
-//                     failed -> nothing.
+//                     optimizer state, score and timestamp (a checkpoint load, a
+//                     cache's write-back); failed -> nothing.
 // Both can capture evicted residents (key, full row, score) at the position of
 // the key that replaced them, so nothing leaves the table unreported.
 #pragma once
@@ -131,6 +131,7 @@ struct RestoreSink {
   InitArgs init;
   int64_t dim;
   SavedEntries<V> in;
+  EvictedOut<V> evicted;
 
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
     V* row = t.row(slot);
@@ -139,7 +140,7 @@ struct RestoreSink {
     if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
     if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
   }
-  DYNEMB_HD void evicting(int64_t, int64_t) {}
+  DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     if (!in.state) {
       V* row = t.row(slot);

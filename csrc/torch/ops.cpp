@@ -24,7 +24,8 @@ TORCH_LIBRARY(dynemb, m) {
   // checkpoint load. values (n, dim); state (n, row_width - dim) or None.
   m.def(
       "table_restore(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, Tensor values, "
-      "Tensor? state, Tensor? scores, Tensor? timestamps) -> (Tensor status, Tensor counts)");
+      "Tensor? state, Tensor? scores, Tensor? timestamps, Tensor(c!)[] evicted) "
+      "-> (Tensor status, Tensor counts)");
   m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
   m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
   m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
