@@ -1,6 +1,6 @@
 """The eviction floor (UpsertArgs::evict_below) against the dict oracle.
 
-A full bucket may evict its minimum (score, key) resident only when that score is
+A full bucket may evict its minimum (score, digest, key) resident only when that score is
 below the floor; otherwise the newcomer fails and nothing changes. The cache tier
 uses it to pin the rows of batches in flight.
 """
@@ -108,7 +108,8 @@ def test_hits_first_keeps_the_batch_own_keys(hits_first):
     residents = torch.arange(100, 116, dtype=torch.int64)
     policy = [DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2]
     _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
-    victim = int(residents.min())  # all scored 1: the smallest key goes first
+    # All scored 1: the smallest (digest, key) goes first, then the next.
+    victim, second = sorted(residents.tolist(), key=lambda k: (ref.digest_of(k), k))[:2]
     batch = torch.tensor([7, victim])
     evicted = torch.full_like(batch, -1)
     policy[1] = 2
@@ -118,10 +119,10 @@ def test_hits_first_keeps_the_batch_own_keys(hits_first):
     )  # fmt: skip
     if hits_first:
         assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
-        assert evicted.tolist() == [victim + 1, -1]
+        assert evicted.tolist() == [second, -1]
     else:
         assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.EVICTED]
-        assert evicted.tolist() == [victim, victim + 1]
+        assert evicted.tolist() == [victim, second]
     assert counts.tolist()[_ops.Status.HIT] == (1 if hits_first else 0)
     with pytest.raises(ValueError, match="hits_first needs an evicting strategy"):
         nt = dynemb.ScoredHashTable(

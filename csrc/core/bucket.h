@@ -41,29 +41,36 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
   return -1;
 }
 
-/// The eviction victim of a full bucket: the slot with the smallest (score, key).
+/// The eviction victim of a full bucket: the slot with the smallest (score, digest,
+/// key). The digest (hash bits of the key) and then the key break ties, so the
+/// choice is deterministic and independent of slot positions.
 /// Requires t.scores (every strategy that evicts keeps scores).
 ///
-/// Three branch-free passes (the minimum score, the minimum key among the slots
-/// holding it, the slot of that key) instead of one loop comparing pairs: the
-/// passes vectorize, and a pairwise loop mispredicts on every tie, which is most
-/// slots of a bucket scored by batch numbers (a cache tier).
+/// Three passes: the minimum score, the smallest digest among the slots holding it,
+/// the smallest key among those. The first two read the bucket's scores and digest
+/// line and vectorize; the last reads the key of about one slot. Comparing keys on
+/// every tie read all the key lines of the bucket: scores that count batches tie
+/// for most slots (STEP, LFU, a cache tier's batch numbers).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
   const int64_t base = bucket * t.bucket_capacity;
   const uint64_t* scores = t.scores + base;
+  const uint8_t* digests = t.digests + base;
   const int64_t* keys = t.keys + base;
   uint64_t low = ~uint64_t{0};
   for (int64_t s = 0; s < t.bucket_capacity; ++s) low = scores[s] < low ? scores[s] : low;
-  int64_t key = INT64_MAX;
+  uint8_t digest = 0xFF;
   for (int64_t s = 0; s < t.bucket_capacity; ++s) {
-    const int64_t k = scores[s] == low ? keys[s] : INT64_MAX;
-    key = k < key ? k : key;
+    const uint8_t d = scores[s] == low ? digests[s] : uint8_t{0xFF};
+    digest = d < digest ? d : digest;
   }
+  int64_t victim = -1;
   for (int64_t s = 0; s < t.bucket_capacity; ++s) {
-    if (scores[s] == low && keys[s] == key) return base + s;
+    if (scores[s] == low && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
+      victim = s;
+    }
   }
-  return base;  // unreachable: a slot holds (low, key)
+  return base + victim;
 }
 
 }  // namespace dynemb

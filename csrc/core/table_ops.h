@@ -19,7 +19,7 @@
 // bucket spills into the next buckets of a window of kMaxProbeBuckets; every
 // bucket passed gets its overflow flag, so a find walks on only past flagged
 // buckets and a table fills to ~90% before it must grow. Strategies that evict
-// never spill: a full bucket evicts its minimum (score, key) when that score is
+// never spill: a full bucket evicts its minimum (score, digest, key) when that score is
 // below the caller's eviction floor (UpsertArgs::evict_below), else reports the
 // key as failed. The floor is 0 for a table still below max capacity (it grows
 // instead of evicting), kEvictAny for a full table, and, for a cache tier, the
