@@ -136,3 +136,20 @@ def test_evicted_plus_remaining_is_everything_inserted(strategy):
     )  # re-inserted keys may go twice
     assert set(remaining) | set(evicted) == inserted
     assert len(remaining) == t.size() == BC
+
+
+def test_ties_in_score_and_digest_go_to_the_smaller_key():
+    """The rare case the victim scan reads keys for: residents sharing the minimum
+    score and the smallest digest."""
+    by_digest = {}
+    for k in range(-5000, 5000):
+        by_digest.setdefault(digest_of(k), []).append(k)
+    low = min(d for d, ks in by_digest.items() if len(ks) >= 3)
+    twins = sorted(by_digest[low])[-3:]  # three keys of one digest, inserted largest first
+    others = [k for d in sorted(by_digest) if d > low for k in by_digest[d][:1]][: BC - 3]
+    t = _table(S.CUSTOMIZED)
+    _fill(t, others + twins[::-1], [7] * BC)
+    for want in twins:
+        newcomer = max(by_digest[255]) + 10_000 + want  # scored 8: never the victim
+        ek, _, es = _one(t, newcomer, score=8)
+        assert ek.tolist() == [want] and es.tolist() == [7]

@@ -46,26 +46,32 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
 /// choice is deterministic and independent of slot positions.
 /// Requires t.scores (every strategy that evicts keeps scores).
 ///
-/// Three passes: the minimum score, the smallest digest among the slots holding it,
-/// the smallest key among those. The first two read the bucket's scores and digest
-/// line and vectorize; the last reads the key of about one slot. Comparing keys on
-/// every tie read all the key lines of the bucket: scores that count batches tie
-/// for most slots (STEP, LFU, a cache tier's batch numbers).
+/// Branch-free passes that vectorize: the minimum score; the smallest (digest, slot)
+/// among the slots holding it; how many of those share that digest. Only when
+/// several do (rare) are keys read. Comparing keys on every tie read all the key
+/// lines of the bucket, and scores that count batches tie for most slots (STEP,
+/// LFU, a cache tier's batch numbers).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
   const int64_t base = bucket * t.bucket_capacity;
+  const int64_t n = t.bucket_capacity;
   const uint64_t* scores = t.scores + base;
   const uint8_t* digests = t.digests + base;
-  const int64_t* keys = t.keys + base;
   uint64_t low = ~uint64_t{0};
-  for (int64_t s = 0; s < t.bucket_capacity; ++s) low = scores[s] < low ? scores[s] : low;
-  uint8_t digest = 0xFF;
-  for (int64_t s = 0; s < t.bucket_capacity; ++s) {
-    const uint8_t d = scores[s] == low ? digests[s] : uint8_t{0xFF};
-    digest = d < digest ? d : digest;
+  for (int64_t s = 0; s < n; ++s) low = scores[s] < low ? scores[s] : low;
+  uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t c = scores[s] == low ? uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)
+                                        : ~uint64_t{0};
+    first = c < first ? c : first;
   }
+  const uint64_t digest = first >> 32;
+  int64_t ties = 0;
+  for (int64_t s = 0; s < n; ++s) ties += scores[s] == low && digests[s] == digest;
+  if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
+  const int64_t* keys = t.keys + base;  // several share score and digest: the smaller key
   int64_t victim = -1;
-  for (int64_t s = 0; s < t.bucket_capacity; ++s) {
+  for (int64_t s = 0; s < n; ++s) {
     if (scores[s] == low && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
       victim = s;
     }
