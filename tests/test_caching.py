@@ -398,3 +398,28 @@ def test_thread_limit_is_per_thread():
     assert torch.get_num_threads() == main
     with pytest.raises(ValueError, match="n must be >= 1"):
         _ops.set_thread_limit(0)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_forward_reuses_its_prefetch(overlap, monkeypatch):
+    """A batch prefetched whole is not looked up again: its forward reuses the
+    prefetch's distinct keys and slots (one cache fill per batch), same results."""
+    data = batches(6, seed=5)
+    plain = module([options(), options()])
+    cached = module([options(128, state=1), options(128, state=1)])
+    fills = []
+    original = CachedTable._fill
+    monkeypatch.setattr(
+        CachedTable, "_fill", lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k)
+    )
+    want = [step(plain, b) for b in data]
+    got = PrefetchPipeline(
+        data, lambda b: step(cached, b), lambda b: cached.prefetch(*b), overlap=overlap
+    ).run()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+    assert fills == [False] * (2 * len(data))  # prefetches only, two tables
+    changed = batches(1, seed=6)[0]
+    cached.prefetch(*data[0])  # then a forward of other keys: looked up as usual
+    step(cached, changed)
+    assert fills[-2:] == [True, True]

@@ -170,6 +170,9 @@ class CachedTable:
         self._in_flight: set[int] = set()
         self._open_forwards: collections.deque[int] = collections.deque()
         self._pending_prefetches: collections.deque[int] = collections.deque()
+        # batch -> (keys, slots, moves) of a prefetch that cached every key: the
+        # batch's lookup of the same keys tensor reuses the slots while no row moved.
+        self._prefetched: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -275,7 +278,11 @@ class CachedTable:
         if self._strategy == _STEP:
             self._ctx._step += 1
         with self._lock.write():
-            slots, hits, failed = self._fill(keys, batch, stage=True)
+            ready = self._prefetched.pop(batch, None)
+            if ready is not None and ready[0] is keys and ready[2] == self._moves:
+                slots, hits, failed = ready[1], keys.numel(), None  # pinned for `batch`
+            else:
+                slots, hits, failed = self._fill(keys, batch, stage=True)
             live, acc = slots, accesses
             if failed is not None:  # staged keys have no slot
                 ok = slots >= 0
@@ -341,13 +348,22 @@ class CachedTable:
             b = self._new_batch()
             self._pending_prefetches.append(b)
             while len(self._pending_prefetches) > MAX_PENDING_PREFETCHES:
-                self._in_flight.discard(self._pending_prefetches.popleft())
+                old = self._pending_prefetches.popleft()
+                self._in_flight.discard(old)
+                self._prefetched.pop(old, None)
         if keys.numel():
             with self._lock.write():
-                _, hits, _ = self._fill(keys, b, stage=False)
+                slots, hits, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
+                if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
+                    self._prefetched[b] = (keys, slots, self._moves)
         return b
+
+    def upcoming_batch(self) -> int | None:
+        """The number the next ``begin_batch`` takes from a prefetch, or None."""
+        with self._batch_lock:
+            return self._pending_prefetches[0] if self._pending_prefetches else None
 
     def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
