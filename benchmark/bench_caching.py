@@ -3,8 +3,10 @@ of the slow tier, with and without prefetch, against all rows in one fast table.
 
 Every configuration trains the same batches (WORKLOADS.md W-train, ids spread to
 63-bit keys) in this process, each right after a run of the all-in-memory peer
-(BatchedDynamicEmbeddingTables without caching). Prefetch runs dynemb.tiering.PrefetchPipeline: batch t+1's keys are
-fetched into the cache in a background thread while batch t trains. Reported per
+(BatchedDynamicEmbeddingTables without caching). Prefetch runs
+dynemb.tiering.PrefetchPipeline: batch t+1's keys are fetched into the cache in a
+background thread while batch t trains (overlap), or each batch's right before its
+step when the step's threads already use every core (inline; ``--overlap``). Reported per
 configuration: samples/s (and its ratio to the peer run just before it; medians
 over the repeats) and the forward's cache hit
 rate over the timed steps (with prefetch, the hit rate of the prefetches, which
@@ -29,6 +31,8 @@ from bench_train import (
 )
 from common import Recorder, available_threads, commit_hash, progress, set_threads
 
+from dynemb.tiering import PrefetchPipeline
+
 WORKLOAD = "W-train"
 PEER_IMPL = "dynemb.all_in_memory"
 CACHE_FRACTIONS = (0.10, 0.25, 1.00)
@@ -38,12 +42,16 @@ CACHE_FRACTIONS = (0.10, 0.25, 1.00)
 class Run:
     cache_fraction: float | None  # None: the all-in-memory peer
     prefetch: bool = False
+    overlap: bool | None = None  # PrefetchPipeline's (None: its default for this host)
 
     @property
     def impl(self) -> str:
         if self.cache_fraction is None:
             return PEER_IMPL
-        mode = "+prefetch" if self.prefetch else ""
+        mode = ""
+        if self.prefetch:
+            overlap = PrefetchPipeline([], None, None, overlap=self.overlap).overlap
+            mode = "+prefetch(overlap)" if overlap else "+prefetch(inline)"
         return f"dynemb.caching{mode}@cache={self.cache_fraction:.0%}"
 
 
@@ -81,8 +89,6 @@ def build(run: Run, touched: list[int], config: Config):
 
 def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
     """Trains every batch; returns samples/s (median step) and the timed hit rate."""
-    from dynemb.tiering import PrefetchPipeline
-
     offsets = fixed_offsets(config)
 
     def step(indices: torch.Tensor) -> None:
@@ -95,7 +101,8 @@ def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
         return keys_, hits, sum(s.staged for s in stats)
 
     if run.prefetch:
-        steps = PrefetchPipeline(keys, step, lambda k: module.prefetch(k, offsets))
+        prefetch = lambda k: module.prefetch(k, offsets)  # noqa: E731
+        steps = PrefetchPipeline(keys, step, prefetch, overlap=run.overlap)
     else:
         steps = (step(k) for k in keys)
     times, start, base = [], time.perf_counter(), None
@@ -149,13 +156,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
     parser.add_argument("--optimizer", default="EXACT_ROWWISE_ADAGRAD")
+    parser.add_argument(
+        "--overlap", choices=("auto", "on", "off"), default="auto",
+        help="prefetch in a background thread (on), before each step (off), or as "
+        "PrefetchPipeline decides for this host (auto: overlap when a core is free)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     sizes = dict(QUICK) if args.quick else {}
     if args.steps:
         sizes["steps"] = args.steps
     set_threads(args.threads)
     config = Config(optimizer=args.optimizer, threads=args.threads, **sizes)
-    runs = [Run(f, p) for f in CACHE_FRACTIONS for p in (False, True)]
+    overlap = {"auto": None, "on": True, "off": False}[args.overlap]
+    runs = [Run(f, p, overlap if p else None) for f in CACHE_FRACTIONS for p in (False, True)]
     best = measure(runs, config, 1 if args.quick else args.repeats)
     rec = Recorder(commit_hash())
     opt = config.optimizer

@@ -112,6 +112,7 @@ def table_restore(
     state: torch.Tensor | None,
     scores: torch.Tensor | None,
     timestamps: torch.Tensor | None,
+    evicted: Sequence[torch.Tensor] = (),
 ) -> UpsertResult:
     """Stores saved entries exactly, as a checkpoint holds them (core/batch_sinks.h RestoreSink).
 
@@ -123,11 +124,14 @@ def table_restore(
         timestamps: (n,) int64 last-access times ((TIMESTAMP, LFU) tables), or None.
 
     Placement, eviction and growth failures are those of table_insert_or_assign
-    (under CUSTOMIZED a newcomer is admitted by its saved score). Returns the
-    UpsertResult.
+    (under CUSTOMIZED a newcomer is admitted by its saved score); ``evicted`` as
+    there. With ``dim = row_width`` (``policy[4]``) ``values`` are whole rows.
+    Returns the UpsertResult.
     """
     return UpsertResult(
-        *_dynemb.table_restore(list(table), policy, init, keys, values, state, scores, timestamps)
+        *_dynemb.table_restore(
+            list(table), policy, init, keys, values, state, scores, timestamps, list(evicted)
+        )
     )
 
 
@@ -149,6 +153,12 @@ def table_rehash(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor], windo
     return _dynemb.table_rehash(list(src), list(dst), window)
 
 
+def set_thread_limit(n: int) -> int:
+    """Limits the CPU threads of the ops (dynemb's and torch's) that the calling
+    thread runs to ``n``; other threads keep theirs. Returns the previous limit."""
+    return _dynemb.set_thread_limit(n)
+
+
 def advise_huge_pages(buffer: torch.Tensor) -> bool:
     """Asks for transparent huge pages under an untouched host buffer (no-op elsewhere).
 
@@ -166,14 +176,24 @@ def table_find_or_insert_slots(
     keys: torch.Tensor,
     scores: torch.Tensor | None,
     accesses: torch.Tensor | None = None,
+    init_rows: bool = True,
+    evicted_keys: torch.Tensor | None = None,
+    hits_first: bool = False,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
     ``accesses`` (n,) int64: how many accesses each key stands for (LFU adds them;
-    a de-duplicated batch passes its counts). Returns
+    a de-duplicated batch passes its counts). ``init_rows=False`` leaves a new
+    key's slot with the row it had (an evicted resident's): the caller moves that
+    row out and writes the new one (a cache fill). ``evicted_keys`` (n,) int64 gets,
+    at each EVICTED position, the key that left the slot. ``hits_first`` (evicting
+    strategies): every stored key of the batch is touched before any new key is
+    placed, so new keys never evict keys the batch hits. Returns
     ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
-    return _dynemb.table_find_or_insert_slots(list(table), policy, init, keys, scores, accesses)
+    return _dynemb.table_find_or_insert_slots(
+        list(table), policy, init, keys, scores, accesses, init_rows, evicted_keys, hits_first
+    )
 
 
 def unique_keys(keys: torch.Tensor) -> tuple:

@@ -18,7 +18,8 @@ class DynamicEmbInitializerMode(enum.Enum):
 
 
 class DynamicEmbScoreStrategy(enum.Enum):
-    """What a key's score is; in a full bucket the smallest (score, key) is evicted.
+    """What a key's score is; in a full bucket the smallest score is evicted (ties:
+    the smaller key digest, then the smaller key).
 
     TIMESTAMP: monotonic time (ns) of the batch that last accessed the key.
     STEP: the table's batch counter at the last access (one step per upsert batch).

@@ -1,7 +1,7 @@
 """Pure-Python oracles: the key hash, the initializer and a dict-based scored table.
 
 ReferenceTable applies the rules of csrc/core/table_ops.h to Python dicts, one key
-at a time in batch order: home bucket by the same hash, the (score, key) minimum
+at a time in batch order: home bucket by the same hash, the (score, digest, key) minimum
 evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets) while below
 max capacity with failed keys retried in batch order. Under NO_EVICTION the slot
 placement inside a spill window is an executor detail, so the oracle does not model
@@ -154,7 +154,7 @@ class ReferenceTable:
             return INSERTED
         if self.nb < self.max_nb:
             return FAILED
-        victim = min(members, key=lambda k: (self.entries[k][1], k))
+        victim = min(members, key=lambda k: (self.entries[k][1], digest_of(k), k))
         if self.strategy == CUSTOMIZED and score < self.entries[victim][1]:
             return FAILED
         if self.evict_below is not None and not self.entries[victim][1] < self.evict_below:

@@ -239,6 +239,7 @@ def train_sharded(rank: int, world_size: int, cases: list[Case], batch_sizes: li
                 train_step,
                 prefetch_distributed,
                 distribute=lambda b, model=model: [distribute_for_prefetch(model.module, b[1])],
+                overlap=True,  # the background fill is what this case exercises
             ).run()
         else:
             for item in batches:

@@ -107,11 +107,13 @@ def assert_same_tables(got: dict, want: dict, scores=True) -> None:
             assert got[k][1] == want[k][1], f"score of key {k}"
 
 
+# prefetch: None (none), or PrefetchPipeline's overlap (background thread, or inline).
 @pytest.mark.parametrize(
     "optimizer, prefetch",
     [
-        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, False),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, None),
         (EmbOptimType.EXACT_ROWWISE_ADAGRAD, True),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, False),
         (EmbOptimType.ADAM, True),
     ],
 )
@@ -121,8 +123,10 @@ def test_training_matches_uncached(optimizer, prefetch):
     plain = module([options(), options()], optimizer)
     cached = module([options(64, state=state), options(128, state=state)], optimizer)
     want = [step(plain, b) for b in data]
-    if prefetch:
-        pipe = PrefetchPipeline(data, lambda b: step(cached, b), lambda b: cached.prefetch(*b))
+    if prefetch is not None:
+        pipe = PrefetchPipeline(
+            data, lambda b: step(cached, b), lambda b: cached.prefetch(*b), overlap=prefetch
+        )
         got = pipe.run()
     else:
         got = [step(cached, b) for b in data]
@@ -134,7 +138,7 @@ def test_training_matches_uncached(optimizer, prefetch):
         assert_same_tables(contents(cached.tables[t]), want_t)
     stats = cached.cache_stats()
     assert all(s.written_back > 0 and s.storage_drops == 0 and s.not_cached == 0 for s in stats)
-    if prefetch:  # every key was brought in ahead of its forward
+    if prefetch is not None:  # every key was brought in ahead of its forward
         assert all(s.lookup_hits == s.lookup_keys for s in stats)
     else:
         assert all(0 < s.hit_rate() < 1 for s in stats)
@@ -211,14 +215,16 @@ def test_prefetched_keys_survive_until_their_backward():
     assert_same_tables(contents(table), contents(plain.tables[0]))
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [None, True, False])
 def test_cache_smaller_than_a_batch_trains_like_uncached(prefetch):
     data = batches(6, seed=13)
     plain = module([options(), options()], EmbOptimType.EXACT_ADAGRAD)
     cached = module([options(16, state=DIM)] * 2, EmbOptimType.EXACT_ADAGRAD)
     want = [step(plain, b) for b in data]
-    if prefetch:
-        got = PrefetchPipeline(data, lambda b: step(cached, b), lambda b: cached.prefetch(*b)).run()
+    if prefetch is not None:
+        got = PrefetchPipeline(
+            data, lambda b: step(cached, b), lambda b: cached.prefetch(*b), overlap=prefetch
+        ).run()
     else:
         got = [step(cached, b) for b in data]
     for g, w in zip(got, want):
@@ -343,3 +349,77 @@ def test_spilled_slow_tier_trains_like_uncached(tmp_path):
     for t in range(2):
         assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
     assert any(tmp_path.iterdir())
+
+
+def test_pipeline_overlap_defaults_to_a_spare_core(monkeypatch):
+    from dynemb.tiering import pipeline
+
+    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(pipeline.torch, "get_num_threads", lambda: 4)
+    assert PrefetchPipeline([], print, print).overlap is False
+    monkeypatch.setattr(pipeline.torch, "get_num_threads", lambda: 3)
+    assert PrefetchPipeline([], print, print).overlap is True
+    assert PrefetchPipeline([], print, print, overlap=False).overlap is False
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pipeline_prefetches_each_batch_before_its_step(overlap):
+    events = []
+    pipe = PrefetchPipeline(
+        range(4), lambda b: events.append(("step", b)) or b,
+        lambda b: events.append(("prefetch", b)), overlap=overlap,
+    )  # fmt: skip
+    assert pipe.run() == [0, 1, 2, 3]
+    steps = [e for e in events if e[0] == "step"]
+    assert steps == [("step", b) for b in range(4)]
+    for b in range(4):  # prefetched once, before its own step
+        assert events.count(("prefetch", b)) == 1
+        assert events.index(("prefetch", b)) < events.index(("step", b))
+
+
+def test_thread_limit_is_per_thread():
+    import threading
+
+    from dynemb import _ops
+
+    main = torch.get_num_threads()
+    seen = {}
+
+    def worker():
+        _ops.set_thread_limit(1)
+        seen["worker"] = torch.get_num_threads()
+        x = torch.randn(1 << 16)
+        seen["sum"] = float(x.sum())  # an ATen parallel op runs under the limit
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["worker"] == 1
+    assert torch.get_num_threads() == main
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        _ops.set_thread_limit(0)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_forward_reuses_its_prefetch(overlap, monkeypatch):
+    """A batch prefetched whole is not looked up again: its forward reuses the
+    prefetch's distinct keys and slots (one cache fill per batch), same results."""
+    data = batches(6, seed=5)
+    plain = module([options(), options()])
+    cached = module([options(128, state=1), options(128, state=1)])
+    fills = []
+    original = CachedTable._fill
+    monkeypatch.setattr(
+        CachedTable, "_fill", lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k)
+    )
+    want = [step(plain, b) for b in data]
+    got = PrefetchPipeline(
+        data, lambda b: step(cached, b), lambda b: cached.prefetch(*b), overlap=overlap
+    ).run()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+    assert fills == [False] * (2 * len(data))  # prefetches only, two tables
+    changed = batches(1, seed=6)[0]
+    cached.prefetch(*data[0])  # then a forward of other keys: looked up as usual
+    step(cached, changed)
+    assert fills[-2:] == [True, True]

@@ -1,6 +1,6 @@
 """The eviction floor (UpsertArgs::evict_below) against the dict oracle.
 
-A full bucket may evict its minimum (score, key) resident only when that score is
+A full bucket may evict its minimum (score, digest, key) resident only when that score is
 below the floor; otherwise the newcomer fails and nothing changes. The cache tier
 uses it to pin the rows of batches in flight.
 """
@@ -52,3 +52,84 @@ def test_floor_matches_oracle(seed):
     slots = _ops.table_find_slots(table._storage.tensors(), torch.tensor(sorted(oracle.entries)))
     assert bool((slots >= 0).all())
     assert int((table._storage.digests.view(-1) != 0).sum()) == len(oracle.entries)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_slot_claims_leave_rows_and_report_victims(seed):
+    """find_or_insert_slots(init_rows=False): the oracle's statuses and victims; a
+    claimed slot still holds its evicted resident's row (the cache fill moves it)."""
+    rng = np.random.default_rng(seed)
+    dim, cap, bc = 4, 64, 16
+    table = dynemb.ScoredHashTable(
+        dim=dim, capacity=cap, bucket_capacity=bc, score_strategy=DynamicEmbScoreStrategy.STEP
+    )
+    oracle = ref.ReferenceTable(dim, cap, cap, bc, ref.STEP, init=(2, -0.1, 0.1))
+    oracle._new_row = lambda key: np.zeros(dim, dtype=np.float32)
+    s = table._storage
+    evictions = 0
+    for batch in range(1, 10):
+        keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
+        floor = int(rng.integers(0, batch + 1)) if batch > 4 else _ops.EVICT_ANY
+        policy = [DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim]
+        before = {int(k): s.values[i].clone() for i, k in enumerate(s.keys) if s.digests.view(-1)[i]}
+        evicted_keys = torch.full_like(keys, -7)
+        slots, status, _ = _ops.table_find_or_insert_slots(
+            s.tensors(), policy, table._init, keys, None, None,
+            init_rows=False, evicted_keys=evicted_keys,
+        )  # fmt: skip
+        want, want_evicted = oracle.upsert(
+            keys.tolist(), None, np.zeros((40, dim), np.float32),
+            evict_below=None if floor < 0 else floor,
+        )  # fmt: skip
+        assert status.tolist() == want
+        for i, st in enumerate(want):
+            if st == ref.EVICTED:
+                victim = want_evicted[i][0]
+                assert int(evicted_keys[i]) == victim
+                assert torch.equal(s.values[slots[i]], before[victim])  # row left in place
+                evictions += 1
+            else:
+                assert int(evicted_keys[i]) == -7  # written only where a key was evicted
+            if st == ref.FAILED:
+                assert int(slots[i]) == -1
+        s.values[slots[slots >= 0]] = 0  # the caller's rows (the oracle's new rows)
+    assert evictions > 0
+
+
+@pytest.mark.parametrize("hits_first", [False, True])
+def test_hits_first_keeps_the_batch_own_keys(hits_first):
+    """A full bucket; the batch [new key, the bucket's next victim]: processed in
+    order, the new key evicts the victim, which then comes back as a new key; with
+    hits_first the victim is touched first and another resident leaves instead."""
+    table = dynemb.ScoredHashTable(
+        dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.STEP
+    )
+    s = table._storage
+    residents = torch.arange(100, 116, dtype=torch.int64)
+    policy = [DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2]
+    _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
+    # All scored 1: the smallest (digest, key) goes first, then the next.
+    victim, second = sorted(residents.tolist(), key=lambda k: (ref.digest_of(k), k))[:2]
+    batch = torch.tensor([7, victim])
+    evicted = torch.full_like(batch, -1)
+    policy[1] = 2
+    _, status, counts = _ops.table_find_or_insert_slots(
+        s.tensors(), policy, table._init, batch, None, None,
+        evicted_keys=evicted, hits_first=hits_first,
+    )  # fmt: skip
+    if hits_first:
+        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
+        assert evicted.tolist() == [second, -1]
+    else:
+        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.EVICTED]
+        assert evicted.tolist() == [victim, second]
+    assert counts.tolist()[_ops.Status.HIT] == (1 if hits_first else 0)
+    with pytest.raises(ValueError, match="hits_first needs an evicting strategy"):
+        nt = dynemb.ScoredHashTable(
+            dim=2, capacity=16, bucket_capacity=16,
+            score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+        )  # fmt: skip
+        pol = [DynamicEmbScoreStrategy.NO_EVICTION.value, 0, 0, _ops.EVICT_ANY, 2]
+        _ops.table_find_or_insert_slots(
+            nt._storage.tensors(), pol, nt._init, batch, None, hits_first=True
+        )

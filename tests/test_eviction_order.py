@@ -12,8 +12,14 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
+from tests.reference import digest_of
 
 BC = 16
+
+
+def _tie(key):
+    """Equal scores: the smaller digest goes first, then the smaller key."""
+    return (digest_of(key), key)
 
 
 def _table(strategy):
@@ -51,7 +57,7 @@ def test_recency_evicts_least_recently_used(strategy):
     assert evicted == [1002, 1003, 1004, 1005]
 
 
-def test_lfu_evicts_least_frequent_then_smallest_key():
+def test_lfu_evicts_least_frequent_then_by_digest_and_key():
     t = _table(S.LFU)
     keys = list(range(-8, 8))
     _fill(t, keys)
@@ -64,11 +70,16 @@ def test_lfu_evicts_least_frequent_then_smallest_key():
         ek, _, es = _one(t, k)
         got += ek.tolist()
         got_scores += es.tolist()
-    # The count-1 residents go first, smallest key first; then the newcomers (count 1,
-    # keys 100.. are larger than nothing left at count 1) are each other's victims.
-    assert got == [-8, -4, 0, 4, 100, 101]
+    # Each newcomer evicts a count-1 key (the least frequent): the residents of count 1
+    # and the earlier newcomers (count 1 too) compete, ties by digest then key.
+    count_one, want = {-8, -4, 0, 4}, []
+    for k in range(100, 106):
+        want.append(min(count_one, key=_tie))
+        count_one = (count_one - {want[-1]}) | {k}
+    assert got == want
     assert got_scores == [1] * 6
     assert t.get_scores(torch.tensor([-7, -6, -5, 105])).tolist() == [2, 3, 4, 1]
+    assert len({digest_of(k) for k in [-8, -4, 0, 4]}) > 1  # the digest did break ties
 
 
 def test_customized_evicts_lowest_score_and_refuses_lower_newcomers():
@@ -83,11 +94,11 @@ def test_customized_evicts_lowest_score_and_refuses_lower_newcomers():
     assert not t.contains(torch.tensor([999])).item()
     ek, _, es = _one(t, 998, score=10)  # ties the minimum: admitted, evicts it
     assert es.tolist() == [10] and ek.tolist() == [keys[scores.index(10)]]
-    # Ties between residents are broken by the smaller key.
+    # Ties between residents are broken by the smaller digest, then key.
     t2 = _table(S.CUSTOMIZED)
     _fill(t2, list(range(50, 50 + BC)), [7] * BC)
     ek, _, _ = _one(t2, 1, score=7)
-    assert ek.tolist() == [50]
+    assert ek.tolist() == [min(range(50, 50 + BC), key=_tie)]
 
 
 def test_compound_timestamp_lfu_evicts_by_count_and_keeps_time():
@@ -125,3 +136,20 @@ def test_evicted_plus_remaining_is_everything_inserted(strategy):
     )  # re-inserted keys may go twice
     assert set(remaining) | set(evicted) == inserted
     assert len(remaining) == t.size() == BC
+
+
+def test_ties_in_score_and_digest_go_to_the_smaller_key():
+    """The rare case the victim scan reads keys for: residents sharing the minimum
+    score and the smallest digest."""
+    by_digest = {}
+    for k in range(-5000, 5000):
+        by_digest.setdefault(digest_of(k), []).append(k)
+    low = min(d for d, ks in by_digest.items() if len(ks) >= 3)
+    twins = sorted(by_digest[low])[-3:]  # three keys of one digest, inserted largest first
+    others = [k for d in sorted(by_digest) if d > low for k in by_digest[d][:1]][: BC - 3]
+    t = _table(S.CUSTOMIZED)
+    _fill(t, others + twins[::-1], [7] * BC)
+    for want in twins:
+        newcomer = max(by_digest[255]) + 10_000 + want  # scored 8: never the victim
+        ek, _, es = _one(t, newcomer, score=8)
+        assert ek.tolist() == [want] and es.tolist() == [7]

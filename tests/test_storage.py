@@ -62,3 +62,26 @@ def test_built_in_storage_reports_what_a_full_table_drops():
     dropped = storage.insert(keys, rows, torch.ones(3000, dtype=torch.int64))[0]
     assert storage.size() + dropped.numel() == 3000  # every key stored or reported
     assert storage.size() <= storage.table.max_capacity()
+
+
+def test_built_in_storage_drops_whole_entries():
+    """What a full table drops comes back whole (key, row, score): with what stays,
+    exactly the entries inserted."""
+    storage = _built_in()
+    n = 3000
+    keys = torch.arange(n, dtype=torch.int64) * 7 - 5000
+    rows = keys.to(torch.float32).unsqueeze(1) + torch.arange(SPEC.row_width) / 8
+    scores = torch.randperm(n, generator=torch.Generator().manual_seed(1)) + 10
+    dropped_keys, dropped_rows, dropped_scores = storage.insert(keys, rows, scores)
+    assert dropped_keys.numel() > 0
+    got = {}
+    for k, r, s in zip(dropped_keys.tolist(), dropped_rows, dropped_scores.tolist()):
+        got[k] = (r, s)
+    kept_rows, kept_scores, found = storage.find(keys)
+    for i, k in enumerate(keys.tolist()):
+        if found[i]:
+            assert k not in got
+            got[k] = (kept_rows[i], int(kept_scores[i]))
+    assert sorted(got) == sorted(keys.tolist())
+    for i, k in enumerate(keys.tolist()):
+        assert torch.equal(got[k][0], rows[i]) and got[k][1] == int(scores[i])

@@ -4,11 +4,12 @@
 //                     table, copy it out; failed -> the initial row, not stored.
 //   AssignSink        hit/new -> write the caller's row into the table (a new
 //                     key's extra columns are initialised first); failed -> nothing.
-//   SlotSink          hit/new -> record the key's slot (a new row is initialised);
-//                     failed -> slot -1. The embedding kernels read rows by slot.
+//   SlotSink          hit/new -> record the key's slot (a new row is initialised,
+//                     or left for the caller to write: a cache fill moving rows
+//                     in); failed -> slot -1. The embedding kernels read rows by slot.
 //   RestoreSink       hit/new -> write a saved entry exactly: embedding columns,
-//                     optimizer state, score and timestamp (a checkpoint load);
-//                     failed -> nothing.
+//                     optimizer state, score and timestamp (a checkpoint load, a
+//                     cache's write-back); failed -> nothing.
 // Both can capture evicted residents (key, full row, score) at the position of
 // the key that replaced them, so nothing leaves the table unreported.
 #pragma once
@@ -28,7 +29,9 @@ DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = src[j];
 }
 
-/// Optional capture of evicted residents; all pointers null when not wanted.
+/// Optional capture of evicted residents; all pointers null when not wanted, rows
+/// and scores also null when only the keys are (the row stays in the slot until the
+/// caller moves it: SlotSink without init_rows).
 template <class V>
 struct EvictedOut {
   int64_t* keys;    // (n)
@@ -38,8 +41,8 @@ struct EvictedOut {
   DYNEMB_HD void capture(const TableRef<V>& t, int64_t i, int64_t slot) const {
     if (keys == nullptr) return;
     keys[i] = t.keys[slot];
-    scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
-    copy_row(t.row(slot), rows + i * t.row_width, t.row_width);
+    if (scores) scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
+    if (rows) copy_row(t.row(slot), rows + i * t.row_width, t.row_width);
   }
 };
 
@@ -99,17 +102,19 @@ struct AssignSink {
 
 template <class V>
 struct SlotSink {
-  static constexpr bool kRowOnHit = false;  // only new keys touch their row
+  static constexpr bool kRowOnHit = false;  // only new keys touch their row (init_rows)
   TableRef<V> t;
   InitArgs init;
   int64_t dim;
   int64_t* slots;  // (n), written at each key's output position o
   EvictedOut<V> evicted;
+  bool init_rows;  // false: a new key's slot keeps its old row (the evicted one's) for
+                   // the caller, who moves it out and writes the new row itself
 
   DYNEMB_HD void hit(int64_t, int64_t o, int64_t slot) { slots[o] = slot; }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t, int64_t o, int64_t slot, int64_t key) {
-    init_row(init, key, t.row(slot), dim, t.row_width);
+    if (init_rows) init_row(init, key, t.row(slot), dim, t.row_width);
     slots[o] = slot;
   }
   DYNEMB_HD void failed(int64_t, int64_t o, int64_t) { slots[o] = -1; }
@@ -135,6 +140,7 @@ struct RestoreSink {
   InitArgs init;
   int64_t dim;
   SavedEntries<V> in;
+  EvictedOut<V> evicted;
 
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
     V* row = t.row(slot);
@@ -143,7 +149,7 @@ struct RestoreSink {
     if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
     if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
   }
-  DYNEMB_HD void evicting(int64_t, int64_t) {}
+  DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     if (!in.state) {
       V* row = t.row(slot);

@@ -18,7 +18,7 @@
 // a hit reads one digest line instead of bucket_capacity / 64, and executors
 // can prefetch only that line (likely_slot). What stays whole-bucket: a miss scans
 // every group (erase leaves holes, so an empty slot proves nothing), and a full
-// bucket's eviction victim is the minimum (score, key) of all its slots; the
+// bucket's eviction victim is the minimum (score, digest, key) of all its slots; the
 // newcomer takes the victim's slot wherever it is, so in a table that evicts
 // continually keys sit anywhere and a hit reads the other lines as before.
 //
@@ -88,16 +88,42 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
   return -1;
 }
 
-/// The eviction victim of a full bucket: the slot with the smallest (score, key).
+/// The eviction victim of a full bucket: the slot with the smallest (score, digest,
+/// key). The digest (hash bits of the key) and then the key break ties, so the
+/// choice is deterministic and independent of slot positions.
 /// Requires t.scores (every strategy that evicts keeps scores).
+///
+/// Branch-free passes that vectorize: the minimum score; the smallest (digest, slot)
+/// among the slots holding it; how many of those share that digest. Only when
+/// several do (rare) are keys read. Comparing keys on every tie read all the key
+/// lines of the bucket, and scores that count batches tie for most slots (STEP,
+/// LFU, a cache tier's batch numbers).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
   const int64_t base = bucket * t.bucket_capacity;
-  int64_t victim = base;
-  for (int64_t s = base + 1; s < base + t.bucket_capacity; ++s) {
-    if (ranks_below(t.scores[s], t.keys[s], t.scores[victim], t.keys[victim])) victim = s;
+  const int64_t n = t.bucket_capacity;
+  const uint64_t* scores = t.scores + base;
+  const uint8_t* digests = t.digests + base;
+  uint64_t low = ~uint64_t{0};
+  for (int64_t s = 0; s < n; ++s) low = scores[s] < low ? scores[s] : low;
+  uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t c = scores[s] == low ? uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)
+                                        : ~uint64_t{0};
+    first = c < first ? c : first;
   }
-  return victim;
+  const uint64_t digest = first >> 32;
+  int64_t ties = 0;
+  for (int64_t s = 0; s < n; ++s) ties += scores[s] == low && digests[s] == digest;
+  if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
+  const int64_t* keys = t.keys + base;  // several share score and digest: the smaller key
+  int64_t victim = -1;
+  for (int64_t s = 0; s < n; ++s) {
+    if (scores[s] == low && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
+      victim = s;
+    }
+  }
+  return base + victim;
 }
 
 /// The slot a lookup of `digest` in `bucket` will most likely touch, judged from

@@ -1,8 +1,8 @@
 // dynemb core: how a key's score changes when it is stored or accessed.
 //
 // The score decides eviction: in a full bucket the resident with the smallest
-// (score, key) pair is the victim; comparing the key too makes the choice
-// deterministic and independent of slot positions. The batch value (a timestamp
+// (score, digest, key) is the victim (bucket.h); breaking ties by the key's digest,
+// then the key, makes the choice deterministic and independent of slot positions. The batch value (a timestamp
 // or a step) is read once per batch by the caller, so every key of one batch gets
 // the same value and the algorithm never reads a device clock.
 #pragma once
@@ -60,12 +60,6 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
     }
     default: return a.batch_value > old ? a.batch_value : old;
   }
-}
-
-/// True when (score_a, key_a) ranks strictly below (score_b, key_b): a is evicted first.
-DYNEMB_HD DYNEMB_INLINE bool ranks_below(uint64_t score_a, int64_t key_a, uint64_t score_b,
-                                          int64_t key_b) {
-  return score_a < score_b || (score_a == score_b && key_a < key_b);
 }
 
 /// CUSTOMIZED refuses a newcomer whose score is below every resident's.

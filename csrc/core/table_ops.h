@@ -19,7 +19,7 @@
 // bucket spills into the next buckets of a window of kMaxProbeBuckets; every
 // bucket passed gets its overflow flag, so a find walks on only past flagged
 // buckets and a table fills to ~90% before it must grow. Strategies that evict
-// never spill: a full bucket evicts its minimum (score, key) when that score is
+// never spill: a full bucket evicts its minimum (score, digest, key) when that score is
 // below the caller's eviction floor (UpsertArgs::evict_below), else reports the
 // key as failed. The floor is 0 for a table still below max capacity (it grows
 // instead of evicting), kEvictAny for a full table, and, for a cache tier, the
@@ -45,6 +45,10 @@ struct UpsertArgs {
   /// A full bucket evicts its minimum resident only when that resident's score is
   /// < evict_below (or evict_below == kEvictAny); 0 never evicts (the key fails).
   uint64_t evict_below;
+  /// Executors touch every stored key of the batch (touch_stored) before placing
+  /// any new one, so new keys never evict keys the same batch hits (evicting
+  /// strategies only; see touch_stored).
+  bool hits_first;
 };
 
 /// True when a victim of score `victim_score` may be evicted under `u`'s floor.
@@ -191,6 +195,32 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
   }
   lock_window<P>(t, home, window, false);
   return status;
+}
+
+/// Pass 1 of a hits-first batch (UpsertArgs::hits_first): when `key` is stored it
+/// is touched and reported (sink.hit) as upsert would, and upsert must then not run
+/// for it. Touching every hit of a batch before its new keys are placed raises the
+/// hits' scores first, so a newcomer cannot evict a key its own batch still needs
+/// (a cache tier pins a batch's rows with its batch number this way). Evicting
+/// strategies only: their keys live in their home bucket.
+/// @return true when the key was stored.
+template <class P, class V, class Sink>
+DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                            const UpsertArgs& u, Sink& sink, int64_t hint = -1) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  const ProbeOrder order(h, t.bucket_capacity);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  P::lock(&t.locks[home]);
+  const int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
+                           ? hint
+                           : bucket_find<P>(t, home, key, digest, order);
+  if (slot >= 0) {
+    touch(t, slot, u.score, i);
+    sink.hit(i, o, slot);
+  }
+  P::unlock(&t.locks[home]);
+  return slot >= 0;
 }
 
 /// Removes `key`; @return true when it was stored.

@@ -176,6 +176,13 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   }
 }
 
+/// False for a SlotSink that leaves new rows to its caller: no row is touched.
+template <class Sink>
+bool touches_new_rows(const Sink& sink) {
+  if constexpr (requires { sink.init_rows; }) return sink.init_rows;
+  return true;
+}
+
 /// Sinks that read a caller's row per key (AssignSink's in).
 template <class Sink>
 concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
@@ -188,23 +195,52 @@ template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts) {
-  auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
-  constexpr RowUse rows = Sink::kRowOnHit ? RowUse::kAll : RowUse::kNewOnly;
-  prefetched_loop<true, rows>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+  auto index_of = [&](int64_t j) { return order ? order[j] : j; };
+  // Positions to upsert: [begin, end), or with hits_first those whose key pass 1
+  // found absent (pending[x] for x in [0, size)).
+  std::vector<int64_t> pending;
+  if (args.hits_first) {
+    auto key_at = [&](int64_t j) { return keys[index_of(j)]; };
+    prefetched_loop<true, RowUse::kNone>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+      const int64_t i = index_of(j);
+      if (touch_stored<Q>(t, i, j, keys[i], args, sink, hint)) {
+        status[j] = static_cast<int8_t>(Status::kHit);
+        ++counts.by_status[static_cast<int>(Status::kHit)];
+      } else {
+        pending.push_back(j);
+      }
+    });
+  }
+  const bool all = !args.hits_first;
+  auto position = [&](int64_t x) { return all ? x : pending[x]; };
+  auto key_at = [&](int64_t x) { return keys[index_of(position(x))]; };
+  const int64_t first = all ? begin : 0;
+  const int64_t last = all ? end : static_cast<int64_t>(pending.size());
+  auto body = [&](int64_t x, int64_t hint) {
     if constexpr (ReadsInputRows<Sink>) {
       // In partition order the caller's rows are read out of order, beyond what the
       // hardware prefetcher follows: fetch the row of the key one group ahead.
-      if (order && j + kGroup < end) {
-        const char* row = reinterpret_cast<const char*>(sink.in + order[j + kGroup] * sink.in_width);
+      if (order && x + kGroup < last) {
+        const V* ahead = sink.in + index_of(position(x + kGroup)) * sink.in_width;
         const int64_t bytes = sink.in_width * static_cast<int64_t>(sizeof(V));
-        for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
+        for (int64_t off = 0; off < bytes; off += 64) {
+          P::prefetch(reinterpret_cast<const char*>(ahead) + off);
+        }
       }
     }
-    const int64_t i = order ? order[j] : j;
+    const int64_t j = position(x);
+    const int64_t i = index_of(j);
     const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
-  });
+  };
+  if constexpr (Sink::kRowOnHit) {
+    prefetched_loop<true, RowUse::kAll>(t, first, last, key_at, body);
+  } else if (touches_new_rows(sink)) {
+    prefetched_loop<true, RowUse::kNewOnly>(t, first, last, key_at, body);
+  } else {
+    prefetched_loop<true, RowUse::kNone>(t, first, last, key_at, body);
+  }
   P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
 

@@ -64,9 +64,20 @@ struct EmbeddingOpImpls {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> find_or_insert_slots(
       at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores,
-      const std::optional<at::Tensor>& accesses) {
+      const std::optional<at::Tensor>& accesses, bool init_rows,
+      const std::optional<at::Tensor>& evicted_keys, bool hits_first) {
     constexpr const char* op = "table_find_or_insert_slots";
     UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    TORCH_CHECK_VALUE(!hits_first || evicts(call.args.score.strategy), "dynemb.", op,
+                      ": hits_first needs an evicting strategy, got strategy ", policy[0]);
+    call.args.hits_first = hits_first;
+    if (evicted_keys.has_value()) {
+      check_tensor(op, "evicted_keys", *evicted_keys, at::kLong, 1);
+      TORCH_CHECK_VALUE(evicted_keys->numel() == keys.numel(), "dynemb.", op,
+                        ": `evicted_keys` has ", evicted_keys->numel(), " elements, `keys` has ",
+                        keys.numel());
+      check_same_device(op, "evicted_keys", *evicted_keys, table[0]);
+    }
     if (accesses.has_value()) {
       check_tensor(op, "accesses", *accesses, at::kLong, 1);
       TORCH_CHECK_VALUE(accesses->numel() == keys.numel(), "dynemb.", op, ": `accesses` has ",
@@ -80,8 +91,9 @@ struct EmbeddingOpImpls {
     at::Tensor counts = at::zeros({4}, keys.options().dtype(at::kLong));
     dispatch_values(op, table[4], [&](auto v) {
       using W = V<decltype(v)>;
+      int64_t* evicted = evicted_keys.has_value() ? evicted_keys->data_ptr<int64_t>() : nullptr;
       SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
-                       EvictedOut<W>{nullptr, nullptr, nullptr}};
+                       EvictedOut<W>{evicted, nullptr, nullptr}, init_rows};
       Backend::find_or_insert_slots(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
                                     status.data_ptr<int8_t>(), counts);
     });

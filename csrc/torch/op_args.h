@@ -86,6 +86,7 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
   call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom, nullptr};
   // evict_below travels as an int64: -1 is kEvictAny, 0 never evicts.
   call.args.evict_below = static_cast<uint64_t>(policy[3]);
+  call.args.hits_first = false;
   call.dim = policy[4];
   call.init = InitArgs{static_cast<InitMode>(mode),
                        static_cast<float>(init[1]),

@@ -24,7 +24,8 @@ TORCH_LIBRARY(dynemb, m) {
   // checkpoint load. values (n, dim); state (n, row_width - dim) or None.
   m.def(
       "table_restore(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, Tensor values, "
-      "Tensor? state, Tensor? scores, Tensor? timestamps) -> (Tensor status, Tensor counts)");
+      "Tensor? state, Tensor? scores, Tensor? timestamps, Tensor(c!)[] evicted) "
+      "-> (Tensor status, Tensor counts)");
   m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
   m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
   m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
@@ -35,7 +36,8 @@ TORCH_LIBRARY(dynemb, m) {
   // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].
   m.def(
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores, Tensor? accesses) -> (Tensor slots, Tensor status, Tensor counts)");
+      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "
+      "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");
   m.def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def(
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "

@@ -138,13 +138,14 @@ struct TableOpImpls {
   static std::tuple<at::Tensor, at::Tensor> restore(
       at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const at::Tensor& values, const std::optional<at::Tensor>& state,
-      const std::optional<at::Tensor>& scores, const std::optional<at::Tensor>& timestamps) {
+      const std::optional<at::Tensor>& scores, const std::optional<at::Tensor>& timestamps,
+      at::TensorList evicted) {
     constexpr const char* op = "table_restore";
     const bool customized = !policy.empty() && policy[0] == static_cast<int64_t>(
                                                                  ScoreStrategy::kCustomized);
     // CUSTOMIZED admits a newcomer by its score: the saved one, as a training batch would.
     const UpsertCall call =
-        check_upsert(op, table, policy, init, keys, customized ? scores : std::nullopt, {});
+        check_upsert(op, table, policy, init, keys, customized ? scores : std::nullopt, evicted);
     typename Backend::DeviceGuard guard(table[0].device());
     const int64_t n = keys.numel(), row_width = table[4].size(1);
     check_rows(op, "values", values, table[4], n, call.dim, call.dim);
@@ -171,7 +172,8 @@ struct TableOpImpls {
           reinterpret_cast<const W*>(values.data_ptr()),
           state.has_value() ? reinterpret_cast<const W*>(state->data_ptr()) : nullptr,
           state.has_value() ? row_width - call.dim : 0, saved_scores, saved_timestamps};
-      RestoreSink<W> sink{table_ref<W>(table), call.init, call.dim, saved};
+      RestoreSink<W> sink{table_ref<W>(table), call.init, call.dim, saved,
+                          evicted_out<W>(evicted)};
       Backend::restore(sink, call.args, keys.data_ptr<int64_t>(), n,
                        status.template data_ptr<int8_t>(), counts);
     });

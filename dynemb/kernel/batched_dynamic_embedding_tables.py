@@ -137,6 +137,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             for o, table in zip(options, self.tables)
         ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
+        # Per cached table: batch number -> (keys, distinct keys) of a prefetch, so that
+        # the batch's forward reuses the de-duplication (and the table the slots).
+        self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
         # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.
@@ -207,11 +210,20 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             indices, offsets, per_sample_weights, self.feature_table_map, len(self.tables),
             batch_size,
         )  # fmt: skip
-        for t, (table, tb) in enumerate(zip(self.tables, batches, strict=True)):
+        cached = [
+            tb if isinstance(table, CachedTable) and self._inserts(t) else None
+            for t, (table, tb) in enumerate(zip(self.tables, batches, strict=True))
+        ]
+        for t, (tb, distinct) in enumerate(zip(cached, _distinct_keys(cached), strict=True)):
+            table = self.tables[t]
             if not isinstance(table, CachedTable) or not self._inserts(t):
                 continue
-            keys = _ops.unique_keys(tb.keys)[0] if tb is not None else indices[:0]
-            table.prefetch(keys)
+            b = table.prefetch(distinct[0] if tb is not None else indices[:0])
+            if tb is not None:
+                pending = self._prefetched[t]
+                pending[b] = (tb.keys, distinct)
+                while len(pending) > 4:  # prefetches never consumed
+                    del pending[min(pending)]
 
     def cache_stats(self) -> list:
         """Per table: its dynemb.tiering.CacheStats (caching mode), else None."""
@@ -233,7 +245,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
         columns = _feature_columns(self.feature_dims)
         saved = []
-        for t, (tb, distinct) in enumerate(zip(batches, _distinct_keys(batches), strict=True)):
+        for t, (tb, distinct) in enumerate(zip(batches, self._distinct(batches), strict=True)):
             table = self.tables[t]
             cached = isinstance(table, CachedTable)
             if tb is None:
@@ -273,6 +285,21 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             saved.append(None if batch is None and cached else
                          (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
         return out, saved
+
+    def _distinct(self, batches: list) -> list:
+        """``unique_keys`` of each table's keys (None for absent tables); a cached
+        table's batch whose keys were prefetched reuses the prefetch's result."""
+        reused = [None] * len(batches)
+        for t, tb in enumerate(batches):
+            table = self.tables[t]
+            if tb is None or not isinstance(table, CachedTable) or not self._inserts(t):
+                continue
+            b = table.upcoming_batch()
+            entry = self._prefetched[t].pop(b, None) if b is not None else None
+            if entry is not None and torch.equal(entry[0], tb.keys):
+                reused[t] = entry[1]
+        fresh = _distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
+        return [r if r is not None else f for r, f in zip(reused, fresh)]
 
     def _cached_eval_rows(self, t, tb, unique, inverse):
         """Eval lookup of a cached table: rows from the cache, else its slow tier, else

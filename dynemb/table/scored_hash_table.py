@@ -48,8 +48,9 @@ class ScoredHashTable:
 
     Every int64 is a legal key (emptiness is kept in a per-slot digest byte, no key
     value is reserved). A key hashes to one bucket of ``bucket_capacity`` slots; when
-    the bucket is full, the resident with the smallest (score, key) is evicted
-    (ties broken by key, so results never depend on thread count). While the table
+    the bucket is full, the resident with the smallest score is evicted (ties
+    broken by the key's digest, then the key, so results never depend on thread
+    count). While the table
     is below ``capacity`` it grows (2x buckets) instead of evicting; under
     NO_EVICTION it never evicts, and once at ``capacity`` keys that do not fit are
     reported as failed. Batch ops de-duplicate: a key repeated in a batch is stored
@@ -362,7 +363,7 @@ class ScoredHashTable:
         Each key gets its embedding columns, optimizer state, score and timestamp
         (nothing is re-scored by the strategy); a key already stored is overwritten.
         Placement follows insert_or_assign: the table grows while below capacity,
-        then a full bucket evicts its lowest (score, key) resident (CUSTOMIZED refuses
+        then a full bucket evicts its lowest (score, digest, key) resident (CUSTOMIZED refuses
         a newcomer ranking below it), and keys that fit nowhere are reported failed.
 
         Args:

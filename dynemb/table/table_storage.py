@@ -147,15 +147,18 @@ class TableStorage:
 
     def rows(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """The first ``width`` columns of the rows of ``slots`` ((n,) int64, all valid)."""
+        def gather(buffer, at):  # index_select copies whole rows, several x faster
+            return buffer.index_select(0, at) if width == buffer.shape[1] else buffer[at, :width]
+
         if self.slow_values.numel() == 0:
-            return self.values[slots, :width]
+            return gather(self.values, slots)
         out = torch.empty(
             (slots.numel(), width), dtype=self.layout.value_dtype, device=self.layout.device
         )
         fast = slots < self.fast_slots
-        out[fast] = self.values[slots[fast], :width]
+        out[fast] = gather(self.values, slots[fast])
         slow = ~fast
-        out[slow] = self.slow_values[slots[slow] - self.fast_slots, :width]
+        out[slow] = gather(self.slow_values, slots[slow] - self.fast_slots)
         return out
 
     def occupied(self, begin: int, end: int) -> torch.Tensor:

@@ -11,7 +11,6 @@ from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.storage import Storage, StorageSpec
-from dynemb.types import DynamicEmbScoreStrategy
 
 
 class HashTableStorage(Storage):
@@ -29,41 +28,53 @@ class HashTableStorage(Storage):
 
     def find(self, keys):
         t = self.table
-        rows = torch.empty(
-            (keys.numel(), t._layout.row_width), dtype=t.value_dtype, device=t.device
-        )
         with t._lock.read():
             s = t._storage
-            # The find op prefetches rows ahead of the copy (the slow tier is large: a
-            # plain gather waits on memory for each row); scores follow by slot.
-            found = _ops.table_find(s.tensors(), keys, rows)
-            if not t._layout.keeps_scores:
-                return rows, torch.zeros_like(keys), found
+            # One probe per key, then whole-batch gathers by slot (absent keys read
+            # slot 0, then get zeros): probing twice, for rows and for scores, cost
+            # more than the gathers.
             slots = _ops.table_find_slots(s.tensors(), keys)
-            scores = s.scores[slots.clamp(min=0)]
-        return rows, torch.where(found, scores, 0), found
+            found = slots >= 0
+            at = slots.clamp(min=0)
+            rows = s.rows(at, t._layout.row_width)
+            scores = s.scores[at] if t._layout.keeps_scores else torch.zeros_like(keys)
+        missing = ~found
+        rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
+        return rows, scores.masked_fill_(missing, 0), found
 
     def insert(self, keys, rows, scores):
         t = self.table
-        customized = t._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
+        n, width = keys.numel(), t._layout.row_width
+        rows = rows.contiguous()
+        saved_scores = scores.contiguous() if t._layout.keeps_scores else None
+        evicted = [
+            torch.empty(n, dtype=torch.int64, device=t.device),
+            torch.empty((n, width), dtype=t.value_dtype, device=t.device),
+            torch.empty(n, dtype=torch.int64, device=t.device),
+        ]
+
+        def op(table, policy, init, k, _scores, _values, ev, per_key):
+            # One pass: whole rows (policy dim = row width) and their scores exactly as
+            # given (CUSTOMIZED admits by them); per_key: the positions (re)tried.
+            part = per_key.numel() != n
+            r = rows[per_key] if part else rows
+            sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
+            policy = [*policy[:4], width]
+            return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
+
         step = t._step  # a write-back is not a training step (STEP scores count those)
-        ev_keys, ev_rows, ev_scores = t.insert_and_evict(
-            keys, rows.contiguous(), scores if customized else None
+        positions = torch.arange(n, device=t.device)
+        status = t._upsert(op, keys, None, positions, evicted, return_status=True, per_key=positions)
+        t._step = step
+        out = status == _ops.Status.EVICTED
+        lost = status == _ops.Status.FAILED
+        if not bool(lost.any()):
+            return evicted[0][out], evicted[1][out], evicted[2][out]
+        return (
+            torch.cat([evicted[0][out], keys[lost]]),
+            torch.cat([evicted[1][out], rows[lost]]),
+            torch.cat([evicted[2][out], scores[lost]]),
         )
-        failed = t.last_stats.failed_keys
-        with t._lock.write():
-            t._step = step
-            s = t._storage
-            slots = _ops.table_find_slots(s.tensors(), keys)
-            ok = slots >= 0
-            if t._layout.keeps_scores:
-                s.scores[slots[ok]] = scores[ok]
-        if failed.numel():
-            lost = torch.isin(keys, failed)
-            ev_keys = torch.cat([ev_keys, keys[lost]])
-            ev_rows = torch.cat([ev_rows, rows[lost]])
-            ev_scores = torch.cat([ev_scores, scores[lost]])
-        return ev_keys, ev_rows, ev_scores
 
     def erase(self, keys):
         return self.table.erase(keys)

@@ -170,6 +170,9 @@ class CachedTable:
         self._in_flight: set[int] = set()
         self._open_forwards: collections.deque[int] = collections.deque()
         self._pending_prefetches: collections.deque[int] = collections.deque()
+        # batch -> (keys, slots, moves) of a prefetch that cached every key: the
+        # batch's lookup of the same keys tensor reuses the slots while no row moved.
+        self._prefetched: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -275,12 +278,16 @@ class CachedTable:
         if self._strategy == _STEP:
             self._ctx._step += 1
         with self._lock.write():
-            slots, hits, failed = self._fill(keys, batch, stage=True)
-            live = slots[slots >= 0]
-            ok = slots >= 0
-            self._user_scores[live] = self._rule(
-                self._user_scores[live], None if accesses is None else accesses[ok], now
-            )
+            ready = self._prefetched.pop(batch, None)
+            if ready is not None and ready[0] is keys and ready[2] == self._moves:
+                slots, hits, failed = ready[1], keys.numel(), None  # pinned for `batch`
+            else:
+                slots, hits, failed = self._fill(keys, batch, stage=True)
+            live, acc = slots, accesses
+            if failed is not None:  # staged keys have no slot
+                ok = slots >= 0
+                live, acc = slots[ok], None if accesses is None else accesses[ok]
+            self._user_scores[live] = self._rule(self._user_scores[live], acc, now)
             self.stats.lookup_keys += keys.numel()
             self.stats.lookup_hits += hits
         staged = None
@@ -341,13 +348,22 @@ class CachedTable:
             b = self._new_batch()
             self._pending_prefetches.append(b)
             while len(self._pending_prefetches) > MAX_PENDING_PREFETCHES:
-                self._in_flight.discard(self._pending_prefetches.popleft())
+                old = self._pending_prefetches.popleft()
+                self._in_flight.discard(old)
+                self._prefetched.pop(old, None)
         if keys.numel():
             with self._lock.write():
-                _, hits, _ = self._fill(keys, b, stage=False)
+                slots, hits, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
+                if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
+                    self._prefetched[b] = (keys, slots, self._moves)
         return b
+
+    def upcoming_batch(self) -> int | None:
+        """The number the next ``begin_batch`` takes from a prefetch, or None."""
+        with self._batch_lock:
+            return self._pending_prefetches[0] if self._pending_prefetches else None
 
     def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
@@ -376,77 +392,98 @@ class CachedTable:
     def _fill(self, keys: torch.Tensor, batch: int, stage: bool):
         """Steps 1-3 under the cache's write lock.
 
+        One slot claim over the batch pins the hits (their batch number rises to
+        ``batch``, all before any new key is placed: ``hits_first``) and gives every
+        other key a slot without touching rows (a victim's row stays in its slot);
+        then the victims' rows are gathered for the write-back and the fetched rows
+        written in, as whole-batch copies.
+
         Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
         ``(positions, rows, scores)`` of the keys the cache could not take.
         """
-        s = self._storage
-        slots = _ops.table_find_slots(s.tensors(), keys)
-        hit = slots >= 0
-        pinned = slots[hit]
-        s.scores[pinned] = s.scores[pinned].clamp(min=batch)
-        miss = torch.nonzero(~hit, as_tuple=True)[0]
-        failed = None
-        if miss.numel():
-            with self._batch_lock:
-                staged_keys = self._staged_keys
-            if staged_keys.numel():  # rows being trained outside the cache stay out
-                busy = torch.isin(keys[miss], staged_keys)
-                if stage and bool(busy.any()):
+        with self._batch_lock:
+            staged_keys = self._staged_keys
+        claimed = None  # positions of the keys claimed (None: all)
+        if staged_keys.numel():  # rows being trained outside the cache stay out
+            busy = torch.isin(keys, staged_keys)
+            if bool(busy.any()):
+                if stage:
                     raise RuntimeError(
                         "a key staged by an earlier batch (still before its backward) is "
                         "looked up again: run each batch's backward before the next "
                         "forward, or give the table a larger cache (local_hbm_for_values)"
                     )
-                miss = miss[~busy]
-            if miss.numel():
-                miss_slots, rows, scores = self._insert_misses(keys[miss].contiguous(), batch)
-                slots[miss] = miss_slots
-                out = miss_slots < 0
-                if stage and bool(out.any()):
-                    failed = (miss[out], rows[out], scores[out])
-        return slots, int(pinned.numel()), failed
+                claimed = torch.nonzero(~busy, as_tuple=True)[0]
+        claim_keys = keys if claimed is None else keys[claimed].contiguous()
+        slots, status, counts = self._claim(claim_keys, batch)
+        hits = counts[_ops.Status.HIT]
+        failed = None
+        if hits < claim_keys.numel():
+            missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
+            rows, scores = self._fetch(claim_keys[missed])
+            self._move_in(slots, status, counts, missed, rows, scores)
+            if counts[_ops.Status.FAILED]:
+                out = status[missed] == _ops.Status.FAILED
+                self.stats.not_cached += counts[_ops.Status.FAILED]
+                if stage:  # (no key was busy: positions in `keys`)
+                    failed = (missed[out], rows[out], scores[out])
+        if claimed is not None:
+            all_slots = torch.full_like(keys, -1)
+            all_slots[claimed] = slots
+            slots = all_slots
+        return slots, hits, failed
 
-    def _insert_misses(self, keys: torch.Tensor, batch: int):
-        """Steps 2-3 for keys not cached; returns their cache slots (-1: not cached)
-        and the rows and scores fetched (or initialised) for them."""
-        s = self._storage
+    def _claim(self, keys: torch.Tensor, batch: int):
+        """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
+        evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
+        policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
+        evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
+        slots, status, counts = _ops.table_find_or_insert_slots(
+            self._storage.tensors(), policy, self._init, keys, None, None,
+            init_rows=False, evicted_keys=evicted_keys, hits_first=True,
+        )  # fmt: skip
+        counts = counts.tolist()
+        self.cache._size += counts[_ops.Status.INSERTED]
+        return slots, status, counts
+
+    def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and scores of keys from the storage; keys it lacks get the initial
+        row (a pure function of (seed, key), as an uncached table's insert) and 0."""
         with self._storage_lock:
             rows, scores, found = self.storage.find(keys)
-        rows = rows.contiguous()
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.fetched += keys.numel() - new.numel()
-        if new.numel():  # initial rows: the core initializer, as a table's insert gives
+        if new.numel():
             none = torch.full_like(new, -1)
             init = _ops.embedding_gather(
-                s.tensors(), none, keys[new], self._init, self.seed, self.dim
+                self._storage.tensors(), none, keys[new], self._init, self.seed, self.dim
             )
             rows[new, : self.dim] = init.to(rows.dtype)
             rows[new, self.dim :] = self._init[5]
             scores[new] = 0
-        policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
-        n = keys.numel()
-        evicted = [
-            self._scratch("evicted_keys", (n,), torch.int64),
-            self._scratch("evicted_rows", (n, rows.shape[1]), self.value_dtype),
-            self._scratch("evicted_scores", (n,), torch.int64),
-        ]
-        status, counts = _ops.table_insert_or_assign(
-            s.tensors(), policy, self._init, keys, None, rows, evicted
-        )
-        slots = _ops.table_find_slots(s.tensors(), keys)
-        counts = counts.tolist()
-        self.cache._size += counts[_ops.Status.INSERTED]
-        if counts[_ops.Status.EVICTED]:
-            out = status == _ops.Status.EVICTED
-            victim_scores = self._user_scores[slots[out]]  # not yet overwritten
-            self._write_back(evicted[0][out], evicted[1][out], victim_scores)
-        if counts[_ops.Status.FAILED]:
-            stored = slots >= 0
-            self._user_scores[slots[stored]] = scores[stored]
-            self.stats.not_cached += counts[_ops.Status.FAILED]
-        else:
-            self._user_scores[slots] = scores
-        return slots, rows, scores
+        return rows, scores
+
+    def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
+        """Writes the fetched rows and scores of the claimed keys (positions
+        ``missed``) into their slots, after writing back the residents they evicted."""
+        s = self._storage
+        victims = None
+        if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
+            out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
+            at = slots[out]
+            victims = (
+                self._buffers["evicted_keys"][out],
+                s.values.index_select(0, at),
+                self._user_scores[at],
+            )
+        at = slots[missed]
+        if counts[_ops.Status.FAILED]:  # not cached: no slot to write
+            stored = torch.nonzero(at >= 0, as_tuple=True)[0]
+            at, rows, scores = at[stored], rows[stored], scores[stored]
+        s.values.index_copy_(0, at, rows)  # a row copy per index; indexed assignment is slower
+        self._user_scores[at] = scores
+        if victims is not None:
+            self._write_back(*victims)
 
     def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer of at least ``shape[0]`` rows (fresh memory costs page faults)."""

@@ -13,11 +13,12 @@ from dynemb.tiering.storage import Storage, StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
 
 # Slots per cache bucket. DynamicEmb uses 1024 (a GPU warp scans a bucket at once);
-# on a CPU every cache eviction scans its whole bucket for the victim, and W-train
-# with a 25% cache and prefetch ran 2x faster with 128-slot buckets than with 1024
-# (20.8k vs 9.7k and 21.6k vs 10.1k samples/s, alternating in one process). Smaller
-# buckets fill with pinned rows sooner; those keys are staged, never lost.
-CACHE_BUCKET_CAPACITY = 128
+# on a CPU every cache eviction scans its whole bucket for the victim: W-train with
+# a 25% cache ran 2x faster with 128-slot buckets than with 1024, and the cache's
+# slot claims of one batch took 1.4 ms with 64 against 2.1 ms with 128 (1.2 ms with
+# 32). Smaller buckets fill with pinned rows sooner; those keys are staged, never
+# lost, but cost a private table each batch.
+CACHE_BUCKET_CAPACITY = 64
 
 
 def cache_rows(options: DynamicEmbTableOptions, state_columns: int) -> int:
