@@ -59,19 +59,20 @@ constexpr int64_t kStreamedOutputBytes = int64_t{32} << 20;
 bool streams_output(int64_t bytes) { return bytes > kStreamedOutputBytes; }
 
 /// How much of each bucket a batch loop prefetches. A key's home digest line is
-/// enough while keys sit in it (a table filled by inserts, bucket.h). Keys that
-/// find no match there (new keys, whose scan covers the whole bucket, or keys of a
-/// table that evicts continually, where a newcomer takes its victim's slot
-/// wherever it is) need the other lines too: fetched late, they stall the body
-/// about two memory latencies (the lines, then the key and row), the cost of some
-/// 32 needless line fetches. So a loop prefetches whole buckets for the next
-/// kWindow keys when more than 1/32 of the last kWindow keys found no match in
-/// their home line, and home lines only otherwise.
+/// enough while keys sit in it (a table filled by inserts, bucket.h). A key whose
+/// home line is full without a match may sit in another line (in a table that
+/// evicts continually, a newcomer takes its victim's slot wherever it is): its
+/// other lines, fetched one group late, stall the body about two memory latencies
+/// (the lines, then the key and row), the cost of some 32 needless line fetches.
+/// So a loop prefetches whole buckets for the next kWindow keys when more than
+/// 1/32 of the last kWindow keys had such a home line, and home lines only
+/// otherwise. (A new key whose home line has room needs the other lines only to
+/// prove its absence; fetched one group late, they arrive in time.)
 class BucketSpan {
  public:
   bool whole() const { return whole_; }
-  void count(bool missed_home_line) {
-    missed_ += missed_home_line;
+  void count(bool full_home_line) {
+    missed_ += full_home_line;
     if (++seen_ == kWindow) {
       whole_ = missed_ * 32 > kWindow;
       seen_ = missed_ = 0;
@@ -126,15 +127,14 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpa
   const ProbeOrder order(h, t.bucket_capacity);
   const uint8_t digest = digest_of(h);
   int64_t slot = likely_slot<P>(t, b, digest, order, kLineGroups);
-  const bool missed_home_line = slot < 0 || t.digests[slot] != digest;
-  if (missed_home_line) {
+  span.count(slot < 0);
+  if (slot < 0 || t.digests[slot] != digest) {  // no match in the home line
     if (span.whole()) {
       slot = likely_slot<P>(t, b, digest, order, order.span);
     } else {
       prefetch_bucket_lines(t, b, t.digests + b * t.bucket_capacity + 16 * order.home);
     }
   }
-  span.count(missed_home_line);
   if (slot < 0) return slot;
   P::prefetch(t.keys + slot);
   if (kWrites && t.scores) P::prefetch(t.scores + slot);
