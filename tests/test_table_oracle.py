@@ -187,6 +187,25 @@ def test_random_operation_sequences(strategy, seed):
     h.check_export()
 
 
+@pytest.mark.parametrize("strategy", ["step", "customized", "no_eviction"])
+@pytest.mark.parametrize("bc", [48, 128])  # 3 digest groups (not a power of two), 8
+def test_random_operation_sequences_with_wide_buckets(strategy, bc):
+    """Buckets of several digest groups, scanned from each key's home group: 0 divergences."""
+    rng = np.random.default_rng(11)
+    h = Harness(strategy, capacity=8 * bc, init_capacity=2 * bc, bc=bc)
+    for _ in range(40):
+        keys = _random_keys(rng, h, int(rng.integers(0, 4 * bc)))
+        op = rng.choice(["find_or_insert", "insert_and_evict", "erase"], p=[0.5, 0.3, 0.2])
+        if op == "find_or_insert":
+            h.find_or_insert(keys, rng)
+        elif op == "erase":
+            h.erase(keys)
+        else:
+            h.insert(keys, rng, evict=True)
+        h.check_all()
+    h.check_export()
+
+
 def _tiers(tier, tmp_path):
     """ScoredHashTable arguments of a storage tier (rows move between tiers as the table grows)."""
     return {
