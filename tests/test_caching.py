@@ -410,7 +410,9 @@ def test_forward_reuses_its_prefetch(overlap, monkeypatch):
     fills = []
     original = CachedTable._fill
     monkeypatch.setattr(
-        CachedTable, "_fill", lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k)
+        CachedTable,
+        "_fill",
+        lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k),
     )
     want = [step(plain, b) for b in data]
     got = PrefetchPipeline(

@@ -71,7 +71,9 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
         keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
         floor = int(rng.integers(0, batch + 1)) if batch > 4 else _ops.EVICT_ANY
         policy = [DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim]
-        before = {int(k): s.values[i].clone() for i, k in enumerate(s.keys) if s.digests.view(-1)[i]}
+        before = {
+            int(k): s.values[i].clone() for i, k in enumerate(s.keys) if s.digests.view(-1)[i]
+        }
         evicted_keys = torch.full_like(keys, -7)
         slots, status, _ = _ops.table_find_or_insert_slots(
             s.tensors(), policy, table._init, keys, None, None,

@@ -147,6 +147,7 @@ class TableStorage:
 
     def rows(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """The first ``width`` columns of the rows of ``slots`` ((n,) int64, all valid)."""
+
         def gather(buffer, at):  # index_select copies whole rows, several x faster
             return buffer.index_select(0, at) if width == buffer.shape[1] else buffer[at, :width]
 

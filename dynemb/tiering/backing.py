@@ -64,7 +64,9 @@ class HashTableStorage(Storage):
 
         step = t._step  # a write-back is not a training step (STEP scores count those)
         positions = torch.arange(n, device=t.device)
-        status = t._upsert(op, keys, None, positions, evicted, return_status=True, per_key=positions)
+        status = t._upsert(
+            op, keys, None, positions, evicted, return_status=True, per_key=positions
+        )
         t._step = step
         out = status == _ops.Status.EVICTED
         lost = status == _ops.Status.FAILED
