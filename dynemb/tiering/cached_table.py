@@ -35,9 +35,7 @@ Lookup of a training batch b (distinct keys):
 Eval lookups read the cache, then the storage, and insert nothing.
 """
 
-import collections
 import dataclasses
-import math
 import threading
 import time
 
@@ -45,8 +43,9 @@ import torch
 
 from dynemb import _ops
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
-from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.tiering.backing import HashTableStorage
+from dynemb.tiering.batch_ledger import BatchLedger
+from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -54,12 +53,6 @@ _STEP = DynamicEmbScoreStrategy.STEP.value
 _TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
 _LFU = DynamicEmbScoreStrategy.LFU.value
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
-
-# Forward batches (without their backward yet) kept pinned; an older one is retired
-# when a new forward starts (its backward would find moved keys again by key).
-MAX_OPEN_FORWARDS = 2
-# Prefetched batches not yet consumed by a forward; an older one is retired.
-MAX_PENDING_PREFETCHES = 2
 
 
 @dataclasses.dataclass
@@ -91,23 +84,6 @@ class CacheStats:
     def hit_rate(self) -> float:
         """Cache hit rate of training lookups (1.0 before any lookup)."""
         return self.lookup_hits / self.lookup_keys if self.lookup_keys else 1.0
-
-
-@dataclasses.dataclass
-class Staged:
-    """Keys of one training batch that the cache could not take (see Pinning).
-
-    Attributes:
-        keys: (F,) int64. scores: (F,) int64, their scores after this lookup.
-        storage: a private table whose slot i holds the row of keys[i].
-        unique_slots: (U,) int64, for each distinct key of the batch its slot in
-            ``storage``, -1 for the keys the cache holds.
-    """
-
-    keys: torch.Tensor
-    scores: torch.Tensor
-    storage: TableStorage
-    unique_slots: torch.Tensor
 
 
 class _ScoreContext:
@@ -165,11 +141,8 @@ class CachedTable:
         self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
         self._storage_lock = threading.Lock()  # one storage call at a time
         self._staged_keys = torch.empty(0, dtype=torch.int64, device=cache.device)
-        self._batch_lock = threading.Lock()
-        self._next_batch = 1
-        self._in_flight: set[int] = set()
-        self._open_forwards: collections.deque[int] = collections.deque()
-        self._pending_prefetches: collections.deque[int] = collections.deque()
+        self._staged_lock = threading.Lock()
+        self._batches = BatchLedger()
         # batch -> (keys, slots, moves) of a prefetch that cached every key: the
         # batch's lookup of the same keys tensor reuses the slots while no row moved.
         self._prefetched: dict[int, tuple] = {}
@@ -224,35 +197,19 @@ class CachedTable:
     def begin_batch(self) -> int:
         """Starts a training forward: returns its batch number (the oldest pending
         prefetch's, or a new one) and keeps it in flight until ``end_batch``."""
-        with self._batch_lock:
-            if self._pending_prefetches:
-                b = self._pending_prefetches.popleft()
-            else:
-                b = self._new_batch()
-            self._open_forwards.append(b)
-            while len(self._open_forwards) > MAX_OPEN_FORWARDS:
-                self._in_flight.discard(self._open_forwards.popleft())
-                self._moves += 1  # its rows may move: its backward finds them by key
+        b, retired = self._batches.begin_forward()
+        if retired:
+            self._moves += 1  # its rows may move: its backward finds them by key
         return b
 
     def end_batch(self, batch: int) -> None:
         """The batch's backward is done: its rows may be evicted again."""
-        with self._batch_lock:
-            self._in_flight.discard(batch)
-            if batch in self._open_forwards:
-                self._open_forwards.remove(batch)
+        self._batches.end(batch)
         self._dirty = True
 
-    def _new_batch(self) -> int:
-        b = self._next_batch
-        self._next_batch += 1
-        self._in_flight.add(b)
-        return b
-
-    def _evict_floor(self) -> int:
-        """Victims must have a batch number below this (the oldest batch in flight)."""
-        with self._batch_lock:
-            return min(self._in_flight) if self._in_flight else self._next_batch
+    def upcoming_batch(self) -> int | None:
+        """The number the next ``begin_batch`` takes from a prefetch, or None."""
+        return self._batches.upcoming()
 
     # ---------------------------------------------------------------- lookups
 
@@ -315,19 +272,10 @@ class CachedTable:
         return slots, stats
 
     def _stage(self, keys, pos, rows, scores) -> Staged:
-        n = pos.numel()
-        layout = TableLayout(
-            row_width=rows.shape[1], bucket_capacity=16, value_dtype=self.value_dtype,
-            keeps_scores=True, keeps_timestamps=False, device=self.device,
-        )  # fmt: skip
-        storage = TableStorage(layout, math.ceil(n / 16))
-        storage.values[:n] = rows
-        unique_slots = torch.full_like(keys, -1)
-        unique_slots[pos] = torch.arange(n, device=self.device)
-        staged = Staged(keys[pos], scores, storage, unique_slots)
-        with self._batch_lock:
+        staged = Staged.of(keys, pos, rows.to(self.value_dtype), scores)
+        with self._staged_lock:
             self._staged_keys = torch.cat([self._staged_keys, staged.keys])
-        self.stats.staged += n
+        self.stats.staged += pos.numel()
         return staged
 
     def unstage(self, staged: Staged) -> None:
@@ -335,7 +283,7 @@ class CachedTable:
         n = staged.keys.numel()
         with self._lock.write():
             self._write_back(staged.keys, staged.storage.values[:n], staged.scores)
-        with self._batch_lock:
+        with self._staged_lock:
             self._staged_keys = self._staged_keys[~torch.isin(self._staged_keys, staged.keys)]
 
     def prefetch(self, keys: torch.Tensor) -> int:
@@ -344,13 +292,9 @@ class CachedTable:
 
         Returns the batch number.
         """
-        with self._batch_lock:
-            b = self._new_batch()
-            self._pending_prefetches.append(b)
-            while len(self._pending_prefetches) > MAX_PENDING_PREFETCHES:
-                old = self._pending_prefetches.popleft()
-                self._in_flight.discard(old)
-                self._prefetched.pop(old, None)
+        b, retired = self._batches.begin_prefetch()
+        for old in retired:
+            self._prefetched.pop(old, None)
         if keys.numel():
             with self._lock.write():
                 slots, hits, _ = self._fill(keys, b, stage=False)
@@ -359,11 +303,6 @@ class CachedTable:
                 if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
                     self._prefetched[b] = (keys, slots, self._moves)
         return b
-
-    def upcoming_batch(self) -> int | None:
-        """The number the next ``begin_batch`` takes from a prefetch, or None."""
-        with self._batch_lock:
-            return self._pending_prefetches[0] if self._pending_prefetches else None
 
     def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
@@ -401,7 +340,7 @@ class CachedTable:
         Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
         ``(positions, rows, scores)`` of the keys the cache could not take.
         """
-        with self._batch_lock:
+        with self._staged_lock:
             staged_keys = self._staged_keys
         claimed = None  # positions of the keys claimed (None: all)
         if staged_keys.numel():  # rows being trained outside the cache stay out
@@ -436,7 +375,7 @@ class CachedTable:
     def _claim(self, keys: torch.Tensor, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
         evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
-        policy = [_STEP, batch, self.seed, self._evict_floor(), self.dim]
+        policy = [_STEP, batch, self.seed, self._batches.floor(), self.dim]
         evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
         slots, status, counts = _ops.table_find_or_insert_slots(
             self._storage.tensors(), policy, self._init, keys, None, None,
