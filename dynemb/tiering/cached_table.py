@@ -25,13 +25,17 @@ update like the cache, and is written back to the storage after the backward
 batches in flight is slower, never wrong.
 
 Lookup of a training batch b (distinct keys):
-  1. find the keys in the cache; raise the hits' batch number to b (pin);
-  2. fetch the misses from the storage; insert them with batch number b: found
-     keys with their rows, new keys with initial rows (a pure function of
-     (seed, key), so a key gets the row it would get in an uncached table);
-  3. every resident evicted by step 2 is written back to the storage (row +
-     optimizer state + score); what the storage drops is counted;
-  4. keys step 2 could not place are staged (see Pinning).
+  1. one slot claim in the cache: the hits' batch number rises to b (pin), all
+     before any miss takes a slot, so the batch never evicts its own keys; every
+     miss gets a slot with batch number b, its row untouched;
+  2. the misses' rows come from the storage: found keys with their rows, new keys
+     with initial rows (a pure function of (seed, key), so a key gets the row it
+     would get in an uncached table);
+  3. the rows of the residents evicted in step 1 are read out, the rows of step 2
+     written into the slots, and the evicted entries (row + optimizer state +
+     score) written back to the storage; what the storage drops is counted;
+  4. keys step 1 could not place are staged (see Pinning).
+A batch prefetched whole skips all this in its forward: the prefetch did it.
 Eval lookups read the cache, then the storage, and insert nothing.
 """
 
