@@ -143,7 +143,18 @@ def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -
 
 
 def run_world(impl: str, config: Config, world_size: int) -> dict:
-    """Runs ``world_size`` fresh processes; the slowest rank's figures."""
+    """Runs ``world_size`` fresh processes; the slowest rank's figures. A world whose
+    rank dies (seen once: a TorchRec peer rank aborted in native gloo code with
+    "terminate called without an active exception") runs once more, said on stderr;
+    a second death raises."""
+    try:
+        return _run_world_once(impl, config, world_size)
+    except RuntimeError as e:
+        print(f"{e}; running this world once more", file=sys.stderr)
+        return _run_world_once(impl, config, world_size)
+
+
+def _run_world_once(impl: str, config: Config, world_size: int) -> dict:
     port = free_port()
     script = str(Path(__file__).resolve())
     procs = []
@@ -157,6 +168,9 @@ def run_world(impl: str, config: Config, world_size: int) -> dict:
     for p in procs:
         out, _ = p.communicate(timeout=1800)
         if p.returncode != 0:
+            for q in procs:  # the others may wait in a collective forever
+                q.kill()
+                q.wait()
             raise RuntimeError(f"{impl} world size {world_size}: a rank exited {p.returncode}")
         line = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)][-1]
         results.append(json.loads(line[len(RESULT_PREFIX) :]))
