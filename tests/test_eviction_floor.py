@@ -14,15 +14,21 @@ from dynemb import DynamicEmbScoreStrategy, _ops
 from tests import reference as ref
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_floor_matches_oracle(seed):
-    rng = np.random.default_rng(seed)
-    dim, cap, bc = 4, 64, 16
+def _step_table_and_oracle(dim, cap=64, bc=16):
+    """A STEP table and its oracle, whose new rows are zeros (the ops' rows here)."""
     table = dynemb.ScoredHashTable(
         dim=dim, capacity=cap, bucket_capacity=bc, score_strategy=DynamicEmbScoreStrategy.STEP
     )
     oracle = ref.ReferenceTable(dim, cap, cap, bc, ref.STEP, init=(2, -0.1, 0.1))
     oracle._new_row = lambda key: np.zeros(dim, dtype=np.float32)
+    return table, oracle
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_floor_matches_oracle(seed):
+    rng = np.random.default_rng(seed)
+    dim = 4
+    table, oracle = _step_table_and_oracle(dim)
     failures = evictions = 0
     for batch in range(1, 13):
         keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
@@ -59,12 +65,8 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
     """find_or_insert_slots(init_rows=False): the oracle's statuses and victims; a
     claimed slot still holds its evicted resident's row (the cache fill moves it)."""
     rng = np.random.default_rng(seed)
-    dim, cap, bc = 4, 64, 16
-    table = dynemb.ScoredHashTable(
-        dim=dim, capacity=cap, bucket_capacity=bc, score_strategy=DynamicEmbScoreStrategy.STEP
-    )
-    oracle = ref.ReferenceTable(dim, cap, cap, bc, ref.STEP, init=(2, -0.1, 0.1))
-    oracle._new_row = lambda key: np.zeros(dim, dtype=np.float32)
+    dim = 4
+    table, oracle = _step_table_and_oracle(dim)
     s = table._storage
     evictions = 0
     for batch in range(1, 10):

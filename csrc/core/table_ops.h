@@ -115,6 +115,16 @@ DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool 
   for (int64_t b = home; b < stop; ++b) lock ? P::lock(&t.locks[b]) : P::unlock(&t.locks[b]);
 }
 
+/// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves
+/// the scan when it holds the key (a key has one slot at most).
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, int64_t key,
+                                          uint8_t digest, const ProbeOrder& order,
+                                          int64_t hint) {
+  if (hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key) return hint;
+  return bucket_find<P>(t, home, key, digest, order);
+}
+
 /// Finds key i, or stores it; calls exactly one of sink.hit / sink.fresh / sink.failed.
 /// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or -1;
 /// it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
@@ -129,9 +139,7 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
 
   P::lock(&t.locks[home]);
   if (!t.overflow[home]) {
-    int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
-                       ? hint
-                       : bucket_find<P>(t, home, key, digest, order);
+    int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
     if (slot >= 0) {
       touch(t, slot, a, i);
       sink.hit(i, o, slot);
@@ -212,9 +220,7 @@ DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t 
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
   P::lock(&t.locks[home]);
-  const int64_t slot = hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key
-                           ? hint
-                           : bucket_find<P>(t, home, key, digest, order);
+  const int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
   if (slot >= 0) {
     touch(t, slot, u.score, i);
     sink.hit(i, o, slot);
