@@ -46,17 +46,32 @@ struct EvictedOut {
   }
 };
 
-/// How a sink writes rows into the caller's output: plain stores. An executor may
-/// substitute its own type with the same row() (the CPU one streams large outputs).
+/// How a sink writes rows: plain stores. An executor may substitute its own type
+/// with the same functions (the CPU one streams the rows of large batches).
 struct PlainStore {
+  /// Copies a row into the caller's output.
   template <class V>
   DYNEMB_HD static void row(const V* src, V* dst, int64_t n) {
     copy_row(src, dst, n);
   }
+  /// Copies a caller's row (or its first n columns) into a table row.
+  template <class V>
+  DYNEMB_HD static void table_row(const V* src, V* dst, int64_t n) {
+    copy_row(src, dst, n);
+  }
+  /// Initialises the table row `row` (row_width columns) of a new key and copies its
+  /// first out_width columns to `out`.
+  template <class V>
+  DYNEMB_HD static void new_row(const InitArgs& init, int64_t key, int64_t dim, V* row,
+                                int64_t row_width, V* out, int64_t out_width) {
+    init_row(init, key, row, dim, row_width);
+    copy_row(row, out, out_width);
+  }
 };
 
-template <class V, class Store = PlainStore>
+template <class V, class StoreT = PlainStore>
 struct FindOrInsertSink {
+  using Store = StoreT;
   static constexpr bool kRowOnHit = true;  // a hit reads the row (executors prefetch it)
   TableRef<V> t;
   InitArgs init;
@@ -69,17 +84,17 @@ struct FindOrInsertSink {
     Store::row(t.row(slot), out + i * out_width, out_width);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
-  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t key) {
-    init_row(init, key, t.row(slot), dim, t.row_width);
-    hit(i, o, slot);
+  DYNEMB_HD void fresh(int64_t i, int64_t, int64_t slot, int64_t key) {
+    Store::new_row(init, key, dim, t.row(slot), t.row_width, out + i * out_width, out_width);
   }
   DYNEMB_HD void failed(int64_t i, int64_t, int64_t key) {
     init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width);
   }
 };
 
-template <class V>
+template <class V, class StoreT = PlainStore>
 struct AssignSink {
+  using Store = StoreT;
   static constexpr bool kRowOnHit = true;  // a hit writes the row
   TableRef<V> t;
   InitArgs init;
@@ -89,7 +104,7 @@ struct AssignSink {
   EvictedOut<V> evicted;
 
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
-    copy_row(in + i * in_width, t.row(slot), in_width);
+    Store::table_row(in + i * in_width, t.row(slot), in_width);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {

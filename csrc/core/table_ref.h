@@ -38,6 +38,7 @@ constexpr int kMaxProbeBuckets = 4;
 
 template <typename V>
 struct TableRef {
+  using Value = V;
   uint8_t* digests;     // (num_slots)
   int64_t* keys;        // (num_slots)
   uint64_t* scores;     // (num_slots) or nullptr

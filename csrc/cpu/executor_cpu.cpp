@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/cpu_platform.h"
+#include "cpu/prefetched_loop.h"
 
 namespace dynemb::cpu {
 
@@ -20,13 +21,6 @@ using P = CpuPlatform;
 namespace {
 
 constexpr int64_t kGrain = 2048;  // keys per task below which one thread runs a batch
-
-// Batch loops overlap the cache misses of many keys (software-pipelined group
-// prefetching): keys go in groups of kGroup; while group g is processed, the key,
-// score and row of each key's likely slot are prefetched for group g + 1 (whose
-// digests arrived meanwhile) and the digests (the key's home line or the whole
-// bucket, see BucketSpan) and lock for group g + 2.
-constexpr int64_t kGroup = 8;
 
 int threads_for(int64_t n) {
   return n < 2 * kGrain ? 1 : std::max(1, at::get_num_threads());
@@ -37,7 +31,18 @@ int threads_for(int64_t n) {
 /// and leave the table's lines in the cache. Rows that are not whole 16-byte
 /// chunks at 16-byte boundaries get plain stores. A loop that used it ends with
 /// P::store_fence().
+///
+/// Table rows written whole go the same way where they are whole lines
+/// (streams_new_rows): a new key's initial row (staged on the stack, then streamed
+/// to the table and the output) and an assigned row. Reading their 4+ lines first
+/// (prefetching them, or the read for ownership of a plain store) would be wasted;
+/// the loop prefetches no such row (W-table 1 thread: find_or_insert ~+7%,
+/// insert_or_assign ~+15%). Only batches whose output is streamed do it: a small
+/// batch's rows stay cached for the caller's next op.
 struct StreamingStore {
+  /// Largest row staged on the stack to be streamed into the table.
+  static constexpr int64_t kStagedRowBytes = 4096;
+
   template <class V>
   static void row(const V* src, V* dst, int64_t n) {
     const int64_t bytes = n * static_cast<int64_t>(sizeof(V));
@@ -46,6 +51,45 @@ struct StreamingStore {
     } else {
       P::stream_copy(dst, src, bytes);
     }
+  }
+
+  /// Writes a caller's row (n columns) into a table row: streamed where it is whole
+  /// lines, so that an assignment never reads the row it overwrites.
+  template <class V>
+  static void table_row(const V* src, V* dst, int64_t n) {
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(V));
+    if ((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(bytes)) % 64 != 0) {
+      copy_row(src, dst, n);
+    } else {
+      P::stream_copy(dst, src, bytes);
+    }
+  }
+
+  /// True when every table row of t is whole cache lines that new_row streams.
+  template <class V>
+  static bool streams_new_rows(const TableRef<V>& t) {
+    const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(t.values) |
+                           reinterpret_cast<uintptr_t>(t.slow_values) |
+                           static_cast<uintptr_t>(bytes);
+    return bits % 64 == 0 && bytes <= kStagedRowBytes;
+  }
+
+  template <class V>
+  static void new_row(const InitArgs& init, int64_t key, int64_t dim, V* table_row,
+                      int64_t row_width, V* out, int64_t out_width) {
+    const int64_t bytes = row_width * static_cast<int64_t>(sizeof(V));
+    if ((reinterpret_cast<uintptr_t>(table_row) | static_cast<uintptr_t>(bytes)) % 64 != 0 ||
+        bytes > kStagedRowBytes) {
+      init_row(init, key, table_row, dim, row_width);
+      row(table_row, out, out_width);
+      return;
+    }
+    alignas(64) unsigned char staged_bytes[kStagedRowBytes];
+    V* staged = reinterpret_cast<V*>(staged_bytes);
+    init_row(init, key, staged, dim, row_width);
+    P::stream_copy(table_row, staged, bytes);
+    row(staged, out, out_width);
   }
 };
 
@@ -58,130 +102,39 @@ constexpr int64_t kStreamedOutputBytes = int64_t{32} << 20;
 
 bool streams_output(int64_t bytes) { return bytes > kStreamedOutputBytes; }
 
-/// How much of each bucket a batch loop prefetches. A key's home digest line is
-/// enough while keys sit in it (a table filled by inserts, bucket.h). A key whose
-/// home line is full without a match may sit in another line (in a table that
-/// evicts continually, a newcomer takes its victim's slot wherever it is): its
-/// other lines, fetched one group late, stall the body about two memory latencies
-/// (the lines, then the key and row), the cost of some 32 needless line fetches.
-/// So a loop prefetches whole buckets for the next kWindow keys when more than
-/// 1/32 of the last kWindow keys had such a home line, and home lines only
-/// otherwise. (A new key whose home line has room needs the other lines only to
-/// prove its absence; fetched one group late, they arrive in time.)
-class BucketSpan {
- public:
-  bool whole() const { return whole_; }
-  void count(bool full_home_line) {
-    missed_ += full_home_line;
-    if (++seen_ == kWindow) {
-      whole_ = missed_ * 32 > kWindow;
-      seen_ = missed_ = 0;
-    }
-  }
-
- private:
-  static constexpr int kWindow = 256;
-  bool whole_ = false;
-  int seen_ = 0;
-  int missed_ = 0;
-};
-
-/// Prefetches the digest lines of `bucket` except the one holding `skip` (or none).
-template <class V>
-DYNEMB_INLINE void prefetch_bucket_lines(const TableRef<V>& t, int64_t bucket,
-                                         const uint8_t* skip) {
-  const uint8_t* first = t.digests + bucket * t.bucket_capacity;
-  const auto line_of = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) / 64; };
-  const uintptr_t skipped = skip ? line_of(skip) : 0;
-  for (uintptr_t line = line_of(first); line <= line_of(first + t.bucket_capacity - 1); ++line) {
-    if (line != skipped) P::prefetch(reinterpret_cast<const void*>(line * 64));
-  }
-}
-
-// kWrites: the loop changes the table (upserts), so also fetch the bucket lock (owned)
-// and the slot's score; a read-only loop leaves them out to save memory traffic.
-template <bool kWrites, class V>
-DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key, const BucketSpan& span) {
-  const uint64_t h = hash_key(key);
-  const int64_t b = bucket_of(h, t.num_buckets);
-  if (span.whole()) {
-    prefetch_bucket_lines(t, b, nullptr);
-  } else {
-    P::prefetch(t.digests + b * t.bucket_capacity + 16 * ProbeOrder(h, t.bucket_capacity).home);
-  }
-  if (kWrites) P::prefetch_for_write(t.locks + b);
-}
-
-/// Which value rows a loop body touches, so that prefetching fetches only those:
-/// rows are 4+ cache lines each, and needless ones fill the line-fill buffers and
-/// stall every prefetch behind them.
-enum class RowUse { kNone, kNewOnly, kAll };
-
-/// Prefetches the likely slot of key; @return it (-1 if none), a hint for find_slot_hinted.
-/// When the home line holds no match, the likely slot is sought in the whole bucket
-/// if `span` prefetched it, else the bucket's other lines are prefetched for the body.
-template <bool kWrites, RowUse kRows, class V>
-DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpan& span) {
-  const uint64_t h = hash_key(key);
-  const int64_t b = bucket_of(h, t.num_buckets);
-  const ProbeOrder order(h, t.bucket_capacity);
-  const uint8_t digest = digest_of(h);
-  int64_t slot = likely_slot<P>(t, b, digest, order, kLineGroups);
-  span.count(slot < 0);
-  if (slot < 0 || t.digests[slot] != digest) {  // no match in the home line
-    if (span.whole()) {
-      slot = likely_slot<P>(t, b, digest, order, order.span);
-    } else {
-      prefetch_bucket_lines(t, b, t.digests + b * t.bucket_capacity + 16 * order.home);
-    }
-  }
-  if (slot < 0) return slot;
-  P::prefetch(t.keys + slot);
-  if (kWrites && t.scores) P::prefetch(t.scores + slot);
-  const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
-  if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new)) {
-    const char* row = reinterpret_cast<const char*>(t.row(slot));
-    const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-    for (int64_t off = 0; off < bytes; off += 64) P::prefetch(row + off);
-  }
-  return slot;
-}
-
-/// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group;
-/// key_at(j) is the key body(j) will look up and hint its likely slot (or -1).
-template <bool kWrites, RowUse kRows, class V, class KeyAt, class Body>
-DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
-                                   KeyAt&& key_at, Body&& body) {
-  int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
-  BucketSpan span;
-  auto digests = [&](int64_t from) {
-    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      prefetch_digests<kWrites>(t, key_at(j), span);
-    }
-  };
-  auto slots = [&](int64_t from) {
-    for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      hints[(j - begin) % (2 * kGroup)] = prefetch_slot<kWrites, kRows>(t, key_at(j), span);
-    }
-  };
-  digests(begin);
-  digests(begin + kGroup);
-  slots(begin);
-  for (int64_t g = begin; g < end; g += kGroup) {
-    digests(g + 2 * kGroup);
-    slots(g + kGroup);
-    for (int64_t j = g; j < std::min(end, g + kGroup); ++j) {
-      body(j, hints[(j - begin) % (2 * kGroup)]);
-    }
-  }
-}
-
 /// False for a SlotSink that leaves new rows to its caller: no row is touched.
 template <class Sink>
 bool touches_new_rows(const Sink& sink) {
   if constexpr (requires { sink.init_rows; }) return sink.init_rows;
   return true;
 }
+
+/// What an upsert loop on platform Q touches: no lock word on CpuExclusivePlatform.
+template <class Q>
+constexpr Touches kUpsertTouches =
+    std::is_same_v<Q, CpuExclusivePlatform> ? Touches::kWrite : Touches::kWriteLocked;
+
+/// True for a sink whose Store streams new rows into the table (nothing to prefetch).
+template <class Sink>
+bool new_rows_streamed(const Sink& sink) {
+  if constexpr (requires { Sink::Store::streams_new_rows(sink.t); }) {
+    return Sink::Store::streams_new_rows(sink.t);
+  }
+  return false;
+}
+
+/// True for an AssignSink whose Store streams every row it writes whole: nothing to
+/// prefetch (see upsert_keys).
+template <class Sink>
+bool assigned_rows_streamed(const Sink& sink) {
+  if constexpr (requires { sink.in_width; }) {
+    return new_rows_streamed(sink) && sink.in_width == sink.t.row_width;
+  }
+  return false;
+}
+
+template <RowUse kUse>
+constexpr std::integral_constant<RowUse, kUse> kRows{};
 
 /// Sinks that read a caller's row per key (AssignSink's in).
 template <class Sink>
@@ -201,7 +154,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   std::vector<int64_t> pending;
   if (args.hits_first) {
     auto key_at = [&](int64_t j) { return keys[index_of(j)]; };
-    prefetched_loop<true, RowUse::kNone>(t, begin, end, key_at, [&](int64_t j, int64_t hint) {
+    auto touch = [&](int64_t j, int64_t hint) {
       const int64_t i = index_of(j);
       if (touch_stored<Q>(t, i, j, keys[i], args, sink, hint)) {
         status[j] = static_cast<int8_t>(Status::kHit);
@@ -209,7 +162,9 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
       } else {
         pending.push_back(j);
       }
-    });
+    };
+    prefetched_loop<kUpsertTouches<Q>, RowUse::kNone, kWriteGroup>(t, begin, end, key_at,
+                                                                   touch);
   }
   const bool all = !args.hits_first;
   auto position = [&](int64_t x) { return all ? x : pending[x]; };
@@ -220,8 +175,8 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     if constexpr (ReadsInputRows<Sink>) {
       // In partition order the caller's rows are read out of order, beyond what the
       // hardware prefetcher follows: fetch the row of the key one group ahead.
-      if (order && x + kGroup < last) {
-        const V* ahead = sink.in + index_of(position(x + kGroup)) * sink.in_width;
+      if (order && x + kWriteGroup < last) {
+        const V* ahead = sink.in + index_of(position(x + kWriteGroup)) * sink.in_width;
         const int64_t bytes = sink.in_width * static_cast<int64_t>(sizeof(V));
         for (int64_t off = 0; off < bytes; off += 64) {
           P::prefetch(reinterpret_cast<const char*>(ahead) + off);
@@ -234,12 +189,22 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   };
+  auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
+    prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup>(t, first, last,
+                                                                          key_at, body);
+  };
   if constexpr (Sink::kRowOnHit) {
-    prefetched_loop<true, RowUse::kAll>(t, first, last, key_at, body);
+    if (assigned_rows_streamed(sink)) {
+      loop(kRows<RowUse::kNone>);
+    } else if (new_rows_streamed(sink)) {
+      loop(kRows<RowUse::kHitsOnly>);
+    } else {
+      loop(kRows<RowUse::kAll>);
+    }
   } else if (touches_new_rows(sink)) {
-    prefetched_loop<true, RowUse::kNewOnly>(t, first, last, key_at, body);
+    loop(kRows<RowUse::kNewOnly>);
   } else {
-    prefetched_loop<true, RowUse::kNone>(t, first, last, key_at, body);
+    loop(kRows<RowUse::kNone>);
   }
   P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
@@ -360,9 +325,8 @@ void erase_sequence(const TableRef<V>& t, const int64_t* keys, const int64_t* or
   auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
   // Prefetches the digests and the likely key; no lock line (mostly none is taken) nor
   // score or row (erase reads neither).
-  prefetched_loop<false, RowUse::kNone>(t, begin, end, key_at, [&](int64_t j, int64_t) {
-    erased[j] = erase_key<Q>(t, key_at(j));
-  });
+  auto body = [&](int64_t j, int64_t) { erased[j] = erase_key<Q>(t, key_at(j)); };
+  prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
 }
 
 }  // namespace
@@ -381,6 +345,15 @@ StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t
     if (streams_output(n * sink.out_width * static_cast<int64_t>(sizeof(V)))) {
       const FindOrInsertSink<V, StreamingStore> streaming{sink.t,   sink.init,      sink.dim,
                                                           sink.out, sink.out_width, sink.evicted};
+      return upsert_batch(sink.t, streaming, args, keys, n, status);
+    }
+  }
+  if constexpr (std::is_same_v<Sink, AssignSink<typename decltype(sink.t)::Value>>) {
+    using V = typename decltype(sink.t)::Value;
+    const AssignSink<V, StreamingStore> streaming{sink.t,  sink.init,     sink.dim,
+                                                  sink.in, sink.in_width, sink.evicted};
+    if (streams_output(n * sink.in_width * static_cast<int64_t>(sizeof(V))) &&
+        assigned_rows_streamed(streaming)) {
       return upsert_batch(sink.t, streaming, args, keys, n, status);
     }
   }
@@ -404,7 +377,7 @@ void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int
                bool* found) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false, RowUse::kAll>(t, begin, end, key_at, [&](int64_t i, int64_t hint) {
+    auto body = [&](int64_t i, int64_t hint) {
       const int64_t slot = find_slot_hinted<P>(t, keys[i], hint);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
@@ -413,7 +386,8 @@ void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int
       } else {
         for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0);
       }
-    });
+    };
+    prefetched_loop<Touches::kRead, RowUse::kAll, kReadGroup>(t, begin, end, key_at, body);
     P::store_fence();
   });
 }
@@ -432,10 +406,8 @@ template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    prefetched_loop<false, RowUse::kNone>(t, begin, end, key_at,
-                           [&](int64_t i, int64_t hint) {
-                             slots[i] = find_slot_hinted<P>(t, keys[i], hint);
-                           });
+    auto body = [&](int64_t i, int64_t hint) { slots[i] = find_slot_hinted<P>(t, keys[i], hint); };
+    prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
   });
 }
 
