@@ -140,8 +140,10 @@ constexpr std::integral_constant<RowUse, kUse> kRows{};
 template <class Sink>
 concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 
-/// Runs upsert for keys[i], i = order[j] for j in [begin, end) (or i = j when order
-/// is null), one thread; outputs go to position j (status[j], the sink's o = j).
+/// Runs upsert for the key at each position j in [begin, end), one thread: keys[j],
+/// batch index i = order[j] (or i = j when order is null); outputs go to position j
+/// (status[j], the sink's o = j). Keys come in position order, so that a partition
+/// reads them in sequence.
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
 /// only one touching the buckets its keys may change (see upsert_batch).
 template <class Q, class V, class Sink>
@@ -153,10 +155,10 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   // found absent (pending[x] for x in [0, size)).
   std::vector<int64_t> pending;
   if (args.hits_first) {
-    auto key_at = [&](int64_t j) { return keys[index_of(j)]; };
+    auto key_at = [&](int64_t j) { return keys[j]; };
     auto touch = [&](int64_t j, int64_t hint) {
       const int64_t i = index_of(j);
-      if (touch_stored<Q>(t, i, j, keys[i], args, sink, hint)) {
+      if (touch_stored<Q>(t, i, j, keys[j], args, sink, hint)) {
         status[j] = static_cast<int8_t>(Status::kHit);
         ++counts.by_status[static_cast<int>(Status::kHit)];
       } else {
@@ -168,7 +170,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   }
   const bool all = !args.hits_first;
   auto position = [&](int64_t x) { return all ? x : pending[x]; };
-  auto key_at = [&](int64_t x) { return keys[index_of(position(x))]; };
+  auto key_at = [&](int64_t x) { return keys[position(x)]; };
   const int64_t first = all ? begin : 0;
   const int64_t last = all ? end : static_cast<int64_t>(pending.size());
   auto body = [&](int64_t x, int64_t hint) {
@@ -185,7 +187,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     }
     const int64_t j = position(x);
     const int64_t i = index_of(j);
-    const Status s = upsert<Q>(t, i, j, keys[i], args, sink, hint);
+    const Status s = upsert<Q>(t, i, j, keys[j], args, sink, hint);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   };
@@ -215,13 +217,13 @@ template <class Sink>
 concept SlotOutputs = requires(Sink s) { s.slots; };
 
 /// Runs a mutating batch partitioned by home-bucket range (see executor_cpu.h) on
-/// `threads` threads. Thread c calls work(c, order, begin, end): partition positions
-/// [begin, end) hold its keys, order[j] being the batch index at position j; it
-/// writes per-key outputs at positions. After a barrier, each thread calls
-/// restore(lo, hi, position) for an even range [lo, hi) of batch indices, position[i]
-/// being the partition position of batch index i, to move outputs to batch order:
-/// writing at batch positions directly would make the threads store into the same
-/// cache lines, key after key.
+/// `threads` threads. Thread c calls work(c, order, part_keys, begin, end): partition
+/// positions [begin, end) hold its keys, order[j] being the batch index at position j
+/// and part_keys[j] = keys[order[j]]; it writes per-key outputs at positions. After a
+/// barrier, each thread calls restore(lo, hi, position) for an even range [lo, hi) of
+/// batch indices, position[i] being the partition position of batch index i, to move
+/// outputs to batch order: writing at batch positions directly would make the threads
+/// store into the same cache lines, key after key.
 ///
 /// Bucket locks: the Python owner runs one mutating batch at a time and no reader
 /// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
@@ -232,8 +234,12 @@ concept SlotOutputs = requires(Sink s) { s.slots; };
 template <class V, class Work, class Restore>
 void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
                      Work&& work, Restore&& restore) {
-  std::vector<int64_t> order(n);     // order[j]: batch index of partition position j
-  std::vector<int64_t> position(n);  // its inverse
+  // Uninitialised (each entry is written once below), not zero-filled first.
+  const std::unique_ptr<int64_t[]> order(new int64_t[n]);  // batch index of position j
+  const std::unique_ptr<int64_t[]> position(new int64_t[n]);  // its inverse
+  // keys[order[j]]: each part reads its keys in sequence, not scattered over the batch.
+  const std::unique_ptr<int64_t[]> keys_by_position(new int64_t[n]);
+  const std::unique_ptr<uint16_t[]> part(new uint16_t[n]);  // part of batch index i
   // count[c * T + p]: keys of chunk c in part p, then the first position of those.
   std::vector<int64_t> count(static_cast<size_t>(threads) * threads, 0);
   std::vector<int64_t> part_begin(threads + 1, 0);
@@ -243,10 +249,11 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int t
     const int c = omp_get_thread_num();
     const int64_t lo = n * c / T, hi = n * (c + 1) / T;
     std::vector<int64_t> mine(T, 0);  // this chunk's counts, then cursors (not shared)
-    auto part_of = [&](int64_t i) {
-      return bucket_of(hash_key(keys[i]), t.num_buckets) * T / t.num_buckets;
-    };
-    for (int64_t i = lo; i < hi; ++i) ++mine[part_of(i)];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t p = bucket_of(hash_key(keys[i]), t.num_buckets) * T / t.num_buckets;
+      part[i] = static_cast<uint16_t>(p);
+      ++mine[p];
+    }
     for (int p = 0; p < T; ++p) count[c * T + p] = mine[p];
 #pragma omp barrier
 #pragma omp single
@@ -265,14 +272,15 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int t
     }
     for (int p = 0; p < T; ++p) mine[p] = count[c * T + p];
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t j = mine[part_of(i)]++;
+      const int64_t j = mine[part[i]]++;
       order[j] = i;
       position[i] = j;
+      keys_by_position[j] = keys[i];
     }
 #pragma omp barrier
-    work(c, order.data(), part_begin[c], part_begin[c + 1]);
+    work(c, order.get(), keys_by_position.get(), part_begin[c], part_begin[c + 1]);
 #pragma omp barrier
-    restore(lo, hi, position.data());
+    restore(lo, hi, position.get());
   }
 }
 
@@ -295,12 +303,13 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     by_position.slots = slots_by_position.data();
   }
   std::vector<StatusCounts> counts(max_threads);
-  auto work = [&](int c, const int64_t* order, int64_t begin, int64_t end) {
+  auto work = [&](int c, const int64_t* order, const int64_t* part_keys, int64_t begin,
+                  int64_t end) {
     if (exclusive) {
-      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, keys, order, begin, end,
+      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, part_keys, order, begin, end,
                                             status_by_position.data(), counts[c]);
     } else {
-      upsert_sequence<P>(t, by_position, args, keys, order, begin, end,
+      upsert_sequence<P>(t, by_position, args, part_keys, order, begin, end,
                          status_by_position.data(), counts[c]);
     }
   };
@@ -317,12 +326,12 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
   return total;
 }
 
-/// Erases keys[order[j]] (or keys[j] when order is null) for j in [begin, end), one
-/// thread, erased[j] the outcome; Q as in upsert_sequence.
+/// Erases keys[j] (keys in position order, as in upsert_sequence) for j in [begin,
+/// end), one thread, erased[j] the outcome; Q as in upsert_sequence.
 template <class Q, class V>
-void erase_sequence(const TableRef<V>& t, const int64_t* keys, const int64_t* order,
-                    int64_t begin, int64_t end, bool* erased) {
-  auto key_at = [&](int64_t j) { return keys[order ? order[j] : j]; };
+void erase_sequence(const TableRef<V>& t, const int64_t* keys, int64_t begin, int64_t end,
+                    bool* erased) {
+  auto key_at = [&](int64_t j) { return keys[j]; };
   // Prefetches the digests and the likely key; no lock line (mostly none is taken) nor
   // score or row (erase reads neither).
   auto body = [&](int64_t j, int64_t) { erased[j] = erase_key<Q>(t, key_at(j)); };
@@ -418,16 +427,16 @@ template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
   const int max_threads = threads_for(n);
   if (max_threads == 1) {
-    erase_sequence<CpuExclusivePlatform>(t, keys, nullptr, 0, n, erased);
+    erase_sequence<CpuExclusivePlatform>(t, keys, 0, n, erased);
     return;
   }
   const bool exclusive = t.scores != nullptr;
   const std::unique_ptr<bool[]> erased_by_position(new bool[n]);
-  auto work = [&](int, const int64_t* order, int64_t begin, int64_t end) {
+  auto work = [&](int, const int64_t*, const int64_t* part_keys, int64_t begin, int64_t end) {
     if (exclusive) {
-      erase_sequence<CpuExclusivePlatform>(t, keys, order, begin, end, erased_by_position.get());
+      erase_sequence<CpuExclusivePlatform>(t, part_keys, begin, end, erased_by_position.get());
     } else {
-      erase_sequence<P>(t, keys, order, begin, end, erased_by_position.get());
+      erase_sequence<P>(t, part_keys, begin, end, erased_by_position.get());
     }
   };
   auto restore = [&](int64_t lo, int64_t hi, const int64_t* position) {
