@@ -196,6 +196,32 @@ def table_find_or_insert_slots(
     )
 
 
+def table_cache_exchange(
+    cache: Sequence[torch.Tensor],
+    slow: Sequence[torch.Tensor],
+    init: list[float],
+    seed: int,
+    dim: int,
+    user_scores: torch.Tensor,
+    victim_slots: torch.Tensor,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+) -> tuple:
+    """A cache fill's row moves (core/tier_ops.h), after its slot claim.
+
+    First the rows of the cache slots ``victim_slots`` (v,) int64 and their
+    ``user_scores`` (one int64 per cache slot) are copied out; then each of
+    ``keys`` (n,) int64 gets, at its cache slot ``slots`` (n,) int64, its row and
+    score in ``slow`` (a table of the same row layout) or, if ``slow`` lacks it,
+    the initial row of ``init``/``seed`` (``dim`` columns, the rest at the extra
+    value) and score 0. Returns ``(victim_rows (v, row_width), victim_scores (v,),
+    found (n,) bool)``.
+    """
+    return _dynemb.table_cache_exchange(
+        list(cache), list(slow), init, seed, dim, user_scores, victim_slots, keys, slots
+    )
+
+
 def unique_keys(keys: torch.Tensor) -> tuple:
     """De-duplicates keys in first-occurrence order (CPU; any order on a GPU).
 

@@ -464,6 +464,40 @@ void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
   run_partitioned(t, keys, n, max_threads, work, restore);
 }
 
+/// Prefetches the lines of a row (for reading, or `for_write`).
+template <class V>
+DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot, bool for_write) {
+  const char* row = reinterpret_cast<const char*>(t.row(slot));
+  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+  for (int64_t off = 0; off < bytes; off += 64) {
+    if (for_write) {
+      P::prefetch_for_write(row + off);
+    } else {
+      P::prefetch(row + off);
+    }
+  }
+}
+
+template <class V>
+void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const CacheExchange<V>& x) {
+  // Victims first: their slots are about to receive the fetched rows.
+  at::parallel_for(0, x.num_victims, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t v = begin; v < end; ++v) {
+      if (v + kGroup < end) prefetch_row(cache, x.victim_slots[v + kGroup], false);
+      save_victim(cache, x, v);
+    }
+  });
+  // The slow table's lines come through prefetched_loop, the cache rows written a
+  // group ahead (in slot order they are random too).
+  at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
+    auto key_at = [&](int64_t j) { return x.keys[j]; };
+    prefetched_loop<false, RowUse::kAll>(slow, begin, end, key_at, [&](int64_t i, int64_t hint) {
+      if (i + kGroup < end) prefetch_row(cache, x.slots[i + kGroup], true);
+      fetch_entry<P>(cache, slow, x, i, hint);
+    });
+  });
+}
+
 template <class V>
 int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
   std::vector<int64_t> failed(std::max(1, at::get_num_threads()), 0);
@@ -499,7 +533,9 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
   template StatusCounts upsert_keys(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,  \
                                     int64_t, int8_t*);                                        \
   template void erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*);                 \
-  template int64_t rehash<V>(const TableRef<V>&, const TableRef<V>&, int);
+  template int64_t rehash<V>(const TableRef<V>&, const TableRef<V>&, int);                    \
+  template void cache_exchange<V>(const TableRef<V>&, const TableRef<V>&,                      \
+                                  const CacheExchange<V>&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)

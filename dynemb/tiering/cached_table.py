@@ -361,7 +361,17 @@ class CachedTable:
         slots, status, counts = self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
         failed = None
-        if hits < claim_keys.numel():
+        backing = self.backing_table()
+        if hits == claim_keys.numel():
+            pass
+        elif backing is not None:  # one C++ op moves the rows
+            self._exchange(claim_keys, slots, status, counts, backing)
+            if counts[_ops.Status.FAILED]:
+                self.stats.not_cached += counts[_ops.Status.FAILED]
+                if stage:  # (no key was busy: positions in `keys`)
+                    out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+                    failed = (out, *self._fetch(claim_keys[out]))
+        else:
             missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
             rows, scores = self._fetch(claim_keys[missed])
             self._move_in(slots, status, counts, missed, rows, scores)
@@ -405,6 +415,25 @@ class CachedTable:
             rows[new, self.dim :] = self._init[5]
             scores[new] = 0
         return rows, scores
+
+    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
+        """Steps 2-3 with the built-in slow table, whose buffers the cache reads
+        directly: one op saves the victims' rows and fills every claimed slot from
+        the slow table (or with the initial row), then the victims are written back."""
+        if counts[_ops.Status.FAILED]:
+            moved = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
+        else:
+            moved = status != _ops.Status.HIT
+        moved = torch.nonzero(moved, as_tuple=True)[0]
+        out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
+        victim_slots = slots[out]
+        with self._storage_lock, backing._lock.read():
+            rows, scores, found = _ops.table_cache_exchange(
+                self._storage.tensors(), backing._storage.tensors(), self._init, self.seed,
+                self.dim, self._user_scores, victim_slots, keys[moved], slots[moved],
+            )  # fmt: skip
+        self.stats.fetched += int(found.sum())
+        self._write_back(self._buffers["evicted_keys"][out], rows, scores)
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions
