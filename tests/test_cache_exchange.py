@@ -1,7 +1,8 @@
 """table_cache_exchange (core/tier_ops.h), the row moves of a cache fill, against a
-plain-Python account of what it must do: the victims' rows and user scores leave
-the cache first; then every key gets, at its cache slot, the slow table's row and
-score, or the initial row of the table's initializer and score 0."""
+plain-Python account of what it must do: where a key's claim evicted a resident, that
+resident leaves with the slot's row and user score (in key order); then every key
+gets, at its cache slot, the slow table's row and score, or the initial row of the
+table's initializer and score 0."""
 
 import numpy as np
 import pytest
@@ -41,16 +42,18 @@ def test_victims_out_then_entries_in(n):
     slow_scores = torch.from_numpy(rng.integers(1, 10**6, int(stored.sum())))
     slow.insert_or_assign(keys[stored], slow_rows, scores=slow_scores)
     slots = torch.from_numpy(rng.choice(c.values.shape[0], size=n, replace=False))
-    victim_slots = slots[torch.from_numpy(rng.random(n) < 0.6)]
+    evicted = torch.from_numpy(rng.random(n) < 0.6)
+    evicted_keys = torch.from_numpy(rng.integers(-(2**62), 2**62, n))
     rows_before, scores_before = c.values.clone(), user_scores.clone()
 
-    victim_rows, victim_scores, found = _ops.table_cache_exchange(
+    victim_keys, victim_rows, victim_scores, found = _ops.table_cache_exchange(
         c.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
-        user_scores, victim_slots, keys, slots,
+        user_scores, keys, slots, evicted_keys, evicted,
     )  # fmt: skip
 
-    assert torch.equal(victim_rows, rows_before[victim_slots])
-    assert torch.equal(victim_scores, scores_before[victim_slots])
+    assert torch.equal(victim_keys, evicted_keys[evicted])
+    assert torch.equal(victim_rows, rows_before[slots[evicted]])
+    assert torch.equal(victim_scores, scores_before[slots[evicted]])
     assert torch.equal(found, stored)
     at = slots[stored]
     assert torch.equal(c.values[at], slow_rows)
@@ -76,23 +79,23 @@ def test_half_precision_rows_move_bit_for_bit():
     slow.insert_or_assign(keys, rows, scores=torch.arange(32, dtype=torch.int64) + 1)
     slots = torch.arange(32, dtype=torch.int64) * 2
     user_scores = torch.zeros(cache._storage.values.shape[0], dtype=torch.int64)
-    empty = torch.empty(0, dtype=torch.int64)
-    _, _, found = _ops.table_cache_exchange(
+    evicted = torch.zeros(32, dtype=torch.bool)
+    victim_keys, _, _, found = _ops.table_cache_exchange(
         cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
-        user_scores, empty, keys, slots,
+        user_scores, keys, slots, keys, evicted,
     )  # fmt: skip
-    assert bool(found.all())
+    assert bool(found.all()) and victim_keys.numel() == 0
     assert torch.equal(cache._storage.values[slots], rows)
 
 
-def _call(cache, slow, user_scores=None, victim_slots=None, keys=None, slots=None):
+def _call(cache, slow, user_scores=None, keys=None, slots=None, evicted=None):
     n = cache._storage.values.shape[0]
+    keys = torch.tensor([5, 6]) if keys is None else keys
     return _ops.table_cache_exchange(
         cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
         torch.zeros(n, dtype=torch.int64) if user_scores is None else user_scores,
-        torch.empty(0, dtype=torch.int64) if victim_slots is None else victim_slots,
-        torch.tensor([5, 6]) if keys is None else keys,
-        torch.tensor([0, 1]) if slots is None else slots,
+        keys, torch.tensor([0, 1]) if slots is None else slots, torch.tensor([7, 8]),
+        torch.tensor([True, False]) if evicted is None else evicted,
     )  # fmt: skip
 
 
@@ -102,11 +105,13 @@ def test_bad_arguments_are_named_and_change_nothing():
     before = cache._storage.values.clone()
     with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, "):
         _call(cache, slow, slots=torch.tensor([0, n]))
-    with pytest.raises(ValueError, match="`victim_slots` must hold slots"):
-        _call(cache, slow, victim_slots=torch.tensor([-1]))
+    with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, .*got values in \\[-1"):
+        _call(cache, slow, slots=torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="evicted"):
+        _call(cache, slow, evicted=torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="`user_scores` has 3 elements"):
         _call(cache, slow, user_scores=torch.zeros(3, dtype=torch.int64))
-    with pytest.raises(ValueError, match="`slots` has 1 elements, `keys` has 2"):
+    with pytest.raises(ValueError, match="need one element per key \\(2\\), got 1"):
         _call(cache, slow, slots=torch.tensor([0]))
     other = dynemb.ScoredHashTable(
         dim=DIM, capacity=256, bucket_capacity=64, extra_columns=EXTRA + 1,

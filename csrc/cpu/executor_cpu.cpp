@@ -488,15 +488,15 @@ DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot, bool for_wri
 
 template <class V>
 void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const CacheExchange<V>& x) {
-  // Victims first: their slots are about to receive the fetched rows.
-  at::parallel_for(0, x.num_victims, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t v = begin; v < end; ++v) {
-      if (v + kGroup < end) prefetch_row(cache, x.victim_slots[v + kGroup], false);
-      save_victim(cache, x, v);
+  // Two passes, the victims' rows streaming out first (a few % faster than both
+  // steps per key in one loop); each prefetches the cache rows a group ahead.
+  at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t ahead = i + kGroup;
+      if (ahead < end && x.victim_index[ahead] >= 0) prefetch_row(cache, x.slots[ahead], false);
+      save_victim(cache, x, i);
     }
   });
-  // The slow table's lines come through prefetched_loop, the cache rows written a
-  // group ahead (in slot order they are random too).
   at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return x.keys[j]; };
     prefetched_loop<false, RowUse::kAll>(slow, begin, end, key_at, [&](int64_t i, int64_t hint) {

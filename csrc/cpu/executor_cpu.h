@@ -43,8 +43,7 @@ StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t
 template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased);
 
-/// A cache fill's row moves (core/tier_ops.h): every victim's row and score out of
-/// `cache`, then every missed key's entry from `slow` into its cache slot.
+/// A cache fill's row moves (core/tier_ops.h save_victim, fetch_entry) for every missed key.
 template <class V>
 void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const CacheExchange<V>& x);
 

@@ -28,15 +28,11 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
 }
 
 template <class V>
-__global__ void save_victims_kernel(TableRef<V> cache, CacheExchange<V> x) {
-  const int64_t v = thread_index();
-  if (v < x.num_victims) save_victim(cache, x, v);
-}
-
-template <class V>
-__global__ void fetch_entries_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
+__global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
   const int64_t i = thread_index();
-  if (i < x.n) fetch_entry<P>(cache, slow, x, i, -1);
+  if (i >= x.n) return;
+  save_victim(cache, x, i);
+  fetch_entry<P>(cache, slow, x, i, -1);
 }
 
 __global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
@@ -98,12 +94,7 @@ void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* ke
 template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream) {
-  // The kernel boundary orders the steps: every victim row is saved before any
-  // fetch overwrites its slot.
-  if (x.num_victims > 0) {
-    save_victims_kernel<V><<<blocks_for(x.num_victims), kBlock, 0, stream>>>(cache, x);
-  }
-  if (x.n > 0) fetch_entries_kernel<V><<<blocks_for(x.n), kBlock, 0, stream>>>(cache, slow, x);
+  if (x.n > 0) cache_exchange_kernel<V><<<blocks_for(x.n), kBlock, 0, stream>>>(cache, slow, x);
 }
 
 void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,

@@ -81,7 +81,7 @@ template <class V>
 void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                    const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
 
-/// A cache fill's row moves (core/tier_ops.h): victims, then fetches (two kernels).
+/// A cache fill's row moves (core/tier_ops.h), one thread per missed key.
 template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream);

@@ -418,22 +418,23 @@ class CachedTable:
 
     def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
         """Steps 2-3 with the built-in slow table, whose buffers the cache reads
-        directly: one op saves the victims' rows and fills every claimed slot from
-        the slow table (or with the initial row), then the victims are written back."""
+        directly: one op moves each victim's row out and the key's row in, then the
+        victims are written back."""
         if counts[_ops.Status.FAILED]:
             moved = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
         else:
             moved = status != _ops.Status.HIT
         moved = torch.nonzero(moved, as_tuple=True)[0]
-        out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
-        victim_slots = slots[out]
+        evicted_keys = self._buffers["evicted_keys"][moved]
+        evicted = status[moved] == _ops.Status.EVICTED
+        keys, slots = keys[moved], slots[moved]
         with self._storage_lock, backing._lock.read():
-            rows, scores, found = _ops.table_cache_exchange(
+            victims = _ops.table_cache_exchange(
                 self._storage.tensors(), backing._storage.tensors(), self._init, self.seed,
-                self.dim, self._user_scores, victim_slots, keys[moved], slots[moved],
+                self.dim, self._user_scores, keys, slots, evicted_keys, evicted,
             )  # fmt: skip
-        self.stats.fetched += int(found.sum())
-        self._write_back(self._buffers["evicted_keys"][out], rows, scores)
+        self.stats.fetched += int(victims[3].sum())
+        self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions
