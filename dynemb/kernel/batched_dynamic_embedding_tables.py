@@ -214,17 +214,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             tb if isinstance(table, CachedTable) and self._inserts(t) else None
             for t, (table, tb) in enumerate(zip(self.tables, batches, strict=True))
         ]
-        work = [
-            (t, tb, distinct)
-            for t, (tb, distinct) in enumerate(zip(cached, _distinct_keys(cached), strict=True))
-            if isinstance(self.tables[t], CachedTable) and self._inserts(t)
-        ]
-
-        def fetch(item):
-            t, tb, distinct = item
-            return self.tables[t].prefetch(distinct[0] if tb is not None else indices[:0])
-
-        for (t, tb, distinct), b in zip(work, _per_table(fetch, work), strict=True):
+        for t, (tb, distinct) in enumerate(zip(cached, _distinct_keys(cached), strict=True)):
+            table = self.tables[t]
+            if not isinstance(table, CachedTable) or not self._inserts(t):
+                continue
+            b = table.prefetch(distinct[0] if tb is not None else indices[:0])
             if tb is not None:
                 pending = self._prefetched[t]
                 pending[b] = (tb.keys, distinct)
@@ -474,30 +468,6 @@ def _distinct_keys(batches: list) -> list:
     else:
         results = iter([_ops.unique_keys(tb.keys) for tb in present])
     return [None if tb is None else next(results) for tb in batches]
-
-
-@functools.cache
-def _table_pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(
-        max_workers=workers,
-        thread_name_prefix="dynemb-tables",
-        initializer=_ops.set_thread_limit,
-        initargs=(1,),
-    )
-
-
-def _per_table(fn, items: list) -> list:
-    """``[fn(x) for x in items]``, where each item is one table's independent work.
-
-    With T > 1 threads the items run on T workers of one thread each: a cache fill
-    is a chain of ops with Python between them, and run one table at a time on T
-    threads per op, the other threads idle through every Python step and join
-    (~40% of a cached W-train step). The results are those of the serial loop.
-    """
-    threads = torch.get_num_threads()
-    if threads < 2 or len(items) < 2:
-        return [fn(x) for x in items]
-    return list(_table_pool(min(threads, len(items))).map(fn, items))
 
 
 def _feature_columns(dims):
