@@ -338,8 +338,9 @@ class CachedTable:
         One slot claim over the batch pins the hits (their batch number rises to
         ``batch``, all before any new key is placed: ``hits_first``) and gives every
         other key a slot without touching rows (a victim's row stays in its slot);
-        then the victims' rows are gathered for the write-back and the fetched rows
-        written in, as whole-batch copies.
+        then the victims' rows are read out for the write-back and the fetched rows
+        written in: by one C++ op with the built-in slow tier (``_exchange``), by
+        whole-batch copies around ``Storage.find`` with an external one.
 
         Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
         ``(positions, rows, scores)`` of the keys the cache could not take.
