@@ -107,9 +107,9 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t buck
   uint64_t low = ~uint64_t{0};
   for (int64_t s = 0; s < n; ++s) low = scores[s] < low ? scores[s] : low;
   uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t c = scores[s] == low ? uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)
-                                        : ~uint64_t{0};
+  for (int64_t s = 0; s < n; ++s) {  // bit ops, not ?: — gcc vectorizes only this form
+    const uint64_t other = uint64_t{0} - static_cast<uint64_t>(scores[s] != low);  // ~0 or 0
+    const uint64_t c = (uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)) | other;
     first = c < first ? c : first;
   }
   const uint64_t digest = first >> 32;

@@ -12,6 +12,7 @@
 
 #include "core/batch_sinks.h"
 #include "core/table_ops.h"
+#include "core/tier_ops.h"
 
 namespace dynemb::cpu {
 
@@ -41,6 +42,10 @@ StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t
 /// erased[i] = keys[i] was stored (and is now gone).
 template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased);
+
+/// A cache fill's row moves (core/tier_ops.h save_victim, fetch_entry) for every missed key.
+template <class V>
+void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const CacheExchange<V>& x);
 
 /// Moves every entry of src into dst (an empty table). @return entries that did not fit.
 template <class V>

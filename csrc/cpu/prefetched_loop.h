@@ -122,7 +122,15 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpa
       prefetch_bucket_lines(t, b, t.digests + b * t.bucket_capacity + 16 * order.home);
     }
   }
-  if (slot < 0) return slot;
+  if (slot < 0) {
+    // A full bucket without a match: an upsert of a new key scans every score for
+    // its victim (bucket_victim).
+    if (kTouches != Touches::kRead && t.scores && span.whole()) {
+      const uint64_t* first = t.scores + b * t.bucket_capacity;
+      for (int64_t s = 0; s < t.bucket_capacity; s += 8) CpuPlatform::prefetch(first + s);
+    }
+    return slot;
+  }
   CpuPlatform::prefetch(t.keys + slot);
   if (kTouches != Touches::kRead && t.scores) CpuPlatform::prefetch(t.scores + slot);
   const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match

@@ -27,6 +27,14 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
   if (i < n) gather_row(t, slots, keys, i, missing, out + i * dim, dim);
 }
 
+template <class V>
+__global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
+  const int64_t i = thread_index();
+  if (i >= x.n) return;
+  save_victim(cache, x, i);
+  fetch_entry<P>(cache, slow, x, i, -1);
+}
+
 __global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
                              int64_t* inverse, unsigned long long* counts) {
   const int64_t i = thread_index();
@@ -83,6 +91,12 @@ void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* ke
   gather_kernel<V><<<blocks_for(n), kBlock, 0, stream>>>(t, slots, keys, n, missing, out, dim);
 }
 
+template <class V>
+void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
+                           const CacheExchange<V>& x, cudaStream_t stream) {
+  if (x.n > 0) cache_exchange_kernel<V><<<blocks_for(x.n), kBlock, 0, stream>>>(cache, slow, x);
+}
+
 void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,
                   int64_t capacity, int32_t* num_unique, int64_t* unique, int64_t* inverse,
                   int64_t* counts, cudaStream_t stream) {
@@ -119,7 +133,9 @@ void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
   template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
                                    const int64_t*, int64_t, const float*, PoolingMode,         \
                                    const float*, int64_t, const OptimizerArgs&, float*,        \
-                                   cudaStream_t);
+                                   cudaStream_t);                                  \
+  template void launch_cache_exchange<V>(const TableRef<V>&, const TableRef<V>&,               \
+                                         const CacheExchange<V>&, cudaStream_t);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(__half)

@@ -60,6 +60,7 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
 #include "core/dedup.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
+#include "core/tier_ops.h"
 
 namespace dynemb::cuda {
 
@@ -79,6 +80,11 @@ void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys
 template <class V>
 void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                    const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
+
+/// A cache fill's row moves (core/tier_ops.h), one thread per missed key.
+template <class V>
+void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
+                           const CacheExchange<V>& x, cudaStream_t stream);
 
 /// De-duplicates keys (core/dedup.h) with one thread per key.
 /// @param cell_keys (capacity) int64 and cell_uids (capacity) int32 set to -1: the

@@ -10,10 +10,13 @@
 //   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*,
 //                                           offsets*, num_bags, weights*, PoolingMode, grad*,
 //                                           dim, OptimizerArgs);
+//   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
+//                                                 CacheExchange<V>);
 #pragma once
 
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
+#include "core/tier_ops.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {
@@ -54,6 +57,20 @@ inline void check_bags(const char* op, const at::Tensor& table0, const at::Tenso
     TORCH_CHECK_VALUE(weights->numel() == slots.numel(), "dynemb.", op, ": `weights` has ",
                       weights->numel(), " elements, `slots` has ", slots.numel());
   }
+}
+
+/// slots: (n) int64 slots of `table0`'s table, each in [0, num_slots).
+inline void check_slot_list(const char* op, const char* name, const at::Tensor& slots,
+                            const at::Tensor& table0) {
+  check_tensor(op, name, slots, at::kLong, 1);
+  check_same_device(op, name, slots, table0);
+  if (slots.numel() == 0) return;
+  const auto range = at::aminmax(slots);
+  const int64_t lo = std::get<0>(range).item<int64_t>();
+  const int64_t hi = std::get<1>(range).item<int64_t>();
+  TORCH_CHECK_VALUE(lo >= 0 && hi < table0.numel(), "dynemb.", op, ": `", name,
+                    "` must hold slots in [0, ", table0.numel(), "), got values in [", lo, ", ",
+                    hi, "]");
 }
 
 template <class Backend>
@@ -141,6 +158,67 @@ struct EmbeddingOpImpls {
     return out;
   }
 
+  /// A cache fill's row moves (core/tier_ops.h fetch_entry). Returns (victim_keys (v),
+  /// victim_rows (v, row_width), victim_scores (v), found (n)), the victims in key
+  /// order; fills the cache rows and user_scores at `slots`.
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cache_exchange(
+      at::TensorList cache, at::TensorList slow, at::ArrayRef<double> init, int64_t seed,
+      int64_t dim, const at::Tensor& user_scores, const at::Tensor& keys,
+      const at::Tensor& slots, const at::Tensor& evicted_keys, const at::Tensor& evicted) {
+    constexpr const char* op = "table_cache_exchange";
+    check_table(op, cache);
+    check_table(op, slow);
+    check_same_device(op, "slow", slow[0], cache[0]);
+    TORCH_CHECK_VALUE(cache[4].scalar_type() == slow[4].scalar_type() &&
+                          cache[4].size(1) == slow[4].size(1),
+                      "dynemb.", op, ": `cache` and `slow` must have the same row layout, got ",
+                      cache[4].scalar_type(), " x ", cache[4].size(1), " and ",
+                      slow[4].scalar_type(), " x ", slow[4].size(1));
+    check_dim(op, cache, dim);
+    const InitArgs init_args = parse_missing(op, init, seed);
+    const int64_t num_slots = cache[0].numel(), n = keys.numel();
+    check_tensor(op, "user_scores", user_scores, at::kLong, 1);
+    TORCH_CHECK_VALUE(user_scores.numel() == num_slots, "dynemb.", op, ": `user_scores` has ",
+                      user_scores.numel(), " elements, the cache has ", num_slots, " slots");
+    check_keys(op, keys);
+    check_slot_list(op, "slots", slots, cache[0]);
+    check_tensor(op, "evicted_keys", evicted_keys, at::kLong, 1);
+    check_tensor(op, "evicted", evicted, at::kBool, 1);
+    for (const at::Tensor* t : {&slots, &evicted_keys, &evicted}) {
+      TORCH_CHECK_VALUE(t->numel() == n, "dynemb.", op,
+                        ": `slots`, `evicted_keys` and `evicted` need one element per key (",
+                        n, "), got ", t->numel());
+    }
+    check_same_device(op, "evicted_keys", evicted_keys, cache[0]);
+    check_same_device(op, "evicted", evicted, cache[0]);
+    typename Backend::DeviceGuard guard(cache[0].device());
+    // Victim v is the v-th evicted position: its outputs are compact, in key order.
+    const at::Tensor victim_index =
+        at::where(evicted, at::cumsum(evicted, 0, at::kLong) - 1, at::full({}, -1, keys.options()));
+    const int64_t nv = n == 0 ? 0 : victim_index.max().item<int64_t>() + 1;
+    at::Tensor victim_keys = at::empty({nv}, keys.options());
+    at::Tensor victim_rows = at::empty({nv, cache[4].size(1)}, cache[4].options());
+    at::Tensor victim_scores = at::empty({nv}, keys.options());
+    at::Tensor found = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
+    dispatch_values(op, cache[4], [&](auto v) {
+      using W = V<decltype(v)>;
+      const CacheExchange<W> x{init_args,
+                               dim,
+                               user_scores.data_ptr<int64_t>(),
+                               keys.data_ptr<int64_t>(),
+                               slots.data_ptr<int64_t>(),
+                               evicted_keys.data_ptr<int64_t>(),
+                               victim_index.data_ptr<int64_t>(),
+                               n,
+                               found.data_ptr<bool>(),
+                               victim_keys.data_ptr<int64_t>(),
+                               reinterpret_cast<W*>(victim_rows.data_ptr()),
+                               victim_scores.data_ptr<int64_t>()};
+      Backend::cache_exchange(table_ref<W>(cache), table_ref<W>(slow), x);
+    });
+    return {victim_keys, victim_rows, victim_scores, found};
+  }
+
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_keys(const at::Tensor& keys) {
     check_keys("unique_keys", keys);
     typename Backend::DeviceGuard guard(keys.device());
@@ -213,6 +291,7 @@ struct EmbeddingOpImpls {
     (m).impl("embedding_gather", &EImpl::gather);                                 \
     (m).impl("embedding_backward", &EImpl::backward);                             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \
+    (m).impl("table_cache_exchange", &EImpl::cache_exchange);                     \
   } while (0)
 
 }  // namespace dynemb

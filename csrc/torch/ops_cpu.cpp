@@ -83,6 +83,11 @@ struct CpuBackend {
     cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
                          grad, dim, opt);
   }
+  template <class V>
+  static void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
+                             const CacheExchange<V>& x) {
+    cpu::cache_exchange(cache, slow, x);
+  }
 
  private:
   static void store_counts(const StatusCounts& done, at::Tensor& counts) {

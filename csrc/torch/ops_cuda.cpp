@@ -102,6 +102,11 @@ struct CudaBackend {
                           grad, dim, opt, acc.data_ptr<float>(), stream());
   }
   template <class V>
+  static void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
+                             const CacheExchange<V>& x) {
+    cuda::launch_cache_exchange(cache, slow, x, stream());
+  }
+  template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
     at::Tensor failed = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
     cuda::launch_rehash(src, dst, window, failed.data_ptr<int64_t>(), stream());

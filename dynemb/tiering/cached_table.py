@@ -338,8 +338,9 @@ class CachedTable:
         One slot claim over the batch pins the hits (their batch number rises to
         ``batch``, all before any new key is placed: ``hits_first``) and gives every
         other key a slot without touching rows (a victim's row stays in its slot);
-        then the victims' rows are gathered for the write-back and the fetched rows
-        written in, as whole-batch copies.
+        then the victims' rows are read out for the write-back and the fetched rows
+        written in: by one C++ op with the built-in slow tier (``_exchange``), by
+        whole-batch copies around ``Storage.find`` with an external one.
 
         Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
         ``(positions, rows, scores)`` of the keys the cache could not take.
@@ -361,7 +362,17 @@ class CachedTable:
         slots, status, counts = self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
         failed = None
-        if hits < claim_keys.numel():
+        backing = self.backing_table()
+        if hits == claim_keys.numel():
+            pass
+        elif backing is not None:  # one C++ op moves the rows
+            self._exchange(claim_keys, slots, status, counts, backing)
+            if counts[_ops.Status.FAILED]:
+                self.stats.not_cached += counts[_ops.Status.FAILED]
+                if stage:  # (no key was busy: positions in `keys`)
+                    out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+                    failed = (out, *self._fetch(claim_keys[out]))
+        else:
             missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
             rows, scores = self._fetch(claim_keys[missed])
             self._move_in(slots, status, counts, missed, rows, scores)
@@ -405,6 +416,26 @@ class CachedTable:
             rows[new, self.dim :] = self._init[5]
             scores[new] = 0
         return rows, scores
+
+    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
+        """Steps 2-3 with the built-in slow table, whose buffers the cache reads
+        directly: one op moves each victim's row out and the key's row in, then the
+        victims are written back."""
+        if counts[_ops.Status.FAILED]:
+            moved = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
+        else:
+            moved = status != _ops.Status.HIT
+        moved = torch.nonzero(moved, as_tuple=True)[0]
+        evicted_keys = self._buffers["evicted_keys"][moved]
+        evicted = status[moved] == _ops.Status.EVICTED
+        keys, slots = keys[moved], slots[moved]
+        with self._storage_lock, backing._lock.read():
+            victims = _ops.table_cache_exchange(
+                self._storage.tensors(), backing._storage.tensors(), self._init, self.seed,
+                self.dim, self._user_scores, keys, slots, evicted_keys, evicted,
+            )  # fmt: skip
+        self.stats.fetched += int(victims[3].sum())
+        self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions

@@ -1,0 +1,68 @@
+// dynemb core: the per-key steps of a cache fill (dynemb/tiering/cached_table.py).
+//
+// A cache tier and the slow table behind it have the same row layout. After the
+// cache's slot claim has given every missed key a slot, evicting residents whose
+// rows are still in those slots, a fill runs for each missed key
+//   1. save_victim: the resident its claim evicted (if any) leaves with its key, row
+//      and table score, for the caller to write back to the slow table; then
+//   2. fetch_entry: the slot gets the key's entry in the slow table, its row and
+//      score, or for a key the slow table lacks the initial row (a pure function of
+//      (seed, key), as an uncached table would give it) and score 0.
+// Keys are independent (each owns its slot; the slow table is only read), so step
+// 1 of a key needs only to precede its own step 2.
+#pragma once
+
+#include "core/batch_sinks.h"
+#include "core/initializer.h"
+#include "core/table_ops.h"
+
+namespace dynemb {
+
+/// One fill's arguments. The cache keeps a key's score under the table's strategy
+/// beside its own eviction score, in user_scores (one per cache slot).
+template <class V>
+struct CacheExchange {
+  InitArgs init;                // the table's initializer (and seed)
+  int64_t dim;                  // initialised embedding columns
+  int64_t* user_scores;         // (cache slots) table scores of the cached keys
+  const int64_t* keys;          // (n) the missed keys
+  const int64_t* slots;         // (n) their cache slots
+  const int64_t* evicted_keys;  // (n) the resident key i's claim evicted, where
+  const int64_t* victim_index;  // (n) >= 0: its index in the victim outputs
+  int64_t n;
+  bool* found;                  // (n) out: the slow table held the key
+  int64_t* victim_keys;         // (victims) out
+  V* victim_rows;               // (victims, row_width) out
+  int64_t* victim_scores;       // (victims) out
+};
+
+/// Step 1 for missed key i.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheExchange<V>& x,
+                                         int64_t i) {
+  const int64_t v = x.victim_index[i];
+  if (v < 0) return;
+  x.victim_keys[v] = x.evicted_keys[i];
+  copy_row(cache.row(x.slots[i]), x.victim_rows + v * cache.row_width, cache.row_width);
+  x.victim_scores[v] = x.user_scores[x.slots[i]];
+}
+
+/// Step 2 for missed key i; `hint` is a likely slot of it in `slow` (or -1).
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE void fetch_entry(const TableRef<V>& cache, const TableRef<V>& slow,
+                                         const CacheExchange<V>& x, int64_t i, int64_t hint) {
+  const int64_t key = x.keys[i];
+  const int64_t slot = x.slots[i];
+  V* row = cache.row(slot);
+  const int64_t from = find_slot_hinted<P>(slow, key, hint);
+  x.found[i] = from >= 0;
+  if (from >= 0) {
+    copy_row(slow.row(from), row, cache.row_width);
+    x.user_scores[slot] = slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
+  } else {
+    init_row(x.init, key, row, x.dim, cache.row_width);
+    x.user_scores[slot] = 0;
+  }
+}
+
+}  // namespace dynemb

@@ -1,0 +1,122 @@
+"""table_cache_exchange (core/tier_ops.h), the row moves of a cache fill, against a
+plain-Python account of what it must do: where a key's claim evicted a resident, that
+resident leaves with the slot's row and user score (in key order); then every key
+gets, at its cache slot, the slow table's row and score, or the initial row of the
+table's initializer and score 0."""
+
+import numpy as np
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, _ops
+from dynemb.types import DynamicEmbScoreStrategy
+
+DIM, EXTRA = 8, 3
+INIT = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.5, upper=0.5)
+
+
+def _tables(slots: int, dtype=torch.float32):
+    cache = dynemb.ScoredHashTable(
+        dim=DIM, capacity=slots, bucket_capacity=64, extra_columns=EXTRA,
+        score_strategy=DynamicEmbScoreStrategy.STEP, initializer=INIT, seed=11,
+        value_dtype=dtype, extra_init=0.25,
+    )  # fmt: skip
+    slow = dynemb.ScoredHashTable(
+        dim=DIM, capacity=4 * slots, bucket_capacity=64, extra_columns=EXTRA,
+        score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED, value_dtype=dtype,
+    )  # fmt: skip
+    return cache, slow
+
+
+@pytest.mark.parametrize("n", [40, 6000])  # 6000 > 2 * kGrain: both threads take part
+def test_victims_out_then_entries_in(n):
+    rng = np.random.default_rng(n)
+    cache, slow = _tables(2 * n)
+    c = cache._storage
+    c.values.copy_(torch.from_numpy(rng.standard_normal(tuple(c.values.shape)).astype(np.float32)))
+    user_scores = torch.from_numpy(rng.integers(1, 10**9, c.values.shape[0]))
+    keys = torch.from_numpy(rng.choice(2**62, size=n, replace=False)).to(torch.int64) - 2**61
+    stored = torch.from_numpy(rng.random(n) < 0.5)
+    slow_rows = torch.randn(int(stored.sum()), DIM + EXTRA)
+    slow_scores = torch.from_numpy(rng.integers(1, 10**6, int(stored.sum())))
+    slow.insert_or_assign(keys[stored], slow_rows, scores=slow_scores)
+    slots = torch.from_numpy(rng.choice(c.values.shape[0], size=n, replace=False))
+    evicted = torch.from_numpy(rng.random(n) < 0.6)
+    evicted_keys = torch.from_numpy(rng.integers(-(2**62), 2**62, n))
+    rows_before, scores_before = c.values.clone(), user_scores.clone()
+
+    victim_keys, victim_rows, victim_scores, found = _ops.table_cache_exchange(
+        c.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        user_scores, keys, slots, evicted_keys, evicted,
+    )  # fmt: skip
+
+    assert torch.equal(victim_keys, evicted_keys[evicted])
+    assert torch.equal(victim_rows, rows_before[slots[evicted]])
+    assert torch.equal(victim_scores, scores_before[slots[evicted]])
+    assert torch.equal(found, stored)
+    at = slots[stored]
+    assert torch.equal(c.values[at], slow_rows)
+    assert torch.equal(user_scores[at], slow_scores)
+    new = slots[~stored]
+    initial = _ops.embedding_gather(
+        c.tensors(), torch.full_like(keys[~stored], -1), keys[~stored], cache._init,
+        cache.seed, DIM,
+    )  # fmt: skip
+    assert torch.equal(c.values[new, :DIM], initial)
+    assert bool((c.values[new, DIM:] == 0.25).all())
+    assert bool((user_scores[new] == 0).all())
+    untouched = torch.ones(c.values.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(c.values[untouched], rows_before[untouched])
+    assert torch.equal(user_scores[untouched], scores_before[untouched])
+
+
+def test_half_precision_rows_move_bit_for_bit():
+    cache, slow = _tables(64, torch.float16)
+    keys = torch.arange(1, 33, dtype=torch.int64)
+    rows = torch.randn(32, DIM + EXTRA).half()
+    slow.insert_or_assign(keys, rows, scores=torch.arange(32, dtype=torch.int64) + 1)
+    slots = torch.arange(32, dtype=torch.int64) * 2
+    user_scores = torch.zeros(cache._storage.values.shape[0], dtype=torch.int64)
+    evicted = torch.zeros(32, dtype=torch.bool)
+    victim_keys, _, _, found = _ops.table_cache_exchange(
+        cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        user_scores, keys, slots, keys, evicted,
+    )  # fmt: skip
+    assert bool(found.all()) and victim_keys.numel() == 0
+    assert torch.equal(cache._storage.values[slots], rows)
+
+
+def _call(cache, slow, user_scores=None, keys=None, slots=None, evicted=None):
+    n = cache._storage.values.shape[0]
+    keys = torch.tensor([5, 6]) if keys is None else keys
+    return _ops.table_cache_exchange(
+        cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        torch.zeros(n, dtype=torch.int64) if user_scores is None else user_scores,
+        keys, torch.tensor([0, 1]) if slots is None else slots, torch.tensor([7, 8]),
+        torch.tensor([True, False]) if evicted is None else evicted,
+    )  # fmt: skip
+
+
+def test_bad_arguments_are_named_and_change_nothing():
+    cache, slow = _tables(64)
+    n = cache._storage.values.shape[0]
+    before = cache._storage.values.clone()
+    with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, "):
+        _call(cache, slow, slots=torch.tensor([0, n]))
+    with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, .*got values in \\[-1"):
+        _call(cache, slow, slots=torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="evicted"):
+        _call(cache, slow, evicted=torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="`user_scores` has 3 elements"):
+        _call(cache, slow, user_scores=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="need one element per key \\(2\\), got 1"):
+        _call(cache, slow, slots=torch.tensor([0]))
+    other = dynemb.ScoredHashTable(
+        dim=DIM, capacity=256, bucket_capacity=64, extra_columns=EXTRA + 1,
+        score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="same row layout"):
+        _call(cache, other)
+    assert torch.equal(cache._storage.values, before)
