@@ -187,14 +187,11 @@ def test_random_operation_sequences(strategy, seed):
     h.check_export()
 
 
-@pytest.mark.parametrize("strategy", ["step", "customized", "no_eviction"])
-@pytest.mark.parametrize("bc", [48, 128])  # 3 digest groups (not a power of two), 8
-def test_random_operation_sequences_with_wide_buckets(strategy, bc):
-    """Buckets of several digest groups, scanned from each key's home group: 0 divergences."""
-    rng = np.random.default_rng(11)
-    h = Harness(strategy, capacity=8 * bc, init_capacity=2 * bc, bc=bc)
-    for _ in range(40):
-        keys = _random_keys(rng, h, int(rng.integers(0, 4 * bc)))
+def _mixed_operations(h, rng, rounds: int, max_keys: int) -> None:
+    """Random find_or_insert / insert_and_evict / erase batches, each checked against
+    the oracle, then the export."""
+    for _ in range(rounds):
+        keys = _random_keys(rng, h, int(rng.integers(0, max_keys)))
         op = rng.choice(["find_or_insert", "insert_and_evict", "erase"], p=[0.5, 0.3, 0.2])
         if op == "find_or_insert":
             h.find_or_insert(keys, rng)
@@ -204,6 +201,15 @@ def test_random_operation_sequences_with_wide_buckets(strategy, bc):
             h.insert(keys, rng, evict=True)
         h.check_all()
     h.check_export()
+
+
+@pytest.mark.parametrize("strategy", ["step", "customized", "no_eviction"])
+@pytest.mark.parametrize("bc", [48, 128])  # 3 digest groups (not a power of two), 8
+def test_random_operation_sequences_with_wide_buckets(strategy, bc):
+    """Buckets of several digest groups, scanned from each key's home group: 0 divergences."""
+    rng = np.random.default_rng(11)
+    h = Harness(strategy, capacity=8 * bc, init_capacity=2 * bc, bc=bc)
+    _mixed_operations(h, rng, rounds=40, max_keys=4 * bc)
 
 
 def _tiers(tier, tmp_path):
@@ -222,17 +228,7 @@ def test_random_operation_sequences_in_tiers(strategy, tier, tmp_path):
     """The same semantics whatever tier holds the rows: 0 divergences from the oracle."""
     rng = np.random.default_rng(5)
     h = Harness(strategy, **_tiers(tier, tmp_path))
-    for _ in range(30):
-        keys = _random_keys(rng, h, int(rng.integers(0, 90)))
-        op = rng.choice(["find_or_insert", "insert_and_evict", "erase"], p=[0.5, 0.3, 0.2])
-        if op == "find_or_insert":
-            h.find_or_insert(keys, rng)
-        elif op == "erase":
-            h.erase(keys)
-        else:
-            h.insert(keys, rng, evict=True)
-        h.check_all()
-    h.check_export()
+    _mixed_operations(h, rng, rounds=30, max_keys=90)
     storage = h.table._storage
     if "fast_rows" in _tiers(tier, tmp_path):  # both tiers really hold rows
         occupied = storage.digests.view(-1) != 0

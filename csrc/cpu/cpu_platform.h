@@ -61,6 +61,17 @@ struct CpuPlatform {
 #endif
   }
 
+  // Every 64-byte line of [addr, addr + bytes): a row is several lines, and
+  // prefetching the first alone leaves the others to demand misses.
+  static void prefetch_lines(const void* addr, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) prefetch(static_cast<const char*>(addr) + off);
+  }
+  static void prefetch_lines_for_write(const void* addr, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) {
+      prefetch_for_write(static_cast<const char*>(addr) + off);
+    }
+  }
+
   // Copies `bytes` (a multiple of 16) to a 16-byte aligned dst with non-temporal
   // stores (no read for ownership, no cache fill) where the CPU has them; they are
   // weakly ordered: store_fence() before another thread may read dst.

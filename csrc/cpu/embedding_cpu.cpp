@@ -21,9 +21,7 @@ constexpr int64_t kUpdateDistance = 8;  // rows ahead whose lines the update pre
 /// leaves the others to demand misses).
 template <class V>
 DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot) {
-  const char* row = reinterpret_cast<const char*>(t.row(slot));
-  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-  for (int64_t off = 0; off < bytes; off += 64) CpuPlatform::prefetch(row + off);
+  CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));
 }
 
 /// A float buffer of n elements (contents unspecified), reused by the calling

@@ -45,20 +45,21 @@ struct StreamingStore {
 
   template <class V>
   static void row(const V* src, V* dst, int64_t n) {
-    const int64_t bytes = n * static_cast<int64_t>(sizeof(V));
-    if ((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(bytes)) % 16 != 0) {
-      copy_row(src, dst, n);
-    } else {
-      P::stream_copy(dst, src, bytes);
-    }
+    copy<16>(src, dst, n);
   }
 
   /// Writes a caller's row (n columns) into a table row: streamed where it is whole
   /// lines, so that an assignment never reads the row it overwrites.
   template <class V>
   static void table_row(const V* src, V* dst, int64_t n) {
+    copy<64>(src, dst, n);
+  }
+
+  /// Streams n columns where dst and their bytes are multiples of kAlign, else copies.
+  template <int64_t kAlign, class V>
+  static void copy(const V* src, V* dst, int64_t n) {
     const int64_t bytes = n * static_cast<int64_t>(sizeof(V));
-    if ((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(bytes)) % 64 != 0) {
+    if ((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(bytes)) % kAlign != 0) {
       copy_row(src, dst, n);
     } else {
       P::stream_copy(dst, src, bytes);
@@ -179,10 +180,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
       // hardware prefetcher follows: fetch the row of the key one group ahead.
       if (order && x + kWriteGroup < last) {
         const V* ahead = sink.in + index_of(position(x + kWriteGroup)) * sink.in_width;
-        const int64_t bytes = sink.in_width * static_cast<int64_t>(sizeof(V));
-        for (int64_t off = 0; off < bytes; off += 64) {
-          P::prefetch(reinterpret_cast<const char*>(ahead) + off);
-        }
+        P::prefetch_lines(ahead, sink.in_width * static_cast<int64_t>(sizeof(V)));
       }
     }
     const int64_t j = position(x);
@@ -445,36 +443,25 @@ void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
   run_partitioned(t, keys, n, max_threads, work, restore);
 }
 
-/// Prefetches the lines of a row (for reading, or `for_write`).
-template <class V>
-DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot, bool for_write) {
-  const char* row = reinterpret_cast<const char*>(t.row(slot));
-  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-  for (int64_t off = 0; off < bytes; off += 64) {
-    if (for_write) {
-      P::prefetch_for_write(row + off);
-    } else {
-      P::prefetch(row + off);
-    }
-  }
-}
-
 template <class V>
 void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const CacheExchange<V>& x) {
   // Two passes, the victims' rows streaming out first (a few % faster than both
   // steps per key in one loop); each prefetches the cache rows a group ahead.
   constexpr int64_t kAhead = kWriteGroup;  // rows prefetched this many keys ahead
+  const int64_t row_bytes = cache.row_width * static_cast<int64_t>(sizeof(V));
   at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t ahead = i + kAhead;
-      if (ahead < end && x.victim_index[ahead] >= 0) prefetch_row(cache, x.slots[ahead], false);
+      if (ahead < end && x.victim_index[ahead] >= 0) {
+        P::prefetch_lines(cache.row(x.slots[ahead]), row_bytes);
+      }
       save_victim(cache, x, i);
     }
   });
   at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return x.keys[j]; };
     auto body = [&](int64_t i, int64_t hint) {
-      if (i + kAhead < end) prefetch_row(cache, x.slots[i + kAhead], true);
+      if (i + kAhead < end) P::prefetch_lines_for_write(cache.row(x.slots[i + kAhead]), row_bytes);
       fetch_entry<P>(cache, slow, x, i, hint);
     };
     prefetched_loop<Touches::kRead, RowUse::kAll, kWriteGroup>(slow, begin, end, key_at, body);

@@ -136,9 +136,7 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpa
   const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
   if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new) ||
       (kRows == RowUse::kHitsOnly && !is_new)) {
-    const char* row = reinterpret_cast<const char*>(t.row(slot));
-    const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-    for (int64_t off = 0; off < bytes; off += 64) CpuPlatform::prefetch(row + off);
+    CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));
   }
   return slot;
 }
