@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dynemb
-from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, _ops
 from dynemb import DynamicEmbScoreStrategy as S
 
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
@@ -94,3 +94,33 @@ def test_all_openmp_threads_on_one_batch(strategy):
     assert t.erase(keys[::2]) == keys[::2].numel()
     assert t.size() == keys.numel() - keys[::2].numel()
     assert not bool(t.contains(keys[::2]).any()) and bool(t.contains(keys[1::2]).all())
+
+
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # bucket locks, or none
+def test_erase_on_all_threads_reports_each_key_like_one_thread(strategy):
+    """A multi-thread erase (each thread walks the batch block by block) reports, per
+    key, what the one-thread erase does: the first occurrence of each stored key,
+    duplicates blocks apart included, and nothing for absent keys."""
+    gen = torch.Generator().manual_seed(3)
+    stored = torch.randperm(2**22, generator=gen)[: 2**15] + 1
+    absent = -torch.arange(1, 2001)
+    batch = torch.cat([stored[::2], absent, stored[:3000]])  # repeats 3000 keys, 20k apart
+    batch = batch[torch.randperm(batch.numel(), generator=gen)[: batch.numel()]]
+    batch = torch.cat([batch, batch[:5000]])  # and again, a whole batch later
+    erased, remaining = {}, {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        t = _table(strategy, capacity=2**16, init_capacity=2**16)
+        t.find_or_insert(stored)
+        erased[threads] = _ops.table_erase(t._storage.tensors(), batch)
+        remaining[threads] = t.contains(stored)
+    first = torch.zeros(batch.numel(), dtype=torch.bool)
+    seen = set()
+    stored_set = set(stored.tolist())
+    for i, k in enumerate(batch.tolist()):
+        first[i] = k in stored_set and k not in seen
+        seen.add(k)
+    assert torch.equal(erased[1], first)
+    assert torch.equal(erased[2], first)
+    assert torch.equal(remaining[2], remaining[1])
+    assert int((~remaining[2]).sum()) == int(first.sum())
