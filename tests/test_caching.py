@@ -252,6 +252,21 @@ def test_eval_reads_both_tiers_and_inserts_nothing():
     assert [dataclasses_tuple(s) for s in cached.cache_stats()] == stats
 
 
+def test_erase_removes_keys_from_both_tiers_and_counts_each_once():
+    data = batches(6, vocab=2000, seed=6)
+    plain = module([options(), options()])
+    cached = module([options(32, state=1), options(64, state=1)])
+    for b in data:
+        step(plain, b), step(cached, b)
+    ids = torch.cat([data[0][0], data[5][0]])  # keys in both tiers, repeated
+    gone = torch.cat([ids, torch.tensor([123457, 123457])])  # and an unknown one
+    for p, c in zip(plain.tables, cached.tables, strict=True):
+        assert c.storage.size() > 0 and c.cache_size() > 0
+        assert c.erase(gone) == p.erase(gone) > 0
+        assert c.size() == p.size()
+        assert not bool(c.find(gone)[1].any())
+
+
 def dataclasses_tuple(s):
     import dataclasses
 

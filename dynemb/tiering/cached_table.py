@@ -546,8 +546,9 @@ class CachedTable:
         return self.storage.size()
 
     def erase(self, keys: torch.Tensor) -> int:
-        """Removes keys from both tiers; returns how many were stored in either."""
-        keys = keys.contiguous()
+        """Removes keys from both tiers; returns how many were stored in either (a
+        repeated key counts once)."""
+        keys = torch.unique(keys)
         with self._lock.write():
             self._moves += 1
             in_cache = _ops.table_erase(self._storage.tensors(), keys)
