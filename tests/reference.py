@@ -17,6 +17,10 @@ M64 = (1 << 64) - 1
 MAX_PROBE_BUCKETS = 4
 HIT, INSERTED, EVICTED, FAILED = range(4)
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
+# A cache tier's own score (internal, core/score_policy.h ScoreStrategy::kCache): the
+# batches that used the key since it entered, << 32, | the latest one's number.
+CACHE = 6
+CACHE_BATCH_MASK, CACHE_MAX_USES = 0xFFFFFFFF, 0x7FFFFFFF
 
 
 def mix64(k: int) -> int:
@@ -110,6 +114,8 @@ class ReferenceTable:
             return int(scores[i])
         if self.strategy in (LFU, TIMESTAMP_LFU):
             return 1
+        if self.strategy == CACHE:
+            return 1 << 32 | batch
         return batch if self.strategy in (TIMESTAMP, STEP) else 0
 
     def _touch(self, e, i, scores, batch):
@@ -119,6 +125,9 @@ class ReferenceTable:
             e[1] += 1
         elif self.strategy in (TIMESTAMP, STEP):
             e[1] = max(e[1], batch)
+        elif self.strategy == CACHE and batch > e[1] & CACHE_BATCH_MASK:
+            uses = e[1] >> 32
+            e[1] = min(uses + 1, CACHE_MAX_USES) << 32 | batch
         if self.strategy == TIMESTAMP_LFU:
             e[2] = batch
 
@@ -154,11 +163,19 @@ class ReferenceTable:
             return INSERTED
         if self.nb < self.max_nb:
             return FAILED
-        victim = min(members, key=lambda k: (self.entries[k][1], digest_of(k), k))
+        # The eviction floor pins the residents whose score (its batch part, for a
+        # cache tier) is not below it.
+        mask = CACHE_BATCH_MASK if self.strategy == CACHE else ~0
+        unpinned = [
+            k
+            for k in members
+            if self.evict_below is None or self.entries[k][1] & mask < self.evict_below
+        ]
+        if not unpinned:
+            return FAILED
+        victim = min(unpinned, key=lambda k: (self.entries[k][1], digest_of(k), k))
         if self.strategy == CUSTOMIZED and score < self.entries[victim][1]:
             return FAILED
-        if self.evict_below is not None and not self.entries[victim][1] < self.evict_below:
-            return FAILED  # the eviction floor pins every resident of the bucket
         old = self.entries.pop(victim)
         evicted[i] = (victim, old[0].copy(), old[1])
         members.discard(victim)
@@ -171,7 +188,7 @@ class ReferenceTable:
 
         ``self.rows[i]`` is then the row key i saw when it was processed.
         ``evict_below``: a full bucket evicts only a resident scored below it (None:
-        any resident; core/table_ops.h UpsertArgs::evict_below).
+        any resident; core/table_ops.h UpsertArgs::evict_below), the minimum of those.
         """
         self.evict_below = evict_below
         self.step += 1

@@ -60,6 +60,53 @@ def test_floor_matches_oracle(seed):
     assert int((table._storage.digests.view(-1) != 0).sum()) == len(oracle.entries)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
+    """A cache tier's own score (uses since the key entered, then its latest batch):
+    a full bucket evicts the resident used by the fewest batches, the oldest among
+    equals, never one pinned by a batch at or above the floor, however rarely used;
+    against the oracle, statuses, victims and every stored score."""
+    rng = np.random.default_rng(seed)
+    dim = 4
+    table, oracle = _step_table_and_oracle(dim, cap=32)
+    oracle.strategy = ref.CACHE
+    pool = rng.choice(2**40, size=120, replace=False)  # keys come back: uses grow
+    failures = evictions = pinned_skips = 0
+    for batch in range(1, 40):
+        keys = torch.from_numpy(rng.choice(pool, size=12, replace=False)).to(torch.int64)
+        values = torch.from_numpy(rng.standard_normal((12, dim)).astype(np.float32))
+        floor = int(rng.integers(max(1, batch - 3), batch + 1)) if batch > 3 else _ops.EVICT_ANY
+        before = {k: e[1] for k, e in oracle.entries.items()}
+        evicted = [torch.empty(12, dtype=torch.int64), torch.empty(12, dim), torch.empty(12, dtype=torch.int64)]  # fmt: skip
+        status, _ = _ops.table_insert_or_assign(
+            table._storage.tensors(), [ref.CACHE, batch, 0, floor, dim], table._init, keys,
+            None, values, evicted,
+        )  # fmt: skip
+        want, want_evicted = oracle.upsert(
+            keys.tolist(), None, values.numpy(), batch_value=batch,
+            evict_below=None if floor < 0 else floor,
+        )  # fmt: skip
+        assert status.tolist() == want
+        for i, (k, _, score) in want_evicted.items():
+            assert int(evicted[0][i]) == k and int(evicted[2][i]) == score
+            assert floor < 0 or score & ref.CACHE_BATCH_MASK < floor  # never a pinned one
+            # a pinned resident used less often stayed: the floor, not the count, spared it
+            pinned_skips += any(
+                s & ref.CACHE_BATCH_MASK >= floor and s >> 32 < score >> 32
+                for k2, s in before.items()
+                if k2 in oracle.entries and oracle._home(k2) == oracle._home(k)
+            )
+        failures += want.count(ref.FAILED)
+        evictions += want.count(ref.EVICTED)
+    assert failures > 0 and evictions > 0 and pinned_skips > 0  # every branch exercised
+    keys = torch.tensor(sorted(oracle.entries))
+    slots = _ops.table_find_slots(table._storage.tensors(), keys)
+    assert bool((slots >= 0).all())
+    stored = table._storage.scores.view(-1)[slots].tolist()
+    assert stored == [oracle.entries[k][1] for k in keys.tolist()]
+    assert max(s >> 32 for s in stored) > 1  # some keys counted several batches
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_slot_claims_leave_rows_and_report_victims(seed):
     """find_or_insert_slots(init_rows=False): the oracle's statuses and victims; a

@@ -88,38 +88,48 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
   return -1;
 }
 
-/// The eviction victim of a full bucket: the slot with the smallest (score, digest,
-/// key). The digest (hash bits of the key) and then the key break ties, so the
-/// choice is deterministic and independent of slot positions.
-/// Requires t.scores (every strategy that evicts keeps scores).
+/// The eviction victim of a full bucket: among the slots not pinned, the one with
+/// the smallest (score, digest, key); -1 when every slot is pinned. A slot is
+/// pinned when the part of its score under `pin_mask` is >= `evict_below` (the
+/// caller's floor; kEvictAny pins nothing). The digest (hash bits of the key) and
+/// then the key break ties, so the choice is deterministic and independent of slot
+/// positions. Requires t.scores (every strategy that evicts keeps scores).
 ///
-/// Branch-free passes that vectorize: the minimum score; the smallest (digest, slot)
-/// among the slots holding it; how many of those share that digest. Only when
-/// several do (rare) are keys read. Comparing keys on every tie read all the key
-/// lines of the bucket, and scores that count batches tie for most slots (STEP,
-/// LFU, a cache tier's batch numbers).
+/// Branch-free passes that vectorize: the minimum candidate score (a pinned slot's
+/// is ~0); the smallest (digest, slot) among the slots holding it; how many of
+/// those share that digest. Only when several do (rare) are keys read. Comparing
+/// keys on every tie read all the key lines of the bucket, and scores that count
+/// batches tie for most slots (STEP, LFU, a cache tier's batch numbers).
 template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket) {
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
+                                              uint64_t pin_mask, uint64_t evict_below) {
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t n = t.bucket_capacity;
   const uint64_t* scores = t.scores + base;
   const uint8_t* digests = t.digests + base;
+  // A pinned slot's candidate is ~0 (bit ops, not ?: — gcc vectorizes only this
+  // form). Under kEvictAny (~0) only a score of ~0 counts as pinned: it is ~0 anyway.
+  auto candidate = [&](int64_t s) {
+    return scores[s] | (uint64_t{0} - static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
+  };
   uint64_t low = ~uint64_t{0};
-  for (int64_t s = 0; s < n; ++s) low = scores[s] < low ? scores[s] : low;
+  for (int64_t s = 0; s < n; ++s) low = candidate(s) < low ? candidate(s) : low;
+  if (low == ~uint64_t{0} && evict_below != kEvictAny) return -1;  // all pinned
   uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
-  for (int64_t s = 0; s < n; ++s) {  // bit ops, not ?: — gcc vectorizes only this form
-    const uint64_t other = uint64_t{0} - static_cast<uint64_t>(scores[s] != low);  // ~0 or 0
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t other = uint64_t{0} - static_cast<uint64_t>(candidate(s) != low);  // ~0 or 0
     const uint64_t c = (uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)) | other;
     first = c < first ? c : first;
   }
   const uint64_t digest = first >> 32;
   int64_t ties = 0;
-  for (int64_t s = 0; s < n; ++s) ties += scores[s] == low && digests[s] == digest;
+  for (int64_t s = 0; s < n; ++s) ties += candidate(s) == low && digests[s] == digest;
   if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
   const int64_t* keys = t.keys + base;  // several share score and digest: the smaller key
   int64_t victim = -1;
   for (int64_t s = 0; s < n; ++s) {
-    if (scores[s] == low && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
+    if (candidate(s) == low && digests[s] == digest &&
+        (victim < 0 || keys[s] < keys[victim])) {
       victim = s;
     }
   }

@@ -19,7 +19,26 @@ enum class ScoreStrategy : int64_t {
   kLfu = 3,           ///< score = number of accesses
   kNoEviction = 4,    ///< no score; a full bucket means "grow the table"
   kTimestampLfu = 5,  ///< score = LFU count, plus the last-access timestamp beside it
+  /// Internal, a cache tier's own score (dynemb/tiering/cached_table.py): the number
+  /// of batches that looked the key up since it entered the cache (high 32 bits),
+  /// then the latest such batch's number (low 32 bits, the part the eviction floor
+  /// compares: see pin_mask). So an unpinned resident used least often leaves
+  /// first, the older among equals.
+  kCache = 6,
 };
+
+/// evict_below value that lets any resident be evicted (UpsertArgs, table_ops.h).
+constexpr uint64_t kEvictAny = ~uint64_t{0};
+
+/// kCache: the batch number's bits, and the most uses counted (saturates).
+constexpr uint64_t kCacheBatchMask = 0xFFFFFFFFu;
+constexpr uint64_t kCacheMaxUses = 0x7FFFFFFFu;
+
+/// The part of a score the eviction floor (UpsertArgs::evict_below) compares: a
+/// cache tier's batch number, else the whole score.
+DYNEMB_HD DYNEMB_INLINE uint64_t pin_mask(ScoreStrategy s) {
+  return s == ScoreStrategy::kCache ? kCacheBatchMask : ~uint64_t{0};
+}
 
 /// One batch's scoring context.
 struct ScoreArgs {
@@ -45,6 +64,7 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_new(const ScoreArgs& a, int64_t i) {
     case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
     case ScoreStrategy::kLfu:
     case ScoreStrategy::kTimestampLfu: return accesses(a, i);
+    case ScoreStrategy::kCache: return uint64_t{1} << 32 | a.batch_value;
     default: return a.batch_value;
   }
 }
@@ -57,6 +77,11 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
     case ScoreStrategy::kTimestampLfu: {
       const uint64_t sum = old + accesses(a, i);
       return sum < old ? ~uint64_t{0} : sum;  // saturate
+    }
+    case ScoreStrategy::kCache: {  // one more use per later batch
+      if (a.batch_value <= (old & kCacheBatchMask)) return old;
+      const uint64_t uses = old >> 32;
+      return (uses + (uses < kCacheMaxUses)) << 32 | a.batch_value;
     }
     default: return a.batch_value > old ? a.batch_value : old;
   }

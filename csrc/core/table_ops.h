@@ -37,24 +37,16 @@
 
 namespace dynemb {
 
-/// evict_below value that lets any resident be evicted.
-constexpr uint64_t kEvictAny = ~uint64_t{0};
-
 struct UpsertArgs {
   ScoreArgs score;
-  /// A full bucket evicts its minimum resident only when that resident's score is
-  /// < evict_below (or evict_below == kEvictAny); 0 never evicts (the key fails).
+  /// A full bucket evicts its minimum resident among those whose score (its
+  /// pin_mask part) is < evict_below (kEvictAny: any); 0 never evicts (the key fails).
   uint64_t evict_below;
   /// Executors touch every stored key of the batch (touch_stored) before placing
   /// any new one, so new keys never evict keys the same batch hits (evicting
   /// strategies only; see touch_stored).
   bool hits_first;
 };
-
-/// True when a victim of score `victim_score` may be evicted under `u`'s floor.
-DYNEMB_HD DYNEMB_INLINE bool may_evict(const UpsertArgs& u, uint64_t victim_score) {
-  return u.evict_below == kEvictAny || victim_score < u.evict_below;
-}
 
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int window_of(const TableRef<V>& t, ScoreStrategy s) {
@@ -155,9 +147,9 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
     }
     if (evicts(a.strategy)) {
       Status status = Status::kFailed;
-      const int64_t victim = bucket_victim(t, home);
+      const int64_t victim = bucket_victim(t, home, pin_mask(a.strategy), u.evict_below);
       const uint64_t score = score_for_new(a, i);
-      if (may_evict(u, t.scores[victim]) && admits(a.strategy, score, t.scores[victim])) {
+      if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
         sink.evicting(i, victim);
         claim(t, victim, key, digest, score, a.batch_value);
         sink.fresh(i, o, victim, key);

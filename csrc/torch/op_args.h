@@ -47,9 +47,16 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
                     ": `init` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
                     " values");
   const int64_t strategy = policy[0];
-  TORCH_CHECK_VALUE(strategy >= 0 && strategy <= 5, "dynemb.", op,
-                    ": unknown score strategy ", strategy);
+  TORCH_CHECK_VALUE(strategy >= 0 && strategy <= static_cast<int64_t>(ScoreStrategy::kCache),
+                    "dynemb.", op, ": unknown score strategy ", strategy);
   const auto s = static_cast<ScoreStrategy>(strategy);
+  if (s == ScoreStrategy::kCache) {  // the batch number shares the score with a count
+    TORCH_CHECK_VALUE(policy[1] >= 0 && static_cast<uint64_t>(policy[1]) <= kCacheBatchMask &&
+                          (policy[3] == -1 || (policy[3] >= 0 &&
+                                               static_cast<uint64_t>(policy[3]) <= kCacheBatchMask)),
+                      "dynemb.", op, ": a cache tier's batch number and floor must be in [0, 2^32), got ",
+                      policy[1], " and ", policy[3]);
+  }
   TORCH_CHECK_VALUE(keeps_scores(s) == (table[2].numel() != 0) &&
                         keeps_timestamps(s) == (table[3].numel() != 0),
                     "dynemb.", op, ": the table's score buffers do not match strategy ", strategy);
