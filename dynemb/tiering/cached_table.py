@@ -13,7 +13,7 @@ number of the latest batch that needs the key (the training batch that looked it
 up, or the future batch it was prefetched for) and, above it, how many batches
 used the key since it entered the cache. A full bucket evicts the unpinned
 resident used least often, the older among equals: on W-train's Zipf ids this
-keeps ~4 points more hits than evicting the oldest (0.46 -> 0.51 at 25%). The key's
+keeps ~4 points more hits than evicting the oldest (0.52 -> 0.56 at 25%). The key's
 score under the table's strategy (what a slow-tier eviction and the checkpoints
 see) is kept beside it, ``user_scores[slot]``, updated by each training lookup
 with the strategy's rule, and written back with the row.
