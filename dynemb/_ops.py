@@ -205,22 +205,23 @@ def table_cache_exchange(
     user_scores: torch.Tensor,
     keys: torch.Tensor,
     slots: torch.Tensor,
+    status: torch.Tensor,
     evicted_keys: torch.Tensor,
-    evicted: torch.Tensor,
 ) -> tuple:
     """A cache fill's row moves (core/tier_ops.h), after its slot claim.
 
-    For each of ``keys`` (n,) int64 and its cache slot ``slots`` (n,) int64: where
-    ``evicted`` (n,) bool, the resident ``evicted_keys`` (n,) int64 its claim evicted
-    leaves with the slot's row and its entry of ``user_scores`` (one int64 per cache
-    slot); then the slot gets the key's row and score in ``slow`` (a table of the
-    same row layout) or, if ``slow`` lacks it, the initial row of ``init``/``seed``
-    (``dim`` columns, the rest at the extra value) and score 0. Returns
-    ``(victim_keys (v,), victim_rows (v, row_width), victim_scores (v,), found (n,)
-    bool)``, the victims in the order of their keys.
+    ``keys``, ``slots``, ``status`` and ``evicted_keys`` are the claim's (n,) arrays
+    (``table_find_or_insert_slots``). For each key whose status is INSERTED or
+    EVICTED: where EVICTED, the resident ``evicted_keys[i]`` leaves with the slot's
+    row and its entry of ``user_scores`` (one int64 per cache slot); then the slot
+    gets the key's row and score in ``slow`` (a table of the same row layout) or, if
+    ``slow`` lacks it, the initial row of ``init``/``seed`` (``dim`` columns, the
+    rest at the extra value) and score 0. Hits and failed keys are left alone.
+    Returns ``(victim_keys (v,), victim_rows (v, row_width), victim_scores (v,),
+    found (n,) bool)``, the victims in the order of their keys.
     """
     return _dynemb.table_cache_exchange(
-        list(cache), list(slow), init, seed, dim, user_scores, keys, slots, evicted_keys, evicted
+        list(cache), list(slow), init, seed, dim, user_scores, keys, slots, status, evicted_keys
     )
 
 

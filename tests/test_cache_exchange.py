@@ -1,8 +1,9 @@
 """table_cache_exchange (core/tier_ops.h), the row moves of a cache fill, against a
 plain-Python account of what it must do: where a key's claim evicted a resident, that
 resident leaves with the slot's row and user score (in key order); then every key
-gets, at its cache slot, the slow table's row and score, or the initial row of the
-table's initializer and score 0."""
+that took a slot (INSERTED or EVICTED) gets there the slow table's row and score, or
+the initial row of the table's initializer and score 0; hits and failed keys are left
+alone."""
 
 import numpy as np
 import pytest
@@ -42,32 +43,36 @@ def test_victims_out_then_entries_in(n):
     slow_scores = torch.from_numpy(rng.integers(1, 10**6, int(stored.sum())))
     slow.insert_or_assign(keys[stored], slow_rows, scores=slow_scores)
     slots = torch.from_numpy(rng.choice(c.values.shape[0], size=n, replace=False))
-    evicted = torch.from_numpy(rng.random(n) < 0.6)
+    S = _ops.Status
+    status = torch.from_numpy(rng.choice([S.HIT, S.INSERTED, S.EVICTED, S.FAILED], n, p=[0.2, 0.25, 0.45, 0.1])).to(torch.int8)  # fmt: skip
+    slots[status == S.FAILED] = -1
+    evicted = status == S.EVICTED
+    moved = evicted | (status == S.INSERTED)
     evicted_keys = torch.from_numpy(rng.integers(-(2**62), 2**62, n))
     rows_before, scores_before = c.values.clone(), user_scores.clone()
 
     victim_keys, victim_rows, victim_scores, found = _ops.table_cache_exchange(
         c.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
-        user_scores, keys, slots, evicted_keys, evicted,
+        user_scores, keys, slots, status, evicted_keys,
     )  # fmt: skip
 
     assert torch.equal(victim_keys, evicted_keys[evicted])
     assert torch.equal(victim_rows, rows_before[slots[evicted]])
     assert torch.equal(victim_scores, scores_before[slots[evicted]])
-    assert torch.equal(found, stored)
-    at = slots[stored]
-    assert torch.equal(c.values[at], slow_rows)
-    assert torch.equal(user_scores[at], slow_scores)
-    new = slots[~stored]
+    assert torch.equal(found, stored & moved)
+    at = slots[stored & moved]
+    assert torch.equal(c.values[at], slow_rows[moved[stored]])
+    assert torch.equal(user_scores[at], slow_scores[moved[stored]])
+    fresh = ~stored & moved
+    new = slots[fresh]
     initial = _ops.embedding_gather(
-        c.tensors(), torch.full_like(keys[~stored], -1), keys[~stored], cache._init,
-        cache.seed, DIM,
-    )  # fmt: skip
+        c.tensors(), torch.full_like(keys[fresh], -1), keys[fresh], cache._init, cache.seed, DIM
+    )
     assert torch.equal(c.values[new, :DIM], initial)
     assert bool((c.values[new, DIM:] == 0.25).all())
     assert bool((user_scores[new] == 0).all())
     untouched = torch.ones(c.values.shape[0], dtype=torch.bool)
-    untouched[slots] = False
+    untouched[slots[moved]] = False  # hits' slots included: they stay as they were
     assert torch.equal(c.values[untouched], rows_before[untouched])
     assert torch.equal(user_scores[untouched], scores_before[untouched])
 
@@ -79,23 +84,25 @@ def test_half_precision_rows_move_bit_for_bit():
     slow.insert_or_assign(keys, rows, scores=torch.arange(32, dtype=torch.int64) + 1)
     slots = torch.arange(32, dtype=torch.int64) * 2
     user_scores = torch.zeros(cache._storage.values.shape[0], dtype=torch.int64)
-    evicted = torch.zeros(32, dtype=torch.bool)
+    status = torch.full((32,), _ops.Status.INSERTED, dtype=torch.int8)
     victim_keys, _, _, found = _ops.table_cache_exchange(
         cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
-        user_scores, keys, slots, keys, evicted,
+        user_scores, keys, slots, status, keys,
     )  # fmt: skip
     assert bool(found.all()) and victim_keys.numel() == 0
     assert torch.equal(cache._storage.values[slots], rows)
 
 
-def _call(cache, slow, user_scores=None, keys=None, slots=None, evicted=None):
+def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None):
     n = cache._storage.values.shape[0]
     keys = torch.tensor([5, 6]) if keys is None else keys
+    S = _ops.Status
     return _ops.table_cache_exchange(
         cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
         torch.zeros(n, dtype=torch.int64) if user_scores is None else user_scores,
-        keys, torch.tensor([0, 1]) if slots is None else slots, torch.tensor([7, 8]),
-        torch.tensor([True, False]) if evicted is None else evicted,
+        keys, torch.tensor([0, 1]) if slots is None else slots,
+        torch.tensor([S.EVICTED, S.INSERTED], dtype=torch.int8) if status is None else status,
+        torch.tensor([7, 8]),
     )  # fmt: skip
 
 
@@ -103,12 +110,14 @@ def test_bad_arguments_are_named_and_change_nothing():
     cache, slow = _tables(64)
     n = cache._storage.values.shape[0]
     before = cache._storage.values.clone()
-    with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, "):
+    with pytest.raises(ValueError, match="`slots` must hold slots in \\[-1, "):
         _call(cache, slow, slots=torch.tensor([0, n]))
-    with pytest.raises(ValueError, match="`slots` must hold slots in \\[0, .*got values in \\[-1"):
+    with pytest.raises(ValueError, match="`slots` must hold slots in \\[-1, .*got values in \\[-2"):
+        _call(cache, slow, slots=torch.tensor([-2, 0]))
+    with pytest.raises(ValueError, match="1 keys whose `status` moves them in have slot -1"):
         _call(cache, slow, slots=torch.tensor([-1, 0]))
-    with pytest.raises(TypeError, match="evicted"):
-        _call(cache, slow, evicted=torch.tensor([1, 0]))
+    with pytest.raises(TypeError, match="status"):
+        _call(cache, slow, status=torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="`user_scores` has 3 elements"):
         _call(cache, slow, user_scores=torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="need one element per key \\(2\\), got 1"):

@@ -1,8 +1,9 @@
 // dynemb core: the per-key steps of a cache fill (dynemb/tiering/cached_table.py).
 //
 // A cache tier and the slow table behind it have the same row layout. After the
-// cache's slot claim has given every missed key a slot, evicting residents whose
-// rows are still in those slots, a fill runs for each missed key
+// cache's slot claim has given every missed key a slot (status kInserted or
+// kEvicted: moves_in), evicting residents whose rows are still in those slots, a
+// fill runs for each such key
 //   1. save_victim: the resident its claim evicted (if any) leaves with its key, row
 //      and table score, for the caller to write back to the slow table; then
 //   2. fetch_entry: the slot gets the key's entry in the slow table, its row and
@@ -18,39 +19,55 @@
 
 namespace dynemb {
 
-/// One fill's arguments. The cache keeps a key's score under the table's strategy
-/// beside its own eviction score, in user_scores (one per cache slot).
+/// True for a claim status whose key took a cache slot and needs its row there.
+DYNEMB_HD DYNEMB_INLINE bool moves_in(int8_t status) {
+  return status == static_cast<int8_t>(Status::kInserted) ||
+         status == static_cast<int8_t>(Status::kEvicted);
+}
+
+/// True for a claim status whose key's slot still holds an evicted resident's row.
+DYNEMB_HD DYNEMB_INLINE bool evicts_resident(int8_t status) {
+  return status == static_cast<int8_t>(Status::kEvicted);
+}
+
+/// One fill's arguments, over the claim's per-key arrays (n keys) and the positions
+/// of those that move in (`moved`, ascending, from the executor's compaction). The
+/// cache keeps a key's score under the table's strategy beside its own eviction
+/// score, in user_scores (one per cache slot).
 template <class V>
 struct CacheExchange {
   InitArgs init;                // the table's initializer (and seed)
   int64_t dim;                  // initialised embedding columns
   int64_t* user_scores;         // (cache slots) table scores of the cached keys
-  const int64_t* keys;          // (n) the missed keys
+  const int64_t* keys;          // (n) the claimed keys
   const int64_t* slots;         // (n) their cache slots
-  const int64_t* evicted_keys;  // (n) the resident key i's claim evicted, where
-  const int64_t* victim_index;  // (n) >= 0: its index in the victim outputs
-  int64_t n;
-  bool* found;                  // (n) out: the slow table held the key
+  const int64_t* evicted_keys;  // (n) the resident key i's claim evicted, where it did
+  const int64_t* moved;         // (m) positions i whose status moves_in
+  const int64_t* victim_index;  // (m) >= 0: index of moved[j]'s victim in the outputs
+  int64_t m;
+  bool* found;                  // (n) out: the slow table held the key (false: not moved)
   int64_t* victim_keys;         // (victims) out
   V* victim_rows;               // (victims, row_width) out
   int64_t* victim_scores;       // (victims) out
 };
 
-/// Step 1 for missed key i.
+/// Step 1 for the j-th moved key.
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheExchange<V>& x,
-                                         int64_t i) {
-  const int64_t v = x.victim_index[i];
+                                         int64_t j) {
+  const int64_t v = x.victim_index[j];
   if (v < 0) return;
+  const int64_t i = x.moved[j];
   x.victim_keys[v] = x.evicted_keys[i];
   copy_row(cache.row(x.slots[i]), x.victim_rows + v * cache.row_width, cache.row_width);
   x.victim_scores[v] = x.user_scores[x.slots[i]];
 }
 
-/// Step 2 for missed key i; `hint` is a likely slot of it in `slow` (or -1).
+/// Step 2 for the j-th moved key; `hint` is a likely slot of it in `slow` (or -1).
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE void fetch_entry(const TableRef<V>& cache, const TableRef<V>& slow,
-                                         const CacheExchange<V>& x, int64_t i, int64_t hint) {
+                                         const CacheExchange<V>& x, int64_t j, int64_t hint) {
+  const int64_t i = x.moved[j];
   const int64_t key = x.keys[i];
   const int64_t slot = x.slots[i];
   V* row = cache.row(slot);

@@ -499,20 +499,21 @@ void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const Cac
   // steps per key in one loop); each prefetches the cache rows a group ahead.
   constexpr int64_t kAhead = kWriteGroup;  // rows prefetched this many keys ahead
   const int64_t row_bytes = cache.row_width * static_cast<int64_t>(sizeof(V));
-  at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t ahead = i + kAhead;
+  auto slot_of = [&](int64_t j) { return x.slots[x.moved[j]]; };
+  at::parallel_for(0, x.m, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t ahead = j + kAhead;
       if (ahead < end && x.victim_index[ahead] >= 0) {
-        P::prefetch_lines(cache.row(x.slots[ahead]), row_bytes);
+        P::prefetch_lines(cache.row(slot_of(ahead)), row_bytes);
       }
-      save_victim(cache, x, i);
+      save_victim(cache, x, j);
     }
   });
-  at::parallel_for(0, x.n, kGrain, [&](int64_t begin, int64_t end) {
-    auto key_at = [&](int64_t j) { return x.keys[j]; };
-    auto body = [&](int64_t i, int64_t hint) {
-      if (i + kAhead < end) P::prefetch_lines_for_write(cache.row(x.slots[i + kAhead]), row_bytes);
-      fetch_entry<P>(cache, slow, x, i, hint);
+  at::parallel_for(0, x.m, kGrain, [&](int64_t begin, int64_t end) {
+    auto key_at = [&](int64_t j) { return x.keys[x.moved[j]]; };
+    auto body = [&](int64_t j, int64_t hint) {
+      if (j + kAhead < end) P::prefetch_lines_for_write(cache.row(slot_of(j + kAhead)), row_bytes);
+      fetch_entry<P>(cache, slow, x, j, hint);
     };
     prefetched_loop<Touches::kRead, RowUse::kAll, kWriteGroup>(slow, begin, end, key_at, body);
   });

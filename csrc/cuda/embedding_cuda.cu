@@ -29,10 +29,10 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
 
 template <class V>
 __global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
-  const int64_t i = thread_index();
-  if (i >= x.n) return;
-  save_victim(cache, x, i);
-  fetch_entry<P>(cache, slow, x, i, -1);
+  const int64_t j = thread_index();
+  if (j >= x.m) return;
+  save_victim(cache, x, j);
+  fetch_entry<P>(cache, slow, x, j, -1);
 }
 
 __global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
@@ -94,7 +94,7 @@ void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* ke
 template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream) {
-  if (x.n > 0) cache_exchange_kernel<V><<<blocks_for(x.n), kBlock, 0, stream>>>(cache, slow, x);
+  if (x.m > 0) cache_exchange_kernel<V><<<blocks_for(x.m), kBlock, 0, stream>>>(cache, slow, x);
 }
 
 void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,

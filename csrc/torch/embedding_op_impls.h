@@ -12,6 +12,7 @@
 //                                           dim, OptimizerArgs);
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
+//   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
 #pragma once
 
 #include "core/optimizer_rules.h"
@@ -59,19 +60,30 @@ inline void check_bags(const char* op, const at::Tensor& table0, const at::Tenso
   }
 }
 
-/// slots: (n) int64 slots of `table0`'s table, each in [0, num_slots).
+/// slots: (n) int64 slots of `table0`'s table, each in [lowest, num_slots) (lowest
+/// -1: a key without a slot).
 inline void check_slot_list(const char* op, const char* name, const at::Tensor& slots,
-                            const at::Tensor& table0) {
+                            const at::Tensor& table0, int64_t lowest = 0) {
   check_tensor(op, name, slots, at::kLong, 1);
   check_same_device(op, name, slots, table0);
   if (slots.numel() == 0) return;
   const auto range = at::aminmax(slots);
   const int64_t lo = std::get<0>(range).item<int64_t>();
   const int64_t hi = std::get<1>(range).item<int64_t>();
-  TORCH_CHECK_VALUE(lo >= 0 && hi < table0.numel(), "dynemb.", op, ": `", name,
-                    "` must hold slots in [0, ", table0.numel(), "), got values in [", lo, ", ",
-                    hi, "]");
+  TORCH_CHECK_VALUE(lo >= lowest && hi < table0.numel(), "dynemb.", op, ": `", name,
+                    "` must hold slots in [", lowest, ", ", table0.numel(), "), got values in [",
+                    lo, ", ", hi, "]");
 }
+
+/// A claim's keys that move into the cache (core moves_in), compact: their positions
+/// (m,), each one's victim index (m,; -1: no victim), the victim count, and how many
+/// of them lack a slot (an error: their claim reported none).
+struct CacheMoves {
+  at::Tensor moved;
+  at::Tensor victim_index;
+  int64_t victims;
+  int64_t without_slot;
+};
 
 template <class Backend>
 struct EmbeddingOpImpls {
@@ -164,7 +176,7 @@ struct EmbeddingOpImpls {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cache_exchange(
       at::TensorList cache, at::TensorList slow, at::ArrayRef<double> init, int64_t seed,
       int64_t dim, const at::Tensor& user_scores, const at::Tensor& keys,
-      const at::Tensor& slots, const at::Tensor& evicted_keys, const at::Tensor& evicted) {
+      const at::Tensor& slots, const at::Tensor& status, const at::Tensor& evicted_keys) {
     constexpr const char* op = "table_cache_exchange";
     check_table(op, cache);
     check_table(op, slow);
@@ -181,25 +193,26 @@ struct EmbeddingOpImpls {
     TORCH_CHECK_VALUE(user_scores.numel() == num_slots, "dynemb.", op, ": `user_scores` has ",
                       user_scores.numel(), " elements, the cache has ", num_slots, " slots");
     check_keys(op, keys);
-    check_slot_list(op, "slots", slots, cache[0]);
+    check_slot_list(op, "slots", slots, cache[0], -1);
+    check_tensor(op, "status", status, at::kChar, 1);
     check_tensor(op, "evicted_keys", evicted_keys, at::kLong, 1);
-    check_tensor(op, "evicted", evicted, at::kBool, 1);
-    for (const at::Tensor* t : {&slots, &evicted_keys, &evicted}) {
+    for (const at::Tensor* t : {&slots, &status, &evicted_keys}) {
       TORCH_CHECK_VALUE(t->numel() == n, "dynemb.", op,
-                        ": `slots`, `evicted_keys` and `evicted` need one element per key (",
-                        n, "), got ", t->numel());
+                        ": `slots`, `status` and `evicted_keys` need one element per key (", n,
+                        "), got ", t->numel());
     }
+    check_same_device(op, "status", status, cache[0]);
     check_same_device(op, "evicted_keys", evicted_keys, cache[0]);
-    check_same_device(op, "evicted", evicted, cache[0]);
     typename Backend::DeviceGuard guard(cache[0].device());
-    // Victim v is the v-th evicted position: its outputs are compact, in key order.
-    const at::Tensor victim_index =
-        at::where(evicted, at::cumsum(evicted, 0, at::kLong) - 1, at::full({}, -1, keys.options()));
-    const int64_t nv = n == 0 ? 0 : victim_index.max().item<int64_t>() + 1;
+    // Victims are compact, in key order.
+    const CacheMoves moves = Backend::cache_moves(status, slots);
+    TORCH_CHECK_VALUE(moves.without_slot == 0, "dynemb.", op, ": ", moves.without_slot,
+                      " keys whose `status` moves them in have slot -1");
+    const int64_t m = moves.moved.numel(), nv = moves.victims;
     at::Tensor victim_keys = at::empty({nv}, keys.options());
     at::Tensor victim_rows = at::empty({nv, cache[4].size(1)}, cache[4].options());
     at::Tensor victim_scores = at::empty({nv}, keys.options());
-    at::Tensor found = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
+    at::Tensor found = at::zeros(keys.sizes(), keys.options().dtype(at::kBool));
     dispatch_values(op, cache[4], [&](auto v) {
       using W = V<decltype(v)>;
       const CacheExchange<W> x{init_args,
@@ -208,8 +221,9 @@ struct EmbeddingOpImpls {
                                keys.data_ptr<int64_t>(),
                                slots.data_ptr<int64_t>(),
                                evicted_keys.data_ptr<int64_t>(),
-                               victim_index.data_ptr<int64_t>(),
-                               n,
+                               moves.moved.data_ptr<int64_t>(),
+                               moves.victim_index.data_ptr<int64_t>(),
+                               m,
                                found.data_ptr<bool>(),
                                victim_keys.data_ptr<int64_t>(),
                                reinterpret_cast<W*>(victim_rows.data_ptr()),

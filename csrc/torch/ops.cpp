@@ -38,14 +38,15 @@ TORCH_LIBRARY(dynemb, m) {
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
       "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "
       "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");
-  // A cache fill's row moves (core/tier_ops.h), after its slot claim: for each key,
-  // the resident its claim evicted from its cache slot (evicted[i]: evicted_keys[i])
-  // leaves with its row and user score, then the key's entry of `slow` (or its
-  // initial row, init = the table's) fills the slot.
+  // A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots,
+  // status, evicted_keys: the claim's): for each key that took a slot, the resident
+  // its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user
+  // score, then the key's entry of `slow` (or its initial row, init = the table's)
+  // fills the slot.
   // -> (victim_keys, victim_rows, victim_scores, found).
   m.def(
       "table_cache_exchange(Tensor(a!)[] cache, Tensor[] slow, float[] init, int seed, int dim, "
-      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor evicted_keys, Tensor evicted) "
+      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "
       "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");
   m.def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def(

@@ -88,6 +88,24 @@ struct CpuBackend {
                              const CacheExchange<V>& x) {
     cpu::cache_exchange(cache, slow, x);
   }
+  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
+    const int64_t n = status.numel();
+    at::Tensor moved = at::empty({n}, slots.options());
+    at::Tensor victim_index = at::empty({n}, slots.options());
+    const int8_t* s = status.data_ptr<int8_t>();
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    int64_t* position = moved.data_ptr<int64_t>();
+    int64_t* victim = victim_index.data_ptr<int64_t>();
+    int64_t m = 0, victims = 0, without_slot = 0;
+    for (int64_t i = 0; i < n; ++i) {  // ~1 ns a key: not worth threads
+      if (!moves_in(s[i])) continue;
+      position[m] = i;
+      victim[m] = evicts_resident(s[i]) ? victims++ : -1;
+      without_slot += slot[i] < 0;
+      ++m;
+    }
+    return {moved.narrow(0, 0, m), victim_index.narrow(0, 0, m), victims, without_slot};
+  }
 
  private:
   static void store_counts(const StatusCounts& done, at::Tensor& counts) {

@@ -106,6 +106,18 @@ struct CudaBackend {
                              const CacheExchange<V>& x) {
     cuda::launch_cache_exchange(cache, slow, x, stream());
   }
+  /// core moves_in / evicts_resident, as tensor ops on the device.
+  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
+    const at::Tensor evicted = status == static_cast<int64_t>(Status::kEvicted);
+    const at::Tensor moved =
+        at::nonzero(evicted | (status == static_cast<int64_t>(Status::kInserted))).view(-1);
+    const at::Tensor moved_evicted = evicted.index_select(0, moved);
+    const at::Tensor victim_index =
+        at::where(moved_evicted, at::cumsum(moved_evicted, 0, at::kLong) - 1,
+                  at::full({}, -1, slots.options()));
+    return {moved, victim_index, moved_evicted.sum().item<int64_t>(),
+            (slots.index_select(0, moved) < 0).sum().item<int64_t>()};
+  }
   template <class V>
   static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
     at::Tensor failed = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));

@@ -372,7 +372,7 @@ class CachedTable:
         if hits == claim_keys.numel():
             pass
         elif backing is not None:  # one C++ op moves the rows
-            self._exchange(claim_keys, slots, status, counts, backing)
+            self._exchange(claim_keys, slots, status, backing)
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:  # (no key was busy: positions in `keys`)
@@ -423,22 +423,15 @@ class CachedTable:
             scores[new] = 0
         return rows, scores
 
-    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
+    def _exchange(self, keys, slots, status, backing: ScoredHashTable) -> None:
         """Steps 2-3 with the built-in slow table, whose buffers the cache reads
-        directly: one op moves each victim's row out and the key's row in, then the
-        victims are written back."""
-        if counts[_ops.Status.FAILED]:
-            moved = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
-        else:
-            moved = status != _ops.Status.HIT
-        moved = torch.nonzero(moved, as_tuple=True)[0]
-        evicted_keys = self._buffers["evicted_keys"][moved]
-        evicted = status[moved] == _ops.Status.EVICTED
-        keys, slots = keys[moved], slots[moved]
+        directly: one op takes the claim's outputs, moves each victim's row out and
+        each new key's row in; then the victims are written back."""
+        evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
         with self._storage_lock, backing._lock.read():
             victims = _ops.table_cache_exchange(
                 self._storage.tensors(), backing._storage.tensors(), self._init, self.seed,
-                self.dim, self._user_scores, keys, slots, evicted_keys, evicted,
+                self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
         self.stats.fetched += int(victims[3].sum())
         self._write_back(*victims[:3])
