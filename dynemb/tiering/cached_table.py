@@ -254,7 +254,9 @@ class CachedTable:
             if failed is not None:  # staged keys have no slot
                 ok = slots >= 0
                 live, acc = slots[ok], None if accesses is None else accesses[ok]
-            self._user_scores[live] = self._rule(self._user_scores[live], acc, now)
+            # index_select / index_copy_: about half the time of indexed get and set
+            scores = self._user_scores.index_select(0, live)
+            self._user_scores.index_copy_(0, live, self._rule(scores, acc, now))
             self.stats.lookup_keys += keys.numel()
             self.stats.lookup_hits += hits
         staged = None
