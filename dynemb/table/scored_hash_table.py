@@ -505,7 +505,8 @@ class ScoredHashTable:
             self._size += counts[_ops.Status.INSERTED]
             if slots is not None and self._generation != generation:
                 slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
-            failed_keys = keys[status == _ops.Status.FAILED]
+            failed = counts[_ops.Status.FAILED]
+            failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
             stats = BatchStats(*counts, failed_keys=failed_keys)
             self.last_stats = stats
         return status if return_status else stats

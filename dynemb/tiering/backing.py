@@ -68,6 +68,9 @@ class HashTableStorage(Storage):
             op, keys, None, positions, evicted, return_status=True, per_key=positions
         )
         t._step = step
+        stats = t.last_stats
+        if not stats.evicted and not stats.failed:  # the common case: nothing to report
+            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
         out = status == _ops.Status.EVICTED
         lost = status == _ops.Status.FAILED
         if not bool(lost.any()):
