@@ -105,6 +105,11 @@ def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
     stored = table._storage.scores.view(-1)[slots].tolist()
     assert stored == [oracle.entries[k][1] for k in keys.tolist()]
     assert max(s >> 32 for s in stored) > 1  # some keys counted several batches
+    with pytest.raises(ValueError, match="batch number and floor must be in \\[0, 2\\^32\\)"):
+        _ops.table_insert_or_assign(
+            table._storage.tensors(), [ref.CACHE, 2**32, 0, 1, dim], table._init, keys, None,
+            torch.zeros(keys.numel(), dim), [],
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -31,7 +31,7 @@ DYNEMB_HD DYNEMB_INLINE bool evicts_resident(int8_t status) {
 }
 
 /// One fill's arguments, over the claim's per-key arrays (n keys) and the positions
-/// of those that move in (`moved`, ascending, from the executor's compaction). The
+/// of those that move in (`moved`, ascending: the op's Backend::cache_moves). The
 /// cache keeps a key's score under the table's strategy beside its own eviction
 /// score, in user_scores (one per cache slot).
 template <class V>

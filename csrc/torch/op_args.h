@@ -51,10 +51,9 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
                     "dynemb.", op, ": unknown score strategy ", strategy);
   const auto s = static_cast<ScoreStrategy>(strategy);
   if (s == ScoreStrategy::kCache) {  // the batch number shares the score with a count
-    TORCH_CHECK_VALUE(policy[1] >= 0 && static_cast<uint64_t>(policy[1]) <= kCacheBatchMask &&
-                          (policy[3] == -1 || (policy[3] >= 0 &&
-                                               static_cast<uint64_t>(policy[3]) <= kCacheBatchMask)),
-                      "dynemb.", op, ": a cache tier's batch number and floor must be in [0, 2^32), got ",
+    auto fits = [](int64_t v) { return v >= 0 && static_cast<uint64_t>(v) <= kCacheBatchMask; };
+    TORCH_CHECK_VALUE(fits(policy[1]) && (policy[3] == -1 || fits(policy[3])), "dynemb.", op,
+                      ": a cache tier's batch number and floor must be in [0, 2^32), got ",
                       policy[1], " and ", policy[3]);
   }
   TORCH_CHECK_VALUE(keeps_scores(s) == (table[2].numel() != 0) &&
