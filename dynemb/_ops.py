@@ -17,6 +17,9 @@ _dynemb = torch.ops.dynemb
 
 MAX_PROBE_BUCKETS = 4  # core/table_ref.h kMaxProbeBuckets
 EVICT_ANY = -1  # policy evict_below: core/table_ops.h kEvictAny (0: never evict)
+# policy strategy of a cache tier's claims: core/score_policy.h ScoreStrategy::kCache
+# (internal; the public strategies are dynemb.DynamicEmbScoreStrategy).
+CACHE_SCORES = 6
 
 
 class Status(enum.IntEnum):

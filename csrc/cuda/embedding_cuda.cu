@@ -35,6 +35,14 @@ __global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, Cache
   fetch_entry<P>(cache, slow, x, j, -1);
 }
 
+__global__ void cache_move_flags_kernel(const int8_t* status, int64_t n, bool* moved,
+                                        bool* evicted) {
+  const int64_t i = thread_index();
+  if (i >= n) return;
+  moved[i] = moves_in(status[i]);
+  evicted[i] = evicts_resident(status[i]);
+}
+
 __global__ void dedup_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
                              int64_t* inverse, unsigned long long* counts) {
   const int64_t i = thread_index();
@@ -95,6 +103,12 @@ template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream) {
   if (x.m > 0) cache_exchange_kernel<V><<<blocks_for(x.m), kBlock, 0, stream>>>(cache, slow, x);
+}
+
+void launch_cache_move_flags(const int8_t* status, int64_t n, bool* moved, bool* evicted,
+                             cudaStream_t stream) {
+  if (n == 0) return;
+  cache_move_flags_kernel<<<blocks_for(n), kBlock, 0, stream>>>(status, n, moved, evicted);
 }
 
 void launch_dedup(const int64_t* keys, int64_t n, int64_t* cell_keys, int32_t* cell_uids,

@@ -86,6 +86,11 @@ template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream);
 
+/// Flags each claim status (n): moved[i] = core moves_in, evicted[i] = core
+/// evicts_resident (the op compacts them with tensor ops).
+void launch_cache_move_flags(const int8_t* status, int64_t n, bool* moved, bool* evicted,
+                             cudaStream_t stream);
+
 /// De-duplicates keys (core/dedup.h) with one thread per key.
 /// @param cell_keys (capacity) int64 and cell_uids (capacity) int32 set to -1: the
 ///        set's memory, capacity a power of two >= 2n; num_unique (1) int32 zeroed here.

@@ -106,11 +106,13 @@ struct CudaBackend {
                              const CacheExchange<V>& x) {
     cuda::launch_cache_exchange(cache, slow, x, stream());
   }
-  /// core moves_in / evicts_resident, as tensor ops on the device.
   static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
-    const at::Tensor evicted = status == static_cast<int64_t>(Status::kEvicted);
-    const at::Tensor moved =
-        at::nonzero(evicted | (status == static_cast<int64_t>(Status::kInserted))).view(-1);
+    const auto flags = status.options().dtype(at::kBool);
+    at::Tensor moves_in = at::empty(status.sizes(), flags);
+    at::Tensor evicted = at::empty(status.sizes(), flags);
+    cuda::launch_cache_move_flags(status.data_ptr<int8_t>(), status.numel(),
+                                  moves_in.data_ptr<bool>(), evicted.data_ptr<bool>(), stream());
+    const at::Tensor moved = at::nonzero(moves_in).view(-1);
     const at::Tensor moved_evicted = evicted.index_select(0, moved);
     const at::Tensor victim_index =
         at::where(moved_evicted, at::cumsum(moved_evicted, 0, at::kLong) - 1,

@@ -61,8 +61,6 @@ _STEP = DynamicEmbScoreStrategy.STEP.value
 _TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
 _LFU = DynamicEmbScoreStrategy.LFU.value
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
-# The cache's own score in its claims (csrc/core/score_policy.h, ScoreStrategy::kCache).
-_CACHE_SCORES = 6
 
 
 @dataclasses.dataclass
@@ -398,7 +396,7 @@ class CachedTable:
     def _claim(self, keys: torch.Tensor, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
         evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
-        policy = [_CACHE_SCORES, batch, self.seed, self._batches.floor(), self.dim]
+        policy = [_ops.CACHE_SCORES, batch, self.seed, self._batches.floor(), self.dim]
         evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
         slots, status, counts = _ops.table_find_or_insert_slots(
             self._storage.tensors(), policy, self._init, keys, None, None,
