@@ -1,4 +1,5 @@
-"""Builds dynemb._C: the CPU executor always; the CUDA executor with DYNEMB_WITH_CUDA=1.
+"""Builds dynemb._C: the CPU and emulated CUDA executors always; the CUDA executor with
+DYNEMB_WITH_CUDA=1.
 
 The CUDA sources (csrc/cuda/*.cu) are torch-free launchers; csrc/torch/*_cuda.cpp
 registers them with the dispatcher and is compiled only for a CUDA build of torch.
@@ -40,9 +41,13 @@ def _extension():
         "-Wno-unused-function",
         "-Wno-unknown-pragmas",
     ]
-    sources = _sources("csrc/cpu/*.cpp") + [
-        p for p in _sources("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp")
-    ]
+    # csrc/emulated: the CUDA executor's sources built for the host (the emulated
+    # executor, DYNEMB_EXECUTOR=cuda-emulated), in every build.
+    sources = (
+        _sources("csrc/cpu/*.cpp")
+        + [p for p in _sources("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp")]
+        + _sources("csrc/emulated/*.cpp")
+    )
     kwargs = dict(
         name="dynemb._C",
         sources=sources,
@@ -54,7 +59,8 @@ def _extension():
         return cpp_extension.CppExtension(**kwargs)
     kwargs["sources"] += _sources("csrc/cuda/*.cu") + _sources("csrc/torch/*_cuda.cpp")
     kwargs["extra_compile_args"]["cxx"].append("-DDYNEMB_WITH_CUDA")
-    kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++20", "-DDYNEMB_WITH_CUDA"]
+    # --fmad=false: no fused multiply-add contraction, as -ffp-contract=off for the host.
+    kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "-DDYNEMB_WITH_CUDA"]
     return cpp_extension.CUDAExtension(**kwargs)
 
 

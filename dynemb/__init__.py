@@ -4,6 +4,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 ``import dynemb``. See DynamicEmb_APIs.md.
 """
 
+from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
@@ -35,4 +36,5 @@ __all__ = [
     "KVCounter",
     "ScoredHashTable",
     "Storage",
+    "executor",
 ]

@@ -3,17 +3,59 @@
 The dispatcher picks the device implementation (CPU always; CUDA in CUDA builds),
 so nothing here branches on the device. ``table`` is the list of eight tensors
 described in ``csrc/torch/tensor_checks.h`` (built by ``TableStorage.tensors()``).
+
+``DYNEMB_EXECUTOR`` (read once, at import) chooses who runs the table and embedding
+ops: ``cpu`` or ``cuda`` (the default: the tensors' device decides) or
+``cuda-emulated``: the CUDA executor's kernels built for the host and run on CPU
+threads, over CPU tensors (the op library ``torch.ops.dynemb_cuda_emulated``).
 """
 
 import enum
+import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-import dynemb._C  # noqa: F401  (loads the op library into torch.ops.dynemb)
+import dynemb._C as _C  # loads the op libraries into torch.ops
 
-_dynemb = torch.ops.dynemb
+EXECUTORS = ("cpu", "cuda", "cuda-emulated")
+
+
+def _selected_executor() -> str | None:
+    """The executor DYNEMB_EXECUTOR names, or None when it is unset or empty."""
+    name = os.environ.get("DYNEMB_EXECUTOR", "").strip()
+    if not name:
+        return None
+    if name not in EXECUTORS:
+        raise ValueError(
+            f"DYNEMB_EXECUTOR={name!r} is not an executor; expected one of {', '.join(EXECUTORS)}"
+        )
+    if name == "cuda" and not _C.with_cuda:
+        raise ValueError(
+            "DYNEMB_EXECUTOR='cuda' but dynemb was built without CUDA "
+            "(rebuild with DYNEMB_WITH_CUDA=1 against a CUDA build of torch)"
+        )
+    return name
+
+
+_EXECUTOR = _selected_executor()
+# Table and embedding ops; host utilities (crc32, huge pages, threads) stay in torch.ops.dynemb.
+_dynemb = torch.ops.dynemb_cuda_emulated if _EXECUTOR == "cuda-emulated" else torch.ops.dynemb
+_host = torch.ops.dynemb
+
+
+def executor() -> str:
+    """Names the executor that runs dynemb's ops: ``"cpu"``, ``"cuda"`` or ``"cuda-emulated"``.
+
+    ``cuda-emulated`` when ``DYNEMB_EXECUTOR`` selects it; otherwise ``"cuda"`` when
+    dynemb was built with CUDA and a GPU is present (tensors on it run the CUDA
+    executor; CPU tensors still run the CPU one), else ``"cpu"``.
+    """
+    if _EXECUTOR is not None:
+        return _EXECUTOR
+    return "cuda" if _C.with_cuda and torch.cuda.is_available() else "cpu"
+
 
 MAX_PROBE_BUCKETS = 4  # core/table_ref.h kMaxProbeBuckets
 EVICT_ANY = -1  # policy evict_below: core/table_ops.h kEvictAny (0: never evict)
@@ -143,7 +185,7 @@ def crc32(data: torch.Tensor, crc: int = 0) -> int:
 
     Runs without the GIL at several GB/s (carry-less multiply folding where the CPU has it).
     """
-    return _dynemb.crc32(data, crc)
+    return _host.crc32(data, crc)
 
 
 def table_erase(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
@@ -159,7 +201,7 @@ def table_rehash(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor], windo
 def set_thread_limit(n: int) -> int:
     """Limits the CPU threads of the ops (dynemb's and torch's) that the calling
     thread runs to ``n``; other threads keep theirs. Returns the previous limit."""
-    return _dynemb.set_thread_limit(n)
+    return _host.set_thread_limit(n)
 
 
 def advise_huge_pages(buffer: torch.Tensor) -> bool:
@@ -169,7 +211,7 @@ def advise_huge_pages(buffer: torch.Tensor) -> bool:
     """
     if buffer.device.type != "cpu":
         return False
-    return _dynemb.advise_huge_pages(buffer)
+    return _host.advise_huge_pages(buffer)
 
 
 def table_find_or_insert_slots(

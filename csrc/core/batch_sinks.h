@@ -21,7 +21,7 @@ namespace dynemb {
 
 /// Keys of one upsert batch per Status (hit, inserted, evicted, failed).
 struct StatusCounts {
-  int64_t by_status[4] = {0, 0, 0, 0};
+  int64_t by_status[kStatusCount] = {0, 0, 0, 0};
 };
 
 template <class V>

@@ -1,49 +1,59 @@
 // dynemb core: de-duplicating a batch of keys (unique keys, inverse, counts).
 //
-// An open-addressing set of `capacity` cells (a power of two >= 2n), linear
-// probing from hash_key(key). A cell holds a key and its dense id (uid); uid -1
-// marks an empty cell and -2 a cell being claimed. A thread claims an empty cell
-// with a compare-and-swap, writes the key, takes the next uid and publishes it;
-// threads meeting a cell being claimed wait for the uid before comparing keys.
-// Run sequentially (the CPU executor), uids follow first occurrence; on a GPU
-// their order depends on scheduling but each distinct key still gets one uid.
+// The rule, on every executor: distinct keys get dense ids (uids) in the order of
+// their first occurrence in the batch; inverse[i] is the uid of keys[i]; counts[u]
+// the occurrences of unique[u]. So the result is a function of the batch alone.
+//
+// The set: open addressing over `capacity` cells (dedup_capacity: a power of two
+// >= 2n), linear probing from hash_key(key). A cell's state is kEmptyCell, then
+// kClaimingCell while the thread that won it (a compare-and-swap) writes the key,
+// then kReadyCell; threads meeting a cell being claimed wait for it before
+// comparing keys. A sequential executor numbers cells as their keys first appear;
+// a parallel one records each cell's smallest batch index (an atomic minimum) and
+// numbers the cells whose key first appears at index i by a prefix sum over i.
 #pragma once
 
 #include "core/hash.h"
 
 namespace dynemb {
 
+constexpr int32_t kEmptyCell = -1;
+constexpr int32_t kClaimingCell = -2;
+constexpr int32_t kReadyCell = 0;
+
+/// Cells of the set for a batch of n keys: a power of two >= 2n, at least 16.
+DYNEMB_HD DYNEMB_INLINE int64_t dedup_capacity(int64_t n) {
+  int64_t capacity = 16;
+  while (capacity < 2 * n) capacity <<= 1;
+  return capacity;
+}
+
 struct DedupSetRef {
-  int64_t* keys;       // (capacity)
-  int32_t* uids;       // (capacity), -1 on entry
-  int64_t capacity;    // power of two
-  int32_t* next_uid;   // (1)
-  int64_t* unique;     // (n) out: unique keys by uid
+  int64_t* keys;     // (capacity)
+  int32_t* states;   // (capacity), kEmptyCell on entry
+  int64_t capacity;  // dedup_capacity(n)
 };
 
 /// Platform additions used here: int32_t P::cas32(int32_t* p, int32_t expected, int32_t desired)
-/// returning the previous value, int32_t P::load32(int32_t*), void P::store32(int32_t*, int32_t),
-/// int32_t P::fetch_add32(int32_t*, int32_t).
-/// @return the uid of key; *is_new tells whether this call created it.
+/// returning the previous value, int32_t P::load32(int32_t*), void P::store32(int32_t*, int32_t).
+/// @return the cell of key; *is_new tells whether this call claimed it.
 template <class P>
-DYNEMB_HD int32_t dedup_insert(const DedupSetRef& s, int64_t key, bool* is_new) {
+DYNEMB_HD int64_t dedup_cell(const DedupSetRef& s, int64_t key, bool* is_new) {
   const int64_t mask = s.capacity - 1;
   int64_t cell = static_cast<int64_t>(hash_key(key) & static_cast<uint64_t>(mask));
   for (;;) {
-    int32_t uid = P::load32(s.uids + cell);
-    if (uid == -1 && P::cas32(s.uids + cell, -1, -2) == -1) {
+    int32_t state = P::load32(s.states + cell);
+    if (state == kEmptyCell && P::cas32(s.states + cell, kEmptyCell, kClaimingCell) == kEmptyCell) {
       s.keys[cell] = key;
-      uid = P::fetch_add32(s.next_uid, 1);
-      s.unique[uid] = key;
-      P::store32(s.uids + cell, uid);
+      P::store32(s.states + cell, kReadyCell);
       *is_new = true;
-      return uid;
+      return cell;
     }
-    while ((uid = P::load32(s.uids + cell)) == -2) {
+    while ((state = P::load32(s.states + cell)) == kClaimingCell) {
     }
     if (s.keys[cell] == key) {
       *is_new = false;
-      return uid;
+      return cell;
     }
     cell = (cell + 1) & mask;
   }

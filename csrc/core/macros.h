@@ -26,4 +26,7 @@ enum class Status : int8_t {
   kFailed = 3,    ///< not stored (bucket full under NO_EVICTION, or refused score)
 };
 
+/// Number of Status values (per-status count arrays).
+constexpr int kStatusCount = 4;
+
 }  // namespace dynemb

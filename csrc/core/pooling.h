@@ -56,6 +56,15 @@ DYNEMB_HD DYNEMB_INLINE void gather_row(const TableRef<V>& t, const int64_t* slo
   }
 }
 
+/// The gradient of a distinct key is the sum over its indices i, in ascending order of
+/// i, of grad_scale(i) * grad_out[bag of i]: acc starts at zero and each index adds
+/// its term with add_gradient. Every executor keeps this order (no float atomics),
+/// so the sums, and the optimizer updates after them, are the same bits everywhere.
+DYNEMB_HD DYNEMB_INLINE void add_gradient(float* acc, float scale, const float* grad_out,
+                                          int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) acc[j] += scale * grad_out[j];
+}
+
 /// Coefficient of grad_out[b] in the gradient of index i of bag [begin, end).
 DYNEMB_HD DYNEMB_INLINE float grad_scale(PoolingMode mode, const float* weights, int64_t i,
                                          int64_t begin, int64_t end) {

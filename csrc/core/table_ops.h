@@ -26,10 +26,21 @@
 // oldest batch still in flight: residents scored with the number of a batch not
 // yet through backward are pinned (dynemb/tiering/cached_table.py).
 //
-// Locking. An upsert first takes the home bucket's lock alone; when the bucket
-// has never overflowed (the common case) that lock covers every place the key
-// could be. Otherwise it releases it and takes the locks of the whole window in
-// ascending index order (deadlock-free), then walks the chain.
+// Batch rule (every executor, every device). A batch upsert runs in two passes:
+//   1. upsert_home for every key, the keys of one home bucket in batch order
+//      (touch_stored first for all of them when UpsertArgs::hits_first). Pass 1
+//      reads and writes the home bucket only, so buckets are independent: any
+//      executor may run different buckets concurrently, without locks.
+//   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
+//      full or has overflowed), in batch order, one at a time.
+// The outcome (slots, statuses, evictions, scores) is thus a function of the table
+// and the batch alone, the same on a CPU with any thread count and on a GPU.
+// Erase and rehash follow the same rule (erase_key per home bucket in batch order;
+// place_home, then place_moved for what did not fit, in source-slot order).
+//
+// Locking. The Platform's bucket locks guard executors that run keys of one bucket
+// concurrently anyway: upsert_home takes the home bucket's lock, upsert_spill the
+// locks of its whole window in ascending index order (deadlock-free).
 #pragma once
 
 #include "core/bucket.h"
@@ -117,12 +128,16 @@ DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, in
   return bucket_find<P>(t, home, key, digest, order);
 }
 
-/// Finds key i, or stores it; calls exactly one of sink.hit / sink.fresh / sink.failed.
-/// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or -1;
-/// it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
+/// Pass 1 of a batch upsert (see "Batch rule" above): decides key i when its home
+/// bucket alone can (a hit there, a free slot there, or an eviction there), calling
+/// exactly one of sink.hit / sink.fresh / sink.failed and setting *status. Returns
+/// false, having changed nothing, for a key that needs its spill window (NO_EVICTION
+/// with a full or overflowed home bucket): upsert_spill decides it in pass 2.
+/// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or
+/// -1; it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
 template <class P, class V, class Sink>
-DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
-                        const UpsertArgs& u, Sink& sink, int64_t hint = -1) {
+DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                           const UpsertArgs& u, Sink& sink, Status* status, int64_t hint = -1) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
   const ProbeOrder order(h, t.bucket_capacity);
@@ -130,40 +145,49 @@ DYNEMB_HD Status upsert(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
   const ScoreArgs& a = u.score;
 
   P::lock(&t.locks[home]);
+  bool decided = false;
   if (!t.overflow[home]) {
     int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
     if (slot >= 0) {
       touch(t, slot, a, i);
       sink.hit(i, o, slot);
-      P::unlock(&t.locks[home]);
-      return Status::kHit;
-    }
-    slot = bucket_free_slot<P>(t, home, order);
-    if (slot >= 0) {
+      *status = Status::kHit;
+      decided = true;
+    } else if ((slot = bucket_free_slot<P>(t, home, order)) >= 0) {
       claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
       sink.fresh(i, o, slot, key);
-      P::unlock(&t.locks[home]);
-      return Status::kInserted;
-    }
-    if (evicts(a.strategy)) {
-      Status status = Status::kFailed;
+      *status = Status::kInserted;
+      decided = true;
+    } else if (evicts(a.strategy)) {
       const int64_t victim = bucket_victim(t, home, pin_mask(a.strategy), u.evict_below);
       const uint64_t score = score_for_new(a, i);
       if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
         sink.evicting(i, victim);
         claim(t, victim, key, digest, score, a.batch_value);
         sink.fresh(i, o, victim, key);
-        status = Status::kEvicted;
+        *status = Status::kEvicted;
       } else {
         sink.failed(i, o, key);
+        *status = Status::kFailed;
       }
-      P::unlock(&t.locks[home]);
-      return status;
+      decided = true;
     }
   }
   P::unlock(&t.locks[home]);
+  return decided;
+}
 
-  // NO_EVICTION and the home bucket is full or has spilled: walk the window.
+/// Pass 2 of a batch upsert: key i, left by upsert_home, walks its window: a hit in
+/// any bucket of it, else the first free slot from home on (every full bucket passed
+/// gets its overflow flag), else failed. Calls exactly one sink function.
+template <class P, class V, class Sink>
+DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                              const UpsertArgs& u, Sink& sink) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  const ProbeOrder order(h, t.bucket_capacity);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const ScoreArgs& a = u.score;
   const int window = window_of(t, a.strategy);
   lock_window<P>(t, home, window, true);
   Status status = Status::kFailed;
@@ -245,6 +269,22 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   }
   lock_window<P>(t, home, window, false);
   return erased;
+}
+
+/// Pass 1 of a rehash: places a key known to be absent from `t` in its home bucket,
+/// with its score and timestamp. @return the slot, or -1 (nothing changed) when
+/// the home bucket is full: place_moved then places it in pass 2.
+template <class P, class V>
+DYNEMB_HD int64_t place_home(const TableRef<V>& t, int64_t key, uint64_t score,
+                             uint64_t timestamp) {
+  const uint64_t h = hash_key(key);
+  const ProbeOrder order(h, t.bucket_capacity);
+  const int64_t b = bucket_of(h, t.num_buckets);
+  P::lock(&t.locks[b]);
+  const int64_t slot = bucket_free_slot<P>(t, b, order);
+  if (slot >= 0) claim(t, slot, key, digest_of(h), score, timestamp);
+  P::unlock(&t.locks[b]);
+  return slot;
 }
 
 /// Places a key known to be absent from `t` (a rehash moves each key once), with

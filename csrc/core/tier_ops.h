@@ -30,8 +30,39 @@ DYNEMB_HD DYNEMB_INLINE bool evicts_resident(int8_t status) {
   return status == static_cast<int8_t>(Status::kEvicted);
 }
 
+/// What compact_moves found over a range of claim statuses.
+struct MoveCounts {
+  int64_t moved = 0;         // keys that move in (moves_in)
+  int64_t victims = 0;       // of those, keys that evict a resident (evicts_resident)
+  int64_t without_slot = 0;  // of those, keys whose claim gave no slot (an error)
+};
+
+/// The compaction of a claim's moves, over statuses [begin, end) (n = the claim's
+/// keys): for each i that moves_in, in ascending i, moved[m] = i and victim_index[m] =
+/// the count of victims before it (evicts_resident), or -1; m and the victim count
+/// start at m0 and v0 (what precedes begin). With moved null, only counts. One thread
+/// may run the whole claim (m0 = v0 = 0), or one per chunk with prefix sums of the
+/// chunks' counts as m0 and v0: the same outputs.
+DYNEMB_HD inline MoveCounts compact_moves(const int8_t* status, const int64_t* slots,
+                                          int64_t begin, int64_t end, int64_t m0, int64_t v0,
+                                          int64_t* moved, int64_t* victim_index) {
+  MoveCounts c;
+  for (int64_t i = begin; i < end; ++i) {
+    if (!moves_in(status[i])) continue;
+    const bool victim = evicts_resident(status[i]);
+    if (moved != nullptr) {
+      moved[m0 + c.moved] = i;
+      victim_index[m0 + c.moved] = victim ? v0 + c.victims : -1;
+    }
+    ++c.moved;
+    c.victims += victim;
+    c.without_slot += slots[i] < 0;
+  }
+  return c;
+}
+
 /// One fill's arguments, over the claim's per-key arrays (n keys) and the positions
-/// of those that move in (`moved`, ascending: the op's Backend::cache_moves). The
+/// of those that move in (`moved`, ascending: compact_moves). The
 /// cache keeps a key's score under the table's strategy beside its own eviction
 /// score, in user_scores (one per cache slot).
 template <class V>

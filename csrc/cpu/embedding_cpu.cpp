@@ -62,17 +62,24 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
 
 int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
               int64_t* counts) {
-  int64_t capacity = 16;
-  while (capacity < 2 * n) capacity <<= 1;
+  // Sequential: a cell's uid is the number of cells claimed before it (core/dedup.h).
+  const int64_t capacity = dedup_capacity(n);
   std::vector<int64_t> cell_keys(capacity);
-  std::vector<int32_t> cell_uids(capacity, -1);
-  int32_t next_uid = 0;
-  const DedupSetRef set{cell_keys.data(), cell_uids.data(), capacity, &next_uid, unique};
+  std::vector<int32_t> states(capacity, kEmptyCell);
+  std::vector<int64_t> uid_of_cell(capacity);
+  const DedupSetRef set{cell_keys.data(), states.data(), capacity};
+  int64_t next_uid = 0;
   for (int64_t i = 0; i < n; ++i) {
     bool is_new = false;
-    const int32_t u = dedup_insert<CpuPlatform>(set, keys[i], &is_new);
+    const int64_t cell = dedup_cell<CpuExclusivePlatform>(set, keys[i], &is_new);
+    if (is_new) {
+      uid_of_cell[cell] = next_uid;
+      unique[next_uid] = keys[i];
+      counts[next_uid++] = 0;
+    }
+    const int64_t u = uid_of_cell[cell];
     inverse[i] = u;
-    counts[u] = is_new ? 1 : counts[u] + 1;
+    ++counts[u];
   }
   return next_uid;
 }
@@ -85,8 +92,8 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
   if (num_unique == 0) return;
   float* const acc = scratch(num_unique * dim);
   // One task per thread owns a range of distinct keys: it sums the gradients of
-  // their indices (scanning the batch in order, so sums are deterministic) and
-  // then updates their rows.
+  // their indices in ascending index order (the rule of core/pooling.h), scanning
+  // the batch, and then updates their rows.
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_unique / 64));
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
     for (int64_t task = task_begin; task < task_end; ++task) {
@@ -97,9 +104,8 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
         for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
           const int64_t u = inverse[i];
           if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
-          const float c = grad_scale(mode, weights, i, offsets[b], offsets[b + 1]);
-          float* a = acc + u * dim;
-          for (int64_t j = 0; j < dim; ++j) a[j] += c * g[j];
+          add_gradient(acc + u * dim, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]),
+                       g, dim);
         }
       }
       for (int64_t u = u0; u < u1; ++u) {

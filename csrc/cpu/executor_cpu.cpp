@@ -71,10 +71,12 @@ concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 /// reads them in sequence.
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
 /// only one touching the buckets its keys may change (see upsert_batch).
+/// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
+/// pass 2 are appended to `deferred`, in position order.
 template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
-                     int8_t* status, StatusCounts& counts) {
+                     int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
   // Positions to upsert: [begin, end), or with hits_first those whose key pass 1
   // found absent (pending[x] for x in [0, size)).
@@ -109,9 +111,13 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     }
     const int64_t j = position(x);
     const int64_t i = index_of(j);
-    const Status s = upsert<Q>(t, i, j, keys[j], args, sink, hint);
-    status[j] = static_cast<int8_t>(s);
-    ++counts.by_status[static_cast<int>(s)];
+    Status s;
+    if (upsert_home<Q>(t, i, j, keys[j], args, sink, &s, hint)) {
+      status[j] = static_cast<int8_t>(s);
+      ++counts.by_status[static_cast<int>(s)];
+    } else {
+      deferred.push_back(j);
+    }
   };
   auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
     prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup>(t, first, last,
@@ -133,6 +139,23 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
 
+/// Pass 2 of the batch rule: upsert_spill for the `deferred` positions, which are in
+/// batch order, on this thread alone (so without locks); keys, order and outputs as
+/// in upsert_sequence.
+template <class V, class Sink>
+void upsert_deferred(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
+                     const int64_t* keys, const int64_t* order,
+                     const std::vector<int64_t>& deferred, int8_t* status,
+                     StatusCounts& counts) {
+  for (const int64_t j : deferred) {
+    const Status s = upsert_spill<CpuExclusivePlatform>(t, order ? order[j] : j, j, keys[j],
+                                                        args, sink);
+    status[j] = static_cast<int8_t>(s);
+    ++counts.by_status[static_cast<int>(s)];
+  }
+  P::store_fence();
+}
+
 /// Sinks whose per-key outputs go to position o (SlotSink's slots): partitioned
 /// batches give them a buffer in partition order and restore batch order after.
 template <class Sink>
@@ -142,20 +165,19 @@ concept SlotOutputs = requires(Sink s) { s.slots; };
 /// `threads` threads. Thread c calls work(c, order, part_keys, begin, end): partition
 /// positions [begin, end) hold its keys, order[j] being the batch index at position j
 /// and part_keys[j] = keys[order[j]]; it writes per-key outputs at positions. After a
-/// barrier, each thread calls restore(lo, hi, position) for an even range [lo, hi) of
+/// barrier, one thread calls finish(order, part_keys); after another, each thread
+/// calls restore(lo, hi, position) for an even range [lo, hi) of
 /// batch indices, position[i] being the partition position of batch index i, to move
 /// outputs to batch order: writing at batch positions directly would make the threads
 /// store into the same cache lines, key after key.
 ///
 /// Bucket locks: the Python owner runs one mutating batch at a time and no reader
 /// beside it (dynemb/table/rw_lock.py), so only the threads of this batch compete.
-/// One thread alone needs no lock; nor do several when keys only ever touch their
-/// home bucket (strategies that evict never spill), since each thread owns a range
-/// of home buckets. NO_EVICTION keys may spill into the next buckets, which can
-/// belong to the next thread's range: those batches keep the locks.
-template <class V, class Work, class Restore>
+/// Pass 1 of the batch rule touches home buckets only, and each thread owns a range
+/// of home buckets; pass 2 runs on one thread: no lock is ever needed.
+template <class V, class Work, class Finish, class Restore>
 void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
-                     Work&& work, Restore&& restore) {
+                     Work&& work, Finish&& finish, Restore&& restore) {
   // Uninitialised (each entry is written once below), not zero-filled first.
   const std::unique_ptr<int64_t[]> order(new int64_t[n]);  // batch index of position j
   const std::unique_ptr<int64_t[]> position(new int64_t[n]);  // its inverse
@@ -202,21 +224,26 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int t
 #pragma omp barrier
     work(c, order.get(), keys_by_position.get(), part_begin[c], part_begin[c + 1]);
 #pragma omp barrier
+#pragma omp single
+    finish(order.get(), keys_by_position.get());
     restore(lo, hi, position.get());
   }
 }
 
-/// Upserts a batch, partitioned by home-bucket range (run_partitioned).
+/// Upserts a batch by the batch rule: pass 1 partitioned by home-bucket range
+/// (run_partitioned), pass 2 on one thread.
 template <class V, class Sink>
 StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
                          const int64_t* keys, int64_t n, int8_t* status) {
   const int max_threads = threads_for(n);
   StatusCounts total;
   if (max_threads == 1) {
-    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total);
+    std::vector<int64_t> deferred;
+    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total,
+                                          deferred);
+    upsert_deferred(t, sink, args, keys, nullptr, deferred, status, total);
     return total;
   }
-  const bool exclusive = evicts(args.score.strategy);
   std::vector<int8_t> status_by_position(n);
   Sink by_position = sink;
   std::vector<int64_t> slots_by_position;
@@ -224,16 +251,20 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
     slots_by_position.resize(n);
     by_position.slots = slots_by_position.data();
   }
-  std::vector<StatusCounts> counts(max_threads);
+  std::vector<StatusCounts> counts(max_threads + 1);
+  std::vector<std::vector<int64_t>> deferred(max_threads);
   auto work = [&](int c, const int64_t* order, const int64_t* part_keys, int64_t begin,
                   int64_t end) {
-    if (exclusive) {
-      upsert_sequence<CpuExclusivePlatform>(t, by_position, args, part_keys, order, begin, end,
-                                            status_by_position.data(), counts[c]);
-    } else {
-      upsert_sequence<P>(t, by_position, args, part_keys, order, begin, end,
-                         status_by_position.data(), counts[c]);
-    }
+    upsert_sequence<CpuExclusivePlatform>(t, by_position, args, part_keys, order, begin, end,
+                                          status_by_position.data(), counts[c], deferred[c]);
+  };
+  auto finish = [&](const int64_t* order, const int64_t* part_keys) {
+    std::vector<int64_t> all;  // rare (NO_EVICTION spills): merged into batch order
+    for (const auto& d : deferred) all.insert(all.end(), d.begin(), d.end());
+    if (all.empty()) return;
+    std::sort(all.begin(), all.end(), [&](int64_t a, int64_t b) { return order[a] < order[b]; });
+    upsert_deferred(t, by_position, args, part_keys, order, all, status_by_position.data(),
+                    counts[max_threads]);
   };
   auto restore = [&](int64_t lo, int64_t hi, const int64_t* position) {
     for (int64_t i = lo; i < hi; ++i) {
@@ -241,9 +272,9 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
       if constexpr (SlotOutputs<Sink>) sink.slots[i] = slots_by_position[position[i]];
     }
   };
-  run_partitioned(t, keys, n, max_threads, work, restore);
+  run_partitioned(t, keys, n, max_threads, work, finish, restore);
   for (const StatusCounts& c : counts) {
-    for (int s = 0; s < 4; ++s) total.by_status[s] += c.by_status[s];
+    for (int s = 0; s < kStatusCount; ++s) total.by_status[s] += c.by_status[s];
   }
   return total;
 }
@@ -443,27 +474,51 @@ void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const Cac
   });
 }
 
+/// The batch rule for a rehash (core/table_ops.h): pass 1 places every entry in its
+/// new home bucket (place_home), the entries of one home bucket in source-slot order:
+/// each thread owns a range of destination home buckets and picks its entries from
+/// the whole source (a hash per entry), so it needs no lock. Pass 2 places what did
+/// not fit (place_moved over the window) in source-slot order, on one thread.
 template <class V>
 int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
-  std::vector<int64_t> failed(std::max(1, at::get_num_threads()), 0);
-  at::parallel_for(0, src.num_buckets, 64, [&](int64_t begin, int64_t end) {
-    int64_t lost = 0;
-    for (int64_t s = begin * src.bucket_capacity; s < end * src.bucket_capacity; ++s) {
+  using X = CpuExclusivePlatform;
+  const int64_t num_slots = src.num_slots();
+  const int threads = threads_for(num_slots);
+  std::vector<std::vector<int64_t>> deferred(threads);
+  auto move = [&](int64_t s, int64_t slot) { copy_row(src.row(s), dst.row(slot), src.row_width); };
+  auto score_of = [&](int64_t s) { return src.scores ? src.scores[s] : uint64_t{0}; };
+  auto stamp_of = [&](int64_t s) { return src.timestamps ? src.timestamps[s] : uint64_t{0}; };
+#pragma omp parallel num_threads(threads)
+  {
+    const int T = omp_get_num_threads();
+    const int c = omp_get_thread_num();
+    const int64_t first = (dst.num_buckets * c + T - 1) / T;  // home buckets of thread c
+    const int64_t last = (dst.num_buckets * (c + 1) + T - 1) / T;
+    for (int64_t s = 0; s < num_slots; ++s) {
       if (src.digests[s] == kEmptyDigest) continue;
-      const uint64_t score = src.scores ? src.scores[s] : 0;
-      const uint64_t stamp = src.timestamps ? src.timestamps[s] : 0;
-      const int64_t slot = place_moved<P>(dst, src.keys[s], score, stamp, window);
-      if (slot < 0) {
-        ++lost;
-        continue;
+      const int64_t b = bucket_of(hash_key(src.keys[s]), dst.num_buckets);
+      if (b < first || b >= last) continue;
+      const int64_t slot = place_home<X>(dst, src.keys[s], score_of(s), stamp_of(s));
+      if (slot >= 0) {
+        move(s, slot);
+      } else {
+        deferred[c].push_back(s);
       }
-      copy_row(src.row(s), dst.row(slot), src.row_width);
     }
-    failed[at::get_thread_num()] += lost;
-  });
-  int64_t total = 0;
-  for (int64_t f : failed) total += f;
-  return total;
+  }
+  std::vector<int64_t> rest;
+  for (const auto& d : deferred) rest.insert(rest.end(), d.begin(), d.end());
+  std::sort(rest.begin(), rest.end());
+  int64_t failed = 0;
+  for (const int64_t s : rest) {
+    const int64_t slot = place_moved<X>(dst, src.keys[s], score_of(s), stamp_of(s), window);
+    if (slot < 0) {
+      ++failed;
+    } else {
+      move(s, slot);
+    }
+  }
+  return failed;
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                 \

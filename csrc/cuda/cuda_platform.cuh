@@ -1,15 +1,18 @@
 // dynemb CUDA executor: the Platform of core/platform.h for device threads.
-// Torch-free. Spin locks rely on independent thread scheduling (sm_70+).
+// Torch-free. Spin locks rely on independent thread scheduling (sm_70+). The
+// device branches also run in emulation (runtime.cuh), over the shim's atomics.
 #pragma once
 
 #include "core/platform.h"
+#include "cuda/runtime.cuh"
 
-namespace dynemb {
+namespace dynemb::DYNEMB_CUDA_NS {
 
 struct CudaPlatform {
   DYNEMB_HD static void lock(uint32_t* word) {
-#if defined(__CUDA_ARCH__)
+#if DYNEMB_CUDA_DEVICE_CODE
     while (atomicCAS(word, 0u, 1u) != 0u) {
+      DYNEMB_SPIN_PAUSE();
     }
     __threadfence();
 #else
@@ -18,7 +21,7 @@ struct CudaPlatform {
   }
 
   DYNEMB_HD static void unlock(uint32_t* word) {
-#if defined(__CUDA_ARCH__)
+#if DYNEMB_CUDA_DEVICE_CODE
     __threadfence();
     atomicExch(word, 0u);
 #else
@@ -32,14 +35,16 @@ struct CudaPlatform {
 
   DYNEMB_HD static void prefetch(const void*) {}
 
-#if defined(__CUDA_ARCH__)
+#if DYNEMB_CUDA_DEVICE_CODE
   __device__ static int32_t load32(int32_t* p) { return atomicAdd(p, 0); }
   __device__ static void store32(int32_t* p, int32_t v) {
     __threadfence();
     atomicExch(p, v);
   }
   __device__ static int32_t cas32(int32_t* p, int32_t expected, int32_t desired) {
-    return atomicCAS(p, expected, desired);
+    const int32_t old = atomicCAS(p, expected, desired);
+    if (old != expected) DYNEMB_SPIN_PAUSE();  // a waiter spins on this
+    return old;
   }
   __device__ static int32_t fetch_add32(int32_t* p, int32_t v) { return atomicAdd(p, v); }
 #else
@@ -58,4 +63,4 @@ struct CudaPlatform {
 #endif
 };
 
-}  // namespace dynemb
+}  // namespace dynemb::DYNEMB_CUDA_NS

@@ -2,7 +2,7 @@
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
-namespace dynemb::cuda {
+namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
 
 __global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
@@ -19,7 +19,8 @@ __global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buc
 void launch_hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                       uint8_t* digest, cudaStream_t stream) {
   if (n == 0) return;
-  hash_keys_kernel<<<blocks_for(n), kBlock, 0, stream>>>(keys, n, num_buckets, bucket, digest);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, hash_keys_kernel)(keys, n, num_buckets, bucket,
+                                                                 digest);
 }
 
-}  // namespace dynemb::cuda
+}  // namespace dynemb::DYNEMB_CUDA_NS

@@ -1,11 +1,12 @@
-// dynemb CUDA executor: launch geometry and the generic per-key upsert kernel,
+// dynemb CUDA executor: launch geometry, workspace, and the batch-rule kernels
 // shared by the .cu files (torch-free).
 #pragma once
 
 #include "core/table_ops.h"
 #include "cuda/cuda_platform.cuh"
+#include "cuda/launchers_cuda.h"
 
-namespace dynemb::cuda {
+namespace dynemb::DYNEMB_CUDA_NS {
 
 constexpr int kBlock = 256;
 
@@ -17,45 +18,88 @@ __device__ inline int64_t thread_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
-/// Pass 1 of a hits-first batch (core touch_stored): status kHit for stored keys,
-/// -1 for the others.
-template <class V, class Sink>
-__global__ void touch_kernel(TableRef<V> t, Sink sink, UpsertArgs args, const int64_t* keys,
-                             int64_t n, int8_t* status) {
-  const int64_t i = thread_index();
-  if (i >= n) return;
-  const bool hit = touch_stored<CudaPlatform>(t, i, i, keys[i], args, sink);
-  status[i] = hit ? static_cast<int8_t>(Status::kHit) : int8_t{-1};
+/// out[i] = in[0] + ... + in[i-1] for i in [0, n) (out may be in); *total (device) =
+/// the sum of all. Chunks of kScanChunk elements: a thread per chunk sums it, one
+/// thread scans the chunk sums, a thread per chunk writes its prefixes.
+void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* total,
+                           Workspace& ws, cudaStream_t stream);
+
+/// Stable grouping: for the elements i in [0, n) whose group[i] >= 0, order[start[g]
+/// .. start[g + 1]) lists the elements of group g in ascending i. start (groups + 1)
+/// and order (n) are outputs.
+void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
+                         int64_t* order, Workspace& ws, cudaStream_t stream);
+
+/// group[i] = the home-bucket range of keys[i]: bucket_of(hash) * groups / num_buckets.
+void launch_bucket_ranges(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t groups,
+                          int64_t* group, cudaStream_t stream);
+
+/// Ranges of home buckets for a batch of n keys (core/table_ops.h's batch rule lets
+/// them run concurrently): about one per key, at most one per bucket.
+inline int64_t bucket_range_count(int64_t n, int64_t num_buckets) {
+  return n < num_buckets ? (n > 0 ? n : 1) : num_buckets;
 }
 
-/// One thread per key: core upsert with any Sink; status and per-Status counts out.
-/// With hits_first, keys touch_kernel found are only counted.
+/// counts (4) += keys per Status; counts zeroed by the caller.
+void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream);
+
+/// Status pass 1 leaves for pass 2 (never a dynemb::Status value).
+constexpr int8_t kDeferred = -2;
+
+/// The batch rule's pass 1 over one home-bucket range per thread: its keys in batch
+/// order, touch_stored first for all of them when hits_first, then upsert_home.
 template <class V, class Sink>
-__global__ void upsert_kernel(TableRef<V> t, Sink sink, UpsertArgs args, const int64_t* keys,
-                              int64_t n, int8_t* status, unsigned long long* counts) {
-  const int64_t i = thread_index();
-  if (i >= n) return;
-  Status s = Status::kHit;
-  if (!args.hits_first || status[i] != static_cast<int8_t>(Status::kHit)) {
-    s = upsert<CudaPlatform>(t, i, i, keys[i], args, sink);
+__global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
+                                     const int64_t* keys, const int64_t* start,
+                                     const int64_t* order, int64_t ranges, int8_t* status) {
+  const int64_t g = thread_index();
+  if (g >= ranges) return;
+  if (args.hits_first) {
+    for (int64_t k = start[g]; k < start[g + 1]; ++k) {
+      const int64_t i = order[k];
+      const bool hit = touch_stored<CudaPlatform>(t, i, i, keys[i], args, sink);
+      status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
+    }
   }
-  status[i] = static_cast<int8_t>(s);
-  atomicAdd(counts + static_cast<int>(s), 1ULL);
+  for (int64_t k = start[g]; k < start[g + 1]; ++k) {
+    const int64_t i = order[k];
+    if (args.hits_first && status[i] == static_cast<int8_t>(Status::kHit)) continue;
+    Status s;
+    status[i] = upsert_home<CudaPlatform>(t, i, i, keys[i], args, sink, &s)
+                    ? static_cast<int8_t>(s)
+                    : kDeferred;
+  }
 }
 
-/// Zeroes counts (4) and launches upsert_kernel over n keys (after touch_kernel
-/// with hits_first: the kernel boundary orders the two passes).
+/// The batch rule's pass 2: one thread, the deferred keys in batch order.
+template <class V, class Sink>
+__global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
+                                       const int64_t* keys, int64_t n, int8_t* status) {
+  if (thread_index() != 0) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (status[i] == kDeferred) {
+      status[i] = static_cast<int8_t>(upsert_spill<CudaPlatform>(t, i, i, keys[i], args, sink));
+    }
+  }
+}
+
+/// A batch upsert by the batch rule with any Sink; status (n) and counts (4) out.
 template <class V, class Sink>
 void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                   int8_t* status, int64_t* counts, cudaStream_t stream) {
-  cudaMemsetAsync(counts, 0, 4 * sizeof(int64_t), stream);
+                   int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream) {
+  cudaMemsetAsync(counts, 0, kStatusCount * sizeof(int64_t), stream);
   if (n == 0) return;
-  if (args.hits_first) {
-    touch_kernel<V, Sink><<<blocks_for(n), kBlock, 0, stream>>>(sink.t, sink, args, keys, n,
-                                                                status);
-  }
-  upsert_kernel<V, Sink><<<blocks_for(n), kBlock, 0, stream>>>(
-      sink.t, sink, args, keys, n, status, reinterpret_cast<unsigned long long*>(counts));
+  const TableRef<V>& t = sink.t;
+  const int64_t ranges = bucket_range_count(n, t.num_buckets);
+  int64_t* group = ws.array<int64_t>(n);
+  int64_t* start = ws.array<int64_t>(ranges + 1);
+  int64_t* order = ws.array<int64_t>(n);
+  launch_bucket_ranges(keys, n, t.num_buckets, ranges, group, stream);
+  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, upsert_ranges_kernel<V, Sink>)(
+      t, sink, args, keys, start, order, ranges, status);
+  DYNEMB_LAUNCH(1, 1, stream, upsert_deferred_kernel<V, Sink>)(t, sink, args, keys, n, status);
+  launch_count_status(status, n, counts, stream);
 }
 
-}  // namespace dynemb::cuda
+}  // namespace dynemb::DYNEMB_CUDA_NS

@@ -1,14 +1,11 @@
-// dynemb CUDA executor: table batch ops, one thread per key over the core
-// algorithm (core/table_ops.h). Nothing here decides anything: launch geometry
-// and atomics only. Keys of a batch run concurrently, so in-batch order between
-// keys of one bucket is not fixed on the GPU (the CPU executor fixes it).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// dynemb CUDA executor: table batch ops over the core algorithm (core/table_ops.h).
+// Nothing here decides anything: launch geometry and atomics only. Mutating ops keep
+// the core's batch rule with stable grouping by home-bucket range (group_cuda.cu),
+// so their results are those of the CPU executor, bit for bit.
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
-namespace dynemb::cuda {
+namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
 
 using P = CudaPlatform;
@@ -20,7 +17,12 @@ __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* ou
   if (i >= n) return;
   const int64_t slot = find_slot<P>(t, keys[i]);
   found[i] = slot >= 0;
-  if (slot >= 0) copy_row(t.row(slot), out + i * out_width, out_width);
+  V* dst = out + i * out_width;
+  if (slot >= 0) {
+    copy_row(t.row(slot), dst, out_width);
+  } else {
+    for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0.0f);  // absent keys: a zero row
+  }
 }
 
 template <class V>
@@ -30,25 +32,77 @@ __global__ void find_slots_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
   if (i < n) slots[i] = find_slot<P>(t, keys[i]);
 }
 
+/// One thread per home-bucket range, its keys in batch order: a repeated key's first
+/// occurrence reports the erase.
 template <class V>
-__global__ void erase_kernel(TableRef<V> t, const int64_t* keys, int64_t n, bool* erased) {
-  const int64_t i = thread_index();
-  if (i < n) erased[i] = erase_key<P>(t, keys[i]);
+__global__ void erase_ranges_kernel(TableRef<V> t, const int64_t* keys, const int64_t* start,
+                                    const int64_t* order, int64_t ranges, bool* erased) {
+  const int64_t g = thread_index();
+  if (g >= ranges) return;
+  for (int64_t k = start[g]; k < start[g + 1]; ++k) {
+    erased[order[k]] = erase_key<P>(t, keys[order[k]]);
+  }
+}
+
+/// group[s] = the destination home-bucket range of source slot s, -1 for an empty slot.
+template <class V>
+__global__ void rehash_ranges_kernel(TableRef<V> src, int64_t dst_buckets, int64_t ranges,
+                                     int64_t* group) {
+  const int64_t s = thread_index();
+  if (s >= src.num_slots()) return;
+  if (src.digests[s] == kEmptyDigest) {
+    group[s] = -1;
+    return;
+  }
+  const auto b = static_cast<uint64_t>(bucket_of(hash_key(src.keys[s]), dst_buckets));
+  group[s] = static_cast<int64_t>(b * static_cast<uint64_t>(ranges) /
+                                  static_cast<uint64_t>(dst_buckets));
 }
 
 template <class V>
-__global__ void rehash_kernel(TableRef<V> src, TableRef<V> dst, int window,
-                              unsigned long long* failed) {
-  const int64_t s = thread_index();
-  if (s >= src.num_slots() || src.digests[s] == kEmptyDigest) return;
-  const uint64_t score = src.scores ? src.scores[s] : 0;
-  const uint64_t stamp = src.timestamps ? src.timestamps[s] : 0;
-  const int64_t slot = place_moved<P>(dst, src.keys[s], score, stamp, window);
-  if (slot < 0) {
-    atomicAdd(failed, 1ULL);
-    return;
+DYNEMB_HD DYNEMB_INLINE uint64_t score_of(const TableRef<V>& t, int64_t s) {
+  return t.scores ? t.scores[s] : 0;
+}
+template <class V>
+DYNEMB_HD DYNEMB_INLINE uint64_t stamp_of(const TableRef<V>& t, int64_t s) {
+  return t.timestamps ? t.timestamps[s] : 0;
+}
+
+/// Rehash pass 1 (core place_home), a destination home-bucket range per thread, its
+/// entries in source-slot order; deferred[s] = 1 for what did not fit.
+template <class V>
+__global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, const int64_t* start,
+                                   const int64_t* order, int64_t ranges, uint8_t* deferred) {
+  const int64_t g = thread_index();
+  if (g >= ranges) return;
+  for (int64_t k = start[g]; k < start[g + 1]; ++k) {
+    const int64_t s = order[k];
+    const int64_t slot = place_home<P>(dst, src.keys[s], score_of(src, s), stamp_of(src, s));
+    if (slot >= 0) {
+      copy_row(src.row(s), dst.row(slot), src.row_width);
+    } else {
+      deferred[s] = 1;
+    }
   }
-  copy_row(src.row(s), dst.row(slot), src.row_width);
+}
+
+/// Rehash pass 2 (core place_moved): one thread, in source-slot order.
+template <class V>
+__global__ void rehash_rest_kernel(TableRef<V> src, TableRef<V> dst, int window,
+                                   const uint8_t* deferred, int64_t* failed) {
+  if (thread_index() != 0) return;
+  int64_t lost = 0;
+  for (int64_t s = 0; s < src.num_slots(); ++s) {
+    if (!deferred[s]) continue;
+    const int64_t slot =
+        place_moved<P>(dst, src.keys[s], score_of(src, s), stamp_of(src, s), window);
+    if (slot < 0) {
+      ++lost;
+    } else {
+      copy_row(src.row(s), dst.row(slot), src.row_width);
+    }
+  }
+  *failed = lost;
 }
 
 }  // namespace
@@ -56,49 +110,53 @@ __global__ void rehash_kernel(TableRef<V> src, TableRef<V> dst, int window,
 template <class V>
 void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
                  bool* found, cudaStream_t stream) {
-  if (n > 0) find_kernel<<<blocks_for(n), kBlock, 0, stream>>>(t, keys, n, out, out_width, found);
+  if (n == 0) return;
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, find_kernel<V>)(t, keys, n, out, out_width, found);
 }
 
 template <class V>
 void launch_find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots,
                        cudaStream_t stream) {
-  if (n > 0) find_slots_kernel<<<blocks_for(n), kBlock, 0, stream>>>(t, keys, n, slots);
+  if (n == 0) return;
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, find_slots_kernel<V>)(t, keys, n, slots);
 }
 
-template <class V>
-void launch_find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
-                           const int64_t* keys, int64_t n, int8_t* status, int64_t* counts,
-                           cudaStream_t stream) {
-  launch_upsert<V>(sink, args, keys, n, status, counts, stream);
-}
-
-template <class V>
-void launch_assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                   int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream) {
-  launch_upsert<V>(sink, args, keys, n, status, counts, stream);
-}
-
-template <class V>
-void launch_restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                    int64_t n, int8_t* status, int64_t* counts, cudaStream_t stream) {
-  launch_upsert<V>(sink, args, keys, n, status, counts, stream);
+template <class Sink>
+void launch_upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
+                        int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream) {
+  launch_upsert<typename decltype(sink.t)::Value>(sink, args, keys, n, status, counts, ws, stream);
 }
 
 template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
-                  cudaStream_t stream) {
-  if (n > 0) erase_kernel<<<blocks_for(n), kBlock, 0, stream>>>(t, keys, n, erased);
+                  Workspace& ws, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t ranges = bucket_range_count(n, t.num_buckets);
+  int64_t* group = ws.array<int64_t>(n);
+  int64_t* start = ws.array<int64_t>(ranges + 1);
+  int64_t* order = ws.array<int64_t>(n);
+  launch_bucket_ranges(keys, n, t.num_buckets, ranges, group, stream);
+  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, erase_ranges_kernel<V>)(t, keys, start, order,
+                                                                            ranges, erased);
 }
 
 template <class V>
 void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, int64_t* failed,
-                   cudaStream_t stream) {
-  cudaMemsetAsync(failed, 0, sizeof(int64_t), stream);
+                   Workspace& ws, cudaStream_t stream) {
   const int64_t slots = src.num_slots();
-  if (slots > 0) {
-    rehash_kernel<<<blocks_for(slots), kBlock, 0, stream>>>(
-        src, dst, window, reinterpret_cast<unsigned long long*>(failed));
-  }
+  const int64_t ranges = bucket_range_count(slots, dst.num_buckets);
+  int64_t* group = ws.array<int64_t>(slots);
+  int64_t* start = ws.array<int64_t>(ranges + 1);
+  int64_t* order = ws.array<int64_t>(slots);
+  auto* deferred = ws.array<uint8_t>(slots);
+  cudaMemsetAsync(deferred, 0, static_cast<size_t>(slots), stream);
+  DYNEMB_LAUNCH(blocks_for(slots), kBlock, stream, rehash_ranges_kernel<V>)(src, dst.num_buckets,
+                                                                            ranges, group);
+  launch_group_stable(group, slots, ranges, start, order, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, rehash_home_kernel<V>)(src, dst, start, order,
+                                                                           ranges, deferred);
+  DYNEMB_LAUNCH(1, 1, stream, rehash_rest_kernel<V>)(src, dst, window, deferred, failed);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                   \
@@ -106,20 +164,22 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
                                cudaStream_t);                                                   \
   template void launch_find_slots<V>(const TableRef<V>&, const int64_t*, int64_t, int64_t*,     \
                                      cudaStream_t);                                             \
-  template void launch_find_or_insert<V>(const FindOrInsertSink<V>&, const UpsertArgs&,         \
-                                         const int64_t*, int64_t, int8_t*, int64_t*,            \
-                                         cudaStream_t);                                         \
-  template void launch_assign<V>(const AssignSink<V>&, const UpsertArgs&, const int64_t*,       \
-                                 int64_t, int8_t*, int64_t*, cudaStream_t);                     \
-  template void launch_restore<V>(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,     \
-                                  int64_t, int8_t*, int64_t*, cudaStream_t);                    \
-  template void launch_erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*,             \
+  template void launch_upsert_keys(const FindOrInsertSink<V>&, const UpsertArgs&,              \
+                                   const int64_t*, int64_t, int8_t*, int64_t*, Workspace&,      \
+                                   cudaStream_t);                                               \
+  template void launch_upsert_keys(const AssignSink<V>&, const UpsertArgs&, const int64_t*,    \
+                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+  template void launch_upsert_keys(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,   \
+                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+  template void launch_upsert_keys(const SlotSink<V>&, const UpsertArgs&, const int64_t*,      \
+                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+  template void launch_erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*, Workspace&, \
                                 cudaStream_t);                                                  \
   template void launch_rehash<V>(const TableRef<V>&, const TableRef<V>&, int, int64_t*,         \
-                                 cudaStream_t);
+                                 Workspace&, cudaStream_t);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(__half)
 DYNEMB_INSTANTIATE(__nv_bfloat16)
 
-}  // namespace dynemb::cuda
+}  // namespace dynemb::DYNEMB_CUDA_NS

@@ -1,15 +1,13 @@
 // dynemb torch layer: the embedding ops, written once over a Backend (see
 // table_op_impls.h for the pattern). The Backend adds:
 //
-//   template <class V> static void find_or_insert_slots(SlotSink<V>, UpsertArgs, keys*, n,
-//                                                       int8_t* status, at::Tensor& counts);
 //   template <class V> static void pool(TableRef<V>, slots*, keys*, offsets*, num_bags,
 //                                       weights*, PoolingMode, InitArgs, float* out, dim);
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
-//   static int64_t dedup(keys*, n, unique*, inverse*, counts*);  // returns U
-//   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*,
+//   static int64_t dedup(keys, unique&, inverse&, counts&);  // (n) tensors; returns U
+//   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*, n,
 //                                           offsets*, num_bags, weights*, PoolingMode, grad*,
-//                                           dim, OptimizerArgs);
+//                                           dim, OptimizerArgs, like);
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
 //   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
@@ -117,13 +115,13 @@ struct EmbeddingOpImpls {
     typename Backend::DeviceGuard guard(table[0].device());
     at::Tensor slots = at::empty_like(keys);
     at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
-    at::Tensor counts = at::zeros({4}, keys.options().dtype(at::kLong));
+    at::Tensor counts = at::zeros({kStatusCount}, keys.options().dtype(at::kLong));
     dispatch_values(op, table[4], [&](auto v) {
       using W = V<decltype(v)>;
       int64_t* evicted = evicted_keys.has_value() ? evicted_keys->data_ptr<int64_t>() : nullptr;
       SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
                        EvictedOut<W>{evicted, nullptr, nullptr}, init_rows};
-      Backend::find_or_insert_slots(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+      Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
                                     status.data_ptr<int8_t>(), counts);
     });
     return {slots, status, counts};
@@ -239,9 +237,7 @@ struct EmbeddingOpImpls {
     at::Tensor unique = at::empty_like(keys);
     at::Tensor inverse = at::empty_like(keys);
     at::Tensor counts = at::empty_like(keys);
-    const int64_t num_unique =
-        Backend::dedup(keys.data_ptr<int64_t>(), keys.numel(), unique.data_ptr<int64_t>(),
-                       inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
+    const int64_t num_unique = Backend::dedup(keys, unique, inverse, counts);
     return {unique.narrow(0, 0, num_unique), inverse, counts.narrow(0, 0, num_unique)};
   }
 
@@ -269,9 +265,9 @@ struct EmbeddingOpImpls {
     dispatch_values(op, table[4], [&](auto v) {
       using W = V<decltype(v)>;
       Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
-                        unique_slots.numel(), inverse.data_ptr<int64_t>(),
+                        unique_slots.numel(), inverse.data_ptr<int64_t>(), inverse.numel(),
                         offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
-                        grad.data_ptr<float>(), dim, opt);
+                        grad.data_ptr<float>(), dim, opt, unique_slots.options());
     });
   }
 

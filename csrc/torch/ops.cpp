@@ -1,63 +1,16 @@
-// dynemb torch layer: every op schema, declared once. Backends register
-// implementations in ops_cpu.cpp (always) and ops_cuda.cpp (CUDA builds).
-//
-// Conventions: `table` is the Tensor[] described in tensor_checks.h;
-// policy = [score_strategy, batch_value, seed, evict_below, dim] (evict_below: a full
-// bucket evicts only a resident scored below it; -1 = any, 0 = never);
-// init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
-// evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
-// Table ops: table_op_impls.h; embedding ops: embedding_op_impls.h.
+// dynemb torch layer: the op library `dynemb`: the table and embedding ops (schemas in
+// op_schemas.h; implementations registered by ops_cpu.cpp, and ops_cuda.cpp in CUDA
+// builds) and host utilities (memory_cpu.cpp, checksum_cpu.cpp, threads_cpu.cpp).
 #include <torch/library.h>
 #include <torch/extension.h>
 
+#include "torch/op_schemas.h"
+
 TORCH_LIBRARY(dynemb, m) {
-  m.def("hash_keys(Tensor keys, int num_buckets) -> (Tensor bucket, Tensor digest)");
-  m.def("table_find(Tensor[] table, Tensor keys, Tensor(a!) values) -> Tensor found");
-  m.def("table_find_slots(Tensor[] table, Tensor keys) -> Tensor slots");
-  m.def(
-      "table_find_or_insert(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores, Tensor(b!) values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
-  m.def(
-      "table_insert_or_assign(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores, Tensor values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");
-  // Writes saved entries exactly (rows, optimizer state, scores, timestamps): a
-  // checkpoint load. values (n, dim); state (n, row_width - dim) or None.
-  m.def(
-      "table_restore(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, Tensor values, "
-      "Tensor? state, Tensor? scores, Tensor? timestamps, Tensor(c!)[] evicted) "
-      "-> (Tensor status, Tensor counts)");
-  m.def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");
-  m.def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");
+  DYNEMB_DEFINE_OPS(m);
   m.def("advise_huge_pages(Tensor(a!) buffer) -> bool");
   // CRC-32 (zlib's) of a host byte buffer, continued from crc: checkpoint checks.
   m.def("crc32(Tensor data, int crc) -> int");
-  // Embedding kernels (csrc/core/pooling.h, optimizer_rules.h).
-  // missing = init list of the rows given to keys that are not stored;
-  // optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay].
-  m.def(
-      "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "
-      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "
-      "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");
-  // A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots,
-  // status, evicted_keys: the claim's): for each key that took a slot, the resident
-  // its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user
-  // score, then the key's entry of `slow` (or its initial row, init = the table's)
-  // fills the slot.
-  // -> (victim_keys, victim_rows, victim_scores, found).
-  m.def(
-      "table_cache_exchange(Tensor(a!)[] cache, Tensor[] slow, float[] init, int seed, int dim, "
-      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "
-      "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");
-  m.def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");
-  m.def(
-      "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "
-      "int mode, float[] missing, int seed, int dim) -> Tensor");
-  m.def(
-      "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "
-      "int dim) -> Tensor");
-  m.def(
-      "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "
-      "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim) -> ()");
 }
 
 // Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.

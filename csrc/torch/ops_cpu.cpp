@@ -30,36 +30,23 @@ struct CpuBackend {
   static void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
     cpu::find_slots(t, keys, n, slots);
   }
-  template <class V>
-  static void find_or_insert(const FindOrInsertSink<V>& sink, const UpsertArgs& args,
-                             const int64_t* keys, int64_t n, int8_t* status, at::Tensor& counts) {
-    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
+  template <class Sink>
+  static void upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
+                     int8_t* status, at::Tensor& counts) {
+    const StatusCounts done = cpu::upsert_keys(sink, args, keys, n, status);
+    for (int k = 0; k < kStatusCount; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
   }
   template <class V>
-  static void assign(const AssignSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                     int64_t n, int8_t* status, at::Tensor& counts) {
-    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
-  }
-  template <class V>
-  static void restore(const RestoreSink<V>& sink, const UpsertArgs& args, const int64_t* keys,
-                      int64_t n, int8_t* status, at::Tensor& counts) {
-    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
-  }
-  template <class V>
-  static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
+  static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
+                    const at::TensorOptions&) {
     cpu::erase(t, keys, n, erased);
   }
   template <class V>
-  static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
+  static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window,
+                        const at::TensorOptions&) {
     return cpu::rehash(src, dst, window);
   }
 
-  template <class V>
-  static void find_or_insert_slots(const SlotSink<V>& sink, const UpsertArgs& args,
-                                   const int64_t* keys, int64_t n, int8_t* status,
-                                   at::Tensor& counts) {
-    store_counts(cpu::upsert_keys(sink, args, keys, n, status), counts);
-  }
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
@@ -71,15 +58,17 @@ struct CpuBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
-  static int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-                       int64_t* counts) {
-    return cpu::dedup(keys, n, unique, inverse, counts);
+  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
+                       at::Tensor& counts) {
+    return cpu::dedup(keys.data_ptr<int64_t>(), keys.numel(), unique.data_ptr<int64_t>(),
+                      inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
   }
   template <class V>
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                       const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                       const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                       const OptimizerArgs& opt) {
+                       const int64_t* inverse, int64_t, const int64_t* offsets,
+                       int64_t num_bags, const float* weights, PoolingMode mode,
+                       const float* grad, int64_t dim, const OptimizerArgs& opt,
+                       const at::TensorOptions&) {
     cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
                          grad, dim, opt);
   }
@@ -89,27 +78,14 @@ struct CpuBackend {
     cpu::cache_exchange(cache, slow, x);
   }
   static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
-    const int64_t n = status.numel();
+    const int64_t n = status.numel();  // ~1 ns a key: not worth threads
     at::Tensor moved = at::empty({n}, slots.options());
     at::Tensor victim_index = at::empty({n}, slots.options());
-    const int8_t* s = status.data_ptr<int8_t>();
-    const int64_t* slot = slots.data_ptr<int64_t>();
-    int64_t* position = moved.data_ptr<int64_t>();
-    int64_t* victim = victim_index.data_ptr<int64_t>();
-    int64_t m = 0, victims = 0, without_slot = 0;
-    for (int64_t i = 0; i < n; ++i) {  // ~1 ns a key: not worth threads
-      if (!moves_in(s[i])) continue;
-      position[m] = i;
-      victim[m] = evicts_resident(s[i]) ? victims++ : -1;
-      without_slot += slot[i] < 0;
-      ++m;
-    }
-    return {moved.narrow(0, 0, m), victim_index.narrow(0, 0, m), victims, without_slot};
-  }
-
- private:
-  static void store_counts(const StatusCounts& done, at::Tensor& counts) {
-    for (int k = 0; k < 4; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
+    const MoveCounts c =
+        compact_moves(status.data_ptr<int8_t>(), slots.data_ptr<int64_t>(), 0, n, 0, 0,
+                      moved.data_ptr<int64_t>(), victim_index.data_ptr<int64_t>());
+    return {moved.narrow(0, 0, c.moved), victim_index.narrow(0, 0, c.moved), c.victims,
+            c.without_slot};
   }
 };
 

@@ -9,12 +9,13 @@
 //     static void hash_keys(keys*, n, num_buckets, bucket*, digest*);
 //     template <class V> static void find(TableRef<V>, keys*, n, V* out, out_width, bool*);
 //     template <class V> static void find_slots(TableRef<V>, keys*, n, int64_t* slots);
-//     template <class V> static void find_or_insert(FindOrInsertSink<V>, UpsertArgs, keys*, n,
-//                                                   int8_t* status, at::Tensor& counts);
-//     template <class V> static void assign(AssignSink<V>, ...same...);
-//     template <class V> static void restore(RestoreSink<V>, ...same...);
-//     template <class V> static void erase(TableRef<V>, keys*, n, bool*);
-//     template <class V> static int64_t rehash(TableRef<V> src, TableRef<V> dst, int window);
+//     // A batch upsert by core/table_ops.h's batch rule, any Sink of core/batch_sinks.h:
+//     template <class Sink> static void upsert(Sink, UpsertArgs, keys*, n, int8_t* status,
+//                                              at::Tensor& counts);
+//     // `like`: options of the op's tensors (device), for temporaries.
+//     template <class V> static void erase(TableRef<V>, keys*, n, bool*, like);
+//     template <class V> static int64_t rehash(TableRef<V> src, TableRef<V> dst, int window,
+//                                              like);
 //   };
 // ops_cpu.cpp and ops_cuda.cpp define a Backend and register these functions.
 #pragma once
@@ -105,7 +106,7 @@ struct TableOpImpls {
       FindOrInsertSink<W> sink{table_ref<W>(table), call.init, call.dim,
                                reinterpret_cast<W*>(values.data_ptr()), values.size(1),
                                evicted_out<W>(evicted)};
-      Backend::find_or_insert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+      Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
                               status.template data_ptr<int8_t>(), counts);
     });
     return {status, counts};
@@ -129,7 +130,7 @@ struct TableOpImpls {
       AssignSink<W> sink{table_ref<W>(table), call.init, call.dim,
                          reinterpret_cast<const W*>(values.data_ptr()), values.size(1),
                          evicted_out<W>(evicted)};
-      Backend::assign(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
+      Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
                       status.template data_ptr<int8_t>(), counts);
     });
     return {status, counts};
@@ -174,7 +175,7 @@ struct TableOpImpls {
           state.has_value() ? row_width - call.dim : 0, saved_scores, saved_timestamps};
       RestoreSink<W> sink{table_ref<W>(table), call.init, call.dim, saved,
                           evicted_out<W>(evicted)};
-      Backend::restore(sink, call.args, keys.data_ptr<int64_t>(), n,
+      Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), n,
                        status.template data_ptr<int8_t>(), counts);
     });
     return {status, counts};
@@ -190,7 +191,7 @@ struct TableOpImpls {
     dispatch_values(op, table[4], [&](auto v) {
       using W = V<decltype(v)>;
       Backend::erase(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
-                     erased.data_ptr<bool>());
+                     erased.data_ptr<bool>(), keys.options());
     });
     return erased;
   }
@@ -210,7 +211,8 @@ struct TableOpImpls {
                       ": `window` must be in [1, ", kMaxProbeBuckets, "], got ", window);
     return dispatch_values(op, src[4], [&](auto v) {
       using W = V<decltype(v)>;
-      return Backend::rehash(table_ref<W>(src), table_ref<W>(dst), static_cast<int>(window));
+      return Backend::rehash(table_ref<W>(src), table_ref<W>(dst), static_cast<int>(window),
+                             src[1].options());
     });
   }
 
@@ -218,7 +220,7 @@ struct TableOpImpls {
   /// (status (n) int8, counts (4) int64) on the keys' device.
   static std::tuple<at::Tensor, at::Tensor> upsert_outputs(const at::Tensor& keys) {
     return {at::empty(keys.sizes(), keys.options().dtype(at::kChar)),
-            at::zeros({4}, keys.options().dtype(at::kLong))};
+            at::zeros({kStatusCount}, keys.options().dtype(at::kLong))};
   }
 };
 

@@ -1,0 +1,149 @@
+// dynemb CUDA executor: prefix sums and stable grouping, the building blocks that
+// let kernels keep core/table_ops.h's batch rule (keys of one home bucket in batch
+// order) and core/pooling.h's gradient order (indices of one key in ascending order)
+// without depending on thread scheduling. Plain kernels of one thread per chunk or
+// per group: no shared memory, no block barrier.
+#include "cuda/kernel_common.cuh"
+#include "cuda/launchers_cuda.h"
+
+namespace dynemb::DYNEMB_CUDA_NS {
+namespace {
+
+constexpr int64_t kScanChunk = 1024;
+
+__global__ void chunk_sums_kernel(const int64_t* in, int64_t n, int64_t chunks, int64_t* sums) {
+  const int64_t c = thread_index();
+  if (c >= chunks) return;
+  int64_t sum = 0;
+  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  for (int64_t i = c * kScanChunk; i < end; ++i) sum += in[i];
+  sums[c] = sum;
+}
+
+__global__ void scan_sums_kernel(int64_t* sums, int64_t chunks, int64_t* total) {
+  if (thread_index() != 0) return;
+  int64_t running = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t v = sums[c];
+    sums[c] = running;
+    running += v;
+  }
+  *total = running;
+}
+
+__global__ void chunk_scan_kernel(const int64_t* in, int64_t n, int64_t chunks,
+                                  const int64_t* prefix, int64_t* out) {
+  const int64_t c = thread_index();
+  if (c >= chunks) return;
+  int64_t running = prefix[c];
+  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  for (int64_t i = c * kScanChunk; i < end; ++i) {
+    const int64_t v = in[i];
+    out[i] = running;
+    running += v;
+  }
+}
+
+__global__ void group_count_kernel(const int64_t* group, int64_t n, unsigned long long* counts) {
+  const int64_t i = thread_index();
+  if (i < n && group[i] >= 0) atomicAdd(counts + group[i], 1ULL);
+}
+
+__global__ void group_place_kernel(const int64_t* group, int64_t n, const int64_t* start,
+                                   unsigned long long* cursor, int64_t* order) {
+  const int64_t i = thread_index();
+  if (i >= n || group[i] < 0) return;
+  const int64_t g = group[i];
+  order[start[g] + static_cast<int64_t>(atomicAdd(cursor + g, 1ULL))] = i;
+}
+
+/// Heapsort of a[0..m) ascending: in place, O(m log m) even for one huge group.
+__device__ void sort_ascending(int64_t* a, int64_t m) {
+  auto sift = [a](int64_t root, int64_t end) {
+    for (;;) {
+      int64_t child = 2 * root + 1;
+      if (child >= end) return;
+      if (child + 1 < end && a[child] < a[child + 1]) ++child;
+      if (a[root] >= a[child]) return;
+      const int64_t x = a[root];
+      a[root] = a[child];
+      a[child] = x;
+      root = child;
+    }
+  };
+  for (int64_t r = m / 2 - 1; r >= 0; --r) sift(r, m);
+  for (int64_t end = m - 1; end > 0; --end) {
+    const int64_t x = a[0];
+    a[0] = a[end];
+    a[end] = x;
+    sift(0, end);
+  }
+}
+
+__global__ void group_sort_kernel(const int64_t* start, int64_t groups, int64_t* order) {
+  const int64_t g = thread_index();
+  if (g < groups) sort_ascending(order + start[g], start[g + 1] - start[g]);
+}
+
+__global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
+                                     int64_t groups, int64_t* group) {
+  const int64_t i = thread_index();
+  if (i >= n) return;
+  const auto b = static_cast<uint64_t>(bucket_of(hash_key(keys[i]), num_buckets));
+  group[i] = static_cast<int64_t>(b * static_cast<uint64_t>(groups) /
+                                  static_cast<uint64_t>(num_buckets));
+}
+
+__global__ void count_status_kernel(const int8_t* status, int64_t n, unsigned long long* counts) {
+  const int64_t i = thread_index();
+  if (i < n) atomicAdd(counts + status[i], 1ULL);
+}
+
+}  // namespace
+
+void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* total,
+                           Workspace& ws, cudaStream_t stream) {
+  const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
+  int64_t* sums = ws.array<int64_t>(chunks > 0 ? chunks : 1);
+  if (chunks > 0) {
+    DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, chunk_sums_kernel)(in, n, chunks, sums);
+  }
+  DYNEMB_LAUNCH(1, 1, stream, scan_sums_kernel)(sums, chunks, total);
+  if (chunks > 0) {
+    DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, chunk_scan_kernel)(in, n, chunks, sums,
+                                                                         out);
+  }
+}
+
+void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
+                         int64_t* order, Workspace& ws, cudaStream_t stream) {
+  auto* counts = ws.array<unsigned long long>(groups);
+  const size_t bytes = static_cast<size_t>(groups) * sizeof(unsigned long long);
+  cudaMemsetAsync(counts, 0, bytes, stream);
+  if (n > 0) {
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_count_kernel)(group, n, counts);
+  }
+  launch_exclusive_scan(reinterpret_cast<const int64_t*>(counts), groups, start, start + groups,
+                        ws, stream);
+  cudaMemsetAsync(counts, 0, bytes, stream);
+  if (n > 0) {
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_place_kernel)(group, n, start, counts,
+                                                                     order);
+  }
+  DYNEMB_LAUNCH(blocks_for(groups), kBlock, stream, group_sort_kernel)(start, groups, order);
+}
+
+void launch_bucket_ranges(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t groups,
+                          int64_t* group, cudaStream_t stream) {
+  if (n == 0) return;
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(keys, n, num_buckets, groups,
+                                                                     group);
+}
+
+void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream) {
+  if (n == 0) return;
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, count_status_kernel)(
+      status, n, reinterpret_cast<unsigned long long*>(counts));
+}
+
+}  // namespace dynemb::DYNEMB_CUDA_NS

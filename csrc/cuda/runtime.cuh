@@ -1,0 +1,35 @@
+// dynemb CUDA executor: the CUDA runtime, real or emulated.
+//
+// The csrc/cuda sources build twice from the same text: by nvcc for a GPU, and by
+// the host compiler with DYNEMB_CUDA_EMULATION defined (csrc/emulated/), where a
+// small shim stands in for the runtime: grid and block indices, atomics over
+// std::atomic_ref, fences, memset, and kernel launches that run blocks on several
+// OS threads. What differs between the two is below; nothing in it decides.
+//
+//   DYNEMB_CUDA_NS            the executor's namespace (dynemb::cuda, or
+//                             dynemb::cuda_emulated: both can live in one library)
+//   DYNEMB_CUDA_DEVICE_CODE   1 where device atomics exist (device code, emulation)
+//   DYNEMB_LAUNCH(grid, block, stream, kernel)(args...)   a kernel launch
+//   DYNEMB_SPIN_PAUSE()       inside spin loops (emulated threads share few cores)
+#pragma once
+
+#if defined(DYNEMB_CUDA_EMULATION)
+#include "emulated/cuda_shim.h"
+#define DYNEMB_CUDA_NS cuda_emulated
+#define DYNEMB_CUDA_DEVICE_CODE 1
+#define DYNEMB_LAUNCH(grid, block, stream, ...) \
+  ::dynemb::emulation::Launch{(grid), (block), (stream)}.of(__VA_ARGS__)
+#define DYNEMB_SPIN_PAUSE() ::dynemb::emulation::spin_pause()
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#define DYNEMB_CUDA_NS cuda
+#if defined(__CUDA_ARCH__)
+#define DYNEMB_CUDA_DEVICE_CODE 1
+#else
+#define DYNEMB_CUDA_DEVICE_CODE 0
+#endif
+#define DYNEMB_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+#define DYNEMB_SPIN_PAUSE()
+#endif

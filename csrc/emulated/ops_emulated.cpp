@@ -1,0 +1,30 @@
+// dynemb emulated CUDA executor: the CUDA backend (torch/cuda_backend.h) over CPU
+// tensors, registered as the op library `dynemb_cuda_emulated` (the schemas of
+// ops.cpp); dynemb/_ops.py sends every op there when DYNEMB_EXECUTOR=cuda-emulated.
+#define DYNEMB_CUDA_EMULATION 1
+
+#include <torch/library.h>
+
+#include "torch/cuda_backend.h"
+#include "torch/op_schemas.h"
+
+namespace dynemb {
+namespace {
+
+struct EmulatedRuntime {
+  static cudaStream_t stream() { return nullptr; }  // launches run synchronously
+  struct DeviceGuard {
+    explicit DeviceGuard(at::Device) {}
+  };
+};
+
+}  // namespace
+
+TORCH_LIBRARY(dynemb_cuda_emulated, m) { DYNEMB_DEFINE_OPS(m); }
+
+TORCH_LIBRARY_IMPL(dynemb_cuda_emulated, CPU, m) {
+  DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend<EmulatedRuntime>);
+  DYNEMB_REGISTER_EMBEDDING_OPS(m, CudaBackend<EmulatedRuntime>);
+}
+
+}  // namespace dynemb

@@ -1,0 +1,137 @@
+// dynemb torch layer: the Backend of table_op_impls.h and embedding_op_impls.h that
+// launches the CUDA executor (csrc/cuda). It maps torch types to the torch-free
+// launchers, allocates their temporaries and outputs with torch, and reads back only
+// the sizes an op must return (listed in DynamicEmb_APIs.md, "Host synchronisation").
+//
+// Included by two translation units: ops_cuda.cpp (nvcc-built launchers, CUDA
+// tensors) and csrc/emulated/ops_emulated.cpp (the same launchers built for the host
+// by csrc/cuda/runtime.cuh, CPU tensors). A Runtime gives what differs:
+//   struct Runtime {
+//     static cudaStream_t stream();           // the stream to launch on
+//     struct DeviceGuard { explicit DeviceGuard(at::Device); };
+//   };
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <type_traits>
+#include <vector>
+
+#include "cuda/launchers_cuda.h"
+#include "torch/embedding_op_impls.h"
+#include "torch/table_op_impls.h"
+
+namespace dynemb {
+
+/// A launcher's Workspace from torch's allocator: byte tensors on the ops' device,
+/// held until the op returns (the caching allocator reuses memory in stream order).
+class TensorWorkspace final : public DYNEMB_CUDA_NS::Workspace {
+ public:
+  explicit TensorWorkspace(const at::TensorOptions& like) : options_(like.dtype(at::kByte)) {}
+  void* bytes(int64_t n) override {
+    held_.push_back(at::empty({n > 0 ? n : 1}, options_));
+    return held_.back().data_ptr();
+  }
+
+ private:
+  at::TensorOptions options_;
+  std::vector<at::Tensor> held_;
+};
+
+template <class Runtime>
+struct CudaBackend {
+  template <class TorchV>
+  using Value = std::conditional_t<
+      std::is_same_v<TorchV, c10::Half>, __half,
+      std::conditional_t<std::is_same_v<TorchV, c10::BFloat16>, __nv_bfloat16, TorchV>>;
+  using DeviceGuard = typename Runtime::DeviceGuard;
+
+  static void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
+                        uint8_t* digest) {
+    DYNEMB_CUDA_NS::launch_hash_keys(keys, n, num_buckets, bucket, digest, Runtime::stream());
+  }
+  template <class V>
+  static void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out,
+                   int64_t out_width, bool* found) {
+    DYNEMB_CUDA_NS::launch_find(t, keys, n, out, out_width, found, Runtime::stream());
+  }
+  template <class V>
+  static void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
+    DYNEMB_CUDA_NS::launch_find_slots(t, keys, n, slots, Runtime::stream());
+  }
+  template <class Sink>
+  static void upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
+                     int8_t* status, at::Tensor& counts) {
+    TensorWorkspace ws(counts.options());
+    DYNEMB_CUDA_NS::launch_upsert_keys(sink, args, keys, n, status, counts.data_ptr<int64_t>(), ws,
+                                       Runtime::stream());
+  }
+  template <class V>
+  static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
+                    const at::TensorOptions& like) {
+    TensorWorkspace ws(like);
+    DYNEMB_CUDA_NS::launch_erase(t, keys, n, erased, ws, Runtime::stream());
+  }
+  template <class V>
+  static int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window,
+                        const at::TensorOptions& like) {
+    TensorWorkspace ws(like);
+    at::Tensor failed = at::empty({1}, like.dtype(at::kLong));
+    DYNEMB_CUDA_NS::launch_rehash(src, dst, window, failed.data_ptr<int64_t>(), ws,
+                                  Runtime::stream());
+    return failed.item<int64_t>();  // the caller grows again when entries did not fit
+  }
+  template <class V>
+  static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+                   const int64_t* offsets, int64_t num_bags, const float* weights,
+                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    DYNEMB_CUDA_NS::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
+                                Runtime::stream());
+  }
+  template <class V>
+  static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
+                     const InitArgs& missing, float* out, int64_t dim) {
+    DYNEMB_CUDA_NS::launch_gather(t, slots, keys, n, missing, out, dim, Runtime::stream());
+  }
+  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
+                       at::Tensor& counts) {
+    TensorWorkspace ws(keys.options());
+    at::Tensor num_unique = at::empty({1}, keys.options());
+    DYNEMB_CUDA_NS::launch_dedup(keys.data_ptr<int64_t>(), keys.numel(),
+                                 unique.data_ptr<int64_t>(), inverse.data_ptr<int64_t>(),
+                                 counts.data_ptr<int64_t>(), num_unique.data_ptr<int64_t>(), ws,
+                                 Runtime::stream());
+    return num_unique.item<int64_t>();  // the size of the outputs
+  }
+  template <class V>
+  static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
+                       const int64_t* inverse, int64_t n, const int64_t* offsets,
+                       int64_t num_bags, const float* weights, PoolingMode mode,
+                       const float* grad, int64_t dim, const OptimizerArgs& opt,
+                       const at::TensorOptions& like) {
+    TensorWorkspace ws(like);
+    DYNEMB_CUDA_NS::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags,
+                                    weights, mode, grad, dim, opt, n, ws, Runtime::stream());
+  }
+  template <class V>
+  static void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
+                             const CacheExchange<V>& x) {
+    DYNEMB_CUDA_NS::launch_cache_exchange(cache, slow, x, Runtime::stream());
+  }
+  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
+    const int64_t n = status.numel();
+    TensorWorkspace ws(slots.options());
+    at::Tensor moved = at::empty({n}, slots.options());
+    at::Tensor victim_index = at::empty({n}, slots.options());
+    at::Tensor totals = at::empty({3}, slots.options());
+    DYNEMB_CUDA_NS::launch_cache_moves(status.data_ptr<int8_t>(), slots.data_ptr<int64_t>(), n,
+                                       moved.data_ptr<int64_t>(),
+                                       victim_index.data_ptr<int64_t>(),
+                                       totals.data_ptr<int64_t>(), ws, Runtime::stream());
+    const at::Tensor host = totals.cpu();  // the sizes of the outputs
+    const int64_t* t = host.data_ptr<int64_t>();
+    return {moved.narrow(0, 0, t[0]), victim_index.narrow(0, 0, t[0]), t[1], t[2]};
+  }
+};
+
+}  // namespace dynemb

@@ -1,0 +1,63 @@
+// dynemb torch layer: the schemas of the table and embedding ops, written once.
+// Defined for the op library `dynemb` (ops.cpp: CPU and CUDA registrations) and for
+// `dynemb_cuda_emulated` (csrc/emulated/ops_emulated.cpp).
+//
+// Conventions: `table` is the Tensor[] described in tensor_checks.h;
+// policy = [score_strategy, batch_value, seed, evict_below, dim] (evict_below: a full
+// bucket evicts only a resident scored below it; -1 = any, 0 = never);
+// init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
+// evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
+// Table ops: table_op_impls.h; embedding ops: embedding_op_impls.h.
+#pragma once
+
+#include <torch/library.h>
+
+// clang-format off
+#define DYNEMB_DEFINE_OPS(m)                                                                          \
+  do {                                                                                                \
+  (m).def("hash_keys(Tensor keys, int num_buckets) -> (Tensor bucket, Tensor digest)");               \
+  (m).def("table_find(Tensor[] table, Tensor keys, Tensor(a!) values) -> Tensor found");              \
+  (m).def("table_find_slots(Tensor[] table, Tensor keys) -> Tensor slots");                           \
+  (m).def(                                                                                            \
+      "table_find_or_insert(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "            \
+      "Tensor? scores, Tensor(b!) values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");  \
+  (m).def(                                                                                            \
+      "table_insert_or_assign(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "          \
+      "Tensor? scores, Tensor values, Tensor(c!)[] evicted) -> (Tensor status, Tensor counts)");      \
+  /* Writes saved entries exactly (rows, optimizer state, scores, timestamps): a */                   \
+  /* checkpoint load. values (n, dim); state (n, row_width - dim) or None. */                         \
+  (m).def(                                                                                            \
+      "table_restore(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, Tensor values, "    \
+      "Tensor? state, Tensor? scores, Tensor? timestamps, Tensor(c!)[] evicted) "                     \
+      "-> (Tensor status, Tensor counts)");                                                           \
+  (m).def("table_erase(Tensor(a!)[] table, Tensor keys) -> Tensor erased");                           \
+  (m).def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");                         \
+  /* Embedding kernels (csrc/core/pooling.h, optimizer_rules.h). */                                   \
+  /* missing = init list of the rows given to keys that are not stored; */                            \
+  /* optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay]. */                           \
+  (m).def(                                                                                            \
+      "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "      \
+      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "        \
+      "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");                      \
+  /* A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots, */                \
+  /* status, evicted_keys: the claim's): for each key that took a slot, the resident */               \
+  /* its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user */              \
+  /* score, then the key's entry of `slow` (or its initial row, init = the table's) */                \
+  /* fills the slot. */                                                                               \
+  /* -> (victim_keys, victim_rows, victim_scores, found). */                                          \
+  (m).def(                                                                                            \
+      "table_cache_exchange(Tensor(a!)[] cache, Tensor[] slow, float[] init, int seed, int dim, "     \
+      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "       \
+      "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");             \
+  (m).def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");              \
+  (m).def(                                                                                            \
+      "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "   \
+      "int mode, float[] missing, int seed, int dim) -> Tensor");                                     \
+  (m).def(                                                                                            \
+      "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "       \
+      "int dim) -> Tensor");                                                                          \
+  (m).def(                                                                                            \
+      "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "  \
+      "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim) -> ()");         \
+  } while (0)
+// clang-format on
