@@ -46,9 +46,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The whole suite runs twice: on the CPU executor, then on the emulated CUDA executor
+# (the csrc/cuda kernels built for the host; see DynamicEmb_APIs.md, "Executors").
 # pytest exits 5 when it collects no test: that is not a failure for us.
 test: build cuda-check lint bench-quick
 	$(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
+	DYNEMB_EXECUTOR=cuda-emulated $(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
 
 BENCHMARKS := $(wildcard benchmark/bench_*.py)
 

@@ -13,6 +13,9 @@
 //   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/tier_ops.h"
@@ -38,23 +41,67 @@ inline PoolingMode parse_pooling(const char* op, int64_t mode) {
   return static_cast<PoolingMode>(mode);
 }
 
-/// Checks slots/keys (n) int64, offsets (num_bags + 1) int64 ending at n, weights (n) float.
-inline void check_bags(const char* op, const at::Tensor& table0, const at::Tensor& slots,
-                       const at::Tensor* keys, const at::Tensor& offsets,
-                       const std::optional<at::Tensor>& weights) {
-  check_tensor(op, "slots", slots, at::kLong, 1);
-  check_same_device(op, "slots", slots, table0);
+/// Checks that read tensor values (ranges, offsets) run on host tensors always, and on
+/// a GPU only in safe-check mode (environment DYNEMB_SAFE_CHECKS=1, read once): reading
+/// device values synchronises the host with the stream. Shape, dtype, device and
+/// contiguity checks always run.
+inline bool reads_values(const at::Tensor& t) {
+  static const bool safe_checks = [] {
+    const char* v = std::getenv("DYNEMB_SAFE_CHECKS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return t.is_cpu() || safe_checks;
+}
+
+/// values (n) int64 all in [lowest, end).
+inline void check_range(const char* op, const char* name, const at::Tensor& values,
+                        int64_t lowest, int64_t end) {
+  if (values.numel() == 0 || !reads_values(values)) return;
+  const auto range = at::aminmax(values);
+  const int64_t lo = std::get<0>(range).item<int64_t>();
+  const int64_t hi = std::get<1>(range).item<int64_t>();
+  TORCH_CHECK_VALUE(lo >= lowest && hi < end, "dynemb.", op, ": `", name, "` must hold values in [",
+                    lowest, ", ", end, "), got values in [", lo, ", ", hi, "]");
+}
+
+/// offsets (num_bags + 1): start at 0, never decrease, end at n.
+inline void check_offsets(const char* op, const at::Tensor& offsets, int64_t n) {
+  if (!reads_values(offsets)) return;
+  const at::Tensor host = offsets.cpu();
+  const int64_t* o = host.data_ptr<int64_t>();
+  const int64_t m = host.numel();
+  TORCH_CHECK_VALUE(o[0] == 0, "dynemb.", op, ": `offsets` must start at 0, got ", o[0]);
+  for (int64_t b = 1; b < m; ++b) {
+    TORCH_CHECK_VALUE(o[b] >= o[b - 1], "dynemb.", op, ": `offsets` must never decrease, got ",
+                      "offsets[", b, "]=", o[b], " < offsets[", b - 1, "]=", o[b - 1]);
+  }
+  TORCH_CHECK_VALUE(o[m - 1] == n, "dynemb.", op, ": `offsets` must end at the number of ",
+                    "indices ", n, ", got ", o[m - 1]);
+}
+
+/// Checks `slots` (n) int64 (named `name`: slots of the table, -1 for none, or another
+/// per-index list), keys (n) int64, offsets (num_bags + 1) int64 from 0 to n, weights
+/// (n) float, all on the table's device.
+inline void check_bags(const char* op, const at::Tensor& table0, const char* name,
+                       const at::Tensor& slots, const at::Tensor* keys,
+                       const at::Tensor& offsets, const std::optional<at::Tensor>& weights) {
+  check_tensor(op, name, slots, at::kLong, 1);
+  check_same_device(op, name, slots, table0);
   if (keys != nullptr) {
     check_tensor(op, "keys", *keys, at::kLong, 1);
     TORCH_CHECK_VALUE(keys->numel() == slots.numel(), "dynemb.", op, ": `keys` has ",
-                      keys->numel(), " elements, `slots` has ", slots.numel());
+                      keys->numel(), " elements, `", name, "` has ", slots.numel());
+    check_same_device(op, "keys", *keys, table0);
   }
   check_tensor(op, "offsets", offsets, at::kLong, 1);
   TORCH_CHECK_VALUE(offsets.numel() >= 1, "dynemb.", op, ": `offsets` must not be empty");
+  check_same_device(op, "offsets", offsets, table0);
+  check_offsets(op, offsets, slots.numel());
   if (weights.has_value()) {
     check_tensor(op, "weights", *weights, at::kFloat, 1);
     TORCH_CHECK_VALUE(weights->numel() == slots.numel(), "dynemb.", op, ": `weights` has ",
-                      weights->numel(), " elements, `slots` has ", slots.numel());
+                      weights->numel(), " elements, `", name, "` has ", slots.numel());
+    check_same_device(op, "weights", *weights, table0);
   }
 }
 
@@ -64,13 +111,7 @@ inline void check_slot_list(const char* op, const char* name, const at::Tensor& 
                             const at::Tensor& table0, int64_t lowest = 0) {
   check_tensor(op, name, slots, at::kLong, 1);
   check_same_device(op, name, slots, table0);
-  if (slots.numel() == 0) return;
-  const auto range = at::aminmax(slots);
-  const int64_t lo = std::get<0>(range).item<int64_t>();
-  const int64_t hi = std::get<1>(range).item<int64_t>();
-  TORCH_CHECK_VALUE(lo >= lowest && hi < table0.numel(), "dynemb.", op, ": `", name,
-                    "` must hold slots in [", lowest, ", ", table0.numel(), "), got values in [",
-                    lo, ", ", hi, "]");
+  check_range(op, name, slots, lowest, table0.numel());
 }
 
 /// A claim's keys that move into the cache (core moves_in), compact: their positions
@@ -132,7 +173,8 @@ struct EmbeddingOpImpls {
                          int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
     constexpr const char* op = "embedding_pool";
     check_table(op, table);
-    check_bags(op, table[0], slots, &keys, offsets, weights);
+    check_bags(op, table[0], "slots", slots, &keys, offsets, weights);
+    check_range(op, "slots", slots, -1, table[0].numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const InitArgs init = parse_missing(op, missing, seed);
@@ -152,10 +194,11 @@ struct EmbeddingOpImpls {
                            at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
     constexpr const char* op = "embedding_gather";
     check_table(op, table);
-    check_tensor(op, "slots", slots, at::kLong, 1);
+    check_slot_list(op, "slots", slots, table[0], -1);
     check_tensor(op, "keys", keys, at::kLong, 1);
-    TORCH_CHECK_VALUE(keys.numel() == slots.numel(), "dynemb.", op,
-                      ": `keys` and `slots` must have the same length");
+    check_same_device(op, "keys", keys, table[0]);
+    TORCH_CHECK_VALUE(keys.numel() == slots.numel(), "dynemb.", op, ": `keys` has ", keys.numel(),
+                      " elements, `slots` has ", slots.numel());
     check_dim(op, table, dim);
     const InitArgs init = parse_missing(op, missing, seed);
     typename Backend::DeviceGuard guard(table[0].device());
@@ -190,7 +233,9 @@ struct EmbeddingOpImpls {
     check_tensor(op, "user_scores", user_scores, at::kLong, 1);
     TORCH_CHECK_VALUE(user_scores.numel() == num_slots, "dynemb.", op, ": `user_scores` has ",
                       user_scores.numel(), " elements, the cache has ", num_slots, " slots");
+    check_same_device(op, "user_scores", user_scores, cache[0]);
     check_keys(op, keys);
+    check_same_device(op, "keys", keys, cache[0]);
     check_slot_list(op, "slots", slots, cache[0], -1);
     check_tensor(op, "status", status, at::kChar, 1);
     check_tensor(op, "evicted_keys", evicted_keys, at::kLong, 1);
@@ -248,13 +293,14 @@ struct EmbeddingOpImpls {
                        int64_t dim) {
     constexpr const char* op = "embedding_backward";
     check_table(op, table);
-    check_tensor(op, "unique_slots", unique_slots, at::kLong, 1);
-    check_same_device(op, "unique_slots", unique_slots, table[0]);
-    check_bags(op, table[0], inverse, nullptr, offsets, weights);
+    check_slot_list(op, "unique_slots", unique_slots, table[0], -1);
+    check_bags(op, table[0], "inverse", inverse, nullptr, offsets, weights);
+    check_range(op, "inverse", inverse, 0, unique_slots.numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
     check_tensor(op, "grad", grad, at::kFloat, 2);
+    check_same_device(op, "grad", grad, table[0]);
     TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
                       ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
     const OptimizerArgs opt = parse_optimizer(op, optimizer, step);

@@ -1,0 +1,233 @@
+"""The CPU executor and the emulated CUDA executor give the same bits.
+
+Every op runs twice on copies of the same table: once through ``torch.ops.dynemb``
+(the CPU executor, at 1 and 2 threads) and once through
+``torch.ops.dynemb_cuda_emulated`` (csrc/cuda built for the host, its kernels racing
+on several OS threads). Whatever the docs promise to be independent of the thread
+count must be identical: table contents (digests, keys, scores, timestamps, rows,
+overflow flags), statuses, counts, evictions, outputs, dedup ids, pooled bags and
+optimizer updates. Batches are large enough for the CPU to split them over threads,
+tables small enough to fill, evict, spill and fail.
+"""
+
+import pytest
+import torch
+
+import dynemb._C  # noqa: F401  (loads both op libraries)
+from dynemb import _ops
+
+CPU = torch.ops.dynemb
+EMULATED = torch.ops.dynemb_cuda_emulated
+
+TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU, CACHE = range(7)
+EVICT_ANY = -1
+DIM, ROW = 4, 7  # embedding columns, row width (3 optimizer-state columns)
+UNIFORM_INIT = [2.0, -0.5, 0.5, 0.0, 0.0, 0.125]
+
+
+def _table(strategy, num_buckets, bucket_capacity=16, fast_slots=None, dtype=torch.float32):
+    slots = num_buckets * bucket_capacity
+    fast = slots if fast_slots is None else fast_slots
+    keeps_scores = strategy != NO_EVICTION
+    return [
+        torch.zeros(num_buckets, bucket_capacity, dtype=torch.uint8),
+        torch.zeros(slots, dtype=torch.int64),
+        torch.zeros(slots if keeps_scores else 0, dtype=torch.int64),
+        torch.zeros(slots if strategy == TIMESTAMP_LFU else 0, dtype=torch.int64),
+        torch.zeros(fast, ROW, dtype=dtype),
+        torch.zeros(num_buckets, dtype=torch.int32),
+        torch.zeros(num_buckets, dtype=torch.uint8),
+        torch.zeros(slots - fast, ROW, dtype=dtype),
+    ]
+
+
+def _copy(table):
+    return [t.clone() for t in table]
+
+
+def _assert_same(a, b, what):
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), what
+        for k, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{what}[{k}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, what
+        assert torch.equal(a, b), f"{what} differs between the executors"
+    else:
+        assert a == b, what
+
+
+def _batches(seed, n, key_range, batches):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, key_range, (n,), generator=g) for _ in range(batches)]
+
+
+@pytest.fixture(params=[1, 2], ids=["cpu-1-thread", "cpu-2-threads"])
+def cpu_threads(request):
+    previous = _ops.set_thread_limit(request.param)
+    yield request.param
+    _ops.set_thread_limit(previous)
+
+
+def _run_both(table, step):
+    """step(lib, table) -> outputs, on the CPU library and on the emulated one."""
+    cpu_table, emu_table = _copy(table), _copy(table)
+    cpu_out = step(CPU, cpu_table)
+    emu_out = step(EMULATED, emu_table)
+    _assert_same(cpu_out, emu_out, "outputs")
+    _assert_same(cpu_table, emu_table, "table")
+    return cpu_table
+
+
+@pytest.mark.parametrize("strategy", [TIMESTAMP, STEP, CUSTOMIZED, LFU, TIMESTAMP_LFU, CACHE])
+@pytest.mark.parametrize("fast_slots", [None, 40], ids=["one-tier", "two-tiers"])
+def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_threads):
+    table = _table(strategy, num_buckets=8, fast_slots=fast_slots)  # 128 slots
+    for b, keys in enumerate(_batches(1, 5000, 3000, 3)):
+        policy = [strategy, 10 + b, 7, EVICT_ANY, DIM]
+        g = torch.Generator().manual_seed(b)
+        scores = torch.randint(0, 1000, keys.shape, generator=g) if strategy == CUSTOMIZED else None
+
+        def find_or_insert(lib, t):
+            values = torch.empty(keys.numel(), ROW)
+            evicted = [torch.zeros_like(keys), torch.zeros(keys.numel(), ROW), torch.zeros_like(keys)]
+            status, counts = lib.table_find_or_insert(
+                t, policy, UNIFORM_INIT, keys, scores, values, evicted
+            )
+            found = torch.empty(keys.numel(), ROW)
+            hit = lib.table_find(t, keys, found)
+            return [status, counts, values, evicted, hit, found, lib.table_find_slots(t, keys)]
+
+        table = _run_both(table, find_or_insert)
+        rows = torch.randn(keys.numel(), DIM, generator=g)
+
+        def assign(lib, t):
+            return list(lib.table_insert_or_assign(t, policy, UNIFORM_INIT, keys, scores, rows, []))
+
+        table = _run_both(table, assign)
+
+
+@pytest.mark.parametrize("strategy", [LFU, CACHE, NO_EVICTION])
+def test_slot_claims_with_accesses_and_hits_first(strategy, cpu_threads):
+    table = _table(strategy, num_buckets=16)
+    for b, raw in enumerate(_batches(2, 6000, 4000, 3)):
+        keys, _, counts = torch.ops.dynemb.unique_keys(raw)
+        hits_first = strategy != NO_EVICTION
+        policy = [strategy, 1 + b, 3, EVICT_ANY if strategy != NO_EVICTION else 0, DIM]
+
+        def claim(lib, t):
+            evicted_keys = torch.zeros_like(keys)
+            return list(
+                lib.table_find_or_insert_slots(
+                    t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys, hits_first
+                )
+            ) + [evicted_keys]
+
+        table = _run_both(table, claim)
+
+
+def test_no_eviction_spills_rehash_and_erase(cpu_threads):
+    """A NO_EVICTION table filled past its home buckets (spills, overflow flags and
+    failures at full capacity), grown by rehash, then erased from."""
+    table = _table(NO_EVICTION, num_buckets=64)  # 1024 slots
+    policy = [NO_EVICTION, 0, 5, 0, DIM]
+    for keys in _batches(3, 5000, 1 << 40, 1):
+        table = _run_both(
+            table,
+            lambda lib, t, keys=keys: list(
+                lib.table_find_or_insert(t, policy, UNIFORM_INIT, keys, None, torch.empty(keys.numel(), ROW), [])
+            ),
+        )
+    assert table[6].any(), "the batch should have overflowed some buckets"
+    bigger = _table(NO_EVICTION, num_buckets=128)
+
+    def rehash(lib, t):
+        dst = _copy(bigger)
+        failed = lib.table_rehash(t, dst, 4)
+        return [failed] + dst
+
+    _run_both(table, rehash)
+    grown = _copy(bigger)
+    CPU.table_rehash(table, grown, 4)
+    erase_keys = torch.cat([_batches(3, 5000, 1 << 40, 1)[0][::3], torch.arange(100)])
+    erase_keys = torch.cat([erase_keys, erase_keys[:50]])  # repeats: the first reports
+    _run_both(grown, lambda lib, t: [lib.table_erase(t, erase_keys)])
+
+
+@pytest.mark.parametrize("strategy", [TIMESTAMP_LFU, CUSTOMIZED, NO_EVICTION])
+def test_restore(strategy, cpu_threads):
+    table = _table(strategy, num_buckets=32)
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randint(0, 1 << 50, (5000,), generator=g)
+    values = torch.randn(5000, DIM, generator=g)
+    state = torch.randn(5000, ROW - DIM, generator=g)
+    scores = torch.randint(0, 1 << 40, (5000,), generator=g) if strategy != NO_EVICTION else None
+    stamps = torch.randint(0, 1 << 40, (5000,), generator=g) if strategy == TIMESTAMP_LFU else None
+    policy = [strategy, 9, 1, EVICT_ANY if strategy != NO_EVICTION else 0, DIM]
+    _run_both(
+        table,
+        lambda lib, t: list(
+            lib.table_restore(t, policy, UNIFORM_INIT, keys, values, state, scores, stamps, [])
+        ),
+    )
+
+
+def test_unique_keys(cpu_threads):
+    for keys in _batches(5, 20000, 3000, 2) + [torch.tensor([], dtype=torch.int64)]:
+        _assert_same(list(CPU.unique_keys(keys)), list(EMULATED.unique_keys(keys)), "unique_keys")
+
+
+@pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["sgd", "adagrad", "rowwise", "adam"])
+@pytest.mark.parametrize("mode", [0, 1], ids=["sum", "mean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pool_gather_and_backward(optimizer, mode, dtype, cpu_threads):
+    row = DIM + {0: 0, 1: DIM, 2: 1, 3: 2 * DIM}[optimizer]
+    g = torch.Generator().manual_seed(6)
+    num_bags = 3000
+    lengths = torch.randint(0, 6, (num_bags,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    keys = torch.randint(0, 2000, (int(offsets[-1]),), generator=g)
+    weights = torch.rand(keys.numel(), generator=g)
+    grad = torch.randn(num_bags, DIM, generator=g)
+    table = _table(LFU, num_buckets=64, fast_slots=700, dtype=dtype)  # some keys fail: slot -1
+    table[4] = torch.zeros(700, row, dtype=dtype)
+    table[7] = torch.zeros(1024 - 700, row, dtype=dtype)
+    unique, inverse, counts = CPU.unique_keys(keys)
+    slots, _, _ = CPU.table_find_or_insert_slots(
+        table, [LFU, 1, 2, 0, DIM], UNIFORM_INIT, unique, None, counts, True, None, False
+    )
+    opt = [float(optimizer), 0.05, 1e-8, 0.9, 0.99, 0.01]
+
+    def step(lib, t):
+        pooled = lib.embedding_pool(t, slots[inverse], keys, offsets, weights, mode, UNIFORM_INIT, 2, DIM)
+        rows = lib.embedding_gather(t, slots[inverse], keys, UNIFORM_INIT, 2, DIM)
+        lib.embedding_backward(t, slots, inverse, offsets, weights, mode, grad, opt, 3, DIM)
+        return [pooled, rows]
+
+    _run_both(table, step)
+
+
+def test_cache_exchange(cpu_threads):
+    cache = _table(CACHE, num_buckets=8)
+    slow = _table(LFU, num_buckets=64)
+    g = torch.Generator().manual_seed(7)
+    stored = torch.randint(0, 5000, (600,), generator=g).unique()
+    CPU.table_insert_or_assign(slow, [LFU, 1, 0, EVICT_ANY, DIM], UNIFORM_INIT, stored, None,
+                               torch.randn(stored.numel(), DIM, generator=g), [])
+    user_scores = torch.zeros(128, dtype=torch.int64)
+    for b, raw in enumerate(_batches(8, 3000, 5000, 3)):
+        keys = CPU.unique_keys(raw)[0]
+        evicted_keys = torch.zeros_like(keys)
+        slots, status, _ = CPU.table_find_or_insert_slots(
+            cache, [CACHE, 1 + b, 0, EVICT_ANY, DIM], UNIFORM_INIT, keys, None, None, False,
+            evicted_keys, True,
+        )
+
+        def exchange(lib, t):
+            scores = user_scores.clone()
+            out = lib.table_cache_exchange(
+                t, slow, UNIFORM_INIT, 0, DIM, scores, keys, slots, status, evicted_keys
+            )
+            return list(out) + [scores]
+
+        cache = _run_both(cache, exchange)
