@@ -10,10 +10,12 @@ optimizer updates. Batches are large enough for the CPU to split them over threa
 tables small enough to fill, evict, spill and fail.
 """
 
+from functools import partial
+
+import dynemb._C  # noqa: F401  (loads both op libraries)
 import pytest
 import torch
 
-import dynemb._C  # noqa: F401  (loads both op libraries)
 from dynemb import _ops
 
 CPU = torch.ops.dynemb
@@ -79,6 +81,29 @@ def _run_both(table, step):
     return cpu_table
 
 
+def _find_or_insert(lib, t, policy, keys, scores):
+    values = torch.empty(keys.numel(), ROW)
+    evicted = [torch.zeros_like(keys), torch.zeros(keys.numel(), ROW), torch.zeros_like(keys)]
+    status, counts = lib.table_find_or_insert(
+        t, policy, UNIFORM_INIT, keys, scores, values, evicted
+    )
+    found = torch.empty(keys.numel(), ROW)
+    hit = lib.table_find(t, keys, found)
+    return [status, counts, values, evicted, hit, found, lib.table_find_slots(t, keys)]
+
+
+def _assign(lib, t, policy, keys, scores, rows):
+    return list(lib.table_insert_or_assign(t, policy, UNIFORM_INIT, keys, scores, rows, []))
+
+
+def _claim(lib, t, policy, keys, counts, hits_first):
+    evicted_keys = torch.zeros_like(keys)
+    out = lib.table_find_or_insert_slots(
+        t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys, hits_first
+    )
+    return list(out) + [evicted_keys]
+
+
 @pytest.mark.parametrize("strategy", [TIMESTAMP, STEP, CUSTOMIZED, LFU, TIMESTAMP_LFU, CACHE])
 @pytest.mark.parametrize("fast_slots", [None, 40], ids=["one-tier", "two-tiers"])
 def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_threads):
@@ -87,24 +112,11 @@ def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_thre
         policy = [strategy, 10 + b, 7, EVICT_ANY, DIM]
         g = torch.Generator().manual_seed(b)
         scores = torch.randint(0, 1000, keys.shape, generator=g) if strategy == CUSTOMIZED else None
-
-        def find_or_insert(lib, t):
-            values = torch.empty(keys.numel(), ROW)
-            evicted = [torch.zeros_like(keys), torch.zeros(keys.numel(), ROW), torch.zeros_like(keys)]
-            status, counts = lib.table_find_or_insert(
-                t, policy, UNIFORM_INIT, keys, scores, values, evicted
-            )
-            found = torch.empty(keys.numel(), ROW)
-            hit = lib.table_find(t, keys, found)
-            return [status, counts, values, evicted, hit, found, lib.table_find_slots(t, keys)]
-
-        table = _run_both(table, find_or_insert)
+        table = _run_both(table, partial(_find_or_insert, policy=policy, keys=keys, scores=scores))
         rows = torch.randn(keys.numel(), DIM, generator=g)
-
-        def assign(lib, t):
-            return list(lib.table_insert_or_assign(t, policy, UNIFORM_INIT, keys, scores, rows, []))
-
-        table = _run_both(table, assign)
+        table = _run_both(
+            table, partial(_assign, policy=policy, keys=keys, scores=scores, rows=rows)
+        )
 
 
 @pytest.mark.parametrize("strategy", [LFU, CACHE, NO_EVICTION])
@@ -112,18 +124,10 @@ def test_slot_claims_with_accesses_and_hits_first(strategy, cpu_threads):
     table = _table(strategy, num_buckets=16)
     for b, raw in enumerate(_batches(2, 6000, 4000, 3)):
         keys, _, counts = torch.ops.dynemb.unique_keys(raw)
-        hits_first = strategy != NO_EVICTION
         policy = [strategy, 1 + b, 3, EVICT_ANY if strategy != NO_EVICTION else 0, DIM]
-
-        def claim(lib, t):
-            evicted_keys = torch.zeros_like(keys)
-            return list(
-                lib.table_find_or_insert_slots(
-                    t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys, hits_first
-                )
-            ) + [evicted_keys]
-
-        table = _run_both(table, claim)
+        hits_first = strategy != NO_EVICTION
+        step = partial(_claim, policy=policy, keys=keys, counts=counts, hits_first=hits_first)
+        table = _run_both(table, step)
 
 
 def test_no_eviction_spills_rehash_and_erase(cpu_threads):
@@ -135,7 +139,9 @@ def test_no_eviction_spills_rehash_and_erase(cpu_threads):
         table = _run_both(
             table,
             lambda lib, t, keys=keys: list(
-                lib.table_find_or_insert(t, policy, UNIFORM_INIT, keys, None, torch.empty(keys.numel(), ROW), [])
+                lib.table_find_or_insert(
+                    t, policy, UNIFORM_INIT, keys, None, torch.empty(keys.numel(), ROW), []
+                )
             ),
         )
     assert table[6].any(), "the batch should have overflowed some buckets"
@@ -199,7 +205,9 @@ def test_pool_gather_and_backward(optimizer, mode, dtype, cpu_threads):
     opt = [float(optimizer), 0.05, 1e-8, 0.9, 0.99, 0.01]
 
     def step(lib, t):
-        pooled = lib.embedding_pool(t, slots[inverse], keys, offsets, weights, mode, UNIFORM_INIT, 2, DIM)
+        pooled = lib.embedding_pool(
+            t, slots[inverse], keys, offsets, weights, mode, UNIFORM_INIT, 2, DIM
+        )
         rows = lib.embedding_gather(t, slots[inverse], keys, UNIFORM_INIT, 2, DIM)
         lib.embedding_backward(t, slots, inverse, offsets, weights, mode, grad, opt, 3, DIM)
         return [pooled, rows]
@@ -207,27 +215,56 @@ def test_pool_gather_and_backward(optimizer, mode, dtype, cpu_threads):
     _run_both(table, step)
 
 
+def _exchange(lib, t, slow, user_scores, keys, slots, status, evicted_keys):
+    scores = user_scores.clone()
+    out = lib.table_cache_exchange(
+        t, slow, UNIFORM_INIT, 0, DIM, scores, keys, slots, status, evicted_keys
+    )
+    return list(out) + [scores]
+
+
 def test_cache_exchange(cpu_threads):
     cache = _table(CACHE, num_buckets=8)
     slow = _table(LFU, num_buckets=64)
     g = torch.Generator().manual_seed(7)
     stored = torch.randint(0, 5000, (600,), generator=g).unique()
-    CPU.table_insert_or_assign(slow, [LFU, 1, 0, EVICT_ANY, DIM], UNIFORM_INIT, stored, None,
-                               torch.randn(stored.numel(), DIM, generator=g), [])
+    CPU.table_insert_or_assign(
+        slow,
+        [LFU, 1, 0, EVICT_ANY, DIM],
+        UNIFORM_INIT,
+        stored,
+        None,
+        torch.randn(stored.numel(), DIM, generator=g),
+        [],
+    )
     user_scores = torch.zeros(128, dtype=torch.int64)
-    for b, raw in enumerate(_batches(8, 3000, 5000, 3)):
+    for b, raw in enumerate(_batches(8, 300, 5000, 4)):
         keys = CPU.unique_keys(raw)[0]
         evicted_keys = torch.zeros_like(keys)
+        # The floor pins the batch's own keys (a cache tier's claim): each slot moves once.
         slots, status, _ = CPU.table_find_or_insert_slots(
-            cache, [CACHE, 1 + b, 0, EVICT_ANY, DIM], UNIFORM_INIT, keys, None, None, False,
-            evicted_keys, True,
+            cache,
+            [CACHE, 1 + b, 0, 1 + b, DIM],
+            UNIFORM_INIT,
+            keys,
+            None,
+            None,
+            False,
+            evicted_keys,
+            True,
         )
+        assert b == 0 or (status == 2).any(), "keys should evict residents of earlier batches"
 
-        def exchange(lib, t):
-            scores = user_scores.clone()
-            out = lib.table_cache_exchange(
-                t, slow, UNIFORM_INIT, 0, DIM, scores, keys, slots, status, evicted_keys
-            )
-            return list(out) + [scores]
-
-        cache = _run_both(cache, exchange)
+        step = partial(
+            _exchange,
+            slow=slow,
+            user_scores=user_scores,
+            keys=keys,
+            slots=slots,
+            status=status,
+            evicted_keys=evicted_keys,
+        )
+        cache = _run_both(cache, step)
+        CPU.table_cache_exchange(
+            _copy(cache), slow, UNIFORM_INIT, 0, DIM, user_scores, keys, slots, status, evicted_keys
+        )

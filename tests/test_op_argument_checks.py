@@ -8,10 +8,9 @@ tensor on the meta device makes the dispatcher skip the op); they are checked by
 same code, on a GPU.
 """
 
+import dynemb._C  # noqa: F401
 import pytest
 import torch
-
-import dynemb._C  # noqa: F401
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 DIM, ROW, SLOTS = 4, 5, 32
@@ -62,11 +61,27 @@ def _call(lib, op, table, **changes):
 
 CASES = [
     ("pool", dict(offsets=torch.tensor([1, 2, 2, 4])), "`offsets` must start at 0, got 1"),
-    ("pool", dict(offsets=torch.tensor([0, 3, 2, 4])), r"`offsets` must never decrease.*offsets\[2\]=2"),
-    ("pool", dict(offsets=torch.tensor([0, 2, 2, 3])), "`offsets` must end at the number of indices 4, got 3"),
+    (
+        "pool",
+        dict(offsets=torch.tensor([0, 3, 2, 4])),
+        r"`offsets` must never decrease.*offsets\[2\]=2",
+    ),
+    (
+        "pool",
+        dict(offsets=torch.tensor([0, 2, 2, 3])),
+        "`offsets` must end at the number of indices 4, got 3",
+    ),
     ("pool", dict(offsets=torch.tensor([], dtype=torch.int64)), "`offsets` must not be empty"),
-    ("pool", dict(offsets=torch.tensor([0, 2, 2, 4], dtype=torch.int32)), "`offsets` must have dtype"),
-    ("pool", dict(slots=torch.tensor([0, 1, -2, 3])), r"`slots` must hold values in \[-1, 32\), got values in \[-2, 3\]"),
+    (
+        "pool",
+        dict(offsets=torch.tensor([0, 2, 2, 4], dtype=torch.int32)),
+        "`offsets` must have dtype",
+    ),
+    (
+        "pool",
+        dict(slots=torch.tensor([0, 1, -2, 3])),
+        r"`slots` must hold values in \[-1, 32\), got values in \[-2, 3\]",
+    ),
     ("pool", dict(slots=torch.tensor([0, 1, 32, 3])), r"`slots` must hold values in \[-1, 32\)"),
     ("pool", dict(slots=torch.tensor([[0, 1, 2, 3]])), "`slots` must be 1-D"),
     ("pool", dict(keys=torch.tensor([10, 11, 12])), "`keys` has 3 elements, `slots` has 4"),
@@ -76,9 +91,21 @@ CASES = [
     ("gather", dict(slots=torch.tensor([0, 1, 99, 3])), r"`slots` must hold values in \[-1, 32\)"),
     ("gather", dict(keys=torch.tensor([10])), "`keys` has 1 elements, `slots` has 4"),
     ("gather", dict(keys=torch.tensor([10.0, 11, 12, 13])), "`keys` must have dtype"),
-    ("backward", dict(unique_slots=torch.tensor([0, 1, 40])), r"`unique_slots` must hold values in \[-1, 32\)"),
-    ("backward", dict(inverse=torch.tensor([0, 1, 2, 3])), r"`inverse` must hold values in \[0, 3\), got values in \[0, 3\]"),
-    ("backward", dict(inverse=torch.tensor([0, 1, 2])), "`offsets` must end at the number of indices 3"),
+    (
+        "backward",
+        dict(unique_slots=torch.tensor([0, 1, 40])),
+        r"`unique_slots` must hold values in \[-1, 32\)",
+    ),
+    (
+        "backward",
+        dict(inverse=torch.tensor([0, 1, 2, 3])),
+        r"`inverse` must hold values in \[0, 3\), got values in \[0, 3\]",
+    ),
+    (
+        "backward",
+        dict(inverse=torch.tensor([0, 1, 2])),
+        "`offsets` must end at the number of indices 3",
+    ),
     ("backward", dict(offsets=torch.tensor([0, 2, 1, 4])), "`offsets` must never decrease"),
     ("backward", dict(grad=torch.ones(2, DIM)), r"`grad` must have shape \(3, 4\)"),
     ("backward", dict(grad=torch.ones(3, DIM, dtype=torch.float64)), "`grad` must have dtype"),
