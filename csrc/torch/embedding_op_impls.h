@@ -53,14 +53,14 @@ inline bool reads_values(const at::Tensor& t) {
   return t.is_cpu() || safe_checks;
 }
 
-/// values (n) int64 all in [lowest, end).
-inline void check_range(const char* op, const char* name, const at::Tensor& values,
-                        int64_t lowest, int64_t end) {
+/// values (n) int64 all in [lowest, end); `what` names them in the message (slots, ids).
+inline void check_range(const char* op, const char* name, const char* what,
+                        const at::Tensor& values, int64_t lowest, int64_t end) {
   if (values.numel() == 0 || !reads_values(values)) return;
   const auto range = at::aminmax(values);
   const int64_t lo = std::get<0>(range).item<int64_t>();
   const int64_t hi = std::get<1>(range).item<int64_t>();
-  TORCH_CHECK_VALUE(lo >= lowest && hi < end, "dynemb.", op, ": `", name, "` must hold values in [",
+  TORCH_CHECK_VALUE(lo >= lowest && hi < end, "dynemb.", op, ": `", name, "` must hold ", what, " in [",
                     lowest, ", ", end, "), got values in [", lo, ", ", hi, "]");
 }
 
@@ -111,7 +111,7 @@ inline void check_slot_list(const char* op, const char* name, const at::Tensor& 
                             const at::Tensor& table0, int64_t lowest = 0) {
   check_tensor(op, name, slots, at::kLong, 1);
   check_same_device(op, name, slots, table0);
-  check_range(op, name, slots, lowest, table0.numel());
+  check_range(op, name, "slots", slots, lowest, table0.numel());
 }
 
 /// A claim's keys that move into the cache (core moves_in), compact: their positions
@@ -174,7 +174,7 @@ struct EmbeddingOpImpls {
     constexpr const char* op = "embedding_pool";
     check_table(op, table);
     check_bags(op, table[0], "slots", slots, &keys, offsets, weights);
-    check_range(op, "slots", slots, -1, table[0].numel());
+    check_range(op, "slots", "slots", slots, -1, table[0].numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const InitArgs init = parse_missing(op, missing, seed);
@@ -295,7 +295,7 @@ struct EmbeddingOpImpls {
     check_table(op, table);
     check_slot_list(op, "unique_slots", unique_slots, table[0], -1);
     check_bags(op, table[0], "inverse", inverse, nullptr, offsets, weights);
-    check_range(op, "inverse", inverse, 0, unique_slots.numel());
+    check_range(op, "inverse", "ids", inverse, 0, unique_slots.numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
