@@ -430,7 +430,9 @@ def load_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
 
 
 def dump_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
-    dynemb.DynamicEmbDump(os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True)
+    dynemb.DynamicEmbDump(
+        os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True, allow_overwrite=True
+    )
     dcp.save(model.state_dict(), checkpoint_id=os.path.join(args.checkpoint_dir, "torchrec"))
 
 

@@ -7,18 +7,46 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.converters import (
+    data_type_to_dtype,
+    data_type_to_dyn_emb,
+    dyn_emb_to_torch,
+    string_to_evict_strategy,
+    torch_to_dyn_emb,
+)
+from dynemb.dynamicemb_config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbTableOptions,
+    ScoreStrategy,
+)
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.optimizer import EmbOptimType, OptimizerArgs
+from dynemb.planner.capacity import (
+    BUCKET_ALIGNMENT,
+    DEMB_TABLE_ALIGN_SIZE,
+    MAX_BUCKET_CAPACITY,
+    align_to_table_size,
+    get_sharded_table_capacity,
+    get_table_value_bytes,
+)
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering import Storage
 from dynemb.types import (
     DynamicEmbCheckMode,
+    DynamicEmbEvictStrategy,
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
 
+BATCH_SIZE_PER_DUMP = 65536
+"""Rows DynamicEmb's checkpoint code handles at once (dynemb streams chunks of this size)."""
+
 __all__ = [
+    "BATCH_SIZE_PER_DUMP",
+    "BUCKET_ALIGNMENT",
+    "DEMB_TABLE_ALIGN_SIZE",
+    "MAX_BUCKET_CAPACITY",
     "AdmissionStrategy",
     "BatchedDynamicEmbeddingTables",
     "BatchStats",
@@ -26,15 +54,27 @@ __all__ = [
     "Counter",
     "DynamicEmbCheckMode",
     "DynamicEmbDump",
+    "DynamicEmbEvictStrategy",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
     "DynamicEmbLoad",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
+    "EmbOptimType",
     "FrequencyAdmissionStrategy",
     "KVCounter",
+    "OptimizerArgs",
+    "ScoreStrategy",
     "ScoredHashTable",
     "Storage",
     "executor",
+    "align_to_table_size",
+    "data_type_to_dtype",
+    "data_type_to_dyn_emb",
+    "dyn_emb_to_torch",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
+    "string_to_evict_strategy",
+    "torch_to_dyn_emb",
 ]

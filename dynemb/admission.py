@@ -82,9 +82,16 @@ class KVCounter(Counter):
     smallest (count, key) is forgotten; a new key counted below every key of its
     full bucket is not remembered (its count is still returned, for this call).
 
+    As in DynamicEmb, the constructor only records the configuration, so a counter
+    in ``DynamicEmbTableOptions`` pickles with the plan: the table is built on first
+    use, and ``create`` builds each sharded table's own counter. Pickling keeps the
+    counts.
+
     Args:
-        capacity: keys it can hold (>= bucket_capacity; rounded up to whole buckets).
-        bucket_capacity: slots per bucket, a positive multiple of 16 (default 1024).
+        capacity: keys it can hold per rank (rounded up to whole buckets; a capacity
+            below ``bucket_capacity`` gives one bucket).
+        bucket_capacity: slots per bucket, positive; rounded up to a multiple of 16
+            (default 1024).
         key_type: key dtype; only ``torch.int64``.
         device: where the table lives (default CPU).
 
@@ -115,33 +122,47 @@ class KVCounter(Counter):
         for name, v in (("capacity", capacity), ("bucket_capacity", bucket_capacity)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"KVCounter: {name} must be a positive int, got {v!r}")
-        if capacity < bucket_capacity:
-            raise ValueError(
-                f"KVCounter: capacity={capacity} is below bucket_capacity={bucket_capacity}; "
-                "pass a smaller bucket_capacity (a multiple of 16)"
-            )
-        self.capacity = capacity
-        self.bucket_capacity = bucket_capacity
+        self.bucket_capacity = -(-bucket_capacity // 16) * 16
+        self.capacity = -(-capacity // self.bucket_capacity) * self.bucket_capacity
         self.key_type = key_type
-        # CUSTOMIZED with the count as score (not LFU): the count is then exactly the
-        # score we set, load() can restore any count, and a newcomer never evicts a
-        # key counted more often. The value row is unused: 1 fp16 column, the minimum.
-        self._table = ScoredHashTable(
-            dim=1,
-            capacity=capacity,
-            bucket_capacity=bucket_capacity,
-            score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED,
-            value_dtype=torch.float16,
-            device=device if device is not None else "cpu",
-        )
+        self._device = torch.device(device if device is not None else "cpu")
+        self._table_or_none: ScoredHashTable | None = None
+
+    @property
+    def _table(self) -> ScoredHashTable:
+        if self._table_or_none is None:
+            # CUSTOMIZED with the count as score (not LFU): the count is then exactly
+            # the score we set, load() can restore any count, and a newcomer never
+            # evicts a key counted more often. The value row is unused: 1 fp16 column.
+            self._table_or_none = ScoredHashTable(
+                dim=1,
+                capacity=self.capacity,
+                bucket_capacity=self.bucket_capacity,
+                score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED,
+                value_dtype=torch.float16,
+                device=self._device,
+            )
+        return self._table_or_none
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k != "_table_or_none"}
+        state["counts"] = self.dump() if self._table_or_none is not None else None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        counts = state.pop("counts")
+        self.__dict__.update(state)
+        self._table_or_none = None
+        if counts is not None and counts[0].numel():
+            self.load(*counts)
 
     @property
     def device(self) -> torch.device:
-        return self._table.device
+        return self._device
 
     def size(self) -> int:
         """Number of remembered keys."""
-        return self._table.size()
+        return self._table.size() if self._table_or_none is not None else 0
 
     def add(self, keys: torch.Tensor, frequency: torch.Tensor | None = None) -> torch.Tensor:
         keys = self._check_keys(keys)
@@ -161,7 +182,7 @@ class KVCounter(Counter):
         self._table.erase(self._check_keys(keys))
 
     def memory_usage(self) -> int:
-        return self._table.memory_usage()
+        return self._table.memory_usage() if self._table_or_none is not None else 0
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, _, counts, _ = self._table.export_batch(0, self._table.capacity())
@@ -227,7 +248,8 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
     """Admits a key once it has been seen ``threshold`` times.
 
     Args:
-        threshold: int >= 1; a key is stored when its count reaches it.
+        threshold: int >= 0; a key is stored when its count reaches it (0 and 1
+            admit every key on first sight, still counting it).
         initializer_args: rows of keys not yet admitted, for the lookup that sees
             them (``None``: the table's own ``initializer_args``, so a key keeps the
             row it will start from once admitted).
@@ -249,8 +271,8 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
             raise TypeError(
                 f"FrequencyAdmissionStrategy: threshold must be an int, got {threshold!r}"
             )
-        if threshold < 1:
-            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 1, got {threshold}")
+        if threshold < 0:
+            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 0, got {threshold}")
         if initializer_args is not None:
             if not isinstance(initializer_args, DynamicEmbInitializerArgs):
                 raise TypeError(

@@ -2,13 +2,54 @@
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import torch
 
-from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbScoreStrategy
+from dynemb.types import (
+    DynamicEmbCheckMode,
+    DynamicEmbEvictStrategy,
+    DynamicEmbInitializerMode,
+    DynamicEmbScoreStrategy,
+)
 
-__all__ = ["DynamicEmbInitializerArgs", "DynamicEmbTableOptions"]
+__all__ = [
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbTableOptions",
+    "DIST_TYPES",
+    "ScoreStrategy",
+    "evict_strategy_of",
+    "init_mode_code",
+    "resolved_evict_strategy",
+    "with_kernel_defaults",
+]
+
+ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
+"""A score strategy, or the compound ``(TIMESTAMP, LFU)`` (DynamicEmb's typing alias)."""
+
+# DynamicEmbInitializerMode -> InitMode code of csrc/core/initializer.h.
+_INIT_MODE_CODE = {
+    DynamicEmbInitializerMode.NORMAL: 0,
+    DynamicEmbInitializerMode.TRUNCATED_NORMAL: 1,
+    DynamicEmbInitializerMode.UNIFORM: 2,
+    DynamicEmbInitializerMode.CONSTANT: 3,
+    DynamicEmbInitializerMode.DEBUG: 4,
+}
+
+
+_MODE_FIELDS = {
+    DynamicEmbInitializerMode.NORMAL: ("mean", "std_dev"),
+    DynamicEmbInitializerMode.TRUNCATED_NORMAL: ("mean", "std_dev", "lower", "upper"),
+    DynamicEmbInitializerMode.UNIFORM: ("lower", "upper"),
+    DynamicEmbInitializerMode.CONSTANT: ("value",),
+    DynamicEmbInitializerMode.DEBUG: (),
+}
+
+
+def init_mode_code(mode: DynamicEmbInitializerMode) -> int:
+    """The op code (``InitMode`` of csrc/core/initializer.h) of an initializer mode."""
+    return _INIT_MODE_CODE[mode]
 
 
 @dataclasses.dataclass
@@ -38,6 +79,17 @@ class DynamicEmbInitializerArgs:
     upper: float | None = None
     value: float = 0.0
 
+    def __eq__(self, other: object) -> bool:
+        """Same mode and the same values of the fields that mode reads (NORMAL: mean,
+        std_dev; TRUNCATED_NORMAL: those and lower, upper; UNIFORM: lower, upper;
+        CONSTANT: value; DEBUG: none)."""
+        if not isinstance(other, DynamicEmbInitializerArgs):
+            return NotImplemented
+        fields = _MODE_FIELDS.get(self.mode, ())
+        return self.mode == other.mode and all(
+            getattr(self, f) == getattr(other, f) for f in fields
+        )
+
     def validate(self) -> None:
         """Raises TypeError / ValueError naming the offending field."""
         if not isinstance(self.mode, DynamicEmbInitializerMode):
@@ -66,53 +118,77 @@ class DynamicEmbInitializerArgs:
     def resolved(self, capacity: int) -> tuple:
         """The op's ``init`` list ``[mode, a, b, lower, upper]`` for a table of ``capacity`` rows."""
         mode = self.mode
+        code = init_mode_code(mode)
         if mode == DynamicEmbInitializerMode.UNIFORM:
             bound = math.sqrt(1.0 / max(1, capacity))
             lo = -bound if self.lower is None else self.lower
             hi = bound if self.upper is None else self.upper
-            return (mode.value, lo, hi, lo, hi)
+            return (code, lo, hi, lo, hi)
         if mode in (DynamicEmbInitializerMode.NORMAL, DynamicEmbInitializerMode.TRUNCATED_NORMAL):
             lo = self.mean - 2 * self.std_dev if self.lower is None else self.lower
             hi = self.mean + 2 * self.std_dev if self.upper is None else self.upper
-            return (mode.value, self.mean, self.std_dev, lo, hi)
+            return (code, self.mean, self.std_dev, lo, hi)
         if mode == DynamicEmbInitializerMode.CONSTANT:
-            return (mode.value, self.value, 0.0, 0.0, 0.0)
-        return (mode.value, 0.0, 0.0, 0.0, 0.0)
+            return (code, self.value, 0.0, 0.0, 0.0)
+        return (code, 0.0, 0.0, 0.0, 0.0)
 
 
 def _zeros() -> DynamicEmbInitializerArgs:
     return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.0)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class DynamicEmbTableOptions:
-    """Options of one dynamic table (field names and defaults mirror DynamicEmb).
+    """Options of one dynamic table. Fields, their order and defaults mirror DynamicEmb;
+    ``seed`` and ``spill_directory`` are dynemb additions (last, keyword use).
 
     Args:
+        embedding_dtype: row storage: float32, float16 or bfloat16 (``None``: the
+            planner takes the TorchRec config's ``data_type``; float32 without planner).
         dim: embedding width (``None``: taken from the TorchRec config by the planner).
         max_capacity: maximum rows on this rank (``None``: filled by the planner).
-        init_capacity: initial rows (``None``: ``max_capacity``); the table doubles up
-            to ``max_capacity`` before it evicts.
-        index_type: key dtype (int64).
-        embedding_dtype: row storage: float32, float16 or bfloat16.
-        score_strategy: eviction score (see DynamicEmbScoreStrategy).
-        bucket_capacity: slots per bucket (multiple of 16).
+        evict_strategy: DynamicEmb's eviction name. In dynemb (as in DynamicEmb's
+            kernel) ``score_strategy`` decides the eviction; the planner and the kernel
+            set this field to the strategy it implies (``evict_strategy_of``), with a
+            ``UserWarning`` when a non-default value disagreed.
+        local_hbm_for_values: bytes of value rows (with optimizer state) in the fast
+            tier on this rank (the planner fills it from ``global_hbm_for_values``). 0:
+            no budget, every row is fast. Below the table's value bytes and without
+            ``caching``, the table is hybrid (on a CPU both tiers are host memory).
+        device_id: the CUDA device index of the table (``None``: the current device);
+            ignored on CPU.
+        training: False makes the table read-only (lookups never insert).
         initializer_args: rows of new keys in training.
         eval_initializer_args: rows of unknown keys in eval mode (zeros by default).
+        caching: the fast tier is a cache in front of a slow tier holding every row.
+        init_capacity: initial rows (``None``: ``max_capacity``); the table doubles up
+            to ``max_capacity`` before it evicts.
+        max_load_factor: accepted for DynamicEmb compatibility (a float); dynemb's
+            tables grow when a key finds its buckets full, not at a load factor (see
+            "Differences from DynamicEmb" in DynamicEmb_APIs.md).
+        score_strategy: eviction score (see DynamicEmbScoreStrategy), or the compound
+            ``(TIMESTAMP, LFU)``; a 1-tuple is unwrapped.
+        bucket_capacity: slots per bucket (multiple of 16).
         safe_check_mode: what a training lookup does with keys that could not be
             stored (ERROR raises, WARNING warns, IGNORE is silent; both give zero rows).
-        training: False makes the table read-only (lookups never insert).
-        seed: initializer seed (rows are a function of (seed, key)).
-        global_hbm_for_values, local_hbm_for_values: bytes of value rows (with optimizer
-            state) kept in the fast tier, over all ranks / on this rank (the planner
-            fills the local one). 0: no budget, every row is fast. Below the table's
-            value bytes and without ``caching``, the table is hybrid: the other rows
-            live in the slow tier (on a CPU both tiers are host memory).
-        spill_directory: (dynemb only) keep each table's slot buffers and slow-tier
-            rows in memory-mapped files under ``<spill_directory>/<table>.rank<r>``,
-            so tables may exceed RAM (see ScoredHashTable's ``spill_directory``).
-        caching, dist_type, admit_strategy, admission_counter, external_storage: used
-            by sharding, tiering and admission (see DynamicEmb_APIs.md).
+        global_hbm_for_values: bytes of the fast tier over all ranks.
+        external_storage: with ``caching``: a Storage class used as the slow tier.
+        index_type: key dtype (``None`` or ``torch.int64``).
+        dist_type: routing of keys to ranks: "continuous", "roundrobin" or
+            "hash_roundrobin".
+        admit_strategy, admission_counter: admission of new keys (see dynemb.admission).
+        seed: (dynemb) initializer seed (rows are a function of (seed, key)).
+        spill_directory: (dynemb) keep each table's slot buffers and slow-tier rows in
+            memory-mapped files under ``<spill_directory>/<table>.rank<r>``.
+
+    Raises:
+        ValueError: an unknown ``dist_type``.
+        NotImplementedError: a ``score_strategy`` tuple other than (TIMESTAMP, LFU).
+        TypeError: a ``score_strategy`` that is not a DynamicEmbScoreStrategy.
+
+    Equality and hash (DynamicEmb's grouping key) use ``training``, ``caching``,
+    ``external_storage``, ``index_type``, ``dist_type``, ``score_strategy`` and
+    ``admit_strategy``.
 
     Example::
 
@@ -120,25 +196,137 @@ class DynamicEmbTableOptions:
                                score_strategy=DynamicEmbScoreStrategy.LFU)
     """
 
+    embedding_dtype: torch.dtype | None = None
     dim: int | None = None
     max_capacity: int | None = None
-    init_capacity: int | None = None
-    index_type: torch.dtype = torch.int64
-    embedding_dtype: torch.dtype = torch.float32
-    score_strategy: DynamicEmbScoreStrategy | tuple = DynamicEmbScoreStrategy.TIMESTAMP
-    bucket_capacity: int = 128
+    evict_strategy: DynamicEmbEvictStrategy = DynamicEmbEvictStrategy.LRU
+    local_hbm_for_values: int = 0
+    device_id: int | None = None
+    training: bool = True
     initializer_args: DynamicEmbInitializerArgs = dataclasses.field(
         default_factory=DynamicEmbInitializerArgs
     )
     eval_initializer_args: DynamicEmbInitializerArgs = dataclasses.field(default_factory=_zeros)
-    safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
-    training: bool = True
-    seed: int = 0
-    global_hbm_for_values: int = 0
-    local_hbm_for_values: int = 0
     caching: bool = False
+    init_capacity: int | None = None
+    max_load_factor: float = 0.5
+    score_strategy: ScoreStrategy | None = DynamicEmbScoreStrategy.TIMESTAMP
+    bucket_capacity: int = 128
+    safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
+    global_hbm_for_values: int = 0
+    external_storage: Any | None = None
+    index_type: torch.dtype | None = None
     dist_type: str = "roundrobin"
     admit_strategy: Any | None = None
     admission_counter: Any | None = None
-    external_storage: Any | None = None
+    seed: int = 0
     spill_directory: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dist_type not in DIST_TYPES:
+            raise ValueError(
+                f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
+                f"got {self.dist_type!r}"
+            )
+        self.score_strategy = _normalised_score_strategy(self.score_strategy)
+
+    def _key(self) -> tuple:
+        return (
+            self.training,
+            self.caching,
+            self.external_storage,
+            self.index_type,
+            self.dist_type,
+            self.score_strategy,
+            self.admit_strategy,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DynamicEmbTableOptions):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+"""The ``dist_type`` values: how a sharded table routes raw keys to ranks."""
+
+
+def _normalised_score_strategy(strategy):
+    """DynamicEmb's normalisation: None kept, a 1-tuple unwrapped, a longer tuple must be
+    exactly {TIMESTAMP, LFU} (order kept)."""
+    if strategy is None or isinstance(strategy, DynamicEmbScoreStrategy):
+        return strategy
+    if isinstance(strategy, tuple):
+        for s in strategy:
+            if not isinstance(s, DynamicEmbScoreStrategy):
+                raise TypeError(
+                    "DynamicEmbTableOptions.score_strategy must hold DynamicEmbScoreStrategy "
+                    f"members, got {s!r} in {strategy!r}"
+                )
+        if len(strategy) == 1:
+            return strategy[0]
+        compound = {DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU}
+        if len(strategy) != 2 or set(strategy) != compound:
+            raise NotImplementedError(
+                "DynamicEmbTableOptions.score_strategy: the only compound strategy is "
+                f"(TIMESTAMP, LFU), got {strategy!r}"
+            )
+        return strategy
+    raise TypeError(
+        "DynamicEmbTableOptions.score_strategy must be a DynamicEmbScoreStrategy or a tuple "
+        f"of them, got {strategy!r}"
+    )
+
+
+def evict_strategy_of(score_strategy: ScoreStrategy | None) -> DynamicEmbEvictStrategy:
+    """DynamicEmb's eviction name for a score strategy: TIMESTAMP -> LRU; STEP,
+    CUSTOMIZED, NO_EVICTION -> CUSTOMIZED; LFU and (TIMESTAMP, LFU) -> LFU.
+
+    Example::
+
+        evict_strategy_of(DynamicEmbScoreStrategy.STEP)  # DynamicEmbEvictStrategy.CUSTOMIZED
+    """
+    if isinstance(score_strategy, tuple) or score_strategy == DynamicEmbScoreStrategy.LFU:
+        return DynamicEmbEvictStrategy.LFU
+    if score_strategy in (None, DynamicEmbScoreStrategy.TIMESTAMP):
+        return DynamicEmbEvictStrategy.LRU
+    return DynamicEmbEvictStrategy.CUSTOMIZED
+
+
+def resolved_evict_strategy(name: str, options: DynamicEmbTableOptions) -> DynamicEmbEvictStrategy:
+    """The eviction ``options.score_strategy`` implies; warns (``UserWarning``, naming the
+    table) when the user set a different, non-default ``evict_strategy``.
+
+    DynamicEmb overwrites ``evict_strategy`` silently; dynemb says so.
+    """
+    implied = evict_strategy_of(options.score_strategy)
+    chosen = options.evict_strategy
+    if chosen != DynamicEmbEvictStrategy.LRU and chosen != implied:
+        warnings.warn(
+            f"table {name!r}: evict_strategy={chosen} is ignored; score_strategy="
+            f"{options.score_strategy!r} decides the eviction ({implied})",
+            UserWarning,
+            stacklevel=3,
+        )
+    return implied
+
+
+def with_kernel_defaults(name: str, options: DynamicEmbTableOptions) -> DynamicEmbTableOptions:
+    """A copy of ``options`` with the fields a table needs filled where they are ``None``
+    (what the planner fills from the TorchRec config when there is one):
+    ``embedding_dtype`` float32, ``index_type`` int64, ``score_strategy`` TIMESTAMP, and
+    ``evict_strategy`` the one the score strategy implies."""
+    score = options.score_strategy
+    if score is None:
+        score = DynamicEmbScoreStrategy.TIMESTAMP
+    filled = dataclasses.replace(
+        options,
+        embedding_dtype=options.embedding_dtype or torch.float32,
+        index_type=options.index_type or torch.int64,
+        score_strategy=score,
+    )
+    filled.evict_strategy = resolved_evict_strategy(name, filled)
+    return filled

@@ -2,11 +2,15 @@
 
 Names and shapes mirror NVIDIA DynamicEmb's ``dynamicemb.incremental_dump``::
 
-    before = get_score(model)                  # {collection: {table: int}}
+    before = get_score(model)                  # {collection path: {table: int}}
     ...train...
     dumped, now = incremental_dump(model, before)
-    # dumped[collection][table] = (keys, rows, scores), gathered from every rank
+    # dumped[collection path][table] = (keys, rows); with_scores=True adds the scores
     # ``now`` is the reference of the next incremental dump
+
+A collection path is ``"model"`` for the model itself (a DMP-wrapped collection, or
+a bare BatchedDynamicEmbeddingTables) and ``"model.<module path>"`` for a sharded
+collection inside it (DMP / DDP wrapper levels left out), as in DynamicEmb.
 
 The score reference of a table is the lowest score an entry updated from now on
 can get, so ``incremental_dump(model, get_score(model))`` returns exactly the
@@ -34,13 +38,14 @@ from torch import nn
 from dynemb.checkpoint.tables import persistent
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard import dynamic_embedding_tables
-from dynemb.shard.sharded_modules import collection_path
+from dynemb.shard.sharded_modules import public_collection_path
 from dynemb.table.batch_arguments import TIMESTAMP_LFU
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreDict = dict[str, dict[str, int]]
-Dumped = dict[str, dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
+Dumped = dict[str, dict[str, tuple[torch.Tensor, ...]]]
+
 
 _CHUNK_SLOTS = 1 << 16  # slots scanned at once: bounds the temporary memory of a dump
 _CUSTOM_SCORE = "_custom_score"  # attribute of a CUSTOMIZED ScoredHashTable set by set_score
@@ -50,29 +55,34 @@ _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 _NO_EVICTION = DynamicEmbScoreStrategy.NO_EVICTION.value
 
 
-def get_score(model: nn.Module) -> ScoreDict:
+def get_score(model: nn.Module) -> ScoreDict | None:
     """The current score reference of every dynamic table of this rank.
 
     Args:
         model: a (DMP-)sharded model with dynamic tables, or any module holding
-            BatchedDynamicEmbeddingTables (a bare one is the collection ``""``).
+            BatchedDynamicEmbeddingTables (a bare one is the collection ``"model"``).
 
     Returns:
-        ``{collection name: {table name: int}}``; the collection name is the module
-        path of the sharded collection inside ``model``. See the module docstring for
-        what the int is under each score strategy.
+        ``{collection path: {table name: int}}`` (paths ``"model"``,
+        ``"model.<module path>"``), or ``None`` (with a ``UserWarning``) when ``model``
+        has no dynamic table. See the module docstring for what the int is under each
+        score strategy.
 
     Example::
 
-        >>> before = get_score(model)   # {"ebc": {"t0": 81234567890123, "t1": ...}}
+        >>> before = get_score(model)   # {"model.ebc": {"t0": 81234567890123, "t1": ...}}
     """
+    collections = _collections(model)
+    if not collections:
+        warnings.warn("get_score: the model has no dynamic embedding table", stacklevel=2)
+        return None
     return {
         name: {t: _reference(table) for t, table in tables.items()}
-        for name, tables in _collections(model).items()
+        for name, tables in collections.items()
     }
 
 
-def set_score(model: nn.Module, table_score: Mapping[str, Mapping[str, int]]) -> None:
+def set_score(model: nn.Module, table_score: int | Mapping[str, Mapping[str, int]]) -> None:
     """Sets the score that keys of CUSTOMIZED tables get when updated from now on.
 
     Training lookups give every key they touch this score (0 before the first
@@ -80,8 +90,10 @@ def set_score(model: nn.Module, table_score: Mapping[str, Mapping[str, int]]) ->
 
     Args:
         model: as in ``get_score``.
-        table_score: ``{collection name: {table name: score}}``, scores ints >= 0;
-            tables not named keep their score.
+        table_score: one int for every dynamic table, or ``{collection: {table name:
+            score}}`` with the collection named by its path (``"model.ebc"``) or, as in
+            DynamicEmb, by its last attribute name (``"ebc"``; ``"model"`` for the
+            model itself); scores are ints >= 0; tables not named keep their score.
 
     Raises:
         ValueError: an unknown collection or table name, a table whose strategy is not
@@ -94,8 +106,13 @@ def set_score(model: nn.Module, table_score: Mapping[str, Mapping[str, int]]) ->
             dump from the older reference).
     """
     collections = _collections(model)
+    if isinstance(table_score, Mapping):
+        entries = _named_entries(collections, _by_path(collections, table_score), "table_score")
+    else:
+        _check_int("table_score", table_score)
+        entries = _every_table(collections, table_score)
     chosen = []
-    for coll, name, table, score in _named_entries(collections, table_score, "table_score"):
+    for coll, name, table, score in entries:
         if table._strategy != _CUSTOMIZED:
             raise ValueError(
                 f"set_score: table {coll!r}/{name!r} uses "
@@ -118,24 +135,29 @@ def incremental_dump(
     model: nn.Module,
     score_threshold: int | Mapping[str, Mapping[str, int]],
     pg: dist.ProcessGroup | None = None,
-) -> tuple[Dumped, ScoreDict]:
-    """The entries whose score is >= the threshold, from every rank, on the host.
+    *,
+    with_scores: bool = False,
+) -> tuple[Dumped, ScoreDict] | None:
+    """The entries whose score is >= the threshold, on the host.
 
-    Collective over ``pg`` when torch.distributed is initialised: every rank of ``pg``
-    must call it, and every rank receives every rank's entries.
+    With ``pg`` it is a collective over ``pg``: every rank of ``pg`` must call it, and
+    every rank receives every rank's entries. Without, each rank gets its own entries.
 
     Args:
         model: as in ``get_score``.
-        score_threshold: one int for every table, or ``{collection: {table: int}}``
+        score_threshold: one int for every table, or ``{collection path: {table: int}}``
             (e.g. an earlier ``get_score`` result); tables not named are not dumped.
-        pg: the process group to gather over (default: the world).
+        pg: the process group to gather over (``None``: this rank's entries only).
+        with_scores: (dynemb) also return each entry's score.
 
     Returns:
-        ``(dumped, current_scores)``: ``dumped[collection][table] = (keys, rows,
-        scores)``, (m,) int64, (m, dim) in the table's value dtype (embedding columns,
-        no optimizer state), (m,) int64 (the compound's last-access times), CPU
-        tensors, concatenated in rank order; ``current_scores`` is this rank's
-        ``get_score(model)`` read before the dump (the reference of the next one).
+        ``None`` (with a ``UserWarning``) when ``model`` has no dynamic table; else
+        ``(dumped, current_scores)``: ``dumped[collection][table] = (keys, rows)``, or
+        ``(keys, rows, scores)`` with ``with_scores``: (m,) int64, (m, dim) in the
+        table's value dtype (embedding columns, no optimizer state), (m,) int64 (the
+        compound's last-access times), CPU tensors, concatenated in rank order;
+        ``current_scores`` is this rank's ``get_score(model)`` read before the dump
+        (the reference of the next one).
 
     Raises:
         ValueError / TypeError: an unknown collection or table name, or a threshold
@@ -146,23 +168,23 @@ def incremental_dump(
         >>> before = get_score(model)
         >>> ...train...
         >>> dumped, before = incremental_dump(model, before)
-        >>> keys, rows, scores = dumped["ebc"]["t0"]
+        >>> keys, rows = dumped["model.ebc"]["t0"]
     """
     collections = _collections(model)
+    if not collections:
+        warnings.warn("incremental_dump: the model has no dynamic embedding table", stacklevel=2)
+        return None
     if isinstance(score_threshold, Mapping):
         chosen = list(_named_entries(collections, score_threshold, "score_threshold"))
     else:
         _check_int("score_threshold", score_threshold)
-        chosen = [
-            (c, name, table, score_threshold)
-            for c, tables in collections.items()
-            for name, table in tables.items()
-        ]
+        chosen = list(_every_table(collections, score_threshold))
     current = get_score(model)
     local: Dumped = {}
     for coll, name, table, threshold in chosen:
-        local.setdefault(coll, {})[name] = _dump_table(table, threshold)
-    if not dist.is_initialized() or dist.get_world_size(pg) == 1:
+        entry = _dump_table(table, threshold)
+        local.setdefault(coll, {})[name] = entry if with_scores else entry[:2]
+    if pg is None or dist.get_world_size(pg) == 1:
         return local, current
     parts: list = [None] * dist.get_world_size(pg)
     dist.all_gather_object(parts, local, group=pg)
@@ -177,9 +199,11 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
     groups = []
     for key, group in dynamic_embedding_tables(model).items():
         first = group.table_names[0]
-        groups.append((collection_path(key[: -len(first) - 1] if key != first else ""), group))
+        groups.append(
+            (public_collection_path(key[: -len(first) - 1] if key != first else ""), group)
+        )
     groups += [
-        (collection_path(p), m)
+        (public_collection_path(p), m)
         for p, m in model.named_modules()
         if isinstance(m, BatchedDynamicEmbeddingTables)
     ]
@@ -193,6 +217,27 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
         tables = [persistent(t) for t in group.tables]
         found.setdefault(path, {}).update(zip(group.table_names, tables))
     return found
+
+
+def _by_path(collections, named: Mapping) -> dict:
+    """``named`` with collections given by their last attribute name re-keyed by path."""
+    out = {}
+    for coll, scores in named.items():
+        if coll not in collections:
+            paths = [p for p in collections if p.rsplit(".", 1)[-1] == coll]
+            if len(paths) > 1:
+                raise ValueError(
+                    f"collection name {coll!r} is ambiguous: it names {paths}; use the path"
+                )
+            coll = paths[0] if paths else coll
+        out[coll] = scores
+    return out
+
+
+def _every_table(collections, score: int) -> Iterator:
+    for coll, tables in collections.items():
+        for name, table in tables.items():
+            yield coll, name, table, score
 
 
 def _named_entries(collections, named: Mapping, arg: str) -> Iterator:

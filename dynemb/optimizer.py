@@ -8,7 +8,7 @@ import dataclasses
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-__all__ = ["EmbOptimType", "OptimizerConfig", "SUPPORTED_OPTIMIZERS"]
+__all__ = ["EmbOptimType", "OptimizerArgs", "OptimizerConfig", "SUPPORTED_OPTIMIZERS"]
 
 # EmbOptimType -> kernel code of csrc/core/optimizer_rules.h (OptimizerKind).
 _KERNEL_CODE = {
@@ -71,3 +71,41 @@ class OptimizerConfig:
             float(self.beta2),
             float(self.weight_decay),
         ]
+
+
+@dataclasses.dataclass
+class OptimizerArgs:
+    """DynamicEmb's bag of optimizer hyper-parameters (fields and defaults as in
+    DynamicEmb). dynemb's fused optimizers read ``learning_rate``, ``eps``, ``beta1``,
+    ``beta2`` and ``weight_decay`` (see ``OptimizerConfig``); the other fields are
+    kept for compatibility.
+
+    Example::
+
+        OptimizerArgs(learning_rate=0.05).learning_rate  # 0.05
+    """
+
+    stochastic_rounding: bool = True
+    gradient_clipping: bool = False
+    max_gradient: float = 1.0
+    max_norm: float = 0.0
+    learning_rate: float = 0.01
+    eps: float = 1.0e-8
+    initial_accumulator_value: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    weight_decay_mode: int = 0
+    eta: float = 0.001
+    momentum: float = 0.9
+    counter_halflife: int = -1
+    adjustment_iter: int = -1
+    adjustment_ub: float = 1.0
+    learning_rate_mode: int = -1
+    grad_sum_decay: int = -1
+    tail_id_threshold: float = 0
+    is_tail_id_thresh_ratio: int = 0
+    total_hash_size: int = 0
+    weight_norm_coefficient: float = 0
+    lower_bound: float = 0
+    regularization_mode: int = 0

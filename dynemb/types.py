@@ -1,6 +1,23 @@
-"""Enums of the public API. Names and members mirror NVIDIA DynamicEmb."""
+"""Enums of the public API. Names, bases and values mirror NVIDIA DynamicEmb.
+
+``DynamicEmbCheckMode``, ``DynamicEmbPoolingMode`` and ``DynamicEmbScoreStrategy`` are
+``IntEnum``s (``DynamicEmbPoolingMode.SUM == 0``); ``DynamicEmbInitializerMode``,
+``DynamicEmbEvictStrategy`` and ``MemoryType`` are plain ``Enum``s, with DynamicEmb's
+values.
+"""
 
 import enum
+
+__all__ = [
+    "DynamicEmbCheckMode",
+    "DynamicEmbDataType",
+    "DynamicEmbEvictStrategy",
+    "DynamicEmbInitializerMode",
+    "DynamicEmbPoolingMode",
+    "DynamicEmbScoreStrategy",
+    "EvictStrategy",
+    "MemoryType",
+]
 
 
 class DynamicEmbInitializerMode(enum.Enum):
@@ -8,16 +25,19 @@ class DynamicEmbInitializerMode(enum.Enum):
 
     Every mode is a function of (seed, key, column): the same key gets the same row
     whatever the batch order, thread count, device or world size.
+
+    DEBUG writes ``float(key mod 100000)`` (the key read as unsigned 64-bit) in every
+    column, as DynamicEmb does.
     """
 
-    NORMAL = 0
-    TRUNCATED_NORMAL = 1
-    UNIFORM = 2
-    CONSTANT = 3
-    DEBUG = 4  # every element is float(key): makes rows easy to check by eye
+    NORMAL = "normal"
+    TRUNCATED_NORMAL = "truncated_normal"
+    UNIFORM = "uniform"
+    CONSTANT = "constant"
+    DEBUG = "debug"
 
 
-class DynamicEmbScoreStrategy(enum.Enum):
+class DynamicEmbScoreStrategy(enum.IntEnum):
     """What a key's score is; in a full bucket the smallest score is evicted (ties:
     the smaller key digest, then the smaller key).
 
@@ -39,7 +59,7 @@ class DynamicEmbScoreStrategy(enum.Enum):
     NO_EVICTION = 4
 
 
-class DynamicEmbCheckMode(enum.Enum):
+class DynamicEmbCheckMode(enum.IntEnum):
     """What a lookup does with keys that could not be stored (safe-check)."""
 
     ERROR = 0
@@ -47,9 +67,55 @@ class DynamicEmbCheckMode(enum.Enum):
     IGNORE = 2
 
 
-class DynamicEmbPoolingMode(enum.Enum):
+class DynamicEmbPoolingMode(enum.IntEnum):
     """Pooling of BatchedDynamicEmbeddingTables; NONE returns one row per index."""
 
     SUM = 0
     MEAN = 1
     NONE = 2
+
+
+class EvictStrategy(enum.Enum):
+    """The eviction policy codes that ``DynamicEmbEvictStrategy`` members hold as values.
+
+    DynamicEmb's are a C++ (pybind) enum; ``str(EvictStrategy.KLru)`` is
+    ``"EvictStrategy.KLru"`` in both, the spelling DynamicEmb's checkpoints record.
+    """
+
+    KLru = 0
+    KLfu = 1
+    KEpochLru = 2
+    KEpochLfu = 3
+    KCustomized = 4
+
+
+class DynamicEmbEvictStrategy(enum.Enum):
+    """DynamicEmb's eviction policy names. In dynemb the ``score_strategy`` decides the
+    eviction (see DynamicEmbTableOptions.evict_strategy); this enum names it."""
+
+    LRU = EvictStrategy.KLru
+    LFU = EvictStrategy.KLfu
+    EPOCH_LRU = EvictStrategy.KEpochLru
+    EPOCH_LFU = EvictStrategy.KEpochLfu
+    CUSTOMIZED = EvictStrategy.KCustomized
+
+
+class MemoryType(enum.Enum):
+    """Where a buffer lives (DynamicEmb's ``dynamicemb.types.MemoryType``)."""
+
+    DEVICE = "device"
+    MANAGED = "managed"
+    PINNED_HOST = "pinned_host"
+    HOST = "host"
+
+
+class DynamicEmbDataType(enum.Enum):
+    """Element types named by DynamicEmb's dtype converters (``torch_to_dyn_emb`` ...)."""
+
+    Float32 = "float32"
+    BFloat16 = "bfloat16"
+    Float16 = "float16"
+    Int64 = "int64"
+    UInt64 = "uint64"
+    Int32 = "int32"
+    UInt32 = "uint32"

@@ -1,6 +1,7 @@
 """Rank-side code of tests/test_incremental_dump.py (run on real gloo ranks)."""
 
 import torch
+import torch.distributed as dist
 from torchrec import KeyedJaggedTensor
 
 from dynemb.incremental_dump import get_score, incremental_dump
@@ -58,11 +59,12 @@ def dump_after_training(rank: int, world_size: int) -> dict:
         _train_step(model, local_kjt(lengths, keys, None, rank * batch, (rank + 1) * batch))
     clock.now += 10
     before = get_score(model)
-    nothing, _ = incremental_dump(model, before)
+    world = dist.group.WORLD  # gathered from every rank; dynemb's scores too
+    nothing, _ = incremental_dump(model, before, world, with_scores=True)
     clock.now += 10
     _train_step(model, _one_sample(TOUCHED[rank]))
-    touched, current = incremental_dump(model, before)
-    everything, _ = incremental_dump(model, 0)
+    touched, current = incremental_dump(model, before, world, with_scores=True)
+    everything, _ = incremental_dump(model, 0, world, with_scores=True)
     local = {}
     for name, table in tables.items():
         k, rows, scores, _ = table.export_batch(0, table.capacity())

@@ -66,7 +66,7 @@ def init_row(
     elif mode == 3:
         row[:dim] = a
     elif mode == 4:
-        row[:dim] = np.float32(float(key))
+        row[:dim] = np.float32(float((key & M64) % 100000))  # DynamicEmb's DEBUG
     else:
         raise NotImplementedError(mode)
     return row

@@ -92,16 +92,18 @@ def test_full_counter_forgets_the_least_counted_key():
 def test_counter_and_strategy_errors():
     with pytest.raises(ValueError, match="key_type"):
         KVCounter(capacity=64, key_type=torch.int32)
-    with pytest.raises(ValueError, match="bucket_capacity=1024"):
-        KVCounter(capacity=64)
+    with pytest.raises(ValueError, match="capacity must be a positive int, got 0"):
+        KVCounter(capacity=0)
+    with pytest.raises(ValueError, match="bucket_capacity must be a positive int, got -16"):
+        KVCounter(capacity=64, bucket_capacity=-16)
     c = KVCounter(capacity=64, bucket_capacity=16)
     with pytest.raises(ValueError, match="frequency must be >= 0"):
         c.add(torch.tensor([1]), torch.tensor([-1]))
     with pytest.raises(TypeError, match="keys"):
         c.add(torch.tensor([1.0]))
     assert counts_of(c) == {}  # rejected before any change
-    with pytest.raises(ValueError, match="threshold"):
-        FrequencyAdmissionStrategy(0)
+    with pytest.raises(ValueError, match="threshold must be >= 0, got -1"):
+        FrequencyAdmissionStrategy(-1)
     with pytest.raises(TypeError, match="threshold"):
         FrequencyAdmissionStrategy(2.5)
     with pytest.raises(TypeError, match="initializer_args"):

@@ -217,9 +217,9 @@ def test_customized_tables_train_with_the_score_set_by_set_score():
     )
     keys = torch.tensor([5, 6, 5])
     offsets = torch.tensor([0, 1, 3])
-    set_score(module, {"": {"t": 7}})
+    set_score(module, {"model": {"t": 7}})
     module(keys, offsets).sum().backward()
     assert module.tables[0].get_scores(torch.tensor([5, 6])).tolist() == [7, 7]
-    set_score(module, {"": {"t": 9}})
+    set_score(module, {"model": {"t": 9}})
     module(torch.tensor([6]), torch.tensor([0, 1])).sum().backward()
     assert module.tables[0].get_scores(torch.tensor([5, 6])).tolist() == [7, 9]

@@ -66,8 +66,8 @@ def test_incremental_dump_sees_both_tiers():
     assert ref_plain == ref_cached
     for b in batches(2, seed=32):
         step(plain, b), step(cached, b)
-    got, _ = incremental_dump(cached, ref_cached)
-    want, _ = incremental_dump(plain, ref_plain)
+    got, _ = incremental_dump(cached, ref_cached, with_scores=True)
+    want, _ = incremental_dump(plain, ref_plain, with_scores=True)
     assert got.keys() == want.keys()
     for coll in want:
         for name, (keys, rows, scores) in want[coll].items():

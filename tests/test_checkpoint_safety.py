@@ -244,9 +244,12 @@ def test_admission_counts_survive_a_checkpoint(tmp_path):
     for keys in ([1, 2, 2], [1, 3]):  # counts: 1 -> 2, 2 -> 2, 3 -> 1; nothing admitted
         _train(a, torch.tensor(keys))
     assert a.tables[0].size() == 0
-    DynamicEmbDump(tmp_path / "ckpt", a)
+    DynamicEmbDump(tmp_path / "ckpt", a, counter=True)
+    c = module()
+    DynamicEmbLoad(tmp_path / "ckpt", c)  # counter=False: the counts stay out
+    assert c.admission_counters[0].dump()[0].numel() == 0
     b = module()
-    DynamicEmbLoad(tmp_path / "ckpt", b)
+    DynamicEmbLoad(tmp_path / "ckpt", b, counter=True)
     keys, counts = b.admission_counters[0].dump()
     assert dict(zip(keys.tolist(), counts.tolist())) == {1: 2, 2: 2, 3: 1}
     _train(b, torch.tensor([1, 2, 3]))  # 1 and 2 reach 3: admitted; 3 is not

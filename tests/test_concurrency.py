@@ -1,7 +1,8 @@
 """Concurrency: several Python threads on one table, and all OpenMP threads on one batch.
 
-Rows use the DEBUG initializer (every element = float(key)) with keys below 2**24,
-so any lost key or misplaced row is visible exactly.
+New rows come from a UNIFORM initializer, a function of (seed, key) only: a second,
+single-threaded table gives every key's own row, so any lost key or misplaced row is
+visible exactly.
 """
 
 import threading
@@ -13,7 +14,7 @@ import dynemb
 from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, _ops
 from dynemb import DynamicEmbScoreStrategy as S
 
-DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
+INIT = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-1.0, upper=1.0)
 
 
 def _table(strategy=S.NO_EVICTION, capacity=2**18, init_capacity=1024):
@@ -22,8 +23,19 @@ def _table(strategy=S.NO_EVICTION, capacity=2**18, init_capacity=1024):
         capacity=capacity,
         init_capacity=init_capacity,
         score_strategy=strategy,
-        initializer=DEBUG,
+        initializer=INIT,
     )
+
+
+def _own_rows(keys: torch.Tensor) -> torch.Tensor:
+    """Each key's initial row, from a fresh table filled on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = _table(S.NO_EVICTION, capacity=2 * keys.numel() + 1024, init_capacity=None)
+        return ref.find_or_insert(keys)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _run_threads(targets):
@@ -50,21 +62,25 @@ def test_python_threads_insert_and_read_concurrently(strategy):
     t = _table(strategy, capacity=2**19)
     preloaded = torch.arange(1, 5001, dtype=torch.int64)
     t.find_or_insert(preloaded)
+    preloaded_rows = _own_rows(preloaded)
     wrong_reads, written = [], []
+    batches = {
+        w: [torch.randint(10_000, 2**24, (3000,), generator=g) for _ in range(30)]
+        for w, g in ((w, torch.Generator().manual_seed(w)) for w in range(3))
+    }
+    own = {w: [_own_rows(keys) for keys in batches[w]] for w in batches}
 
     def writer(w):
-        g = torch.Generator().manual_seed(w)
-        for _ in range(30):
-            keys = torch.randint(10_000, 2**24, (3000,), generator=g)
+        for keys, want in zip(batches[w], own[w]):
             written.append(keys)
             rows = t.find_or_insert(keys)
-            if not torch.equal(rows, keys.float().unsqueeze(1).expand(-1, 4)):
+            if not torch.equal(rows, want):
                 wrong_reads.append(("writer", w))
 
     def reader(r):
         for _ in range(60):
             values, found = t.find(preloaded)
-            if not bool(found.all()) or not torch.equal(values[:, 0], preloaded.float()):
+            if not bool(found.all()) or not torch.equal(values, preloaded_rows):
                 wrong_reads.append(("reader", r))
 
     _run_threads(
@@ -75,7 +91,7 @@ def test_python_threads_insert_and_read_concurrently(strategy):
     everything = torch.cat([preloaded] + written)
     values, found = t.find(everything)
     assert bool(found.all()), f"{int((~found).sum())} keys lost"
-    assert torch.equal(values[:, 0], everything.float())
+    assert torch.equal(values, _own_rows(everything))
     assert t.size() == everything.unique().numel()
 
 
@@ -88,9 +104,9 @@ def test_all_openmp_threads_on_one_batch(strategy):
     rows = t.find_or_insert(dup)
     stats = t.last_stats
     assert stats.inserted == keys.numel() and stats.hits == 1000 and stats.failed == 0
-    assert torch.equal(rows[:, 0], dup.float())
+    assert torch.equal(rows, _own_rows(dup))
     values, found = t.find(keys)
-    assert bool(found.all()) and torch.equal(values[:, 3], keys.float())
+    assert bool(found.all()) and torch.equal(values, _own_rows(keys))
     assert t.erase(keys[::2]) == keys[::2].numel()
     assert t.size() == keys.numel() - keys[::2].numel()
     assert not bool(t.contains(keys[::2]).any()) and bool(t.contains(keys[1::2]).all())

@@ -13,11 +13,16 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb import incremental_dump as inc
-from dynemb.incremental_dump import get_score, incremental_dump, set_score
+from dynemb.incremental_dump import get_score, set_score
 from tests.incremental_dump_workers import TOUCHED, FakeClock, dump_after_training
 from tests.multiprocess import run_ranks
 
 S = DynamicEmbScoreStrategy
+
+
+def incremental_dump(model, threshold):
+    """These tests read the scores too: dynemb's ``with_scores`` 3-tuples."""
+    return inc.incremental_dump(model, threshold, with_scores=True)
 
 
 # ------------------------------------------------------------- sharded model
@@ -101,7 +106,7 @@ def _train(tables, keys0, keys1) -> None:
 
 
 def _keys(dumped, name):
-    return sorted(dumped[""][name][0].tolist())
+    return sorted(dumped["model"][name][0].tolist())
 
 
 @pytest.mark.parametrize("strategy", [S.TIMESTAMP, (S.TIMESTAMP, S.LFU)])
@@ -113,12 +118,12 @@ def test_timestamp_dump_filters_by_last_access_time(strategy):
     _train(tables, [1, 2, 3], [10, 11])
     clock.now = 200
     before = get_score(tables)
-    assert before == {"": {"t0": 200, "t1": 200}}
+    assert before == {"model": {"t0": 200, "t1": 200}}
     assert _keys(incremental_dump(tables, before)[0], "t0") == []
     _train(tables, [2, 4, 2], [])  # a key hit twice, a new key; t1 untouched
     dumped, current = incremental_dump(tables, before)
     assert _keys(dumped, "t0") == [2, 4] and _keys(dumped, "t1") == []
-    assert dumped[""]["t0"][2].tolist() == [200, 200]  # last-access times, not LFU counts
+    assert dumped["model"]["t0"][2].tolist() == [200, 200]  # last-access times, not LFU counts
     assert current == before
     assert _keys(incremental_dump(tables, 0)[0], "t0") == [1, 2, 3, 4]
 
@@ -128,7 +133,7 @@ def test_step_reference_is_the_next_batch_step():
     _train(tables, [1, 2], [5])
     _train(tables, [3], [5])
     before = get_score(tables)
-    assert before == {"": {"t0": 3, "t1": 3}}
+    assert before == {"model": {"t0": 3, "t1": 3}}
     assert _keys(incremental_dump(tables, before)[0], "t0") == []
     tables.eval()
     _train(tables, [1, 2, 3], [5])  # eval lookups change no score
@@ -137,16 +142,16 @@ def test_step_reference_is_the_next_batch_step():
     _train(tables, [2, 7], [])
     dumped, current = incremental_dump(tables, before)
     assert _keys(dumped, "t0") == [2, 7] and _keys(dumped, "t1") == []
-    assert current == {"": {"t0": 4, "t1": 4}}  # t1 had an empty batch: still a step
+    assert current == {"model": {"t0": 4, "t1": 4}}  # t1 had an empty batch: still a step
     # a per-collection dict may name a subset of the tables; one int covers all
-    assert list(incremental_dump(tables, {"": {"t1": 0}})[0][""]) == ["t1"]
+    assert list(incremental_dump(tables, {"model": {"t1": 0}})[0]["model"]) == ["t1"]
     assert _keys(incremental_dump(tables, 2)[0], "t0") == [2, 3, 7]
 
 
 def test_lfu_reference_is_the_highest_count():
     tables = _tables(S.LFU)
     _train(tables, [1, 1, 1, 2], [3])
-    assert get_score(tables) == {"": {"t0": 3, "t1": 1}}
+    assert get_score(tables) == {"model": {"t0": 3, "t1": 1}}
     dumped, _ = incremental_dump(tables, 2)
     assert _keys(dumped, "t0") == [1] and _keys(dumped, "t1") == []
 
@@ -154,7 +159,7 @@ def test_lfu_reference_is_the_highest_count():
 def test_no_eviction_tables_are_always_dumped_whole():
     tables = _tables(S.NO_EVICTION)
     _train(tables, [1, 2], [3])
-    assert get_score(tables) == {"": {"t0": 0, "t1": 0}}
+    assert get_score(tables) == {"model": {"t0": 0, "t1": 0}}
     dumped, _ = incremental_dump(tables, 10**9)
     assert _keys(dumped, "t0") == [1, 2] and _keys(dumped, "t1") == [3]
 
@@ -165,7 +170,7 @@ def test_dump_scans_in_chunks_and_returns_each_entry_once(monkeypatch):
     keys = list(range(-300, 300, 3))
     _train(tables, keys, [])
     dumped, _ = incremental_dump(tables, 0)
-    k, rows, _ = dumped[""]["t0"]
+    k, rows, _ = dumped["model"]["t0"]
     assert sorted(k.tolist()) == keys
     expected, found = tables.tables[0].find(k)
     assert found.all() and torch.equal(rows, expected)
@@ -174,31 +179,31 @@ def test_dump_scans_in_chunks_and_returns_each_entry_once(monkeypatch):
 def test_customized_set_score_is_the_reference_and_dump_filters_by_it():
     tables = _tables(S.CUSTOMIZED)
     t0 = tables.tables[0]
-    assert get_score(tables) == {"": {"t0": 0, "t1": 0}}  # empty: the highest stored score
+    assert get_score(tables) == {"model": {"t0": 0, "t1": 0}}  # empty: the highest stored score
     t0.insert_or_assign(torch.tensor([1, 2]), torch.ones(2, 4), torch.tensor([5, 9]))
-    assert get_score(tables)[""]["t0"] == 9
-    set_score(tables, {"": {"t0": 10}})
-    assert get_score(tables) == {"": {"t0": 10, "t1": 0}}
+    assert get_score(tables)["model"]["t0"] == 9
+    set_score(tables, {"model": {"t0": 10}})
+    assert get_score(tables) == {"model": {"t0": 10, "t1": 0}}
     t0.insert_or_assign(torch.tensor([2, 3]), torch.ones(2, 4), torch.tensor([10, 10]))
     dumped, current = incremental_dump(tables, get_score(tables))
-    assert _keys(dumped, "t0") == [2, 3] and dumped[""]["t0"][2].tolist() == [10, 10]
-    assert current[""]["t0"] == 10
+    assert _keys(dumped, "t0") == [2, 3] and dumped["model"]["t0"][2].tolist() == [10, 10]
+    assert current["model"]["t0"] == 10
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        set_score(tables, {"": {"t0": 10, "t1": 3}})  # equal or up: no warning
+        set_score(tables, {"model": {"t0": 10, "t1": 3}})  # equal or up: no warning
     with pytest.warns(UserWarning, match="goes down from 10 to 4"):
-        set_score(tables, {"": {"t0": 4}})
-    assert get_score(tables)[""]["t0"] == 4
+        set_score(tables, {"model": {"t0": 4}})
+    assert get_score(tables)["model"]["t0"] == 4
 
 
 @pytest.mark.parametrize(
     "table_score, error, match",
     [
         ({"ebc": {"t0": 1}}, ValueError, "unknown collection 'ebc'"),
-        ({"": {"t9": 1}}, ValueError, "unknown table 't9'"),
-        ({"": {"t0": -1}}, ValueError, ">= 0"),
-        ({"": {"t0": 1.5}}, TypeError, "must be an int"),
-        ({"": {"t0": 1, "t1": 2}}, ValueError, "only CUSTOMIZED"),  # t1 is STEP
+        ({"model": {"t9": 1}}, ValueError, "unknown table 't9'"),
+        ({"model": {"t0": -1}}, ValueError, ">= 0"),
+        ({"model": {"t0": 1.5}}, TypeError, "must be an int"),
+        ({"model": {"t0": 1, "t1": 2}}, ValueError, "only CUSTOMIZED"),  # t1 is STEP
     ],
 )
 def test_set_score_errors_change_nothing(table_score, error, match):
@@ -209,15 +214,15 @@ def test_set_score_errors_change_nothing(table_score, error, match):
     tables = BatchedDynamicEmbeddingTables(options, [0, 1], table_names=["t0", "t1"])
     with pytest.raises(error, match=match):
         set_score(tables, table_score)
-    assert get_score(tables) == {"": {"t0": 0, "t1": 1}}
+    assert get_score(tables) == {"model": {"t0": 0, "t1": 1}}
 
 
 @pytest.mark.parametrize(
     "threshold, error, match",
     [
         ({"x": {"t0": 0}}, ValueError, "unknown collection 'x'"),
-        ({"": {"t2": 0}}, ValueError, "unknown table 't2'"),
-        ({"": 0}, TypeError, "must be a dict"),
+        ({"model": {"t2": 0}}, ValueError, "unknown table 't2'"),
+        ({"model": 0}, TypeError, "must be a dict"),
         ("0", TypeError, "score_threshold must be an int"),
         (True, TypeError, "score_threshold must be an int"),
     ],

@@ -1,4 +1,4 @@
-"""Planner helpers: per-rank capacity aligned to buckets, and per-rank value bytes."""
+"""Planner helpers: per-rank capacity aligned to buckets, and value bytes (all ranks)."""
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ def config(num_embeddings=1000, dim=8, data_type=DataType.FP32, cls=EmbeddingBag
 
 def test_constants():
     assert BUCKET_ALIGNMENT == 16
-    assert MAX_BUCKET_CAPACITY == 1024
+    assert MAX_BUCKET_CAPACITY == 2**63 - 1  # a sentinel: one bucket per rank
 
 
 @pytest.mark.parametrize(
@@ -38,6 +38,8 @@ def test_constants():
         (1024, 4, 256, 256),  # exact
         (1, 8, 16, 16),  # fewer rows than ranks: one bucket each
         (10**9, 7, 1024, 142857216),  # ceil(1e9 / 7) = 142857143 -> 139509 buckets of 1024
+        (1000, 3, 2048, 2048),  # no upper limit on the bucket width
+        (1000, 3, MAX_BUCKET_CAPACITY, 336),  # one bucket per rank: 334 rows -> 336
     ],
 )
 def test_sharded_table_capacity(num_embeddings, world_size, bucket_capacity, expected):
@@ -68,8 +70,8 @@ def test_effective_bucket_capacity(num_embeddings, world_size, bucket_capacity, 
     ],
 )
 def test_value_bytes_count_optimizer_state(optimizer, columns):
-    # 1000 rows on 2 ranks -> 512 rows of float32.
-    assert get_table_value_bytes(config(), optimizer, 2, 128) == 512 * columns * 4
+    # 1000 rows on 2 ranks -> 512 rows of float32 per rank, both ranks counted.
+    assert get_table_value_bytes(config(), optimizer, 2, 128) == 2 * 512 * columns * 4
 
 
 @pytest.mark.parametrize(
@@ -77,14 +79,14 @@ def test_value_bytes_count_optimizer_state(optimizer, columns):
 )
 def test_value_bytes_use_the_config_data_type(data_type, element_size):
     got = get_table_value_bytes(config(data_type=data_type), EmbOptimType.EXACT_SGD, 3, 128)
-    assert got == 384 * 8 * element_size
+    assert got == 3 * 384 * 8 * element_size
 
 
 def test_value_bytes_embedding_dtype_overrides_the_config():
     got = get_table_value_bytes(
         config(data_type=DataType.FP32), EmbOptimType.ADAM, 2, 128, torch.bfloat16
     )
-    assert got == 512 * 24 * 2
+    assert got == 2 * 512 * 24 * 2
 
 
 def test_value_bytes_reject_unsupported_optimizer():
@@ -92,7 +94,7 @@ def test_value_bytes_reject_unsupported_optimizer():
         get_table_value_bytes(config(), EmbOptimType.LAMB, 2, 128)
 
 
-@pytest.mark.parametrize("bucket_capacity", [0, 8, 24, 1040, 2048, -16])
+@pytest.mark.parametrize("bucket_capacity", [0, 8, 24, 1041, 2**63 - 2, -16])
 def test_bad_bucket_capacity_raises(bucket_capacity):
     with pytest.raises(ValueError, match=f"bucket_capacity.*got {bucket_capacity}"):
         get_sharded_table_capacity(config(), 2, bucket_capacity)

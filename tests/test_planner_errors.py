@@ -56,7 +56,10 @@ def make_planner(constraints, configs=None):
         ),
         (dynamic(dim=16), r"table 'user': dynamicemb_options.dim=16 disagrees.*embedding_dim=8"),
         (dynamic(bucket_capacity=20), r"table 'user': .*bucket_capacity.*multiple of 16.*got 20"),
-        (dynamic(bucket_capacity=2048), r"table 'user': .*bucket_capacity.*1024\], got 2048"),
+        (
+            dynamic(bucket_capacity=2056),
+            r"table 'user': .*bucket_capacity.*multiple of 16.*got 2056",
+        ),
         (dynamic(bucket_capacity=0), r"table 'user': .*bucket_capacity.*got 0"),
         (dynamic(init_capacity=0), r"table 'user': .*init_capacity must be >= 1, got 0"),
         (dynamic(init_capacity=2.5), r"table 'user': .*init_capacity must be an int"),

@@ -12,14 +12,18 @@
 
 namespace dynemb {
 
-/// Mirrors dynemb.DynamicEmbInitializerMode (values are part of the op contract).
+/// The op codes of dynemb.DynamicEmbInitializerMode (part of the op contract; the
+/// Python enum's values are DynamicEmb's strings, mapped to these codes).
 enum class InitMode : int64_t {
   kNormal = 0,
   kTruncatedNormal = 1,
   kUniform = 2,
   kConstant = 3,
-  kDebug = 4,
+  kDebug = 4,  // DynamicEmb's DEBUG: float(key mod 100000), the key read as uint64
 };
+
+/// DynamicEmb's DEBUG rows repeat every kDebugModulus keys.
+constexpr uint64_t kDebugModulus = 100000;
 
 struct InitArgs {
   InitMode mode;
@@ -85,7 +89,8 @@ DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, i
       return fminf(fmaxf(v, a.lower), a.upper);
     }
     case InitMode::kConstant: return a.a;
-    case InitMode::kDebug: return static_cast<float>(key);  // exact for |key| < 2^24
+    case InitMode::kDebug:
+      return static_cast<float>(static_cast<uint64_t>(key) % kDebugModulus);
   }
   return 0.0f;
 }

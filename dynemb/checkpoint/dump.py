@@ -21,7 +21,7 @@ from dynemb.checkpoint.format import (
     read_manifest,
     write_manifest,
 )
-from dynemb.checkpoint.tables import NamedTable, named_tables
+from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 
 
 def process_group(pg):
@@ -64,7 +64,7 @@ def table_meta(t: NamedTable, world_size: int) -> dict:
     }
 
 
-def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict:
+def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter: bool) -> dict:
     table = t.table
     keeps_ts = table._layout.keeps_timestamps
     fields = (
@@ -94,9 +94,9 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool) -> dict
         if pending is not None:
             pending.result()
     entry = {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
-    counter = admission_counter(t)
-    if counter is not None:  # admission counts are part of the checkpoint
-        keys, counts = counter.dump()
+    counts_of = admission_counter(t) if counter else None
+    if counts_of is not None:  # admission counts, with counter=True
+        keys, counts = counts_of.dump()
         for field, values in (("counter_keys", keys), ("counter_counts", counts)):
             writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
             writer.write(values.to(torch.int64))
@@ -118,9 +118,11 @@ def admission_counter(t: NamedTable):
 def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
-    table_names: list[str] | None = None,
+    table_names: TableNames = None,
     optim: bool = False,
+    counter: bool = False,
     pg: dist.ProcessGroup | None = None,
+    allow_overwrite: bool = False,
 ) -> Path:
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
 
@@ -135,13 +137,23 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
         path: the checkpoint directory (created if needed).
         model: a model sharded by DistributedModelParallel with dynemb's sharders, a
             sharded collection, or a BatchedDynamicEmbeddingTables.
-        table_names: dump these tables only (``<collection path>.<table>`` or the bare
-            table name); default all.
+        table_names: dump these tables only: DynamicEmb's ``{collection path:
+            [table, ...]}`` (paths ``"model"``, ``"model.<module path>"``; collections
+            not listed are dumped whole), or a list of ``<collection>.<table>`` / bare
+            table names; default all.
         optim: also write each row's optimizer state.
+        counter: also write the admission counts of tables with admission.
         pg: the process group of the model's ranks.
+        allow_overwrite: replace a checkpoint already at ``path``; without it a
+            non-empty ``path`` raises ``FileExistsError``.
 
     Returns:
         ``path``.
+
+    Raises:
+        FileExistsError: ``path`` is a non-empty directory and ``allow_overwrite`` is
+            False (on every rank, before anything is written).
+        ValueError: an unknown name in ``table_names``.
 
     Example::
 
@@ -151,6 +163,12 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     rank, world_size = rank_and_size(pg)
     path = Path(path)
     tables = named_tables(model, table_names)
+    occupied = all_gather(path.is_dir() and any(path.iterdir()), pg)[0]
+    if occupied and not allow_overwrite:
+        raise FileExistsError(
+            f"DynamicEmbDump: {path} is not empty; pass allow_overwrite=True to replace "
+            "the checkpoint there, or choose another path"
+        )
     dump_id = None
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
@@ -161,7 +179,8 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     if pg is not None:
         dist.barrier(group=pg)  # the directory exists for everyone
     mine = {
-        t.name: (table_meta(t, world_size), _write_table(t, directory, rank, optim)) for t in tables
+        t.name: (table_meta(t, world_size), _write_table(t, directory, rank, optim, counter))
+        for t in tables
     }
     everyone = all_gather(mine, pg)
     if rank == 0:

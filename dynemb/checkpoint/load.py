@@ -23,7 +23,7 @@ from dynemb.checkpoint.format import (
     read_manifest,
     read_rows,
 )
-from dynemb.checkpoint.tables import NamedTable, named_tables
+from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 from dynemb.shard.routing import route_keys
 
 
@@ -73,8 +73,9 @@ def _nbytes(dtype, width: int, rows: int) -> int:
 def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
-    table_names: list[str] | None = None,
+    table_names: TableNames = None,
     optim: bool = False,
+    counter: bool = False,
     pg: dist.ProcessGroup | None = None,
     allow_optimizer_mismatch: bool = False,
 ) -> None:
@@ -90,9 +91,11 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     Args:
         path: the checkpoint directory.
         model: the model to load into (as for DynamicEmbDump).
-        table_names: load these tables only; default: every table of the checkpoint,
-            which must be exactly the model's dynamic tables.
+        table_names: load these tables only (as in DynamicEmbDump: a ``{collection
+            path: [table, ...]}`` dict or a list of names); default: every table of
+            the checkpoint, which must be exactly the model's dynamic tables.
         optim: also load the optimizer state (and Adam's step count).
+        counter: also load the admission counts (of a dump with ``counter=True``).
         pg: the process group of the model's ranks.
         allow_optimizer_mismatch: with ``optim=True``, load only the rows of a table
             whose saved state belongs to another optimizer instead of failing.
@@ -149,7 +152,8 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     with _op_threads(_RESTORE_THREADS):
         for t, meta, fields in plans:
             failed[t.name] = _load_chunks(directory, t, fields, share[t.name], pg)
-            _load_counter(directory, t, share[t.name], pg, world_size)
+            if counter:
+                _load_counter(directory, t, share[t.name], pg, world_size)
             t.table._step = max(t.table._step, meta["table_step"])
             if t.name in loads_state:
                 t.group.step = max(t.group.step, meta["optimizer_step"])

@@ -1,22 +1,43 @@
 """The dynamic tables of a model, by a name that does not depend on the world size."""
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 from torch import nn
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.shard.sharded_modules import collection_path, dynamic_kernels_by_path
+from dynemb.shard.sharded_modules import (
+    collection_path,
+    dynamic_kernels_by_path,
+    public_collection_path,
+)
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.cached_table import CachedTable
+
+TableNames = Mapping[str, Sequence[str]] | Sequence[str] | None
+"""``table_names`` of DynamicEmbDump / DynamicEmbLoad: DynamicEmb's ``{collection path:
+[table, ...]}`` (collections not listed: every table), or a list of names."""
 
 
 @dataclasses.dataclass
 class NamedTable:
-    """One dynamic table of this rank: ``name`` is ``<collection path>.<table>``."""
+    """One dynamic table of this rank: ``name`` is ``<collection path>.<table>``
+    (``collection`` the path without wrappers, ``""`` for the model itself)."""
 
     name: str
     group: BatchedDynamicEmbeddingTables
     index: int
+    collection: str = ""
+
+    @property
+    def table_name(self) -> str:
+        """The table's own name (its TorchRec config name)."""
+        return self.group.table_names[self.index]
+
+    @property
+    def public_collection(self) -> str:
+        """DynamicEmb's collection path: ``"model"`` or ``"model.<collection>"``."""
+        return public_collection_path(self.collection)
 
     @property
     def table(self) -> ScoredHashTable:
@@ -48,13 +69,15 @@ def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
     else:
         groups = [(collection_path(path), g) for path, g in dynamic_kernels_by_path(model)]
     found = [
-        NamedTable(f"{path}.{name}" if path else name, group, i)
+        NamedTable(f"{path}.{name}" if path else name, group, i, path)
         for path, group in groups
         for i, name in enumerate(group.table_names)
     ]
     found.sort(key=lambda t: t.name)
     if table_names is None:
         return found
+    if isinstance(table_names, Mapping):
+        return _by_collection(found, table_names)
     chosen = []
     for wanted in table_names:
         matches = [t for t in found if t.name == wanted or t.name.endswith("." + wanted)]
@@ -64,3 +87,27 @@ def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
             raise ValueError(f"table_names: {wanted!r} {why} (dynamic tables: {known})")
         chosen.append(matches[0])
     return sorted({id(t): t for t in chosen}.values(), key=lambda t: t.name)
+
+
+def _by_collection(found: list[NamedTable], table_names: Mapping) -> list[NamedTable]:
+    """DynamicEmb's ``{collection path: [tables]}``: listed collections keep the listed
+    tables, the others every table."""
+    paths = {t.public_collection for t in found}
+    for path, names in table_names.items():
+        if path not in paths:
+            raise ValueError(
+                f"table_names: unknown collection {path!r} (collections: {sorted(paths)})"
+            )
+        known = {t.table_name for t in found if t.public_collection == path}
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ValueError(
+                f"table_names[{path!r}]: {unknown} are not dynamic tables of that collection "
+                f"(it has {sorted(known)})"
+            )
+    return [
+        t
+        for t in found
+        if t.public_collection not in table_names
+        or t.table_name in table_names[t.public_collection]
+    ]

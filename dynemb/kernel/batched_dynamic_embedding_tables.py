@@ -19,7 +19,12 @@ from torch import nn
 
 from dynemb import _ops
 from dynemb.admission import AdmissionStrategy, Counter
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.dynamicemb_config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbTableOptions,
+    init_mode_code,
+    with_kernel_defaults,
+)
 from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.table.scored_hash_table import ScoredHashTable
@@ -27,7 +32,7 @@ from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
-_ZEROS = [float(DynamicEmbInitializerMode.CONSTANT.value), 0.0, 0.0, 0.0, 0.0, 0.0]
+_ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
 _POOLING_CODE = {DynamicEmbPoolingMode.SUM: 0, DynamicEmbPoolingMode.MEAN: 1}
 
 
@@ -103,6 +108,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             raise ValueError(f"table_names has {len(names)} names for {len(options)} tables")
         for name, o in zip(names, options):
             _check_options(name, o)
+        options = [with_kernel_defaults(name, o) for name, o in zip(names, options)]
+        for name, o in zip(names, options):
             check_tiering_options(name, o, config.state_columns(o.dim))
         dims = [o.dim for o in options]
         if pooling_mode == DynamicEmbPoolingMode.NONE and len(set(dims[t] for t in fmap)) > 1:
@@ -502,7 +509,7 @@ def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
         raise ValueError(
             f"table {name!r}: max_capacity must be a positive int, got {o.max_capacity!r}"
         )
-    if o.index_type != torch.int64:
+    if o.index_type not in (None, torch.int64):
         raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
     if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):
         raise TypeError(f"table {name!r}: safe_check_mode must be a DynamicEmbCheckMode")

@@ -12,8 +12,8 @@ option's perf and storage. Two things change here:
   read per lookup from the tier holding it): FUSED when its values are all in fast
   memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
   load factor ``hbm / total`` in between. Its storage is then replaced by the real
-  one: ``get_table_value_bytes`` per rank, in DDR on cpu; on cuda the first
-  ``local_hbm_for_values`` bytes in HBM and the rest in DDR.
+  one: ``rank_value_bytes`` (one rank's share of ``get_table_value_bytes``), in DDR
+  on cpu; on cuda the first ``local_hbm_for_values`` bytes in HBM and the rest in DDR.
 """
 
 import copy
@@ -32,7 +32,7 @@ from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner.capacity import effective_bucket_capacity, get_table_value_bytes
+from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
 from dynemb.planner.rank_options import local_hbm_bytes
 from dynemb.planner.validation import DYNAMIC_KERNEL, DYNAMIC_SHARDING_TYPE
@@ -65,7 +65,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
 
     Args:
         topology: device topology (world size, compute device, memory).
-        batch_size: batch size per rank.
+        batch_size: batch size per rank (default 512, as in DynamicEmb).
         constraints: per-table constraints, ``ParameterConstraints`` or
             ``DynamicEmbParameterConstraints``, by table name.
         estimator: perf / storage estimators (TorchRec's defaults when ``None``); dynamic
@@ -89,7 +89,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     def __init__(
         self,
         topology: Topology,
-        batch_size: int,
+        batch_size: int = 512,
         constraints: dict[str, ParameterConstraints] | None = None,
         estimator: ShardEstimator | list[ShardEstimator] | None = None,
         use_exact_enumerate_order: bool | None = False,
@@ -179,7 +179,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             feature_names=[],
         )
         bucket = effective_bucket_capacity(rows, self._world_size, o.bucket_capacity)
-        total = get_table_value_bytes(
+        total = rank_value_bytes(
             config, self._optimizer(so), self._world_size, bucket, o.embedding_dtype
         )
         if self._compute_device == "cpu":

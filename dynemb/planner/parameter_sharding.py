@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ParameterSharding
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
@@ -14,9 +15,14 @@ class DynamicEmbParameterSharding(ParameterSharding):
     ``dynamicemb_options`` is what every rank builds its shard from: ``max_capacity``
     and ``init_capacity`` are per-rank row counts, ``dim`` the table's width,
     ``local_hbm_for_values`` per-rank bytes. The planner fills it; the sharders of
-    ``dynemb.shard`` read it.
+    ``dynemb.shard`` read it. As in DynamicEmb, ``compute_kernel`` defaults to
+    CUSTOMIZED_KERNEL, ``customized_compute_kernel`` names the kernel ("DynamicEmb")
+    and ``dist_type`` repeats the options' routing.
     """
 
+    compute_kernel: str = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+    customized_compute_kernel: str = "DynamicEmb"
+    dist_type: str = "roundrobin"
     dynamicemb_options: DynamicEmbTableOptions = dataclasses.field(
         default_factory=DynamicEmbTableOptions
     )

@@ -211,4 +211,6 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             name, config, self._dynamic[name], self._topology.world_size
         )
         fields = {f: getattr(ps, f) for f in _PARAMETER_SHARDING_FIELDS}
-        return DynamicEmbParameterSharding(**fields, dynamicemb_options=options)
+        return DynamicEmbParameterSharding(
+            **fields, dist_type=options.dist_type, dynamicemb_options=options
+        )

@@ -4,9 +4,14 @@ import copy
 import dataclasses
 import math
 
-from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+import torch
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
 
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.dynamicemb_config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbTableOptions,
+    resolved_evict_strategy,
+)
 from dynemb.planner.capacity import effective_bucket_capacity, get_sharded_table_capacity
 from dynemb.types import DynamicEmbInitializerMode
 
@@ -34,6 +39,8 @@ def fill_rank_options(
     - ``local_hbm_for_values``: ``ceil(global_hbm_for_values / world_size)`` (replaces
       any value set by the user: the global budget is the input).
     - UNIFORM initializer bounds left ``None``: ``-+sqrt(1 / num_embeddings)``.
+    - ``embedding_dtype`` ``None``: the config's ``data_type``; ``index_type`` ``None``:
+      int64; ``evict_strategy``: the one ``score_strategy`` implies.
 
     ``options`` and its initializer args are not modified; ``admit_strategy``,
     ``admission_counter`` and ``external_storage`` stay shared (user objects).
@@ -68,6 +75,9 @@ def fill_rank_options(
         local_hbm_for_values=local_hbm_bytes(options, world_size),
         initializer_args=initializer,
         eval_initializer_args=copy.deepcopy(options.eval_initializer_args),
+        embedding_dtype=options.embedding_dtype or data_type_to_dtype(config.data_type),
+        index_type=options.index_type or torch.int64,
+        evict_strategy=resolved_evict_strategy(name, options),
     )
 
 

@@ -112,11 +112,11 @@ def _check_dynamic(name: str, c: ParameterConstraints, config: BaseEmbeddingConf
             f"table {name!r}: dynamicemb_options.global_hbm_for_values must be an int >= 0 "
             f"(bytes over all ranks), got {o.global_hbm_for_values!r}"
         )
-    if o.index_type != torch.int64:
+    if o.index_type not in (None, torch.int64):
         raise ValueError(
             f"table {name!r}: dynamicemb_options.index_type must be torch.int64, got {o.index_type}"
         )
-    if o.embedding_dtype not in _EMBEDDING_DTYPES:
+    if o.embedding_dtype is not None and o.embedding_dtype not in _EMBEDDING_DTYPES:
         raise ValueError(
             f"table {name!r}: dynamicemb_options.embedding_dtype must be one of "
             f"{_EMBEDDING_DTYPES}, got {o.embedding_dtype}"

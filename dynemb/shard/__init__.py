@@ -5,7 +5,11 @@ A table whose plan entry is a ``dynemb.planner.DynamicEmbParameterSharding``
 sharded row-wise over the ranks; every other table stays TorchRec's.
 """
 
-from dynemb.shard.sharded_modules import dynamic_embedding_tables
+from dynemb.shard.sharded_modules import (
+    ShardedDynamicEmbeddingBagCollection,
+    ShardedDynamicEmbeddingCollection,
+    dynamic_embedding_tables,
+)
 from dynemb.shard.sharders import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
@@ -14,5 +18,7 @@ from dynemb.shard.sharders import (
 __all__ = [
     "DynamicEmbeddingBagCollectionSharder",
     "DynamicEmbeddingCollectionSharder",
+    "ShardedDynamicEmbeddingBagCollection",
+    "ShardedDynamicEmbeddingCollection",
     "dynamic_embedding_tables",
 ]

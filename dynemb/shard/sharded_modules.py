@@ -62,6 +62,22 @@ def collection_path(path: str) -> str:
     return ".".join(parts)
 
 
+ROOT_COLLECTION = "model"
+"""DynamicEmb's path of the model itself; a collection inside it is ``model.<path>``."""
+
+
+def public_collection_path(path: str) -> str:
+    """DynamicEmb's name of a collection: ``"model"`` for the model itself, else
+    ``"model.<module path without DMP / DDP wrapper levels>"``.
+
+    Example::
+
+        public_collection_path("module.sparse.ebc")  # "model.sparse.ebc" (DMP's "module")
+    """
+    inner = collection_path(path)
+    return f"{ROOT_COLLECTION}.{inner}" if inner else ROOT_COLLECTION
+
+
 def dynamic_kernels_by_path(model: nn.Module) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
     """``(sharded module path, tables)`` for each group of dynamic tables of this rank."""
     return [

@@ -1,0 +1,86 @@
+"""DYNAMICEMB_API.md section 1: every DynamicEmb name imports from the same path in dynemb."""
+
+import importlib
+
+import pytest
+
+TOP_LEVEL = [
+    "AdmissionStrategy",
+    "Counter",
+    "KVCounter",
+    "FrequencyAdmissionStrategy",
+    "BUCKET_ALIGNMENT",
+    "DEMB_TABLE_ALIGN_SIZE",
+    "MAX_BUCKET_CAPACITY",
+    "BATCH_SIZE_PER_DUMP",
+    "align_to_table_size",
+    "get_table_value_bytes",
+    "get_sharded_table_capacity",
+    "DynamicEmbCheckMode",
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
+    "DynamicEmbTableOptions",
+    "DynamicEmbPoolingMode",
+    "DynamicEmbEvictStrategy",
+    "DynamicEmbScoreStrategy",
+    "ScoreStrategy",
+    "data_type_to_dyn_emb",
+    "data_type_to_dtype",
+    "dyn_emb_to_torch",
+    "torch_to_dyn_emb",
+    "string_to_evict_strategy",
+    "DynamicEmbDump",
+    "DynamicEmbLoad",
+    "EmbOptimType",
+    "OptimizerArgs",
+]
+
+SUBMODULE = [
+    ("dynemb.planner", "DynamicEmbeddingEnumerator"),
+    ("dynemb.planner", "DynamicEmbeddingShardingPlanner"),
+    ("dynemb.planner", "DynamicEmbParameterConstraints"),
+    ("dynemb.planner", "DynamicEmbParameterSharding"),
+    ("dynemb.shard", "DynamicEmbeddingBagCollectionSharder"),
+    ("dynemb.shard", "DynamicEmbeddingCollectionSharder"),
+    ("dynemb.shard", "ShardedDynamicEmbeddingBagCollection"),
+    ("dynemb.shard", "ShardedDynamicEmbeddingCollection"),
+    ("dynemb.incremental_dump", "get_score"),
+    ("dynemb.incremental_dump", "set_score"),
+    ("dynemb.incremental_dump", "incremental_dump"),
+    ("dynemb.batched_dynamicemb_tables", "BatchedDynamicEmbeddingTablesV2"),
+    ("dynemb.types", "MemoryType"),
+    ("dynemb.dynamicemb_config", "ScoreStrategy"),
+    ("dynemb.dynamicemb_config", "DynamicEmbTableOptions"),
+    ("dynemb.optimizer", "EmbOptimType"),
+]
+
+
+@pytest.mark.parametrize("name", TOP_LEVEL)
+def test_top_level_name_is_exported(name):
+    dynemb = importlib.import_module("dynemb")
+    assert name in dynemb.__all__
+    assert getattr(dynemb, name) is not None
+
+
+@pytest.mark.parametrize("module, name", SUBMODULE)
+def test_submodule_name_imports(module, name):
+    assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_top_level_and_submodule_objects_are_the_same():
+    import dynemb
+    import dynemb.optimizer
+    import dynemb.planner
+
+    assert dynemb.get_table_value_bytes is dynemb.planner.get_table_value_bytes
+    assert dynemb.get_sharded_table_capacity is dynemb.planner.get_sharded_table_capacity
+    assert dynemb.EmbOptimType is dynemb.optimizer.EmbOptimType
+
+
+def test_emb_optim_type_is_fbgemms_enum():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType as Fbgemm
+
+    import dynemb
+
+    assert dynemb.EmbOptimType is Fbgemm
+    assert dynemb.EmbOptimType.EXACT_ROWWISE_ADAGRAD.value == "exact_row_wise_adagrad"
