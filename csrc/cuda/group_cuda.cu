@@ -133,11 +133,18 @@ void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_
   DYNEMB_LAUNCH(blocks_for(groups), kBlock, stream, group_sort_kernel)(start, groups, order);
 }
 
-void launch_bucket_ranges(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t groups,
-                          int64_t* group, cudaStream_t stream) {
-  if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(keys, n, num_buckets, groups,
-                                                                     group);
+BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
+                                  Workspace& ws, cudaStream_t stream) {
+  const int64_t ranges = bucket_range_count(n, num_buckets);
+  int64_t* group = ws.array<int64_t>(n > 0 ? n : 1);
+  int64_t* start = ws.array<int64_t>(ranges + 1);
+  int64_t* order = ws.array<int64_t>(n > 0 ? n : 1);
+  if (n > 0) {
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(keys, n, num_buckets,
+                                                                       ranges, group);
+  }
+  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  return {ranges, start, order};
 }
 
 void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream) {

@@ -30,15 +30,23 @@ void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* 
 void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
                          int64_t* order, Workspace& ws, cudaStream_t stream);
 
-/// group[i] = the home-bucket range of keys[i]: bucket_of(hash) * groups / num_buckets.
-void launch_bucket_ranges(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t groups,
-                          int64_t* group, cudaStream_t stream);
-
 /// Ranges of home buckets for a batch of n keys (core/table_ops.h's batch rule lets
 /// them run concurrently): about one per key, at most one per bucket.
 inline int64_t bucket_range_count(int64_t n, int64_t num_buckets) {
   return n < num_buckets ? (n > 0 ? n : 1) : num_buckets;
 }
+
+/// A batch's keys grouped by home-bucket range, each range's keys in batch order:
+/// order[start[r] .. start[r + 1]) for r in [0, count) (device arrays).
+struct BucketRanges {
+  int64_t count;
+  const int64_t* start;
+  const int64_t* order;
+};
+
+/// Groups keys (n) of a table of num_buckets buckets by home-bucket range.
+BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
+                                  Workspace& ws, cudaStream_t stream);
 
 /// counts (4) += keys per Status; counts zeroed by the caller.
 void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream);
@@ -90,14 +98,9 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   cudaMemsetAsync(counts, 0, kStatusCount * sizeof(int64_t), stream);
   if (n == 0) return;
   const TableRef<V>& t = sink.t;
-  const int64_t ranges = bucket_range_count(n, t.num_buckets);
-  int64_t* group = ws.array<int64_t>(n);
-  int64_t* start = ws.array<int64_t>(ranges + 1);
-  int64_t* order = ws.array<int64_t>(n);
-  launch_bucket_ranges(keys, n, t.num_buckets, ranges, group, stream);
-  launch_group_stable(group, n, ranges, start, order, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, upsert_ranges_kernel<V, Sink>)(
-      t, sink, args, keys, start, order, ranges, status);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(r.count), kBlock, stream, upsert_ranges_kernel<V, Sink>)(
+      t, sink, args, keys, r.start, r.order, r.count, status);
   DYNEMB_LAUNCH(1, 1, stream, upsert_deferred_kernel<V, Sink>)(t, sink, args, keys, n, status);
   launch_count_status(status, n, counts, stream);
 }

@@ -131,14 +131,9 @@ template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                   Workspace& ws, cudaStream_t stream) {
   if (n == 0) return;
-  const int64_t ranges = bucket_range_count(n, t.num_buckets);
-  int64_t* group = ws.array<int64_t>(n);
-  int64_t* start = ws.array<int64_t>(ranges + 1);
-  int64_t* order = ws.array<int64_t>(n);
-  launch_bucket_ranges(keys, n, t.num_buckets, ranges, group, stream);
-  launch_group_stable(group, n, ranges, start, order, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, erase_ranges_kernel<V>)(t, keys, start, order,
-                                                                            ranges, erased);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(r.count), kBlock, stream, erase_ranges_kernel<V>)(
+      t, keys, r.start, r.order, r.count, erased);
 }
 
 template <class V>
