@@ -10,6 +10,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynemb.checkpoint.collectives import (
+    admission_counter,
+    all_gather,
+    process_group,
+    rank_and_size,
+)
+from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
     FORMAT,
@@ -23,24 +30,7 @@ from dynemb.checkpoint.format import (
 )
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 
-
-def process_group(pg):
-    """The group to work over, or None for a single process."""
-    if pg is not None:
-        return pg
-    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-
-
-def rank_and_size(pg) -> tuple[int, int]:
-    return (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
-
-
-def all_gather(obj, pg) -> list:
-    if pg is None:
-        return [obj]
-    out = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(out, obj, group=pg)
-    return out
+FORMATS = ("dynemb", "dynamicemb")
 
 
 def table_meta(t: NamedTable, world_size: int) -> dict:
@@ -60,13 +50,13 @@ def table_meta(t: NamedTable, world_size: int) -> dict:
         "num_embeddings": num_embeddings,
         "world_size": world_size,
         "optimizer_step": group.step,
-        "table_step": table._step,
+        "table_step": table.score_step,
     }
 
 
 def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter: bool) -> dict:
     table = t.table
-    keeps_ts = table._layout.keeps_timestamps
+    keeps_ts = table.keeps_timestamps
     fields = (
         ["keys", "values", "scores"]
         + (["state"] if optim else [])
@@ -110,11 +100,6 @@ def _write_chunk(writers: dict, chunk: dict) -> None:
         writers[field].write(values)
 
 
-def admission_counter(t: NamedTable):
-    counters = getattr(t.group, "admission_counters", None)
-    return counters[t.index] if counters else None
-
-
 def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
@@ -123,6 +108,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     counter: bool = False,
     pg: dist.ProcessGroup | None = None,
     allow_overwrite: bool = False,
+    format: str = "dynemb",  # noqa: A002 - the argument's documented name
 ) -> Path:
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
 
@@ -146,6 +132,12 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
         pg: the process group of the model's ranks.
         allow_overwrite: replace a checkpoint already at ``path``; without it a
             non-empty ``path`` raises ``FileExistsError``.
+        format: ``"dynemb"`` (default: the layout above, verified and committed
+            atomically) or ``"dynamicemb"``: NVIDIA DynamicEmb's layout
+            (``<path>/<collection path>/<table>_emb_keys.rank_<r>.world_size_<W>``
+            ..., see DynamicEmb_APIs.md), for going back to DynamicEmb. It has no
+            manifest or checksums and is written in place, not atomically.
+            DynamicEmbLoad reads both.
 
     Returns:
         ``path``.
@@ -153,12 +145,15 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     Raises:
         FileExistsError: ``path`` is a non-empty directory and ``allow_overwrite`` is
             False (on every rank, before anything is written).
-        ValueError: an unknown name in ``table_names``.
+        ValueError: an unknown name in ``table_names``, or an unknown ``format``.
 
     Example::
 
         DynamicEmbDump("/ckpt/step_1000", model, optim=True)
+        DynamicEmbDump("/ckpt/for_dynamicemb", model, optim=True, format="dynamicemb")
     """
+    if format not in FORMATS:
+        raise ValueError(f"DynamicEmbDump: `format` must be one of {FORMATS}, got {format!r}")
     pg = process_group(pg)
     rank, world_size = rank_and_size(pg)
     path = Path(path)
@@ -169,6 +164,9 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
             f"DynamicEmbDump: {path} is not empty; pass allow_overwrite=True to replace "
             "the checkpoint there, or choose another path"
         )
+    if format == "dynamicemb":
+        _dump_dynamicemb_layout(path, tables, optim, counter, pg)
+        return path
     dump_id = None
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
@@ -200,6 +198,18 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     if pg is not None:
         dist.barrier(group=pg)
     return path
+
+
+def _dump_dynamicemb_layout(path: Path, tables: list[NamedTable], optim, counter, pg) -> None:
+    if rank_and_size(pg)[0] == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        prepare_directory(path, tables)
+    if pg is not None:
+        dist.barrier(group=pg)  # the directories exist and hold no stale file
+    for t in tables:
+        write_table(path, t, optim, admission_counter(t) if counter else None, pg)
+    if pg is not None:
+        dist.barrier(group=pg)
 
 
 def _remove_old_dumps(path: Path, keep: str) -> None:

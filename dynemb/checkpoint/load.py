@@ -1,6 +1,5 @@
 """``DynamicEmbLoad``: validate everything, then route every saved key to its owner and restore it."""
 
-import contextlib
 import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +9,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.dump import admission_counter, all_gather, process_group, rank_and_size
+from dynemb.checkpoint.collectives import (
+    admission_counter,
+    all_gather,
+    process_group,
+    rank_and_size,
+)
+from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
+from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
+from dynemb.checkpoint.exchange import RESTORE_THREADS, op_threads, restore_rows, route_rows
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
+    MANIFEST,
     VERIFY_BLOCK,
     CheckpointError,
     check_size,
@@ -24,7 +32,6 @@ from dynemb.checkpoint.format import (
     read_rows,
 )
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
-from dynemb.shard.routing import route_keys
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:
@@ -79,7 +86,13 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     pg: dist.ProcessGroup | None = None,
     allow_optimizer_mismatch: bool = False,
 ) -> None:
-    """Loads a checkpoint written by DynamicEmbDump, at any world size and dist_type.
+    """Loads a checkpoint written by DynamicEmbDump, or by NVIDIA DynamicEmb, at any world
+    size and dist_type.
+
+    A directory with ``manifest.json`` is dynemb's format (below); one without it that
+    holds DynamicEmb's files (``<collection path>/<table>_emb_keys.rank_<r>.world_size_<W>``
+    ...) is read as DynamicEmb's layout, with every file's size checked against the
+    model's tables before any table changes (see DynamicEmb_APIs.md).
 
     Each rank verifies and reads a share of the files, sends every key to the rank
     that owns it under the model's current routing, and that rank restores it
@@ -114,6 +127,11 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     pg = process_group(pg)
     rank, world_size = rank_and_size(pg)
     path = Path(path)
+    if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
+        load_dynamicemb_layout(
+            path, model, table_names, optim, counter, pg, allow_optimizer_mismatch
+        )
+        return
     manifest = read_manifest(path)
     directory = path / manifest["dump_id"]
     tables = named_tables(model, table_names)
@@ -133,7 +151,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     for t in tables:
         meta = saved[t.name]
         with_state = _check_table(t, meta, optim, allow_optimizer_mismatch)
-        plans.append((t, meta, _fields(meta, with_state, t.table._layout.keeps_timestamps)))
+        plans.append((t, meta, _fields(meta, with_state, t.table.keeps_timestamps)))
         if with_state:
             loads_state.add(t.name)
 
@@ -149,35 +167,17 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         raise CheckpointError(errors[0] + more)
 
     failed = {}
-    with _op_threads(_RESTORE_THREADS):
+    with op_threads(RESTORE_THREADS):
         for t, meta, fields in plans:
             failed[t.name] = _load_chunks(directory, t, fields, share[t.name], pg)
             if counter:
                 _load_counter(directory, t, share[t.name], pg, world_size)
-            t.table._step = max(t.table._step, meta["table_step"])
+            t.table.score_step = max(t.table.score_step, meta["table_step"])
             if t.name in loads_state:
                 t.group.step = max(t.group.step, meta["optimizer_step"])
     lost = {name: n for name, n in failed.items() if n}
     if lost:
         raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
-
-
-# Threads of the table ops while loading. One op thread restored 4M rows of 192
-# floats in 0.5-0.8 s where two took 1.5-3.8 s (same runs, 2-core machine shared
-# with other work: an OpenMP team with a static split waits for its slowest,
-# preempted thread at every batch).
-_RESTORE_THREADS = 1
-
-
-@contextlib.contextmanager
-def _op_threads(n: int):
-    """Runs the block with ``n`` intra-op threads (torch's setting, restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(min(n, before))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _load_chunks(directory: Path, t: NamedTable, fields: dict, entries: list, pg) -> int:
@@ -198,7 +198,7 @@ def _load_chunks(directory: Path, t: NamedTable, fields: dict, entries: list, pg
             if mapped is None or mapped.index != i:  # one shard's files mapped at a time
                 mapped = _MappedShard(directory, fields, entries[i], i)
             local = mapped.rows(begin, end)
-        failed += _restore(t, fields, _route(t, fields, local, pg, world_size))
+        failed += restore_rows(t, fields, route_rows(t, fields, local, pg, world_size))
     return failed
 
 
@@ -279,7 +279,7 @@ def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size:
     if not has_counter:
         return
     local = {f: torch.cat(v) if v else torch.empty(0, dtype=torch.int64) for f, v in local.items()}
-    received = _route(t, fields, local, pg, world_size)
+    received = route_rows(t, fields, local, pg, world_size)
     if counter is not None and received["keys"].numel():
         counter.load(received["keys"], received["counts"])
 
@@ -312,50 +312,6 @@ class _MappedShard:
     def rows(self, begin: int, end: int) -> dict:
         """Rows [begin, end) of every field: contiguous views, nothing copied."""
         return {field: view[begin:end] for field, view in self._views.items()}
-
-
-def _route(t: NamedTable, fields: dict, local: dict | None, pg, world_size: int) -> dict:
-    """Sends each key of ``local`` (and its fields) to the rank that owns it now."""
-    if local is None:
-        local = {f: torch.empty((0, w) if w else (0,), dtype=d) for f, (d, w) in fields.items()}
-    if world_size == 1:
-        return local
-    routing = getattr(t.group, "routing", None)
-    dist_type, num_embeddings = routing[t.index] if routing else ("roundrobin", 0)
-    owner, _ = route_keys(local["keys"], dist_type, world_size, num_embeddings)
-    order = torch.argsort(owner, stable=True)
-    send_counts = torch.bincount(owner, minlength=world_size)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=pg)
-    send, recv = send_counts.tolist(), recv_counts.tolist()
-    out = {}
-    for f, (dtype, width) in fields.items():
-        # Rows travel as int64 words (gloo moves every dtype that way).
-        rows = local[f][order].reshape(len(order), max(1, width)).view(torch.uint8)
-        pad = (-rows.shape[1]) % 8
-        words = torch.nn.functional.pad(rows, (0, pad)).contiguous().view(torch.int64)
-        got = torch.empty((sum(recv), words.shape[1]), dtype=torch.int64)
-        dist.all_to_all_single(got, words, recv, send, group=pg)
-        raw = got.view(torch.uint8)[:, : rows.shape[1]].contiguous().view(dtype)
-        out[f] = raw.view(sum(recv), width) if width else raw.view(-1)
-    return out
-
-
-def _restore(t: NamedTable, fields: dict, rows: dict) -> int:
-    """Stores the received entries exactly (rows, state, scores, timestamps) in one
-    pass of the table op; returns the keys that failed."""
-    table = t.table
-    keys = rows["keys"]
-    if keys.numel() == 0:
-        return 0
-    stats = table.restore(
-        keys,
-        rows["values"],
-        rows.get("state"),
-        rows["scores"] if table._layout.keeps_scores else None,
-        rows.get("timestamps"),
-    )
-    return stats.failed
 
 
 __all__ = ["CheckpointError", "DynamicEmbLoad"]

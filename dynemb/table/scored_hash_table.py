@@ -201,6 +201,30 @@ class ScoredHashTable:
     def max_capacity(self) -> int:
         return self._max_buckets * self.bucket_capacity
 
+    @property
+    def keeps_scores(self) -> bool:
+        """Whether a score is kept per slot (every strategy but NO_EVICTION)."""
+        return self._layout.keeps_scores
+
+    @property
+    def keeps_timestamps(self) -> bool:
+        """Whether a last-access time is kept per slot (the (TIMESTAMP, LFU) compound)."""
+        return self._layout.keeps_timestamps
+
+    @property
+    def score_step(self) -> int:
+        """Training lookups counted so far (the STEP strategy's score of the last batch)."""
+        return self._step
+
+    @score_step.setter
+    def score_step(self, step: int) -> None:
+        args.check_int("score_step", step, 0)
+        self._step = step
+
+    def now(self) -> int:
+        """The clock of TIMESTAMP scores: host monotonic nanoseconds."""
+        return self._clock()
+
     def load_factor(self) -> float:
         return self._size / self.capacity()
 

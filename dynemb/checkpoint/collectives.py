@@ -1,0 +1,35 @@
+"""The few collectives a checkpoint needs, over a process group or one process alone."""
+
+import torch.distributed as dist
+
+from dynemb.checkpoint.tables import NamedTable
+
+
+def process_group(pg):
+    """The group to work over, or None for a single process."""
+    if pg is not None:
+        return pg
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_and_size(pg) -> tuple[int, int]:
+    """``(rank, world size)`` in ``pg`` (``(0, 1)`` for None)."""
+    return (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+
+
+def all_gather(obj, pg) -> list:
+    """Every rank's ``obj``, in rank order (``[obj]`` for None)."""
+    if pg is None:
+        return [obj]
+    out = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(out, obj, group=pg)
+    return out
+
+
+def admission_counter(t: NamedTable):
+    """The admission counter of the table on this rank, or None."""
+    counters = getattr(t.group, "admission_counters", None)
+    return counters[t.index] if counters else None
+
+
+__all__ = ["admission_counter", "all_gather", "process_group", "rank_and_size"]
