@@ -2,8 +2,8 @@
 // Compiled only when DYNEMB_WITH_CUDA=1 with a CUDA build of torch (setup.py);
 // it cannot be built or run on our CPU-only machines. It only maps torch types
 // to the torch-free launchers of csrc/cuda and passes the current stream.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <torch/library.h>
@@ -17,7 +17,7 @@
 namespace dynemb {
 namespace {
 
-cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 /// The Backend of table_op_impls.h that launches the CUDA executor.
 struct CudaBackend {
