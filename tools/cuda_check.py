@@ -70,7 +70,8 @@ def fetch(cache):
         # --isolated: ignore the machine's pip config, whose local wheels and index prefer
         # the CPU build of the same version. PIP_CERT (a config item) is passed on.
         cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps"]
-        cmd += ["--only-binary=:all:", "--disable-pip-version-check", "--progress-bar=off"]
+        cmd += ["--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check"]
+        cmd += ["--progress-bar=off"]
         if os.environ.get("PIP_CERT"):
             cmd += ["--cert", os.environ["PIP_CERT"]]
         cmd += ["-d", wheel_dir, f"torch=={TORCH_VERSION}"]
@@ -93,6 +94,7 @@ def fetch(cache):
             f.write(f"torch {TORCH_VERSION}+{TORCH_CUDA} from {os.path.basename(wheels[0])}\n")
         if os.path.exists(cache):  # an older layout or a foreign folder: replace it
             shutil.rmtree(cache)
+        os.chmod(tmp, 0o755)  # mkdtemp made it private
         os.rename(tmp, cache)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
