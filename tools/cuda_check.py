@@ -58,6 +58,9 @@ def _check_version(version_py):
 def fetch(cache):
     if os.path.exists(os.path.join(cache, COMPLETE)):
         return
+    # An incomplete cache is replaced, but never a folder that holds anything else.
+    if os.path.exists(cache) and not set(os.listdir(cache)) <= {"torch"}:
+        _fail(f"{cache} exists and is no torch cache: remove it or set TORCH_CUDA_CACHE")
     parent = os.path.dirname(os.path.abspath(cache))
     os.makedirs(parent, exist_ok=True)
     # What a killed fetch left behind (a running one touches its folder within minutes).
@@ -92,7 +95,7 @@ def fetch(cache):
         shutil.rmtree(wheel_dir)
         with open(os.path.join(tmp, COMPLETE), "w") as f:
             f.write(f"torch {TORCH_VERSION}+{TORCH_CUDA} from {os.path.basename(wheels[0])}\n")
-        if os.path.exists(cache):  # an older layout or a foreign folder: replace it
+        if os.path.exists(cache):
             shutil.rmtree(cache)
         os.chmod(tmp, 0o755)  # mkdtemp made it private
         os.rename(tmp, cache)
