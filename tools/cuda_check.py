@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -68,6 +69,7 @@ def fetch(cache):
         if time.time() - os.path.getmtime(old) > 3600:
             shutil.rmtree(old, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(cache) + ".partial-", dir=parent)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up when killed, too
     try:
         wheel_dir = os.path.join(tmp, "wheel")
         # --isolated: ignore the machine's pip config, whose local wheels and index prefer
