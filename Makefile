@@ -5,11 +5,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.deps-installed
 NVCC   ?= $(shell command -v nvcc 2>/dev/null)
-CUDA_ARCHS := 80 90
-CUDA_SRCS  := $(wildcard csrc/cuda/*.cu)
-CUDA_OBJS  := $(patsubst csrc/cuda/%.cu,build/cuda-check/%.o,$(CUDA_SRCS))
+# cuda-check's CUDA build of torch: downloaded once per machine, outside .venv.
+TORCH_CUDA_CACHE ?= $(HOME)/.cache/dynemb/torch-2.13.0-cu130-$(shell $(PYTHON) -c \
+  'import sys; print("cp%d%d" % sys.version_info[:2])')
 
-.PHONY: demo test venv build cuda-check lint bench-quick clean
+.PHONY: demo test venv build cuda-check lint bench-quick clean FORCE
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,27 +20,42 @@ $(STAMP): requirements.txt requirements-nodeps.txt
 venv: $(STAMP)
 
 # Rebuild the extension after any C++ edit (editable install, no build isolation, so
-# it compiles against the venv's torch).
-build: $(STAMP)
+# it compiles against the venv's torch); a no-op when no C++ input changed. BUILD_INPUTS
+# lists the inputs and DYNEMB_WITH_CUDA, and is rewritten only when that list changes
+# (a file added or removed, the variable set), so the stamp also reacts to those.
+EXT_STAMP    := build/.extension-built
+BUILD_INPUTS := build/.extension-inputs
+EXT_SOURCES  := $(sort $(shell find csrc -type f \( -name '*.h' -o -name '*.cuh' -o \
+  -name '*.cpp' -o -name '*.cu' \))) setup.py pyproject.toml
+
+build: $(EXT_STAMP)
+
+$(EXT_STAMP): $(STAMP) $(BUILD_INPUTS) $(EXT_SOURCES) $(if $(wildcard dynemb/_C*.so),,FORCE)
 	MAX_JOBS=2 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@mkdir -p $(@D) && touch $@
+
+$(BUILD_INPUTS): FORCE
+	@mkdir -p $(@D)
+	@echo "DYNEMB_WITH_CUDA=$(DYNEMB_WITH_CUDA) $(EXT_SOURCES)" > $@.tmp
+	@if cmp -s $@.tmp $@; then rm $@.tmp; else mv $@.tmp $@; fi
+
+FORCE:
 
 demo: build
 	$(VENV)/bin/torchrun --nproc_per_node=2 example.py --train --eval
 
-# Compiles every CUDA source for sm_80 and sm_90 with the shared core headers; skipped
-# (with the reason printed) on machines without nvcc.
+# Compiles and links the CUDA build of the extension (every source and flag of
+# `DYNEMB_WITH_CUDA=1 pip install`) for sm_80 and sm_90 against torch 2.13.0+cu130, which
+# it downloads into TORCH_CUDA_CACHE on first use (mk/cuda-check.mk); needs no .venv.
+# Skipped (with the reason printed) on machines without nvcc.
 cuda-check:
 ifeq ($(NVCC),)
 	@echo "cuda-check: skipped, nvcc not found on PATH"
 else
-	@$(MAKE) --no-print-directory $(CUDA_OBJS)
-	@echo "cuda-check: compiled $(words $(CUDA_SRCS)) CUDA sources for sm_$(firstword $(CUDA_ARCHS)) and sm_$(lastword $(CUDA_ARCHS))"
+	@$(MAKE) --no-print-directory -j2 -f mk/cuda-check.mk PYTHON=$(PYTHON) NVCC=$(NVCC) \
+	  TORCH_CUDA_CACHE=$(TORCH_CUDA_CACHE)
+	@cat build/cuda-check/_C.so.checked
 endif
-
-build/cuda-check/%.o: csrc/cuda/%.cu $(wildcard csrc/core/*.h csrc/cuda/*.cuh csrc/cuda/*.h)
-	@mkdir -p $(dir $@)
-	$(NVCC) -c $< -o $@ -std=c++20 -O3 -Icsrc -Werror all-warnings \
-	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -14,8 +14,45 @@ from torch.utils import cpp_extension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def _sources(pattern):
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+# Sources and compiler/linker flags, as literals: `make cuda-check` reads them from here
+# (tools/cuda_check.py) to compile and link the CUDA build in CI exactly as this file does.
+# A file matching a CUDA pattern is built only with DYNEMB_WITH_CUDA=1.
+# csrc/emulated: the CUDA executor's sources built for the host (the emulated executor,
+# DYNEMB_EXECUTOR=cuda-emulated), in every build.
+CPU_SOURCES = ["csrc/cpu/*.cpp", "csrc/torch/*.cpp", "csrc/emulated/*.cpp"]
+CUDA_SOURCES = ["csrc/cuda/*.cu", "csrc/torch/*_cuda.cpp"]
+# -ffp-contract=off (g++) and --fmad=false (nvcc): no fused multiply-add contraction, so
+# every code path, on either executor, and the reference formulas in tests round the same way.
+CXX_FLAGS = [
+    "-O3",
+    "-std=c++20",
+    "-fopenmp",
+    "-march=native",
+    "-ffp-contract=off",
+    "-Wall",
+    "-Wno-unused-function",
+    "-Wno-unknown-pragmas",
+]
+# torch adds -D__CUDA_NO_HALF_CONVERSIONS__ and friends to every nvcc command; our .cu files
+# include no ATen header (no c10::Half to clash with) and convert __half/__nv_bfloat16 with
+# static_cast, so they take CUDA's default half/bfloat16 operators back.
+NVCC_FLAGS = [
+    "-O3",
+    "-std=c++20",
+    "--fmad=false",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+]
+CUDA_DEFINES = ["-DDYNEMB_WITH_CUDA"]
+LINK_FLAGS = ["-fopenmp"]
+
+
+def _sources(patterns):
+    return sorted(
+        {os.path.relpath(p, ROOT) for pat in patterns for p in glob.glob(os.path.join(ROOT, pat))}
+    )
 
 
 def _extension():
@@ -29,38 +66,19 @@ def _extension():
             raise RuntimeError(
                 "DYNEMB_WITH_CUDA=1 needs a CUDA build of torch; this one is CPU-only"
             )
-    # -ffp-contract=off: no fused multiply-add contraction, so every code path (and the
-    # reference formulas in tests) rounds the same way.
-    cxx = [
-        "-O3",
-        "-std=c++20",
-        "-fopenmp",
-        "-march=native",
-        "-ffp-contract=off",
-        "-Wall",
-        "-Wno-unused-function",
-        "-Wno-unknown-pragmas",
-    ]
-    # csrc/emulated: the CUDA executor's sources built for the host (the emulated
-    # executor, DYNEMB_EXECUTOR=cuda-emulated), in every build.
-    sources = (
-        _sources("csrc/cpu/*.cpp")
-        + [p for p in _sources("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp")]
-        + _sources("csrc/emulated/*.cpp")
-    )
+    cuda_sources = _sources(CUDA_SOURCES)
     kwargs = dict(
         name="dynemb._C",
-        sources=sources,
+        sources=[p for p in _sources(CPU_SOURCES) if p not in cuda_sources],
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": cxx},
-        extra_link_args=["-fopenmp"],
+        extra_compile_args={"cxx": list(CXX_FLAGS)},
+        extra_link_args=list(LINK_FLAGS),
     )
     if not with_cuda:
         return cpp_extension.CppExtension(**kwargs)
-    kwargs["sources"] += _sources("csrc/cuda/*.cu") + _sources("csrc/torch/*_cuda.cpp")
-    kwargs["extra_compile_args"]["cxx"].append("-DDYNEMB_WITH_CUDA")
-    # --fmad=false: no fused multiply-add contraction, as -ffp-contract=off for the host.
-    kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "-DDYNEMB_WITH_CUDA"]
+    kwargs["sources"] += cuda_sources
+    kwargs["extra_compile_args"]["cxx"] += CUDA_DEFINES
+    kwargs["extra_compile_args"]["nvcc"] = NVCC_FLAGS + CUDA_DEFINES
     return cpp_extension.CUDAExtension(**kwargs)
 
 
