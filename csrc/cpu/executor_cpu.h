@@ -1,10 +1,11 @@
 // dynemb CPU executor: batch loops over the core per-key algorithm.
 //
-// Mutating batches are partitioned by home-bucket range: with T threads, thread p
-// processes, in batch order, exactly the keys whose home bucket lies in the p-th
-// range. Keys of one bucket are therefore handled by one thread in batch order,
-// and the result (which keys are evicted or refused, which duplicate inserts
-// first) is the same as a sequential run whatever the thread count. Read-only
+// Mutating batches keep core/table_ops.h's batch rule. Pass 1 is partitioned by
+// home-bucket range: with T threads, thread p processes, in batch order, exactly the
+// keys whose home bucket lies in the p-th range, without locks (pass 1 touches home
+// buckets only); pass 2 (NO_EVICTION spills) runs on one thread in batch order. The
+// result (which keys are evicted or refused, which duplicate inserts first) is the
+// same whatever the thread count, and the same as the CUDA executor's. Read-only
 // batches are split evenly.
 #pragma once
 
