@@ -12,6 +12,9 @@
 //   6 overflow   (num_buckets) uint8
 //   7 slow_values (num_slots - fast_slots, row_width), values' dtype: slow-tier rows
 //                (0 rows for a table in one tier)
+// Placement (dynemb/table/placement.py): every tensor on the table's device, except
+// that on a CUDA device the slow tier is page-locked, mapped host memory that the
+// kernels address directly; nothing else is accepted.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +25,10 @@
 namespace dynemb {
 
 constexpr int64_t kTableTensors = 8;
+constexpr int64_t kSlowValues = 7;
+constexpr const char* kTableTensorNames[kTableTensors] = {
+    "table.digests", "table.keys",  "table.scores",   "table.timestamps",
+    "table.values",  "table.locks", "table.overflow", "table.slow_values"};
 
 inline void check_tensor(const char* op, const char* name, const at::Tensor& t,
                          at::ScalarType dtype, int64_t dim) {
@@ -77,7 +84,18 @@ inline void check_table(const char* op, at::TensorList table) {
   TORCH_CHECK_VALUE(table[5].numel() == num_buckets && table[6].numel() == num_buckets,
                     "dynemb.", op, ": table.locks and table.overflow must have num_buckets=",
                     num_buckets, " elements");
-  for (const at::Tensor& t : table) check_same_device(op, "table", t, digests);
+  for (int64_t k = 0; k < kTableTensors; ++k) {
+    if (k != kSlowValues) check_same_device(op, kTableTensorNames[k], table[k], digests);
+  }
+  if (slow.numel() == 0) return;
+  if (digests.is_cuda()) {
+    TORCH_CHECK_VALUE(slow.is_cpu() && slow.is_pinned(), "dynemb.", op,
+                      ": `table.slow_values` of a table on ", digests.device(),
+                      " must be page-locked host memory (the kernels address it directly), got ",
+                      slow.is_cpu() ? "pageable host memory" : slow.device().str());
+  } else {
+    check_same_device(op, "table.slow_values", slow, digests);
+  }
 }
 
 template <class V>

@@ -74,7 +74,8 @@ class ScoredHashTable:
             (device memory on a GPU), the rest in the slow tier (host memory); a
             slot's index decides its tier (``None``: every row is fast; with a
             ``spill_directory``, ``None`` means 0: every row is in the file).
-        spill_directory: keep the slot buffers (keys, scores, slow-tier rows) in
+        spill_directory: keep the slot buffers (keys, scores, slow-tier rows; on a GPU
+            the slow-tier rows, the rest written there by ``flush``) in
             memory-mapped files under this directory, so the table may exceed RAM.
             If the directory holds a table flushed before (``flush``), it is reopened
             (its layout must match these arguments); otherwise a new table starts.
@@ -149,8 +150,6 @@ class ScoredHashTable:
             device=torch.device(device),
             fast_rows=fast_rows,
         )
-        if spill is not None and self._layout.device.type != "cpu":
-            raise ValueError(f"spill_directory needs a CPU table, got device={device}")
         init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         self._init = [float(v) for v in initializer.resolved(capacity)] + [float(extra_init)]
         self._size = 0

@@ -7,7 +7,7 @@ rehashes into it, then drops the first: at most old + new are alive at once.
 Tiers: the value rows of slots ``[0, fast_slots)`` live in ``values`` (the fast
 tier: on a GPU, device memory) and the rest in ``slow_values`` (host memory, or a
 file mapping for a spilled table, see spill_files.py). A table in one tier has an
-empty ``slow_values``.
+empty ``slow_values``. Which memory holds each buffer is ``placement.py``'s rule.
 """
 
 import dataclasses
@@ -16,6 +16,8 @@ import os
 import torch
 
 from dynemb import _ops
+from dynemb.table.host_memory import PageLock
+from dynemb.table.placement import BUFFERS, Memory, table_placement
 from dynemb.table.spill_files import SpillDirectory
 
 _HUGE_PAGE_MIN_BYTES = 4 << 20
@@ -24,7 +26,7 @@ _HUGE_PAGE_MIN_BYTES = 4 << 20
 def _allocate(shape, dtype, device) -> torch.Tensor:
     """An uninitialised buffer; large host buffers get huge pages before first touch."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    if t.numel() * t.element_size() >= _HUGE_PAGE_MIN_BYTES:
+    if t.device.type == "cpu" and t.numel() * t.element_size() >= _HUGE_PAGE_MIN_BYTES:
         _ops.advise_huge_pages(t)
     return t
 
@@ -71,11 +73,15 @@ class TableLayout:
 class TableStorage:
     """Owns the buffers of a table with ``num_buckets`` buckets of ``layout.bucket_capacity`` slots.
 
+    The buffers are attributes named as in ``placement.BUFFERS`` (digests, keys,
+    scores, timestamps, values, locks, overflow, slow_values).
+
     Args:
         layout: the table's geometry.
         num_buckets: bucket count of this storage.
-        spill: when given, every slot buffer but the fast-tier rows and the locks is a
-            file mapping in generation ``generation`` of that directory.
+        spill: when given, the buffers ``placement.table_placement`` puts in files are
+            mappings in generation ``generation`` of that directory; the others are
+            written there by ``sync``.
         generation: the spill generation (growth makes a new one).
         reopen: map the existing files of that generation (they must have the sizes
             this storage expects) instead of starting empty.
@@ -95,38 +101,48 @@ class TableStorage:
         self.generation = generation
         slots = num_buckets * layout.bucket_capacity
         self.fast_slots = layout.fast_slots(slots)
+        self.placement = table_placement(layout.device, spilled=spill is not None)
         self._mapped = []
+        self._page_locks = []
+        width, vdtype = layout.row_width, layout.value_dtype
+        shapes = {
+            "digests": ((num_buckets, layout.bucket_capacity), torch.uint8),
+            "keys": ((slots,), torch.int64),
+            "scores": ((slots if layout.keeps_scores else 0,), torch.int64),
+            "timestamps": ((slots if layout.keeps_timestamps else 0,), torch.int64),
+            "values": ((self.fast_slots, width), vdtype),
+            "locks": ((num_buckets,), torch.int32),
+            "overflow": ((num_buckets,), torch.uint8),
+            "slow_values": ((slots - self.fast_slots, width), vdtype),
+        }
+        for name in BUFFERS:
+            shape, dtype = shapes[name]
+            setattr(self, name, self._buffer(name, shape, dtype, reopen))
+        if spill is not None and reopen:
+            for name in self.placement.resident_spill_buffers():
+                buffer = getattr(self, name)
+                file = _spill_file_name(name)
+                _check_spill_file(spill, generation, file, buffer.shape, buffer.dtype)
+                if buffer.numel():
+                    buffer.copy_(spill.buffer(generation, file, buffer.shape, buffer.dtype).tensor)
 
-        def anonymous(shape, dtype):
+    def _buffer(self, name: str, shape: tuple, dtype: torch.dtype, reopen: bool) -> torch.Tensor:
+        memory = self.placement.memory[name]
+        if memory is Memory.FILE:
+            if reopen:
+                _check_spill_file(self.spill, self.generation, name, shape, dtype)
+            mapped = self.spill.buffer(self.generation, name, shape, dtype)
+            self._mapped.append(mapped)
+            buffer = mapped.tensor
+        else:
+            device = self.layout.device if memory is Memory.DEVICE else torch.device("cpu")
             # Written once here so that every page is faulted in now, not on a key's
             # first insert in the middle of a training step (a fault on a huge-page
             # region may compact memory: milliseconds, and very uneven).
-            return _allocate(shape, dtype, layout.device).zero_()
-
-        def slot_buffer(name, shape, dtype):
-            if spill is None:
-                return anonymous(shape, dtype)
-            if reopen:
-                _check_spill_file(spill, generation, name, shape, dtype)
-            mapped = spill.buffer(generation, name, shape, dtype)
-            self._mapped.append(mapped)
-            return mapped.tensor
-
-        width, vdtype = layout.row_width, layout.value_dtype
-        self.digests = slot_buffer("digests", (num_buckets, layout.bucket_capacity), torch.uint8)
-        self.keys = slot_buffer("keys", (slots,), torch.int64)
-        self.scores = slot_buffer("scores", (slots if layout.keeps_scores else 0,), torch.int64)
-        self.timestamps = slot_buffer(
-            "timestamps", (slots if layout.keeps_timestamps else 0,), torch.int64
-        )
-        self.values = anonymous((self.fast_slots, width), vdtype)
-        self.slow_values = slot_buffer("slow_values", (slots - self.fast_slots, width), vdtype)
-        self.locks = anonymous((num_buckets,), torch.int32)
-        self.overflow = slot_buffer("overflow", (num_buckets,), torch.uint8)
-        if spill is not None and reopen and self.fast_slots:
-            name = "fast_values"
-            _check_spill_file(spill, generation, name, (self.fast_slots, width), vdtype)
-            self.values.copy_(spill.buffer(generation, name, self.values.shape, vdtype).tensor)
+            buffer = _allocate(shape, dtype, device).zero_()
+        if memory is not Memory.DEVICE and self.placement.registers_host_memory:
+            self._page_locks.append(PageLock(buffer))
+        return buffer
 
     @property
     def num_slots(self) -> int:
@@ -159,7 +175,9 @@ class TableStorage:
         fast = slots < self.fast_slots
         out[fast] = gather(self.values, slots[fast])
         slow = ~fast
-        out[slow] = gather(self.slow_values, slots[slow] - self.fast_slots)
+        # On a GPU the slow tier is host memory: gather there, copy the rows over.
+        at = (slots[slow] - self.fast_slots).to(self.slow_values.device)
+        out[slow] = gather(self.slow_values, at).to(out.device)
         return out
 
     def occupied(self, begin: int, end: int) -> torch.Tensor:
@@ -182,17 +200,24 @@ class TableStorage:
         return self.fast_slots * row, (self.num_slots - self.fast_slots) * row
 
     def sync(self) -> None:
-        """Spilled tables: writes the fast-tier rows beside the other buffers and
-        syncs every file mapping, so the spill directory holds the whole table."""
+        """Spilled tables: writes the buffers kept in memory (the fast-tier rows; on a
+        GPU also the key metadata) beside the mapped ones and syncs every mapping, so
+        the spill directory holds the whole table."""
         if self.spill is None:
             return
-        if self.fast_slots:
-            shape, dtype = self.values.shape, self.layout.value_dtype
-            mapped = self.spill.buffer(self.generation, "fast_values", shape, dtype)
-            mapped.tensor.copy_(self.values)
-            mapped.sync()
+        for name in self.placement.resident_spill_buffers():
+            buffer = getattr(self, name)
+            if buffer.numel():
+                file = _spill_file_name(name)
+                mapped = self.spill.buffer(self.generation, file, buffer.shape, buffer.dtype)
+                mapped.tensor.copy_(buffer)
+                mapped.sync()
         for mapped in self._mapped:
             mapped.sync()
+
+
+def _spill_file_name(buffer: str) -> str:
+    return "fast_values" if buffer == "values" else buffer
 
 
 def _check_spill_file(spill, generation, name, shape, dtype) -> None:

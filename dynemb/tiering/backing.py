@@ -2,13 +2,14 @@
 
 ``make_backing_storage`` is the one place that decides what sits behind a cache:
 the user's ``external_storage`` when set, else a ``ScoredHashTable`` of the table's
-full ``max_capacity`` (a file-backed table can be plugged in here later).
+full ``max_capacity`` whose rows are in host memory (on a GPU: ``backing_fast_rows``).
 """
 
 import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.table.placement import backing_fast_rows
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.storage import Storage, StorageSpec
 
@@ -137,6 +138,7 @@ def make_backing_storage(
         seed=options.seed,
         device=spec.device,
         extra_init=extra_init,
+        fast_rows=backing_fast_rows(spec.device),
         spill_directory=spill_directory,
     )
     return HashTableStorage(table)
