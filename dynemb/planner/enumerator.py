@@ -12,8 +12,9 @@ option's perf and storage. Two things change here:
   read per lookup from the tier holding it): FUSED when its values are all in fast
   memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
   load factor ``hbm / total`` in between. Its storage is then replaced by the real
-  one: ``rank_value_bytes`` (one rank's share of ``get_table_value_bytes``), in DDR
-  on cpu; on cuda the first ``local_hbm_for_values`` bytes in HBM and the rest in DDR.
+  one: ``rank_value_bytes`` (one rank's share of ``get_table_value_bytes``) split
+  between HBM and DDR by ``memory_budget.dynamic_rank_storage``; a rank whose budget
+  cannot hold its dynamic shards fails here, naming the rank and the tables.
 """
 
 import copy
@@ -34,7 +35,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
-from dynemb.planner.rank_options import local_hbm_bytes
+from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage
 from dynemb.planner.validation import DYNAMIC_KERNEL, DYNAMIC_SHARDING_TYPE
 
 __all__ = ["DynamicEmbeddingEnumerator"]
@@ -75,6 +76,8 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     Raises (from ``enumerate``):
         ValueError: a dynamic table on a compute device other than cpu / cuda, or whose
             sharder does not offer ROW_WISE / CUSTOMIZED_KERNEL.
+        PlannerError: a rank's HBM or DDR (the topology's ``hbm_cap`` / ``ddr_cap``)
+            cannot hold its shards of the dynamic tables (INSUFFICIENT_STORAGE).
 
     Example::
 
@@ -94,6 +97,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         estimator: ShardEstimator | list[ShardEstimator] | None = None,
         use_exact_enumerate_order: bool | None = False,
     ) -> None:
+        self._budget_topology = topology
         super().__init__(
             topology=topology,
             batch_size=batch_size,
@@ -165,6 +169,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
                     setattr(so, key, value)
             for shard in so.shards:
                 shard.storage = copy.copy(storage)
+        check_rank_budgets(self._budget_topology, [(so.name, s) for so, _, s in dynamic])
 
     def _dynamic_storage(self, so: ShardingOption, c: DynamicEmbParameterConstraints) -> Storage:
         """Per-rank storage of a dynamic table's values and optimizer state."""
@@ -182,10 +187,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         total = rank_value_bytes(
             config, self._optimizer(so), self._world_size, bucket, o.embedding_dtype
         )
-        if self._compute_device == "cpu":
-            return Storage(hbm=0, ddr=total)
-        hbm = min(total, local_hbm_bytes(o, self._world_size))
-        return Storage(hbm=hbm, ddr=total - hbm)
+        return dynamic_rank_storage(o, total, self._compute_device, self._world_size)
 
     def _optimizer(self, so: ShardingOption) -> EmbOptimType:
         # The dynamic tables' optimizer travels in the sharder's fused_params.

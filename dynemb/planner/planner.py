@@ -158,7 +158,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             ValueError: a dynamic table whose sharder does not offer ROW_WISE /
                 CUSTOMIZED_KERNEL, that the enumerator did not give them, or whose
                 parameter in ``module`` disagrees with its config in ``eb_configs``.
-            PlannerError: TorchRec found no plan (e.g. not enough memory).
+            PlannerError: a rank's HBM or host memory budget (the topology's ``hbm_cap``
+                / ``ddr_cap``) cannot hold its shards of the dynamic tables (the message
+                names the rank, the memory and the tables), or TorchRec found no plan.
         """
         sharding_plan = self._planner.plan(module, sharders)
         for module_plan in sharding_plan.plan.values():

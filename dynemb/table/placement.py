@@ -76,9 +76,7 @@ class TablePlacement:
     def resident_spill_buffers(self) -> tuple[str, ...]:
         """Buffers a spilled table keeps in memory and writes to its files on flush."""
         return tuple(
-            name
-            for name in BUFFERS
-            if name != "locks" and self.memory[name] is Memory.DEVICE
+            name for name in BUFFERS if name != "locks" and self.memory[name] is Memory.DEVICE
         )
 
 
