@@ -18,7 +18,7 @@ entries updated in between:
 
 - TIMESTAMP and (TIMESTAMP, LFU): the table clock now (ns, ``time.monotonic_ns``);
   the compound is filtered by its last-access time, not by its LFU count.
-- STEP: the step the next batch will get (``table._step + 1``).
+- STEP: the step the next batch will get (``table.score_step + 1``).
 - CUSTOMIZED: the score given by ``set_score``; before any, the maximum score stored.
 - LFU: the maximum count stored (a count has no time: the threshold filters by count).
 - NO_EVICTION: no score is kept (every score is 0); 0 is returned and every entry
@@ -48,7 +48,6 @@ Dumped = dict[str, dict[str, tuple[torch.Tensor, ...]]]
 
 
 _CHUNK_SLOTS = 1 << 16  # slots scanned at once: bounds the temporary memory of a dump
-_CUSTOM_SCORE = "_custom_score"  # attribute of a CUSTOMIZED ScoredHashTable set by set_score
 _TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
 _STEP = DynamicEmbScoreStrategy.STEP.value
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
@@ -113,7 +112,7 @@ def set_score(model: nn.Module, table_score: int | Mapping[str, Mapping[str, int
         entries = _every_table(collections, table_score)
     chosen = []
     for coll, name, table, score in entries:
-        if table._strategy != _CUSTOMIZED:
+        if table.strategy_code != _CUSTOMIZED:
             raise ValueError(
                 f"set_score: table {coll!r}/{name!r} uses "
                 f"{table.score_strategy}; only CUSTOMIZED tables take a score"
@@ -128,7 +127,7 @@ def set_score(model: nn.Module, table_score: int | Mapping[str, Mapping[str, int
                 f"set_score: table {coll!r}/{name!r} score goes down from {old} to {score}",
                 stacklevel=2,
             )
-        setattr(table, _CUSTOM_SCORE, score)
+        table.custom_score = score
 
 
 def incremental_dump(
@@ -266,22 +265,22 @@ def _check_int(name: str, value) -> None:
 
 def _reference(table: ScoredHashTable) -> int:
     """The lowest score an entry updated from now on can get (see the module docstring)."""
-    code = table._strategy
+    code = table.strategy_code
     if code in (_TIMESTAMP, TIMESTAMP_LFU):
-        return int(table._clock())
+        return int(table.now())
     if code == _STEP:
-        return table._step + 1
+        return table.score_step + 1
     if code == _NO_EVICTION:
         return 0
-    if code == _CUSTOMIZED and getattr(table, _CUSTOM_SCORE, None) is not None:
-        return getattr(table, _CUSTOM_SCORE)
+    if code == _CUSTOMIZED and table.custom_score is not None:
+        return table.custom_score
     return _max_score(table)
 
 
 def _max_score(table: ScoredHashTable) -> int:
     best = 0
-    with table._lock.read():
-        s = table._storage
+    with table.lock.read():
+        s = table.buffers
         for begin in range(0, s.num_slots, _CHUNK_SLOTS):
             slots = s.occupied(begin, min(s.num_slots, begin + _CHUNK_SLOTS))
             if slots.numel():
@@ -294,12 +293,12 @@ def _dump_table(table: ScoredHashTable, threshold: int):
 
     The table's read lock is held for the whole scan: the dump is one snapshot."""
     keys, rows, scores = [], [], []
-    with table._lock.read():
-        s = table._storage
-        by_time = table._strategy == TIMESTAMP_LFU
+    with table.lock.read():
+        s = table.buffers
+        by_time = table.strategy_code == TIMESTAMP_LFU
         for begin in range(0, s.num_slots, _CHUNK_SLOTS):
             slots = s.occupied(begin, min(s.num_slots, begin + _CHUNK_SLOTS))
-            if table._strategy == _NO_EVICTION:
+            if table.strategy_code == _NO_EVICTION:
                 score = torch.zeros_like(slots)
             else:
                 score = (s.timestamps if by_time else s.scores)[slots]

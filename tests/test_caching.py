@@ -178,7 +178,7 @@ def test_cache_eviction_preserves_row_state_and_score():
 def contents_of_cache(table: CachedTable) -> dict:
     cache = table.cache
     keys, rows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
-    slots = cache._find_slots(keys)
+    slots = cache.find_slots(keys)
     return {k: (r.clone(), int(table._user_scores[s])) for k, r, s in zip(keys.tolist(), rows, slots.tolist())}  # fmt: skip
 
 
@@ -196,18 +196,18 @@ def test_prefetched_keys_survive_until_their_backward():
         tables.prefetch(*future)  # batch 2 cannot evict them: its 16 keys are refused
         if tables is m:
             assert table.stats.not_cached == 16
-            assert bool((table._find_slots(current[0]) >= 0).all())
+            assert bool((table.find_slots(current[0]) >= 0).all())
         out.sum().backward()  # batch 1 done
         tables.prefetch(*future)  # now batch 2's keys replace batch 1's
         if tables is m:
-            slots = table._find_slots(future[0])
+            slots = table.find_slots(future[0])
             assert bool((slots >= 0).all())
         # The next forward takes the oldest pending prefetch's number (2) and its keys
         # (batch 3's) cannot evict the ones prefetched for the next batch: they are
         # staged, served and trained outside the cache.
         outs.append(step(tables, third))
         outs.append(step(tables, future))
-    assert torch.equal(table._find_slots(future[0]), slots)  # never moved
+    assert torch.equal(table.find_slots(future[0]), slots)  # never moved
     assert table.stats.staged == 16
     assert table.stats.lookup_hits == 16  # the future batch: all prefetched
     for got, want in zip(outs[:2], outs[2:]):

@@ -98,6 +98,6 @@ def test_keys_retried_after_growth_keep_their_access_counts():
     )
     keys = torch.arange(1000, dtype=torch.int64)
     accesses = keys % 7 + 2
-    slots, stats = t._find_or_insert_slots(keys, accesses)
+    slots, stats = t.find_or_insert_slots(keys, accesses)
     assert t.capacity() > 16 and stats.failed == 0 and bool((slots >= 0).all())
     assert torch.equal(t.get_scores(keys), accesses)

@@ -27,6 +27,7 @@ from dynemb.dynamicemb_config import (
 )
 from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.table.protocol import Table
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
@@ -123,8 +124,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.dims = dims
         self.feature_dims = [dims[t] for t in fmap]
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering).
-        self.tables = [
+        # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering): the
+        # kernel uses them through the Table protocol only.
+        self.tables: list[Table] = [
             make_table(name, o, config.state_columns(o.dim), self.device)
             for name, o in zip(names, options)
         ]
@@ -191,9 +193,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         for name, t in (("indices", indices), ("offsets", offsets)):
             if t.device != self.device:
                 raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
+        passes = (self._lookup, self._apply_gradients)
         return _LookupFunction.apply(
-            self, indices, offsets, per_sample_weights, batch_size, self.placeholder_autograd_tensor
-        )
+            passes, indices, offsets, per_sample_weights, batch_size,
+            self.placeholder_autograd_tensor,
+        )  # fmt: skip
 
     def prefetch(
         self,
@@ -272,12 +276,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 if cached:  # training: cache slots, and the keys it could not take
                     batch = table.begin_batch()
                     unique_slots, staged = table.lookup(unique, counts, batch)
-                    token = table._mutations
+                    token = table.mutations
                 else:
                     unique_slots, token = self._table_slots(t, unique, counts)
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
-                with table._lock.read():
+                with table.lock.read():
                     rows = self._read_rows(t, tb, slots, missing, batch_size)
                 if staged is not None:  # their rows, from the batch's private table
                     rows += self._read_rows(
@@ -320,9 +324,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         lost = torch.nonzero(~found, as_tuple=True)[0]
         if lost.numel():
             none = torch.full_like(lost, -1)
-            with table._lock.read():
+            with table.lock.read():
                 rows[lost] = _ops.embedding_gather(
-                    table._storage.tensors(), none, unique[lost].contiguous(),
+                    table.buffers.tensors(), none, unique[lost].contiguous(),
                     self._eval_missing[t], self.table_options[t].seed, table.dim,
                 )  # fmt: skip
         per_index = rows[inverse]
@@ -342,7 +346,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """Pooled bags (len(features) * B, dim), or one row per index for NONE.
         ``storage``: the TableStorage to read (default: table t's)."""
         table, opts = self.tables[t], self.table_options[t]
-        storage = (storage or table._storage).tensors()
+        storage = (storage or table.buffers).tensors()
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
         return _ops.embedding_pool(
@@ -358,13 +362,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         table's mutation count (backward finds the keys again if it changed)."""
         table = self.tables[t]
         if not self._inserts(t):
-            return table._find_slots(keys), table._mutations
+            return table.find_slots(keys), table.mutations
         if self.admission_counters[t] is not None:
-            return self._admitted_slots(t, keys, accesses), table._mutations
-        slots, stats = table._find_or_insert_slots(keys, accesses)
+            return self._admitted_slots(t, keys, accesses), table.mutations
+        slots, stats = table.find_or_insert_slots(keys, accesses)
         if stats.failed:
             self._safe_check(t, stats.failed)
-        return slots, table._mutations
+        return slots, table.mutations
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
         """Training slots of table t under admission (-1 for keys not admitted).
@@ -374,7 +378,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ones (whose scores the upsert updates) and leave the counter.
         """
         table, counter = self.tables[t], self.admission_counters[t]
-        upsert = table._find_slots(keys) >= 0
+        upsert = table.find_slots(keys) >= 0
         new = torch.nonzero(~upsert, as_tuple=True)[0]
         if new.numel():
             new_keys = keys[new]
@@ -389,7 +393,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
-            slots[pos], stats = table._find_or_insert_slots(keys[pos], accesses[pos])
+            slots[pos], stats = table.find_or_insert_slots(keys[pos], accesses[pos])
             if stats.failed:
                 self._safe_check(t, stats.failed)
         if new.numel():
@@ -431,11 +435,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 grad = torch.cat([grad_out[:, columns[f][0] : columns[f][1]] for f in tb.features])
                 offsets, weights = tb.offsets, tb.weights
                 mode = _POOLING_CODE[self.pooling_mode]
-            with table._lock.write():
-                if table._mutations != token:  # keys moved since forward: find them again
-                    unique_slots = _ops.table_find_slots(table._storage.tensors(), unique)
+            with table.lock.write():
+                if table.mutations != token:  # keys moved since forward: find them again
+                    unique_slots = _ops.table_find_slots(table.buffers.tensors(), unique)
                 _ops.embedding_backward(
-                    table._storage.tensors(), unique_slots, inverse, offsets, weights, mode,
+                    table.buffers.tensors(), unique_slots, inverse, offsets, weights, mode,
                     grad.contiguous(), optimizer, self.step, table.dim,
                 )  # fmt: skip
             if staged is not None:  # keys the cache could not take: same update, then home
@@ -450,14 +454,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
 class _LookupFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, module, indices, offsets, weights, batch_size, _placeholder):
-        out, saved = module._lookup(indices, offsets, weights, batch_size)
-        ctx.module, ctx.saved, ctx.batch_size = module, saved, batch_size
+    def forward(ctx, passes, indices, offsets, weights, batch_size, _placeholder):
+        """``passes``: the module's (lookup, apply_gradients) methods."""
+        lookup, apply_gradients = passes
+        out, saved = lookup(indices, offsets, weights, batch_size)
+        ctx.apply_gradients, ctx.saved, ctx.batch_size = apply_gradients, saved, batch_size
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        ctx.module._apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
+        ctx.apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
         return None, None, None, None, None, None
 
 
@@ -497,7 +503,7 @@ def _admission_missing(strategy: AdmissionStrategy, table: ScoredHashTable) -> l
     """Init list of keys not admitted: the strategy's initializer, else the table's own
     (a key then keeps the row it will start from once admitted)."""
     args = strategy.get_initializer_args()
-    return list(table._init) if args is None else _init_list(args, table)
+    return table.init_values if args is None else _init_list(args, table)
 
 
 def _check_options(name: str, o: DynamicEmbTableOptions) -> None:

@@ -126,10 +126,10 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         output = fused.get("output_dtype")
         self._output_dtype = output.as_dtype() if output is not None else torch.float32
         # One small tensor per table: what state_dict and the optimizer's params show.
-        self._placeholders = {
+        self.placeholders = {
             f"{t.name}.weight": torch.zeros(1, device=device) for t in config.embedding_tables
         }
-        self._optim = DynamicEmbFusedOptimizer(self._emb_module, self._placeholders)
+        self._optim = DynamicEmbFusedOptimizer(self._emb_module, self.placeholders)
 
     @property
     def config(self) -> GroupedEmbeddingConfig:
@@ -169,7 +169,7 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         # The rows are saved by dynemb's dump; TorchRec's state_dict gets placeholders.
         if destination is None:
             destination = {}
-        for key, tensor in self._placeholders.items():
+        for key, tensor in self.placeholders.items():
             destination[prefix + key] = tensor
         return destination
 

@@ -73,10 +73,14 @@ class EmptyBatchSafeAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
 
     def _wait_impl(self) -> dict[str, JaggedTensor]:
         inner = self._inner
-        if any(f.stride() != 0 for f in inner._features_per_sharding):
+        # TorchRec's EmbeddingCollectionAwaitable exposes its parts only as privates.
+        features = inner._features_per_sharding  # noqa: SLF001 - no public accessor in TorchRec
+        if any(f.stride() != 0 for f in features):
             return inner.wait()
         out = {}
-        for w, names in zip(inner._awaitables_per_sharding, inner._embedding_names_per_sharding):
+        awaitables = inner._awaitables_per_sharding  # noqa: SLF001 - as above
+        names_per_sharding = inner._embedding_names_per_sharding  # noqa: SLF001 - as above
+        for w, names in zip(awaitables, names_per_sharding):
             embeddings = w.wait()  # zero rows, but on the autograd graph
             for name in names:
                 out[name] = JaggedTensor(

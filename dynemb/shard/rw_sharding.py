@@ -177,7 +177,9 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
 def _prefetch_dynamic(lookup, sparse_features) -> None:
     """TorchRec's lookup prefetch hook (ShardedModule.prefetch): each dynamic kernel
     prefetches its features (caching mode); ordinary kernels are left alone."""
-    groups = sparse_features.split(lookup._feature_splits)
-    for emb_op, features in zip(lookup._emb_modules, groups, strict=True):
+    # TorchRec's GroupedEmbeddingsLookup keeps its splits and kernels private.
+    groups = sparse_features.split(lookup._feature_splits)  # noqa: SLF001 - no public accessor
+    kernels = lookup._emb_modules  # noqa: SLF001 - no public accessor in TorchRec
+    for emb_op, features in zip(kernels, groups, strict=True):
         if isinstance(emb_op, (BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag)):
             emb_op.prefetch(features)

@@ -103,7 +103,7 @@ def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbedd
 
 def _register_placeholders(lookups, tables: nn.ModuleDict) -> None:
     for kernel in _dynamic_kernels(lookups):
-        for key, tensor in kernel._placeholders.items():
+        for key, tensor in kernel.placeholders.items():
             tables[key[: -len(".weight")]].register_buffer("weight", tensor)
 
 

@@ -1,1 +1,1 @@
-"""Table state: buffers, growth, the ScoredHashTable."""
+"""Table state: buffers, placement, growth, the ScoredHashTable and the Table protocol."""

@@ -79,6 +79,8 @@ class ScoredHashTable:
             memory-mapped files under this directory, so the table may exceed RAM.
             If the directory holds a table flushed before (``flush``), it is reopened
             (its layout must match these arguments); otherwise a new table starts.
+        initializer_capacity: the capacity the initializer's default bounds are
+            computed for (``None``: ``capacity``); a cache sets its whole table's.
 
     Raises:
         TypeError / ValueError: on a bad argument, naming it and the value.
@@ -108,6 +110,7 @@ class ScoredHashTable:
         extra_init: float = 0.0,
         fast_rows: int | None = None,
         spill_directory: str | None = None,
+        initializer_capacity: int | None = None,
     ) -> None:
         args.check_int("dim", dim, 1)
         args.check_int("bucket_capacity", bucket_capacity, 16)
@@ -129,6 +132,8 @@ class ScoredHashTable:
             raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
         initializer.validate()
         code = args.strategy_code(score_strategy)
+        if initializer_capacity is not None:
+            args.check_int("initializer_capacity", initializer_capacity, 1)
         if fast_rows is not None:
             args.check_int("fast_rows", fast_rows, 0)
         spill = SpillDirectory(spill_directory) if spill_directory is not None else None
@@ -151,7 +156,8 @@ class ScoredHashTable:
             fast_rows=fast_rows,
         )
         init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
-        self._init = [float(v) for v in initializer.resolved(capacity)] + [float(extra_init)]
+        bounds_for = initializer_capacity or capacity
+        self._init = [float(v) for v in initializer.resolved(bounds_for)] + [float(extra_init)]
         self._size = 0
         self._step = 0
         self._spill = spill
@@ -255,7 +261,7 @@ class ScoredHashTable:
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) bool: whether each key is stored."""
-        return self._find_slots(self._check_keys(keys)) >= 0
+        return self.find_slots(self._check_keys(keys)) >= 0
 
     def get_scores(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) int64 scores (LFU count for the compound), 0 where not stored.
@@ -436,11 +442,15 @@ class ScoredHashTable:
 
     def erase(self, keys: torch.Tensor) -> int:
         """Removes keys; returns how many were stored."""
+        return int(self.erase_keys(keys).sum())
+
+    def erase_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Removes keys; returns (n,) bool: whether each was stored."""
         keys = self._check_keys(keys)
         with self._lock.write():
             self._mutations += 1
-            erased = int(_ops.table_erase(self._storage.tensors(), keys).sum())
-            self._size -= erased
+            erased = _ops.table_erase(self._storage.tensors(), keys)
+            self._size -= int(erased.sum())
         return erased
 
     def clear(self) -> None:
@@ -556,15 +566,60 @@ class ScoredHashTable:
         counts[_ops.Status.FAILED] = 0
         return status, [a + b for a, b in zip(counts, sub_counts.tolist())]
 
-    # ------------------------------------------------- embedding kernel access
+    # ------------------------------------------- slot interface (dynemb.table.Table)
 
-    def _find_or_insert_slots(
+    @property
+    def strategy_code(self) -> int:
+        """The score strategy's code (``DynamicEmbScoreStrategy`` value, or
+        ``TIMESTAMP_LFU`` for the compound)."""
+        return self._strategy
+
+    @property
+    def custom_score(self) -> int | None:
+        """CUSTOMIZED: the score training lookups give the keys they touch (set by
+        ``dynemb.incremental_dump.set_score``; None: never set, keys get 0)."""
+        return self._custom_score
+
+    @custom_score.setter
+    def custom_score(self, score: int) -> None:
+        args.check_int("custom_score", score, 0)
+        self._custom_score = score
+
+    @property
+    def lock(self) -> RWLock:
+        """Readers of ``buffers`` hold ``lock.read()``; every op that moves a key holds
+        ``lock.write()``."""
+        return self._lock
+
+    @property
+    def mutations(self) -> int:
+        """Bumped by every op that may move or drop a stored key: slots read under an
+        older count must be found again."""
+        return self._mutations
+
+    @property
+    def buffers(self) -> TableStorage:
+        """The buffers rows are read and written in by slot (valid under ``lock``;
+        growth replaces them)."""
+        return self._storage
+
+    @property
+    def init_values(self) -> list[float]:
+        """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init]``)."""
+        return list(self._init)
+
+    def find_slots(self, keys: torch.Tensor) -> torch.Tensor:
+        """Slots of keys ((n,) int64, -1 where not stored); changes nothing."""
+        with self._lock.read():
+            return _ops.table_find_slots(self._storage.tensors(), keys)
+
+    def find_or_insert_slots(
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, BatchStats]:
-        """Slots of keys ((n,) int64, -1 where not stored), inserting missing keys.
+        """Slots of distinct keys ((n,) int64, -1 where not stored), inserting missing
+        keys with initialised rows: a training lookup (scores updated by the strategy).
 
-        Used by the embedding kernels, which read and update rows by slot.
-        ``accesses`` (n,) int64: accesses each (de-duplicated) key stands for.
+        ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
         """
         slots = torch.empty_like(keys)
         scores = None
@@ -581,10 +636,85 @@ class ScoredHashTable:
         stats = self._upsert(op, keys, scores, slots, evicted=None, slots=slots, per_key=accesses)
         return slots, stats
 
-    def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:
-        """Slots of keys, -1 where not stored; changes nothing."""
+    def claim_cache_slots(
+        self, keys: torch.Tensor, batch: int, floor: int, evicted_keys: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """A cache tier's claim (dynemb.tiering.cached_table): hits first (their batch
+        number rises to ``batch``), then a slot for every other key without touching
+        rows, evicting only residents of batches below ``floor`` (-1: any). The caller
+        holds ``lock.write()``. Returns ``(slots, status, counts)``; the evicted keys
+        are written to ``evicted_keys``."""
+        policy = [_ops.CACHE_SCORES, batch, self.seed, floor, self.dim]
+        slots, status, counts = _ops.table_find_or_insert_slots(
+            self._storage.tensors(), policy, self._init, keys, None, None,
+            init_rows=False, evicted_keys=evicted_keys, hits_first=True,
+        )  # fmt: skip
+        counts = counts.tolist()
+        self._size += counts[_ops.Status.INSERTED]
+        return slots, status, counts
+
+    def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Whole rows (embedding + extra columns) and scores of keys: ``(rows (n,
+        row_width), scores (n,), found (n,) bool)``, zeros where not stored."""
         with self._lock.read():
-            return _ops.table_find_slots(self._storage.tensors(), keys)
+            s = self._storage
+            # One probe per key, then whole-batch gathers by slot (absent keys read
+            # slot 0, then get zeros): probing twice, for rows and for scores, cost
+            # more than the gathers.
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            found = slots >= 0
+            at = slots.clamp(min=0)
+            rows = s.rows(at, self._layout.row_width)
+            scores = s.scores[at] if self._layout.keeps_scores else torch.zeros_like(keys)
+        missing = ~found
+        rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
+        return rows, scores.masked_fill_(missing, 0), found
+
+    def write_back(
+        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stores distinct keys with whole rows and exactly these scores (CUSTOMIZED
+        admits by them), not counting a step: a cache's write-back.
+
+        Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
+        the residents evicted, then the given keys that could not be stored.
+        """
+        n, width = keys.numel(), self._layout.row_width
+        rows = rows.contiguous()
+        saved_scores = scores.contiguous() if self._layout.keeps_scores else None
+        evicted = [
+            torch.empty(n, dtype=torch.int64, device=self.device),
+            torch.empty((n, width), dtype=self.value_dtype, device=self.device),
+            torch.empty(n, dtype=torch.int64, device=self.device),
+        ]
+
+        def op(table, policy, init, k, _scores, _values, ev, per_key):
+            # One pass: whole rows (policy dim = row width) and their scores exactly as
+            # given; per_key: the positions (re)tried.
+            part = per_key.numel() != n
+            r = rows[per_key] if part else rows
+            sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
+            policy = [*policy[:4], width]
+            return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
+
+        step = self._step  # a write-back is not a training step (STEP scores count those)
+        positions = torch.arange(n, device=self.device)
+        status = self._upsert(
+            op, keys, None, positions, evicted, return_status=True, per_key=positions
+        )
+        self._step = step
+        stats = self.last_stats
+        if not stats.evicted and not stats.failed:  # the common case: nothing to report
+            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
+        out = status == _ops.Status.EVICTED
+        lost = status == _ops.Status.FAILED
+        if not bool(lost.any()):
+            return evicted[0][out], evicted[1][out], evicted[2][out]
+        return (
+            torch.cat([evicted[0][out], keys[lost]]),
+            torch.cat([evicted[1][out], rows[lost]]),
+            torch.cat([evicted[2][out], scores[lost]]),
+        )
 
     def _policy(self, batch_value: int):
         evict_below = _ops.EVICT_ANY if self.num_buckets == self._max_buckets else 0

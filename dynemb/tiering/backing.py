@@ -5,9 +5,6 @@ the user's ``external_storage`` when set, else a ``ScoredHashTable`` of the tabl
 full ``max_capacity`` whose rows are in host memory (on a GPU: ``backing_fast_rows``).
 """
 
-import torch
-
-from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.table.placement import backing_fast_rows
 from dynemb.table.scored_hash_table import ScoredHashTable
@@ -28,59 +25,10 @@ class HashTableStorage(Storage):
         self.table = table
 
     def find(self, keys):
-        t = self.table
-        with t._lock.read():
-            s = t._storage
-            # One probe per key, then whole-batch gathers by slot (absent keys read
-            # slot 0, then get zeros): probing twice, for rows and for scores, cost
-            # more than the gathers.
-            slots = _ops.table_find_slots(s.tensors(), keys)
-            found = slots >= 0
-            at = slots.clamp(min=0)
-            rows = s.rows(at, t._layout.row_width)
-            scores = s.scores[at] if t._layout.keeps_scores else torch.zeros_like(keys)
-        missing = ~found
-        rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
-        return rows, scores.masked_fill_(missing, 0), found
+        return self.table.find_entries(keys)
 
     def insert(self, keys, rows, scores):
-        t = self.table
-        n, width = keys.numel(), t._layout.row_width
-        rows = rows.contiguous()
-        saved_scores = scores.contiguous() if t._layout.keeps_scores else None
-        evicted = [
-            torch.empty(n, dtype=torch.int64, device=t.device),
-            torch.empty((n, width), dtype=t.value_dtype, device=t.device),
-            torch.empty(n, dtype=torch.int64, device=t.device),
-        ]
-
-        def op(table, policy, init, k, _scores, _values, ev, per_key):
-            # One pass: whole rows (policy dim = row width) and their scores exactly as
-            # given (CUSTOMIZED admits by them); per_key: the positions (re)tried.
-            part = per_key.numel() != n
-            r = rows[per_key] if part else rows
-            sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
-            policy = [*policy[:4], width]
-            return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
-
-        step = t._step  # a write-back is not a training step (STEP scores count those)
-        positions = torch.arange(n, device=t.device)
-        status = t._upsert(
-            op, keys, None, positions, evicted, return_status=True, per_key=positions
-        )
-        t._step = step
-        stats = t.last_stats
-        if not stats.evicted and not stats.failed:  # the common case: nothing to report
-            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
-        out = status == _ops.Status.EVICTED
-        lost = status == _ops.Status.FAILED
-        if not bool(lost.any()):
-            return evicted[0][out], evicted[1][out], evicted[2][out]
-        return (
-            torch.cat([evicted[0][out], keys[lost]]),
-            torch.cat([evicted[1][out], rows[lost]]),
-            torch.cat([evicted[2][out], scores[lost]]),
-        )
+        return self.table.write_back(keys, rows, scores)
 
     def erase(self, keys):
         return self.table.erase(keys)

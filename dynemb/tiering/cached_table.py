@@ -95,12 +95,13 @@ class CacheStats:
 
 
 class _ScoreContext:
-    """Step counter, clock and CUSTOMIZED score of a table without a built-in storage."""
+    """Step counter, clock and CUSTOMIZED score of a table without a built-in storage
+    (the names of ScoredHashTable's, which holds them when the storage is built in)."""
 
     def __init__(self) -> None:
-        self._step = 0
-        self._clock = time.monotonic_ns
-        self._custom_score: int | None = None
+        self.score_step = 0
+        self.now = time.monotonic_ns
+        self.custom_score: int | None = None
 
 
 class CachedTable:
@@ -113,10 +114,9 @@ class CachedTable:
             (TIMESTAMP, LFU).
         capacity: the table's configured ``max_capacity`` (initializer bounds).
 
-    The kernel uses the same private members as on a ScoredHashTable
-    (``_storage``, ``_lock``, ``_mutations``, ``_init``, ``_find_slots``,
-    ``_find_or_insert_slots``) plus ``begin_batch`` / ``end_batch`` / ``prefetch``
-    / ``read_rows``.
+    It is a ``dynemb.table.Table`` (the cache's buffers, lock and initializer; a
+    ``mutations`` count of its own), plus ``begin_batch`` / ``end_batch`` /
+    ``prefetch`` / ``read_rows`` for the kernel.
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class CachedTable:
         score_strategy,
         capacity: int,
     ) -> None:
-        if cache._strategy != _STEP or cache.capacity() != cache.max_capacity():
+        if cache.strategy_code != _STEP or cache.capacity() != cache.max_capacity():
             raise ValueError("the cache must be a STEP table allocated at full capacity")
         self.cache = cache
         self.storage = storage
@@ -158,20 +158,23 @@ class CachedTable:
     # ------------------------------------------------------------------ sizes
 
     @property
-    def _storage(self):
-        return self.cache._storage
+    def buffers(self):
+        """The cache's buffers (a TableStorage)."""
+        return self.cache.buffers
 
     @property
-    def _lock(self):
-        return self.cache._lock
+    def lock(self):
+        return self.cache.lock
 
     @property
-    def _mutations(self) -> int:
+    def mutations(self) -> int:
+        """Bumped whenever cached rows may have moved (flush, clear, erase, a retired
+        prefetch): the kernel then finds a batch's keys again."""
         return self._moves
 
     @property
-    def _init(self) -> list:
-        return self.cache._init
+    def init_values(self) -> list:
+        return self.cache.init_values
 
     @property
     def value_dtype(self) -> torch.dtype:
@@ -221,9 +224,9 @@ class CachedTable:
 
     # ---------------------------------------------------------------- lookups
 
-    def _find_slots(self, keys: torch.Tensor) -> torch.Tensor:
+    def find_slots(self, keys: torch.Tensor) -> torch.Tensor:
         """Cache slots of keys (-1 where not cached); changes nothing."""
-        return self.cache._find_slots(keys)
+        return self.cache.find_slots(keys)
 
     def lookup(
         self, keys: torch.Tensor, accesses: torch.Tensor | None, batch: int
@@ -239,10 +242,10 @@ class CachedTable:
             Staged keys (None when every key is cached). The caller applies the
             backward to both, then calls ``unstage`` and ``end_batch``.
         """
-        now = int(self._ctx._clock()) if self._strategy == _TIMESTAMP else 0
+        now = int(self._ctx.now()) if self._strategy == _TIMESTAMP else 0
         if self._strategy == _STEP:
-            self._ctx._step += 1
-        with self._lock.write():
+            self._ctx.score_step += 1
+        with self.lock.write():
             ready = self._prefetched.pop(batch, None)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
                 slots, hits, failed = ready[1], keys.numel(), None  # pinned for `batch`
@@ -265,19 +268,23 @@ class CachedTable:
         self._dirty = True
         return slots, staged
 
-    def _find_or_insert_slots(
+    def find_or_insert_slots(
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, BatchStats]:
-        """ScoredHashTable's kernel entry: a lookup that ends at once (no backward);
-        keys the cache cannot take are written straight back and reported failed."""
+        """ScoredHashTable's training lookup: a lookup that ends at once (no backward);
+        keys the cache cannot take are written straight back and reported failed. Its
+        BatchStats (also ``cache.last_stats``) count cache hits, keys brought into the
+        cache (``inserted``) and keys it could not take (``failed``)."""
         batch = self.begin_batch()
+        hits_before = self.stats.lookup_hits
         slots, staged = self.lookup(keys, accesses, batch)
+        hits = self.stats.lookup_hits - hits_before  # keys already in the cache
         if staged is not None:
             self.unstage(staged)
         self.end_batch(batch)
         failed = slots < 0
         n_failed = int(failed.sum())
-        stats = BatchStats(0, keys.numel() - n_failed, 0, n_failed, keys[failed])
+        stats = BatchStats(hits, keys.numel() - n_failed - hits, 0, n_failed, keys[failed])
         self.cache.last_stats = stats
         return slots, stats
 
@@ -291,7 +298,7 @@ class CachedTable:
     def unstage(self, staged: Staged) -> None:
         """Writes the staged rows (after the batch's backward) back to the storage."""
         n = staged.keys.numel()
-        with self._lock.write():
+        with self.lock.write():
             self._write_back(staged.keys, staged.storage.values[:n], staged.scores)
         with self._staged_lock:
             self._staged_keys = self._staged_keys[~torch.isin(self._staged_keys, staged.keys)]
@@ -306,7 +313,7 @@ class CachedTable:
         for old in retired:
             self._prefetched.pop(old, None)
         if keys.numel():
-            with self._lock.write():
+            with self.lock.write():
                 slots, hits, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
@@ -324,9 +331,10 @@ class CachedTable:
     def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Eval lookup: rows ((n, dim), value dtype) from the cache, else the storage;
         found (n,) bool. Inserts nothing, changes no score."""
-        with self._lock.read():
-            slots = _ops.table_find_slots(self._storage.tensors(), keys)
-            rows = self._storage.values[slots.clamp(min=0), : self.dim].clone()
+        with self.lock.read():
+            s = self.buffers
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            rows = s.values[slots.clamp(min=0), : self.dim].clone()
             found = slots >= 0
             miss = torch.nonzero(~found, as_tuple=True)[0]
             if miss.numel():
@@ -396,15 +404,8 @@ class CachedTable:
     def _claim(self, keys: torch.Tensor, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
         evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
-        policy = [_ops.CACHE_SCORES, batch, self.seed, self._batches.floor(), self.dim]
         evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
-        slots, status, counts = _ops.table_find_or_insert_slots(
-            self._storage.tensors(), policy, self._init, keys, None, None,
-            init_rows=False, evicted_keys=evicted_keys, hits_first=True,
-        )  # fmt: skip
-        counts = counts.tolist()
-        self.cache._size += counts[_ops.Status.INSERTED]
-        return slots, status, counts
+        return self.cache.claim_cache_slots(keys, batch, self._batches.floor(), evicted_keys)
 
     def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and scores of keys from the storage; keys it lacks get the initial
@@ -415,11 +416,12 @@ class CachedTable:
         self.stats.fetched += keys.numel() - new.numel()
         if new.numel():
             none = torch.full_like(new, -1)
+            init_values = self.init_values
             init = _ops.embedding_gather(
-                self._storage.tensors(), none, keys[new], self._init, self.seed, self.dim
+                self.buffers.tensors(), none, keys[new], init_values, self.seed, self.dim
             )
             rows[new, : self.dim] = init.to(rows.dtype)
-            rows[new, self.dim :] = self._init[5]
+            rows[new, self.dim :] = init_values[5]
             scores[new] = 0
         return rows, scores
 
@@ -428,9 +430,9 @@ class CachedTable:
         directly: one op takes the claim's outputs, moves each victim's row out and
         each new key's row in; then the victims are written back."""
         evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
-        with self._storage_lock, backing._lock.read():
+        with self._storage_lock, backing.lock.read():
             victims = _ops.table_cache_exchange(
-                self._storage.tensors(), backing._storage.tensors(), self._init, self.seed,
+                self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
         self.stats.fetched += int(victims[3].sum())
@@ -439,7 +441,7 @@ class CachedTable:
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions
         ``missed``) into their slots, after writing back the residents they evicted."""
-        s = self._storage
+        s = self.buffers
         victims = None
         if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
             out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
@@ -483,11 +485,11 @@ class CachedTable:
         if code == _TIMESTAMP:
             return old.clamp(min=now)
         if code == _STEP:
-            return old.clamp(min=self._ctx._step)
+            return old.clamp(min=self._ctx.score_step)
         if code == _LFU:
             return old + (accesses if accesses is not None else 1)
         if code == _CUSTOMIZED:
-            return torch.full_like(old, self._ctx._custom_score or 0)
+            return torch.full_like(old, self._ctx.custom_score or 0)
         return old
 
     # ------------------------------------------------------------ whole table
@@ -495,10 +497,10 @@ class CachedTable:
     def sync(self) -> None:
         """Writes every cached row (and score) back to the storage; the cache keeps
         them. After it the storage alone holds the whole table."""
-        with self._lock.write():
+        with self.lock.write():
             if not self._dirty:
                 return
-            s = self._storage
+            s = self.buffers
             slots = s.occupied(0, s.num_slots)
             if slots.numel():
                 self._write_back(s.keys[slots], s.values[slots], self._user_scores[slots])
@@ -507,10 +509,8 @@ class CachedTable:
     def empty_cache(self) -> None:
         """``sync`` then empties the cache (e.g. before loading into the storage)."""
         self.sync()
-        with self._lock.write():
-            self.cache._storage.clear()
-            self.cache._size = 0
-            self.cache._mutations += 1
+        self.cache.clear()
+        with self.lock.write():
             self._user_scores.zero_()
             self._moves += 1
 
@@ -548,10 +548,8 @@ class CachedTable:
         """Removes keys from both tiers; returns how many were stored in either (a
         repeated key counts once)."""
         keys = torch.unique(keys)
-        with self._lock.write():
-            self._moves += 1
-            in_cache = _ops.table_erase(self._storage.tensors(), keys)
-            self.cache._size -= int(in_cache.sum())
+        self._moves += 1
+        in_cache = self.cache.erase_keys(keys)
         with self._storage_lock:
             _, _, found = self.storage.find(keys)
             self.storage.erase(keys[found])

@@ -130,9 +130,9 @@ def make_table(
         initializer=o.initializer_args,
         seed=o.seed,
         device=device,
+        # New rows as the whole table would initialise them (bounds depend on capacity).
+        initializer_capacity=o.max_capacity,
     )
-    # New rows as the whole table would initialise them (bounds depend on capacity).
-    cache._init = [float(v) for v in o.initializer_args.resolved(o.max_capacity)] + [0.0]
     spec = StorageSpec(
         dim=o.dim,
         state_columns=state_columns,
