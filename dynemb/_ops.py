@@ -57,20 +57,35 @@ def executor() -> str:
     return "cuda" if _C.with_cuda and torch.cuda.is_available() else "cpu"
 
 
-MAX_PROBE_BUCKETS = 4  # core/table_ref.h kMaxProbeBuckets
-EVICT_ANY = -1  # policy evict_below: core/table_ops.h kEvictAny (0: never evict)
-# policy strategy of a cache tier's claims: core/score_policy.h ScoreStrategy::kCache
-# (internal; the public strategies are dynemb.DynamicEmbScoreStrategy).
-CACHE_SCORES = 6
+# The op contract's codes, read from csrc/core (csrc/torch/core_constants.h); nothing
+# here restates them. The public enums (dynemb.types) are checked against them by
+# tests/test_core_constants.py.
+_CORE = _C.constants
+SCORE_STRATEGY_CODES: dict[str, int] = dict(_CORE["score_strategies"])  # core ScoreStrategy
+INIT_MODE_CODES: dict[str, int] = dict(_CORE["init_modes"])  # core InitMode
+POOLING_CODES: dict[str, int] = dict(_CORE["pooling_modes"])  # core PoolingMode
+OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKind
+MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
+EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)
+# policy strategy of a cache tier's claims: ScoreStrategy::kCache (internal; the
+# public strategies are dynemb.DynamicEmbScoreStrategy).
+CACHE_SCORES: int = SCORE_STRATEGY_CODES["CACHE"]
+TIMESTAMP_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_LFU"]  # the (TIMESTAMP, LFU) compound
+
+Status = enum.IntEnum("Status", dict(_CORE["statuses"]))
+Status.__doc__ = "Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."
+STATUS_COUNT: int = _CORE["status_count"]
 
 
-class Status(enum.IntEnum):
-    """Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."""
+def state_columns(optimizer_code: int, dim: int) -> int:
+    """Optimizer-state columns per row of width ``dim`` (core/optimizer_rules.h)."""
+    return _C.state_columns(optimizer_code, dim)
 
-    HIT = 0
-    INSERTED = 1
-    EVICTED = 2
-    FAILED = 3
+
+def spill_window(strategy_code: int, num_buckets: int) -> int:
+    """Buckets from its home bucket a key may occupy (core/table_ops.h window_of): 1
+    for evicting strategies, up to MAX_PROBE_BUCKETS under NO_EVICTION."""
+    return _C.spill_window(strategy_code, num_buckets)
 
 
 class UpsertResult(NamedTuple):

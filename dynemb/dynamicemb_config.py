@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from dynemb import _ops
 from dynemb.types import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -29,13 +30,7 @@ ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 """A score strategy, or the compound ``(TIMESTAMP, LFU)`` (DynamicEmb's typing alias)."""
 
 # DynamicEmbInitializerMode -> InitMode code of csrc/core/initializer.h.
-_INIT_MODE_CODE = {
-    DynamicEmbInitializerMode.NORMAL: 0,
-    DynamicEmbInitializerMode.TRUNCATED_NORMAL: 1,
-    DynamicEmbInitializerMode.UNIFORM: 2,
-    DynamicEmbInitializerMode.CONSTANT: 3,
-    DynamicEmbInitializerMode.DEBUG: 4,
-}
+_INIT_MODE_CODE = {mode: _ops.INIT_MODE_CODES[mode.name] for mode in DynamicEmbInitializerMode}
 
 
 _MODE_FIELDS = {

@@ -8,15 +8,17 @@ import dataclasses
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+from dynemb import _ops
+
 __all__ = ["EmbOptimType", "OptimizerArgs", "OptimizerConfig", "SUPPORTED_OPTIMIZERS"]
 
 # EmbOptimType -> kernel code of csrc/core/optimizer_rules.h (OptimizerKind).
 _KERNEL_CODE = {
-    EmbOptimType.SGD: 0,
-    EmbOptimType.EXACT_SGD: 0,
-    EmbOptimType.EXACT_ADAGRAD: 1,
-    EmbOptimType.EXACT_ROWWISE_ADAGRAD: 2,
-    EmbOptimType.ADAM: 3,
+    EmbOptimType.SGD: _ops.OPTIMIZER_CODES["SGD"],
+    EmbOptimType.EXACT_SGD: _ops.OPTIMIZER_CODES["SGD"],
+    EmbOptimType.EXACT_ADAGRAD: _ops.OPTIMIZER_CODES["ADAGRAD"],
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: _ops.OPTIMIZER_CODES["ROWWISE_ADAGRAD"],
+    EmbOptimType.ADAM: _ops.OPTIMIZER_CODES["ADAM"],
 }
 SUPPORTED_OPTIMIZERS = tuple(_KERNEL_CODE)
 
@@ -58,8 +60,7 @@ class OptimizerConfig:
 
     def state_columns(self, dim: int) -> int:
         """Extra columns this optimizer keeps per row of width ``dim``."""
-        code = _KERNEL_CODE[self.optimizer]
-        return {0: 0, 1: dim, 2: 1, 3: 2 * dim}[code]
+        return _ops.state_columns(_KERNEL_CODE[self.optimizer], dim)
 
     def kernel_args(self) -> list:
         """The op argument ``optimizer``."""

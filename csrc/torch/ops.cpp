@@ -4,6 +4,7 @@
 #include <torch/library.h>
 #include <torch/extension.h>
 
+#include "torch/core_constants.h"
 #include "torch/op_schemas.h"
 
 TORCH_LIBRARY(dynemb, m) {
@@ -15,6 +16,7 @@ TORCH_LIBRARY(dynemb, m) {
 
 // Importing dynemb._C loads the library above (and its kernels) into torch.ops.dynemb.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  dynemb::export_core_constants(m);
   m.attr("with_cuda") =
 #ifdef DYNEMB_WITH_CUDA
       true;

@@ -34,7 +34,10 @@ from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
 _ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
-_POOLING_CODE = {DynamicEmbPoolingMode.SUM: 0, DynamicEmbPoolingMode.MEAN: 1}
+_POOLING_CODE = {
+    mode: _ops.POOLING_CODES[mode.name]
+    for mode in (DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN)
+}
 
 
 class BatchedDynamicEmbeddingTables(nn.Module):

@@ -3,10 +3,10 @@ argument, its value and what was expected, before the table changes."""
 
 import torch
 
+from dynemb._ops import TIMESTAMP_LFU
 from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
-TIMESTAMP_LFU = 5  # core/score_policy.h kTimestampLfu
 
 
 def strategy_code(strategy: ScoreStrategyArg) -> int:

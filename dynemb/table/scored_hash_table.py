@@ -725,7 +725,7 @@ class ScoredHashTable:
         old = self._storage
         buckets = min(2 * old.num_buckets, self._max_buckets)
         new = TableStorage(self._layout, buckets, self._spill, old.generation + 1)
-        window = 1 if self._layout.keeps_scores else _ops.MAX_PROBE_BUCKETS
+        window = _ops.spill_window(self._strategy, buckets)
         if _ops.table_rehash(old.tensors(), new.tensors(), window):
             if self._spill is not None:
                 self._spill.remove_generations_except(old.generation)

@@ -1,0 +1,82 @@
+// dynemb torch layer: the op contract's codes and rules, exported to Python as
+// dynemb._C.constants (a dict) and dynemb._C.state_columns / spill_window, so that
+// dynemb/_ops.py reads them from csrc/core instead of restating them. The test
+// oracle (tests/reference.py) keeps its own copy on purpose, and
+// tests/test_core_constants.py checks the Python enums against these.
+#pragma once
+
+#include <torch/extension.h>
+
+#include "core/initializer.h"
+#include "core/macros.h"
+#include "core/optimizer_rules.h"
+#include "core/pooling.h"
+#include "core/score_policy.h"
+#include "core/table_ops.h"
+#include "core/table_ref.h"
+
+namespace dynemb {
+
+inline pybind11::dict core_constants() {
+  namespace py = pybind11;
+  auto codes = [](std::initializer_list<std::pair<const char*, int64_t>> items) {
+    py::dict d;
+    for (const auto& [name, code] : items) d[name] = code;
+    return d;
+  };
+  auto c = [](auto e) { return static_cast<int64_t>(e); };
+  py::dict out;
+  out["score_strategies"] = codes({
+      {"TIMESTAMP", c(ScoreStrategy::kTimestamp)},
+      {"STEP", c(ScoreStrategy::kStep)},
+      {"CUSTOMIZED", c(ScoreStrategy::kCustomized)},
+      {"LFU", c(ScoreStrategy::kLfu)},
+      {"NO_EVICTION", c(ScoreStrategy::kNoEviction)},
+      {"TIMESTAMP_LFU", c(ScoreStrategy::kTimestampLfu)},
+      {"CACHE", c(ScoreStrategy::kCache)},
+  });
+  out["statuses"] = codes({
+      {"HIT", c(Status::kHit)},
+      {"INSERTED", c(Status::kInserted)},
+      {"EVICTED", c(Status::kEvicted)},
+      {"FAILED", c(Status::kFailed)},
+  });
+  out["status_count"] = kStatusCount;
+  out["init_modes"] = codes({
+      {"NORMAL", c(InitMode::kNormal)},
+      {"TRUNCATED_NORMAL", c(InitMode::kTruncatedNormal)},
+      {"UNIFORM", c(InitMode::kUniform)},
+      {"CONSTANT", c(InitMode::kConstant)},
+      {"DEBUG", c(InitMode::kDebug)},
+  });
+  out["pooling_modes"] = codes({{"SUM", c(PoolingMode::kSum)}, {"MEAN", c(PoolingMode::kMean)}});
+  out["optimizers"] = codes({
+      {"SGD", c(OptimizerKind::kSgd)},
+      {"ADAGRAD", c(OptimizerKind::kAdagrad)},
+      {"ROWWISE_ADAGRAD", c(OptimizerKind::kRowwiseAdagrad)},
+      {"ADAM", c(OptimizerKind::kAdam)},
+  });
+  out["max_probe_buckets"] = kMaxProbeBuckets;
+  out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
+  return out;
+}
+
+inline void export_core_constants(pybind11::module& m) {
+  m.attr("constants") = core_constants();
+  m.def(
+      "state_columns",
+      [](int64_t optimizer, int64_t dim) {
+        return state_columns(static_cast<OptimizerKind>(optimizer), dim);
+      },
+      "Optimizer-state columns per row (core/optimizer_rules.h).");
+  m.def(
+      "spill_window",
+      [](int64_t strategy, int64_t num_buckets) {
+        TableRef<float> t{};
+        t.num_buckets = num_buckets;
+        return window_of(t, static_cast<ScoreStrategy>(strategy));
+      },
+      "Buckets a key may occupy from its home bucket (core/table_ops.h window_of).");
+}
+
+}  // namespace dynemb

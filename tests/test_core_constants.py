@@ -1,0 +1,50 @@
+"""Python reads the op contract's codes from csrc/core (dynemb._C.constants); the public
+enums must agree with them. tests/reference.py keeps an independent copy on purpose."""
+
+import pytest
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import init_mode_code
+from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
+from tests import reference as ref
+
+
+def test_public_score_strategies_are_the_core_codes():
+    for s in DynamicEmbScoreStrategy:
+        assert _ops.SCORE_STRATEGY_CODES[s.name] == s.value
+    assert _ops.TIMESTAMP_LFU == ref.TIMESTAMP_LFU
+    assert _ops.CACHE_SCORES == ref.CACHE
+
+
+def test_statuses_pooling_and_initializer_codes_are_the_core_codes():
+    assert [s.name for s in _ops.Status] == ["HIT", "INSERTED", "EVICTED", "FAILED"]
+    assert [int(s) for s in _ops.Status] == [0, 1, 2, 3]
+    assert _ops.STATUS_COUNT == len(_ops.Status)
+    for mode in (DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN):
+        assert _ops.POOLING_CODES[mode.name] == mode.value
+    codes = {mode: init_mode_code(mode) for mode in DynamicEmbInitializerMode}
+    assert codes == {m: _ops.INIT_MODE_CODES[m.name] for m in DynamicEmbInitializerMode}
+    assert sorted(codes.values()) == list(range(len(DynamicEmbInitializerMode)))
+
+
+@pytest.mark.parametrize(
+    "optimizer, columns",
+    [
+        (EmbOptimType.EXACT_SGD, lambda d: 0),
+        (EmbOptimType.SGD, lambda d: 0),
+        (EmbOptimType.EXACT_ADAGRAD, lambda d: d),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, lambda d: 1),
+        (EmbOptimType.ADAM, lambda d: 2 * d),
+    ],
+)
+def test_optimizer_state_columns_come_from_the_core(optimizer, columns):
+    for dim in (1, 8, 128):
+        assert OptimizerConfig(optimizer=optimizer).state_columns(dim) == columns(dim)
+
+
+def test_spill_window_is_one_bucket_when_evicting_else_the_probe_window():
+    assert _ops.spill_window(DynamicEmbScoreStrategy.LFU.value, 64) == 1
+    no_eviction = DynamicEmbScoreStrategy.NO_EVICTION.value
+    assert _ops.spill_window(no_eviction, 64) == _ops.MAX_PROBE_BUCKETS == 4
+    assert _ops.spill_window(no_eviction, 2) == 2  # never wider than the table
