@@ -88,6 +88,16 @@ def spill_window(strategy_code: int, num_buckets: int) -> int:
     return _C.spill_window(strategy_code, num_buckets)
 
 
+class Policy(NamedTuple):
+    """The op argument ``policy`` of upserts (csrc/torch/op_args.h PolicyArgs)."""
+
+    strategy: int  # a SCORE_STRATEGY_CODES value
+    batch_value: int  # the batch's timestamp or step (csrc/core/score_policy.h)
+    seed: int  # the initializer's seed
+    evict_below: int  # EVICT_ANY: any resident may be evicted; 0: none
+    dim: int  # columns the op initialises / writes
+
+
 class UpsertResult(NamedTuple):
     status: torch.Tensor  # (n,) int8, a Status per key
     counts: torch.Tensor  # (4,) int64, keys per Status
@@ -123,7 +133,7 @@ def table_find_slots(table: Sequence[torch.Tensor], keys: torch.Tensor) -> torch
 
 def table_find_or_insert(
     table: Sequence[torch.Tensor],
-    policy: list[int],
+    policy: Policy,
     init: list[float],
     keys: torch.Tensor,
     scores: torch.Tensor | None,
@@ -141,14 +151,14 @@ def table_find_or_insert(
     """
     return UpsertResult(
         *_dynemb.table_find_or_insert(
-            list(table), policy, init, keys, scores, values, list(evicted)
+            list(table), list(policy), init, keys, scores, values, list(evicted)
         )
     )
 
 
 def table_insert_or_assign(
     table: Sequence[torch.Tensor],
-    policy: list[int],
+    policy: Policy,
     init: list[float],
     keys: torch.Tensor,
     scores: torch.Tensor | None,
@@ -158,14 +168,14 @@ def table_insert_or_assign(
     """Stores ``values`` (n, dim or row_width) for each key; arguments as table_find_or_insert."""
     return UpsertResult(
         *_dynemb.table_insert_or_assign(
-            list(table), policy, init, keys, scores, values, list(evicted)
+            list(table), list(policy), init, keys, scores, values, list(evicted)
         )
     )
 
 
 def table_restore(
     table: Sequence[torch.Tensor],
-    policy: list[int],
+    policy: Policy,
     init: list[float],
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -177,7 +187,7 @@ def table_restore(
     """Stores saved entries exactly, as a checkpoint holds them (core/batch_sinks.h RestoreSink).
 
     Args:
-        values: (n, dim) embedding columns, ``dim = policy[4]``.
+        values: (n, dim) embedding columns, ``dim = policy.dim``.
         state: (n, row_width - dim) optimizer state, or None (a new key's state
             columns get ``init[5]``).
         scores: (n,) int64 scores to store (tables that keep scores), or None.
@@ -185,12 +195,12 @@ def table_restore(
 
     Placement, eviction and growth failures are those of table_insert_or_assign
     (under CUSTOMIZED a newcomer is admitted by its saved score); ``evicted`` as
-    there. With ``dim = row_width`` (``policy[4]``) ``values`` are whole rows.
+    there. With ``dim = row_width`` (``policy.dim``) ``values`` are whole rows.
     Returns the UpsertResult.
     """
     return UpsertResult(
         *_dynemb.table_restore(
-            list(table), policy, init, keys, values, state, scores, timestamps, list(evicted)
+            list(table), list(policy), init, keys, values, state, scores, timestamps, list(evicted)
         )
     )
 
@@ -231,7 +241,7 @@ def advise_huge_pages(buffer: torch.Tensor) -> bool:
 
 def table_find_or_insert_slots(
     table: Sequence[torch.Tensor],
-    policy: list[int],
+    policy: Policy,
     init: list[float],
     keys: torch.Tensor,
     scores: torch.Tensor | None,
@@ -252,7 +262,7 @@ def table_find_or_insert_slots(
     ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
     return _dynemb.table_find_or_insert_slots(
-        list(table), policy, init, keys, scores, accesses, init_rows, evicted_keys, hits_first
+        list(table), list(policy), init, keys, scores, accesses, init_rows, evicted_keys, hits_first
     )
 
 

@@ -21,6 +21,11 @@ enum class InitMode : int64_t {
   kConstant = 3,
   kDebug = 4,  // DynamicEmb's DEBUG: float(key mod 100000), the key read as uint64
 };
+/// Number of InitMode values (codes 0 .. kInitModeCount - 1).
+constexpr int64_t kInitModeCount = static_cast<int64_t>(InitMode::kDebug) + 1;
+/// Their names, by code (DynamicEmbInitializerMode member names).
+constexpr const char* kInitModeNames[kInitModeCount] = {"NORMAL", "TRUNCATED_NORMAL", "UNIFORM",
+                                                        "CONSTANT", "DEBUG"};
 
 /// DynamicEmb's DEBUG rows repeat every kDebugModulus keys.
 constexpr uint64_t kDebugModulus = 100000;

@@ -26,7 +26,8 @@ enum class Status : int8_t {
   kFailed = 3,    ///< not stored (bucket full under NO_EVICTION, or refused score)
 };
 
-/// Number of Status values (per-status count arrays).
-constexpr int kStatusCount = 4;
+/// Number of Status values (per-status count arrays), and their names by code.
+constexpr int kStatusCount = static_cast<int>(Status::kFailed) + 1;
+constexpr const char* kStatusNames[kStatusCount] = {"HIT", "INSERTED", "EVICTED", "FAILED"};
 
 }  // namespace dynemb

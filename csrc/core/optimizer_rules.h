@@ -25,6 +25,11 @@ enum class OptimizerKind : int64_t {
   kRowwiseAdagrad = 2,
   kAdam = 3,
 };
+/// Number of OptimizerKind values (codes 0 .. kOptimizerKindCount - 1).
+constexpr int64_t kOptimizerKindCount = static_cast<int64_t>(OptimizerKind::kAdam) + 1;
+/// Their names, by code (exported to Python: dynemb._ops.OPTIMIZER_CODES).
+constexpr const char* kOptimizerNames[kOptimizerKindCount] = {"SGD", "ADAGRAD", "ROWWISE_ADAGRAD",
+                                                              "ADAM"};
 
 struct OptimizerArgs {
   OptimizerKind kind;

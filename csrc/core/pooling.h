@@ -16,6 +16,10 @@
 namespace dynemb {
 
 enum class PoolingMode : int64_t { kSum = 0, kMean = 1 };
+/// Number of PoolingMode values (codes 0 .. kPoolingModeCount - 1).
+constexpr int64_t kPoolingModeCount = static_cast<int64_t>(PoolingMode::kMean) + 1;
+/// Their names, by code (DynamicEmbPoolingMode member names).
+constexpr const char* kPoolingModeNames[kPoolingModeCount] = {"SUM", "MEAN"};
 
 /// Element j of the row the `missing` initializer gives key.
 DYNEMB_HD DYNEMB_INLINE float missing_element(const InitArgs& a, int64_t key, int64_t j) {

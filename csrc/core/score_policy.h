@@ -27,6 +27,12 @@ enum class ScoreStrategy : int64_t {
   kCache = 6,
 };
 
+/// Number of ScoreStrategy values, and their names by code (DynamicEmbScoreStrategy
+/// member names; exported to Python: dynemb._ops.SCORE_STRATEGY_CODES).
+constexpr int64_t kScoreStrategyCount = static_cast<int64_t>(ScoreStrategy::kCache) + 1;
+constexpr const char* kScoreStrategyNames[kScoreStrategyCount] = {
+    "TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION", "TIMESTAMP_LFU", "CACHE"};
+
 /// evict_below value that lets any resident be evicted (UpsertArgs, table_ops.h).
 constexpr uint64_t kEvictAny = ~uint64_t{0};
 

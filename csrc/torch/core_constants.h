@@ -17,45 +17,22 @@
 
 namespace dynemb {
 
+/// {name: code} of an enum whose names core lists by code.
+template <size_t N>
+pybind11::dict codes(const char* const (&names)[N]) {
+  pybind11::dict d;
+  for (size_t code = 0; code < N; ++code) d[names[code]] = static_cast<int64_t>(code);
+  return d;
+}
+
 inline pybind11::dict core_constants() {
-  namespace py = pybind11;
-  auto codes = [](std::initializer_list<std::pair<const char*, int64_t>> items) {
-    py::dict d;
-    for (const auto& [name, code] : items) d[name] = code;
-    return d;
-  };
-  auto c = [](auto e) { return static_cast<int64_t>(e); };
-  py::dict out;
-  out["score_strategies"] = codes({
-      {"TIMESTAMP", c(ScoreStrategy::kTimestamp)},
-      {"STEP", c(ScoreStrategy::kStep)},
-      {"CUSTOMIZED", c(ScoreStrategy::kCustomized)},
-      {"LFU", c(ScoreStrategy::kLfu)},
-      {"NO_EVICTION", c(ScoreStrategy::kNoEviction)},
-      {"TIMESTAMP_LFU", c(ScoreStrategy::kTimestampLfu)},
-      {"CACHE", c(ScoreStrategy::kCache)},
-  });
-  out["statuses"] = codes({
-      {"HIT", c(Status::kHit)},
-      {"INSERTED", c(Status::kInserted)},
-      {"EVICTED", c(Status::kEvicted)},
-      {"FAILED", c(Status::kFailed)},
-  });
+  pybind11::dict out;
+  out["score_strategies"] = codes(kScoreStrategyNames);
+  out["statuses"] = codes(kStatusNames);
   out["status_count"] = kStatusCount;
-  out["init_modes"] = codes({
-      {"NORMAL", c(InitMode::kNormal)},
-      {"TRUNCATED_NORMAL", c(InitMode::kTruncatedNormal)},
-      {"UNIFORM", c(InitMode::kUniform)},
-      {"CONSTANT", c(InitMode::kConstant)},
-      {"DEBUG", c(InitMode::kDebug)},
-  });
-  out["pooling_modes"] = codes({{"SUM", c(PoolingMode::kSum)}, {"MEAN", c(PoolingMode::kMean)}});
-  out["optimizers"] = codes({
-      {"SGD", c(OptimizerKind::kSgd)},
-      {"ADAGRAD", c(OptimizerKind::kAdagrad)},
-      {"ROWWISE_ADAGRAD", c(OptimizerKind::kRowwiseAdagrad)},
-      {"ADAM", c(OptimizerKind::kAdam)},
-  });
+  out["init_modes"] = codes(kInitModeNames);
+  out["pooling_modes"] = codes(kPoolingModeNames);
+  out["optimizers"] = codes(kOptimizerNames);
   out["max_probe_buckets"] = kMaxProbeBuckets;
   out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
   return out;

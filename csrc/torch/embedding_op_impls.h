@@ -24,19 +24,11 @@
 namespace dynemb {
 
 inline InitArgs parse_missing(const char* op, at::ArrayRef<double> missing, int64_t seed) {
-  TORCH_CHECK_VALUE(missing.size() == 6, "dynemb.", op,
-                    ": `missing` must be [mode, a, b, lower, upper, extra_value], got ",
-                    missing.size(), " values");
-  const auto mode = static_cast<int64_t>(missing[0]);
-  TORCH_CHECK_VALUE(mode >= 0 && mode <= 4, "dynemb.", op, ": unknown initializer mode ", mode);
-  return InitArgs{static_cast<InitMode>(mode),         static_cast<float>(missing[1]),
-                  static_cast<float>(missing[2]),      static_cast<float>(missing[3]),
-                  static_cast<float>(missing[4]),      static_cast<float>(missing[5]),
-                  static_cast<uint64_t>(seed)};
+  return parse_init(op, "missing", missing, seed);
 }
 
 inline PoolingMode parse_pooling(const char* op, int64_t mode) {
-  TORCH_CHECK_VALUE(mode == 0 || mode == 1, "dynemb.", op,
+  TORCH_CHECK_VALUE(mode >= 0 && mode < kPoolingModeCount, "dynemb.", op,
                     ": `mode` must be 0 (SUM) or 1 (MEAN), got ", mode);
   return static_cast<PoolingMode>(mode);
 }
@@ -130,34 +122,36 @@ struct EmbeddingOpImpls {
   using V = typename Backend::template Value<TorchV>;
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> find_or_insert_slots(
-      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores,
       const std::optional<at::Tensor>& accesses, bool init_rows,
       const std::optional<at::Tensor>& evicted_keys, bool hits_first) {
     constexpr const char* op = "table_find_or_insert_slots";
-    UpsertCall call = check_upsert(op, table, policy, init, keys, scores, {});
+    UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, {});
+    const TableTensors table = table_tensors(table_list);
     TORCH_CHECK_VALUE(!hits_first || evicts(call.args.score.strategy), "dynemb.", op,
-                      ": hits_first needs an evicting strategy, got strategy ", policy[0]);
+                      ": hits_first needs an evicting strategy, got strategy ",
+                      static_cast<int64_t>(call.args.score.strategy));
     call.args.hits_first = hits_first;
     if (evicted_keys.has_value()) {
       check_tensor(op, "evicted_keys", *evicted_keys, at::kLong, 1);
       TORCH_CHECK_VALUE(evicted_keys->numel() == keys.numel(), "dynemb.", op,
                         ": `evicted_keys` has ", evicted_keys->numel(), " elements, `keys` has ",
                         keys.numel());
-      check_same_device(op, "evicted_keys", *evicted_keys, table[0]);
+      check_same_device(op, "evicted_keys", *evicted_keys, table.digests);
     }
     if (accesses.has_value()) {
       check_tensor(op, "accesses", *accesses, at::kLong, 1);
       TORCH_CHECK_VALUE(accesses->numel() == keys.numel(), "dynemb.", op, ": `accesses` has ",
                         accesses->numel(), " elements, `keys` has ", keys.numel());
-      check_same_device(op, "accesses", *accesses, table[0]);
+      check_same_device(op, "accesses", *accesses, table.digests);
       call.args.score.increments = accesses->data_ptr<int64_t>();
     }
-    typename Backend::DeviceGuard guard(table[0].device());
+    typename Backend::DeviceGuard guard(table.digests.device());
     at::Tensor slots = at::empty_like(keys);
     at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
     at::Tensor counts = at::zeros({kStatusCount}, keys.options().dtype(at::kLong));
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       int64_t* evicted = evicted_keys.has_value() ? evicted_keys->data_ptr<int64_t>() : nullptr;
       SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
@@ -168,20 +162,20 @@ struct EmbeddingOpImpls {
     return {slots, status, counts};
   }
 
-  static at::Tensor pool(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
+  static at::Tensor pool(at::TensorList table_list, const at::Tensor& slots, const at::Tensor& keys,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                          int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
     constexpr const char* op = "embedding_pool";
-    check_table(op, table);
-    check_bags(op, table[0], "slots", slots, &keys, offsets, weights);
-    check_range(op, "slots", "slots", slots, -1, table[0].numel());
+    const TableTensors table = checked_table(op, table_list);
+    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
+    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const InitArgs init = parse_missing(op, missing, seed);
-    typename Backend::DeviceGuard guard(table[0].device());
+    typename Backend::DeviceGuard guard(table.digests.device());
     const int64_t num_bags = offsets.numel() - 1;
     at::Tensor out = at::empty({num_bags, dim}, slots.options().dtype(at::kFloat));
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
                     offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
@@ -190,20 +184,20 @@ struct EmbeddingOpImpls {
     return out;
   }
 
-  static at::Tensor gather(at::TensorList table, const at::Tensor& slots, const at::Tensor& keys,
+  static at::Tensor gather(at::TensorList table_list, const at::Tensor& slots, const at::Tensor& keys,
                            at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
     constexpr const char* op = "embedding_gather";
-    check_table(op, table);
-    check_slot_list(op, "slots", slots, table[0], -1);
+    const TableTensors table = checked_table(op, table_list);
+    check_slot_list(op, "slots", slots, table.digests, -1);
     check_tensor(op, "keys", keys, at::kLong, 1);
-    check_same_device(op, "keys", keys, table[0]);
+    check_same_device(op, "keys", keys, table.digests);
     TORCH_CHECK_VALUE(keys.numel() == slots.numel(), "dynemb.", op, ": `keys` has ", keys.numel(),
                       " elements, `slots` has ", slots.numel());
     check_dim(op, table, dim);
     const InitArgs init = parse_missing(op, missing, seed);
-    typename Backend::DeviceGuard guard(table[0].device());
+    typename Backend::DeviceGuard guard(table.digests.device());
     at::Tensor out = at::empty({slots.numel(), dim}, slots.options().dtype(at::kFloat));
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::gather(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
                       slots.numel(), init, out.data_ptr<float>(), dim);
@@ -215,28 +209,28 @@ struct EmbeddingOpImpls {
   /// victim_rows (v, row_width), victim_scores (v), found (n)), the victims in key
   /// order; fills the cache rows and user_scores at `slots`.
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cache_exchange(
-      at::TensorList cache, at::TensorList slow, at::ArrayRef<double> init, int64_t seed,
+      at::TensorList cache_list, at::TensorList slow_list, at::ArrayRef<double> init, int64_t seed,
       int64_t dim, const at::Tensor& user_scores, const at::Tensor& keys,
       const at::Tensor& slots, const at::Tensor& status, const at::Tensor& evicted_keys) {
     constexpr const char* op = "table_cache_exchange";
-    check_table(op, cache);
-    check_table(op, slow);
-    check_same_device(op, "slow", slow[0], cache[0]);
-    TORCH_CHECK_VALUE(cache[4].scalar_type() == slow[4].scalar_type() &&
-                          cache[4].size(1) == slow[4].size(1),
+    const TableTensors cache = checked_table(op, cache_list);
+    const TableTensors slow = checked_table(op, slow_list);
+    check_same_device(op, "slow", slow.digests, cache.digests);
+    TORCH_CHECK_VALUE(cache.values.scalar_type() == slow.values.scalar_type() &&
+                          cache.values.size(1) == slow.values.size(1),
                       "dynemb.", op, ": `cache` and `slow` must have the same row layout, got ",
-                      cache[4].scalar_type(), " x ", cache[4].size(1), " and ",
-                      slow[4].scalar_type(), " x ", slow[4].size(1));
+                      cache.values.scalar_type(), " x ", cache.values.size(1), " and ",
+                      slow.values.scalar_type(), " x ", slow.values.size(1));
     check_dim(op, cache, dim);
     const InitArgs init_args = parse_missing(op, init, seed);
-    const int64_t num_slots = cache[0].numel(), n = keys.numel();
+    const int64_t num_slots = cache.digests.numel(), n = keys.numel();
     check_tensor(op, "user_scores", user_scores, at::kLong, 1);
     TORCH_CHECK_VALUE(user_scores.numel() == num_slots, "dynemb.", op, ": `user_scores` has ",
                       user_scores.numel(), " elements, the cache has ", num_slots, " slots");
-    check_same_device(op, "user_scores", user_scores, cache[0]);
+    check_same_device(op, "user_scores", user_scores, cache.digests);
     check_keys(op, keys);
-    check_same_device(op, "keys", keys, cache[0]);
-    check_slot_list(op, "slots", slots, cache[0], -1);
+    check_same_device(op, "keys", keys, cache.digests);
+    check_slot_list(op, "slots", slots, cache.digests, -1);
     check_tensor(op, "status", status, at::kChar, 1);
     check_tensor(op, "evicted_keys", evicted_keys, at::kLong, 1);
     for (const at::Tensor* t : {&slots, &status, &evicted_keys}) {
@@ -244,19 +238,19 @@ struct EmbeddingOpImpls {
                         ": `slots`, `status` and `evicted_keys` need one element per key (", n,
                         "), got ", t->numel());
     }
-    check_same_device(op, "status", status, cache[0]);
-    check_same_device(op, "evicted_keys", evicted_keys, cache[0]);
-    typename Backend::DeviceGuard guard(cache[0].device());
+    check_same_device(op, "status", status, cache.digests);
+    check_same_device(op, "evicted_keys", evicted_keys, cache.digests);
+    typename Backend::DeviceGuard guard(cache.digests.device());
     // Victims are compact, in key order.
     const CacheMoves moves = Backend::cache_moves(status, slots);
     TORCH_CHECK_VALUE(moves.without_slot == 0, "dynemb.", op, ": ", moves.without_slot,
                       " keys whose `status` moves them in have slot -1");
     const int64_t m = moves.moved.numel(), nv = moves.victims;
     at::Tensor victim_keys = at::empty({nv}, keys.options());
-    at::Tensor victim_rows = at::empty({nv, cache[4].size(1)}, cache[4].options());
+    at::Tensor victim_rows = at::empty({nv, cache.values.size(1)}, cache.values.options());
     at::Tensor victim_scores = at::empty({nv}, keys.options());
     at::Tensor found = at::zeros(keys.sizes(), keys.options().dtype(at::kBool));
-    dispatch_values(op, cache[4], [&](auto v) {
+    dispatch_values(op, cache.values, [&](auto v) {
       using W = V<decltype(v)>;
       const CacheExchange<W> x{init_args,
                                dim,
@@ -286,29 +280,29 @@ struct EmbeddingOpImpls {
     return {unique.narrow(0, 0, num_unique), inverse, counts.narrow(0, 0, num_unique)};
   }
 
-  static void backward(at::TensorList table, const at::Tensor& unique_slots,
+  static void backward(at::TensorList table_list, const at::Tensor& unique_slots,
                        const at::Tensor& inverse, const at::Tensor& offsets,
                        const std::optional<at::Tensor>& weights, int64_t mode,
                        const at::Tensor& grad, at::ArrayRef<double> optimizer, int64_t step,
                        int64_t dim) {
     constexpr const char* op = "embedding_backward";
-    check_table(op, table);
-    check_slot_list(op, "unique_slots", unique_slots, table[0], -1);
-    check_bags(op, table[0], "inverse", inverse, nullptr, offsets, weights);
+    const TableTensors table = checked_table(op, table_list);
+    check_slot_list(op, "unique_slots", unique_slots, table.digests, -1);
+    check_bags(op, table.digests, "inverse", inverse, nullptr, offsets, weights);
     check_range(op, "inverse", "ids", inverse, 0, unique_slots.numel());
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
     check_tensor(op, "grad", grad, at::kFloat, 2);
-    check_same_device(op, "grad", grad, table[0]);
+    check_same_device(op, "grad", grad, table.digests);
     TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
                       ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
     const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
-    TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table[4].size(1), "dynemb.", op,
-                      ": the table's rows (", table[4].size(1),
+    TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table.values.size(1), "dynemb.", op,
+                      ": the table's rows (", table.values.size(1),
                       " columns) cannot hold this optimizer's state for dim ", dim);
-    typename Backend::DeviceGuard guard(table[0].device());
-    dispatch_values(op, table[4], [&](auto v) {
+    typename Backend::DeviceGuard guard(table.digests.device());
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
                         unique_slots.numel(), inverse.data_ptr<int64_t>(), inverse.numel(),
@@ -321,16 +315,17 @@ struct EmbeddingOpImpls {
   static const float* opt_ptr(const std::optional<at::Tensor>& t) {
     return t.has_value() ? t->data_ptr<float>() : nullptr;
   }
-  static void check_dim(const char* op, at::TensorList table, int64_t dim) {
-    TORCH_CHECK_VALUE(dim >= 1 && dim <= table[4].size(1), "dynemb.", op, ": `dim` ", dim,
-                      " must be in [1, row_width=", table[4].size(1), "]");
+  static void check_dim(const char* op, const TableTensors& table, int64_t dim) {
+    TORCH_CHECK_VALUE(dim >= 1 && dim <= table.row_width(), "dynemb.", op, ": `dim` ", dim,
+                      " must be in [1, row_width=", table.row_width(), "]");
   }
   static OptimizerArgs parse_optimizer(const char* op, at::ArrayRef<double> o, int64_t step) {
     TORCH_CHECK_VALUE(o.size() == 6, "dynemb.", op,
                       ": `optimizer` must be [kind, learning_rate, eps, beta1, beta2, "
                       "weight_decay], got ", o.size(), " values");
     const auto kind = static_cast<int64_t>(o[0]);
-    TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "dynemb.", op, ": unknown optimizer kind ", kind);
+    TORCH_CHECK_VALUE(kind >= 0 && kind < kOptimizerKindCount, "dynemb.", op,
+                      ": unknown optimizer kind ", kind);
     TORCH_CHECK_VALUE(step >= 1, "dynemb.", op, ": `step` must be >= 1, got ", step);
     return OptimizerArgs{static_cast<OptimizerKind>(kind), static_cast<float>(o[1]),
                          static_cast<float>(o[2]),         static_cast<float>(o[3]),

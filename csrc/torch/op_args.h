@@ -33,37 +33,68 @@ inline void check_rows(const char* op, const char* name, const at::Tensor& rows,
   check_same_device(op, name, rows, table_values);
 }
 
-inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArrayRef policy,
-                               at::ArrayRef<double> init, const at::Tensor& keys,
-                               const std::optional<at::Tensor>& scores,
-                               at::TensorList evicted) {
-  check_table(op, table);
-  check_keys(op, keys);
-  check_same_device(op, "keys", keys, table[0]);
-  TORCH_CHECK_VALUE(policy.size() == 5, "dynemb.", op,
+/// The op argument `policy` by name: [strategy, batch_value, seed, evict_below, dim].
+struct PolicyArgs {
+  ScoreStrategy strategy;
+  int64_t batch_value;  // the batch's timestamp or step (score_policy.h)
+  int64_t seed;         // the initializer's seed
+  int64_t evict_below;  // -1: any resident may be evicted, 0: none (table_ops.h)
+  int64_t dim;          // columns the op initialises / writes
+};
+constexpr size_t kPolicySize = 5;
+constexpr size_t kInitSize = 6;
+
+inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
+  TORCH_CHECK_VALUE(policy.size() == kPolicySize, "dynemb.", op,
                     ": `policy` must be [strategy, batch_value, seed, evict_below, dim], got ",
                     policy.size(), " values");
-  TORCH_CHECK_VALUE(init.size() == 6, "dynemb.", op,
-                    ": `init` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
-                    " values");
   const int64_t strategy = policy[0];
-  TORCH_CHECK_VALUE(strategy >= 0 && strategy <= static_cast<int64_t>(ScoreStrategy::kCache),
+  TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount,
                     "dynemb.", op, ": unknown score strategy ", strategy);
-  const auto s = static_cast<ScoreStrategy>(strategy);
+  return PolicyArgs{static_cast<ScoreStrategy>(strategy), policy[1], policy[2], policy[3],
+                    policy[4]};
+}
+
+/// The op argument `init` ([mode, a, b, lower, upper, extra_value]) with `seed`.
+inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double> init,
+                           int64_t seed) {
+  TORCH_CHECK_VALUE(init.size() == kInitSize, "dynemb.", op, ": `", name,
+                    "` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
+                    " values");
+  const auto mode = static_cast<int64_t>(init[0]);
+  TORCH_CHECK_VALUE(mode >= 0 && mode < kInitModeCount, "dynemb.", op,
+                    ": unknown initializer mode ", mode);
+  return InitArgs{static_cast<InitMode>(mode),   static_cast<float>(init[1]),
+                  static_cast<float>(init[2]),   static_cast<float>(init[3]),
+                  static_cast<float>(init[4]),   static_cast<float>(init[5]),
+                  static_cast<uint64_t>(seed)};
+}
+
+inline UpsertCall check_upsert(const char* op, at::TensorList table_list,
+                               at::IntArrayRef policy_list, at::ArrayRef<double> init,
+                               const at::Tensor& keys, const std::optional<at::Tensor>& scores,
+                               at::TensorList evicted) {
+  const TableTensors table = checked_table(op, table_list);
+  check_keys(op, keys);
+  check_same_device(op, "keys", keys, table.digests);
+  const PolicyArgs policy = parse_policy(op, policy_list);
+  const ScoreStrategy s = policy.strategy;
   if (s == ScoreStrategy::kCache) {  // the batch number shares the score with a count
     auto fits = [](int64_t v) { return v >= 0 && static_cast<uint64_t>(v) <= kCacheBatchMask; };
-    TORCH_CHECK_VALUE(fits(policy[1]) && (policy[3] == -1 || fits(policy[3])), "dynemb.", op,
+    TORCH_CHECK_VALUE(fits(policy.batch_value) &&
+                          (policy.evict_below == -1 || fits(policy.evict_below)),
+                      "dynemb.", op,
                       ": a cache tier's batch number and floor must be in [0, 2^32), got ",
-                      policy[1], " and ", policy[3]);
+                      policy.batch_value, " and ", policy.evict_below);
   }
-  TORCH_CHECK_VALUE(keeps_scores(s) == (table[2].numel() != 0) &&
-                        keeps_timestamps(s) == (table[3].numel() != 0),
-                    "dynemb.", op, ": the table's score buffers do not match strategy ", strategy);
-  const int64_t row_width = table[4].size(1);
-  TORCH_CHECK_VALUE(policy[4] >= 0 && policy[4] <= row_width, "dynemb.", op, ": dim ",
-                    policy[4], " must be in [0, row_width=", row_width, "]");
-  const int64_t mode = static_cast<int64_t>(init[0]);
-  TORCH_CHECK_VALUE(mode >= 0 && mode <= 4, "dynemb.", op, ": unknown initializer mode ", mode);
+  TORCH_CHECK_VALUE(keeps_scores(s) == (table.scores.numel() != 0) &&
+                        keeps_timestamps(s) == (table.timestamps.numel() != 0),
+                    "dynemb.", op, ": the table's score buffers do not match strategy ",
+                    static_cast<int64_t>(s));
+  const int64_t row_width = table.row_width();
+  TORCH_CHECK_VALUE(policy.dim >= 0 && policy.dim <= row_width, "dynemb.", op, ": dim ",
+                    policy.dim, " must be in [0, row_width=", row_width, "]");
+  const InitArgs init_args = parse_init(op, "init", init, policy.seed);
   const int64_t* custom = nullptr;
   if (s == ScoreStrategy::kCustomized) {
     TORCH_CHECK_VALUE(scores.has_value(), "dynemb.", op,
@@ -75,7 +106,7 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
     check_tensor(op, "scores", *scores, at::kLong, 1);
     TORCH_CHECK_VALUE(scores->numel() == keys.numel(), "dynemb.", op, ": `scores` has ",
                       scores->numel(), " elements, `keys` has ", keys.numel());
-    check_same_device(op, "scores", *scores, table[0]);
+    check_same_device(op, "scores", *scores, table.digests);
     custom = scores->data_ptr<int64_t>();
   }
   if (!evicted.empty()) {
@@ -86,21 +117,15 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table, at::IntArra
     TORCH_CHECK_VALUE(evicted[0].numel() == keys.numel() && evicted[2].numel() == keys.numel(),
                       "dynemb.", op, ": evicted.keys and evicted.scores need ", keys.numel(),
                       " elements");
-    check_rows(op, "evicted.rows", evicted[1], table[4], keys.numel(), row_width, row_width);
+    check_rows(op, "evicted.rows", evicted[1], table.values, keys.numel(), row_width, row_width);
   }
   UpsertCall call;
-  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy[1]), custom, nullptr};
+  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy.batch_value), custom, nullptr};
   // evict_below travels as an int64: -1 is kEvictAny, 0 never evicts.
-  call.args.evict_below = static_cast<uint64_t>(policy[3]);
+  call.args.evict_below = static_cast<uint64_t>(policy.evict_below);
   call.args.hits_first = false;
-  call.dim = policy[4];
-  call.init = InitArgs{static_cast<InitMode>(mode),
-                       static_cast<float>(init[1]),
-                       static_cast<float>(init[2]),
-                       static_cast<float>(init[3]),
-                       static_cast<float>(init[4]),
-                       static_cast<float>(init[5]),
-                       static_cast<uint64_t>(policy[2])};
+  call.dim = policy.dim;
+  call.init = init_args;
   return call;
 }
 

@@ -60,15 +60,15 @@ struct TableOpImpls {
     return {bucket, digest};
   }
 
-  static at::Tensor find(at::TensorList table, const at::Tensor& keys, const at::Tensor& values) {
+  static at::Tensor find(at::TensorList table_list, const at::Tensor& keys, const at::Tensor& values) {
     constexpr const char* op = "table_find";
-    check_table(op, table);
-    typename Backend::DeviceGuard guard(table[0].device());
+    const TableTensors table = checked_table(op, table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
     check_keys(op, keys);
-    check_same_device(op, "keys", keys, table[0]);
-    check_rows(op, "values", values, table[4], keys.numel(), 1, table[4].size(1));
+    check_same_device(op, "keys", keys, table.digests);
+    check_rows(op, "values", values, table.values, keys.numel(), 1, table.values.size(1));
     at::Tensor found = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::find(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
                     reinterpret_cast<W*>(values.data_ptr()), values.size(1),
@@ -77,14 +77,14 @@ struct TableOpImpls {
     return found;
   }
 
-  static at::Tensor find_slots(at::TensorList table, const at::Tensor& keys) {
+  static at::Tensor find_slots(at::TensorList table_list, const at::Tensor& keys) {
     constexpr const char* op = "table_find_slots";
-    check_table(op, table);
-    typename Backend::DeviceGuard guard(table[0].device());
+    const TableTensors table = checked_table(op, table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
     check_keys(op, keys);
-    check_same_device(op, "keys", keys, table[0]);
+    check_same_device(op, "keys", keys, table.digests);
     at::Tensor slots = at::empty_like(keys);
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::find_slots(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
                           slots.data_ptr<int64_t>());
@@ -93,15 +93,16 @@ struct TableOpImpls {
   }
 
   static std::tuple<at::Tensor, at::Tensor> find_or_insert(
-      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores, const at::Tensor& values,
       at::TensorList evicted) {
     constexpr const char* op = "table_find_or_insert";
-    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, evicted);
-    typename Backend::DeviceGuard guard(table[0].device());
-    check_rows(op, "values", values, table[4], keys.numel(), 1, table[4].size(1));
+    const UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, evicted);
+    const TableTensors table = table_tensors(table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
+    check_rows(op, "values", values, table.values, keys.numel(), 1, table.values.size(1));
     auto [status, counts] = upsert_outputs(keys);
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       FindOrInsertSink<W> sink{table_ref<W>(table), call.init, call.dim,
                                reinterpret_cast<W*>(values.data_ptr()), values.size(1),
@@ -113,19 +114,20 @@ struct TableOpImpls {
   }
 
   static std::tuple<at::Tensor, at::Tensor> insert_or_assign(
-      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores, const at::Tensor& values,
       at::TensorList evicted) {
     constexpr const char* op = "table_insert_or_assign";
-    const UpsertCall call = check_upsert(op, table, policy, init, keys, scores, evicted);
-    typename Backend::DeviceGuard guard(table[0].device());
-    const int64_t row_width = table[4].size(1);
-    check_rows(op, "values", values, table[4], keys.numel(), call.dim, row_width);
+    const UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, evicted);
+    const TableTensors table = table_tensors(table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
+    const int64_t row_width = table.values.size(1);
+    check_rows(op, "values", values, table.values, keys.numel(), call.dim, row_width);
     TORCH_CHECK_VALUE(values.size(1) == call.dim || values.size(1) == row_width, "dynemb.", op,
                       ": `values` must have dim=", call.dim, " or row_width=", row_width,
                       " columns, got ", values.size(1));
     auto [status, counts] = upsert_outputs(keys);
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       AssignSink<W> sink{table_ref<W>(table), call.init, call.dim,
                          reinterpret_cast<const W*>(values.data_ptr()), values.size(1),
@@ -137,7 +139,7 @@ struct TableOpImpls {
   }
 
   static std::tuple<at::Tensor, at::Tensor> restore(
-      at::TensorList table, at::IntArrayRef policy, at::ArrayRef<double> init,
+      at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const at::Tensor& values, const std::optional<at::Tensor>& state,
       const std::optional<at::Tensor>& scores, const std::optional<at::Tensor>& timestamps,
       at::TensorList evicted) {
@@ -146,28 +148,29 @@ struct TableOpImpls {
                                                                  ScoreStrategy::kCustomized);
     // CUSTOMIZED admits a newcomer by its score: the saved one, as a training batch would.
     const UpsertCall call =
-        check_upsert(op, table, policy, init, keys, customized ? scores : std::nullopt, evicted);
-    typename Backend::DeviceGuard guard(table[0].device());
-    const int64_t n = keys.numel(), row_width = table[4].size(1);
-    check_rows(op, "values", values, table[4], n, call.dim, call.dim);
+        check_upsert(op, table_list, policy, init, keys, customized ? scores : std::nullopt, evicted);
+    const TableTensors table = table_tensors(table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
+    const int64_t n = keys.numel(), row_width = table.values.size(1);
+    check_rows(op, "values", values, table.values, n, call.dim, call.dim);
     if (state.has_value()) {
-      check_rows(op, "state", *state, table[4], n, row_width - call.dim, row_width - call.dim);
+      check_rows(op, "state", *state, table.values, n, row_width - call.dim, row_width - call.dim);
     }
     auto check_meta = [&](const char* name, const std::optional<at::Tensor>& t,
-                          int which) -> const int64_t* {
+                          const at::Tensor& kept) -> const int64_t* {
       if (!t.has_value()) return nullptr;
-      TORCH_CHECK_VALUE(table[which].numel() != 0, "dynemb.", op, ": `", name,
+      TORCH_CHECK_VALUE(kept.numel() != 0, "dynemb.", op, ": `", name,
                         "` given but the table keeps none under strategy ", policy[0]);
       check_tensor(op, name, *t, at::kLong, 1);
       TORCH_CHECK_VALUE(t->numel() == n, "dynemb.", op, ": `", name, "` has ", t->numel(),
                         " elements, `keys` has ", n);
-      check_same_device(op, name, *t, table[0]);
+      check_same_device(op, name, *t, table.digests);
       return t->data_ptr<int64_t>();
     };
-    const int64_t* saved_scores = check_meta("scores", scores, 2);
-    const int64_t* saved_timestamps = check_meta("timestamps", timestamps, 3);
+    const int64_t* saved_scores = check_meta("scores", scores, table.scores);
+    const int64_t* saved_timestamps = check_meta("timestamps", timestamps, table.timestamps);
     auto [status, counts] = upsert_outputs(keys);
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       const SavedEntries<W> saved{
           reinterpret_cast<const W*>(values.data_ptr()),
@@ -181,14 +184,14 @@ struct TableOpImpls {
     return {status, counts};
   }
 
-  static at::Tensor erase(at::TensorList table, const at::Tensor& keys) {
+  static at::Tensor erase(at::TensorList table_list, const at::Tensor& keys) {
     constexpr const char* op = "table_erase";
-    check_table(op, table);
-    typename Backend::DeviceGuard guard(table[0].device());
+    const TableTensors table = checked_table(op, table_list);
+    typename Backend::DeviceGuard guard(table.digests.device());
     check_keys(op, keys);
-    check_same_device(op, "keys", keys, table[0]);
+    check_same_device(op, "keys", keys, table.digests);
     at::Tensor erased = at::empty(keys.sizes(), keys.options().dtype(at::kBool));
-    dispatch_values(op, table[4], [&](auto v) {
+    dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::erase(table_ref<W>(table), keys.data_ptr<int64_t>(), keys.numel(),
                      erased.data_ptr<bool>(), keys.options());
@@ -196,23 +199,23 @@ struct TableOpImpls {
     return erased;
   }
 
-  static int64_t rehash(at::TensorList src, at::TensorList dst, int64_t window) {
+  static int64_t rehash(at::TensorList src_list, at::TensorList dst_list, int64_t window) {
     constexpr const char* op = "table_rehash";
-    check_table(op, src);
-    check_table(op, dst);
-    TORCH_CHECK_VALUE(src[4].scalar_type() == dst[4].scalar_type() &&
-                          src[4].size(1) == dst[4].size(1) &&
-                          (src[2].numel() == 0) == (dst[2].numel() == 0) &&
-                          (src[3].numel() == 0) == (dst[3].numel() == 0),
+    const TableTensors src = checked_table(op, src_list);
+    const TableTensors dst = checked_table(op, dst_list);
+    TORCH_CHECK_VALUE(src.values.scalar_type() == dst.values.scalar_type() &&
+                          src.values.size(1) == dst.values.size(1) &&
+                          (src.scores.numel() == 0) == (dst.scores.numel() == 0) &&
+                          (src.timestamps.numel() == 0) == (dst.timestamps.numel() == 0),
                       "dynemb.", op, ": `src` and `dst` must have the same row layout and scores");
-    check_same_device(op, "dst", dst[0], src[0]);
-    typename Backend::DeviceGuard guard(src[0].device());
+    check_same_device(op, "dst", dst.digests, src.digests);
+    typename Backend::DeviceGuard guard(src.digests.device());
     TORCH_CHECK_VALUE(window >= 1 && window <= kMaxProbeBuckets, "dynemb.", op,
                       ": `window` must be in [1, ", kMaxProbeBuckets, "], got ", window);
-    return dispatch_values(op, src[4], [&](auto v) {
+    return dispatch_values(op, src.values, [&](auto v) {
       using W = V<decltype(v)>;
       return Backend::rehash(table_ref<W>(src), table_ref<W>(dst), static_cast<int>(window),
-                             src[1].options());
+                             src.keys.options());
     });
   }
 

@@ -30,6 +30,29 @@ constexpr const char* kTableTensorNames[kTableTensors] = {
     "table.digests", "table.keys",  "table.scores",   "table.timestamps",
     "table.values",  "table.locks", "table.overflow", "table.slow_values"};
 
+/// The op argument `table` by name (order above). References into the op's list:
+/// valid for the op's duration.
+struct TableTensors {
+  const at::Tensor& digests;
+  const at::Tensor& keys;
+  const at::Tensor& scores;
+  const at::Tensor& timestamps;
+  const at::Tensor& values;
+  const at::Tensor& locks;
+  const at::Tensor& overflow;
+  const at::Tensor& slow_values;
+
+  at::Device device() const { return digests.device(); }
+  int64_t num_slots() const { return digests.numel(); }
+  int64_t row_width() const { return values.size(1); }
+};
+
+/// Names the tensors of a `table` list that has kTableTensors entries (check_table).
+inline TableTensors table_tensors(at::TensorList table) {
+  return TableTensors{table[0], table[1], table[2], table[3],
+                      table[4], table[5], table[6], table[kSlowValues]};
+}
+
 inline void check_tensor(const char* op, const char* name, const at::Tensor& t,
                          at::ScalarType dtype, int64_t dim) {
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, "dynemb.", op, ": `", name, "` must have dtype ",
@@ -61,17 +84,18 @@ inline void check_table(const char* op, at::TensorList table) {
                     ": bucket_capacity must be a positive multiple of 16, got ", capacity);
   TORCH_CHECK_VALUE(num_buckets >= 1 && num_buckets <= (int64_t{1} << 32), "dynemb.", op,
                     ": num_buckets must be in [1, 2^32], got ", num_buckets);
-  check_tensor(op, "table.keys", table[1], at::kLong, 1);
-  TORCH_CHECK_VALUE(table[1].numel() == slots, "dynemb.", op, ": table.keys has ",
-                    table[1].numel(), " slots, expected ", slots);
-  for (int k : {2, 3}) {
-    const char* name = k == 2 ? "table.scores" : "table.timestamps";
-    check_tensor(op, name, table[k], at::kLong, 1);
-    TORCH_CHECK_VALUE(table[k].numel() == slots || table[k].numel() == 0, "dynemb.", op, ": ",
-                      name, " must have ", slots, " or 0 elements, got ", table[k].numel());
+  const TableTensors t = table_tensors(table);
+  check_tensor(op, "table.keys", t.keys, at::kLong, 1);
+  TORCH_CHECK_VALUE(t.keys.numel() == slots, "dynemb.", op, ": table.keys has ",
+                    t.keys.numel(), " slots, expected ", slots);
+  for (const at::Tensor* meta : {&t.scores, &t.timestamps}) {
+    const char* name = meta == &t.scores ? "table.scores" : "table.timestamps";
+    check_tensor(op, name, *meta, at::kLong, 1);
+    TORCH_CHECK_VALUE(meta->numel() == slots || meta->numel() == 0, "dynemb.", op, ": ", name,
+                      " must have ", slots, " or 0 elements, got ", meta->numel());
   }
-  const at::Tensor& values = table[4];
-  const at::Tensor& slow = table[7];
+  const at::Tensor& values = t.values;
+  const at::Tensor& slow = t.slow_values;
   TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && slow.dim() == 2 &&
                         slow.is_contiguous() && values.size(0) + slow.size(0) == slots &&
                         slow.size(1) == values.size(1) &&
@@ -79,9 +103,9 @@ inline void check_table(const char* op, at::TensorList table) {
                     "dynemb.", op, ": table.values and table.slow_values must be contiguous ",
                     "(rows, row_width) tensors of one dtype whose rows add up to ", slots,
                     ", got shapes ", values.sizes(), " and ", slow.sizes());
-  check_tensor(op, "table.locks", table[5], at::kInt, 1);
-  check_tensor(op, "table.overflow", table[6], at::kByte, 1);
-  TORCH_CHECK_VALUE(table[5].numel() == num_buckets && table[6].numel() == num_buckets,
+  check_tensor(op, "table.locks", t.locks, at::kInt, 1);
+  check_tensor(op, "table.overflow", t.overflow, at::kByte, 1);
+  TORCH_CHECK_VALUE(t.locks.numel() == num_buckets && t.overflow.numel() == num_buckets,
                     "dynemb.", op, ": table.locks and table.overflow must have num_buckets=",
                     num_buckets, " elements");
   for (int64_t k = 0; k < kTableTensors; ++k) {
@@ -98,24 +122,31 @@ inline void check_table(const char* op, at::TensorList table) {
   }
 }
 
+/// check_table, then the tensors by name.
+inline TableTensors checked_table(const char* op, at::TensorList table) {
+  check_table(op, table);
+  return table_tensors(table);
+}
+
 template <class V>
-TableRef<V> table_ref(at::TensorList table) {
-  auto opt_u64 = [](const at::Tensor& t) {
-    return t.numel() == 0 ? nullptr : reinterpret_cast<uint64_t*>(t.data_ptr<int64_t>());
+TableRef<V> table_ref(const TableTensors& t) {
+  auto opt_u64 = [](const at::Tensor& x) {
+    return x.numel() == 0 ? nullptr : reinterpret_cast<uint64_t*>(x.data_ptr<int64_t>());
   };
   TableRef<V> r;
-  r.digests = table[0].data_ptr<uint8_t>();
-  r.keys = table[1].data_ptr<int64_t>();
-  r.scores = opt_u64(table[2]);
-  r.timestamps = opt_u64(table[3]);
-  r.values = reinterpret_cast<V*>(table[4].data_ptr());
-  r.slow_values = table[7].numel() == 0 ? nullptr : reinterpret_cast<V*>(table[7].data_ptr());
-  r.fast_slots = table[4].size(0);
-  r.locks = reinterpret_cast<uint32_t*>(table[5].data_ptr<int32_t>());
-  r.overflow = table[6].data_ptr<uint8_t>();
-  r.num_buckets = table[0].size(0);
-  r.bucket_capacity = table[0].size(1);
-  r.row_width = table[4].size(1);
+  r.digests = t.digests.data_ptr<uint8_t>();
+  r.keys = t.keys.data_ptr<int64_t>();
+  r.scores = opt_u64(t.scores);
+  r.timestamps = opt_u64(t.timestamps);
+  r.values = reinterpret_cast<V*>(t.values.data_ptr());
+  r.slow_values =
+      t.slow_values.numel() == 0 ? nullptr : reinterpret_cast<V*>(t.slow_values.data_ptr());
+  r.fast_slots = t.values.size(0);
+  r.locks = reinterpret_cast<uint32_t*>(t.locks.data_ptr<int32_t>());
+  r.overflow = t.overflow.data_ptr<uint8_t>();
+  r.num_buckets = t.digests.size(0);
+  r.bucket_capacity = t.digests.size(1);
+  r.row_width = t.row_width();
   return r;
 }
 

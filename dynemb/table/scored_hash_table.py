@@ -644,7 +644,7 @@ class ScoredHashTable:
         rows, evicting only residents of batches below ``floor`` (-1: any). The caller
         holds ``lock.write()``. Returns ``(slots, status, counts)``; the evicted keys
         are written to ``evicted_keys``."""
-        policy = [_ops.CACHE_SCORES, batch, self.seed, floor, self.dim]
+        policy = _ops.Policy(_ops.CACHE_SCORES, batch, self.seed, floor, self.dim)
         slots, status, counts = _ops.table_find_or_insert_slots(
             self._storage.tensors(), policy, self._init, keys, None, None,
             init_rows=False, evicted_keys=evicted_keys, hits_first=True,
@@ -694,7 +694,7 @@ class ScoredHashTable:
             part = per_key.numel() != n
             r = rows[per_key] if part else rows
             sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
-            policy = [*policy[:4], width]
+            policy = policy._replace(dim=width)
             return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
 
         step = self._step  # a write-back is not a training step (STEP scores count those)
@@ -716,9 +716,10 @@ class ScoredHashTable:
             torch.cat([evicted[2][out], scores[lost]]),
         )
 
-    def _policy(self, batch_value: int):
+    def _policy(self, batch_value: int) -> _ops.Policy:
+        # Below capacity a full bucket grows the table instead of evicting.
         evict_below = _ops.EVICT_ANY if self.num_buckets == self._max_buckets else 0
-        return [self._strategy, batch_value, self.seed, evict_below, self.dim]
+        return _ops.Policy(self._strategy, batch_value, self.seed, evict_below, self.dim)
 
     def _grow(self) -> bool:
         """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""
