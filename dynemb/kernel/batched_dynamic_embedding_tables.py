@@ -31,6 +31,7 @@ from dynemb.table.protocol import Table
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
+from dynemb.tiering.staging import Staged
 from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
 _ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -272,7 +273,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 continue
             unique, inverse, counts = distinct
             if cached and not self._inserts(t):
-                rows = self._cached_eval_rows(t, tb, unique, inverse)
+                rows = self._cached_eval_rows(t, tb, unique, inverse, batch_size)
                 batch = None
             else:
                 batch = staged = None
@@ -318,32 +319,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         fresh = _distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
         return [r if r is not None else f for r, f in zip(reused, fresh)]
 
-    def _cached_eval_rows(self, t, tb, unique, inverse):
+    def _cached_eval_rows(self, t, tb, unique, inverse, batch_size):
         """Eval lookup of a cached table: rows from the cache, else its slow tier, else
-        the eval initializer; pooled like _read_rows (nothing is inserted)."""
-        table = self.tables[t]
-        stored, found = table.read_rows(unique)
-        rows = stored.to(torch.float32)
-        lost = torch.nonzero(~found, as_tuple=True)[0]
-        if lost.numel():
-            none = torch.full_like(lost, -1)
-            with table.lock.read():
-                rows[lost] = _ops.embedding_gather(
-                    table.buffers.tensors(), none, unique[lost].contiguous(),
-                    self._eval_missing[t], self.table_options[t].seed, table.dim,
-                )  # fmt: skip
-        per_index = rows[inverse]
-        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            return per_index
-        lengths = tb.offsets.diff()
-        if tb.weights is not None:
-            per_index = per_index * tb.weights.unsqueeze(1)
-        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=self.device), lengths)
-        pooled = torch.zeros((lengths.numel(), table.dim), device=self.device)
-        pooled.index_add_(0, bag, per_index)
-        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
-            pooled /= lengths.clamp(min=1).unsqueeze(1)
-        return pooled
+        the eval initializer, pooled by the same op as every lookup (core/pooling.h);
+        nothing is inserted. The stored rows go to a private table for the op."""
+        stored, found = self.tables[t].read_rows(unique)
+        at = torch.nonzero(found, as_tuple=True)[0]
+        private = Staged.of(unique, at, stored[at], torch.zeros_like(at))
+        slots = private.unique_slots[inverse]
+        missing = self._eval_missing[t]
+        return self._read_rows(t, tb, slots, missing, batch_size, private.storage)
 
     def _read_rows(self, t, tb, slots, missing, batch_size, storage=None):
         """Pooled bags (len(features) * B, dim), or one row per index for NONE.

@@ -39,7 +39,7 @@ class Staged:
             row_width=rows.shape[1], bucket_capacity=16, value_dtype=rows.dtype,
             keeps_scores=True, keeps_timestamps=False, device=rows.device,
         )  # fmt: skip
-        storage = TableStorage(layout, math.ceil(n / 16))
+        storage = TableStorage(layout, max(1, math.ceil(n / 16)))
         storage.values[:n] = rows
         unique_slots = torch.full_like(keys, -1)
         unique_slots[pos] = torch.arange(n, device=keys.device)
