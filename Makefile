@@ -42,8 +42,11 @@ $(BUILD_INPUTS): FORCE
 
 FORCE:
 
+# OMP_NUM_THREADS: one thread per rank (unless set), the value torchrun picks itself
+# when it is unset, after a banner asking to set it.
 demo: build
-	$(VENV)/bin/torchrun --nproc_per_node=2 example.py --train --eval
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/torchrun --nproc_per_node=2 example.py \
+	  --train --eval
 
 # Compiles and links the CUDA build of the extension (every source and flag of
 # `DYNEMB_WITH_CUDA=1 pip install`) for sm_80 and sm_90 against torch 2.13.0+cu130, which

@@ -14,9 +14,8 @@ reads ``test_devices()``. Multi-process tests (``tests/multiprocess.py``) ask
 
 import os
 
-import torch
-
 import dynemb._C as _C
+import torch
 
 SWITCH = "DYNEMB_TEST_CUDA"
 
