@@ -260,6 +260,29 @@ def feature_names(config: Config) -> list[str]:
     return [f"f{i}" for i in range(config.num_tables)]
 
 
+def planner_inputs(world_size: int, device: str) -> dict:
+    """``topology`` and ``storage_reservation`` for a TorchRec (or dynemb) planner.
+
+    Built the way TorchRec asks, so that planning prints no warning: the topology
+    through ``TopologyFactory`` (default HBM / DDR capacities), and a fixed share of
+    memory (15%) kept for dense tensors, since the modules are on the meta device and
+    TorchRec's default reservation would size them from unmaterialised parameters.
+    """
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedPercentageStorageReservation,
+    )
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world_size, local_world_size=world_size),
+        kernel_config=KernelConfig(compute_device=device),
+    )
+    return {
+        "topology": topology,
+        "storage_reservation": FixedPercentageStorageReservation(percentage=0.15),
+    }
+
+
 def build_torchrec_peer(config: Config) -> torch.nn.Module:
     """The DMP-sharded EBC (TABLE_WISE, fused optimizer) on ``config.device``: FUSED
     kernel, or FUSED_UVM_CACHING with ``cache_load_factor = hbm_fraction``."""
@@ -269,7 +292,7 @@ def build_torchrec_peer(config: Config) -> torch.nn.Module:
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingType
     from torchrec.modules.embedding_configs import PoolingType
@@ -302,8 +325,8 @@ def build_torchrec_peer(config: Config) -> torch.nn.Module:
         cache_params=cache,
     )
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=1, compute_device=config.device),
         constraints={name: constraint for name in table_names(config)},
+        **planner_inputs(1, config.device),
     )
     plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
     model = DistributedModelParallel(
@@ -325,7 +348,15 @@ def check_peer(model: torch.nn.Module, config: Config) -> None:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    tbes = [m for m in model.modules() if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)]
+    # ShardedEmbeddingBagCollection keeps its lookups in a plain list (not submodules),
+    # with no public accessor.
+    lookups = model.module._lookups  # noqa: SLF001
+    tbes = [
+        m
+        for lookup in lookups
+        for m in lookup.modules()
+        if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)
+    ]
     assert tbes, "no fbgemm TBE in the sharded model: not the FUSED kernel"
     for tbe in tbes:
         assert tbe.use_cpu == (config.device == "cpu"), tbe.use_cpu

@@ -46,6 +46,7 @@ from bench_train import (
     free_port,
     has_peer,
     make_batches,
+    planner_inputs,
     spread_ids,
     summarize,
     table_names,
@@ -85,7 +86,7 @@ def build_model(
     import torch.distributed as dist
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ShardingEnv
 
@@ -108,7 +109,7 @@ def build_model(
         "beta1": config.beta1,
         "beta2": config.beta2,
     }
-    topology = Topology(world_size=world_size, compute_device=device.type)
+    planning = planner_inputs(world_size, device.type)
     if impl == "dynemb":
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
         options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
@@ -116,13 +117,18 @@ def build_model(
             name: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
             for name in table_names(config)
         }
-        planner = DynamicEmbeddingShardingPlanner(configs, topology, constraints=constraints)
+        planner = DynamicEmbeddingShardingPlanner(
+            configs,
+            planning["topology"],
+            constraints=constraints,
+            storage_reservation=planning["storage_reservation"],
+        )
     else:
         sharder = _cpu_row_wise_sharder_class()(fused_params=fused)
         sharding = "table_wise" if world_size == 1 else "row_wise"
         constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
         constraints = {name: constraint for name in table_names(config)}
-        planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+        planner = EmbeddingShardingPlanner(constraints=constraints, **planning)
     plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     return DistributedModelParallel(module, env=env, plan=plan, sharders=[sharder], device=device)

@@ -13,12 +13,14 @@ Example::
 
 import argparse
 import json
+import logging
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,14 @@ import torch
 from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Known-harmless notices, silenced in every benchmark process (as in example.py):
+# deprecations raised inside torch / TorchRec (e.g. TorchRec's collectives calling
+# torch.distributed.all_gather_into_tensor), which a benchmark cannot act on; and
+# torch.fx's once-per-process note that is_fx_tracing() also answers True under
+# torch.export (TorchRec calls it on every forward; nothing here traces).
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 RECORD_KEYS = (
     "workload",
     "impl",
