@@ -9,7 +9,8 @@ NVCC   ?= $(shell command -v nvcc 2>/dev/null)
 TORCH_CUDA_CACHE ?= $(HOME)/.cache/dynemb/torch-2.13.0-cu130-$(shell $(PYTHON) -c \
   'import sys; print("cp%d%d" % sys.version_info[:2])')
 
-.PHONY: demo test venv build cuda-check lint bench-quick clean FORCE
+.PHONY: demo test venv build cuda-check lint bench-quick clean FORCE \
+  venv-cuda wheels-cuda gpu-check gpu-test gpu-bench
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +42,11 @@ $(BUILD_INPUTS): FORCE
 
 FORCE:
 
+# OMP_NUM_THREADS: one thread per rank (unless set), the value torchrun picks itself
+# when it is unset, after a banner asking to set it.
 demo: build
-	$(VENV)/bin/torchrun --nproc_per_node=2 example.py --train --eval
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/torchrun --nproc_per_node=2 example.py \
+	  --train --eval
 
 # Compiles and links the CUDA build of the extension (every source and flag of
 # `DYNEMB_WITH_CUDA=1 pip install`) for sm_80 and sm_90 against torch 2.13.0+cu130, which
@@ -73,6 +77,79 @@ BENCHMARKS := $(wildcard benchmark/bench_*.py)
 # Benchmarks are not timed tests: CI runs each in --quick mode to prove it runs.
 bench-quick: build
 	@for b in $(BENCHMARKS); do echo "== $$b --quick"; $(PY) $$b --quick > /dev/null || exit 1; done
+
+# ---------------------------------------------------------------- the GPU run-book
+# On a machine with a GPU, nvcc 13 and network (README, "Run it on a GPU machine"):
+#   make gpu-test    .venv-cuda with the CUDA builds of torch/fbgemm-gpu, dynemb built with
+#                    DYNEMB_WITH_CUDA=1, then the whole suite with the cuda executor and the
+#                    cuda test device (tests/devices.py)
+#   make gpu-bench   the benchmarks with --device cuda
+# Without network: `make wheels-cuda` where pip works, copy wheels-cuda/ beside the
+# checkout, then `make gpu-test WHEELS=wheels-cuda`. With a CUDA torch already installed:
+# `make gpu-test CUDA_PY=/path/to/python` (no .venv-cuda; that Python needs this project's
+# other requirements). None of these is part of `make test`: CI has no GPU.
+VENV_CUDA  := .venv-cuda
+CUDA_PY    ?= $(VENV_CUDA)/bin/python
+CUDA_STAMP := $(VENV_CUDA)/.deps-installed
+WHEELS     ?=
+# --isolated: this machine's pip config prefers the local CPU wheel of torch 2.13.0.
+CUDA_PIP_FROM = $(if $(WHEELS),--no-index --find-links $(WHEELS),--isolated \
+  $(if $(PIP_CERT),--cert $(PIP_CERT)))
+# requirements.txt without its CPU builds (requirements-cuda.txt replaces them).
+CUDA_COMMON := build/requirements-cuda-common.txt
+GPU_BENCH_OUT ?= benchmark/out/gpu
+
+$(CUDA_COMMON): requirements.txt
+	@mkdir -p $(@D)
+	grep -v -e '^torch==' -e '^fbgemm-gpu-cpu==' requirements.txt > $@
+
+# Fails fast, before any download, on a machine without nvcc or without a GPU.
+gpu-check:
+	@command -v nvcc >/dev/null 2>&1 || { echo "$(or $(MAKECMDGOALS),gpu-check): nvcc not found on PATH: \
+	install the CUDA 13 toolkit (the CUDA build compiles csrc/cuda with it)" >&2; exit 2; }
+	@{ command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } \
+	  || ls /dev/nvidia[0-9]* >/dev/null 2>&1 || { echo "$(or $(MAKECMDGOALS),gpu-check): no CUDA device on this \
+	machine (nvidia-smi lists none, no /dev/nvidia*): run it on a GPU machine; \
+	\`make test\` is the CPU suite" >&2; exit 2; }
+
+$(CUDA_STAMP): requirements-cuda.txt $(CUDA_COMMON) requirements-nodeps.txt
+	$(PYTHON) -m venv $(VENV_CUDA)
+	$(VENV_CUDA)/bin/python -m pip install -q $(CUDA_PIP_FROM) -r requirements-cuda.txt \
+	  -r $(CUDA_COMMON)
+	$(VENV_CUDA)/bin/python -m pip install -q $(CUDA_PIP_FROM) --no-deps -r requirements-nodeps.txt
+	touch $@
+
+venv-cuda: gpu-check $(CUDA_STAMP)
+
+# Every wheel .venv-cuda needs (several GB: torch+cu130 is 527 MB, NVIDIA's runtime
+# wheels most of the rest), for a GPU machine without network; run it where pip works,
+# with the GPU machine's Python version.
+wheels-cuda: $(CUDA_COMMON)
+	$(PYTHON) -m pip download -q --isolated --only-binary=:all: -d wheels-cuda \
+	  -r requirements-cuda.txt -r $(CUDA_COMMON)
+	$(PYTHON) -m pip download -q --isolated --only-binary=:all: --no-deps -d wheels-cuda \
+	  -r requirements-nodeps.txt
+
+# The CUDA build goes where the CPU build was (dynemb/_C*.so): the CPU build's stamp is
+# removed, so the next `make build` / `make test` rebuilds the CPU extension. Without -x:
+# a first run on a GPU should list every failure.
+gpu-test: gpu-check $(if $(filter $(VENV_CUDA)/bin/python,$(CUDA_PY)),$(CUDA_STAMP))
+	@$(CUDA_PY) -c 'import sys, torch; sys.exit(None if torch.version.cuda and \
+	  torch.cuda.is_available() else "gpu-test: $(CUDA_PY) has torch " + torch.__version__ \
+	  + (" (no CUDA device visible)" if torch.version.cuda else " (a CPU-only build)"))'
+	@rm -f $(EXT_STAMP)
+	DYNEMB_WITH_CUDA=1 MAX_JOBS=$$(nproc) $(CUDA_PY) -m pip install -q --no-build-isolation \
+	  --no-deps -e .
+	DYNEMB_EXECUTOR=cuda DYNEMB_TEST_CUDA=1 $(CUDA_PY) -m pytest tests -q --timeout=600
+
+# The GPU benchmarks (after `make gpu-test`, which builds dynemb for CUDA): JSON lines
+# into $(GPU_BENCH_OUT), tables on the terminal.
+gpu-bench: gpu-check
+	@mkdir -p $(GPU_BENCH_OUT)
+	@for b in bench_table bench_train bench_caching bench_train_dmp; do \
+	  echo "== benchmark/$$b.py --device cuda"; \
+	  $(CUDA_PY) benchmark/$$b.py --device cuda > $(GPU_BENCH_OUT)/$$b.jsonl || exit 1; \
+	done
 
 clean:
 	rm -rf build dynemb/*.so *.egg-info

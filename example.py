@@ -29,6 +29,7 @@ NCCL when CUDA is present.
 """
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -48,7 +49,13 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    ParameterConstraints,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlanner, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -64,6 +71,13 @@ from dynemb.tiering import PrefetchPipeline, distribute_for_prefetch, prefetch_d
 
 # Deprecation notices raised inside torch / TorchRec, which user code cannot act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
+# torch.fx logs, once per process, that is_fx_tracing() also answers True under
+# torch.export: TorchRec's modules call it on every forward, this example traces
+# nothing, and the line (one per rank) only asks TorchRec to use another function.
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+# TorchRec's planner reserves this share of each device's memory for what is not an
+# embedding table (dense layers, optimizer state, input batches).
+RESERVED_MEMORY = 0.15
 
 OPTIMIZERS = ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
@@ -239,10 +253,15 @@ def build_model(
         "learning_rate": args.learning_rate,
         "eps": 1e-8,
     }
-    topology = Topology(
-        world_size=dist.get_world_size(pg),
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg))),
-        compute_device=device.type,
+    world_size = dist.get_world_size(pg)
+    # Through TopologyFactory, as TorchRec asks (it validates the hardware figures);
+    # HBM / DDR capacities are TorchRec's defaults.
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+        ),
+        kernel_config=KernelConfig(compute_device=device.type),
     )
     if args.static:
         sharders, planner = static_planner(args, pooled + sequence, topology, fused_params)
@@ -281,7 +300,10 @@ def static_planner(
         EmbeddingCollectionSharder(fused_params=fused_params),
     ]
     constraints = {t.name: ordinary_constraints(device) for t in tables}
-    return sharders, EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    planner = EmbeddingShardingPlanner(
+        topology=topology, constraints=constraints, storage_reservation=storage_reservation()
+    )
+    return sharders, planner
 
 
 def dynamic_planner(
@@ -321,9 +343,19 @@ def dynamic_planner(
         DynamicEmbeddingCollectionSharder(fused_params=fused_params),
     ]
     planner = DynamicEmbeddingShardingPlanner(
-        eb_configs=tables, topology=topology, constraints=constraints
+        eb_configs=tables,
+        topology=topology,
+        constraints=constraints,
+        storage_reservation=storage_reservation(),
     )
     return sharders, planner
+
+
+def storage_reservation() -> FixedPercentageStorageReservation:
+    """A fixed share of memory kept for dense tensors, as TorchRec recommends for a model
+    built on the meta device: its default reservation sizes the dense tensors from
+    parameters that are not materialised yet (and says so in a warning)."""
+    return FixedPercentageStorageReservation(percentage=RESERVED_MEMORY)
 
 
 def cache_options(args: argparse.Namespace) -> dict:

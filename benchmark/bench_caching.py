@@ -13,6 +13,9 @@ rate over the timed steps (with prefetch, the hit rate of the prefetches, which
 are then the lookups that miss), and the keys staged (served outside a cache too
 small for the batches in flight). The peer does no prefetch: with it, the table
 work of the next batch overlaps the current one's, so a cached run can beat it.
+
+``--device cuda``: the tables, batches and caches on the GPU (the caches in HBM, the
+slow tiers in host memory); each step is timed after a ``torch.cuda.synchronize``.
 """
 
 import argparse
@@ -29,7 +32,16 @@ from bench_train import (
     make_batches,
     spread_ids,
 )
-from common import Recorder, available_threads, commit_hash, progress, set_threads
+from common import (
+    Recorder,
+    add_device_argument,
+    available_threads,
+    commit_hash,
+    progress,
+    resolve_device,
+    set_threads,
+    synchronize,
+)
 
 from dynemb.tiering import PrefetchPipeline
 
@@ -64,7 +76,7 @@ def touched_keys(keys: list[torch.Tensor], config: Config) -> list[int]:
     ]
 
 
-def build(run: Run, touched: list[int], config: Config):
+def build(run: Run, touched: list[int], config: Config, device: torch.device):
     from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynemb.optimizer import EmbOptimType, OptimizerConfig
 
@@ -84,12 +96,13 @@ def build(run: Run, touched: list[int], config: Config):
         pooling_mode=DynamicEmbPoolingMode.SUM,
         optimizer=optimizer,
         learning_rate=config.learning_rate,
+        device=device,
     )
 
 
-def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
+def train(run: Run, module, keys: list[torch.Tensor], config: Config, device) -> dict:
     """Trains every batch; returns samples/s (median step) and the timed hit rate."""
-    offsets = fixed_offsets(config)
+    offsets = fixed_offsets(config).to(device)
 
     def step(indices: torch.Tensor) -> None:
         module(indices, offsets).sum().backward()
@@ -106,7 +119,9 @@ def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
     else:
         steps = (step(k) for k in keys)
     times, start, base = [], time.perf_counter(), None
+    synchronize(device)
     for i, _ in enumerate(progress(steps, run.impl, total=len(keys), unit="step")):
+        synchronize(device)
         now = time.perf_counter()
         if i == config.warmup - 1:
             base = counters()
@@ -122,11 +137,11 @@ def train(run: Run, module, keys: list[torch.Tensor], config: Config) -> dict:
     return result
 
 
-def measure(runs: list[Run], config: Config, repeats: int) -> dict:
+def measure(runs: list[Run], config: Config, repeats: int, device: torch.device) -> dict:
     """Each configuration right after its own run of the peer (the machine is shared:
     only neighbours in time see the same load); per configuration the medians over
     the repeats of its results and of its peer's samples/s."""
-    keys = [spread_ids(b) for b in make_batches(config)]
+    keys = [spread_ids(b).to(device) for b in make_batches(config)]
     touched = touched_keys(keys, config)
     print(f"touched keys per table: {touched}", file=sys.stderr)
     results: dict[Run, list[tuple[dict, dict]]] = {run: [] for run in runs}
@@ -134,8 +149,8 @@ def measure(runs: list[Run], config: Config, repeats: int) -> dict:
         for run in runs:
             pair = []
             for r in (Run(None), run):
-                module = build(r, touched, config)
-                pair.append(train(r, module, keys, config))
+                module = build(r, touched, config, device)
+                pair.append(train(r, module, keys, config, device))
                 del module
             results[run].append((pair[1], pair[0]))
     return {
@@ -161,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         help="prefetch in a background thread (on), before each step (off), or as "
         "PrefetchPipeline decides for this host (auto: overlap when a core is free)",
     )  # fmt: skip
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = resolve_device(args.device)
     sizes = dict(QUICK) if args.quick else {}
     if args.steps:
         sizes["steps"] = args.steps
@@ -169,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     config = Config(optimizer=args.optimizer, threads=args.threads, **sizes)
     overlap = {"auto": None, "on": True, "off": False}[args.overlap]
     runs = [Run(f, p, overlap if p else None) for f in CACHE_FRACTIONS for p in (False, True)]
-    best = measure(runs, config, 1 if args.quick else args.repeats)
+    best = measure(runs, config, 1 if args.quick else args.repeats, device)
     rec = Recorder(commit_hash())
     opt = config.optimizer
     for run in runs:

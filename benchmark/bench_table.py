@@ -3,6 +3,7 @@
 Usage::
 
     python benchmark/bench_table.py [--quick] [--only table|scale] [--out DIR] [--repeats N]
+                                    [--device cpu|cuda]
 
 W-table: a TIMESTAMP table of 2^22 slots (buckets of 128, dim 64 float32) is
 pre-filled to load factor 0.75 with random 63-bit keys (``insert_or_assign`` in
@@ -41,6 +42,14 @@ capacity when a key does not fit; the state after the batch preceding a doubling
 gives the highest load factor reached before growth (a lower bound: the doubling
 happens somewhere inside the next batch). Peak RSS of the process closes the run.
 
+``--device cuda``: the same workloads with the tables in device memory (HBM), every
+timed run between two ``torch.cuda.synchronize``, at the process's thread count only
+(the host threads do not run the kernels). W-table then runs three tables: dim 64 in
+HBM; dim 64 hybrid, 10% of its rows in HBM (``fast_rows``) and the rest in page-locked
+host memory; and dim 8 in HBM. Beside the find figures at dim 8 and dim 64 it prints
+HierarchicalKV's published A100 find figures as an anchor: published, not measured
+here, on other hardware.
+
 Output: JSON lines on stdout (common.Recorder), then a table and the targets on
 stderr; a PNG plot of W-scale in ``--out``.
 """
@@ -55,13 +64,16 @@ from pathlib import Path
 import torch
 from common import (
     Recorder,
+    add_device_argument,
     available_threads,
     commit_hash,
     paired_median_seconds,
     peak_rss_bytes,
     print_rows,
     progress,
+    resolve_device,
     set_threads,
+    synchronize,
 )
 
 import dynemb
@@ -73,6 +85,14 @@ PREFILL_LOAD = 0.75
 KEY_HIGH = 2**63 - 1  # torch.randint's exclusive bound: keys in [0, 2^63 - 1)
 IMPL = "dynemb.ScoredHashTable"
 ROOF = "torch.index_select"
+HYBRID_HBM_FRACTION = 0.10  # --device cuda: the hybrid table's rows in HBM
+# HierarchicalKV's published find throughput on an A100 (its README's benchmark tables:
+# 1M keys per call, load factor 0.5-1.0), in Mkeys/s by value dim, as quoted by
+# /work/shared/WORKLOADS.md ("find 2.47 Bkeys/s at dim 8, 2.0 at dim 64"). Not measured
+# here, and on other hardware: an anchor, not a peer. A figure that is not known
+# exactly must be None (printed as null), never guessed.
+HKV_PUBLISHED = "HierarchicalKV A100 find (published, not measured)"
+HKV_PUBLISHED_FIND_MKEYS: dict[int, float | None] = {8: 2470.0, 64: 2000.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,23 +117,24 @@ QUICK = Sizes(2**16, 2**12, 2**10, 2**19, (2**12, 2**14, 2**16, 2**18), repeats=
 class TableSnapshot:
     """A copy of a table's buffers, restored in place before each run of a mutating op.
 
-    Reaches into ``ScoredHashTable._storage`` and ``_size``: the table has no public
-    clone, and rebuilding it by re-insertion takes seconds per run and leaves pages
-    never touched that the measured op would then fault in.
+    Copies the table's buffers (``ScoredHashTable.buffers``) and writes its private
+    ``_size`` back: the table has no public clone nor size setter, and rebuilding it by
+    re-insertion takes seconds per run and leaves pages never touched that the measured
+    op would then fault in.
     """
 
     def __init__(self, table: dynemb.ScoredHashTable) -> None:
         self.table = table
-        self.storage = table._storage
+        self.storage = table.buffers
         self.buffers = [b.clone() for b in self.storage.tensors()]
         self.size = table.size()
 
     def restore(self) -> None:
-        if self.table._storage is not self.storage:
+        if self.table.buffers is not self.storage:
             raise RuntimeError("the table reallocated its buffers since the snapshot")
         for dst, src in zip(self.storage.tensors(), self.buffers, strict=True):
             dst.copy_(src)
-        self.table._size = self.size
+        self.table._size = self.size  # noqa: SLF001 - no public setter (see the class doc)
 
 
 def prefill(table: dynemb.ScoredHashTable, n: int, batch: int, gen: torch.Generator) -> None:
@@ -121,32 +142,72 @@ def prefill(table: dynemb.ScoredHashTable, n: int, batch: int, gen: torch.Genera
     for start in progress(range(0, n, batch), "W-table pre-fill"):
         m = min(batch, n - start)
         keys = torch.randint(0, KEY_HIGH, (m,), generator=gen)
-        table.insert_or_assign(keys, torch.randn(m, table.dim, generator=gen))
+        rows = torch.randn(m, table.dim, generator=gen)
+        table.insert_or_assign(keys.to(table.device), rows.to(table.device))
 
 
 def resident_keys(table: dynemb.ScoredHashTable) -> torch.Tensor:
-    """(size,) int64: every key the table stores."""
+    """(size,) int64, on the CPU: every key the table stores."""
     keys, _, _, _ = table.export_batch(0, table.capacity())
-    return keys
+    return keys.cpu()
 
 
-def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: int) -> list[str]:
-    """Runs W-table at each thread count; returns notes for the human report."""
+@dataclasses.dataclass(frozen=True)
+class TableRun:
+    """One W-table table: its value width, its rows in the fast tier, the ops timed."""
+
+    dim: int = TABLE_DIM
+    fast_fraction: float | None = None  # hybrid tiers: this fraction of the rows is fast
+    ops: tuple[str, ...] = ("find", "find_or_insert", "insert_or_assign", "erase")
+
+    @property
+    def impl(self) -> str:
+        if self.fast_fraction is None:
+            return IMPL
+        return f"{IMPL}(hybrid,{self.fast_fraction:.0%} fast)"
+
+    def metric(self, name: str) -> str:
+        return name if self.dim == TABLE_DIM else f"{name}@dim={self.dim}"
+
+
+def table_runs(device: torch.device) -> list[TableRun]:
+    """W-table's tables: dim 64 on CPU; on cuda also hybrid and dim 8 (see module doc)."""
+    if device.type == "cpu":
+        return [TableRun()]
+    return [TableRun(), TableRun(fast_fraction=HYBRID_HBM_FRACTION), TableRun(dim=8)]
+
+
+def run_table(
+    rec: Recorder,
+    sizes: Sizes,
+    thread_counts: list[int],
+    repeats: int,
+    device: torch.device,
+    run: TableRun,
+) -> list[str]:
+    """Runs W-table for one table at each thread count; returns notes for the report."""
     gen = torch.Generator().manual_seed(0)
+    dim = run.dim
+    fast_rows = None
+    if run.fast_fraction is not None:
+        fast_rows = int(run.fast_fraction * sizes.table_slots)
     table = dynemb.ScoredHashTable(
-        dim=TABLE_DIM,
+        dim=dim,
         capacity=sizes.table_slots,
         bucket_capacity=BUCKET_CAPACITY,
         score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
         value_dtype=torch.float32,
+        device=device,
+        fast_rows=fast_rows,
     )
     target = int(PREFILL_LOAD * sizes.table_slots)
     prefill(table, target, sizes.batch, gen)
     resident = resident_keys(table)
     n = sizes.batch
     notes = [
-        f"W-table: pre-fill of {target} keys left {table.size()} resident "
-        f"(load factor {table.load_factor():.4f}, {table.memory_usage() / 2**20:.0f} MiB)"
+        f"W-table {run.impl} dim {dim} on {device}: pre-fill of {target} keys left "
+        f"{table.size()} resident (load factor {table.load_factor():.4f}, "
+        f"{table.memory_usage() / 2**20:.0f} MiB)"
     ]
 
     def sample_resident(m: int) -> torch.Tensor:
@@ -157,11 +218,15 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
         [sample_resident(n // 2), torch.randint(0, KEY_HIGH, (n - n // 2,), generator=gen)]
     )
     mixed_keys = half[torch.randperm(n, generator=gen)]
-    values = torch.randn(n, TABLE_DIM, generator=gen)
-    dense = torch.randn(sizes.table_slots, TABLE_DIM, generator=gen)
+    values = torch.randn(n, dim, generator=gen)
+    dense = torch.randn(sizes.table_slots, dim, generator=gen)
     rows = torch.randint(0, sizes.table_slots, (n,), generator=gen)
-    gathered = torch.empty(n, TABLE_DIM).fill_(0)  # touched once: no page faults when timed
-    found_rows = torch.empty(n, TABLE_DIM).fill_(0)
+    hit_keys, mixed_keys, values, dense, rows = (
+        x.to(device) for x in (hit_keys, mixed_keys, values, dense, rows)
+    )
+    # Touched once: no page faults when timed.
+    gathered = torch.empty(n, dim, device=device).fill_(0)
+    found_rows = torch.empty(n, dim, device=device).fill_(0)
     snapshot = TableSnapshot(table)
 
     def gather() -> torch.Tensor:
@@ -182,6 +247,7 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
         "insert_or_assign": (lambda: table.insert_or_assign(mixed_keys, values), snapshot.restore),
         "erase": (lambda: table.erase(hit_keys), snapshot.restore),
     }
+    ops = {name: ops[name] for name in run.ops}
     notes += check_table_ops(table, snapshot, hit_keys, mixed_keys, values)
 
     one_thread: dict[str, float] = {}
@@ -190,30 +256,38 @@ def run_table(rec: Recorder, sizes: Sizes, thread_counts: list[int], repeats: in
         # The roof (preallocated output), and beside it the same gather allocating its
         # output: the difference is the page faults of a fresh (n, 64) tensor on this VM.
         roof_s, alloc_s = paired_median_seconds(
-            gather, gather_allocating, repeats=repeats, desc=f"{ROOF} x{threads}"
+            gather, gather_allocating, repeats=repeats, desc=f"{ROOF} x{threads}", device=device
         )
         roof = n / roof_s / 1e6
-        rec.add("W-table", ROOF, "gather_mkeys_per_s", roof, threads=threads)
+        gather_metric = run.metric("gather_mkeys_per_s")
+        rec.add("W-table", ROOF, gather_metric, roof, threads=threads)
         rec.add(
-            "W-table", f"{ROOF}(allocating)", "gather_mkeys_per_s", n / alloc_s / 1e6,
+            "W-table", f"{ROOF}(allocating)", gather_metric, n / alloc_s / 1e6,
             threads=threads, peer=ROOF, peer_value=roof,
         )  # fmt: skip
         for name, (call, setup) in ops.items():
             secs, peer_secs = paired_median_seconds(
-                call, gather, setup=setup, repeats=repeats, desc=f"{name} x{threads}"
-            )
+                call, gather, setup=setup, repeats=repeats, desc=f"{name} x{threads}",
+                device=device,
+            )  # fmt: skip
             rate = n / secs / 1e6
-            metric = f"{name}_mkeys_per_s"
+            metric = run.metric(f"{name}_mkeys_per_s")
             rec.add(
-                "W-table", IMPL, metric, rate, threads=threads,
+                "W-table", run.impl, metric, rate, threads=threads,
                 peer=ROOF, peer_value=n / peer_secs / 1e6,
             )  # fmt: skip
             if threads == 1:
                 one_thread[name] = rate
             elif name in one_thread:
                 rec.add(
-                    "W-table", IMPL, f"{name}_thread_scaling", rate, threads=threads,
-                    peer=f"{name} at 1 thread", peer_value=one_thread[name],
+                    "W-table", run.impl, run.metric(f"{name}_thread_scaling"), rate,
+                    threads=threads, peer=f"{name} at 1 thread", peer_value=one_thread[name],
+                )  # fmt: skip
+            if device.type == "cuda" and name == "find" and run.fast_fraction is None:
+                rec.add(
+                    "W-table", run.impl, f"find_mkeys_per_s@dim={dim},vs_published", rate,
+                    threads=threads, peer=HKV_PUBLISHED,
+                    peer_value=HKV_PUBLISHED_FIND_MKEYS.get(dim),
                 )  # fmt: skip
     return notes
 
@@ -278,7 +352,9 @@ class ScaleSample:
         return self.size / self.capacity
 
 
-def run_scale(rec: Recorder, sizes: Sizes, threads: int) -> tuple[list[ScaleSample], list[str]]:
+def run_scale(
+    rec: Recorder, sizes: Sizes, threads: int, device: torch.device
+) -> tuple[list[ScaleSample], list[str]]:
     """Runs W-scale; returns the per-batch samples (for the plot) and notes."""
     set_threads(threads)
     gen = torch.Generator().manual_seed(0)
@@ -289,16 +365,19 @@ def run_scale(rec: Recorder, sizes: Sizes, threads: int) -> tuple[list[ScaleSamp
         bucket_capacity=BUCKET_CAPACITY,
         score_strategy=dynemb.DynamicEmbScoreStrategy.NO_EVICTION,
         value_dtype=torch.float32,
+        device=device,
     )
-    values = torch.randn(sizes.batch, SCALE_DIM, generator=gen)
+    values = torch.randn(sizes.batch, SCALE_DIM, generator=gen).to(device)
     payload = 8 + 4 * SCALE_DIM
     payload_name = f"payload 8+4*{SCALE_DIM} B"
     total = sizes.scale_marks[-1]
     samples: list[ScaleSample] = []
     for start in progress(range(0, total, sizes.batch), "W-scale inserts", unit="batch"):
-        keys = distinct_keys(start, min(sizes.batch, total - start))
+        keys = distinct_keys(start, min(sizes.batch, total - start)).to(device)
+        synchronize(device)
         t0 = time.perf_counter()
         stats = table.insert_or_assign(keys, values[: keys.numel()])
+        synchronize(device)
         seconds = time.perf_counter() - t0
         if stats.failed or stats.hits:
             raise RuntimeError(
@@ -446,23 +525,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=("table", "scale"), help="run one workload")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out", help="plot dir")
     parser.add_argument("--repeats", type=int, help="timed runs per figure (default 5, quick 3)")
+    add_device_argument(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    device = resolve_device(args.device)
     sizes = QUICK if args.quick else FULL
     repeats = args.repeats or sizes.repeats
     rec = Recorder(commit_hash())
     all_threads = available_threads()
+    # On cuda the host threads only launch kernels: one thread count.
+    thread_counts = sorted({1, all_threads}) if device.type == "cpu" else [all_threads]
     notes: list[str] = []
     if args.only in (None, "table"):
-        notes += run_table(rec, sizes, sorted({1, all_threads}), repeats)
-        gc.collect()
+        for run in table_runs(device):
+            notes += run_table(rec, sizes, thread_counts, repeats, device, run)
+            gc.collect()
     if args.only in (None, "scale"):
-        samples, scale_notes = run_scale(rec, sizes, all_threads)
+        samples, scale_notes = run_scale(rec, sizes, all_threads, device)
         notes += scale_notes
-        plot = args.out / ("bench_table_scale_quick.png" if args.quick else "bench_table_scale.png")
+        suffix = ("_quick" if args.quick else "") + ("_cuda" if device.type == "cuda" else "")
+        plot = args.out / f"bench_table_scale{suffix}.png"
         plot_scale(samples, sizes.scale_marks, plot)
         notes.append(f"W-scale plot: {plot}")
     print(file=sys.stderr)

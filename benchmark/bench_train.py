@@ -4,6 +4,7 @@ Usage::
 
     python benchmark/bench_train.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
                                     [--threads N] [--steps N] [--repeats N] [--in-process]
+                                    [--device cpu|cuda]
 
 The step: 8 sparse features, one table each (1,000,000 rows, dim 64), batch 4096,
 pooling factor 16 (fixed lengths), SUM pooling, ``loss = sum of the pooled outputs``,
@@ -41,6 +42,14 @@ descheduled thread and a whole run can be 10-20x slower (not 2x). ``--repeats N`
 repeats the sequence peer, dynemb (interleaved) and keeps each configuration's best
 run; ``--threads 1`` is far less sensitive to such neighbours.
 
+``--device cuda``: tables, peers and batches on the GPU (DMP over a one-rank NCCL group),
+each step timed between two ``torch.cuda.synchronize``. The peer is then fbgemm's GPU TBE
+(FUSED, every row in HBM), which has Adam. Two tiered configurations follow, with the
+same HBM budget per table, 10% of the peer's rows (``GPU_HBM_FRACTION``): dynemb hybrid
+(``local_hbm_for_values``, the other rows in host memory) and dynemb caching
+(``caching=True``), both against TorchRec's FUSED_UVM_CACHING kernel with
+``cache_load_factor`` 0.1.
+
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
 
@@ -59,10 +68,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import Recorder, available_threads, commit_hash, peak_rss_bytes, progress, set_threads
+from common import (
+    Recorder,
+    add_device_argument,
+    available_threads,
+    commit_hash,
+    peak_rss_bytes,
+    progress,
+    resolve_device,
+    set_threads,
+    synchronize,
+)
 
 WORKLOAD = "W-train"
 PEER_IMPL = "torchrec.EBC.FUSED"
+UVM_PEER_IMPL = "torchrec.EBC.FUSED_UVM_CACHING"
+GPU_HBM_FRACTION = 0.1  # --device cuda: tiered tables' HBM, as a fraction of the peer's rows
 DYNEMB_IMPL = "dynemb.BatchedDynamicEmbeddingTables"
 PEER_OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 OPTIMIZERS = (*PEER_OPTIMIZERS, "ADAM")
@@ -92,6 +113,11 @@ class Config:
     steps: int = 50
     capacity_ratio: float = 2.0  # dynemb only: capacity / distinct keys per table
     threads: int = 1
+    device: str = "cpu"
+    # Tiered tables: HBM per table = hbm_fraction x num_ids rows. torchrec: FUSED_UVM_CACHING
+    # with this cache_load_factor; dynemb: hybrid, or a cache with ``caching``.
+    hbm_fraction: float | None = None
+    caching: bool = False  # dynemb only, with hbm_fraction
 
     @property
     def ids_per_batch(self) -> int:
@@ -155,12 +181,23 @@ def spread_ids(ids: torch.Tensor) -> torch.Tensor:
 # --- timing ------------------------------------------------------------------------------
 
 
-def time_steps(step: Callable[[object], None], inputs: list, warmup: int, desc: str) -> list[float]:
-    """Runs ``step(x)`` for each input; returns the wall times of those after ``warmup``."""
+def time_steps(
+    step: Callable[[object], None],
+    inputs: list,
+    warmup: int,
+    desc: str,
+    device: torch.device | None = None,
+) -> list[float]:
+    """Runs ``step(x)`` for each input; returns the wall times of those after ``warmup``.
+
+    On cuda each step is timed between two ``torch.cuda.synchronize``.
+    """
     times = []
     for i, x in enumerate(progress(inputs, desc, unit="step")):
+        synchronize(device)
         start = time.perf_counter()
         step(x)
+        synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     return times
@@ -186,15 +223,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def has_peer(config: Config) -> bool:
+    """Whether TorchRec's kernel has ``config.optimizer`` (fbgemm's CPU TBE has no Adam)."""
+    return config.device == "cuda" or config.optimizer in PEER_OPTIMIZERS
+
+
+def peer_impl(config: Config) -> str:
+    return PEER_IMPL if config.hbm_fraction is None else UVM_PEER_IMPL
+
+
 @contextmanager
-def single_process_group() -> Iterator[None]:
-    """A gloo process group of world size 1 on localhost (reused if one exists)."""
+def single_process_group(device: str = "cpu") -> Iterator[None]:
+    """A process group of world size 1 on localhost, gloo (NCCL on cuda); reused if one exists."""
     import torch.distributed as dist
 
     created = not dist.is_initialized()
     if created:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            "nccl" if device == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{free_port()}",
+            rank=0,
+            world_size=1,
         )
     try:
         yield
@@ -211,17 +260,41 @@ def feature_names(config: Config) -> list[str]:
     return [f"f{i}" for i in range(config.num_tables)]
 
 
+def planner_inputs(world_size: int, device: str) -> dict:
+    """``topology`` and ``storage_reservation`` for a TorchRec (or dynemb) planner.
+
+    Built the way TorchRec asks, so that planning prints no warning: the topology
+    through ``TopologyFactory`` (default HBM / DDR capacities), and a fixed share of
+    memory (15%) kept for dense tensors, since the modules are on the meta device and
+    TorchRec's default reservation would size them from unmaterialised parameters.
+    """
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedPercentageStorageReservation,
+    )
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world_size, local_world_size=world_size),
+        kernel_config=KernelConfig(compute_device=device),
+    )
+    return {
+        "topology": topology,
+        "storage_reservation": FixedPercentageStorageReservation(percentage=0.15),
+    }
+
+
 def build_torchrec_peer(config: Config) -> torch.nn.Module:
-    """The DMP-sharded EBC (TABLE_WISE, FUSED kernel, fused optimizer) on CPU."""
+    """The DMP-sharded EBC (TABLE_WISE, fused optimizer) on ``config.device``: FUSED
+    kernel, or FUSED_UVM_CACHING with ``cache_load_factor = hbm_fraction``."""
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
-    from torchrec.distributed.types import ShardingEnv, ShardingType
+    from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingType
     from torchrec.modules.embedding_configs import PoolingType
 
     tables = [
@@ -241,19 +314,25 @@ def build_torchrec_peer(config: Config) -> torch.nn.Module:
         "eps": config.eps,
     }
     sharder = EmbeddingBagCollectionSharder(fused_params=fused_params)
+    kernel = EmbeddingComputeKernel.FUSED
+    cache = None
+    if config.hbm_fraction is not None:
+        kernel = EmbeddingComputeKernel.FUSED_UVM_CACHING
+        cache = CacheParams(load_factor=config.hbm_fraction)
     constraint = ParameterConstraints(
         sharding_types=[ShardingType.TABLE_WISE.value],
-        compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+        compute_kernels=[kernel.value],
+        cache_params=cache,
     )
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=1, compute_device="cpu"),
         constraints={name: constraint for name in table_names(config)},
+        **planner_inputs(1, config.device),
     )
     plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
     model = DistributedModelParallel(
         ebc,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
+        device=torch.device(config.device),
         plan=plan,
         sharders=[sharder],
     )
@@ -262,13 +341,16 @@ def build_torchrec_peer(config: Config) -> torch.nn.Module:
 
 
 def check_peer(model: torch.nn.Module, config: Config) -> None:
-    """Asserts that the sharded model runs fbgemm's CPU TBE with the requested optimizer."""
+    """Asserts that the sharded model runs fbgemm's TBE (CPU or GPU, as ``config.device``)
+    with the requested optimizer."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    lookups = model.module._lookups  # a plain list in ShardedEmbeddingBagCollection
+    # ShardedEmbeddingBagCollection keeps its lookups in a plain list (not submodules),
+    # with no public accessor.
+    lookups = model.module._lookups  # noqa: SLF001
     tbes = [
         m
         for lookup in lookups
@@ -277,28 +359,32 @@ def check_peer(model: torch.nn.Module, config: Config) -> None:
     ]
     assert tbes, "no fbgemm TBE in the sharded model: not the FUSED kernel"
     for tbe in tbes:
-        assert tbe.use_cpu and tbe.optimizer == EmbOptimType[config.optimizer], tbe.optimizer
+        assert tbe.use_cpu == (config.device == "cpu"), tbe.use_cpu
+        assert tbe.optimizer == EmbOptimType[config.optimizer], tbe.optimizer
         assert abs(tbe.get_learning_rate() - config.learning_rate) < 1e-9
 
 
 def run_torchrec(config: Config) -> dict | None:
-    """Trains the peer on ``config``'s batches; None for ADAM (fbgemm CPU has none)."""
-    if config.optimizer not in PEER_OPTIMIZERS:
+    """Trains the peer on ``config``'s batches; None without a peer (ADAM on CPU)."""
+    if not has_peer(config):
         return None
     from torchrec import KeyedJaggedTensor
 
+    device = torch.device(config.device)
     batches = make_batches(config)
     lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
     inputs = [
-        KeyedJaggedTensor(keys=feature_names(config), values=b, lengths=lengths) for b in batches
+        KeyedJaggedTensor(keys=feature_names(config), values=b, lengths=lengths).to(device)
+        for b in batches
     ]
-    with single_process_group():
+    with single_process_group(config.device):
         model = build_torchrec_peer(config)
 
         def step(kjt: KeyedJaggedTensor) -> None:
             model(kjt).values().sum().backward()
 
-        times = time_steps(step, inputs, config.warmup, f"{PEER_IMPL} {config.optimizer}")
+        desc = f"{peer_impl(config)} {config.optimizer}"
+        times = time_steps(step, inputs, config.warmup, desc, device)
     return summarize(config, times)
 
 
@@ -322,15 +408,24 @@ def run_dynemb(config: Config) -> dict:
     Same batches as the peer, each id spread to a 63-bit key (``spread_ids``); one
     table per feature of ``ceil(capacity_ratio * distinct keys)`` rows, allocated up
     front (``init_capacity = max_capacity``) so that no growth happens while timed.
+    With ``hbm_fraction``, each table's fast tier (or cache, with ``caching``) holds
+    ``hbm_fraction * num_ids`` rows with their optimizer state: the HBM of the peer's cache.
     """
     from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
-    from dynemb.optimizer import EmbOptimType
+    from dynemb.optimizer import EmbOptimType, OptimizerConfig
 
-    keys = [spread_ids(b) for b in make_batches(config)]
+    device = torch.device(config.device)
+    keys = [spread_ids(b).to(device) for b in make_batches(config)]
     capacities = dynemb_capacities(keys, config)
+    tiers = {}
+    if config.hbm_fraction is not None:
+        optimizer = EmbOptimType[config.optimizer]
+        width = config.dim + OptimizerConfig(optimizer).state_columns(config.dim)
+        rows = int(config.hbm_fraction * config.num_ids)
+        tiers = {"local_hbm_for_values": rows * width * 4, "caching": config.caching}
     module = BatchedDynamicEmbeddingTables(
         table_options=[
-            DynamicEmbTableOptions(dim=config.dim, max_capacity=c, init_capacity=c)
+            DynamicEmbTableOptions(dim=config.dim, max_capacity=c, init_capacity=c, **tiers)
             for c in capacities
         ],
         feature_table_map=list(range(config.num_tables)),
@@ -341,13 +436,14 @@ def run_dynemb(config: Config) -> dict:
         beta1=config.beta1,
         beta2=config.beta2,
         weight_decay=0.0,
+        device=device,
     )
-    offsets = fixed_offsets(config)
+    offsets = fixed_offsets(config).to(device)
 
     def step(indices: torch.Tensor) -> None:
         module(indices, offsets).sum().backward()
 
-    times = time_steps(step, keys, config.warmup, f"dynemb {config.optimizer}")
+    times = time_steps(step, keys, config.warmup, f"dynemb {config.optimizer}", device)
     return summarize(config, times, capacities=capacities)
 
 
@@ -379,20 +475,28 @@ def run_in_process(impl: str, config: Config) -> dict | None:
 
 def record_peer(rec: Recorder, config: Config, peer: dict) -> None:
     for metric, value in metrics(config, peer):
-        rec.add(WORKLOAD, PEER_IMPL, metric, value, threads=config.threads)
+        rec.add(WORKLOAD, peer_impl(config), metric, value, threads=config.threads)
+
+
+def dynemb_variant(config: Config) -> str:
+    """The metric suffix of a dynemb configuration ('' for the headline one)."""
+    suffix = "" if config.capacity_ratio == 2.0 else f",capacity={config.capacity_ratio:g}x"
+    if config.hbm_fraction is not None:
+        mode = "caching" if config.caching else "hybrid"
+        suffix += f",{mode}={config.hbm_fraction:.0%}HBM"
+    return suffix
 
 
 def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -> None:
     peer_metrics = dict(metrics(config, peer)) if peer else {}
-    suffix = "" if config.capacity_ratio == 2.0 else f",capacity={config.capacity_ratio:g}x"
     for metric, value in metrics(config, dyn):
         rec.add(
             WORKLOAD,
             DYNEMB_IMPL,
-            metric + suffix,
+            metric + dynemb_variant(config),
             value,
             threads=config.threads,
-            peer=PEER_IMPL if peer else None,
+            peer=peer_impl(config) if peer else None,
             peer_value=peer_metrics.get(metric),
         )
 
@@ -424,32 +528,37 @@ def run_optimizer(
     with_dynemb: bool,
     repeats: int = 1,
 ) -> None:
-    """The peer, then dynemb at each capacity ratio, for ``base.optimizer``.
+    """The peer, then dynemb at each capacity ratio, for ``base.optimizer``; on cuda
+    also the tiered peer (FUSED_UVM_CACHING), then dynemb hybrid and caching.
 
     With ``repeats > 1`` the whole sequence is repeated (so the peer's runs stay
     interleaved with dynemb's) and each configuration keeps its best run.
     """
+    peers = [base]
+    variants = [dataclasses.replace(base, capacity_ratio=r) for r in CAPACITY_RATIOS]
+    if base.device == "cuda":
+        tiered = dataclasses.replace(base, hbm_fraction=GPU_HBM_FRACTION)
+        peers.append(tiered)
+        variants += [tiered, dataclasses.replace(tiered, caching=True)]
     configs: list[tuple[str, Config]] = []
-    if with_peer and base.optimizer in PEER_OPTIMIZERS:
-        configs.append(("torchrec", base))
+    if with_peer:
+        configs += [("torchrec", c) for c in peers if has_peer(c)]
     if with_dynemb:
-        configs += [
-            ("dynemb", dataclasses.replace(base, capacity_ratio=r)) for r in CAPACITY_RATIOS
-        ]
+        configs += [("dynemb", c) for c in variants]
     results: list[list[dict | None]] = [[] for _ in configs]
     for _ in range(repeats):
         for (impl, config), acc in zip(configs, results, strict=True):
             acc.append(run(impl, config))
-    peer = None
+    peers_by_hbm: dict[float | None, dict] = {}  # the peers come first in ``configs``
     for (impl, config), acc in zip(configs, results, strict=True):
         result = best_result(acc)
         if result is None:
             continue
         if impl == "torchrec":
-            peer = result
+            peers_by_hbm[config.hbm_fraction] = result
             record_peer(rec, config, result)
         else:
-            record_dynemb(rec, config, result, peer)
+            record_dynemb(rec, config, result, peers_by_hbm.get(config.hbm_fraction))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -465,6 +574,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--in-process", action="store_true", help="no subprocess per configuration")
     parser.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
+    add_device_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -473,6 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         run_worker(args.worker, Config(**json.loads(args.config)))
         return
+    device = resolve_device(args.device)
     sizes = dict(QUICK) if args.quick else {}
     if args.steps:
         sizes["steps"] = args.steps
@@ -480,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
     with_dynemb = args.only != "torchrec"
     rec = Recorder(commit_hash())
     for optimizer in (args.optimizer,) if args.optimizer else OPTIMIZERS:
-        config = Config(optimizer=optimizer, threads=args.threads, **sizes)
+        config = Config(optimizer=optimizer, threads=args.threads, device=device.type, **sizes)
         run_optimizer(
             rec,
             config,
@@ -493,7 +604,8 @@ def main(argv: list[str] | None = None) -> None:
     rec.print_table()
     if args.only != "torchrec" and not with_dynemb:
         print(f"\n{DYNEMB_IMPL} not available yet: peer figures only.", file=sys.stderr)
-    print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
+    if device.type == "cpu":
+        print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Usage::
 
     python benchmark/bench_train_dmp.py [--quick] [--optimizer NAME] [--world-sizes 1,2]
-                                        [--steps N] [--repeats N]
+                                        [--steps N] [--repeats N] [--device cpu|cuda]
 
 The step of W-train (/work/shared/WORKLOADS.md; sizes and ids from bench_train.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
@@ -23,6 +23,10 @@ threads; each reports its median step time; the figure is per-process samples/s
 (the slowest rank) and the aggregate (N x batch / slowest median). Each
 (implementation, optimizer, world size) runs in fresh processes, interleaved
 peer / dynemb, ``--repeats`` times, best kept. ADAM has no CPU peer.
+
+``--device cuda``: rank r on ``cuda:r`` over NCCL (a world needs a GPU per rank), the
+peer's FUSED kernel in HBM (ROW_WISE at 2 processes is TorchRec's own on cuda), each
+step timed between two ``torch.cuda.synchronize``.
 """
 
 import argparse
@@ -36,18 +40,26 @@ from pathlib import Path
 import torch
 from bench_train import (
     OPTIMIZERS,
-    PEER_OPTIMIZERS,
     QUICK,
     Config,
     feature_names,
     free_port,
+    has_peer,
     make_batches,
+    planner_inputs,
     spread_ids,
     summarize,
     table_names,
     time_steps,
 )
-from common import Recorder, available_threads, commit_hash, set_threads
+from common import (
+    Recorder,
+    add_device_argument,
+    available_threads,
+    commit_hash,
+    resolve_device,
+    set_threads,
+)
 
 WORKLOAD = "W-train-dmp"
 PEER_IMPL = "torchrec.EBC.FUSED"
@@ -68,11 +80,13 @@ def _cpu_row_wise_sharder_class():
     return CpuRowWiseSharder
 
 
-def build_model(impl: str, config: Config, world_size: int) -> torch.nn.Module:
+def build_model(
+    impl: str, config: Config, world_size: int, device: torch.device
+) -> torch.nn.Module:
     import torch.distributed as dist
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ShardingEnv
 
@@ -95,7 +109,7 @@ def build_model(impl: str, config: Config, world_size: int) -> torch.nn.Module:
         "beta1": config.beta1,
         "beta2": config.beta2,
     }
-    topology = Topology(world_size=world_size, compute_device="cpu")
+    planning = planner_inputs(world_size, device.type)
     if impl == "dynemb":
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
         options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
@@ -103,39 +117,52 @@ def build_model(impl: str, config: Config, world_size: int) -> torch.nn.Module:
             name: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
             for name in table_names(config)
         }
-        planner = DynamicEmbeddingShardingPlanner(configs, topology, constraints=constraints)
+        planner = DynamicEmbeddingShardingPlanner(
+            configs,
+            planning["topology"],
+            constraints=constraints,
+            storage_reservation=planning["storage_reservation"],
+        )
     else:
         sharder = _cpu_row_wise_sharder_class()(fused_params=fused)
         sharding = "table_wise" if world_size == 1 else "row_wise"
         constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
         constraints = {name: constraint for name in table_names(config)}
-        planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+        planner = EmbeddingShardingPlanner(constraints=constraints, **planning)
     plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    return DistributedModelParallel(
-        module, env=env, plan=plan, sharders=[sharder], device=torch.device("cpu")
-    )
+    return DistributedModelParallel(module, env=env, plan=plan, sharders=[sharder], device=device)
 
 
 def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -> dict:
     import torch.distributed as dist
     from torchrec import KeyedJaggedTensor
 
+    device = torch.device("cpu")
+    if config.device == "cuda":  # one GPU per rank (main checks there are enough)
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
     )
     try:
         batches = make_batches(dataclasses.replace(config, seed=config.seed + rank))
         if impl == "dynemb":
             batches = [spread_ids(b) for b in batches]
         lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
-        inputs = [KeyedJaggedTensor(feature_names(config), b, lengths=lengths) for b in batches]
-        model = build_model(impl, config, world_size)
+        inputs = [
+            KeyedJaggedTensor(feature_names(config), b, lengths=lengths).to(device) for b in batches
+        ]
+        model = build_model(impl, config, world_size, device)
 
         def step(kjt) -> None:
             model(kjt).values().sum().backward()
 
-        times = time_steps(step, inputs, config.warmup, f"{impl} {config.optimizer} rank {rank}")
+        desc = f"{impl} {config.optimizer} rank {rank}"
+        times = time_steps(step, inputs, config.warmup, desc, device)
         dist.barrier()
         return summarize(config, times)
     finally:
@@ -211,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.worker:
         config = Config(**json.loads(args.config))
@@ -218,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
+    device = resolve_device(args.device)
     sizes = dict(QUICK) if args.quick else {}
     if args.steps:
         sizes["steps"] = args.steps
@@ -227,12 +256,17 @@ def main(argv: list[str] | None = None) -> None:
         optimizers = ["EXACT_ROWWISE_ADAGRAD"]
     rec = Recorder(commit_hash())
     for ws in (int(w) for w in args.world_sizes.split(",")):
+        if device.type == "cuda" and ws > torch.cuda.device_count():
+            gpus = torch.cuda.device_count()
+            print(f"world size {ws} skipped: it needs {ws} GPUs, this machine has {gpus}",
+                  file=sys.stderr)  # fmt: skip
+            continue
         threads = max(1, args.threads // ws)
         for optimizer in optimizers:
-            config = Config(optimizer=optimizer, threads=threads, **sizes)
+            config = Config(optimizer=optimizer, threads=threads, device=device.type, **sizes)
             best = {"torchrec": [], "dynemb": []}
             for _ in range(args.repeats):
-                if optimizer in PEER_OPTIMIZERS:
+                if has_peer(config):
                     best["torchrec"].append(run_world("torchrec", config, ws))
                 best["dynemb"].append(run_world("dynemb", config, ws))
             pick = {
@@ -241,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             record(rec, config, ws, pick["dynemb"], pick["torchrec"])
     print(file=sys.stderr)
     rec.print_table()
-    print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
+    if device.type == "cpu":
+        print("ADAM: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.", file=sys.stderr)
 
 
 if __name__ == "__main__":

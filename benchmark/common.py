@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: records, commit, threads, timing, progress.
+"""Helpers shared by the benchmarks: records, commit, threads, device, timing, progress.
 
 Every benchmark follows /work/shared/WORKLOADS.md: each figure is printed as one
 JSON object per line on stdout, next to the peer measured in the same run, then
@@ -11,13 +11,16 @@ Example::
     {"workload": "W-table", "impl": "torch.index_select", "metric": ..., "peer": null, ...}
 """
 
+import argparse
 import json
+import logging
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,14 @@ import torch
 from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Known-harmless notices, silenced in every benchmark process (as in example.py):
+# deprecations raised inside torch / TorchRec (e.g. TorchRec's collectives calling
+# torch.distributed.all_gather_into_tensor), which a benchmark cannot act on; and
+# torch.fx's once-per-process note that is_fx_tracing() also answers True under
+# torch.export (TorchRec calls it on every forward; nothing here traces).
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 RECORD_KEYS = (
     "workload",
     "impl",
@@ -72,6 +83,43 @@ def set_threads(n: int) -> int:
     return torch.get_num_threads()
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--device cpu|cuda`` (default cpu); read it with ``resolve_device``."""
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="where tables and peers live (cuda: a GPU and dynemb built with DYNEMB_WITH_CUDA=1)",
+    )  # fmt: skip
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of ``--device``; exits with a one-line reason when it cannot run.
+
+    Raises:
+        SystemExit: ``cuda`` asked for, but torch sees no GPU, or dynemb was built
+            without its CUDA executor.
+    """
+    if name == "cpu":
+        return torch.device("cpu")
+    import dynemb
+
+    script = Path(sys.argv[0]).name
+    if not torch.cuda.is_available():
+        build = "" if torch.version.cuda else "; this torch is a CPU-only build"
+        sys.exit(f"{script}: --device cuda: no CUDA device (torch {torch.__version__}{build})")
+    if dynemb.executor() != "cuda":  # built without CUDA, or DYNEMB_EXECUTOR names another
+        sys.exit(
+            f"{script}: --device cuda: dynemb's executor is {dynemb.executor()!r}, not 'cuda' "
+            "(`make gpu-test` builds dynemb with DYNEMB_WITH_CUDA=1; leave DYNEMB_EXECUTOR unset)"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def synchronize(device: torch.device | None) -> None:
+    """Waits for the GPU's queued work (timed regions on cuda); nothing on CPU."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_rss_bytes() -> int:
     """High-water mark of this process's resident set, in bytes (Linux reports KiB)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -90,6 +138,7 @@ def median_seconds(
     warmup: int = 1,
     repeats: int = 5,
     desc: str | None = None,
+    device: torch.device | None = None,
 ) -> float:
     """Median wall time of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs.
 
@@ -100,6 +149,7 @@ def median_seconds(
         warmup: untimed runs first.
         repeats: timed runs (>= 1).
         desc: label of a progress bar; no bar when None.
+        device: on cuda, each run is timed between two ``torch.cuda.synchronize``.
 
     Returns:
         The median of the timed runs, in seconds.
@@ -109,8 +159,10 @@ def median_seconds(
     for i in progress(runs, desc) if desc else runs:
         if setup is not None:
             setup()
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed)
@@ -125,6 +177,7 @@ def paired_median_seconds(
     warmup: int = 1,
     repeats: int = 5,
     desc: str | None = None,
+    device: torch.device | None = None,
 ) -> tuple[float, float]:
     """Median wall times of ``fn()`` and of its ``peer()``, run back to back in each repeat.
 
@@ -135,7 +188,7 @@ def paired_median_seconds(
         fn: the measured call.
         peer: the reference call.
         setup: called before every run of ``fn`` (warm-up included), untimed.
-        warmup, repeats, desc: as in ``median_seconds``.
+        warmup, repeats, desc, device: as in ``median_seconds``.
 
     Returns:
         ``(fn_seconds, peer_seconds)``, medians over the timed repeats.
@@ -146,8 +199,10 @@ def paired_median_seconds(
         for call, pre, acc in ((peer, None, times[1]), (fn, setup, times[0])):
             if pre is not None:
                 pre()
+            synchronize(device)
             start = time.perf_counter()
             call()
+            synchronize(device)
             elapsed = time.perf_counter() - start
             if i >= warmup:
                 acc.append(elapsed)

@@ -1,10 +1,12 @@
-"""Shared fixtures: every table test takes a `device` (cpu always, cuda when built and present)."""
+"""Shared fixtures: every table test takes a `device` (cpu always, cuda when built and present;
+``DYNEMB_TEST_CUDA`` switches cuda on or off: see tests/devices.py)."""
 
-import dynemb._C as _C
 import pytest
 import torch
 
-DEVICES = ["cpu"] + (["cuda"] if _C.with_cuda and torch.cuda.is_available() else [])
+from tests.devices import test_devices
+
+DEVICES = test_devices()
 
 
 @pytest.fixture(params=DEVICES)

@@ -1,7 +1,10 @@
-"""Runs a function on N real gloo ranks (spawned processes) with short timeouts.
+"""Runs a function on N real ranks (spawned processes) with short timeouts.
 
 ``run_ranks(fn, world_size, *args)`` returns the list of ``fn(rank, world_size, *args)``
-results. A rank that raises fails the call with its traceback; a rank still alive
+results. The ranks' backend is ``tests.devices.process_group_backend``: gloo for ranks
+on CPU tensors (every worker today), NCCL for ranks on ``device="cuda"`` when the cuda
+test device is on and every rank has a GPU (rank r then runs on ``cuda:r``; a worker
+reads its device from ``rank_device()``). A rank that raises fails the call with its traceback; a rank still alive
 at the deadline (a hang in a collective) is killed and the call fails: a hang
 costs ``timeout`` seconds, never the whole CI run.
 """
@@ -16,8 +19,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.devices import process_group_backend
 
 PG_TIMEOUT_S = 30  # a collective that waits longer fails inside the rank
 
@@ -28,12 +34,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, port, out_dir, args) -> None:
+def rank_device() -> torch.device:
+    """The device of this rank's tensors: ``cuda:<rank>`` in an NCCL group, else CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _rank_main(fn, rank, world_size, port, out_dir, device, args) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     path = Path(out_dir) / f"rank{rank}.pkl"
     try:
+        backend = process_group_backend(world_size, device)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
@@ -48,13 +64,24 @@ def _rank_main(fn, rank, world_size, port, out_dir, args) -> None:
     path.write_bytes(pickle.dumps(result))
 
 
-def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0) -> list:
-    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; returns the results."""
+def run_ranks(
+    fn: Callable, world_size: int, *args, timeout: float = 180.0, device: str = "cpu"
+) -> list:
+    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` ranks; returns the results.
+
+    Args:
+        fn: the rank's work (a module-level function: ranks are spawned).
+        world_size: number of ranks.
+        *args: passed to ``fn`` after ``rank, world_size``.
+        timeout: seconds before a rank still running is killed and the call fails.
+        device: device type ``fn`` puts its tensors on (see ``rank_device``); it picks
+            the backend (``process_group_backend``).
+    """
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
         procs = [
-            ctx.Process(target=_rank_main, args=(fn, r, world_size, port, out_dir, args))
+            ctx.Process(target=_rank_main, args=(fn, r, world_size, port, out_dir, device, args))
             for r in range(world_size)
         ]
         for p in procs:
