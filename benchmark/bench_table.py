@@ -115,26 +115,17 @@ QUICK = Sizes(2**16, 2**12, 2**10, 2**19, (2**12, 2**14, 2**16, 2**18), repeats=
 
 
 class TableSnapshot:
-    """A copy of a table's buffers, restored in place before each run of a mutating op.
-
-    Copies the table's buffers (``ScoredHashTable.buffers``) and writes its private
-    ``_size`` back: the table has no public clone nor size setter, and rebuilding it by
-    re-insertion takes seconds per run and leaves pages never touched that the measured
-    op would then fault in.
-    """
+    """The table's state, restored in place before each run of a mutating op
+    (``ScoredHashTable.snapshot`` / ``rollback``): rebuilding it by re-insertion takes
+    seconds per run and leaves pages never touched that the measured op would then
+    fault in."""
 
     def __init__(self, table: dynemb.ScoredHashTable) -> None:
         self.table = table
-        self.storage = table.buffers
-        self.buffers = [b.clone() for b in self.storage.tensors()]
-        self.size = table.size()
+        self.saved = table.snapshot()
 
     def restore(self) -> None:
-        if self.table.buffers is not self.storage:
-            raise RuntimeError("the table reallocated its buffers since the snapshot")
-        for dst, src in zip(self.storage.tensors(), self.buffers, strict=True):
-            dst.copy_(src)
-        self.table._size = self.size  # noqa: SLF001 - no public setter (see the class doc)
+        self.table.rollback(self.saved)
 
 
 def prefill(table: dynemb.ScoredHashTable, n: int, batch: int, gen: torch.Generator) -> None:

@@ -350,7 +350,7 @@ def check_peer(model: torch.nn.Module, config: Config) -> None:
 
     # ShardedEmbeddingBagCollection keeps its lookups in a plain list (not submodules),
     # with no public accessor.
-    lookups = model.module._lookups  # noqa: SLF001
+    lookups = model.module._lookups  # noqa: SLF001 - TorchRec keeps its lookups private
     tbes = [
         m
         for lookup in lookups

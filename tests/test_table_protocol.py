@@ -1,6 +1,7 @@
 """The Table protocol (dynemb/table/protocol.py): both table classes implement it, and a
 cached table's training lookup reports its cache hits."""
 
+import pytest
 import torch
 
 import dynemb
@@ -51,3 +52,30 @@ def test_plain_table_lookup_counts_hits_the_same_way():
     table.find_or_insert_slots(torch.arange(10, dtype=torch.int64))
     _, stats = table.find_or_insert_slots(torch.arange(5, 15, dtype=torch.int64))
     assert (stats.hits, stats.inserted, stats.failed) == (5, 5, 0)
+
+
+def test_rollback_restores_rows_scores_and_size_in_place():
+    table = dynemb.ScoredHashTable(
+        dim=DIM, capacity=1024, score_strategy=dynemb.DynamicEmbScoreStrategy.LFU
+    )
+    keys = torch.arange(10, dtype=torch.int64)
+    table.insert_or_assign(keys, torch.ones(10, DIM))
+    snap = table.snapshot()
+    buffers = table.buffers
+    table.insert_or_assign(keys[:5], torch.zeros(5, DIM))  # overwrite, and score again
+    table.find_or_insert(torch.arange(100, 110))
+    table.erase(keys[5:])
+    table.rollback(snap)
+    assert table.buffers is buffers and table.size() == 10
+    rows, found = table.find(keys)
+    assert bool(found.all()) and torch.equal(rows, torch.ones(10, DIM))
+    assert not bool(table.contains(torch.arange(100, 110)).any())
+    assert table.get_scores(keys).tolist() == [1] * 10
+
+
+def test_rollback_after_growth_is_refused():
+    table = dynemb.ScoredHashTable(dim=DIM, capacity=4096, init_capacity=128, bucket_capacity=16)
+    snap = table.snapshot()
+    table.find_or_insert(torch.arange(2000, dtype=torch.int64))
+    with pytest.raises(ValueError, match="grew since the snapshot"):
+        table.rollback(snap)

@@ -1,0 +1,98 @@
+"""How a ScoredHashTable runs a batch upsert: the op, then growth and a retry of the
+keys that failed, while the table is below its capacity.
+
+``GrowingUpserts`` is a part of ScoredHashTable (it uses the table's ``_storage``,
+``_layout``, ``_lock``, ``_strategy``, ``_step``, ``_size``, ``_mutations``,
+``_generation``, ``_max_buckets``, ``_spill``, ``_init``, ``_clock``); it is split out
+so that the table's API, its growth and its spill persistence each have one file.
+"""
+
+import torch
+
+from dynemb import _ops
+from dynemb.table import batch_arguments as args
+from dynemb.table.batch_stats import BatchStats
+from dynemb.table.table_storage import TableStorage
+from dynemb.types import DynamicEmbScoreStrategy
+
+
+class GrowingUpserts:
+    """Batch upserts with growth (a mixin of ScoredHashTable)."""
+
+    def _upsert(
+        self, op, keys, scores, values, evicted, return_status=False, slots=None, per_key=None
+    ):
+        """Runs a batch upsert, growing the table and retrying the keys that failed.
+
+        ``per_key`` is an extra (n,) tensor passed to ``op`` (and subset on retries).
+        """
+        with self._lock.write():
+            generation = self._generation  # not the storage itself: growth must free it
+            self._mutations += 1
+            self._step += 1
+            batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
+            if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, args.TIMESTAMP_LFU):
+                batch_value = int(self._clock())
+            extra = {} if per_key is None else {"per_key": per_key}
+            status, counts = op(
+                self._storage.tensors(), self._policy(batch_value), self._init,
+                keys, scores, values, evicted or [], **extra,
+            )  # fmt: skip
+            counts = counts.tolist()
+            while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
+                if not self._grow():
+                    break
+                status, counts = self._retry_failed(
+                    op, keys, scores, values, evicted, status, counts, batch_value, per_key
+                )
+            self._size += counts[_ops.Status.INSERTED]
+            if slots is not None and self._generation != generation:
+                slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
+            failed = counts[_ops.Status.FAILED]
+            failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
+            stats = BatchStats(*counts, failed_keys=failed_keys)
+            self.last_stats = stats
+        return status if return_status else stats
+
+    def _retry_failed(
+        self, op, keys, scores, values, evicted, status, counts, batch_value, per_key=None
+    ):
+        """Re-runs the failed positions of a batch on the grown table, in batch order."""
+        pos = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+        sub_values = values[pos].contiguous()
+        sub_evicted = [t[pos].contiguous() for t in evicted] if evicted else []
+        sub_scores = scores[pos].contiguous() if scores is not None else None
+        extra = {} if per_key is None else {"per_key": per_key[pos].contiguous()}
+        sub_status, sub_counts = op(
+            self._storage.tensors(), self._policy(batch_value), self._init,
+            keys[pos].contiguous(), sub_scores, sub_values, sub_evicted, **extra,
+        )  # fmt: skip
+        values[pos] = sub_values  # find_or_insert writes rows; assign leaves them as given
+        for full, part in zip(evicted or [], sub_evicted):
+            full[pos] = part
+        status = status.clone()
+        status[pos] = sub_status
+        counts = [c for c in counts]
+        counts[_ops.Status.FAILED] = 0
+        return status, [a + b for a, b in zip(counts, sub_counts.tolist())]
+
+    def _policy(self, batch_value: int) -> _ops.Policy:
+        # Below capacity a full bucket grows the table instead of evicting.
+        evict_below = _ops.EVICT_ANY if self.num_buckets == self._max_buckets else 0
+        return _ops.Policy(self._strategy, batch_value, self.seed, evict_below, self.dim)
+
+    def _grow(self) -> bool:
+        """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""
+        old = self._storage
+        buckets = min(2 * old.num_buckets, self._max_buckets)
+        new = TableStorage(self._layout, buckets, self._spill, old.generation + 1)
+        window = _ops.spill_window(self._strategy, buckets)
+        if _ops.table_rehash(old.tensors(), new.tensors(), window):
+            if self._spill is not None:
+                self._spill.remove_generations_except(old.generation)
+            return False
+        self._storage = new
+        self._generation += 1
+        if self._spill is not None:  # the committed state must not name a removed generation
+            self._commit_spill()
+        return True

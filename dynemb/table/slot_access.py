@@ -1,0 +1,203 @@
+"""The slot-level side of ScoredHashTable: the ``dynemb.table.Table`` protocol that the
+embedding kernel, the cache tier and incremental dumps use, and in-place snapshots.
+
+``SlotAccess`` is a part of ScoredHashTable (it uses the table's private state, see
+growth.py).
+"""
+
+import dataclasses
+
+import torch
+
+from dynemb import _ops
+from dynemb.table import batch_arguments as args
+from dynemb.table.batch_stats import BatchStats
+from dynemb.table.rw_lock import RWLock
+from dynemb.table.table_storage import TableStorage
+from dynemb.types import DynamicEmbScoreStrategy
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSnapshot:
+    """A copy of a table's buffers and counters (``ScoredHashTable.snapshot``)."""
+
+    generation: int
+    buffers: list
+    size: int
+    step: int
+
+
+class SlotAccess:
+    """The Table protocol and snapshots (a mixin of ScoredHashTable)."""
+
+    @property
+    def strategy_code(self) -> int:
+        """The score strategy's code (``DynamicEmbScoreStrategy`` value, or
+        ``TIMESTAMP_LFU`` for the compound)."""
+        return self._strategy
+
+    @property
+    def custom_score(self) -> int | None:
+        """CUSTOMIZED: the score training lookups give the keys they touch (set by
+        ``dynemb.incremental_dump.set_score``; None: never set, keys get 0)."""
+        return self._custom_score
+
+    @custom_score.setter
+    def custom_score(self, score: int) -> None:
+        args.check_int("custom_score", score, 0)
+        self._custom_score = score
+
+    @property
+    def lock(self) -> RWLock:
+        """Readers of ``buffers`` hold ``lock.read()``; every op that moves a key holds
+        ``lock.write()``."""
+        return self._lock
+
+    @property
+    def mutations(self) -> int:
+        """Bumped by every op that may move or drop a stored key: slots read under an
+        older count must be found again."""
+        return self._mutations
+
+    @property
+    def buffers(self) -> TableStorage:
+        """The buffers rows are read and written in by slot (valid under ``lock``;
+        growth replaces them)."""
+        return self._storage
+
+    @property
+    def init_values(self) -> list[float]:
+        """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init]``)."""
+        return list(self._init)
+
+    def find_slots(self, keys: torch.Tensor) -> torch.Tensor:
+        """Slots of keys ((n,) int64, -1 where not stored); changes nothing."""
+        with self._lock.read():
+            return _ops.table_find_slots(self._storage.tensors(), keys)
+
+    def find_or_insert_slots(
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, BatchStats]:
+        """Slots of distinct keys ((n,) int64, -1 where not stored), inserting missing
+        keys with initialised rows: a training lookup (scores updated by the strategy).
+
+        ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
+        """
+        slots = torch.empty_like(keys)
+        scores = None
+        if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
+            scores = torch.full_like(keys, self._custom_score or 0)
+
+        def op(table, policy, init, k, scores, out, evicted, per_key=None):
+            found, status, counts = _ops.table_find_or_insert_slots(
+                table, policy, init, k, scores, per_key
+            )
+            out.copy_(found)
+            return _ops.UpsertResult(status, counts)
+
+        stats = self._upsert(op, keys, scores, slots, evicted=None, slots=slots, per_key=accesses)
+        return slots, stats
+
+    def claim_cache_slots(
+        self, keys: torch.Tensor, batch: int, floor: int, evicted_keys: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """A cache tier's claim (dynemb.tiering.cached_table): hits first (their batch
+        number rises to ``batch``), then a slot for every other key without touching
+        rows, evicting only residents of batches below ``floor`` (-1: any). The caller
+        holds ``lock.write()``. Returns ``(slots, status, counts)``; the evicted keys
+        are written to ``evicted_keys``."""
+        policy = _ops.Policy(_ops.CACHE_SCORES, batch, self.seed, floor, self.dim)
+        slots, status, counts = _ops.table_find_or_insert_slots(
+            self._storage.tensors(), policy, self._init, keys, None, None,
+            init_rows=False, evicted_keys=evicted_keys, hits_first=True,
+        )  # fmt: skip
+        counts = counts.tolist()
+        self._size += counts[_ops.Status.INSERTED]
+        return slots, status, counts
+
+    def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Whole rows (embedding + extra columns) and scores of keys: ``(rows (n,
+        row_width), scores (n,), found (n,) bool)``, zeros where not stored."""
+        with self._lock.read():
+            s = self._storage
+            # One probe per key, then whole-batch gathers by slot (absent keys read
+            # slot 0, then get zeros): probing twice, for rows and for scores, cost
+            # more than the gathers.
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            found = slots >= 0
+            at = slots.clamp(min=0)
+            rows = s.rows(at, self._layout.row_width)
+            scores = s.scores[at] if self._layout.keeps_scores else torch.zeros_like(keys)
+        missing = ~found
+        rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
+        return rows, scores.masked_fill_(missing, 0), found
+
+    def write_back(
+        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stores distinct keys with whole rows and exactly these scores (CUSTOMIZED
+        admits by them), not counting a step: a cache's write-back.
+
+        Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
+        the residents evicted, then the given keys that could not be stored.
+        """
+        n, width = keys.numel(), self._layout.row_width
+        rows = rows.contiguous()
+        saved_scores = scores.contiguous() if self._layout.keeps_scores else None
+        evicted = [
+            torch.empty(n, dtype=torch.int64, device=self.device),
+            torch.empty((n, width), dtype=self.value_dtype, device=self.device),
+            torch.empty(n, dtype=torch.int64, device=self.device),
+        ]
+
+        def op(table, policy, init, k, _scores, _values, ev, per_key):
+            # One pass: whole rows (policy dim = row width) and their scores exactly as
+            # given; per_key: the positions (re)tried.
+            part = per_key.numel() != n
+            r = rows[per_key] if part else rows
+            sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
+            policy = policy._replace(dim=width)
+            return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
+
+        step = self._step  # a write-back is not a training step (STEP scores count those)
+        positions = torch.arange(n, device=self.device)
+        status = self._upsert(
+            op, keys, None, positions, evicted, return_status=True, per_key=positions
+        )
+        self._step = step
+        stats = self.last_stats
+        if not stats.evicted and not stats.failed:  # the common case: nothing to report
+            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
+        out = status == _ops.Status.EVICTED
+        lost = status == _ops.Status.FAILED
+        if not bool(lost.any()):
+            return evicted[0][out], evicted[1][out], evicted[2][out]
+        return (
+            torch.cat([evicted[0][out], keys[lost]]),
+            torch.cat([evicted[1][out], rows[lost]]),
+            torch.cat([evicted[2][out], scores[lost]]),
+        )
+
+    def snapshot(self) -> TableSnapshot:
+        """A copy of every buffer and counter, for ``rollback`` (e.g. to rerun a batch
+        op from one state, or undo a batch). Costs the table's memory once more."""
+        with self._lock.read():
+            buffers = [b.clone() for b in self._storage.tensors()]
+            return TableSnapshot(self._generation, buffers, self._size, self._step)
+
+    def rollback(self, snapshot: TableSnapshot) -> None:
+        """Restores the table in place to ``snapshot`` (its buffers are reused).
+
+        Raises:
+            ValueError: the table grew since the snapshot (its buffers were replaced).
+        """
+        with self._lock.write():
+            if snapshot.generation != self._generation:
+                raise ValueError(
+                    f"rollback: the table grew since the snapshot (storage generation "
+                    f"{snapshot.generation} -> {self._generation}); take a new snapshot"
+                )
+            for dst, src in zip(self._storage.tensors(), snapshot.buffers, strict=True):
+                dst.copy_(src)
+            self._size, self._step = snapshot.size, snapshot.step
+            self._mutations += 1
