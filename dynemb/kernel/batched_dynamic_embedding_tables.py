@@ -8,31 +8,27 @@ for the tables. The per-element maths is in csrc/core (pooling.h,
 optimizer_rules.h).
 """
 
-import functools
-import os
-import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
 
 from dynemb import _ops
-from dynemb.admission import AdmissionStrategy, Counter
+from dynemb.admission import Counter
 from dynemb.dynamicemb_config import (
-    DynamicEmbInitializerArgs,
     DynamicEmbTableOptions,
     init_mode_code,
     with_kernel_defaults,
 )
-from dynemb.kernel.batch_layout import TableBatch, check_batch, split_by_table
+from dynemb.kernel.batch_layout import TableBatch, check_batch, distinct_keys, split_by_table
+from dynemb.kernel.table_options import admission_missing, check_options, init_list
+from dynemb.kernel.table_slots import TableSlots
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.table.protocol import Table
-from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.tiering.staging import Staged
-from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbPoolingMode
+from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
 _ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
 _POOLING_CODE = {
@@ -41,7 +37,7 @@ _POOLING_CODE = {
 }
 
 
-class BatchedDynamicEmbeddingTables(nn.Module):
+class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
     """Several dynamic tables looked up in one call, with a fused optimizer.
 
     Args:
@@ -112,7 +108,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if len(names) != len(options):
             raise ValueError(f"table_names has {len(names)} names for {len(options)} tables")
         for name, o in zip(names, options):
-            _check_options(name, o)
+            check_options(name, o)
         options = [with_kernel_defaults(name, o) for name, o in zip(names, options)]
         for name, o in zip(names, options):
             check_tiering_options(name, o, config.state_columns(o.dim))
@@ -136,7 +132,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         # Rows of unknown keys in eval mode, resolved once (the op's init list per table).
         self._eval_missing = [
-            _init_list(o.eval_initializer_args, table) for o, table in zip(options, self.tables)
+            init_list(o.eval_initializer_args, table) for o, table in zip(options, self.tables)
         ]
         # Each table counts in its own counter: the one in the options is a template
         # that several tables (or shards) may share.
@@ -146,7 +142,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         # Rows of keys not stored in training: zeros, or the admission initializer.
         self._train_missing = [
-            _admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else _ZEROS
+            admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else _ZEROS
             for o, table in zip(options, self.tables)
         ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
@@ -231,7 +227,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         # Last table first: the forward then starts with the tables whose fills are
         # freshest in the CPU caches (a fill touches megabytes of rows per table).
-        work = list(enumerate(zip(cached, _distinct_keys(cached), strict=True)))
+        work = list(enumerate(zip(cached, distinct_keys(cached), strict=True)))
         for t, (tb, distinct) in reversed(work):
             table = self.tables[t]
             if not isinstance(table, CachedTable) or not self._inserts(t):
@@ -316,7 +312,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             entry = self._prefetched[t].pop(b, None) if b is not None else None
             if entry is not None and torch.equal(entry[0], tb.keys):
                 reused[t] = entry[1]
-        fresh = _distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
+        fresh = distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
         return [r if r is not None else f for r, f in zip(reused, fresh)]
 
     def _cached_eval_rows(self, t, tb, unique, inverse, batch_size):
@@ -344,64 +340,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
-
-    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
-        """Slots of the distinct keys of table t (inserting them in training), and the
-        table's mutation count (backward finds the keys again if it changed)."""
-        table = self.tables[t]
-        if not self._inserts(t):
-            return table.find_slots(keys), table.mutations
-        if self.admission_counters[t] is not None:
-            return self._admitted_slots(t, keys, accesses), table.mutations
-        slots, stats = table.find_or_insert_slots(keys, accesses)
-        if stats.failed:
-            self._safe_check(t, stats.failed)
-        return slots, table.mutations
-
-    def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
-        """Training slots of table t under admission (-1 for keys not admitted).
-
-        Only keys not stored yet are counted (each distinct key once, with its
-        occurrences in the batch); admitted keys are inserted together with the stored
-        ones (whose scores the upsert updates) and leave the counter.
-        """
-        table, counter = self.tables[t], self.admission_counters[t]
-        upsert = table.find_slots(keys) >= 0
-        new = torch.nonzero(~upsert, as_tuple=True)[0]
-        if new.numel():
-            new_keys = keys[new]
-            counts = counter.add(new_keys, accesses[new])
-            admit = self.table_options[t].admit_strategy.admit(new_keys, counts)
-            if not isinstance(admit, torch.Tensor) or admit.shape != new_keys.shape:
-                raise TypeError(
-                    f"table {self.table_names[t]!r}: admit_strategy.admit must return a "
-                    f"({new_keys.numel()},) bool tensor, got {admit!r}"
-                )
-            upsert[new[admit.to(device=keys.device, dtype=torch.bool)]] = True
-        slots = torch.full_like(keys, -1)
-        pos = torch.nonzero(upsert, as_tuple=True)[0]
-        if pos.numel():
-            slots[pos], stats = table.find_or_insert_slots(keys[pos], accesses[pos])
-            if stats.failed:
-                self._safe_check(t, stats.failed)
-        if new.numel():
-            stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
-            if stored.numel():
-                counter.erase(keys[stored])
-        return slots
-
-    def _safe_check(self, t: int, failed: int) -> None:
-        self.safe_check_failures[t] += failed
-        mode = self.table_options[t].safe_check_mode
-        rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
-        message = (
-            f"dynamic table {self.table_names[t]!r}: {failed} keys could not be stored "
-            f"(table full at capacity {self.tables[t].capacity()}); they got {rows}"
-        )
-        if mode == DynamicEmbCheckMode.ERROR:
-            raise RuntimeError(message)
-        if mode == DynamicEmbCheckMode.WARNING:
-            warnings.warn(message, stacklevel=4)
 
     def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> None:
         """Backward: one fused optimizer update per distinct key of each table."""
@@ -455,86 +393,12 @@ class _LookupFunction(torch.autograd.Function):
         return None, None, None, None, None, None
 
 
-@functools.cache
-def _dedup_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="dynemb-dedup")
-
-
-def _distinct_keys(batches: list) -> list:
-    """``unique_keys`` of each table's keys (None for absent tables).
-
-    The per-table dedup is serial C++ that releases the GIL; two tables run at once
-    (each result depends on its own keys only, so the outcome is the same).
-    """
-    present = [tb for tb in batches if tb is not None]
-    if len(present) > 1 and torch.get_num_threads() > 1:
-        results = iter(_dedup_pool().map(lambda tb: _ops.unique_keys(tb.keys), present))
-    else:
-        results = iter([_ops.unique_keys(tb.keys) for tb in present])
-    return [None if tb is None else next(results) for tb in batches]
-
-
 def _feature_columns(dims):
     cols, start = [], 0
     for d in dims:
         cols.append((start, start + d))
         start += d
     return cols
-
-
-def _init_list(args: DynamicEmbInitializerArgs, table: ScoredHashTable) -> list:
-    args.validate()
-    return [float(v) for v in args.resolved(table.max_capacity())] + [0.0]
-
-
-def _admission_missing(strategy: AdmissionStrategy, table: ScoredHashTable) -> list:
-    """Init list of keys not admitted: the strategy's initializer, else the table's own
-    (a key then keeps the row it will start from once admitted)."""
-    args = strategy.get_initializer_args()
-    return table.init_values if args is None else _init_list(args, table)
-
-
-def _check_options(name: str, o: DynamicEmbTableOptions) -> None:
-    if not isinstance(o, DynamicEmbTableOptions):
-        raise TypeError(f"table {name!r}: options must be DynamicEmbTableOptions, got {o!r}")
-    if not isinstance(o.dim, int) or o.dim < 1:
-        raise ValueError(f"table {name!r}: dim must be a positive int, got {o.dim!r}")
-    if not isinstance(o.max_capacity, int) or o.max_capacity < 1:
-        raise ValueError(
-            f"table {name!r}: max_capacity must be a positive int, got {o.max_capacity!r}"
-        )
-    if o.index_type not in (None, torch.int64):
-        raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
-    if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):
-        raise TypeError(f"table {name!r}: safe_check_mode must be a DynamicEmbCheckMode")
-    if not isinstance(o.local_hbm_for_values, int) or o.local_hbm_for_values < 0:
-        raise ValueError(
-            f"table {name!r}: local_hbm_for_values must be an int >= 0 (bytes), "
-            f"got {o.local_hbm_for_values!r}"
-        )
-    if o.spill_directory is not None and not isinstance(o.spill_directory, (str, os.PathLike)):
-        raise TypeError(
-            f"table {name!r}: spill_directory must be a path or None, got {o.spill_directory!r}"
-        )
-    _check_admission(name, o)
-
-
-def _check_admission(name: str, o: DynamicEmbTableOptions) -> None:
-    strategy, counter = o.admit_strategy, o.admission_counter
-    if (strategy is None) != (counter is None):
-        raise ValueError(
-            f"table {name!r}: admission needs both admit_strategy and admission_counter, "
-            f"got admit_strategy={strategy!r}, admission_counter={counter!r}"
-        )
-    if strategy is not None and not isinstance(strategy, AdmissionStrategy):
-        raise TypeError(
-            f"table {name!r}: admit_strategy must be an AdmissionStrategy "
-            f"(e.g. FrequencyAdmissionStrategy), got {strategy!r}"
-        )
-    if counter is not None and not isinstance(counter, Counter):
-        raise TypeError(
-            f"table {name!r}: admission_counter must be a Counter (e.g. KVCounter), got {counter!r}"
-        )
 
 
 __all__ = ["BatchedDynamicEmbeddingTables", "TableBatch"]

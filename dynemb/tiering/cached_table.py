@@ -53,14 +53,13 @@ from dynemb import _ops
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage
 from dynemb.tiering.batch_ledger import BatchLedger
+from dynemb.tiering.cache_fill import CacheFill
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
 _TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
-_LFU = DynamicEmbScoreStrategy.LFU.value
-_CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 
 @dataclasses.dataclass
@@ -104,7 +103,7 @@ class _ScoreContext:
         self.custom_score: int | None = None
 
 
-class CachedTable:
+class CachedTable(CacheFill):
     """A cache (ScoredHashTable) in front of a Storage; see the module docstring.
 
     Args:
@@ -343,154 +342,6 @@ class CachedTable:
                 rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
                 found[miss] = slow_found
         return rows, found
-
-    # -------------------------------------------------------------- internals
-
-    def _fill(self, keys: torch.Tensor, batch: int, stage: bool):
-        """Steps 1-3 under the cache's write lock.
-
-        One slot claim over the batch pins the hits (their batch number rises to
-        ``batch``, all before any new key is placed: ``hits_first``) and gives every
-        other key a slot without touching rows (a victim's row stays in its slot);
-        then the victims' rows are read out for the write-back and the fetched rows
-        written in: by one C++ op with the built-in slow tier (``_exchange``), by
-        whole-batch copies around ``Storage.find`` with an external one.
-
-        Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
-        ``(positions, rows, scores)`` of the keys the cache could not take.
-        """
-        with self._staged_lock:
-            staged_keys = self._staged_keys
-        claimed = None  # positions of the keys claimed (None: all)
-        if staged_keys.numel():  # rows being trained outside the cache stay out
-            busy = torch.isin(keys, staged_keys)
-            if bool(busy.any()):
-                if stage:
-                    raise RuntimeError(
-                        "a key staged by an earlier batch (still before its backward) is "
-                        "looked up again: run each batch's backward before the next "
-                        "forward, or give the table a larger cache (local_hbm_for_values)"
-                    )
-                claimed = torch.nonzero(~busy, as_tuple=True)[0]
-        claim_keys = keys if claimed is None else keys[claimed].contiguous()
-        slots, status, counts = self._claim(claim_keys, batch)
-        hits = counts[_ops.Status.HIT]
-        failed = None
-        backing = self.backing_table()
-        if hits == claim_keys.numel():
-            pass
-        elif backing is not None:  # one C++ op moves the rows
-            self._exchange(claim_keys, slots, status, backing)
-            if counts[_ops.Status.FAILED]:
-                self.stats.not_cached += counts[_ops.Status.FAILED]
-                if stage:  # (no key was busy: positions in `keys`)
-                    out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
-                    failed = (out, *self._fetch(claim_keys[out]))
-        else:
-            missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
-            rows, scores = self._fetch(claim_keys[missed])
-            self._move_in(slots, status, counts, missed, rows, scores)
-            if counts[_ops.Status.FAILED]:
-                out = status[missed] == _ops.Status.FAILED
-                self.stats.not_cached += counts[_ops.Status.FAILED]
-                if stage:  # (no key was busy: positions in `keys`)
-                    failed = (missed[out], rows[out], scores[out])
-        if claimed is not None:
-            all_slots = torch.full_like(keys, -1)
-            all_slots[claimed] = slots
-            slots = all_slots
-        return slots, hits, failed
-
-    def _claim(self, keys: torch.Tensor, batch: int):
-        """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
-        evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
-        evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
-        return self.cache.claim_cache_slots(keys, batch, self._batches.floor(), evicted_keys)
-
-    def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and scores of keys from the storage; keys it lacks get the initial
-        row (a pure function of (seed, key), as an uncached table's insert) and 0."""
-        with self._storage_lock:
-            rows, scores, found = self.storage.find(keys)
-        new = torch.nonzero(~found, as_tuple=True)[0]
-        self.stats.fetched += keys.numel() - new.numel()
-        if new.numel():
-            none = torch.full_like(new, -1)
-            init_values = self.init_values
-            init = _ops.embedding_gather(
-                self.buffers.tensors(), none, keys[new], init_values, self.seed, self.dim
-            )
-            rows[new, : self.dim] = init.to(rows.dtype)
-            rows[new, self.dim :] = init_values[5]
-            scores[new] = 0
-        return rows, scores
-
-    def _exchange(self, keys, slots, status, backing: ScoredHashTable) -> None:
-        """Steps 2-3 with the built-in slow table, whose buffers the cache reads
-        directly: one op takes the claim's outputs, moves each victim's row out and
-        each new key's row in; then the victims are written back."""
-        evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
-        with self._storage_lock, backing.lock.read():
-            victims = _ops.table_cache_exchange(
-                self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
-                self.dim, self._user_scores, keys, slots, status, evicted_keys,
-            )  # fmt: skip
-        self.stats.fetched += int(victims[3].sum())
-        self._write_back(*victims[:3])
-
-    def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
-        """Writes the fetched rows and scores of the claimed keys (positions
-        ``missed``) into their slots, after writing back the residents they evicted."""
-        s = self.buffers
-        victims = None
-        if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
-            out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
-            at = slots[out]
-            victims = (
-                self._buffers["evicted_keys"][out],
-                s.values.index_select(0, at),
-                self._user_scores[at],
-            )
-        at = slots[missed]
-        if counts[_ops.Status.FAILED]:  # not cached: no slot to write
-            stored = torch.nonzero(at >= 0, as_tuple=True)[0]
-            at, rows, scores = at[stored], rows[stored], scores[stored]
-        s.values.index_copy_(0, at, rows)  # a row copy per index; indexed assignment is slower
-        self._user_scores[at] = scores
-        if victims is not None:
-            self._write_back(*victims)
-
-    def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """A reusable buffer of at least ``shape[0]`` rows (fresh memory costs page faults)."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < shape[0]:
-            rows = max(shape[0], int(1.5 * (buf.shape[0] if buf is not None else 0)))
-            buf = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.device)
-            self._buffers[name] = buf
-        return buf[: shape[0]]
-
-    def _write_back(self, keys, rows, scores) -> None:
-        if not keys.numel():
-            return
-        with self._storage_lock:
-            dropped = self.storage.insert(keys, rows, scores)[0]
-        self.stats.written_back += keys.numel()
-        self.stats.storage_drops += int(dropped.numel())
-
-    def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, now: int) -> torch.Tensor:
-        """Scores after a training lookup under the table's strategy (the rules of
-        csrc/core/score_policy.h); a key new to the table starts from 0, which gives
-        the rule's score for a new key. ``now``: this batch's time (TIMESTAMP)."""
-        code = self._strategy
-        if code == _TIMESTAMP:
-            return old.clamp(min=now)
-        if code == _STEP:
-            return old.clamp(min=self._ctx.score_step)
-        if code == _LFU:
-            return old + (accesses if accesses is not None else 1)
-        if code == _CUSTOMIZED:
-            return torch.full_like(old, self._ctx.custom_score or 0)
-        return old
 
     # ------------------------------------------------------------ whole table
 
