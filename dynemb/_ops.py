@@ -65,6 +65,8 @@ SCORE_STRATEGY_CODES: dict[str, int] = dict(_CORE["score_strategies"])  # core S
 INIT_MODE_CODES: dict[str, int] = dict(_CORE["init_modes"])  # core InitMode
 POOLING_CODES: dict[str, int] = dict(_CORE["pooling_modes"])  # core PoolingMode
 OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKind
+# strategy code -> "clock" | "step" | "batch_number" | "unused" (core batch_value_source)
+BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])
 MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
 EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)
 # policy strategy of a cache tier's claims: ScoreStrategy::kCache (internal; the
@@ -75,6 +77,16 @@ TIMESTAMP_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_LFU"]  # the (TIMESTAMP, LF
 Status = enum.IntEnum("Status", dict(_CORE["statuses"]))
 Status.__doc__ = "Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."
 STATUS_COUNT: int = _CORE["status_count"]
+
+
+def batch_value(strategy_code: int, step: int, clock) -> int:
+    """A training batch's ``policy.batch_value`` under a strategy (the rule of
+    core/score_policy.h batch_value_source): ``clock()`` for TIMESTAMP scores, ``step``
+    for STEP, else 0 (a cache tier passes its batch number itself)."""
+    source = BATCH_VALUE_SOURCES[strategy_code]
+    if source == "clock":
+        return int(clock())
+    return step if source == "step" else 0
 
 
 def state_columns(optimizer_code: int, dim: int) -> int:
@@ -101,6 +113,20 @@ class Policy(NamedTuple):
 class UpsertResult(NamedTuple):
     status: torch.Tensor  # (n,) int8, a Status per key
     counts: torch.Tensor  # (4,) int64, keys per Status
+
+
+def scores_after_hit(
+    scores: torch.Tensor,
+    strategy: int,
+    batch_value: int,
+    accesses: torch.Tensor | None = None,
+    custom: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each score after a hit by a batch (core/score_policy.h ``score_for_hit``): a
+    cache tier keeps its rows' scores under the table's strategy with it. A score of 0
+    gives a new key's score. ``accesses``: (n,) counts (LFU; None: 1 each);
+    ``custom``: (n,) scores, required under CUSTOMIZED."""
+    return _dynemb.scores_after_hit(scores, strategy, batch_value, accesses, custom)
 
 
 def hash_keys(keys: torch.Tensor, num_buckets: int) -> tuple:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynemb import _ops
 from dynemb.checkpoint.tables import persistent
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard import dynamic_embedding_tables
@@ -266,10 +267,8 @@ def _check_int(name: str, value) -> None:
 def _reference(table: ScoredHashTable) -> int:
     """The lowest score an entry updated from now on can get (see the module docstring)."""
     code = table.strategy_code
-    if code in (_TIMESTAMP, TIMESTAMP_LFU):
-        return int(table.now())
-    if code == _STEP:
-        return table.score_step + 1
+    if _ops.BATCH_VALUE_SOURCES[code] in ("clock", "step"):  # the next batch's value
+        return _ops.batch_value(code, table.score_step + 1, table.now)
     if code == _NO_EVICTION:
         return 0
     if code == _CUSTOMIZED and table.custom_score is not None:

@@ -2,6 +2,7 @@
 enums must agree with them. tests/reference.py keeps an independent copy on purpose."""
 
 import pytest
+import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import init_mode_code
@@ -48,3 +49,30 @@ def test_spill_window_is_one_bucket_when_evicting_else_the_probe_window():
     no_eviction = DynamicEmbScoreStrategy.NO_EVICTION.value
     assert _ops.spill_window(no_eviction, 64) == _ops.MAX_PROBE_BUCKETS == 4
     assert _ops.spill_window(no_eviction, 2) == 2  # never wider than the table
+
+
+def test_batch_value_follows_the_cores_rule():
+    clock = iter([10**12]).__next__
+    assert _ops.batch_value(DynamicEmbScoreStrategy.TIMESTAMP.value, 7, clock) == 10**12
+    assert _ops.batch_value(_ops.TIMESTAMP_LFU, 7, lambda: 5) == 5
+    assert _ops.batch_value(DynamicEmbScoreStrategy.STEP.value, 7, clock) == 7
+    for s in (DynamicEmbScoreStrategy.LFU, DynamicEmbScoreStrategy.CUSTOMIZED):
+        assert _ops.batch_value(s.value, 7, clock) == 0
+    assert _ops.BATCH_VALUE_SOURCES[_ops.CACHE_SCORES] == "batch_number"
+
+
+def test_scores_after_hit_is_the_cores_score_rule():
+    old = torch.tensor([0, 5, 2**63 - 1], dtype=torch.int64)
+    acc = torch.tensor([1, 3, 4], dtype=torch.int64)
+    s = DynamicEmbScoreStrategy
+    assert _ops.scores_after_hit(old, s.TIMESTAMP.value, 4).tolist() == [4, 5, 2**63 - 1]
+    assert _ops.scores_after_hit(old, s.STEP.value, 6).tolist() == [6, 6, 2**63 - 1]
+    assert _ops.scores_after_hit(old, s.LFU.value, 0, acc).tolist() == [1, 8, 2**63 + 3 - 2**64]
+    assert _ops.scores_after_hit(old, s.LFU.value, 0).tolist() == [1, 6, -(2**63)]
+    custom = torch.full_like(old, 9)
+    assert _ops.scores_after_hit(old, s.CUSTOMIZED.value, 0, None, custom).tolist() == [9] * 3
+    assert _ops.scores_after_hit(old, s.NO_EVICTION.value, 0).tolist() == old.tolist()
+    with pytest.raises(ValueError, match="custom"):
+        _ops.scores_after_hit(old, s.CUSTOMIZED.value, 0)
+    with pytest.raises(ValueError, match="accesses"):
+        _ops.scores_after_hit(old, s.LFU.value, 0, acc[:2])

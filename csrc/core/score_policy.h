@@ -33,6 +33,22 @@ constexpr int64_t kScoreStrategyCount = static_cast<int64_t>(ScoreStrategy::kCac
 constexpr const char* kScoreStrategyNames[kScoreStrategyCount] = {
     "TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION", "TIMESTAMP_LFU", "CACHE"};
 
+/// What a batch's ScoreArgs::batch_value is under each strategy: the host clock
+/// (TIMESTAMP scores: monotonic ns), the table's step count (STEP), the cache tier's
+/// batch number (kCache), or unused. Hosts pick the value by this rule alone.
+enum class BatchValueSource : int64_t { kUnused = 0, kClock = 1, kStep = 2, kBatchNumber = 3 };
+constexpr const char* kBatchValueSourceNames[] = {"unused", "clock", "step", "batch_number"};
+
+DYNEMB_HD DYNEMB_INLINE BatchValueSource batch_value_source(ScoreStrategy s) {
+  switch (s) {
+    case ScoreStrategy::kTimestamp:
+    case ScoreStrategy::kTimestampLfu: return BatchValueSource::kClock;
+    case ScoreStrategy::kStep: return BatchValueSource::kStep;
+    case ScoreStrategy::kCache: return BatchValueSource::kBatchNumber;
+    default: return BatchValueSource::kUnused;
+  }
+}
+
 /// evict_below value that lets any resident be evicted (UpsertArgs, table_ops.h).
 constexpr uint64_t kEvictAny = ~uint64_t{0};
 

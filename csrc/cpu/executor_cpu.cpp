@@ -322,6 +322,12 @@ StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t
   return upsert_batch(sink.t, sink, args, keys, n, status);
 }
 
+void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n, uint64_t* out) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = score_for_hit(args, i, scores[i]);
+  });
+}
+
 void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                uint8_t* digest) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {

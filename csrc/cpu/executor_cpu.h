@@ -23,6 +23,9 @@ namespace dynemb::cpu {
 void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                uint8_t* digest);
 
+/// out[i] = score_for_hit(args, i, scores[i]) (core/score_policy.h).
+void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n, uint64_t* out);
+
 /// Gathers the first out_width columns of each key's row; absent keys get a
 /// zero row and found[i] = false.
 template <class V>

@@ -35,6 +35,10 @@ class Workspace {
 void launch_hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                       uint8_t* digest, cudaStream_t stream);
 
+/// out[i] = score_for_hit(args, i, scores[i]) (core/score_policy.h)
+void launch_scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n,
+                             uint64_t* out, cudaStream_t stream);
+
 /// @param out   (n, out_width) rows of found keys, zeros for absent ones
 /// @param found (n) bool out
 template <class V>

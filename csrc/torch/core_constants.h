@@ -33,6 +33,12 @@ inline pybind11::dict core_constants() {
   out["init_modes"] = codes(kInitModeNames);
   out["pooling_modes"] = codes(kPoolingModeNames);
   out["optimizers"] = codes(kOptimizerNames);
+  pybind11::dict sources;  // strategy code -> what its batch_value is
+  for (int64_t code = 0; code < kScoreStrategyCount; ++code) {
+    const auto source = batch_value_source(static_cast<ScoreStrategy>(code));
+    sources[pybind11::int_(code)] = kBatchValueSourceNames[static_cast<int64_t>(source)];
+  }
+  out["batch_value_sources"] = sources;
   out["max_probe_buckets"] = kMaxProbeBuckets;
   out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
   return out;

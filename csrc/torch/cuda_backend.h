@@ -46,6 +46,10 @@ struct CudaBackend {
       std::conditional_t<std::is_same_v<TorchV, c10::BFloat16>, __nv_bfloat16, TorchV>>;
   using DeviceGuard = typename Runtime::DeviceGuard;
 
+  static void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n,
+                               uint64_t* out) {
+    DYNEMB_CUDA_NS::launch_scores_after_hit(args, scores, n, out, Runtime::stream());
+  }
   static void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* bucket,
                         uint8_t* digest) {
     DYNEMB_CUDA_NS::launch_hash_keys(keys, n, num_buckets, bucket, digest, Runtime::stream());

@@ -21,6 +21,10 @@ struct CpuBackend {
                         uint8_t* digest) {
     cpu::hash_keys(keys, n, num_buckets, bucket, digest);
   }
+  static void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n,
+                               uint64_t* out) {
+    cpu::scores_after_hit(args, scores, n, out);
+  }
   template <class V>
   static void find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out,
                    int64_t out_width, bool* found) {

@@ -7,6 +7,7 @@
 //     template <class TorchV> using Value = ...;  // element type the executor uses
 //     struct DeviceGuard { explicit DeviceGuard(at::Device); };  // makes it current
 //     static void hash_keys(keys*, n, num_buckets, bucket*, digest*);
+//     static void scores_after_hit(ScoreArgs, scores*, n, out*);
 //     template <class V> static void find(TableRef<V>, keys*, n, V* out, out_width, bool*);
 //     template <class V> static void find_slots(TableRef<V>, keys*, n, int64_t* slots);
 //     // A batch upsert by core/table_ops.h's batch rule, any Sink of core/batch_sinks.h:
@@ -58,6 +59,36 @@ struct TableOpImpls {
     Backend::hash_keys(keys.data_ptr<int64_t>(), keys.numel(), num_buckets,
                        bucket.data_ptr<int64_t>(), digest.data_ptr<uint8_t>());
     return {bucket, digest};
+  }
+
+  /// core/score_policy.h score_for_hit of each score (a cache tier keeps its rows'
+  /// scores under the table's strategy beside the cache).
+  static at::Tensor scores_after_hit(const at::Tensor& scores, int64_t strategy,
+                                     int64_t batch_value, const std::optional<at::Tensor>& accesses,
+                                     const std::optional<at::Tensor>& custom) {
+    constexpr const char* op = "scores_after_hit";
+    check_tensor(op, "scores", scores, at::kLong, 1);
+    TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount, "dynemb.", op,
+                      ": unknown score strategy ", strategy);
+    const auto s = static_cast<ScoreStrategy>(strategy);
+    TORCH_CHECK_VALUE(s != ScoreStrategy::kCustomized || custom.has_value(), "dynemb.", op,
+                      ": `custom` scores are required under the CUSTOMIZED strategy");
+    const int64_t n = scores.numel();
+    auto per_key = [&](const char* name, const std::optional<at::Tensor>& t) -> const int64_t* {
+      if (!t.has_value()) return nullptr;
+      check_tensor(op, name, *t, at::kLong, 1);
+      TORCH_CHECK_VALUE(t->numel() == n, "dynemb.", op, ": `", name, "` has ", t->numel(),
+                        " elements, `scores` has ", n);
+      check_same_device(op, name, *t, scores);
+      return t->data_ptr<int64_t>();
+    };
+    const ScoreArgs args{s, static_cast<uint64_t>(batch_value), per_key("custom", custom),
+                         per_key("accesses", accesses)};
+    typename Backend::DeviceGuard guard(scores.device());
+    at::Tensor out = at::empty_like(scores);
+    Backend::scores_after_hit(args, reinterpret_cast<const uint64_t*>(scores.data_ptr<int64_t>()),
+                              n, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()));
+    return out;
   }
 
   static at::Tensor find(at::TensorList table_list, const at::Tensor& keys, const at::Tensor& values) {
@@ -232,6 +263,7 @@ struct TableOpImpls {
   do {                                                                            \
     using Impl = ::dynemb::TableOpImpls<Backend>;                                 \
     (m).impl("hash_keys", &Impl::hash_keys);                                      \
+    (m).impl("scores_after_hit", &Impl::scores_after_hit);                        \
     (m).impl("table_find", &Impl::find);                                          \
     (m).impl("table_find_slots", &Impl::find_slots);                              \
     (m).impl("table_find_or_insert", &Impl::find_or_insert);                      \

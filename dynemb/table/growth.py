@@ -10,10 +10,8 @@ so that the table's API, its growth and its spill persistence each have one file
 import torch
 
 from dynemb import _ops
-from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.table_storage import TableStorage
-from dynemb.types import DynamicEmbScoreStrategy
 
 
 class GrowingUpserts:
@@ -30,9 +28,7 @@ class GrowingUpserts:
             generation = self._generation  # not the storage itself: growth must free it
             self._mutations += 1
             self._step += 1
-            batch_value = self._step if self._strategy == DynamicEmbScoreStrategy.STEP.value else 0
-            if self._strategy in (DynamicEmbScoreStrategy.TIMESTAMP.value, args.TIMESTAMP_LFU):
-                batch_value = int(self._clock())
+            batch_value = _ops.batch_value(self._strategy, self._step, self._clock)
             extra = {} if per_key is None else {"per_key": per_key}
             status, counts = op(
                 self._storage.tensors(), self._policy(batch_value), self._init,

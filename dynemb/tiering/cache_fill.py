@@ -12,9 +12,6 @@ from dynemb import _ops
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
-_TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
-_STEP = DynamicEmbScoreStrategy.STEP.value
-_LFU = DynamicEmbScoreStrategy.LFU.value
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 
@@ -152,17 +149,12 @@ class CacheFill:
         self.stats.written_back += keys.numel()
         self.stats.storage_drops += int(dropped.numel())
 
-    def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, now: int) -> torch.Tensor:
-        """Scores after a training lookup under the table's strategy (the rules of
-        csrc/core/score_policy.h); a key new to the table starts from 0, which gives
-        the rule's score for a new key. ``now``: this batch's time (TIMESTAMP)."""
-        code = self._strategy
-        if code == _TIMESTAMP:
-            return old.clamp(min=now)
-        if code == _STEP:
-            return old.clamp(min=self._ctx.score_step)
-        if code == _LFU:
-            return old + (accesses if accesses is not None else 1)
-        if code == _CUSTOMIZED:
-            return torch.full_like(old, self._ctx.custom_score or 0)
-        return old
+    def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
+        """Scores after a training lookup under the table's strategy, by the core's
+        rule (score_policy.h score_for_hit); a key new to the table starts from 0,
+        which gives the rule's score for a new key. ``value``: this batch's
+        ``_ops.batch_value``."""
+        custom = None
+        if self._strategy == _CUSTOMIZED:
+            custom = torch.full_like(old, self._ctx.custom_score or 0)
+        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)

@@ -59,7 +59,6 @@ from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
-_TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP.value
 
 
 @dataclasses.dataclass
@@ -241,9 +240,9 @@ class CachedTable(CacheFill):
             Staged keys (None when every key is cached). The caller applies the
             backward to both, then calls ``unstage`` and ``end_batch``.
         """
-        now = int(self._ctx.now()) if self._strategy == _TIMESTAMP else 0
         if self._strategy == _STEP:
             self._ctx.score_step += 1
+        now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():
             ready = self._prefetched.pop(batch, None)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
