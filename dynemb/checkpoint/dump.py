@@ -36,8 +36,7 @@ FORMATS = ("dynemb", "dynamicemb")
 def table_meta(t: NamedTable, world_size: int) -> dict:
     """What a loader checks against its own table before loading this one."""
     table, group = t.table, t.group
-    routing = getattr(group, "routing", None)
-    dist_type, num_embeddings = routing[t.index] if routing else ("roundrobin", 0)
+    dist_type, num_embeddings = group.table_routing(t.index)
     return {
         "dim": table.dim,
         "value_dtype": dtype_name(table.value_dtype),

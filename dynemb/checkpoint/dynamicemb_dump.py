@@ -25,7 +25,6 @@ from dynemb.optimizer import EmbOptimType
 def opt_args(t: NamedTable) -> dict:
     """The content of ``<table>_opt_args.json``."""
     config, table = t.group.optimizer_config, t.table
-    routing = getattr(t.group, "routing", None)
     args = {"opt_type": opt_type_name(config.optimizer), "lr": config.learning_rate}
     if config.optimizer == EmbOptimType.ADAM:
         args.update(
@@ -39,7 +38,7 @@ def opt_args(t: NamedTable) -> dict:
         args.update(eps=config.eps, initial_accumulator_value=0.0)
     args.update(
         evict_strategy=str(evict_strategy_of(table.score_strategy).value),
-        dist_type=routing[t.index][0] if routing else "roundrobin",
+        dist_type=t.group.table_routing(t.index)[0],
         step_score=table.score_step,
     )
     return args
@@ -81,8 +80,7 @@ def write_table(path: Path, t: NamedTable, optim: bool, counter, pg) -> None:
     """
     rank, world_size = rank_and_size(pg)
     table, directory = t.table, path / t.public_collection
-    routing = getattr(t.group, "routing", None)
-    dist_type, num_embeddings = routing[t.index] if routing else ("roundrobin", 0)
+    dist_type, num_embeddings = t.group.table_routing(t.index)
     local_ids = dist_type == "continuous"
     state = optim and t.group.optimizer_config.state_columns(table.dim) > 0
     columns = score_columns(table.score_strategy)

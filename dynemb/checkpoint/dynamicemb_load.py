@@ -33,8 +33,7 @@ _HYPER_PARAMETERS = {  # opt_args.json key -> OptimizerConfig field
 
 
 def _routing(t: NamedTable) -> tuple[str, int]:
-    routing = getattr(t.group, "routing", None)
-    return routing[t.index] if routing else ("roundrobin", 0)
+    return t.group.table_routing(t.index)
 
 
 def _check_opt_args(t: NamedTable, directory: Path, optim: bool, allow_mismatch: bool):

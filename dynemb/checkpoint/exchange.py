@@ -48,8 +48,7 @@ def route_rows(
     if world_size == 1:
         return local
     if owner is None:
-        routing = getattr(t.group, "routing", None)
-        dist_type, num_embeddings = routing[t.index] if routing else ("roundrobin", 0)
+        dist_type, num_embeddings = t.group.table_routing(t.index)
         owner, _ = route_keys(local["keys"], dist_type, world_size, num_embeddings)
     order = torch.argsort(owner, stable=True)
     send_counts = torch.bincount(owner, minlength=world_size)

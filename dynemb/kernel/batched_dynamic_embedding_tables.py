@@ -150,11 +150,19 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         # the batch's forward reuses the de-duplication (and the table the slots).
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
+        # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
+        # row-wise sharded kernel (dynemb.shard.kernel); checkpoints re-route with it.
+        self.routing: list[tuple[str, int]] | None = None
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
         # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.
         self.placeholder_autograd_tensor = torch.zeros(0, device=self.device, requires_grad=True)
 
     # ------------------------------------------------------------------ API
+
+    def table_routing(self, t: int) -> tuple[str, int]:
+        """How keys of table ``t`` reach this rank: ``(dist_type, num_embeddings)``;
+        ``("roundrobin", 0)`` for tables not sharded by dynemb.shard."""
+        return self.routing[t] if self.routing is not None else ("roundrobin", 0)
 
     def set_learning_rate(self, lr: float) -> None:
         """Sets the learning rate used by the next backward (fbgemm TBE's hook)."""

@@ -32,11 +32,11 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
 from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage
-from dynemb.planner.validation import DYNAMIC_KERNEL, DYNAMIC_SHARDING_TYPE
 
 __all__ = ["DynamicEmbeddingEnumerator"]
 
@@ -132,14 +132,14 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
     ) -> list[str]:
         if self._dynamic_constraints(name) is not None:
-            if DYNAMIC_KERNEL not in allowed_compute_kernels:
+            if DYNAMIC_KERNEL_NAME not in allowed_compute_kernels:
                 raise ValueError(
                     f"table {name!r} is dynamic but its sharder does not offer compute kernel "
-                    f"{DYNAMIC_KERNEL!r} for {sharding_type!r} (it offers "
+                    f"{DYNAMIC_KERNEL_NAME!r} for {sharding_type!r} (it offers "
                     f"{allowed_compute_kernels}); use the sharders of dynemb.shard"
                 )
-            return [DYNAMIC_KERNEL]
-        allowed = [k for k in allowed_compute_kernels if k != DYNAMIC_KERNEL]
+            return [DYNAMIC_KERNEL_NAME]
+        allowed = [k for k in allowed_compute_kernels if k != DYNAMIC_KERNEL_NAME]
         c = (self._constraints or {}).get(name)
         if self._compute_device == "cpu" and not (c and c.compute_kernels):
             allowed = [k for k in allowed if k in CPU_KERNELS]
@@ -151,7 +151,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         proxies, dynamic = [], []
         for so in sharding_options:
             c = self._dynamic_constraints(so.name)
-            if c is None or so.compute_kernel != DYNAMIC_KERNEL:
+            if c is None or so.compute_kernel != DYNAMIC_KERNEL_NAME:
                 proxies.append(so)
                 continue
             storage = self._dynamic_storage(so, c)

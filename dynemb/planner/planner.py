@@ -29,15 +29,12 @@ from torchrec.distributed.utils import get_device_type
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynemb.planner.rank_options import fill_rank_options
-from dynemb.planner.validation import (
-    DYNAMIC_KERNEL,
-    DYNAMIC_SHARDING_TYPE,
-    check_planner_inputs,
-)
+from dynemb.planner.validation import check_planner_inputs
 
 __all__ = ["DynamicEmbeddingShardingPlanner"]
 
@@ -167,9 +164,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             for name, ps in module_plan.items():
                 if name in self._dynamic:
                     module_plan[name] = self._dynamic_entry(name, ps)
-                elif ps.compute_kernel == DYNAMIC_KERNEL:
+                elif ps.compute_kernel == DYNAMIC_KERNEL_NAME:
                     raise ValueError(
-                        f"table {name!r} got compute kernel {DYNAMIC_KERNEL!r} but is not "
+                        f"table {name!r} got compute kernel {DYNAMIC_KERNEL_NAME!r} but is not "
                         "dynamic; check the enumerator and the sharders"
                     )
         return sharding_plan
@@ -194,7 +191,7 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
-        if ps.sharding_type != DYNAMIC_SHARDING_TYPE or ps.compute_kernel != DYNAMIC_KERNEL:
+        if ps.sharding_type != DYNAMIC_SHARDING_TYPE or ps.compute_kernel != DYNAMIC_KERNEL_NAME:
             raise ValueError(
                 f"table {name!r} is dynamic but was planned {ps.sharding_type!r} / "
                 f"{ps.compute_kernel!r}; pass a DynamicEmbeddingEnumerator (or none)"

@@ -6,19 +6,16 @@ Every error names the table and the offending value and is raised before plannin
 from collections.abc import Mapping, Sequence
 
 import torch
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
 
 __all__ = ["check_planner_inputs"]
 
-DYNAMIC_SHARDING_TYPE = ShardingType.ROW_WISE.value
-DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 _EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -49,9 +46,9 @@ def check_planner_inputs(
             )
         if is_dynamic(c):
             _check_dynamic(name, c, configs[name])
-        elif DYNAMIC_KERNEL in (c.compute_kernels or ()):
+        elif DYNAMIC_KERNEL_NAME in (c.compute_kernels or ()):
             raise ValueError(
-                f"table {name!r}: compute kernel {DYNAMIC_KERNEL!r} is for dynamic tables; "
+                f"table {name!r}: compute kernel {DYNAMIC_KERNEL_NAME!r} is for dynamic tables; "
                 "use DynamicEmbParameterConstraints(use_dynamicemb=True, ...)"
             )
     return configs
@@ -77,9 +74,9 @@ def _check_dynamic(name: str, c: ParameterConstraints, config: BaseEmbeddingConf
             f"table {name!r}: a dynamic table is sharded {DYNAMIC_SHARDING_TYPE!r} only, "
             f"got sharding_types={c.sharding_types}; leave sharding_types unset"
         )
-    if c.compute_kernels and set(c.compute_kernels) != {DYNAMIC_KERNEL}:
+    if c.compute_kernels and set(c.compute_kernels) != {DYNAMIC_KERNEL_NAME}:
         raise ValueError(
-            f"table {name!r}: a dynamic table uses compute kernel {DYNAMIC_KERNEL!r} only, "
+            f"table {name!r}: a dynamic table uses compute kernel {DYNAMIC_KERNEL_NAME!r} only, "
             f"got compute_kernels={c.compute_kernels}; leave compute_kernels unset"
         )
     o = c.dynamicemb_options

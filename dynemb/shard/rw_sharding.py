@@ -14,21 +14,20 @@ from torchrec.distributed.embedding_lookup import (
     GroupedPooledEmbeddingsLookup,
 )
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel, GroupedEmbeddingConfig
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.kernel_names import DYNAMIC_KERNEL, DYNAMIC_KERNEL_NAME
 from dynemb.shard.kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
 from dynemb.shard.routing import STATIC, DynamicEmbRwSparseFeaturesDist, check_dist_type
 
-DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL
-
 
 def is_dynamic(info: EmbeddingShardingInfo) -> bool:
-    return info.param_sharding.compute_kernel == DYNAMIC_KERNEL.value
+    return info.param_sharding.compute_kernel == DYNAMIC_KERNEL_NAME
 
 
 def dynamic_options(infos: list[EmbeddingShardingInfo]) -> dict[str, DynamicEmbTableOptions]:

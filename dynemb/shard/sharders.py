@@ -1,16 +1,14 @@
 """The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel."""
 
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME
 from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,
 )
-
-DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
 
 def _sharding_types(types: list[str]) -> list[str]:
@@ -20,7 +18,7 @@ def _sharding_types(types: list[str]) -> list[str]:
 
 def _compute_kernels(kernels: list[str], sharding_type: str) -> list[str]:
     if sharding_type == ShardingType.ROW_WISE.value:
-        return kernels + [DYNAMIC_KERNEL]
+        return kernels + [DYNAMIC_KERNEL_NAME]
     return kernels
 
 

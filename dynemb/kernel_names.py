@@ -1,0 +1,19 @@
+"""How TorchRec names dynemb's kernel and sharding, defined once.
+
+TorchRec passes compute kernels as ``EmbeddingComputeKernel`` members in its grouped
+configs and as their string values in sharding options and plans.
+"""
+
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.types import ShardingType
+
+DYNAMIC_KERNEL = EmbeddingComputeKernel.CUSTOMIZED_KERNEL
+"""A dynamic table's compute kernel (the member, as in GroupedEmbeddingConfig)."""
+
+DYNAMIC_KERNEL_NAME = DYNAMIC_KERNEL.value
+"""Its string, as in the planner's options and ParameterSharding."""
+
+DYNAMIC_SHARDING_TYPE = ShardingType.ROW_WISE.value
+"""A dynamic table's sharding type (string, as in ParameterSharding)."""
+
+__all__ = ["DYNAMIC_KERNEL", "DYNAMIC_KERNEL_NAME", "DYNAMIC_SHARDING_TYPE"]
