@@ -61,7 +61,30 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter
         + (["state"] if optim else [])
         + (["timestamps"] if keeps_ts else [])
     )
-    writers = {f: FieldWriter(directory / f"{t.name}.r{rank}.{f}") for f in fields}
+    writers = {}
+    try:
+        for f in fields:
+            writers[f] = FieldWriter(directory / f"{t.name}.r{rank}.{f}")
+        rows = _write_rows(table, writers, optim, keeps_ts)
+        closed = {f: w.close() for f, w in writers.items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    entry = {"rank": rank, "rows": rows, "fields": closed}
+    counts_of = admission_counter(t) if counter else None
+    if counts_of is not None:  # admission counts, with counter=True
+        keys, counts = counts_of.dump()
+        for field, values in (("counter_keys", keys), ("counter_counts", counts)):
+            writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
+            writer.write(values.to(torch.int64))
+            entry["fields"][field] = writer.close()
+        entry["counter_rows"] = keys.numel()
+    return entry
+
+
+def _write_rows(table, writers: dict, optim: bool, keeps_ts: bool) -> int:
+    """Streams the table's slots into ``writers``; returns the rows written."""
     rows, offset, pending = 0, 0, None
     capacity = table.capacity()
     # Chunk k is written on `writer` while chunk k + 1 is exported; one chunk in
@@ -82,16 +105,7 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter
             rows += keys.numel()
         if pending is not None:
             pending.result()
-    entry = {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
-    counts_of = admission_counter(t) if counter else None
-    if counts_of is not None:  # admission counts, with counter=True
-        keys, counts = counts_of.dump()
-        for field, values in (("counter_keys", keys), ("counter_counts", counts)):
-            writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
-            writer.write(values.to(torch.int64))
-            entry["fields"][field] = writer.close()
-        entry["counter_rows"] = keys.numel()
-    return entry
+    return rows
 
 
 def _write_chunk(writers: dict, chunk: dict) -> None:

@@ -82,6 +82,12 @@ class FieldWriter:
             self.crc = _ops.crc32(raw, self.crc)
             self.bytes += raw.numel()
 
+    def abort(self) -> None:
+        """Closes the file without checking anything (a failed dump: its space must not
+        stay held by an open descriptor once the directory is removed)."""
+        with contextlib.suppress(OSError):
+            self._f.close()
+
     def close(self) -> dict:
         try:
             with self._f:
