@@ -48,24 +48,32 @@ def _record_commits(monkeypatch, log: list, lock: threading.Lock) -> None:
     monkeypatch.setattr(dump_module, "write_manifest", write_manifest)
 
 
+def _dump_at_once(path, modules, allow_overwrite: bool) -> tuple[list, list]:
+    """Every module dumped to ``path`` by its own thread (named by its index), at once;
+    returns ``(indices that succeeded, errors)``."""
+    won, errors = [], []
+
+    def dump(i: int) -> None:
+        try:
+            DynamicEmbDump(path, modules[i][0], optim=True, allow_overwrite=allow_overwrite)
+            won.append(i)
+        except Exception as e:  # noqa: BLE001 - collected and asserted by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=dump, args=(i,), name=str(i)) for i in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, errors
+
+
 def test_threads_dumping_to_one_path(tmp_path, modules, monkeypatch):
     path = tmp_path / "ckpt"
     log, lock = [], threading.Lock()
     _record_commits(monkeypatch, log, lock)
     for _ in range(ROUNDS):
-        errors = []
-
-        def dump(i: int) -> None:
-            try:
-                DynamicEmbDump(path, modules[i][0], optim=True, allow_overwrite=True)
-            except Exception as e:  # noqa: BLE001 - collected and asserted below
-                errors.append(e)
-
-        threads = [threading.Thread(target=dump, args=(i,), name=str(i)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _, errors = _dump_at_once(path, modules, allow_overwrite=True)
         assert not errors, errors
         last_id, last_writer = log[-1]
         assert committed_dump(path) == last_id
@@ -75,22 +83,10 @@ def test_threads_dumping_to_one_path(tmp_path, modules, monkeypatch):
 def test_without_allow_overwrite_exactly_one_of_concurrent_first_dumps_wins(tmp_path, modules):
     for round_ in range(5):
         path = tmp_path / f"ckpt{round_}"
-        won, refused = [], []
-
-        def dump(i: int) -> None:
-            try:
-                DynamicEmbDump(path, modules[i][0], optim=True)
-                won.append(i)
-            except FileExistsError as e:
-                refused.append(str(e))
-
-        threads = [threading.Thread(target=dump, args=(i,)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert len(won) == 1 and len(refused) == WRITERS - 1, (won, refused)
-        assert "allow_overwrite=True" in refused[0]
+        won, errors = _dump_at_once(path, modules, allow_overwrite=False)
+        assert len(won) == 1 and len(errors) == WRITERS - 1, (won, errors)
+        assert all(isinstance(e, FileExistsError) for e in errors), errors
+        assert "allow_overwrite=True" in str(errors[0])
         _check_committed(path, modules[won[0]][1])
 
 

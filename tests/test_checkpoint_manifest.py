@@ -77,7 +77,9 @@ def test_truncated_manifest_names_the_file(checkpoint):
         (_set("a", "value_dtype", "int8"), r"value_dtype must be float32, float16 or bfloat16"),
         (_set("a", "dist_type", "nope"), r"dist_type must be one of"),
         (
-            lambda m: m["tables"]["a"].__setitem__("tabel_step", m["tables"]["a"].pop("table_step")),
+            lambda m: m["tables"]["a"].__setitem__(
+                "tabel_step", m["tables"]["a"].pop("table_step")
+            ),
             r"tables\['a'\] must be an object with keys",
         ),
         (lambda m: m.pop("optim"), r"the manifest must be an object with keys"),

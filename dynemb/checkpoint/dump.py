@@ -215,9 +215,15 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
                     for t in tables
                 }
             except Exception as e:  # reported to every rank, then raised here
-                ranks.announce("written", {"error": f"{type(e).__name__}: {e}"})
+                failure = {"error": f"{type(e).__name__}: {e}"}
+                if rank != 0:
+                    ranks.announce("written", failure)
+                    raise
+                # Rank 0 removes the directory on the way out: nobody may still write.
+                with contextlib.suppress(RankFailure):
+                    ranks.post("written", failure, wait_all=True)
                 raise
-            everyone = ranks.post("written", {"error": None, "tables": mine})
+            everyone = ranks.post("written", {"error": None, "tables": mine}, wait_all=rank == 0)
             committed = None
             if rank == 0:
                 committed = _commit(
@@ -308,7 +314,7 @@ def _dump_dynamicemb_layout(path: Path, tables: list[NamedTable], optim, counter
 
 def committed_dump(path: Path) -> str:
     """The dump directory the manifest names (for tests and tools)."""
-    return read_manifest(path)["dump_id"]
+    return read_manifest(Path(path))["dump_id"]
 
 
 __all__ = ["DynamicEmbDump", "MANIFEST", "committed_dump"]

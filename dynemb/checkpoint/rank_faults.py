@@ -28,6 +28,7 @@ group must run the same checkpoint operations in the same order, which the
 collectives of a checkpoint require anyway.
 """
 
+import contextlib
 import itertools
 import json
 import threading
@@ -91,6 +92,7 @@ class RankAgreement:
             sequence = next(_sequences[(op, pg.group_name)])
             prefix = f"dynemb/{op}/{pg.group_name}/{sequence}/"
             self._store = dist.PrefixStore(prefix, _default_store())
+        self._dead = None  # the rank this one found dead
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._beat_loop, daemon=True)
 
@@ -104,6 +106,17 @@ class RankAgreement:
         self._stop.set()
         if self._beat.is_alive():
             self._beat.join()
+        if self._store is None:
+            return
+        # The store lives in global rank 0: it leaves last, or a rank still waiting
+        # would see "store unreachable" instead of the failure it is about to learn.
+        with contextlib.suppress(Exception):
+            self._store.add("left", 1)
+            if self.rank == 0:
+                deadline = time.monotonic() + self.timeout
+                alive = self.world_size - (self._dead is not None)
+                while self._store.add("left", 0) < alive and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
 
     def _beat_loop(self) -> None:
         interval = min(1.0, self.timeout / 8)
@@ -130,14 +143,20 @@ class RankAgreement:
         if self._store is not None:
             self._call(self._store.set, f"{step}/{self.rank}", json.dumps(value))
 
-    def post(self, step: str, value, root: int | None = None) -> list:
+    def post(self, step: str, value, root: int | None = None, wait_all: bool = False) -> list:
         """Posts ``value`` (JSON-able) at ``step`` and returns every rank's, in rank order.
 
         With ``root`` set, only that rank's value counts: it posts, the others post
-        nothing and wait for it; the result is ``[root's value]``.
+        nothing and wait for it; the result is ``[root's value]``. A value
+        ``{"error": <text>}`` reports a failure.
+
+        Args:
+            wait_all: wait for every rank's post even after one reported a failure
+                (the rank that cleans up must know that nobody still writes), then
+                raise for it.
 
         Raises:
-            RankFailure: a rank posted ``{"error": ...}`` (not this one), or a rank
+            RankFailure: a rank (not this one) posted ``{"error": ...}``, or a rank
                 the step waits for stopped beating for ``timeout`` seconds.
         """
         if self._store is None:
@@ -145,7 +164,7 @@ class RankAgreement:
         if root is None or root == self.rank:
             self._call(self._store.set, f"{step}/{self.rank}", json.dumps(value))
         ranks = [root] if root is not None else list(range(self.world_size))
-        got = self._wait(step, ranks)
+        got = self._wait(step, ranks, wait_all)
         for r in sorted(got):
             v = got[r]
             if r != self.rank and isinstance(v, dict) and v.get("error"):
@@ -154,7 +173,14 @@ class RankAgreement:
                 )
         return [got[r] for r in ranks]
 
-    def _wait(self, step: str, ranks: list[int]) -> dict:
+    def _stopped(self, r: int, step: str) -> RankFailure:
+        return RankFailure(
+            f"{self.op}: rank {r} of {self.world_size} stopped responding (no heartbeat "
+            f"for {self.timeout:g} s at step {step!r}): it died or was killed",
+            r,
+        )
+
+    def _wait(self, step: str, ranks: list[int], wait_all: bool) -> dict:
         got: dict = {}
         seen = {}  # rank -> (its beat count, when this rank saw it change)
         while True:
@@ -162,10 +188,14 @@ class RankAgreement:
                 key = f"{step}/{r}"
                 if r not in got and self._call(self._store.check, [key]):
                     got[r] = json.loads(self._call(self._store.get, key))
-                    if isinstance(got[r], dict) and got[r].get("error") and r != self.rank:
+                    failed = isinstance(got[r], dict) and got[r].get("error")
+                    if failed and r != self.rank and not wait_all:
                         return got  # a failure ends the wait at once
             if len(got) == len(ranks):
                 return got
+            if self._call(self._store.check, ["dead"]):  # another rank found one dead
+                self._dead = int(self._call(self._store.get, "dead"))
+                raise self._stopped(self._dead, step)
             now = time.monotonic()
             for r in ranks:
                 if r in got:
@@ -174,12 +204,9 @@ class RankAgreement:
                 if r not in seen or seen[r][0] != beat:
                     seen[r] = (beat, now)
                 elif now - seen[r][1] > self.timeout:
-                    raise RankFailure(
-                        f"{self.op}: rank {r} of {self.world_size} stopped responding (no "
-                        f"heartbeat for {self.timeout:g} s at step {step!r}): it died or "
-                        "was killed",
-                        r,
-                    )
+                    self._dead = r
+                    self._call(self._store.set, "dead", str(r))  # tells every other rank
+                    raise self._stopped(r, step)
             time.sleep(_POLL_S)
 
 
