@@ -65,7 +65,12 @@ def _rank_main(fn, rank, world_size, port, out_dir, device, args) -> None:
 
 
 def run_ranks(
-    fn: Callable, world_size: int, *args, timeout: float = 180.0, device: str = "cpu"
+    fn: Callable,
+    world_size: int,
+    *args,
+    timeout: float = 180.0,
+    device: str = "cpu",
+    expect_dead: tuple[int, ...] = (),
 ) -> list:
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` ranks; returns the results.
 
@@ -76,6 +81,8 @@ def run_ranks(
         timeout: seconds before a rank still running is killed and the call fails.
         device: device type ``fn`` puts its tensors on (see ``rank_device``); it picks
             the backend (``process_group_backend``).
+        expect_dead: ranks that are meant to die (a fault test kills them): their
+            result is None instead of an error.
     """
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -97,6 +104,9 @@ def run_ranks(
         results, errors = [], []
         for r in range(world_size):
             path = Path(out_dir) / f"rank{r}.pkl"
+            if not path.exists() and r in expect_dead and r not in hung:
+                results.append(None)
+                continue
             if not path.exists():
                 why = "hung (killed at the deadline)" if r in hung else "died without a result"
                 errors.append(f"rank {r} of {world_size} {why}")

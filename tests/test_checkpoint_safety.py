@@ -13,6 +13,7 @@ from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, Dynam
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint import load as load_module
 from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.manifest import checksum
 from dynemb.optimizer import EmbOptimType
 
 
@@ -143,6 +144,7 @@ def test_manifest_mismatches_are_refused(checkpoint, edit, message):
     path, _ = checkpoint
     manifest = json.loads((path / "manifest.json").read_text())
     edit(manifest)
+    manifest["checksum"] = checksum(manifest)  # consistent edits: the options are checked
     (path / "manifest.json").write_text(json.dumps(manifest))
     module, before = _target()
     with pytest.raises(CheckpointError, match=message):

@@ -1,5 +1,6 @@
 """``DynamicEmbDump``: every rank writes its shard of every dynamic table, then one atomic commit."""
 
+import contextlib
 import shutil
 import time
 import uuid
@@ -16,18 +17,16 @@ from dynemb.checkpoint.collectives import (
     process_group,
     rank_and_size,
 )
-from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
-from dynemb.checkpoint.format import (
-    CHUNK_ROWS,
-    FORMAT,
-    MANIFEST,
-    VERSION,
-    FieldWriter,
-    dtype_name,
-    fsync_dir,
-    read_manifest,
-    write_manifest,
+from dynemb.checkpoint.dump_lock import (
+    committed_dump_id,
+    dump_lock,
+    holds_checkpoint,
+    remove_superseded_dumps,
 )
+from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
+from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
+from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
+from dynemb.checkpoint.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement, RankFailure
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 
 FORMATS = ("dynemb", "dynamicemb")
@@ -61,7 +60,30 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter
         + (["state"] if optim else [])
         + (["timestamps"] if keeps_ts else [])
     )
-    writers = {f: FieldWriter(directory / f"{t.name}.r{rank}.{f}") for f in fields}
+    writers = {}
+    try:
+        for f in fields:
+            writers[f] = FieldWriter(directory / f"{t.name}.r{rank}.{f}")
+        rows = _write_rows(table, writers, optim, keeps_ts)
+        closed = {f: w.close() for f, w in writers.items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    entry = {"rank": rank, "rows": rows, "fields": closed}
+    counts_of = admission_counter(t) if counter else None
+    if counts_of is not None:  # admission counts, with counter=True
+        keys, counts = counts_of.dump()
+        for field, values in (("counter_keys", keys), ("counter_counts", counts)):
+            writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
+            writer.write(values.to(torch.int64))
+            entry["fields"][field] = writer.close()
+        entry["counter_rows"] = keys.numel()
+    return entry
+
+
+def _write_rows(table, writers: dict, optim: bool, keeps_ts: bool) -> int:
+    """Streams the table's slots into ``writers``; returns the rows written."""
     rows, offset, pending = 0, 0, None
     capacity = table.capacity()
     # Chunk k is written on `writer` while chunk k + 1 is exported; one chunk in
@@ -82,16 +104,7 @@ def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter
             rows += keys.numel()
         if pending is not None:
             pending.result()
-    entry = {"rank": rank, "rows": rows, "fields": {f: w.close() for f, w in writers.items()}}
-    counts_of = admission_counter(t) if counter else None
-    if counts_of is not None:  # admission counts, with counter=True
-        keys, counts = counts_of.dump()
-        for field, values in (("counter_keys", keys), ("counter_counts", counts)):
-            writer = FieldWriter(directory / f"{t.name}.r{rank}.{field}")
-            writer.write(values.to(torch.int64))
-            entry["fields"][field] = writer.close()
-        entry["counter_rows"] = keys.numel()
-    return entry
+    return rows
 
 
 def _write_chunk(writers: dict, chunk: dict) -> None:
@@ -108,15 +121,23 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     pg: dist.ProcessGroup | None = None,
     allow_overwrite: bool = False,
     format: str = "dynemb",  # noqa: A002 - the argument's documented name
+    fault_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Path:
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
 
     Every rank writes its own shard (keys, rows, scores, and the optimizer state with
-    ``optim=True``), streamed in chunks; rank 0 then commits by replacing
-    ``path/manifest.json`` atomically, so an existing checkpoint at ``path`` stays
-    loadable until this one is complete, and a crash leaves no half checkpoint that
-    could be loaded. Every rank of ``pg`` (default: the world, or this process alone)
-    must call it. ``path`` must be one directory seen by every rank.
+    ``optim=True``), streamed in chunks into a fresh dump directory; rank 0 then
+    commits by replacing ``path/manifest.json`` atomically, so an existing checkpoint
+    at ``path`` stays loadable until this one is complete, and a crash leaves no half
+    checkpoint that could be loaded. Every rank of ``pg`` (default: the world, or this
+    process alone) must call it. ``path`` must be one directory seen by every rank.
+
+    Dumps to one ``path`` run one at a time (rank 0 holds an advisory lock on
+    ``path/.dynemb-dump.lock``, see dump_lock.py): a second dump waits for the first
+    and commits after it; no dump removes a directory another is writing, nor the
+    committed checkpoint. A dump that fails (a full disk, a rank that raised or died)
+    removes its own directory on rank 0, commits nothing, and leaves the previous
+    checkpoint as it was; the next dump starts clean.
 
     Args:
         path: the checkpoint directory (created if needed).
@@ -137,14 +158,24 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
             ..., see DynamicEmb_APIs.md), for going back to DynamicEmb. It has no
             manifest or checksums and is written in place, not atomically.
             DynamicEmbLoad reads both.
+        fault_timeout: (``"dynemb"`` format, several ranks) seconds after which a rank
+            that stopped responding (killed, out of memory) counts as dead: every
+            other rank then raises RankFailure naming it, at most ``fault_timeout``
+            seconds after its last heartbeat. A rank that raises is reported to the
+            others at once. Default 60.
 
     Returns:
         ``path``.
 
     Raises:
-        FileExistsError: ``path`` is a non-empty directory and ``allow_overwrite`` is
-            False (on every rank, before anything is written).
-        ValueError: an unknown name in ``table_names``, or an unknown ``format``.
+        FileExistsError: ``path`` holds a checkpoint and ``allow_overwrite`` is False
+            (on every rank, before anything is written; checked under the lock, so of
+            two concurrent dumps to an empty path without it, the second fails).
+        OSError: writing a file failed (ENOSPC, EIO...): the message names the file;
+            raised on the rank that failed, the others raise RankFailure.
+        RankFailure (a RuntimeError): another rank failed or died; names it and its error.
+        ValueError: an unknown name in ``table_names``, an unknown ``format``, a
+            ``fault_timeout`` that is not a positive number.
 
     Example::
 
@@ -157,46 +188,115 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     rank, world_size = rank_and_size(pg)
     path = Path(path)
     tables = named_tables(model, table_names)
-    occupied = all_gather(path.is_dir() and any(path.iterdir()), pg)[0]
-    if occupied and not allow_overwrite:
-        raise FileExistsError(
-            f"DynamicEmbDump: {path} is not empty; pass allow_overwrite=True to replace "
-            "the checkpoint there, or choose another path"
-        )
     if format == "dynamicemb":
+        occupied = all_gather(holds_checkpoint(path), pg)[0]
+        if occupied and not allow_overwrite:
+            raise FileExistsError(_occupied_message(path))
         _dump_dynamicemb_layout(path, tables, optim, counter, pg)
         return path
-    dump_id = None
-    if rank == 0:
-        path.mkdir(parents=True, exist_ok=True)
-        dump_id = f"dump-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:12]}"
-        (path / dump_id).mkdir()
-    dump_id = all_gather(dump_id, pg)[0]
-    directory = path / dump_id
-    if pg is not None:
-        dist.barrier(group=pg)  # the directory exists for everyone
-    mine = {
-        t.name: (table_meta(t, world_size), _write_table(t, directory, rank, optim, counter))
-        for t in tables
-    }
-    everyone = all_gather(mine, pg)
-    if rank == 0:
-        fsync_dir(directory)
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "dump_id": dump_id,
-            "optim": optim,
-            "tables": {},
-        }
-        for name in sorted(mine):
-            manifest["tables"][name] = dict(mine[name][0])
-            manifest["tables"][name]["files"] = [r[name][1] for r in everyone]
-        write_manifest(path, manifest)  # the commit point
-        _remove_old_dumps(path, keep=dump_id)
-    if pg is not None:
-        dist.barrier(group=pg)
+    with RankAgreement(pg, "DynamicEmbDump", fault_timeout) as ranks:
+        with contextlib.ExitStack() as rank0:  # rank 0: the lock, held to the end
+            started = _start(path, allow_overwrite, rank0) if rank == 0 else None
+            started = ranks.post("start", started, root=0)[0]
+            if started["kind"] == "FileExistsError":
+                raise FileExistsError(started["error"])
+            if started["error"]:
+                raise OSError(started["errno"], started["error"])
+            directory = path / started["dump_id"]
+            if rank == 0:
+                rank0.callback(_remove_unless_committed, path, started["dump_id"])
+            try:
+                mine = {
+                    t.name: (
+                        table_meta(t, world_size),
+                        _write_table(t, directory, rank, optim, counter),
+                    )
+                    for t in tables
+                }
+            except Exception as e:  # reported to every rank, then raised here
+                failure = {"error": f"{type(e).__name__}: {e}"}
+                if rank != 0:
+                    ranks.announce("written", failure)
+                    raise
+                # Rank 0 removes the directory on the way out: nobody may still write.
+                with contextlib.suppress(RankFailure):
+                    ranks.post("written", failure, wait_all=True)
+                raise
+            everyone = ranks.post("written", {"error": None, "tables": mine}, wait_all=rank == 0)
+            committed = None
+            if rank == 0:
+                committed = _commit(
+                    path, started["dump_id"], optim, [e["tables"] for e in everyone]
+                )
+            committed = ranks.post("committed", committed, root=0)[0]
+            if committed["error"]:
+                if rank == 0:
+                    raise OSError(committed["errno"], committed["error"])
+                raise RankFailure(
+                    f"DynamicEmbDump: rank 0 of {world_size} failed: {committed['error']}",
+                    0,
+                    committed["error"],
+                )
     return path
+
+
+def _occupied_message(path: Path) -> str:
+    return (
+        f"DynamicEmbDump: {path} is not empty; pass allow_overwrite=True to replace "
+        "the checkpoint there, or choose another path"
+    )
+
+
+def _start(path: Path, allow_overwrite: bool, stack: contextlib.ExitStack) -> dict:
+    """Rank 0: takes the lock (kept by ``stack``), checks ``path``, removes what failed
+    dumps left, and makes the dump directory; returns ``{"dump_id", "error", "kind",
+    "errno"}``."""
+    try:
+        stack.enter_context(dump_lock(path))
+        if holds_checkpoint(path) and not allow_overwrite:
+            return {"error": _occupied_message(path), "kind": "FileExistsError"}
+        remove_superseded_dumps(path)
+        dump_id = f"dump-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:12]}"
+        try:
+            (path / dump_id).mkdir()
+        except OSError as e:
+            raise OSError(
+                e.errno, f"DynamicEmbDump: cannot create {path / dump_id}: {e.strerror}"
+            ) from e
+    except OSError as e:
+        return {"error": str(e), "kind": "OSError", "errno": e.errno}
+    return {"dump_id": dump_id, "error": None, "kind": None}
+
+
+def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:
+    """Rank 0, holding the lock, every rank's files written: writes the manifest (the
+    commit point) and removes superseded dumps; returns ``{"error", "errno"}``."""
+    directory = path / dump_id
+    mine = everyone[0]
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dump_id": dump_id,
+        "optim": optim,
+        "tables": {},
+    }
+    for name in sorted(mine):
+        manifest["tables"][name] = dict(mine[name][0])
+        manifest["tables"][name]["files"] = [r[name][1] for r in everyone]
+    try:
+        fsync_dir(directory)
+        write_manifest(path, manifest)  # the commit point
+    except OSError as e:
+        return {"error": str(e), "errno": e.errno}
+    remove_superseded_dumps(path, keep=dump_id)
+    return {"error": None, "errno": None}
+
+
+def _remove_unless_committed(path: Path, dump_id: str) -> None:
+    """Rank 0, on the way out (the lock still held): a dump directory that the manifest
+    does not name (the dump failed) is removed."""
+    if committed_dump_id(path) != dump_id:
+        shutil.rmtree(path / dump_id, ignore_errors=True)
 
 
 def _dump_dynamicemb_layout(path: Path, tables: list[NamedTable], optim, counter, pg) -> None:
@@ -211,15 +311,9 @@ def _dump_dynamicemb_layout(path: Path, tables: list[NamedTable], optim, counter
         dist.barrier(group=pg)
 
 
-def _remove_old_dumps(path: Path, keep: str) -> None:
-    for child in path.iterdir():
-        if child.is_dir() and child.name.startswith("dump-") and child.name != keep:
-            shutil.rmtree(child, ignore_errors=True)
-
-
 def committed_dump(path: Path) -> str:
     """The dump directory the manifest names (for tests and tools)."""
-    return read_manifest(path)["dump_id"]
+    return read_manifest(Path(path))["dump_id"]
 
 
 __all__ = ["DynamicEmbDump", "MANIFEST", "committed_dump"]

@@ -16,7 +16,8 @@ from dynemb.checkpoint.dynamicemb_layout import (
     score_columns,
 )
 from dynemb.checkpoint.exchange import route_rows
-from dynemb.checkpoint.format import CHUNK_ROWS, MANIFEST, FieldWriter
+from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter
+from dynemb.checkpoint.manifest import MANIFEST
 from dynemb.checkpoint.tables import NamedTable
 from dynemb.dynamicemb_config import evict_strategy_of
 from dynemb.optimizer import EmbOptimType

@@ -18,8 +18,16 @@ from dynemb.checkpoint.dynamicemb_layout import (
     score_columns,
     validate_table,
 )
-from dynemb.checkpoint.exchange import RESTORE_THREADS, op_threads, restore_rows, route_rows
+from dynemb.checkpoint.exchange import (
+    RESTORE_THREADS,
+    op_threads,
+    prepare_tables,
+    restore_rows,
+    restored_step,
+    route_rows,
+)
 from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError
+from dynemb.checkpoint.manifest import INT64_MAX
 from dynemb.checkpoint.tables import NamedTable, named_tables
 from dynemb.dynamicemb_config import evict_strategy_of
 
@@ -57,9 +65,13 @@ def _check_opt_args(t: NamedTable, directory: Path, optim: bool, allow_mismatch:
             f"{file}: dist_type continuous, whose saved ids need the table's num_embeddings; "
             f"the model does not give one for {t.name!r} (load it into a sharded model)"
         )
-    for key in (*_HYPER_PARAMETERS, "iters", "step_score"):
+    for key in _HYPER_PARAMETERS:
         if key in args and (isinstance(args[key], bool) or not isinstance(args[key], int | float)):
             errors.append(f"{file}: {key} must be a number, got {args[key]!r}")
+    for key in ("iters", "step_score"):  # steps: a table keeps them as int64
+        value = args.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+            errors.append(f"{file}: {key} must be an integer in [0, {INT64_MAX}], got {value!r}")
     if not optim:
         return args, errors, False
     model_opt = opt_type_name(t.group.optimizer_config.optimizer)
@@ -98,7 +110,14 @@ def _validate(path: Path, tables: list[NamedTable], table_names, optim, counter,
 
 
 def load_dynamicemb_layout(
-    path: Path, model, table_names, optim: bool, counter: bool, pg, allow_optimizer_mismatch: bool
+    path: Path,
+    model,
+    table_names,
+    optim: bool,
+    counter: bool,
+    pg,
+    allow_optimizer_mismatch: bool,
+    merge: bool = False,
 ) -> None:
     """DynamicEmbLoad of a directory in DynamicEmb's layout (arguments as DynamicEmbLoad)."""
     rank, world_size = rank_and_size(pg)
@@ -109,31 +128,32 @@ def load_dynamicemb_layout(
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise CheckpointError(errors[0] + more)
     failed = {}
+    for t, _, _, _ in plans:
+        prepare_tables(t, merge, counter)
     with op_threads(RESTORE_THREADS):
         for t, saved, args, with_optim in plans:
-            t.prepare_load()
             share = saved.shards[rank::world_size]
             keys_of = _KeyConversion(t, saved, args)
             failed[t.name] = _load_rows(t, share, keys_of, with_optim, pg, world_size)
             if counter:
                 _load_counter(t, share, keys_of, pg, world_size)
             if "step_score" in args:
-                t.table.score_step = max(t.table.score_step, int(args["step_score"]))
+                t.table.score_step = restored_step(t.table.score_step, args["step_score"], merge)
             if with_optim:
-                _load_hyper_parameters(t, args)
+                _load_hyper_parameters(t, args, merge)
     lost = {name: n for name, n in failed.items() if n}
     if lost:
         raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
 
 
-def _load_hyper_parameters(t: NamedTable, args: dict) -> None:
+def _load_hyper_parameters(t: NamedTable, args: dict, merge: bool) -> None:
     """DynamicEmb's rule: with optim=True the saved hyper-parameters replace the model's."""
     config = t.group.optimizer_config
     for key, field in _HYPER_PARAMETERS.items():
         if key in args:
             setattr(config, field, float(args[key]))
     if "iters" in args:
-        t.group.step = max(t.group.step, int(args["iters"]))
+        t.group.step = restored_step(t.group.step, args["iters"], merge)
 
 
 class _KeyConversion:

@@ -6,6 +6,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from dynemb.checkpoint.collectives import admission_counter
 from dynemb.checkpoint.tables import NamedTable
 from dynemb.shard.routing import route_keys
 
@@ -68,6 +69,26 @@ def route_rows(
     return out
 
 
+def prepare_tables(t: NamedTable, merge: bool, counter: bool) -> None:
+    """Before a load writes into ``t`` (every check passed): a cached table empties its
+    cache into its slow tier; without ``merge`` the table (and, with ``counter``, its
+    admission counts) is emptied, so that the load restores the checkpoint exactly."""
+    t.prepare_load()
+    if merge:
+        return
+    t.table.clear()
+    counts = admission_counter(t) if counter else None
+    if counts is not None:
+        keys, _ = counts.dump()
+        if keys.numel():
+            counts.erase(keys)
+
+
+def restored_step(current: int, saved: int, merge: bool) -> int:
+    """A step after a load: the saved one, or with ``merge`` the larger of the two."""
+    return max(current, saved) if merge else saved
+
+
 def restore_rows(t: NamedTable, fields: dict, rows: dict) -> int:
     """Stores the received entries exactly (rows, state, scores, timestamps) in one
     pass of the table op; returns the keys that failed."""
@@ -85,4 +106,11 @@ def restore_rows(t: NamedTable, fields: dict, rows: dict) -> int:
     return stats.failed
 
 
-__all__ = ["RESTORE_THREADS", "op_threads", "restore_rows", "route_rows"]
+__all__ = [
+    "RESTORE_THREADS",
+    "op_threads",
+    "prepare_tables",
+    "restore_rows",
+    "restored_step",
+    "route_rows",
+]

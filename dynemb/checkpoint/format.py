@@ -10,10 +10,11 @@ in the table's value dtype, ``scores`` int64, ``timestamps`` int64 (the
 per file its row count, byte size and CRC-32. A dump writes a fresh ``<dump_id>``
 directory and only then replaces the manifest, so the previous checkpoint stays
 loadable until the new one is complete; a dump directory that the manifest does not
-name is an incomplete dump and is never read.
+name is an incomplete dump and is never read (manifest.py: the manifest, its
+checksum and schema; dump_lock.py: who may remove which dump directory).
 """
 
-import json
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,9 +22,6 @@ import torch
 
 from dynemb import _ops
 
-FORMAT = "dynemb-checkpoint"
-VERSION = 1
-MANIFEST = "manifest.json"
 CHUNK_ROWS = 1 << 16  # rows per read / write: memory stays bounded for any table size
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -51,57 +49,69 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
-    """Writes ``path/manifest.json`` atomically (temporary file, fsync, rename, fsync dir)."""
-    tmp = path / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / MANIFEST)
-    fsync_dir(path)
-
-
-def read_manifest(path: Path) -> dict:
-    file = path / MANIFEST
-    if not file.is_file():
-        raise CheckpointError(
-            f"{file}: no manifest; {path} is not a checkpoint, or its first dump never completed"
-        )
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file}: unreadable manifest ({e})") from e
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{file}: not a dynemb checkpoint manifest")
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(
-            f"{file}: format version {manifest.get('version')!r}, this dynemb reads version {VERSION}"
-        )
-    return manifest
+def write_error(file: Path, e: OSError) -> OSError:
+    """``e`` (same errno) with a message naming ``file``, the file a dump was writing."""
+    return OSError(e.errno, f"DynamicEmbDump: writing {file} failed: {e.strerror or e}")
 
 
 class FieldWriter:
-    """Appends raw arrays to one field file, keeping its size and CRC-32."""
+    """Appends raw arrays to one field file, keeping its size and CRC-32.
+
+    Every OSError (a full disk: ENOSPC, a quota, an I/O error) is raised again as an
+    OSError with the same errno and a message naming the file.
+    """
 
     def __init__(self, file: Path) -> None:
         self.file = file
-        self._f = open(file, "wb")
+        try:
+            self._f = open(file, "wb")
+        except OSError as e:
+            raise write_error(file, e) from e
         self.bytes = 0
         self.crc = 0
 
     def write(self, t: torch.Tensor) -> None:
         raw = t.contiguous().view(torch.uint8).reshape(-1)
         if raw.numel():
-            self._f.write(raw.numpy())  # the tensor's own bytes: no copy
+            try:
+                self._f.write(raw.numpy())  # the tensor's own bytes: no copy
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    self._f.close()
+                raise write_error(self.file, e) from e
             self.crc = _ops.crc32(raw, self.crc)
             self.bytes += raw.numel()
 
+    def abort(self) -> None:
+        """Closes the file without checking anything (a failed dump: its space must not
+        stay held by an open descriptor once the directory is removed)."""
+        with contextlib.suppress(OSError):
+            self._f.close()
+
     def close(self) -> dict:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        try:
+            with self._f:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+        except OSError as e:
+            raise write_error(self.file, e) from e
         return {"file": self.file.name, "bytes": self.bytes, "crc32": self.crc}
+
+
+def check_inside(directory: Path, name: str) -> Path:
+    """``directory / name``, after checking that it resolves inside ``directory`` (a
+    symbolic link out of the checkpoint is refused).
+
+    Raises:
+        CheckpointError: naming the file and where it leads.
+    """
+    file = directory / name
+    target = file.resolve()
+    if not target.is_relative_to(directory.resolve()):
+        raise CheckpointError(
+            f"{file}: leads to {target}, outside the checkpoint directory {directory}; refused"
+        )
+    return file
 
 
 VERIFY_BLOCK = 16 << 20  # bytes per read while checking a file
@@ -117,6 +127,9 @@ def check_size(directory: Path, entry: dict, expected_bytes: int) -> None:
         expected_bytes: the size the table's options and row count imply.
     """
     file = directory / entry["file"]
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    check_inside(directory, entry["file"])
     if not file.is_file():
         raise CheckpointError(f"{file}: missing")
     size = file.stat().st_size

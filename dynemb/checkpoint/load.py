@@ -17,10 +17,16 @@ from dynemb.checkpoint.collectives import (
 )
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
-from dynemb.checkpoint.exchange import RESTORE_THREADS, op_threads, restore_rows, route_rows
+from dynemb.checkpoint.exchange import (
+    RESTORE_THREADS,
+    op_threads,
+    prepare_tables,
+    restore_rows,
+    restored_step,
+    route_rows,
+)
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
-    MANIFEST,
     VERIFY_BLOCK,
     CheckpointError,
     check_size,
@@ -28,9 +34,9 @@ from dynemb.checkpoint.format import (
     crc32_of_range,
     dtype_name,
     dtype_of,
-    read_manifest,
     read_rows,
 )
+from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 
 
@@ -85,6 +91,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     counter: bool = False,
     pg: dist.ProcessGroup | None = None,
     allow_optimizer_mismatch: bool = False,
+    merge: bool = False,
 ) -> None:
     """Loads a checkpoint written by DynamicEmbDump, or by NVIDIA DynamicEmb, at any world
     size and dist_type.
@@ -97,9 +104,20 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     Each rank verifies and reads a share of the files, sends every key to the rank
     that owns it under the model's current routing, and that rank restores it
     (``ScoredHashTable.restore``) with its row, score (LFU counts exact, timestamps
-    preserved) and, with ``optim=True``, its optimizer state. Every file is checked (present, size, CRC-32) and every
-    table's options are compared before any table changes. Every rank of ``pg``
+    preserved) and, with ``optim=True``, its optimizer state. Every rank of ``pg``
     must call it.
+
+    Nothing changes before everything was checked: the manifest (UTF-8, JSON, its
+    checksum, its schema: types, ranges, one file entry per saved rank, plain file
+    names inside the dump directory), every table's options against the model's, and
+    every file (present, inside the checkpoint, size, CRC-32), on every rank.
+
+    A load **restores** the checkpoint: each loaded table is emptied first, so keys
+    stored after the dump are gone, and its score step (and, with ``optim=True``, the
+    optimizer step) become the saved ones. DynamicEmb's load inserts into the tables
+    as they are instead; both give the same result in a freshly built model (the
+    usual case), and ``merge=True`` keeps DynamicEmb's behaviour (a chain of
+    incremental checkpoints loaded one over the other).
 
     Args:
         path: the checkpoint directory.
@@ -112,12 +130,17 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         pg: the process group of the model's ranks.
         allow_optimizer_mismatch: with ``optim=True``, load only the rows of a table
             whose saved state belongs to another optimizer instead of failing.
+        merge: keep what the tables hold and insert the saved rows over it (a saved
+            key replaces the stored one; steps become the larger of the two) instead of
+            replacing the tables' content.
 
     Raises:
         CheckpointError (a ValueError): no manifest (not a checkpoint, or never
-            completed), unknown version, a table of one side missing on the other,
-            a mismatched dim / dtype / score strategy / optimizer, a missing,
-            truncated or corrupted file. The message names the table or the file.
+            completed), unknown version, a damaged or invalid manifest, a table of one
+            side missing on the other, a mismatched dim / dtype / score strategy /
+            optimizer, a missing, truncated, corrupted or out-of-checkpoint file. The
+            message names the table or the file, the value and what was expected.
+            The tables are unchanged.
         RuntimeError: keys that did not fit in the tables (after loading the rest).
 
     Example::
@@ -129,14 +152,12 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     path = Path(path)
     if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
         load_dynamicemb_layout(
-            path, model, table_names, optim, counter, pg, allow_optimizer_mismatch
+            path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge
         )
         return
     manifest = read_manifest(path)
     directory = path / manifest["dump_id"]
     tables = named_tables(model, table_names)
-    for t in tables:
-        t.prepare_load()
     saved = manifest["tables"]
     missing = [t.name for t in tables if t.name not in saved]
     if missing:
@@ -167,14 +188,16 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         raise CheckpointError(errors[0] + more)
 
     failed = {}
+    for t in tables:
+        prepare_tables(t, merge, counter)
     with op_threads(RESTORE_THREADS):
         for t, meta, fields in plans:
             failed[t.name] = _load_chunks(directory, t, fields, share[t.name], pg)
             if counter:
                 _load_counter(directory, t, share[t.name], pg, world_size)
-            t.table.score_step = max(t.table.score_step, meta["table_step"])
+            t.table.score_step = restored_step(t.table.score_step, meta["table_step"], merge)
             if t.name in loads_state:
-                t.group.step = max(t.group.step, meta["optimizer_step"])
+                t.group.step = restored_step(t.group.step, meta["optimizer_step"], merge)
     lost = {name: n for name, n in failed.items() if n}
     if lost:
         raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")

@@ -1,0 +1,213 @@
+"""Agreement among the ranks of a checkpoint operation, with a bounded wait on a dead rank.
+
+A multi-rank dump has steps every rank must pass together (the dump directory is
+made, every rank wrote its files, rank 0 committed). A collective (gloo) at such a
+step cannot tell a slow rank from a dead one: a rank killed mid-dump gives its
+neighbours "Connection reset by peer", naming nothing, and the other ranks a wait of
+the whole process-group timeout (30 minutes by default); a rank that caught its
+error and went on leaves the others waiting just as long.
+
+So these steps go through the process group's key-value store (the c10d store every
+``init_process_group`` creates) instead, under a prefix unique to the operation:
+
+    <prefix>/beat/<rank>     a counter each rank's heartbeat thread increments
+                             every ``timeout / 8`` seconds (at most every second)
+    <prefix>/<step>/<rank>   what the rank posts at a step: JSON, with its error if any
+
+A rank waiting at a step polls for the others' posts. A post that carries an error
+ends the wait at once on every rank, which raises RankFailure naming the failed rank
+and its error. A rank whose heartbeat stopped advancing for ``timeout`` seconds is
+dead (killed, out of memory, its interpreter frozen): every other rank raises
+RankFailure naming it, ``timeout`` seconds after its last beat at the latest. A rank
+that is alive but stuck with its GIL free keeps beating; the process group's own
+timeout is the bound there. If the store itself is gone (its host, global rank 0,
+died) every store call fails at once, and the error says so.
+
+The prefix counts the operations of each kind on each group, so every rank of a
+group must run the same checkpoint operations in the same order, which the
+collectives of a checkpoint require anyway.
+"""
+
+import contextlib
+import itertools
+import json
+import threading
+import time
+from collections import defaultdict
+
+import torch.distributed as dist
+
+from dynemb.checkpoint.collectives import rank_and_size
+
+DEFAULT_TIMEOUT_S = 60.0
+_POLL_S = 0.02
+_sequences: defaultdict = defaultdict(itertools.count)
+
+
+class RankFailure(RuntimeError):
+    """Another rank of the group failed or died during a checkpoint operation.
+
+    Attributes:
+        rank: the failed rank (in the operation's group).
+        error: its error, as that rank reported it ("" for a rank that died).
+    """
+
+    def __init__(self, message: str, rank: int, error: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.error = error
+
+
+def _default_store():
+    """The c10d store ``init_process_group`` created (torch offers no public getter)."""
+    return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - see the docstring
+
+
+class RankAgreement:
+    """The steps of one checkpoint operation over ``pg`` (a context manager that runs
+    this rank's heartbeat). With ``pg`` None (one process) every step returns at once.
+
+    Args:
+        pg: the operation's process group, or None.
+        op: the operation's name, for the messages (``"DynamicEmbDump"``).
+        timeout: seconds without a heartbeat after which a rank counts as dead (> 0).
+
+    Example::
+
+        with RankAgreement(pg, "DynamicEmbDump", 60.0) as ranks:
+            dump_id = ranks.post("start", dump_id, root=0)[0]
+            ...
+            statuses = ranks.post("written", {"error": error})
+    """
+
+    def __init__(self, pg, op: str, timeout: float) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(
+                f"{op}: `fault_timeout` must be a positive number of seconds, got {timeout!r}"
+            )
+        self.op, self.timeout = op, float(timeout)
+        self.rank, self.world_size = rank_and_size(pg)
+        self._store = None
+        if pg is not None and self.world_size > 1:
+            sequence = next(_sequences[(op, pg.group_name)])
+            prefix = f"dynemb/{op}/{pg.group_name}/{sequence}/"
+            self._store = dist.PrefixStore(prefix, _default_store())
+        self._dead = None  # the rank this one found dead
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._beat_loop, daemon=True)
+
+    def __enter__(self) -> "RankAgreement":
+        if self._store is not None:
+            self._call(self._store.add, f"beat/{self.rank}", 1)
+            self._beat.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._beat.is_alive():
+            self._beat.join()
+        if self._store is None:
+            return
+        # The store lives in global rank 0: it leaves last, or a rank still waiting
+        # would see "store unreachable" instead of the failure it is about to learn.
+        with contextlib.suppress(Exception):
+            self._store.add("left", 1)
+            if self.rank == 0:
+                deadline = time.monotonic() + self.timeout
+                alive = self.world_size - (self._dead is not None)
+                while self._store.add("left", 0) < alive and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
+
+    def _beat_loop(self) -> None:
+        interval = min(1.0, self.timeout / 8)
+        while not self._stop.wait(interval):
+            try:
+                self._store.add(f"beat/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is gone: the waits report it
+                return
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - the store's errors have no common type
+            raise RankFailure(
+                f"{self.op}: the process group's store is unreachable ({e}); its host "
+                "(global rank 0) probably died",
+                0,
+                str(e),
+            ) from e
+
+    def announce(self, step: str, value) -> None:
+        """Posts ``value`` at ``step`` without waiting for the others (a rank that
+        failed tells the others, then raises its own error)."""
+        if self._store is not None:
+            self._call(self._store.set, f"{step}/{self.rank}", json.dumps(value))
+
+    def post(self, step: str, value, root: int | None = None, wait_all: bool = False) -> list:
+        """Posts ``value`` (JSON-able) at ``step`` and returns every rank's, in rank order.
+
+        With ``root`` set, only that rank's value counts: it posts, the others post
+        nothing and wait for it; the result is ``[root's value]``. A value
+        ``{"error": <text>}`` reports a failure.
+
+        Args:
+            wait_all: wait for every rank's post even after one reported a failure
+                (the rank that cleans up must know that nobody still writes), then
+                raise for it.
+
+        Raises:
+            RankFailure: a rank (not this one) posted ``{"error": ...}``, or a rank
+                the step waits for stopped beating for ``timeout`` seconds.
+        """
+        if self._store is None:
+            return [value]
+        if root is None or root == self.rank:
+            self._call(self._store.set, f"{step}/{self.rank}", json.dumps(value))
+        ranks = [root] if root is not None else list(range(self.world_size))
+        got = self._wait(step, ranks, wait_all)
+        for r in sorted(got):
+            v = got[r]
+            if r != self.rank and isinstance(v, dict) and v.get("error"):
+                raise RankFailure(
+                    f"{self.op}: rank {r} of {self.world_size} failed: {v['error']}", r, v["error"]
+                )
+        return [got[r] for r in ranks]
+
+    def _stopped(self, r: int, step: str) -> RankFailure:
+        return RankFailure(
+            f"{self.op}: rank {r} of {self.world_size} stopped responding (no heartbeat "
+            f"for {self.timeout:g} s at step {step!r}): it died or was killed",
+            r,
+        )
+
+    def _wait(self, step: str, ranks: list[int], wait_all: bool) -> dict:
+        got: dict = {}
+        seen = {}  # rank -> (its beat count, when this rank saw it change)
+        while True:
+            for r in ranks:
+                key = f"{step}/{r}"
+                if r not in got and self._call(self._store.check, [key]):
+                    got[r] = json.loads(self._call(self._store.get, key))
+                    failed = isinstance(got[r], dict) and got[r].get("error")
+                    if failed and r != self.rank and not wait_all:
+                        return got  # a failure ends the wait at once
+            if len(got) == len(ranks):
+                return got
+            if self._call(self._store.check, ["dead"]):  # another rank found one dead
+                self._dead = int(self._call(self._store.get, "dead"))
+                raise self._stopped(self._dead, step)
+            now = time.monotonic()
+            for r in ranks:
+                if r in got:
+                    continue
+                beat = self._call(self._store.add, f"beat/{r}", 0)
+                if r not in seen or seen[r][0] != beat:
+                    seen[r] = (beat, now)
+                elif now - seen[r][1] > self.timeout:
+                    self._dead = r
+                    self._call(self._store.set, "dead", str(r))  # tells every other rank
+                    raise self._stopped(r, step)
+            time.sleep(_POLL_S)
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "RankAgreement", "RankFailure"]
