@@ -65,6 +65,7 @@ __all__ = [
     "FrequencyAdmissionStrategy",
     "KVCounter",
     "OptimizerArgs",
+    "RankFailure",
     "ScoreStrategy",
     "ScoredHashTable",
     "Storage",

@@ -15,6 +15,7 @@ from dynemb.checkpoint.collectives import (
     process_group,
     rank_and_size,
 )
+from dynemb.checkpoint.dump_lock import load_lock
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
@@ -109,6 +110,9 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     preserved) and, with ``optim=True``, its optimizer state. Every rank of ``pg``
     must call it.
 
+    A load holds the checkpoint's dump lock shared (see DynamicEmbDump): a dump to
+    ``path`` in progress finishes first, and none commits while the load reads.
+
     Nothing changes before everything was checked: the manifest (UTF-8, JSON, its
     checksum, its schema: types, ranges, one file entry per saved rank, plain file
     names inside the dump directory), every table's options against the model's, and
@@ -156,7 +160,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     """
     pg = process_group(pg)
     path = Path(path)
-    with RankAgreement(pg, "DynamicEmbLoad", fault_timeout):
+    with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             load_dynamicemb_layout(
                 path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge
