@@ -6,7 +6,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
-from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
+from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
 from dynemb.converters import (
     data_type_to_dtype,
     data_type_to_dyn_emb,
@@ -65,6 +65,7 @@ __all__ = [
     "FrequencyAdmissionStrategy",
     "KVCounter",
     "OptimizerArgs",
+    "RankFailure",
     "ScoreStrategy",
     "ScoredHashTable",
     "Storage",

@@ -36,8 +36,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dynemb import _ops
+from dynemb.checkpoint.collectives import all_gather
 from dynemb.checkpoint.tables import persistent
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.shard import dynamic_embedding_tables
 from dynemb.shard.sharded_modules import public_collection_path
 from dynemb.table.batch_arguments import TIMESTAMP_LFU
@@ -137,6 +139,7 @@ def incremental_dump(
     pg: dist.ProcessGroup | None = None,
     *,
     with_scores: bool = False,
+    fault_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> tuple[Dumped, ScoreDict] | None:
     """The entries whose score is >= the threshold, on the host.
 
@@ -149,6 +152,9 @@ def incremental_dump(
             (e.g. an earlier ``get_score`` result); tables not named are not dumped.
         pg: the process group to gather over (``None``: this rank's entries only).
         with_scores: (dynemb) also return each entry's score.
+        fault_timeout: (dynemb; with ``pg``) seconds after which a rank that stopped
+            responding counts as dead: the others raise RankFailure naming it (as in
+            DynamicEmbDump); a rank that raises is reported to the others at once.
 
     Returns:
         ``None`` (with a ``UserWarning``) when ``model`` has no dynamic table; else
@@ -162,6 +168,7 @@ def incremental_dump(
     Raises:
         ValueError / TypeError: an unknown collection or table name, or a threshold
             that is not an int (raised before any collective).
+        RankFailure (a RuntimeError): with ``pg``, another rank failed or died.
 
     Example::
 
@@ -179,16 +186,15 @@ def incremental_dump(
     else:
         _check_int("score_threshold", score_threshold)
         chosen = list(_every_table(collections, score_threshold))
-    current = get_score(model)
-    local: Dumped = {}
-    for coll, name, table, threshold in chosen:
-        entry = _dump_table(table, threshold)
-        local.setdefault(coll, {})[name] = entry if with_scores else entry[:2]
-    if pg is None or dist.get_world_size(pg) == 1:
-        return local, current
-    parts: list = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(parts, local, group=pg)
-    return _concat_ranks(parts), current
+    with RankAgreement(pg, "incremental_dump", fault_timeout):
+        current = get_score(model)
+        local: Dumped = {}
+        for coll, name, table, threshold in chosen:
+            entry = _dump_table(table, threshold)
+            local.setdefault(coll, {})[name] = entry if with_scores else entry[:2]
+        if pg is None or dist.get_world_size(pg) == 1:
+            return local, current
+        return _concat_ranks(all_gather(local, pg)), current
 
 
 # ------------------------------------------------------------------ internals

@@ -1,4 +1,5 @@
-"""Rank-side code of tests/test_checkpoint_rank_faults.py: one rank fails inside a dump
+"""Rank-side code of tests/test_checkpoint_rank_faults.py and tests/test_rank_faults.py:
+one rank fails inside a dump, a load, an incremental dump or collective planning
 (raises and stays alive, or is killed), the others must raise promptly, naming it."""
 
 import errno
@@ -8,7 +9,7 @@ import time
 
 import torch
 
-from dynemb.checkpoint import DynamicEmbDump
+from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint import dump as dump_module
 from dynemb.checkpoint.dump import committed_dump
 from tests.checkpoint_tables import make_module, train
@@ -48,3 +49,79 @@ def dump_with_a_fault(rank: int, world_size: int, path: str, failing: int, fault
     if rank == failing:
         time.sleep(STAY_ALIVE_S)  # alive, out of every collective: nobody may wait for it
     return outcome
+
+
+def _fault(fault: str, what: str):
+    """A replacement for a rank's step that fails with ``fault``."""
+
+    def failing(*args, **kwargs):
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected: {what} failed")
+
+    return failing
+
+
+def _outcome(call, rank: int, failing: int) -> dict:
+    """What ``call()`` raised here and how long it took; the failing rank then stays
+    alive, out of every collective, for STAY_ALIVE_S."""
+    start = time.monotonic()
+    try:
+        call()
+        outcome = {"error": None}
+    except Exception as e:  # noqa: BLE001 - the outcome is the test's subject
+        outcome = {"type": type(e).__name__, "error": str(e), "rank": getattr(e, "rank", None)}
+    outcome["elapsed"] = time.monotonic() - start
+    if rank == failing:
+        time.sleep(STAY_ALIVE_S)
+    return outcome
+
+
+def load_with_a_fault(rank: int, world_size: int, path: str, failing: int, fault: str) -> dict:
+    """Dumps, then loads with ``fault`` on rank ``failing`` while it restores rows."""
+    from dynemb.checkpoint import load as load_module
+
+    module = make_module()
+    train(module, torch.arange(rank * 1000, rank * 1000 + 400))
+    DynamicEmbDump(path, module, optim=True, fault_timeout=FAULT_TIMEOUT_S)
+    if rank == failing:
+        load_module.restore_rows = _fault(fault, "restoring rows")
+    target = make_module()
+    return _outcome(
+        lambda: DynamicEmbLoad(path, target, optim=True, fault_timeout=FAULT_TIMEOUT_S),
+        rank,
+        failing,
+    )
+
+
+def incremental_dump_with_a_fault(rank: int, world_size: int, failing: int, fault: str) -> dict:
+    """incremental_dump over the group with ``fault`` on rank ``failing``."""
+    import dynemb.incremental_dump as incremental
+
+    module = make_module()
+    train(module, torch.arange(rank * 1000, rank * 1000 + 400))
+    if rank == failing:
+        incremental._dump_table = _fault(fault, "reading the table")  # noqa: SLF001
+    group = torch.distributed.group.WORLD
+    return _outcome(
+        lambda: incremental.incremental_dump(module, 0, group, fault_timeout=FAULT_TIMEOUT_S),
+        rank,
+        failing,
+    )
+
+
+def plan_with_a_fault(rank: int, world_size: int, fault: str) -> dict:
+    """collective_plan where rank 0 cannot plan: its topology has 1 KiB of DDR per
+    rank (a real PlannerError), or it is killed while planning."""
+    from dynemb.planner import DynamicEmbeddingShardingPlanner
+    from tests.test_planner import Model, all_configs, cpu_topology, sharders
+
+    topology = cpu_topology(world_size, ddr_cap=1024 if rank == 0 else None)
+    planner = DynamicEmbeddingShardingPlanner(all_configs(), topology=topology, debug=False)
+    if rank == 0 and fault == "kill":
+        planner.plan = _fault(fault, "planning")
+    return _outcome(
+        lambda: planner.collective_plan(Model(), sharders(), fault_timeout=FAULT_TIMEOUT_S),
+        rank,
+        0,
+    )

@@ -121,3 +121,40 @@ def test_processes_dumping_to_one_path(tmp_path, modules):
         stamps = {i: int((times / f"{round_}.{i}").read_text()) for i in range(2)}
         last = max(stamps, key=stamps.get)
         _check_committed(path, modules[last][1])
+
+
+def test_loads_while_dumps_replace_the_checkpoint(tmp_path, modules):
+    """A load racing a dump's commit (which removes the superseded dump directory)
+    holds a shared lock: every load succeeds with one committed dump, never a mix."""
+    path = tmp_path / "ckpt"
+    DynamicEmbDump(path, modules[0][0], optim=True)
+    stop, errors, loaded = threading.Event(), [], []
+
+    def dump() -> None:
+        try:
+            for k in range(ROUNDS // 2):
+                DynamicEmbDump(path, modules[k % WRITERS][0], optim=True, allow_overwrite=True)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+        finally:
+            stop.set()
+
+    def load() -> None:
+        while not stop.is_set():
+            module = make_module(dim=16, capacity=1 << 15)
+            try:
+                DynamicEmbLoad(path, module, optim=True)
+            except Exception as e:  # noqa: BLE001 - asserted below
+                errors.append(e)
+                return
+            loaded.append(contents(module))
+
+    threads = [threading.Thread(target=dump), threading.Thread(target=load)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert loaded, "no load ran while the dumps did"
+    for got in loaded:
+        assert any(same(got, want) for _, want in modules), "a load mixed two dumps"

@@ -3,6 +3,6 @@
 from dynemb.checkpoint.dump import DynamicEmbDump
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.load import DynamicEmbLoad
-from dynemb.checkpoint.rank_faults import RankFailure
+from dynemb.rank_faults import RankFailure
 
 __all__ = ["CheckpointError", "DynamicEmbDump", "DynamicEmbLoad", "RankFailure"]

@@ -3,6 +3,7 @@
 import torch.distributed as dist
 
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.rank_faults import collective
 
 
 def process_group(pg):
@@ -18,11 +19,12 @@ def rank_and_size(pg) -> tuple[int, int]:
 
 
 def all_gather(obj, pg) -> list:
-    """Every rank's ``obj``, in rank order (``[obj]`` for None)."""
+    """Every rank's ``obj``, in rank order (``[obj]`` for None); inside a RankAgreement,
+    a rank that failed or died makes it raise RankFailure instead of waiting."""
     if pg is None:
         return [obj]
     out = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(out, obj, group=pg)
+    collective(lambda: dist.all_gather_object(out, obj, group=pg))
     return out
 
 

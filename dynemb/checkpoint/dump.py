@@ -26,8 +26,13 @@ from dynemb.checkpoint.dump_lock import (
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
 from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
-from dynemb.checkpoint.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement, RankFailure
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
+from dynemb.rank_faults import (
+    DEFAULT_TIMEOUT_S,
+    RankAgreement,
+    RankFailure,
+    collective,
+)
 
 FORMATS = ("dynemb", "dynamicemb")
 
@@ -158,7 +163,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
             ..., see DynamicEmb_APIs.md), for going back to DynamicEmb. It has no
             manifest or checksums and is written in place, not atomically.
             DynamicEmbLoad reads both.
-        fault_timeout: (``"dynemb"`` format, several ranks) seconds after which a rank
+        fault_timeout: (several ranks) seconds after which a rank
             that stopped responding (killed, out of memory) counts as dead: every
             other rank then raises RankFailure naming it, at most ``fault_timeout``
             seconds after its last heartbeat. A rank that raises is reported to the
@@ -189,10 +194,11 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     path = Path(path)
     tables = named_tables(model, table_names)
     if format == "dynamicemb":
-        occupied = all_gather(holds_checkpoint(path), pg)[0]
-        if occupied and not allow_overwrite:
-            raise FileExistsError(_occupied_message(path))
-        _dump_dynamicemb_layout(path, tables, optim, counter, pg)
+        with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
+            occupied = all_gather(holds_checkpoint(path), pg)[0]
+            if occupied and not allow_overwrite:
+                raise FileExistsError(_occupied_message(path))
+            _dump_dynamicemb_layout(path, tables, optim, counter, pg)
         return path
     with RankAgreement(pg, "DynamicEmbDump", fault_timeout) as ranks:
         with contextlib.ExitStack() as rank0:  # rank 0: the lock, held to the end
@@ -304,11 +310,11 @@ def _dump_dynamicemb_layout(path: Path, tables: list[NamedTable], optim, counter
         path.mkdir(parents=True, exist_ok=True)
         prepare_directory(path, tables)
     if pg is not None:
-        dist.barrier(group=pg)  # the directories exist and hold no stale file
+        collective(dist.barrier, pg)  # the directories exist and hold no stale file
     for t in tables:
         write_table(path, t, optim, admission_counter(t) if counter else None, pg)
     if pg is not None:
-        dist.barrier(group=pg)
+        collective(dist.barrier, pg)
 
 
 def committed_dump(path: Path) -> str:

@@ -14,6 +14,10 @@ progress, so each is a superseded checkpoint or the remains of a dump that died
 that failed is there for the next one) and after committing. When the manifest cannot
 be read it removes nothing: it cannot tell which directory is the checkpoint.
 
+A load holds the same lock shared (``load_lock``), so a dump's commit never removes the
+dump directory a load is reading: the dump waits for the loads in progress, and a load
+waits for the dump in progress, then reads what it committed.
+
 The lock is advisory and needs a filesystem with working flock(2) across the
 processes involved (local filesystems do; NFS maps it to its own locks). The kernel
 releases it when its holder dies, so a killed dump never blocks the next one.
@@ -51,6 +55,28 @@ def dump_lock(path: Path):
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def load_lock(path: Path):
+    """Holds the dump lock of ``path`` shared for the block (see the module's docstring).
+    Where the lock file cannot be created nor opened (a read-only checkpoint, one that
+    does not exist), the block runs without it: no dump can run there either."""
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        try:
+            fd = os.open(path / LOCK, flags, 0o644)
+            break
+        except OSError:
+            continue
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def holds_checkpoint(path: Path) -> bool:
@@ -97,5 +123,6 @@ __all__ = [
     "committed_dump_id",
     "dump_lock",
     "holds_checkpoint",
+    "load_lock",
     "remove_superseded_dumps",
 ]

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from dynemb.checkpoint.collectives import admission_counter
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.rank_faults import collective
 from dynemb.shard.routing import route_keys
 
 # Threads of the table ops while loading. One op thread restored 4M rows of 192
@@ -51,6 +52,10 @@ def route_rows(
     if owner is None:
         dist_type, num_embeddings = t.group.table_routing(t.index)
         owner, _ = route_keys(local["keys"], dist_type, world_size, num_embeddings)
+    return collective(_exchange, fields, local, owner, pg, world_size)
+
+
+def _exchange(fields: dict, local: dict, owner, pg, world_size: int) -> dict:
     order = torch.argsort(owner, stable=True)
     send_counts = torch.bincount(owner, minlength=world_size)
     recv_counts = torch.empty_like(send_counts)

@@ -15,6 +15,7 @@ from dynemb.checkpoint.collectives import (
     process_group,
     rank_and_size,
 )
+from dynemb.checkpoint.dump_lock import load_lock
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
@@ -38,6 +39,7 @@ from dynemb.checkpoint.format import (
 )
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
+from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:
@@ -92,6 +94,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     pg: dist.ProcessGroup | None = None,
     allow_optimizer_mismatch: bool = False,
     merge: bool = False,
+    fault_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Loads a checkpoint written by DynamicEmbDump, or by NVIDIA DynamicEmb, at any world
     size and dist_type.
@@ -106,6 +109,9 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     (``ScoredHashTable.restore``) with its row, score (LFU counts exact, timestamps
     preserved) and, with ``optim=True``, its optimizer state. Every rank of ``pg``
     must call it.
+
+    A load holds the checkpoint's dump lock shared (see DynamicEmbDump): a dump to
+    ``path`` in progress finishes first, and none commits while the load reads.
 
     Nothing changes before everything was checked: the manifest (UTF-8, JSON, its
     checksum, its schema: types, ranges, one file entry per saved rank, plain file
@@ -133,6 +139,9 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         merge: keep what the tables hold and insert the saved rows over it (a saved
             key replaces the stored one; steps become the larger of the two) instead of
             replacing the tables' content.
+        fault_timeout: (several ranks) seconds after which a rank that stopped
+            responding counts as dead, as in DynamicEmbDump: every other rank raises
+            RankFailure naming it; a rank that raises is reported to the others at once.
 
     Raises:
         CheckpointError (a ValueError): no manifest (not a checkpoint, or never
@@ -142,19 +151,27 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
             message names the table or the file, the value and what was expected.
             The tables are unchanged.
         RuntimeError: keys that did not fit in the tables (after loading the rest).
+        RankFailure (a RuntimeError): another rank failed or died; names it and its error.
+        ValueError: a ``fault_timeout`` that is not a positive number.
 
     Example::
 
         DynamicEmbLoad("/ckpt/step_1000", model, optim=True)
     """
     pg = process_group(pg)
-    rank, world_size = rank_and_size(pg)
     path = Path(path)
-    if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
-        load_dynamicemb_layout(
-            path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge
-        )
-        return
+    with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
+        if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
+            load_dynamicemb_layout(
+                path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge
+            )
+            return
+        _load(path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge)
+
+
+def _load(path: Path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge):
+    """DynamicEmbLoad of a checkpoint in dynemb's format (arguments as DynamicEmbLoad)."""
+    rank, world_size = rank_and_size(pg)
     manifest = read_manifest(path)
     directory = path / manifest["dump_id"]
     tables = named_tables(model, table_names)

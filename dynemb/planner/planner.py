@@ -35,6 +35,7 @@ from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynemb.planner.rank_options import fill_rank_options
 from dynemb.planner.validation import check_planner_inputs
+from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement, collective
 
 __all__ = ["DynamicEmbeddingShardingPlanner"]
 
@@ -176,10 +177,14 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         module: nn.Module,
         sharders: list[ModuleSharder[nn.Module]],
         pg: dist.ProcessGroup | None = None,
+        fault_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> ShardingPlan:
         """Plans on rank 0 of ``pg`` (default: the world) and broadcasts the plan to every rank.
 
-        Same arguments, result and errors as ``plan``; every rank must call it.
+        Same arguments, result and errors as ``plan``; every rank must call it. When
+        planning fails on rank 0 (a PlannerError) or rank 0 dies, every other rank
+        raises RankFailure naming rank 0 and its error instead of waiting for a plan
+        (within ``fault_timeout`` seconds for a rank that died; at once otherwise).
         """
         if pg is None:
             if not dist.is_initialized():
@@ -188,7 +193,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                     "torch.distributed.init_process_group first, or use plan()"
                 )
             pg = dist.GroupMember.WORLD
-        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+        with RankAgreement(pg, "collective_plan", fault_timeout):
+            plan = self.plan(module, sharders) if pg.rank() == 0 else None
+            return collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: plan)
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
         if ps.sharding_type != DYNAMIC_SHARDING_TYPE or ps.compute_kernel != DYNAMIC_KERNEL_NAME:

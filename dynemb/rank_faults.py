@@ -1,4 +1,5 @@
-"""Agreement among the ranks of a checkpoint operation, with a bounded wait on a dead rank.
+"""Agreement among the ranks of a collective operation (checkpoint dump and load,
+incremental dump, collective planning), with a bounded wait on a dead rank.
 
 A multi-rank dump has steps every rank must pass together (the dump directory is
 made, every rank wrote its files, rank 0 committed). A collective (gloo) at such a
@@ -23,12 +24,21 @@ that is alive but stuck with its GIL free keeps beating; the process group's own
 timeout is the bound there. If the store itself is gone (its host, global rank 0,
 died) every store call fails at once, and the error says so.
 
+A rank whose operation raises (and that stays alive) posts its error under
+``<prefix>/failed`` on its way out of the agreement; a rank waiting at any step reads
+it and raises RankFailure at once. Collectives (gloo) run through ``collective``:
+every rank first posts that it arrived, so none enters a collective that a failed
+rank will never join; a rank that dies inside one gives its peers a transport error,
+which ``collective`` turns into RankFailure naming the dead rank once its heartbeat
+has stopped (within ``timeout``).
+
 The prefix counts the operations of each kind on each group, so every rank of a
 group must run the same checkpoint operations in the same order, which the
 collectives of a checkpoint require anyway.
 """
 
 import contextlib
+import contextvars
 import itertools
 import json
 import threading
@@ -37,11 +47,12 @@ from collections import defaultdict
 
 import torch.distributed as dist
 
-from dynemb.checkpoint.collectives import rank_and_size
-
 DEFAULT_TIMEOUT_S = 60.0
-_POLL_S = 0.02
+# A wait polls the store after 0.5 ms, then ever less often, up to every 20 ms: one
+# store call costs ~20 us, and most steps complete within a millisecond or two.
+_FIRST_POLL_S, _POLL_S = 0.0005, 0.02
 _sequences: defaultdict = defaultdict(itertools.count)
+_active: contextvars.ContextVar = contextvars.ContextVar("dynemb_rank_agreement", default=None)
 
 
 class RankFailure(RuntimeError):
@@ -86,8 +97,11 @@ class RankAgreement:
                 f"{op}: `fault_timeout` must be a positive number of seconds, got {timeout!r}"
             )
         self.op, self.timeout = op, float(timeout)
-        self.rank, self.world_size = rank_and_size(pg)
+        self.rank, self.world_size = (
+            (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+        )
         self._store = None
+        self._arrivals = itertools.count()  # the collectives of this operation so far
         if pg is not None and self.world_size > 1:
             sequence = next(_sequences[(op, pg.group_name)])
             prefix = f"dynemb/{op}/{pg.group_name}/{sequence}/"
@@ -100,9 +114,15 @@ class RankAgreement:
         if self._store is not None:
             self._call(self._store.add, f"beat/{self.rank}", 1)
             self._beat.start()
+        self._token = _active.set(self)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        _active.reset(self._token)
+        if self._store is not None and exc is not None and not isinstance(exc, RankFailure):
+            with contextlib.suppress(Exception):  # tell the others, who may be waiting
+                failure = {"rank": self.rank, "error": f"{type(exc).__name__}: {exc}"}
+                self._store.set("failed", json.dumps(failure))
         self._stop.set()
         if self._beat.is_alive():
             self._beat.join()
@@ -136,6 +156,27 @@ class RankAgreement:
                 0,
                 str(e),
             ) from e
+
+    def collective(self, fn, *args):
+        """Runs the collective ``fn(*args)`` once every rank has arrived here.
+
+        Raises:
+            RankFailure: a rank failed or died before arriving, or died inside the
+                collective (its peers' transport error becomes one naming it).
+        """
+        if self._store is None:
+            return fn(*args)
+        self.post(f"arrived/{next(self._arrivals)}", None)
+        try:
+            return fn(*args)
+        except Exception:
+            # Who went away? Wait for a failure post or a heartbeat that stops (a dead
+            # rank's stops `timeout` after its last beat, which this wait must outlast);
+            # with neither, the error is not a rank fault: raise it as is.
+            others = [r for r in range(self.world_size) if r != self.rank]
+            deadline = time.monotonic() + 1.5 * self.timeout + 1
+            self._wait("never", others, wait_all=False, deadline=deadline)
+            raise
 
     def announce(self, step: str, value) -> None:
         """Posts ``value`` at ``step`` without waiting for the others (a rank that
@@ -180,10 +221,11 @@ class RankAgreement:
             r,
         )
 
-    def _wait(self, step: str, ranks: list[int], wait_all: bool) -> dict:
+    def _wait(self, step: str, ranks: list[int], wait_all: bool, deadline=None) -> dict:
         got: dict = {}
         seen = {}  # rank -> (its beat count, when this rank saw it change)
-        while True:
+        poll = _FIRST_POLL_S
+        while deadline is None or time.monotonic() < deadline:
             for r in ranks:
                 key = f"{step}/{r}"
                 if r not in got and self._call(self._store.check, [key]):
@@ -193,6 +235,17 @@ class RankAgreement:
                         return got  # a failure ends the wait at once
             if len(got) == len(ranks):
                 return got
+            # wait_all: the rank that cleans up waits for every post at this step;
+            # a failed rank posts its error there before it leaves.
+            if not wait_all and self._call(self._store.check, ["failed"]):
+                failed = json.loads(self._call(self._store.get, "failed"))
+                if failed["rank"] != self.rank:
+                    raise RankFailure(
+                        f"{self.op}: rank {failed['rank']} of {self.world_size} failed: "
+                        f"{failed['error']}",
+                        failed["rank"],
+                        failed["error"],
+                    )
             if self._call(self._store.check, ["dead"]):  # another rank found one dead
                 self._dead = int(self._call(self._store.get, "dead"))
                 raise self._stopped(self._dead, step)
@@ -207,7 +260,16 @@ class RankAgreement:
                     self._dead = r
                     self._call(self._store.set, "dead", str(r))  # tells every other rank
                     raise self._stopped(r, step)
-            time.sleep(_POLL_S)
+            time.sleep(poll)
+            poll = min(2 * poll, _POLL_S)
+        return got
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RankAgreement", "RankFailure"]
+def collective(fn, *args):
+    """``fn(*args)``, a collective, through the RankAgreement of the checkpoint
+    operation in progress (see RankAgreement.collective), or directly outside one."""
+    ranks = _active.get()
+    return fn(*args) if ranks is None else ranks.collective(fn, *args)
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "RankAgreement", "RankFailure", "collective"]
