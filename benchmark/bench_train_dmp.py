@@ -39,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -221,6 +222,59 @@ def _run_world_once(impl: str, config: Config, world_size: int) -> dict:
     }
 
 
+def run_here(impl: str, config: Config, world_size: int) -> dict:
+    """``run_world`` in this process: world size 1, one rank (faster start; peak RSS is
+    then the process's running maximum)."""
+    if world_size != 1:
+        raise ValueError(f"run_here runs world size 1 only, got {world_size}")
+    set_threads(config.threads)
+    return run_rank(impl, config, 0, 1, free_port())
+
+
+def run_pair(
+    config: Config, world_size: int, repeats: int, run: Callable = run_world
+) -> dict[str, dict | None]:
+    """The peer and dynemb on ``config`` by ``run`` (``run_world`` or ``run_here``), one
+    after the other, ``repeats`` times; each one's fastest run, keyed ``"torchrec"`` and
+    ``"dynemb"`` (the peer's None when fbgemm's CPU TBE lacks the optimizer)."""
+    runs: dict[str, list[dict]] = {"torchrec": [], "dynemb": []}
+    for _ in range(repeats):
+        if has_peer(config):
+            runs["torchrec"].append(run("torchrec", config, world_size))
+        runs["dynemb"].append(run("dynemb", config, world_size))
+    return {k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in runs.items()}
+
+
+def add_world_arguments(parser: argparse.ArgumentParser, world_sizes: str) -> None:
+    """Adds ``--world-sizes`` (default ``world_sizes``), ``--threads``, ``--steps``,
+    ``--repeats`` and ``--device``."""
+    parser.add_argument("--world-sizes", default=world_sizes, help="comma-separated process counts")
+    parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
+    parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    add_device_argument(parser)
+
+
+def world_sizes(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[int, int]]:
+    """``(world size, threads per process)`` of ``--world-sizes`` and ``--threads``; on
+    cuda, a world size with more ranks than GPUs is skipped (said on stderr)."""
+    for ws in (int(w) for w in args.world_sizes.split(",")):
+        if device.type == "cuda" and ws > torch.cuda.device_count():
+            gpus = torch.cuda.device_count()
+            print(f"world size {ws} skipped: it needs {ws} GPUs, this machine has {gpus}",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        yield ws, max(1, args.threads // ws)
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """A rank's process (``--worker``): trains, prints its result as one prefixed line."""
+    config = Config(**json.loads(args.config))
+    set_threads(config.threads)
+    result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
 def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict | None) -> None:
     workload = config.workload + "-dmp"
     tag = f"@{config.optimizer}{variant_tag(config)},world_size={ws}"
@@ -242,23 +296,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
-    parser.add_argument("--world-sizes", default="1,2", help="comma-separated process counts")
-    parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
-    parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    add_world_arguments(parser, world_sizes="1,2")
     add_workload_arguments(parser)
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
-    add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.worker:
-        config = Config(**json.loads(args.config))
-        set_threads(config.threads)
-        result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        run_worker(args)
         return
     device = resolve_device(args.device)
     # --quick proves the script runs: the headline optimizer only.
@@ -266,24 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick and not args.optimizer:
         optimizers = ["EXACT_ROWWISE_ADAGRAD"]
     rec = Recorder(commit_hash())
-    for ws in (int(w) for w in args.world_sizes.split(",")):
-        if device.type == "cuda" and ws > torch.cuda.device_count():
-            gpus = torch.cuda.device_count()
-            print(f"world size {ws} skipped: it needs {ws} GPUs, this machine has {gpus}",
-                  file=sys.stderr)  # fmt: skip
-            continue
-        threads = max(1, args.threads // ws)
+    for ws, threads in world_sizes(args, device):
         for optimizer in optimizers:
             config = workload_config(args, optimizer=optimizer, threads=threads, device=device.type)
-            best = {"torchrec": [], "dynemb": []}
-            for _ in range(args.repeats):
-                if has_peer(config):
-                    best["torchrec"].append(run_world("torchrec", config, ws))
-                best["dynemb"].append(run_world("dynemb", config, ws))
-            pick = {
-                k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in best.items()
-            }
-            record(rec, config, ws, pick["dynemb"], pick["torchrec"])
+            best = run_pair(config, ws, args.repeats)
+            record(rec, config, ws, best["dynemb"], best["torchrec"])
     print(file=sys.stderr)
     rec.print_table()
     if device.type == "cpu":

@@ -105,9 +105,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_config(args: argparse.Namespace, **fields) -> Config:
-    """The Config of ``args.workload`` / ``--tables`` / ``--quick`` / ``--steps``, with ``fields``."""
+    """The Config of ``args.workload`` / ``--tables`` / ``--quick`` / ``--steps``, with
+    ``fields`` set over them."""
     sizes = workload_sizes(args.workload, args.quick, args.steps, args.tables)
-    return Config(**sizes, **fields)
+    return Config(**{**sizes, **fields})
 
 
 def variant_tag(config: Config) -> str:
@@ -202,13 +203,10 @@ def time_steps(
 
 
 def summarize(config: Config, times: list[float], **extra) -> dict:
-    """The result of one configuration: samples/s from the median step, the median step
-    time, and peak RSS."""
-    median = statistics.median(times)
+    """The result of one configuration: samples/s from the median step, and peak RSS."""
     return {
-        "samples_per_s": config.batch / median,
+        "samples_per_s": config.batch / statistics.median(times),
         "samples_per_s_wall": config.batch * len(times) / sum(times),
-        "step_s": median,
         "peak_rss_bytes": peak_rss_bytes(),
         **extra,
     }
