@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = sweep(args, rec)
     print(file=sys.stderr)
     rec.print_table()
-    sizes = "--quick sizes" if args.quick else "dim 16, pooling 4, batch 4096"
-    plot(lines, args.plot, f"{WORKLOAD}: {sizes}, {args.optimizer}, commit {rec.commit}")
+    sizes = "--quick sizes" if args.quick else "dim 16, pooling factor 4, batch 4096"
+    title = f"{WORKLOAD}: {sizes}, {args.optimizer}\n{args.threads} thread(s) per world, commit {rec.commit}"
+    plot(lines, args.plot, title)
     print(f"plot: {args.plot}", file=sys.stderr)
 
 
