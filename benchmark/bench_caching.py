@@ -25,13 +25,6 @@ import sys
 import time
 
 import torch
-from bench_train import (
-    QUICK,
-    Config,
-    fixed_offsets,
-    make_batches,
-    spread_ids,
-)
 from common import (
     Recorder,
     add_device_argument,
@@ -41,6 +34,13 @@ from common import (
     resolve_device,
     set_threads,
     synchronize,
+)
+from train_workloads import (
+    QUICK,
+    Config,
+    fixed_offsets,
+    make_batches,
+    spread_ids,
 )
 
 from dynemb.tiering import PrefetchPipeline

@@ -39,8 +39,8 @@ import sys
 import time
 
 import torch
-from bench_train import single_process_group
 from common import REPO_ROOT, Recorder, available_threads, commit_hash, set_threads
+from dmp_setup import single_process_group
 
 sys.path.insert(0, str(REPO_ROOT))  # example.py lives at the top of the repository
 

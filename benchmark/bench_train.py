@@ -4,7 +4,7 @@ Usage::
 
     python benchmark/bench_train.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
                                     [--threads N] [--steps N] [--repeats N] [--in-process]
-                                    [--device cpu|cuda]
+                                    [--workload train|wide] [--tables N] [--device cpu|cuda]
 
 The step: 8 sparse features, one table each (1,000,000 rows, dim 64), batch 4096,
 pooling factor 16 (fixed lengths), SUM pooling, ``loss = sum of the pooled outputs``,
@@ -12,6 +12,9 @@ backward with the optimizer fused into it (learning rate 0.01, eps 1e-8). Ids fo
 Zipf(s=1.05) over the 1,000,000 ids of each table, drawn by inverse-CDF sampling from
 one generator seeded 0 (``zipf_ids``); every step gets a fresh batch, all batches
 being drawn before any timing (so both implementations see exactly the same ids).
+``--workload wide`` runs W-train-wide's step instead (64 tables of 100,000 rows, dim 16,
+pooling factor 4), ``--tables N`` another table count; sizes, ids and timing live in
+``train_workloads.py``.
 
 - Peer (``run_torchrec``): TorchRec ``EmbeddingBagCollection`` built on the meta
   device, sharded by ``DistributedModelParallel`` at world size 1 (one gloo process
@@ -55,32 +58,36 @@ Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 
 import argparse
 import dataclasses
-import functools
 import json
-import socket
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from common import (
     Recorder,
     add_device_argument,
     available_threads,
     commit_hash,
-    peak_rss_bytes,
-    progress,
     resolve_device,
     set_threads,
-    synchronize,
+)
+from dmp_setup import planner_inputs, single_process_group
+from train_workloads import (
+    Config,
+    add_workload_arguments,
+    feature_names,
+    fixed_offsets,
+    make_batches,
+    spread_ids,
+    summarize,
+    table_names,
+    time_steps,
+    variant_tag,
+    workload_config,
 )
 
-WORKLOAD = "W-train"
 PEER_IMPL = "torchrec.EBC.FUSED"
 UVM_PEER_IMPL = "torchrec.EBC.FUSED_UVM_CACHING"
 GPU_HBM_FRACTION = 0.1  # --device cuda: tiered tables' HBM, as a fraction of the peer's rows
@@ -88,139 +95,10 @@ DYNEMB_IMPL = "dynemb.BatchedDynamicEmbeddingTables"
 PEER_OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 OPTIMIZERS = (*PEER_OPTIMIZERS, "ADAM")
 CAPACITY_RATIOS = (2.0, 0.25)  # dynemb: no eviction, then eviction on the hot path
-SPREAD = 0x9E3779B97F4A7C15
-KEY_MASK = 0x7FFFFFFFFFFFFFFF
 RESULT_PREFIX = "RESULT "
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """One W-train configuration; the defaults are WORKLOADS.md's sizes."""
-
-    optimizer: str = "EXACT_ROWWISE_ADAGRAD"
-    num_tables: int = 8
-    num_ids: int = 1_000_000
-    dim: int = 64
-    batch: int = 4096
-    pooling_factor: int = 16
-    zipf_s: float = 1.05
-    seed: int = 0
-    learning_rate: float = 0.01
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
-    warmup: int = 5
-    steps: int = 50
-    capacity_ratio: float = 2.0  # dynemb only: capacity / distinct keys per table
-    threads: int = 1
-    device: str = "cpu"
-    # Tiered tables: HBM per table = hbm_fraction x num_ids rows. torchrec: FUSED_UVM_CACHING
-    # with this cache_load_factor; dynemb: hybrid, or a cache with ``caching``.
-    hbm_fraction: float | None = None
-    caching: bool = False  # dynemb only, with hbm_fraction
-
-    @property
-    def ids_per_batch(self) -> int:
-        return self.num_tables * self.batch * self.pooling_factor
-
-
-QUICK = {"num_ids": 10_000, "batch": 128, "pooling_factor": 4, "warmup": 1, "steps": 3}
-
-
-# --- ids ---------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4)
-def zipf_cdf(num_ids: int, s: float) -> torch.Tensor:
-    """CDF (float64) of Zipf(s) over ranks 1..num_ids; entry k is P(id <= k)."""
-    weights = torch.arange(1, num_ids + 1, dtype=torch.float64).pow(-s)
-    cdf = weights.cumsum(0)
-    return cdf / cdf[-1]
-
-
-def zipf_ids(n: int, num_ids: int, s: float, generator: torch.Generator) -> torch.Tensor:
-    """``n`` int64 ids in ``[0, num_ids)``, id ``k`` with probability ``∝ 1 / (k + 1)^s``.
-
-    Inverse-CDF sampling: uniform doubles from ``generator``, then the first id whose
-    CDF exceeds each (id 0 is the most frequent).
-    """
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    return torch.searchsorted(zipf_cdf(num_ids, s), u, right=True).clamp_(max=num_ids - 1)
-
-
-def make_batches(config: Config) -> list[torch.Tensor]:
-    """``warmup + steps`` batches of ids, each ``(num_tables * batch * pooling_factor,)``.
-
-    Feature-major (fbgemm/KJT order): feature ``t``'s ``batch * pooling_factor`` ids
-    are contiguous; bag ``b`` of feature ``t`` is a run of ``pooling_factor`` ids.
-    """
-    gen = torch.Generator().manual_seed(config.seed)
-    per_feature = config.batch * config.pooling_factor
-    batches = []
-    for _ in progress(range(config.warmup + config.steps), "drawing Zipf ids"):
-        features = [
-            zipf_ids(per_feature, config.num_ids, config.zipf_s, gen)
-            for _ in range(config.num_tables)
-        ]
-        batches.append(torch.cat(features))
-    return batches
-
-
-def fixed_offsets(config: Config) -> torch.Tensor:
-    """fbgemm offsets (``num_tables * batch + 1``) of bags of ``pooling_factor`` ids."""
-    bags = config.num_tables * config.batch
-    return torch.arange(0, bags + 1, dtype=torch.int64) * config.pooling_factor
-
-
-def spread_ids(ids: torch.Tensor) -> torch.Tensor:
-    """``(id * 0x9E3779B97F4A7C15) & (2^63 - 1)``, in wrapping 64-bit arithmetic."""
-    keys = ids.numpy().astype(np.uint64) * np.uint64(SPREAD) & np.uint64(KEY_MASK)
-    return torch.from_numpy(keys.astype(np.int64))
-
-
-# --- timing ------------------------------------------------------------------------------
-
-
-def time_steps(
-    step: Callable[[object], None],
-    inputs: list,
-    warmup: int,
-    desc: str,
-    device: torch.device | None = None,
-) -> list[float]:
-    """Runs ``step(x)`` for each input; returns the wall times of those after ``warmup``.
-
-    On cuda each step is timed between two ``torch.cuda.synchronize``.
-    """
-    times = []
-    for i, x in enumerate(progress(inputs, desc, unit="step")):
-        synchronize(device)
-        start = time.perf_counter()
-        step(x)
-        synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
-
-
-def summarize(config: Config, times: list[float], **extra) -> dict:
-    """The result of one configuration: samples/s from the median step, and peak RSS."""
-    return {
-        "samples_per_s": config.batch / statistics.median(times),
-        "samples_per_s_wall": config.batch * len(times) / sum(times),
-        "peak_rss_bytes": peak_rss_bytes(),
-        **extra,
-    }
-
-
 # --- peer: TorchRec EBC, FUSED kernel, DMP world size 1 ----------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free on localhost right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def has_peer(config: Config) -> bool:
@@ -230,57 +108,6 @@ def has_peer(config: Config) -> bool:
 
 def peer_impl(config: Config) -> str:
     return PEER_IMPL if config.hbm_fraction is None else UVM_PEER_IMPL
-
-
-@contextmanager
-def single_process_group(device: str = "cpu") -> Iterator[None]:
-    """A process group of world size 1 on localhost, gloo (NCCL on cuda); reused if one exists."""
-    import torch.distributed as dist
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "nccl" if device == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{free_port()}",
-            rank=0,
-            world_size=1,
-        )
-    try:
-        yield
-    finally:
-        if created:
-            dist.destroy_process_group()
-
-
-def table_names(config: Config) -> list[str]:
-    return [f"t{i}" for i in range(config.num_tables)]
-
-
-def feature_names(config: Config) -> list[str]:
-    return [f"f{i}" for i in range(config.num_tables)]
-
-
-def planner_inputs(world_size: int, device: str) -> dict:
-    """``topology`` and ``storage_reservation`` for a TorchRec (or dynemb) planner.
-
-    Built the way TorchRec asks, so that planning prints no warning: the topology
-    through ``TopologyFactory`` (default HBM / DDR capacities), and a fixed share of
-    memory (15%) kept for dense tensors, since the modules are on the meta device and
-    TorchRec's default reservation would size them from unmaterialised parameters.
-    """
-    from torchrec.distributed.planner.storage_reservations import (
-        FixedPercentageStorageReservation,
-    )
-    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
-
-    topology = TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(world_size=world_size, local_world_size=world_size),
-        kernel_config=KernelConfig(compute_device=device),
-    )
-    return {
-        "topology": topology,
-        "storage_reservation": FixedPercentageStorageReservation(percentage=0.15),
-    }
 
 
 def build_torchrec_peer(config: Config) -> torch.nn.Module:
@@ -475,7 +302,7 @@ def run_in_process(impl: str, config: Config) -> dict | None:
 
 def record_peer(rec: Recorder, config: Config, peer: dict) -> None:
     for metric, value in metrics(config, peer):
-        rec.add(WORKLOAD, peer_impl(config), metric, value, threads=config.threads)
+        rec.add(config.workload, peer_impl(config), metric, value, threads=config.threads)
 
 
 def dynemb_variant(config: Config) -> str:
@@ -491,7 +318,7 @@ def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -
     peer_metrics = dict(metrics(config, peer)) if peer else {}
     for metric, value in metrics(config, dyn):
         rec.add(
-            WORKLOAD,
+            config.workload,
             DYNEMB_IMPL,
             metric + dynemb_variant(config),
             value,
@@ -502,7 +329,7 @@ def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -
 
 
 def metrics(config: Config, result: dict) -> list[tuple[str, float]]:
-    opt = config.optimizer
+    opt = config.optimizer + variant_tag(config)
     return [
         (f"samples_per_s@{opt}", result["samples_per_s"]),
         (f"peak_rss_mib@{opt}", result["peak_rss_bytes"] / 2**20),
@@ -571,6 +398,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="runs per configuration; the best is kept"
     )
     parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
+    add_workload_arguments(parser)
     parser.add_argument("--in-process", action="store_true", help="no subprocess per configuration")
     parser.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -584,14 +412,13 @@ def main(argv: list[str] | None = None) -> None:
         run_worker(args.worker, Config(**json.loads(args.config)))
         return
     device = resolve_device(args.device)
-    sizes = dict(QUICK) if args.quick else {}
-    if args.steps:
-        sizes["steps"] = args.steps
     run = run_in_process if args.in_process or args.quick else run_isolated
     with_dynemb = args.only != "torchrec"
     rec = Recorder(commit_hash())
     for optimizer in (args.optimizer,) if args.optimizer else OPTIMIZERS:
-        config = Config(optimizer=optimizer, threads=args.threads, device=device.type, **sizes)
+        config = workload_config(
+            args, optimizer=optimizer, threads=args.threads, device=device.type
+        )
         run_optimizer(
             rec,
             config,

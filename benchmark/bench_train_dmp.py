@@ -3,12 +3,16 @@
 Usage::
 
     python benchmark/bench_train_dmp.py [--quick] [--optimizer NAME] [--world-sizes 1,2]
-                                        [--steps N] [--repeats N] [--device cpu|cuda]
+                                        [--steps N] [--repeats N] [--workload train|wide]
+                                        [--tables N] [--device cpu|cuda]
 
-The step of W-train (/work/shared/WORKLOADS.md; sizes and ids from bench_train.py):
+The step of W-train (/work/shared/WORKLOADS.md; sizes and ids from train_workloads.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
 pooling factor 16, SUM, ``loss = sum of the pooled outputs``, fused optimizer.
 Every process draws its own Zipf batches (seed ``rank``), the same for both models.
+``--workload wide``: W-train-wide's step instead (64 tables of 100,000 rows, dim 16,
+pooling factor 4; JSON workload ``W-train-wide-dmp``); ``--tables N`` another table
+count (bench_train_wide.py sweeps it).
 
 - Peer (``torchrec``): TorchRec's EmbeddingBagCollection sharded by DMP with the
   FUSED kernel (fbgemm's CPU TBE): TABLE_WISE at world size 1, ROW_WISE at 2.
@@ -35,23 +39,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from bench_train import (
-    OPTIMIZERS,
-    QUICK,
-    Config,
-    feature_names,
-    free_port,
-    has_peer,
-    make_batches,
-    planner_inputs,
-    spread_ids,
-    summarize,
-    table_names,
-    time_steps,
-)
+from bench_train import OPTIMIZERS, has_peer
 from common import (
     Recorder,
     add_device_argument,
@@ -60,8 +52,20 @@ from common import (
     resolve_device,
     set_threads,
 )
+from dmp_setup import free_port, planner_inputs
+from train_workloads import (
+    Config,
+    add_workload_arguments,
+    feature_names,
+    make_batches,
+    spread_ids,
+    summarize,
+    table_names,
+    time_steps,
+    variant_tag,
+    workload_config,
+)
 
-WORKLOAD = "W-train-dmp"
 PEER_IMPL = "torchrec.EBC.FUSED"
 DYNEMB_IMPL = "dynemb.EBC.DMP"
 RESULT_PREFIX = "RESULT "
@@ -134,9 +138,24 @@ def build_model(
     return DistributedModelParallel(module, env=env, plan=plan, sharders=[sharder], device=device)
 
 
-def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -> dict:
-    import torch.distributed as dist
+def rank_inputs(impl: str, config: Config, rank: int, device: torch.device) -> list:
+    """The KeyedJaggedTensor batches of ``rank`` on ``device``: its own Zipf draws (seed
+    ``config.seed + rank``), ids spread over 63 bits for dynemb (raw ids for the peer)."""
     from torchrec import KeyedJaggedTensor
+
+    batches = make_batches(dataclasses.replace(config, seed=config.seed + rank))
+    if impl == "dynemb":
+        batches = [spread_ids(b) for b in batches]
+    lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
+    return [
+        KeyedJaggedTensor(feature_names(config), b, lengths=lengths).to(device) for b in batches
+    ]
+
+
+def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -> dict:
+    """Trains ``impl`` as rank ``rank`` of a world meeting on localhost:``port``; the
+    rank's ``summarize`` result."""
+    import torch.distributed as dist
 
     device = torch.device("cpu")
     if config.device == "cuda":  # one GPU per rank (main checks there are enough)
@@ -149,13 +168,7 @@ def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -
         world_size=world_size,
     )
     try:
-        batches = make_batches(dataclasses.replace(config, seed=config.seed + rank))
-        if impl == "dynemb":
-            batches = [spread_ids(b) for b in batches]
-        lengths = torch.full((config.num_tables * config.batch,), config.pooling_factor)
-        inputs = [
-            KeyedJaggedTensor(feature_names(config), b, lengths=lengths).to(device) for b in batches
-        ]
+        inputs = rank_inputs(impl, config, rank, device)
         model = build_model(impl, config, world_size, device)
 
         def step(kjt) -> None:
@@ -209,18 +222,72 @@ def _run_world_once(impl: str, config: Config, world_size: int) -> dict:
     }
 
 
+def run_here(impl: str, config: Config, world_size: int) -> dict:
+    """``run_world`` in this process: world size 1, one rank (faster start; peak RSS is
+    then the process's running maximum)."""
+    if world_size != 1:
+        raise ValueError(f"run_here runs world size 1 only, got {world_size}")
+    set_threads(config.threads)
+    return run_rank(impl, config, 0, 1, free_port())
+
+
+def run_pair(
+    config: Config, world_size: int, repeats: int, run: Callable = run_world
+) -> dict[str, dict | None]:
+    """The peer and dynemb on ``config`` by ``run`` (``run_world`` or ``run_here``), one
+    after the other, ``repeats`` times; each one's fastest run, keyed ``"torchrec"`` and
+    ``"dynemb"`` (the peer's None when fbgemm's CPU TBE lacks the optimizer)."""
+    runs: dict[str, list[dict]] = {"torchrec": [], "dynemb": []}
+    for _ in range(repeats):
+        if has_peer(config):
+            runs["torchrec"].append(run("torchrec", config, world_size))
+        runs["dynemb"].append(run("dynemb", config, world_size))
+    return {k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in runs.items()}
+
+
+def add_world_arguments(parser: argparse.ArgumentParser, world_sizes: str) -> None:
+    """Adds ``--world-sizes`` (default ``world_sizes``), ``--threads``, ``--steps``,
+    ``--repeats`` and ``--device``."""
+    parser.add_argument("--world-sizes", default=world_sizes, help="comma-separated process counts")
+    parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
+    parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    add_device_argument(parser)
+
+
+def world_sizes(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[int, int]]:
+    """``(world size, threads per process)`` of ``--world-sizes`` and ``--threads``; on
+    cuda, a world size with more ranks than GPUs is skipped (said on stderr)."""
+    for ws in (int(w) for w in args.world_sizes.split(",")):
+        if device.type == "cuda" and ws > torch.cuda.device_count():
+            gpus = torch.cuda.device_count()
+            print(f"world size {ws} skipped: it needs {ws} GPUs, this machine has {gpus}",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        yield ws, max(1, args.threads // ws)
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """A rank's process (``--worker``): trains, prints its result as one prefixed line."""
+    config = Config(**json.loads(args.config))
+    set_threads(config.threads)
+    result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
 def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict | None) -> None:
-    tag = f"@{config.optimizer},world_size={ws}"
+    workload = config.workload + "-dmp"
+    tag = f"@{config.optimizer}{variant_tag(config)},world_size={ws}"
     for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
         if result is None:
             continue
         for metric in ("samples_per_s", "aggregate_samples_per_s"):
             rec.add(
-                WORKLOAD, impl, metric + tag, result[metric], threads=config.threads,
+                workload, impl, metric + tag, result[metric], threads=config.threads,
                 peer=PEER_IMPL if other else None, peer_value=other[metric] if other else None,
             )  # fmt: skip
         rec.add(
-            WORKLOAD, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
+            workload, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
             threads=config.threads,
         )  # fmt: skip
 
@@ -229,50 +296,28 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
-    parser.add_argument("--world-sizes", default="1,2", help="comma-separated process counts")
-    parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
-    parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    add_world_arguments(parser, world_sizes="1,2")
+    add_workload_arguments(parser)
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
-    add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.worker:
-        config = Config(**json.loads(args.config))
-        set_threads(config.threads)
-        result = run_rank(args.worker, config, args.rank, args.world_size, args.port)
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        run_worker(args)
         return
     device = resolve_device(args.device)
-    sizes = dict(QUICK) if args.quick else {}
-    if args.steps:
-        sizes["steps"] = args.steps
     # --quick proves the script runs: the headline optimizer only.
     optimizers = [args.optimizer] if args.optimizer else OPTIMIZERS
     if args.quick and not args.optimizer:
         optimizers = ["EXACT_ROWWISE_ADAGRAD"]
     rec = Recorder(commit_hash())
-    for ws in (int(w) for w in args.world_sizes.split(",")):
-        if device.type == "cuda" and ws > torch.cuda.device_count():
-            gpus = torch.cuda.device_count()
-            print(f"world size {ws} skipped: it needs {ws} GPUs, this machine has {gpus}",
-                  file=sys.stderr)  # fmt: skip
-            continue
-        threads = max(1, args.threads // ws)
+    for ws, threads in world_sizes(args, device):
         for optimizer in optimizers:
-            config = Config(optimizer=optimizer, threads=threads, device=device.type, **sizes)
-            best = {"torchrec": [], "dynemb": []}
-            for _ in range(args.repeats):
-                if has_peer(config):
-                    best["torchrec"].append(run_world("torchrec", config, ws))
-                best["dynemb"].append(run_world("dynemb", config, ws))
-            pick = {
-                k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in best.items()
-            }
-            record(rec, config, ws, pick["dynemb"], pick["torchrec"])
+            config = workload_config(args, optimizer=optimizer, threads=threads, device=device.type)
+            best = run_pair(config, ws, args.repeats)
+            record(rec, config, ws, best["dynemb"], best["torchrec"])
     print(file=sys.stderr)
     rec.print_table()
     if device.type == "cpu":
