@@ -3,6 +3,7 @@
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from tests.sharded_workers import (
@@ -59,3 +60,34 @@ def load_then_continue(rank, world_size, case: Case, path: str, batch_sizes, red
 
 def with_dist_type(case: Case, dist_type: str) -> Case:
     return dataclasses.replace(case, dist_type=dist_type)
+
+
+def reshard(rank, world_size, case: Case, root: str, sources: dict, targets: list) -> dict:
+    """Dumps a model trained on the first N ranks for each N of ``sources`` (N -> per-rank
+    batch sizes), then loads each dump into a model on the first M ranks for each
+    ``(M, dist_type)`` of ``targets``: every world size runs on a group of this one
+    world (a group of M ranks is an M-rank world to the model and the checkpoint).
+
+    Returns:
+        ``{("saved", N): contents at the dump, ("loaded", N, M): contents after the
+        load}`` for the groups this rank belongs to.
+    """
+    sizes = sorted({*sources, *(m for m, _ in targets)})
+    groups = {  # every rank creates each group, in the same order
+        n: dist.group.WORLD if n == world_size else dist.new_group(list(range(n))) for n in sizes
+    }
+    out = {}
+    for n, batch_sizes in sources.items():
+        if rank < n:
+            model = build_model(case, n, groups[n])
+            train(model, rank, batch_sizes, range(DUMP_STEP))
+            DynamicEmbDump(f"{root}/from{n}", model, optim=True, pg=groups[n])
+            out["saved", n] = contents(model)
+        dist.barrier()  # the dump is committed before any rank reads it
+    for n in sources:
+        for m, dist_type in targets:
+            if rank < m:
+                model = build_model(with_dist_type(case, dist_type), m, groups[m])
+                DynamicEmbLoad(f"{root}/from{n}", model, optim=True, pg=groups[m])
+                out["loaded", n, m] = contents(model)
+    return out

@@ -139,7 +139,7 @@ def _plan(module, sharder, case: Case, world_size: int, dims_: list[int]) -> Sha
     return ShardingPlan({"": mplan})
 
 
-def _planned(module, configs, sharder, case: Case, world_size: int, dims_: list[int]):
+def _planned(module, configs, sharder, case: Case, world_size: int, dims_: list[int], pg):
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True, dynamicemb_options=table_options(dim, case.dist_type, None)
@@ -149,13 +149,15 @@ def _planned(module, configs, sharder, case: Case, world_size: int, dims_: list[
     planner = DynamicEmbeddingShardingPlanner(
         configs, Topology(world_size=world_size, compute_device="cpu"), constraints=constraints
     )
-    plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
+    plan = planner.collective_plan(module, [sharder], pg)
     for c in configs:  # the planner's per-rank options reach the tables
         assert plan.plan[""][c.name].dynamicemb_options.max_capacity is not None
     return plan
 
 
-def build_model(case: Case, world_size: int):
+def build_model(case: Case, world_size: int, pg: dist.ProcessGroup | None = None):
+    """The sharded model of ``case`` over ``pg`` (default: the world) of ``world_size`` ranks."""
+    pg = pg if pg is not None else dist.group.WORLD
     d = dims(case)
     if case.pooling == "NONE":
         configs = [
@@ -181,16 +183,27 @@ def build_model(case: Case, world_size: int):
         )
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
     if case.planner:
-        plan = _planned(module, configs, sharder, case, world_size, d)
+        plan = _planned(module, configs, sharder, case, world_size, d, pg)
     else:
         plan = _plan(module, sharder, case, world_size, d)
     return DistributedModelParallel(
         module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        env=_sharding_env(pg),
         plan=plan,
         sharders=[sharder],
         device=torch.device("cpu"),
     )
+
+
+def _sharding_env(pg: dist.ProcessGroup) -> ShardingEnv:
+    """TorchRec's env over ``pg``. Over a group smaller than the world, without the
+    device mesh ``from_process_group`` builds: that is a collective of the whole world
+    (the other ranks are not there), and only DTensor outputs use it."""
+    if pg is dist.group.WORLD:
+        return ShardingEnv.from_process_group(pg)
+    env = ShardingEnv(dist.get_world_size(pg), dist.get_rank(pg), pg=None)
+    env.process_group = pg
+    return env
 
 
 def dynamic_tables(model) -> dict:

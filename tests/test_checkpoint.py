@@ -10,12 +10,19 @@ import torch
 
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.shard.routing import route_keys
-from tests.checkpoint_workers import dump_then_continue, load_then_continue, with_dist_type
+from tests.checkpoint_workers import (
+    dump_then_continue,
+    load_then_continue,
+    reshard,
+    with_dist_type,
+)
 from tests.multiprocess import run_ranks
 from tests.sharded_workers import NUM_EMBEDDINGS, Case
 
 CASE = Case("ADAM", "roundrobin", "SUM")
 BATCHES = [3, 5]
+RESHARD_BATCHES = {1: [8], 4: [2, 3, 1, 2]}  # source world size -> per-rank batch sizes
+RESHARD_TARGETS = [(1, "roundrobin"), (2, "roundrobin"), (3, "hash_roundrobin")]
 
 
 def _union(per_rank: list[dict], name: str):
@@ -49,22 +56,44 @@ def test_load_same_world_size_continues_training_and_redumps_identically(dumped,
         )
 
 
+def _assert_resharded(saved: list[dict], loaded: list[dict], dist_type: str) -> None:
+    """Every saved key on exactly one rank, its owner, with its row, state and score."""
+    world_size = len(loaded)
+    for name in ["t0", "t1"]:
+        want = _union(saved, name)
+        got = _union(loaded, name)
+        assert want[0].numel() > 0 and torch.equal(want[0], want[0].unique()), name
+        assert torch.equal(got[0], want[0]), f"{name}: keys lost or duplicated"
+        assert torch.equal(got[1], want[1]), f"{name}: rows (with optimizer state) differ"
+        assert torch.equal(got[2], want[2]), f"{name}: scores differ"
+        for rank, per_rank in enumerate(loaded):
+            owner, _ = route_keys(per_rank[name][0], dist_type, world_size, NUM_EMBEDDINGS)
+            assert bool((owner == rank).all()), f"{name}: a key on rank {rank} is not its owner"
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_load_at_another_world_size_and_every_dist_type(dumped, world_size):
     path, saved, _ = dumped
     for dist_type in ["continuous", "roundrobin", "hash_roundrobin"]:
         case = with_dist_type(CASE, dist_type)
         results = run_ranks(load_then_continue, world_size, case, str(path), None, None)
-        loaded = [r[0] for r in results]
-        for name in ["t0", "t1"]:
-            want = _union(saved, name)
-            got = _union(loaded, name)
-            assert torch.equal(got[0], want[0]), f"{name}: keys lost or duplicated"
-            assert torch.equal(got[1], want[1]), f"{name}: rows (with optimizer state) differ"
-            assert torch.equal(got[2], want[2]), f"{name}: scores differ"
-            for rank, per_rank in enumerate(loaded):
-                owner, _ = route_keys(per_rank[name][0], dist_type, world_size, NUM_EMBEDDINGS)
-                assert bool((owner == rank).all()), f"{name}: a key on rank {rank} is not its owner"
+        _assert_resharded(saved, [r[0] for r in results], dist_type)
+
+
+def test_reshard_dumps_of_1_and_4_ranks_to_1_2_and_3(tmp_path):
+    """A dump at 1 and one at 4 ranks, each loaded at 1, 2 and 3 ranks: four processes
+    in all (one world, the sizes as groups of it), so that it stays quick on 2 cores.
+    Rank 2 of 4 trains on one sample (a KJT whose lengths are a strided view)."""
+    results = run_ranks(
+        reshard, 4, CASE, str(tmp_path), RESHARD_BATCHES, RESHARD_TARGETS, timeout=120
+    )
+    for n in RESHARD_BATCHES:
+        manifest = json.loads((tmp_path / f"from{n}" / "manifest.json").read_text())
+        assert [len(t["files"]) for t in manifest["tables"].values()] == [n, n]
+        saved = [results[r]["saved", n] for r in range(n)]
+        for m, dist_type in RESHARD_TARGETS:
+            loaded = [results[r]["loaded", n, m] for r in range(m)]
+            _assert_resharded(saved, loaded, dist_type)
 
 
 def test_manifest_names_a_complete_dump(dumped):

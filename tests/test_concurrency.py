@@ -5,6 +5,7 @@ single-threaded table gives every key's own row, so any lost key or misplaced ro
 visible exactly.
 """
 
+import queue
 import threading
 
 import pytest
@@ -140,3 +141,91 @@ def test_erase_on_all_threads_reports_each_key_like_one_thread(strategy):
     assert torch.equal(erased[2], first)
     assert torch.equal(remaining[2], remaining[1])
     assert int((~remaining[2]).sum()) == int(first.sum())
+
+
+def _live_keys(t) -> torch.Tensor:
+    """Every key the table's slots hold (a full scan), sorted."""
+    keys, _, _, end = t.export_batch(0, t.capacity())
+    assert end == t.capacity()
+    return keys.sort().values
+
+
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.LFU])
+def test_python_threads_erase_while_others_insert_and_read(strategy):
+    """Erasers remove keys whose insert an inserter confirmed (a queue hands them over,
+    one eraser per batch), and re-insert some of them; inserters keep inserting fresh
+    keys, growing the table under the erasers; a reader checks keys nobody erases.
+    Key ranges are disjoint, so the end state is known: exactly the keys inserted and
+    not erased since (re-inserted ones included) are stored, each with its own row."""
+    t = _table(strategy, capacity=2**19, init_capacity=1024)  # grows during the run
+    stable = torch.arange(1, 2001, dtype=torch.int64)
+    t.find_or_insert(stable)
+    stable_rows = _own_rows(stable)
+    inserters, erasers, batches_each = 2, 2, 24
+    batches = {
+        w: (torch.randperm(2**22, generator=torch.Generator().manual_seed(w))[: 1500 * batches_each]
+            + (w + 1) * 2**24).view(batches_each, 1500)
+        for w in range(inserters)
+    }  # fmt: skip  # distinct keys, one range per inserter, none below 2**24
+    own = {w: [_own_rows(keys) for keys in batches[w]] for w in batches}
+    handed = queue.Queue()
+    erased, reinserted, wrong = [], [], []
+    done_lock, done = threading.Lock(), [0]
+
+    def inserter(w):
+        try:
+            for i, (keys, want) in enumerate(zip(batches[w], own[w])):
+                if not torch.equal(t.find_or_insert(keys), want):
+                    wrong.append(("inserted row", w))
+                handed.put((w, i))  # its insert is complete: an eraser may take it
+        finally:
+            with done_lock:
+                done[0] += 1
+                if done[0] == inserters:
+                    handed.put(None)  # after every batch: erasers drain the queue first
+
+    def eraser(e):
+        absent = -torch.arange(1, 501, dtype=torch.int64) - 1000 * e  # never inserted
+        while (item := handed.get(timeout=60)) is not None:
+            w, i = item
+            gone = batches[w][i][i % 3 :: 3]  # a third of the batch
+            if not bool(t.erase_keys(gone).all()):
+                wrong.append(("erase missed a stored key", e))
+            if t.erase(absent) != 0:
+                wrong.append(("erase found an absent key", e))
+            if bool(t.contains(gone).any()):
+                wrong.append(("erased key still found", e))
+            erased.append(gone)
+            if i % 4 == 0:  # some come back, with their initial rows
+                back = gone[::5]
+                if not torch.equal(t.find_or_insert(back), own[w][i][i % 3 :: 3][::5]):
+                    wrong.append(("re-inserted row", e))
+                reinserted.append(back)
+        handed.put(None)  # for the other erasers
+
+    def reader():
+        for _ in range(40):
+            values, found = t.find(stable)
+            if not bool(found.all()) or not torch.equal(values, stable_rows):
+                wrong.append(("stable row", "reader"))
+
+    _run_threads(
+        [lambda w=w: inserter(w) for w in range(inserters)]
+        + [lambda e=e: eraser(e) for e in range(erasers)]
+        + [reader]
+    )
+    assert wrong == []
+    assert t.capacity() > 1024  # growth ran alongside the erasers
+    # The oracle: inserted keys, minus erased ones, plus the re-inserted ones.
+    inserted = torch.cat([stable] + [b.reshape(-1) for b in batches.values()])
+    present = set(inserted.tolist())
+    present -= set(torch.cat(erased).tolist())
+    present |= set(torch.cat(reinserted).tolist())
+    assert len(erased) == inserters * batches_each  # every batch went through an eraser
+    values, found = t.find(inserted)
+    want_found = torch.tensor([k in present for k in inserted.tolist()])
+    assert torch.equal(found, want_found), f"{int((found != want_found).sum())} keys wrong"
+    assert torch.equal(values[found], _own_rows(inserted[found]))
+    assert bool((values[~found] == 0).all())
+    assert t.size() == len(present)
+    assert torch.equal(_live_keys(t), torch.tensor(sorted(present)))  # no ghost, no duplicate

@@ -125,11 +125,15 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
             start += n
         # fbgemm's bucketizer sorts the values by rank (block size 1 on the rank ids),
         # carrying lengths and weights; its permutation then places the routed keys.
+        # It reads lengths and weights as dense arrays, ignoring strides: a KJT built
+        # from views (the lengths of one sample, lengths[:, i:i + 1].flatten(), keep
+        # a stride) must be made contiguous first.
+        weights = sparse_features.weights_or_none()
         by_rank = KeyedJaggedTensor(
             keys=sparse_features.keys(),
             values=ranks,
-            weights=sparse_features.weights_or_none(),
-            lengths=sparse_features.lengths(),
+            weights=weights.contiguous() if weights is not None else None,
+            lengths=sparse_features.lengths().contiguous(),
             stride_per_key_per_rank=(
                 sparse_features.stride_per_key_per_rank()
                 if sparse_features.variable_stride_per_key()
