@@ -17,12 +17,15 @@ table finds every key of the batch and the features it serves are cut out by pos
 from collections.abc import Sequence
 from pathlib import Path
 
+import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm (TorchRec's mean divisor)
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
+from dynemb.kernel.batch_layout import check_batch
 from dynemb.kernel.table_options import check_options, init_list
 from dynemb.table.placement import BUFFERS
 from dynemb.types import DynamicEmbPoolingMode
@@ -236,35 +239,38 @@ class InferenceEmbeddingCollection(nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             out = self._sequence(keys, offsets, batch, tables, slots)
         else:
-            code = _ops.POOLING_CODES[self.pooling_mode.name]
-            weights = (
-                per_sample_weights.to(torch.float32) if per_sample_weights is not None else None
-            )
-            pooled = {
-                t: _ops.embedding_pool(
-                    tables[t],
-                    slots[t],
-                    keys,
-                    offsets,
-                    weights,
-                    code,
-                    self.missing[t],
-                    self.table_options[t].seed,
-                    self.table_options[t].dim,
-                )  # fmt: skip
-                for t in used
-            }
-            # Every table pooled every bag; feature f's are bags [f * B, (f + 1) * B).
-            out = torch.cat(
-                [
-                    pooled[t][f * batch : (f + 1) * batch]
-                    for f, t in enumerate(self.feature_table_map)
-                ],
-                dim=1,
-            )
+            out = self._pooled(keys, offsets, per_sample_weights, batch, tables, slots)
         return out.to(self.output_dtype)
 
     # ------------------------------------------------------------- internals
+
+    def _pooled(self, keys, offsets, weights, batch, tables, slots) -> torch.Tensor:
+        """(B, sum of feature dims): bags summed by the op, divided by the bags' sizes
+        for mean pooling as a row-wise sharded TorchRec EBC does (its kernels sum)."""
+        weights = weights.to(torch.float32) if weights is not None else None
+        code = _ops.POOLING_CODES[DynamicEmbPoolingMode.SUM.name]
+        pooled = {
+            t: _ops.embedding_pool(
+                tables[t],
+                slots[t],
+                keys,
+                offsets,
+                weights,
+                code,
+                self.missing[t],
+                self.table_options[t].seed,
+                self.table_options[t].dim,
+            )  # fmt: skip
+            for t in tables
+        }
+        # Every table pooled every bag; feature f's are bags [f * B, (f + 1) * B).
+        columns = [
+            pooled[t][f * batch : (f + 1) * batch] for f, t in enumerate(self.feature_table_map)
+        ]
+        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
+            divisor = _mean_divisor(offsets, weights).unsqueeze(1)
+            columns = [c / divisor[f * batch : (f + 1) * batch] for f, c in enumerate(columns)]
+        return torch.cat(columns, dim=1)
 
     def _sequence(self, keys, offsets, batch, tables, slots) -> torch.Tensor:
         """One row per key, each from the table of its feature."""
@@ -304,8 +310,8 @@ class InferenceEmbeddingCollection(nn.Module):
         return list(table_names)
 
     def _check_batch(self, keys, offsets, pooling_offsets, weights) -> None:
-        """Checks what shapes and dtypes decide (values are checked by the ops, so that
-        tracing needs none)."""
+        """Checks shapes and dtypes always, offset values only when not tracing (then
+        the pooling op still checks them at run time), so that tracing needs no data."""
         if pooling_offsets is not None:
             raise ValueError("pooling_offsets must be None: dynemb pools the bags of `offsets`")
         for name, t in (("keys", keys), ("offsets", offsets)):
@@ -331,6 +337,8 @@ class InferenceEmbeddingCollection(nn.Module):
                 raise ValueError(
                     f"per_sample_weights must be a tensor of shape {tuple(keys.shape)}, got {_describe(weights)}"
                 )
+        if not torch.compiler.is_compiling() and not isinstance(offsets, FakeTensor):
+            check_batch(keys, offsets, weights, features)  # offsets from 0 to n, never decreasing
 
     @staticmethod
     def _feature_map(feature_names, feature_table_map, num_tables: int) -> list[int]:
@@ -367,6 +375,17 @@ class InferenceEmbeddingBagCollection(InferenceEmbeddingCollection):
             raise ValueError(
                 "pooling_mode must be sum (1) or mean (2) for a bag collection, got none (-1)"
             )
+
+
+def _mean_divisor(offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Each bag's mean divisor, TorchRec's (torchrec/distributed/embeddingbag.py
+    ``_create_mean_pooling_divisor``): its length, or with weights the sum of its
+    weights (fbgemm's segment_sum_csr, as TorchRec), plus 1e-6."""
+    if weights is None:
+        sizes = offsets[1:] - offsets[:-1]
+    else:
+        sizes = torch.ops.fbgemm.segment_sum_csr(1, offsets.int(), weights)
+    return sizes + 1e-6
 
 
 def _pooling(mode) -> DynamicEmbPoolingMode:
