@@ -18,6 +18,9 @@ from typing import NamedTuple
 import torch
 
 import dynemb._C as _C  # loads the op libraries into torch.ops
+from dynemb import _fake_kernels
+
+_fake_kernels.register()  # shapes of the lookup ops for torch.export (no data needed)
 
 EXECUTORS = ("cpu", "cuda", "cuda-emulated")
 

@@ -52,6 +52,17 @@ class NamedTable:
             table.empty_cache()
 
 
+class CollectionGroups(nn.Module):
+    """Groups of dynamic tables outside a sharded model, under the collection path
+    each would have in one (``""``: the model itself, else e.g. ``"sparse.ebc"``):
+    what a checkpoint of a sharded model is read into by a module that holds its
+    tables itself (dynemb.exportable_tables)."""
+
+    def __init__(self, groups: Mapping[str, BatchedDynamicEmbeddingTables]) -> None:
+        super().__init__()
+        self.groups = dict(groups)  # not submodules: the groups belong to the caller
+
+
 def persistent(table) -> ScoredHashTable:
     """``table``, or the slow tier of a CachedTable after a sync."""
     return table.persistent_table() if isinstance(table, CachedTable) else table
@@ -60,12 +71,14 @@ def persistent(table) -> ScoredHashTable:
 def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
     """Every dynamic table of ``model`` on this rank, sorted by name.
 
-    ``model``: a (DMP-)sharded model, or a BatchedDynamicEmbeddingTables.
+    ``model``: a (DMP-)sharded model, a BatchedDynamicEmbeddingTables, or CollectionGroups.
     ``table_names``: keep these only; each may be the full name or the bare table
     name when that is unambiguous. Unknown names raise ValueError.
     """
     if isinstance(model, BatchedDynamicEmbeddingTables):
         groups = [("", model)]
+    elif isinstance(model, CollectionGroups):
+        groups = [(collection_path(path), g) for path, g in model.groups.items()]
     else:
         groups = [(collection_path(path), g) for path, g in dynamic_kernels_by_path(model)]
     found = [

@@ -52,6 +52,7 @@ SUBMODULE = [
     ("dynemb.dynamicemb_config", "ScoreStrategy"),
     ("dynemb.dynamicemb_config", "DynamicEmbTableOptions"),
     ("dynemb.optimizer", "EmbOptimType"),
+    ("dynemb.exportable_tables", "InferenceEmbeddingCollection"),
 ]
 
 
@@ -84,3 +85,20 @@ def test_emb_optim_type_is_fbgemms_enum():
 
     assert dynemb.EmbOptimType is Fbgemm
     assert dynemb.EmbOptimType.EXACT_ROWWISE_ADAGRAD.value == "exact_row_wise_adagrad"
+
+
+def test_inference_embedding_collection_signatures():
+    """DYNAMICEMB_API.md section 11: the constructor, load and forward arguments, in order."""
+    import inspect
+
+    from dynemb.exportable_tables import InferenceEmbeddingCollection as IEC
+
+    def params(f):
+        return list(inspect.signature(f).parameters)[1:]
+
+    assert params(IEC.__init__) == [
+        "table_options", "use_dynamic_hash", "pooling_mode", "table_names", "feature_names",
+        "feature_table_map", "output_dtype", "device", "key_type",
+    ]  # fmt: skip
+    assert params(IEC.load_from_dynamicemb_file)[:2] == ["save_dir", "table_names"]
+    assert params(IEC.forward) == ["keys", "offsets", "pooling_offsets", "per_sample_weights"]

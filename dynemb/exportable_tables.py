@@ -1,0 +1,407 @@
+"""Read-only dynamic tables for serving, exportable with ``torch.export``.
+
+``InferenceEmbeddingCollection`` (DynamicEmb's name and constructor) and
+``InferenceEmbeddingBagCollection`` look keys up in tables filled from a trained
+(sharded) model or from a checkpoint written at any world size; keys not stored get
+the tables' eval initializer, as a trained model's eval-mode lookup gives them. Nothing
+is ever inserted, evicted or updated.
+
+Export: each table's state is the eight tensors of the op argument ``table``
+(csrc/torch/tensor_checks.h), held as module buffers, so an exported program carries
+them; the lookup is three dynemb ops (``table_find_slots``, ``embedding_pool``,
+``embedding_gather``) whose fake kernels (dynemb/_fake_kernels.py) give output shapes
+from input shapes, so tracing needs no data. Forward has no data-dependent shapes: each
+table finds every key of the batch and the features it serves are cut out by position.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm (TorchRec's mean divisor)
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from dynemb import _ops
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
+from dynemb.kernel.batch_layout import check_batch
+from dynemb.kernel.table_options import check_options, init_list
+from dynemb.table.placement import BUFFERS
+from dynemb.types import DynamicEmbPoolingMode
+
+# DynamicEmb's pooling codes (DYNAMICEMB_API.md section 11): -1 none, 1 sum, 2 mean.
+_DYNAMICEMB_POOLING = {
+    -1: DynamicEmbPoolingMode.NONE,
+    1: DynamicEmbPoolingMode.SUM,
+    2: DynamicEmbPoolingMode.MEAN,
+}
+_OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _TableBuffers(nn.Module):
+    """One table's eight op tensors as buffers (names of dynemb.table.placement.BUFFERS)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.set(tensors)
+
+    def set(self, tensors: Sequence[torch.Tensor]) -> None:
+        for name, tensor in zip(BUFFERS, tensors, strict=True):
+            self.register_buffer(name, tensor)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in BUFFERS]
+
+
+class InferenceEmbeddingCollection(nn.Module):
+    """Read-only lookup of dynamic tables (DynamicEmb's ``exportable_tables`` module).
+
+    Args:
+        table_options: one DynamicEmbTableOptions per table (``dim`` and
+            ``max_capacity`` required): the options the tables were trained with.
+            ``max_capacity`` is this module's capacity per table (all ranks' rows; it
+            grows when a load brings more); ``eval_initializer_args`` and ``seed`` give
+            the rows of keys not stored; ``embedding_dtype`` the stored dtype.
+        use_dynamic_hash: must be True (dynemb's tables are hash tables).
+        pooling_mode: DynamicEmb's code (-1 none: one row per key; 1 sum; 2 mean) or
+            a DynamicEmbPoolingMode. Default none (a sequence collection).
+        table_names: names of the tables (default ``table_0``, ...): a load finds the
+            trained tables (or the saved ones) by these names.
+        feature_names: names of the features (default ``feature_0``, ...).
+        feature_table_map: the table of each feature (default: feature i -> table i).
+        output_dtype: float32, float16 or bfloat16.
+        device: where the tables live (default CPU; CUDA in CUDA builds).
+        key_type: torch.int64 (int32 keys are accepted too).
+
+    Raises:
+        TypeError / ValueError: a bad argument, naming it and the value.
+
+    Inputs follow fbgemm's TBE: ``keys`` feature-major, ``offsets`` (B * F + 1,) bag
+    boundaries. Output: (n, dim) rows for no pooling, else (B, sum of feature dims).
+
+    Example::
+
+        >>> ec = InferenceEmbeddingCollection(
+        ...     [DynamicEmbTableOptions(dim=4, max_capacity=1024)], table_names=["t0"])
+        >>> ec.load_from_dynamicemb_file("/ckpt/step_1000")   # any world size
+        >>> # 1 feature x B=2 bags: [[10, 11], [12]]
+        >>> ec(torch.tensor([10, 11, 12]), torch.tensor([0, 2, 3])).shape
+        torch.Size([3, 4])
+        >>> program = torch.export.export(ec, (keys, offsets))
+    """
+
+    _default_pooling = -1
+
+    def __init__(
+        self,
+        table_options: Sequence[DynamicEmbTableOptions],
+        use_dynamic_hash: bool = True,
+        pooling_mode: int | DynamicEmbPoolingMode | None = None,
+        table_names: Sequence[str] | None = None,
+        feature_names: Sequence[str] | None = None,
+        feature_table_map: Sequence[int] | None = None,
+        output_dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        key_type: torch.dtype = torch.int64,
+    ) -> None:
+        super().__init__()
+        options = list(table_options)
+        if not options:
+            raise ValueError("table_options must hold at least one DynamicEmbTableOptions")
+        if use_dynamic_hash is not True:
+            raise ValueError(
+                f"use_dynamic_hash must be True (dynemb's tables are hash tables), got {use_dynamic_hash!r}"
+            )
+        names = (
+            list(table_names)
+            if table_names is not None
+            else [f"table_{i}" for i in range(len(options))]
+        )
+        if len(names) != len(options) or len(set(names)) != len(names):
+            raise ValueError(
+                f"table_names must name the {len(options)} tables once each, got {names}"
+            )
+        for name, o in zip(names, options):
+            check_options(name, o)
+        fmap = self._feature_map(feature_names, feature_table_map, len(options))
+        self.pooling_mode = _pooling(
+            self._default_pooling if pooling_mode is None else pooling_mode
+        )
+        self._check_pooling(self.pooling_mode)
+        if (
+            self.pooling_mode == DynamicEmbPoolingMode.NONE
+            and len({options[t].dim for t in fmap}) > 1
+        ):
+            raise ValueError(
+                f"pooling_mode none needs one dim for every table, got dims {[o.dim for o in options]}"
+            )
+        if output_dtype not in _OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype must be one of {_OUTPUT_DTYPES}, got {output_dtype}")
+        if key_type not in (torch.int64, torch.int32):
+            raise ValueError(f"key_type must be torch.int64 or torch.int32, got {key_type}")
+        self.table_options = options
+        self.table_names = names
+        self.feature_names = (
+            list(feature_names)
+            if feature_names is not None
+            else [f"feature_{i}" for i in range(len(fmap))]
+        )
+        self.feature_table_map = fmap
+        self.output_dtype = output_dtype
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        empty = [frozen_table(o, None, self.device) for o in options]
+        # Rows of keys not stored: the eval initializer for a table of the options'
+        # capacity (a trained table's, so that its eval lookups and ours agree).
+        self.missing = [init_list(o.eval_initializer_args, t) for o, t in zip(options, empty)]
+        self.tables = nn.ModuleList(_TableBuffers(t.buffers.tensors()) for t in empty)
+        self.sizes = [0] * len(options)
+
+    # ------------------------------------------------------------------ loads
+
+    def load_from_dynamicemb_file(
+        self,
+        save_dir: str | Path,
+        table_names: Sequence[str] | None = None,
+        collection: str | None = None,
+    ) -> None:
+        """Fills tables from a checkpoint directory written at any world size: dynemb's
+        format or DynamicEmb's layout (DynamicEmbDump, or NVIDIA DynamicEmb's dump).
+
+        Args:
+            save_dir: the checkpoint directory.
+            table_names: the tables to fill (default: all of this module's).
+            collection: the checkpoint's collection holding them (``"ebc"``, or
+                DynamicEmb's ``"model.ebc"``); default: the only one holding them all.
+
+        Raises:
+            CheckpointError / ValueError: as DynamicEmbLoad (missing or damaged files,
+                dim / dtype / score strategy not the checkpoint's), an unknown table
+                name, or no single collection holding the tables. Nothing changes then.
+        """
+        names = self._names(table_names)
+        options = {n: self.table_options[self.table_names.index(n)] for n in names}
+        self._set_rows(checkpoint_rows(save_dir, options, collection))
+
+    def load_from_model(
+        self,
+        model: nn.Module,
+        table_names: Sequence[str] | None = None,
+        collection: str | None = None,
+        pg=None,
+    ) -> None:
+        """Fills tables with the rows of a trained model's dynamic tables of the same
+        names, gathered from every rank of ``pg`` (each rank gets all of them).
+
+        Args:
+            model: a (DMP-)sharded model or a BatchedDynamicEmbeddingTables.
+            table_names: the tables to fill (default: all of this module's).
+            collection: the model's collection path (e.g. ``"ebc"``) where several
+                collections have tables of these names.
+            pg: the model's process group (default: the world, or none).
+
+        Raises:
+            ValueError: a name that is not a dynamic table of the model, or ambiguous.
+        """
+        names = self._names(table_names)
+        qualified = [f"{collection}.{n}" if collection else n for n in names]
+        rows = gather_model_rows(model, qualified, pg)
+        self._set_rows({n: rows[q] for n, q in zip(names, qualified)})
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(
+        self,
+        keys: torch.Tensor,
+        offsets: torch.Tensor,
+        pooling_offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Looks a batch up; changes nothing.
+
+        Args:
+            keys: (n,) int64 (or int32) keys, feature-major.
+            offsets: (B * F + 1,) int64 bag boundaries (F = number of features).
+            pooling_offsets: must be None (the bags are ``offsets``).
+            per_sample_weights: (n,) float32 weights (sum / mean pooling).
+
+        Returns:
+            (n, dim) rows without pooling; (B, sum of feature dims) pooled.
+        """
+        self._check_batch(keys, offsets, pooling_offsets, per_sample_weights)
+        keys = keys.to(torch.int64)
+        offsets = offsets.to(torch.int64)
+        features = len(self.feature_table_map)
+        batch = (offsets.shape[0] - 1) // features
+        used = sorted(set(self.feature_table_map))
+        tables = {t: self.tables[t].tensors() for t in used}
+        slots = {t: _ops.table_find_slots(tables[t], keys) for t in used}
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            out = self._sequence(keys, offsets, batch, tables, slots)
+        else:
+            out = self._pooled(keys, offsets, per_sample_weights, batch, tables, slots)
+        return out.to(self.output_dtype)
+
+    # ------------------------------------------------------------- internals
+
+    def _pooled(self, keys, offsets, weights, batch, tables, slots) -> torch.Tensor:
+        """(B, sum of feature dims): bags summed by the op, divided by the bags' sizes
+        for mean pooling as a row-wise sharded TorchRec EBC does (its kernels sum)."""
+        weights = weights.to(torch.float32) if weights is not None else None
+        code = _ops.POOLING_CODES[DynamicEmbPoolingMode.SUM.name]
+        pooled = {
+            t: _ops.embedding_pool(
+                tables[t],
+                slots[t],
+                keys,
+                offsets,
+                weights,
+                code,
+                self.missing[t],
+                self.table_options[t].seed,
+                self.table_options[t].dim,
+            )  # fmt: skip
+            for t in tables
+        }
+        # Every table pooled every bag; feature f's are bags [f * B, (f + 1) * B).
+        columns = [
+            pooled[t][f * batch : (f + 1) * batch] for f, t in enumerate(self.feature_table_map)
+        ]
+        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
+            divisor = _mean_divisor(offsets, weights).unsqueeze(1)
+            columns = [c / divisor[f * batch : (f + 1) * batch] for f, c in enumerate(columns)]
+        return torch.cat(columns, dim=1)
+
+    def _sequence(self, keys, offsets, batch, tables, slots) -> torch.Tensor:
+        """One row per key, each from the table of its feature."""
+        out = None
+        table_of_key = None
+        if len(tables) > 1:
+            positions = torch.arange(keys.shape[0], device=keys.device)
+            bag = torch.searchsorted(offsets, positions, right=True) - 1
+            feature = torch.div(bag, max(batch, 1), rounding_mode="floor")
+            fmap = torch.tensor(self.feature_table_map, device=keys.device)
+            table_of_key = fmap[feature].unsqueeze(1)
+        for t, table in tables.items():
+            rows = _ops.embedding_gather(
+                table, slots[t], keys, self.missing[t], self.table_options[t].seed,
+                self.table_options[t].dim,
+            )  # fmt: skip
+            out = rows if out is None else torch.where(table_of_key == t, rows, out)
+        return out
+
+    def _set_rows(self, rows: dict[str, Rows]) -> None:
+        built = {}
+        for name, r in rows.items():  # every table built before any changes
+            t = self.table_names.index(name)
+            built[t] = frozen_table(self.table_options[t], r, self.device)
+        for t, table in built.items():
+            self.tables[t].set(table.buffers.tensors())
+            self.sizes[t] = table.size()
+
+    def _names(self, table_names) -> list[str]:
+        if table_names is None:
+            return list(self.table_names)
+        unknown = [n for n in table_names if n not in self.table_names]
+        if unknown:
+            raise ValueError(
+                f"table_names: {unknown} are not tables of this module ({self.table_names})"
+            )
+        return list(table_names)
+
+    def _check_batch(self, keys, offsets, pooling_offsets, weights) -> None:
+        """Checks shapes and dtypes always, offset values only when not tracing (then
+        the pooling op still checks them at run time), so that tracing needs no data."""
+        if pooling_offsets is not None:
+            raise ValueError("pooling_offsets must be None: dynemb pools the bags of `offsets`")
+        for name, t in (("keys", keys), ("offsets", offsets)):
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype not in (torch.int64, torch.int32)
+                or t.dim() != 1
+            ):
+                raise TypeError(f"{name} must be a 1-D int64 (or int32) tensor, got {_describe(t)}")
+            if t.device != self.device:
+                raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
+        features = len(self.feature_table_map)
+        if (offsets.shape[0] - 1) % features:
+            raise ValueError(
+                f"offsets must have B * F + 1 entries with F={features} features, got {offsets.shape[0]}"
+            )
+        if weights is not None:
+            if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+                raise ValueError(
+                    "per_sample_weights need sum or mean pooling, the pooling_mode is none"
+                )
+            if not isinstance(weights, torch.Tensor) or weights.shape != keys.shape:
+                raise ValueError(
+                    f"per_sample_weights must be a tensor of shape {tuple(keys.shape)}, got {_describe(weights)}"
+                )
+        if not torch.compiler.is_compiling() and not isinstance(offsets, FakeTensor):
+            check_batch(keys, offsets, weights, features)  # offsets from 0 to n, never decreasing
+
+    @staticmethod
+    def _feature_map(feature_names, feature_table_map, num_tables: int) -> list[int]:
+        if feature_table_map is None:
+            count = len(feature_names) if feature_names is not None else num_tables
+            fmap = list(range(count))
+        else:
+            fmap = [int(t) for t in feature_table_map]
+        if not fmap or any(not 0 <= t < num_tables for t in fmap):
+            raise ValueError(
+                f"feature_table_map must map each feature to a table in [0, {num_tables}), got {fmap}"
+            )
+        if feature_names is not None and len(feature_names) != len(fmap):
+            raise ValueError(
+                f"feature_names has {len(feature_names)} names for {len(fmap)} features"
+            )
+        return fmap
+
+    @staticmethod
+    def _check_pooling(mode: DynamicEmbPoolingMode) -> None:
+        """Any pooling suits the collection (DynamicEmb's pools too)."""
+
+
+class InferenceEmbeddingBagCollection(InferenceEmbeddingCollection):
+    """InferenceEmbeddingCollection that pools (sum by default, or mean): the
+    counterpart of a trained EmbeddingBagCollection. Same arguments; ``pooling_mode``
+    none is refused. Output: (B, sum of feature dims), features in order."""
+
+    _default_pooling = 1
+
+    @staticmethod
+    def _check_pooling(mode: DynamicEmbPoolingMode) -> None:
+        if mode == DynamicEmbPoolingMode.NONE:
+            raise ValueError(
+                "pooling_mode must be sum (1) or mean (2) for a bag collection, got none (-1)"
+            )
+
+
+def _mean_divisor(offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Each bag's mean divisor, TorchRec's (torchrec/distributed/embeddingbag.py
+    ``_create_mean_pooling_divisor``): its length, or with weights the sum of its
+    weights (fbgemm's segment_sum_csr, as TorchRec), plus 1e-6."""
+    if weights is None:
+        sizes = offsets[1:] - offsets[:-1]
+    else:
+        sizes = torch.ops.fbgemm.segment_sum_csr(1, offsets.int(), weights)
+    return sizes + 1e-6
+
+
+def _pooling(mode) -> DynamicEmbPoolingMode:
+    if isinstance(mode, DynamicEmbPoolingMode):
+        return mode
+    if isinstance(mode, int) and not isinstance(mode, bool) and mode in _DYNAMICEMB_POOLING:
+        return _DYNAMICEMB_POOLING[mode]
+    raise ValueError(
+        f"pooling_mode must be -1 (none), 1 (sum), 2 (mean) or a DynamicEmbPoolingMode, got {mode!r}"
+    )
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return repr(x)
+
+
+__all__ = ["InferenceEmbeddingBagCollection", "InferenceEmbeddingCollection"]

@@ -1,0 +1,156 @@
+"""Where an inference module's rows come from: the tables of a trained (sharded) model,
+gathered from every rank, or a checkpoint directory (dynemb's format or DynamicEmb's
+layout) written at any world size, read by DynamicEmbLoad. Both end as ``(keys,
+embeddings)`` per table, stored by ``frozen_table`` in a table that never evicts.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dynemb.checkpoint.collectives import all_gather, process_group
+from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout, saved_tables
+from dynemb.checkpoint.load import DynamicEmbLoad
+from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.checkpoint.tables import CollectionGroups, named_tables
+from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.sharded_modules import ROOT_COLLECTION, collection_path
+from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.types import DynamicEmbScoreStrategy
+
+Rows = tuple[torch.Tensor, torch.Tensor]  # keys (n,) int64, embeddings (n, dim)
+
+
+def table_rows(table: ScoredHashTable) -> Rows:
+    """Every stored key of ``table`` and its embedding (no optimizer state)."""
+    keys, values, _, _ = table.export_batch(0, max(1, table.capacity()))
+    return keys, values
+
+
+def frozen_table(
+    options: DynamicEmbTableOptions, rows: Rows | None, device: torch.device
+) -> ScoredHashTable:
+    """A NO_EVICTION table holding ``rows`` (None: empty), for read-only lookups.
+
+    Its capacity is ``options.max_capacity`` or, when the rows need more, the
+    smallest doubling that stores every one of them: no row is ever evicted or lost.
+    """
+    keys, values = rows if rows is not None else (torch.empty(0, dtype=torch.int64), None)
+    capacity = max(options.max_capacity, options.bucket_capacity, 2 * keys.numel())
+    while True:
+        table = ScoredHashTable(
+            dim=options.dim,
+            capacity=capacity,
+            bucket_capacity=options.bucket_capacity,
+            score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+            value_dtype=options.embedding_dtype or torch.float32,
+            seed=options.seed,
+            device=device,
+        )
+        if not keys.numel():
+            return table
+        stats = table.insert_or_assign(keys.to(device), values.to(device, table.value_dtype))
+        if not stats.failed:
+            return table
+        capacity *= 2  # a bucket window overflowed: retry roomier
+
+
+def gather_model_rows(model: nn.Module, names: Sequence[str], pg=None) -> dict[str, Rows]:
+    """Rows of the dynamic tables ``names`` of a trained model, from every rank of ``pg``.
+
+    ``model``: a (DMP-)sharded model or a BatchedDynamicEmbeddingTables; a name is a
+    table's name, or ``<collection path>.<table>`` where several collections use it.
+    Every rank of ``pg`` must call it; each gets every row.
+
+    Raises:
+        ValueError: a name that is not a dynamic table of the model, or is ambiguous.
+    """
+    pg = process_group(pg)
+    found = [named_tables(model, [name])[0] for name in names]
+    mine = [table_rows(t.table) for t in found]
+    ranks = all_gather(mine, pg)
+    return {
+        name: tuple(torch.cat([rows[i][f] for rows in ranks]) for f in range(2))
+        for i, name in enumerate(names)
+    }
+
+
+def checkpoint_rows(
+    path: str | Path,
+    options: dict[str, DynamicEmbTableOptions],
+    collection: str | None = None,
+) -> dict[str, Rows]:
+    """Rows of tables ``options`` (name -> the options they were trained with) from a
+    checkpoint directory written at any world size (read in this process alone).
+
+    Args:
+        path: a checkpoint of DynamicEmbDump (dynemb's format or DynamicEmb's layout)
+            or of NVIDIA DynamicEmb.
+        options: the tables to read, with their training options (dim, dtype and
+            score strategy must match the checkpoint's; ``dist_type`` tells how
+            DynamicEmb's ``continuous`` ids map to keys).
+        collection: the collection of the checkpoint that holds them (``"ebc"`` or
+            DynamicEmb's ``"model.ebc"``); default: the one collection holding every
+            table named.
+
+    Raises:
+        CheckpointError / ValueError: as DynamicEmbLoad, and when no (or more than one)
+            collection holds every table.
+    """
+    path = Path(path)
+    names = list(options)
+    inner = _collection(path, names, collection)
+    group = BatchedDynamicEmbeddingTables(
+        [dataclasses.replace(o, training=False) for o in options.values()],
+        feature_table_map=list(range(len(names))),
+        table_names=names,
+    )
+    DynamicEmbLoad(path, CollectionGroups({inner: group}), table_names=_qualified(inner, names))
+    return {t.table_name: table_rows(t.table) for t in named_tables(group)}
+
+
+def _qualified(inner: str, names: Sequence[str]) -> list[str]:
+    return [f"{inner}.{n}" if inner else n for n in names]
+
+
+def _collection(path: Path, names: Sequence[str], wanted: str | None) -> str:
+    """The collection path (without DynamicEmb's ``model`` prefix) holding ``names``."""
+    if (path / MANIFEST).is_file() or not is_dynamicemb_layout(path):
+        saved = {_split(name) for name in read_manifest(path)["tables"]}
+    else:
+        saved = {(collection_path(_inner(c)), t) for c, t in saved_tables(path)}
+    holding = sorted({c for c, _ in saved if all((c, n) in saved for n in names)})
+    if wanted is not None:
+        inner = _inner(wanted)
+        if inner not in holding:
+            raise ValueError(
+                f"collection={wanted!r}: the checkpoint {path} has no collection holding "
+                f"tables {list(names)} (collections holding them: {holding})"
+            )
+        return inner
+    if len(holding) != 1:
+        raise ValueError(
+            f"{path}: {len(holding)} collections hold tables {list(names)} ({holding}); "
+            "pass collection= to choose one"
+        )
+    return holding[0]
+
+
+def _split(name: str) -> tuple[str, str]:
+    collection, _, table = name.rpartition(".")
+    return collection, table
+
+
+def _inner(path: str) -> str:
+    """``"model.ebc"`` (DynamicEmb's) -> ``"ebc"``; ``"model"`` -> ``""``; others unchanged."""
+    if path == ROOT_COLLECTION:
+        return ""
+    prefix = ROOT_COLLECTION + "."
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+__all__ = ["checkpoint_rows", "frozen_table", "gather_model_rows", "table_rows"]
