@@ -109,6 +109,30 @@ def _build_tables(
     return tables
 
 
+def _store_rows(tables: BatchedDynamicEmbeddingTables, config, fixed_keys) -> None:
+    """Stores every row of this rank's block of each ordinary table held as a dynamic one.
+
+    The rows are drawn as TorchRec's CPU kernels draw an ordinary table's shard:
+    ``uniform(weight_init_min, weight_init_max)`` from torch's generator.
+    """
+    for index, table in enumerate(config.embedding_tables):
+        keys = fixed_keys.get(table.name)
+        if keys is None:
+            continue
+        store = tables.tables[index]
+        ids = torch.arange(keys.start, keys.stop, dtype=torch.int64, device=store.device)
+        rows = torch.empty(len(keys), table.embedding_dim, device=store.device)
+        torch.nn.init.uniform_(rows, table.get_weight_init_min(), table.get_weight_init_max())
+        stats = store.insert_or_assign(ids, rows.to(store.value_dtype))
+        if stats.failed or store.size() != len(keys):
+            raise RuntimeError(
+                f"table {table.name!r}: {stats.failed} of the {len(keys)} rows of ids "
+                f"[{keys.start}, {keys.stop}) could not be stored in a table of "
+                f"{store.max_capacity()} slots; please report this (a larger "
+                "bucket_capacity avoids it)"
+            )
+
+
 class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
     """What the two kernels share: the tables, the placeholders, the fused optimizer."""
 
@@ -118,10 +142,12 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         options_by_table: dict[str, DynamicEmbTableOptions],
         pooling: DynamicEmbPoolingMode,
         device: torch.device | None = None,
+        fixed_keys: dict[str, range] | None = None,
     ) -> None:
         super().__init__()
         self._config = config
         self._emb_module = _build_tables(config, options_by_table, pooling, device)
+        _store_rows(self._emb_module, config, fixed_keys or {})
         fused = config.fused_params or {}
         output = fused.get("output_dtype")
         self._output_dtype = output.as_dtype() if output is not None else torch.float32
@@ -193,13 +219,20 @@ class BatchedDynamicEmbeddingBag(_DynamicKernel):
     """Pooled kernel (EBC). Row-wise MEAN runs as SUM here; TorchRec divides after the
     reduce-scatter, as it does for fbgemm's kernels."""
 
-    def __init__(self, config, options_by_table, device=None, sharding_type=ShardingType.ROW_WISE):
+    def __init__(
+        self,
+        config,
+        options_by_table,
+        device=None,
+        sharding_type=ShardingType.ROW_WISE,
+        fixed_keys=None,
+    ):
         mode = pooling_type_to_pooling_mode(config.pooling, sharding_type)
-        super().__init__(config, options_by_table, _POOLING[mode], device)
+        super().__init__(config, options_by_table, _POOLING[mode], device, fixed_keys)
 
 
 class BatchedDynamicEmbedding(_DynamicKernel):
     """Sequence kernel (EC): one row per id."""
 
-    def __init__(self, config, options_by_table, device=None):
-        super().__init__(config, options_by_table, DynamicEmbPoolingMode.NONE, device)
+    def __init__(self, config, options_by_table, device=None, fixed_keys=None):
+        super().__init__(config, options_by_table, DynamicEmbPoolingMode.NONE, device, fixed_keys)

@@ -1,0 +1,81 @@
+"""Mixed models with Adam on CPU: the planner's ``ordinary_tables_as_dynamic`` holds an
+ordinary TorchRec table as a dynamic one that keeps an ordinary table's meaning (real
+gloo ranks, checked against torch.optim.Adam on the unsharded table)."""
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.planner import ParameterConstraints, Topology
+
+from dynemb.planner import DynamicEmbeddingShardingPlanner
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from dynemb.types import DynamicEmbScoreStrategy
+from tests.multiprocess import run_ranks
+from tests.ordinary_tables_workers import (
+    ROWS,
+    adam_without_the_switch_is_a_clear_error,
+    ordinary_table_checkpoint_round_trip,
+    ordinary_table_trains_like_torch_adam,
+    out_of_range_ids_are_rejected,
+)
+
+TIMEOUT = 120.0
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ordinary_table_trains_like_torch_adam(world_size):
+    run_ranks(ordinary_table_trains_like_torch_adam, world_size, timeout=TIMEOUT)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    run_ranks(ordinary_table_checkpoint_round_trip, 2, str(tmp_path), timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("bad_id", [ROWS, -1])
+def test_out_of_range_ids_are_rejected(bad_id):
+    for message in run_ranks(out_of_range_ids_are_rejected, 2, bad_id, timeout=TIMEOUT):
+        assert "'country'" in message and f"id {bad_id} " in message, message
+        assert f"[0, {ROWS})" in message, message
+
+
+def test_adam_without_the_switch_names_the_table_and_the_switch():
+    for message in run_ranks(adam_without_the_switch_is_a_clear_error, 2, timeout=TIMEOUT):
+        assert "['country']" in message and "ADAM" in message, message
+        assert "ordinary_tables_as_dynamic=True" in message, message
+
+
+def _plan(constraints=None, **kwargs):
+    configs = [
+        EmbeddingBagConfig(name="country", embedding_dim=8, num_embeddings=1000, feature_names=["c"]),
+        EmbeddingBagConfig(name="city", embedding_dim=8, num_embeddings=10, feature_names=["y"],
+                           weight_init_min=-0.5, weight_init_max=0.25),
+    ]  # fmt: skip
+    planner = DynamicEmbeddingShardingPlanner(
+        configs,
+        topology=Topology(world_size=3, compute_device="cpu"),
+        constraints=constraints,
+        ordinary_tables_as_dynamic=True,
+        **kwargs,
+    )
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    return planner.plan(ebc, [DynamicEmbeddingBagCollectionSharder()]).plan[""]
+
+
+def test_plan_entries_of_ordinary_tables():
+    plan = _plan({"country": ParameterConstraints(pooling_factors=[3.0])})
+    for name in ("country", "city"):
+        entry = plan[name]
+        options = entry.dynamicemb_options
+        assert entry.ordinary_table and entry.sharding_type == "row_wise"
+        assert options.dist_type == "continuous"
+        assert options.score_strategy == DynamicEmbScoreStrategy.NO_EVICTION
+        rows = -(-{"country": 1000, "city": 10}[name] // 3)
+        assert options.init_capacity * 3 >= rows * 4  # at most 3/4 full after the fill
+        assert options.max_capacity == 2 * options.init_capacity
+    city = plan["city"].dynamicemb_options.initializer_args
+    assert (city.lower, city.upper) == (-0.5, 0.25)  # the config's weight_init_min / max
+
+
+def test_conflicting_constraints_name_the_table():
+    with pytest.raises(ValueError, match=r"table 'city'.*sharding_types=\['table_wise'\]"):
+        _plan({"city": ParameterConstraints(sharding_types=["table_wise"])})
