@@ -2,8 +2,6 @@
 table and a dynamic table, trained with Adam on CPU through DistributedModelParallel
 with the planner's ``ordinary_tables_as_dynamic``, checked against torch.optim.Adam."""
 
-import math
-
 import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -29,9 +27,15 @@ FUSED = {
 }
 
 
+def _country_init(weight: torch.Tensor) -> torch.Tensor:
+    # Not TorchRec's default range: shows that the config's init_fn made the rows.
+    return torch.nn.init.uniform_(weight, 0.2, 0.3)
+
+
 def _configs() -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name="country", embedding_dim=DIM, num_embeddings=ROWS, feature_names=["c"]),
+        EmbeddingBagConfig(name="country", embedding_dim=DIM, num_embeddings=ROWS, feature_names=["c"],
+                           init_fn=_country_init),
         EmbeddingBagConfig(name="user", embedding_dim=DIM, num_embeddings=64, feature_names=["u"]),
     ]  # fmt: skip
 
@@ -104,14 +108,14 @@ def ordinary_table_trains_like_torch_adam(rank: int, world_size: int) -> None:
     entry = model.plan.plan[""]["country"]
     assert entry.ordinary_table and entry.dynamicemb_options.dist_type == "continuous"
 
-    # Every row of the rank's block is stored at build time, drawn as TorchRec's CPU
-    # kernels draw an ordinary table (uniform(+-sqrt(1 / num_embeddings))).
+    # Every row of the rank's block is stored, made by the config's init_fn (DMP's
+    # reset_parameters, as for TorchRec's tables), distinct per row.
     block = -(-ROWS // world_size)
     own = range(rank * block, min((rank + 1) * block, ROWS))
     assert _table(model, "country").size() == len(own)
     weight = _ordinary_weight(model)
-    bound = math.sqrt(1 / ROWS)
-    assert bool((weight.abs() <= bound).all()) and weight.std() > bound / 4
+    assert bool(((weight >= 0.2) & (weight <= 0.3)).all()), weight
+    assert weight.unique().numel() == weight.numel()
 
     reference = torch.nn.EmbeddingBag(ROWS, DIM, mode="sum", include_last_offset=True)
     with torch.no_grad():

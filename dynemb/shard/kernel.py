@@ -6,6 +6,7 @@
 optimizer and LR schedulers write ``param_groups[*]["lr"]``).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -109,20 +110,30 @@ def _build_tables(
     return tables
 
 
-def _store_rows(tables: BatchedDynamicEmbeddingTables, config, fixed_keys) -> None:
+def _store_rows(
+    tables: BatchedDynamicEmbeddingTables,
+    config: GroupedEmbeddingConfig,
+    fixed_keys: dict[str, range],
+    init_fns: dict[str, Callable] | None = None,
+) -> None:
     """Stores every row of this rank's block of each ordinary table held as a dynamic one.
 
-    The rows are drawn as TorchRec's CPU kernels draw an ordinary table's shard:
+    A table's rows are ``init_fns[name]`` applied to the block (TorchRec's
+    ``reset_parameters`` applies the config's ``init_fn`` to a shard so); without one,
+    they are drawn as TorchRec's CPU kernels draw a shard at construction,
     ``uniform(weight_init_min, weight_init_max)`` from torch's generator.
     """
     for index, table in enumerate(config.embedding_tables):
         keys = fixed_keys.get(table.name)
-        if keys is None:
+        if keys is None or (init_fns is not None and table.name not in init_fns):
             continue
         store = tables.tables[index]
         ids = torch.arange(keys.start, keys.stop, dtype=torch.int64, device=store.device)
         rows = torch.empty(len(keys), table.embedding_dim, device=store.device)
-        torch.nn.init.uniform_(rows, table.get_weight_init_min(), table.get_weight_init_max())
+        if init_fns is not None:
+            init_fns[table.name](rows)
+        else:
+            torch.nn.init.uniform_(rows, table.get_weight_init_min(), table.get_weight_init_max())
         stats = store.insert_or_assign(ids, rows.to(store.value_dtype))
         if stats.failed or store.size() != len(keys):
             raise RuntimeError(
@@ -147,7 +158,8 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         super().__init__()
         self._config = config
         self._emb_module = _build_tables(config, options_by_table, pooling, device)
-        _store_rows(self._emb_module, config, fixed_keys or {})
+        self._fixed_keys = fixed_keys or {}
+        _store_rows(self._emb_module, config, self._fixed_keys)
         fused = config.fused_params or {}
         output = fused.get("output_dtype")
         self._output_dtype = output.as_dtype() if output is not None else torch.float32
@@ -156,6 +168,12 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
             f"{t.name}.weight": torch.zeros(1, device=device) for t in config.embedding_tables
         }
         self._optim = DynamicEmbFusedOptimizer(self._emb_module, self.placeholders)
+
+    def reset_ordinary_rows(self, init_fns: dict[str, Callable]) -> None:
+        """Rewrites the rows of this rank's block of the ordinary tables held here that
+        ``init_fns`` names, each with its function (the sharded module's
+        ``reset_parameters``, TorchRec's way of applying a config's ``init_fn``)."""
+        _store_rows(self._emb_module, self._config, self._fixed_keys, init_fns)
 
     @property
     def config(self) -> GroupedEmbeddingConfig:

@@ -41,6 +41,21 @@ def _skipping_dynamic(module, configs_attr: str, run):
         setattr(module, configs_attr, configs)
 
 
+def _reset_ordinary_rows(plan, configs, lookups, device) -> None:
+    """TorchRec's reset_parameters for ordinary tables held as dynamic ones: each
+    config's ``init_fn`` on this rank's block of rows (as TorchRec on a shard)."""
+    if device is not None and device.type == "meta":  # as TorchRec
+        return
+    init_fns = {
+        c.name: c.init_fn
+        for c in configs
+        if getattr(plan[c.name], "ordinary_table", False) and c.init_fn is not None
+    }
+    if init_fns:
+        for kernel in _dynamic_kernels(lookups):
+            kernel.reset_ordinary_rows(init_fns)
+
+
 def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
     # TorchRec keeps lookups in a plain list: nn.Module.modules() does not reach them.
     kernels = []
@@ -137,6 +152,9 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_bag_configs", super().reset_parameters)
+        _reset_ordinary_rows(
+            self.module_sharding_plan, self._embedding_bag_configs, self._lookups, self._device
+        )
 
     def input_dist(self, ctx, features):
         if self._has_uninitialized_input_dist:  # its id range check: ordinary tables only
@@ -183,6 +201,9 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_configs", super().reset_parameters)
+        _reset_ordinary_rows(
+            self.module_sharding_plan, self._embedding_configs, self._lookups, self._device
+        )
 
     def _dedup_indices(self, ctx, input_feature_splits):
         """``use_index_dedup``: one lookup per distinct id of each table, exact for raw ids.
