@@ -4,7 +4,13 @@ with the planner's ``ordinary_tables_as_dynamic``, checked against torch.optim.A
 
 import torch
 import torch.distributed as dist
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.types import ShardingEnv
@@ -12,7 +18,11 @@ from torchrec.distributed.types import ShardingEnv
 from dynemb import DynamicEmbDump, DynamicEmbLoad, DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, dynamic_embedding_tables
+from dynemb.shard import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+    dynamic_embedding_tables,
+)
 
 ROWS = 13  # ordinary table: blocks of 7 and 6 ids on 2 ranks
 DIM = 4
@@ -32,17 +42,21 @@ def _country_init(weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.init.uniform_(weight, 0.2, 0.3)
 
 
-def _configs() -> list[EmbeddingBagConfig]:
+def _configs(config=EmbeddingBagConfig) -> list:
     return [
-        EmbeddingBagConfig(name="country", embedding_dim=DIM, num_embeddings=ROWS, feature_names=["c"],
-                           init_fn=_country_init),
-        EmbeddingBagConfig(name="user", embedding_dim=DIM, num_embeddings=64, feature_names=["u"]),
+        config(name="country", embedding_dim=DIM, num_embeddings=ROWS, feature_names=["c"],
+               init_fn=_country_init),
+        config(name="user", embedding_dim=DIM, num_embeddings=64, feature_names=["u"]),
     ]  # fmt: skip
 
 
-def _model(world_size: int, switch: bool = True) -> DistributedModelParallel:
-    configs = _configs()
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED)
+def _model(world_size: int, switch: bool = True, sequence: bool = False):
+    if sequence:
+        configs = _configs(EmbeddingConfig)
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=FUSED)
+    else:
+        configs = _configs()
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED)
     planner = DynamicEmbeddingShardingPlanner(
         configs,
         topology=Topology(world_size=world_size, compute_device="cpu"),
@@ -55,7 +69,8 @@ def _model(world_size: int, switch: bool = True) -> DistributedModelParallel:
         },
         ordinary_tables_as_dynamic=switch,
     )
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    collection = EmbeddingCollection if sequence else EmbeddingBagCollection
+    ebc = collection(tables=configs, device=torch.device("meta"))
     plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
         ebc,
@@ -195,3 +210,31 @@ def adam_without_the_switch_is_a_clear_error(rank: int, world_size: int) -> str:
     except ValueError as e:
         return str(e)
     raise AssertionError("an ordinary table was given Adam on CPU without an error")
+
+
+def ordinary_table_in_ec_trains_like_torch_adam(rank: int, world_size: int) -> None:
+    """The same with an EmbeddingCollection (sequence: one row per id)."""
+    torch.manual_seed(rank)
+    model = _model(world_size, sequence=True)
+    reference = torch.nn.Embedding(ROWS, DIM)
+    with torch.no_grad():
+        reference.weight.copy_(_ordinary_weight(model))
+    adam = torch.optim.Adam(reference.parameters(), **ADAM)
+    for step in range(3):
+        out = model(_batch(step, rank))
+        adam.zero_grad()
+        loss = 0
+        for r in range(world_size):
+            ids = _batch(step, r)["c"].values()
+            grad = torch.randn(ids.numel(), DIM, generator=torch.Generator().manual_seed(r))
+            expected = reference(ids)
+            if r == rank:
+                torch.testing.assert_close(out["c"].values(), expected.detach(), atol=1e-5, rtol=0)
+                mine = grad
+            loss = loss + (expected * grad).sum()
+        (loss / world_size).backward()
+        adam.step()
+        ((out["c"].values() * mine).sum() + out["u"].values().sum()).backward()
+        torch.testing.assert_close(
+            _ordinary_weight(model), reference.weight.detach(), atol=1e-5, rtol=1e-5
+        )

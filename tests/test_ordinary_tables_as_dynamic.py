@@ -15,6 +15,7 @@ from tests.ordinary_tables_workers import (
     ROWS,
     adam_without_the_switch_is_a_clear_error,
     ordinary_table_checkpoint_round_trip,
+    ordinary_table_in_ec_trains_like_torch_adam,
     ordinary_table_trains_like_torch_adam,
     out_of_range_ids_are_rejected,
 )
@@ -25,6 +26,10 @@ TIMEOUT = 120.0
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_ordinary_table_trains_like_torch_adam(world_size):
     run_ranks(ordinary_table_trains_like_torch_adam, world_size, timeout=TIMEOUT)
+
+
+def test_ordinary_table_in_ec_trains_like_torch_adam():
+    run_ranks(ordinary_table_in_ec_trains_like_torch_adam, 2, timeout=TIMEOUT)
 
 
 def test_checkpoint_round_trip(tmp_path):
