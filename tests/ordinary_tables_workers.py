@@ -166,7 +166,7 @@ def ordinary_table_trains_like_torch_adam(rank: int, world_size: int) -> None:
     torch.testing.assert_close(model(kjt).to_dict()["c"], expected, atol=1e-6, rtol=0)
 
 
-def ordinary_table_checkpoint_round_trip(rank: int, world_size: int, path: str) -> None:
+def ordinary_table_checkpoint_round_trip(rank: int, world_size: int, path: str) -> torch.Tensor:
     torch.manual_seed(rank)
     model = _model(world_size)
     for step in range(2):
@@ -177,12 +177,23 @@ def ordinary_table_checkpoint_round_trip(rank: int, world_size: int, path: str) 
     restored = _model(world_size)
     assert not torch.equal(_ordinary_weight(restored), _ordinary_weight(model))
     DynamicEmbLoad(path, restored, optim=True)
-    torch.testing.assert_close(_ordinary_weight(restored), _ordinary_weight(model), atol=0, rtol=0)
+    saved = _ordinary_weight(model)
+    torch.testing.assert_close(_ordinary_weight(restored), saved, atol=0, rtol=0)
     # Adam's state and step came back too: one more step gives the same rows.
     for m in (model, restored):
         out = m(_batch(5, rank)).to_dict()
         ((out["c"] * _grad(5, rank)).sum() + out["u"].sum()).backward()
     torch.testing.assert_close(_ordinary_weight(restored), _ordinary_weight(model), atol=0, rtol=0)
+    return saved
+
+
+def ordinary_table_checkpoint_loads(rank: int, world_size: int, path: str) -> torch.Tensor:
+    """The whole ordinary table after loading ``path`` into a fresh model of this world."""
+    model = _model(world_size)
+    DynamicEmbLoad(path, model, optim=True)
+    block = -(-ROWS // world_size)
+    assert _table(model, "country").size() == len(range(ROWS)[rank * block : (rank + 1) * block])
+    return _ordinary_weight(model)
 
 
 def out_of_range_ids_are_rejected(rank: int, world_size: int, bad_id: int) -> str:

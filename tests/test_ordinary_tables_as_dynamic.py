@@ -14,6 +14,7 @@ from tests.multiprocess import run_ranks
 from tests.ordinary_tables_workers import (
     ROWS,
     adam_without_the_switch_is_a_clear_error,
+    ordinary_table_checkpoint_loads,
     ordinary_table_checkpoint_round_trip,
     ordinary_table_in_ec_trains_like_torch_adam,
     ordinary_table_trains_like_torch_adam,
@@ -32,8 +33,13 @@ def test_ordinary_table_in_ec_trains_like_torch_adam():
     run_ranks(ordinary_table_in_ec_trains_like_torch_adam, 2, timeout=TIMEOUT)
 
 
-def test_checkpoint_round_trip(tmp_path):
-    run_ranks(ordinary_table_checkpoint_round_trip, 2, str(tmp_path), timeout=TIMEOUT)
+def test_checkpoint_round_trip_and_other_world_sizes(tmp_path):
+    saved = run_ranks(ordinary_table_checkpoint_round_trip, 2, str(tmp_path), timeout=TIMEOUT)[0]
+    for world_size in (1, 3):  # the rows go to their owners under the new blocks
+        for weight in run_ranks(
+            ordinary_table_checkpoint_loads, world_size, str(tmp_path), timeout=TIMEOUT
+        ):
+            torch.testing.assert_close(weight, saved, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("bad_id", [ROWS, -1])
