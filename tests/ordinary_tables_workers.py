@@ -2,8 +2,11 @@
 table and a dynamic table, trained with Adam on CPU through DistributedModelParallel
 with the planner's ``ordinary_tables_as_dynamic``, checked against torch.optim.Adam."""
 
+import io
+
 import torch
 import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -12,7 +15,7 @@ from torchrec import (
     KeyedJaggedTensor,
 )
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import Topology
+from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingEnv
 
 from dynemb import DynamicEmbDump, DynamicEmbLoad, DynamicEmbTableOptions
@@ -50,13 +53,13 @@ def _configs(config=EmbeddingBagConfig) -> list:
     ]  # fmt: skip
 
 
-def _model(world_size: int, switch: bool = True, sequence: bool = False):
+def _model(world_size: int, switch: bool = True, sequence: bool = False, fused=None):
     if sequence:
         configs = _configs(EmbeddingConfig)
-        sharder = DynamicEmbeddingCollectionSharder(fused_params=FUSED)
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=fused or FUSED)
     else:
         configs = _configs()
-        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED)
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused or FUSED)
     planner = DynamicEmbeddingShardingPlanner(
         configs,
         topology=Topology(world_size=world_size, compute_device="cpu"),
@@ -65,7 +68,8 @@ def _model(world_size: int, switch: bool = True, sequence: bool = False):
             "user": DynamicEmbParameterConstraints(
                 use_dynamicemb=True,
                 dynamicemb_options=DynamicEmbTableOptions(dist_type="hash_roundrobin"),
-            )
+            ),
+            "country": ParameterConstraints(sharding_types=["row_wise"]),
         },
         ordinary_tables_as_dynamic=switch,
     )
@@ -249,3 +253,48 @@ def ordinary_table_in_ec_trains_like_torch_adam(rank: int, world_size: int) -> N
         torch.testing.assert_close(
             _ordinary_weight(model), reference.weight.detach(), atol=1e-5, rtol=1e-5
         )
+
+
+def state_dict_holds_the_rows_as_torchrec(rank: int, world_size: int) -> None:
+    torch.manual_seed(rank)
+    model = _model(world_size)
+    key = "embedding_bags.country.weight"
+    state = model.state_dict()
+    weight = state[key]
+    assert isinstance(weight, ShardedTensor) and weight.size() == (ROWS, DIM)
+    # The same layout as TorchRec's own row-wise table (SGD: its CPU kernel has no Adam).
+    sgd = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    plain = _model(world_size, switch=False, fused=sgd).state_dict()[key]
+    assert plain.metadata().shards_metadata == weight.metadata().shards_metadata
+    assert [s.metadata for s in plain.local_shards()] == [s.metadata for s in weight.local_shards()]
+    torch.testing.assert_close(
+        torch.cat([s.tensor for s in weight.local_shards()]),
+        _table(model, "country").find(torch.arange(ROWS))[0][
+            _table(model, "country").contains(torch.arange(ROWS))
+        ],
+    )
+
+    # torch.save / load_state_dict restores the rows after training moved them.
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    saved = _ordinary_weight(model)
+    out = model(_batch(0, rank)).to_dict()
+    ((out["c"] * _grad(0, rank)).sum() + out["u"].sum()).backward()
+    assert not torch.equal(_ordinary_weight(model), saved)
+    buffer.seek(0)
+    model.load_state_dict(torch.load(buffer, weights_only=False))
+    torch.testing.assert_close(_ordinary_weight(model), saved, atol=0, rtol=0)
+
+    # A whole (num_embeddings, dim) weight, e.g. an unsharded model's, loads too.
+    whole = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(5))
+    model.load_state_dict({key: whole}, strict=False)
+    torch.testing.assert_close(_ordinary_weight(model), whole, atol=0, rtol=0)
+
+    # A wrong shape is refused, naming the key, and changes nothing.
+    try:
+        model.load_state_dict({key: torch.zeros(ROWS + 1, DIM)}, strict=False)
+    except ValueError as e:
+        assert key in str(e) and f"({ROWS}, {DIM})" in str(e), str(e)
+    else:
+        raise AssertionError("a wrong shape was loaded")
+    torch.testing.assert_close(_ordinary_weight(model), whole, atol=0, rtol=0)

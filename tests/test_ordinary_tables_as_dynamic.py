@@ -19,6 +19,7 @@ from tests.ordinary_tables_workers import (
     ordinary_table_in_ec_trains_like_torch_adam,
     ordinary_table_trains_like_torch_adam,
     out_of_range_ids_are_rejected,
+    state_dict_holds_the_rows_as_torchrec,
 )
 
 TIMEOUT = 120.0
@@ -40,6 +41,10 @@ def test_checkpoint_round_trip_and_other_world_sizes(tmp_path):
             ordinary_table_checkpoint_loads, world_size, str(tmp_path), timeout=TIMEOUT
         ):
             torch.testing.assert_close(weight, saved, atol=0, rtol=0)
+
+
+def test_state_dict_holds_the_rows_as_torchrec():
+    run_ranks(state_dict_holds_the_rows_as_torchrec, 2, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("bad_id", [ROWS, -1])

@@ -175,6 +175,33 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         ``reset_parameters``, TorchRec's way of applying a config's ``init_fn``)."""
         _store_rows(self._emb_module, self._config, self._fixed_keys, init_fns)
 
+    def ordinary_tables(self) -> list[str]:
+        """The ordinary tables held here as dynamic ones."""
+        return list(self._fixed_keys)
+
+    def ordinary_block(self, name: str) -> range:
+        """This rank's ids of ordinary table ``name`` (all stored)."""
+        return self._fixed_keys[name]
+
+    def read_ordinary_rows(self, name: str) -> torch.Tensor:
+        """The rows of ``ordinary_block(name)``, in id order: ``(len(block), dim)``."""
+        store, ids = self._ordinary_store(name)
+        rows, found = store.find(ids)
+        if not bool(found.all()):  # never: every id is stored at build and never erased
+            raise RuntimeError(f"table {name!r}: {int((~found).sum())} ids of the block missing")
+        return rows
+
+    def write_ordinary_rows(self, name: str, rows: torch.Tensor) -> None:
+        """Overwrites the rows of ``ordinary_block(name)`` (``(len(block), dim)``); the
+        optimizer state is kept, as TorchRec's load_state_dict keeps it."""
+        store, ids = self._ordinary_store(name)
+        store.insert_or_assign(ids, rows.to(device=store.device, dtype=store.value_dtype))
+
+    def _ordinary_store(self, name: str):
+        store = self._emb_module.tables[self._emb_module.table_names.index(name)]
+        block = self._fixed_keys[name]
+        return store, torch.arange(block.start, block.stop, dtype=torch.int64, device=store.device)
+
     @property
     def config(self) -> GroupedEmbeddingConfig:
         return self._config

@@ -17,6 +17,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.kernel import _DynamicKernel
+from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
 from dynemb.shard.rw_sharding import (
     DynamicEmbRwPooledEmbeddingSharding,
@@ -116,10 +117,20 @@ def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbedd
     return found
 
 
-def _register_placeholders(lookups, tables: nn.ModuleDict) -> None:
+def _register_placeholders(lookups, tables: nn.ModuleDict, plan, pg) -> None:
+    """``<collection>.<table>.weight`` of each dynamic table: a placeholder buffer, or
+    for an ordinary table held as a dynamic one its rows (OrdinaryTableState)."""
     for kernel in _dynamic_kernels(lookups):
+        ordinary = kernel.ordinary_tables()
         for key, tensor in kernel.placeholders.items():
-            tables[key[: -len(".weight")]].register_buffer("weight", tensor)
+            name = key[: -len(".weight")]
+            if name not in ordinary:
+                tables[name].register_buffer("weight", tensor)
+        for config in kernel.config.embedding_tables:
+            if config.name in ordinary:
+                shape = (config.num_embeddings, config.embedding_dim)
+                shards = plan[config.name].sharding_spec.shards
+                tables[config.name] = OrdinaryTableState(kernel, config.name, shape, shards, pg)
 
 
 def _empty_bags(features: KeyedJaggedTensor, stride: int) -> KeyedJaggedTensor:
@@ -148,7 +159,9 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
-        _register_placeholders(self._lookups, self.embedding_bags)
+        _register_placeholders(
+            self._lookups, self.embedding_bags, self.module_sharding_plan, self._env.process_group
+        )
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_bag_configs", super().reset_parameters)
@@ -197,7 +210,9 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
-        _register_placeholders(self._lookups, self.embeddings)
+        _register_placeholders(
+            self._lookups, self.embeddings, self.module_sharding_plan, self._env.process_group
+        )
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_configs", super().reset_parameters)
