@@ -11,7 +11,9 @@
   rank, as TorchRec's row-wise sharding; keys outside ``[0, num_embeddings)`` are not
   dropped, they go to ``key mod world_size`` (what fbgemm's block bucketizer does).
 
-Keys are never rewritten: the owner stores the raw key. Ordinary TorchRec tables
+Keys are never rewritten: the owner stores the raw key. The features of an ordinary
+table held as a dynamic one (``continuous``) are checked to lie in
+``[0, num_embeddings)`` before anything is sent. Ordinary TorchRec tables
 sharded row-wise in the same module keep TorchRec's block routing and local row ids.
 """
 

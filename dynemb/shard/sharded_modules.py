@@ -5,7 +5,8 @@ dynamic tables is ours (routing + kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
-dynemb's dump / load.
+dynemb's dump / load. An ordinary table held as a dynamic one (the planner's
+``ordinary_tables_as_dynamic``) shows its rows instead (``ordinary_state.py``).
 """
 
 import torch
