@@ -200,23 +200,27 @@ def ordinary_table_checkpoint_loads(rank: int, world_size: int, path: str) -> to
     return _ordinary_weight(model)
 
 
-def out_of_range_ids_are_rejected(rank: int, world_size: int, bad_id: int) -> str:
+def out_of_range_ids_are_rejected(rank: int, world_size: int, bad_ids: list[int]) -> list[str]:
+    """The message of each bad id's batch; the table is unchanged after each."""
     model = _model(world_size)
     table = _table(model, "country")
-    before = table.find(torch.arange(ROWS))[0]
-    kjt = KeyedJaggedTensor(
-        keys=["c", "u"],
-        values=torch.tensor([1, bad_id, 5]),
-        lengths=torch.tensor([2, 0, 0, 0, 1, 0, 0, 0]),
-    )
-    try:
-        model(kjt)
-    except ValueError as e:
-        message = str(e)
-    else:
-        raise AssertionError(f"id {bad_id} was accepted")
-    assert torch.equal(table.find(torch.arange(ROWS))[0], before)
-    return message
+    before, size = table.find(torch.arange(ROWS))[0], table.size()
+    messages = []
+    for bad_id in bad_ids:
+        kjt = KeyedJaggedTensor(
+            keys=["c", "u"],
+            values=torch.tensor([1, bad_id, 5]),
+            lengths=torch.tensor([2, 0, 0, 0, 1, 0, 0, 0]),
+        )
+        try:
+            model(kjt)
+        except ValueError as e:
+            messages.append(str(e))
+        else:
+            raise AssertionError(f"id {bad_id} was accepted")
+        assert torch.equal(table.find(torch.arange(ROWS))[0], before)
+        assert table.size() == size
+    return messages
 
 
 def adam_without_the_switch_is_a_clear_error(rank: int, world_size: int) -> str:

@@ -6,9 +6,12 @@ import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.distributed.types import ParameterSharding
 
+from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbeddingShardingPlanner
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from dynemb.shard.sharders import check_cpu_optimizer
 from dynemb.types import DynamicEmbScoreStrategy
 from tests.multiprocess import run_ranks
 from tests.ordinary_tables_workers import (
@@ -47,11 +50,12 @@ def test_state_dict_holds_the_rows_as_torchrec():
     run_ranks(state_dict_holds_the_rows_as_torchrec, 2, timeout=TIMEOUT)
 
 
-@pytest.mark.parametrize("bad_id", [ROWS, -1])
-def test_out_of_range_ids_are_rejected(bad_id):
-    for message in run_ranks(out_of_range_ids_are_rejected, 2, bad_id, timeout=TIMEOUT):
-        assert "'country'" in message and f"id {bad_id} " in message, message
-        assert f"[0, {ROWS})" in message, message
+def test_out_of_range_ids_are_rejected():
+    bad_ids = [ROWS, -1, 1 << 40]
+    for messages in run_ranks(out_of_range_ids_are_rejected, 2, bad_ids, timeout=TIMEOUT):
+        for bad_id, message in zip(bad_ids, messages, strict=True):
+            assert "'country'" in message and f"id {bad_id} " in message, message
+            assert f"[0, {ROWS})" in message and "feature 'c'" in message, message
 
 
 def test_adam_without_the_switch_names_the_table_and_the_switch():
@@ -95,3 +99,24 @@ def test_plan_entries_of_ordinary_tables():
 def test_conflicting_constraints_name_the_table():
     with pytest.raises(ValueError, match=r"table 'city'.*sharding_types=\['table_wise'\]"):
         _plan({"city": ParameterConstraints(sharding_types=["table_wise"])})
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "kernel", "device", "refused"),
+    [
+        (EmbOptimType.ADAM, "fused", "cpu", True),
+        (EmbOptimType.ADAM, "fused", None, True),  # DMP's default device: cpu
+        (EmbOptimType.ADAM, "dense", "cpu", False),  # torch autograd, any optimizer
+        (EmbOptimType.ADAM, "customized_kernel", "cpu", False),  # dynemb's kernel
+        (EmbOptimType.ADAM, "fused", "meta", False),  # not fbgemm's CPU kernel
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, "fused", "cpu", False),
+    ],
+)
+def test_cpu_optimizer_check(optimizer, kernel, device, refused):
+    params = {"t": ParameterSharding(sharding_type="row_wise", compute_kernel=kernel, ranks=[0])}
+    device = torch.device(device) if device else None
+    if refused:
+        with pytest.raises(ValueError, match=r"\['t'\].*ADAM.*ordinary_tables_as_dynamic=True"):
+            check_cpu_optimizer({"optimizer": optimizer}, params, device)
+    else:
+        check_cpu_optimizer({"optimizer": optimizer}, params, device)

@@ -130,7 +130,13 @@ def _register_placeholders(lookups, tables: nn.ModuleDict, plan, pg) -> None:
         for config in kernel.config.embedding_tables:
             if config.name in ordinary:
                 shape = (config.num_embeddings, config.embedding_dim)
-                shards = plan[config.name].sharding_spec.shards
+                spec = plan[config.name].sharding_spec
+                if spec is None:
+                    raise ValueError(
+                        f"table {config.name!r}: an ordinary table held as a dynamic one needs "
+                        "its plan entry's row-wise sharding_spec (plan with the planner)"
+                    )
+                shards = spec.shards
                 tables[config.name] = OrdinaryTableState(kernel, config.name, shape, shards, pg)
 
 
