@@ -238,6 +238,11 @@ def ordinary_table_in_ec_trains_like_torch_adam(rank: int, world_size: int) -> N
     reference = torch.nn.Embedding(ROWS, DIM)
     with torch.no_grad():
         reference.weight.copy_(_ordinary_weight(model))
+    weight = model.state_dict()["embeddings.country.weight"]
+    assert isinstance(weight, ShardedTensor) and weight.size() == (ROWS, DIM)
+    for shard in weight.local_shards():
+        start, rows = shard.metadata.shard_offsets[0], shard.metadata.shard_sizes[0]
+        torch.testing.assert_close(shard.tensor, reference.weight.detach()[start : start + rows])
     adam = torch.optim.Adam(reference.parameters(), **ADAM)
     for step in range(3):
         out = model(_batch(step, rank))
