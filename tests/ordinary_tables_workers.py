@@ -53,7 +53,7 @@ def _configs(config=EmbeddingBagConfig) -> list:
     ]  # fmt: skip
 
 
-def _model(world_size: int, switch: bool = True, sequence: bool = False, fused=None):
+def _model(world_size: int, switch: bool = True, sequence: bool = False, fused=None, device="meta"):
     if sequence:
         configs = _configs(EmbeddingConfig)
         sharder = DynamicEmbeddingCollectionSharder(fused_params=fused or FUSED)
@@ -74,7 +74,7 @@ def _model(world_size: int, switch: bool = True, sequence: bool = False, fused=N
         ordinary_tables_as_dynamic=switch,
     )
     collection = EmbeddingCollection if sequence else EmbeddingBagCollection
-    ebc = collection(tables=configs, device=torch.device("meta"))
+    ebc = collection(tables=configs, device=torch.device(device))
     plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
         ebc,
@@ -307,3 +307,17 @@ def state_dict_holds_the_rows_as_torchrec(rank: int, world_size: int) -> None:
     else:
         raise AssertionError("a wrong shape was loaded")
     torch.testing.assert_close(_ordinary_weight(model), whole, atol=0, rtol=0)
+
+
+def rows_of_a_cpu_module_follow_init_fn_as_torchrec(rank: int, world_size: int) -> None:
+    """A module built on CPU (not meta): TorchRec's own row-wise table gets its rows from
+    the config's init_fn (uniform(0.2, 0.3)); so does the table held as a dynamic one."""
+    torch.manual_seed(rank)
+    sgd = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    plain = _model(world_size, switch=False, fused=sgd, device="cpu").state_dict()
+    for weight in (
+        torch.cat([s.tensor for s in plain["embedding_bags.country.weight"].local_shards()]),
+        _ordinary_weight(_model(world_size, device="cpu")),
+    ):
+        assert bool(((weight >= 0.2) & (weight <= 0.3)).all()), weight
+        assert weight.unique().numel() == weight.numel()

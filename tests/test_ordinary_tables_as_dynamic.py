@@ -22,6 +22,7 @@ from tests.ordinary_tables_workers import (
     ordinary_table_in_ec_trains_like_torch_adam,
     ordinary_table_trains_like_torch_adam,
     out_of_range_ids_are_rejected,
+    rows_of_a_cpu_module_follow_init_fn_as_torchrec,
     state_dict_holds_the_rows_as_torchrec,
 )
 
@@ -31,6 +32,10 @@ TIMEOUT = 120.0
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_ordinary_table_trains_like_torch_adam(world_size):
     run_ranks(ordinary_table_trains_like_torch_adam, world_size, timeout=TIMEOUT)
+
+
+def test_rows_of_a_cpu_module_follow_init_fn_as_torchrec():
+    run_ranks(rows_of_a_cpu_module_follow_init_fn_as_torchrec, 1, timeout=TIMEOUT)
 
 
 def test_ordinary_table_in_ec_trains_like_torch_adam():

@@ -7,8 +7,9 @@ table that keeps an ordinary table's meaning:
 - ids are ``[0, num_embeddings)`` (others are rejected by the input dist), routed in
   TorchRec's row-wise blocks (``dist_type="continuous"``);
 - every row of a rank's block is stored when the table is built, initialised as
-  TorchRec's CPU kernels do (``uniform(weight_init_min, weight_init_max)``), so the
-  table never inserts or evicts afterwards (``NO_EVICTION``);
+  TorchRec's CPU kernels do (``uniform(weight_init_min, weight_init_max)``), then by
+  the config's ``init_fn`` in the sharded module's ``reset_parameters`` (as TorchRec),
+  so the table never inserts or evicts afterwards (``NO_EVICTION``);
 - the capacity has headroom (a hash table cannot be filled to the last slot).
 """
 
