@@ -18,6 +18,11 @@ class DynamicEmbParameterSharding(ParameterSharding):
     ``dynemb.shard`` read it. As in DynamicEmb, ``compute_kernel`` defaults to
     CUSTOMIZED_KERNEL, ``customized_compute_kernel`` names the kernel ("DynamicEmb")
     and ``dist_type`` repeats the options' routing.
+
+    ``ordinary_table`` (dynemb only) marks an ordinary table held as a dynamic one
+    (the planner's ``ordinary_tables_as_dynamic``): its ids must lie in
+    ``[0, num_embeddings)`` and every row of a rank's block is stored when the
+    table is built.
     """
 
     compute_kernel: str = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
@@ -26,3 +31,4 @@ class DynamicEmbParameterSharding(ParameterSharding):
     dynamicemb_options: DynamicEmbTableOptions = dataclasses.field(
         default_factory=DynamicEmbTableOptions
     )
+    ordinary_table: bool = False

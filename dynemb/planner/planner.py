@@ -32,6 +32,7 @@ from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
+from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynemb.planner.rank_options import fill_rank_options
 from dynemb.planner.validation import check_planner_inputs
@@ -65,6 +66,13 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         constraints: per-table constraints by table name: ``ParameterConstraints`` or
             ``DynamicEmbParameterConstraints`` (``use_dynamicemb=True`` for dynamic tables).
             Never modified.
+        ordinary_tables_as_dynamic: (dynemb only) plan every table of ``eb_configs``
+            that is not dynamic as a dynamic table that keeps an ordinary table's
+            meaning (ids in ``[0, num_embeddings)``, TorchRec's row-wise blocks and
+            initialisation, every row stored at build time, no eviction), so that the
+            whole model trains with the sharders' fused optimizer, Adam included, on
+            CPU (TorchRec's CPU kernels have no Adam). Its plan entries have
+            ``ordinary_table=True``.
 
     Raises:
         TypeError / ValueError at construction, naming the table: a constraint for a table
@@ -73,7 +81,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             kernels, ``dynamicemb_options`` that disagree with the config (``dim``) or are
             out of range (``bucket_capacity`` not a multiple of 16 in
             [16, MAX_BUCKET_CAPACITY], ``init_capacity < 1``, negative
-            ``global_hbm_for_values``, invalid initializer args, ...).
+            ``global_hbm_for_values``, invalid initializer args, ...); with
+            ``ordinary_tables_as_dynamic``, an ordinary table constrained to other
+            sharding types / kernels than ROW_WISE / CUSTOMIZED_KERNEL.
 
     Example::
 
@@ -106,8 +116,16 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         stats: Stats | list[Stats] | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         debug: bool = True,
+        ordinary_tables_as_dynamic: bool = False,
     ) -> None:
         self._configs = check_planner_inputs(eb_configs, constraints)
+        self._ordinary = set()
+        if ordinary_tables_as_dynamic:
+            merged = ordinary_table_constraints(self._configs, constraints)
+            self._ordinary = {
+                name for name in self._configs if not is_dynamic((constraints or {}).get(name))
+            }
+            constraints = merged
         if topology is None:
             # TorchRec's default, built here because the enumerator needs it first.
             topology = Topology(
@@ -216,7 +234,13 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         options: DynamicEmbTableOptions = fill_rank_options(
             name, config, self._dynamic[name], self._topology.world_size
         )
+        ordinary = name in self._ordinary
+        if ordinary:
+            options = with_headroom(options)
         fields = {f: getattr(ps, f) for f in _PARAMETER_SHARDING_FIELDS}
         return DynamicEmbParameterSharding(
-            **fields, dist_type=options.dist_type, dynamicemb_options=options
+            **fields,
+            dist_type=options.dist_type,
+            dynamicemb_options=options,
+            ordinary_table=ordinary,
         )

@@ -6,6 +6,7 @@
 optimizer and LR schedulers write ``param_groups[*]["lr"]``).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -109,6 +110,40 @@ def _build_tables(
     return tables
 
 
+def _store_rows(
+    tables: BatchedDynamicEmbeddingTables,
+    config: GroupedEmbeddingConfig,
+    fixed_keys: dict[str, range],
+    init_fns: dict[str, Callable] | None = None,
+) -> None:
+    """Stores every row of this rank's block of each ordinary table held as a dynamic one.
+
+    A table's rows are ``init_fns[name]`` applied to the block (TorchRec's
+    ``reset_parameters`` applies the config's ``init_fn`` to a shard so); without one,
+    they are drawn as TorchRec's CPU kernels draw a shard at construction,
+    ``uniform(weight_init_min, weight_init_max)`` from torch's generator.
+    """
+    for index, table in enumerate(config.embedding_tables):
+        keys = fixed_keys.get(table.name)
+        if keys is None or (init_fns is not None and table.name not in init_fns):
+            continue
+        store = tables.tables[index]
+        ids = torch.arange(keys.start, keys.stop, dtype=torch.int64, device=store.device)
+        rows = torch.empty(len(keys), table.embedding_dim, device=store.device)
+        if init_fns is not None:
+            init_fns[table.name](rows)
+        else:
+            torch.nn.init.uniform_(rows, table.get_weight_init_min(), table.get_weight_init_max())
+        stats = store.insert_or_assign(ids, rows.to(store.value_dtype))
+        if stats.failed or store.size() != len(keys):
+            raise RuntimeError(
+                f"table {table.name!r}: {stats.failed} of the {len(keys)} rows of ids "
+                f"[{keys.start}, {keys.stop}) could not be stored in a table of "
+                f"{store.max_capacity()} slots; please report this (a larger "
+                "bucket_capacity avoids it)"
+            )
+
+
 class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
     """What the two kernels share: the tables, the placeholders, the fused optimizer."""
 
@@ -118,10 +153,13 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         options_by_table: dict[str, DynamicEmbTableOptions],
         pooling: DynamicEmbPoolingMode,
         device: torch.device | None = None,
+        fixed_keys: dict[str, range] | None = None,
     ) -> None:
         super().__init__()
         self._config = config
         self._emb_module = _build_tables(config, options_by_table, pooling, device)
+        self._fixed_keys = fixed_keys or {}
+        _store_rows(self._emb_module, config, self._fixed_keys)
         fused = config.fused_params or {}
         output = fused.get("output_dtype")
         self._output_dtype = output.as_dtype() if output is not None else torch.float32
@@ -130,6 +168,39 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
             f"{t.name}.weight": torch.zeros(1, device=device) for t in config.embedding_tables
         }
         self._optim = DynamicEmbFusedOptimizer(self._emb_module, self.placeholders)
+
+    def reset_ordinary_rows(self, init_fns: dict[str, Callable]) -> None:
+        """Rewrites the rows of this rank's block of the ordinary tables held here that
+        ``init_fns`` names, each with its function (the sharded module's
+        ``reset_parameters``, TorchRec's way of applying a config's ``init_fn``)."""
+        _store_rows(self._emb_module, self._config, self._fixed_keys, init_fns)
+
+    def ordinary_tables(self) -> list[str]:
+        """The ordinary tables held here as dynamic ones."""
+        return list(self._fixed_keys)
+
+    def ordinary_block(self, name: str) -> range:
+        """This rank's ids of ordinary table ``name`` (all stored)."""
+        return self._fixed_keys[name]
+
+    def read_ordinary_rows(self, name: str) -> torch.Tensor:
+        """The rows of ``ordinary_block(name)``, in id order: ``(len(block), dim)``."""
+        store, ids = self._ordinary_store(name)
+        rows, found = store.find(ids)
+        if not bool(found.all()):  # never: every id is stored at build and never erased
+            raise RuntimeError(f"table {name!r}: {int((~found).sum())} ids of the block missing")
+        return rows
+
+    def write_ordinary_rows(self, name: str, rows: torch.Tensor) -> None:
+        """Overwrites the rows of ``ordinary_block(name)`` (``(len(block), dim)``); the
+        optimizer state is kept, as TorchRec's load_state_dict keeps it."""
+        store, ids = self._ordinary_store(name)
+        store.insert_or_assign(ids, rows.to(device=store.device, dtype=store.value_dtype))
+
+    def _ordinary_store(self, name: str):
+        store = self._emb_module.tables[self._emb_module.table_names.index(name)]
+        block = self._fixed_keys[name]
+        return store, torch.arange(block.start, block.stop, dtype=torch.int64, device=store.device)
 
     @property
     def config(self) -> GroupedEmbeddingConfig:
@@ -193,13 +264,20 @@ class BatchedDynamicEmbeddingBag(_DynamicKernel):
     """Pooled kernel (EBC). Row-wise MEAN runs as SUM here; TorchRec divides after the
     reduce-scatter, as it does for fbgemm's kernels."""
 
-    def __init__(self, config, options_by_table, device=None, sharding_type=ShardingType.ROW_WISE):
+    def __init__(
+        self,
+        config,
+        options_by_table,
+        device=None,
+        sharding_type=ShardingType.ROW_WISE,
+        fixed_keys=None,
+    ):
         mode = pooling_type_to_pooling_mode(config.pooling, sharding_type)
-        super().__init__(config, options_by_table, _POOLING[mode], device)
+        super().__init__(config, options_by_table, _POOLING[mode], device, fixed_keys)
 
 
 class BatchedDynamicEmbedding(_DynamicKernel):
     """Sequence kernel (EC): one row per id."""
 
-    def __init__(self, config, options_by_table, device=None):
-        super().__init__(config, options_by_table, DynamicEmbPoolingMode.NONE, device)
+    def __init__(self, config, options_by_table, device=None, fixed_keys=None):
+        super().__init__(config, options_by_table, DynamicEmbPoolingMode.NONE, device, fixed_keys)

@@ -11,7 +11,9 @@
   rank, as TorchRec's row-wise sharding; keys outside ``[0, num_embeddings)`` are not
   dropped, they go to ``key mod world_size`` (what fbgemm's block bucketizer does).
 
-Keys are never rewritten: the owner stores the raw key. Ordinary TorchRec tables
+Keys are never rewritten: the owner stores the raw key. The features of an ordinary
+table held as a dynamic one (``continuous``) are checked to lie in
+``[0, num_embeddings)`` before anything is sent. Ordinary TorchRec tables
 sharded row-wise in the same module keep TorchRec's block routing and local row ids.
 """
 
@@ -41,6 +43,30 @@ def check_dist_type(table: str, dist_type: str) -> None:
         )
 
 
+def block_rows(num_embeddings: int, world_size: int) -> int:
+    """Ids per rank of the ``continuous`` / ``STATIC`` routing: ``ceil(num_embeddings / world_size)``."""
+    return max(1, -(-num_embeddings // world_size))
+
+
+def continuous_block(num_embeddings: int, world_size: int, rank: int) -> range:
+    """The ids in ``[0, num_embeddings)`` that ``continuous`` routing sends to ``rank``."""
+    block = block_rows(num_embeddings, world_size)
+    return range(min(rank * block, num_embeddings), min((rank + 1) * block, num_embeddings))
+
+
+def check_ids_in_range(table: str, feature: str, keys: torch.Tensor, num_embeddings: int) -> None:
+    """Raises ValueError unless every key of an ordinary table is in ``[0, num_embeddings)``."""
+    bad = (keys < 0) | (keys >= num_embeddings)
+    if bool(bad.any()):
+        first = int(keys[bad][0])
+        raise ValueError(
+            f"table {table!r} (feature {feature!r}): id {first} is outside "
+            f"[0, {num_embeddings}) ({int(bad.sum())} ids of this batch are); an ordinary "
+            "table held as a dynamic one (ordinary_tables_as_dynamic) takes the ids of "
+            "an ordinary table"
+        )
+
+
 def route_keys(
     keys: torch.Tensor, dist_type: str, world_size: int, num_embeddings: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +79,7 @@ def route_keys(
     if dist_type == "hash_roundrobin":
         salted = torch.bitwise_xor(keys, _as_int64(_ROUTING_SALT)).contiguous()
         return _ops.hash_keys(salted, world_size)[0], keys
-    block = max(1, -(-num_embeddings // world_size))
+    block = block_rows(num_embeddings, world_size)
     in_range = (keys >= 0) & (keys < block * world_size)
     if dist_type == "continuous":
         in_range &= keys < num_embeddings
@@ -85,6 +111,9 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
             (dist_type ``STATIC`` for ordinary tables).
         device: where buffers live.
         is_sequence: keep the permutation that restores the input order (EC).
+        bounded: per feature, the name of its table when its ids must lie in
+            ``[0, num_embeddings)`` (an ordinary table held as a dynamic one), else None;
+            the batch is checked before anything is sent.
     """
 
     def __init__(
@@ -93,6 +122,7 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
         feature_routes: list[tuple[str, int]],
         device: torch.device | None = None,
         is_sequence: bool = False,
+        bounded: list[str | None] | None = None,
     ) -> None:
         super().__init__(
             pg=pg,
@@ -102,11 +132,13 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
             is_sequence=is_sequence,
         )
         self._routes = feature_routes
+        self._bounded = bounded or [None] * len(feature_routes)
         self._ones = torch.ones(len(feature_routes), dtype=torch.int64, device=device)
 
     def forward(
         self, sparse_features: KeyedJaggedTensor
     ) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        self._check_bounded(sparse_features)
         if self._world_size == 1:  # every key stays here, unchanged (static rows too)
             self.unbucketize_permute_tensor = None
             return self._dist(sparse_features)
@@ -158,3 +190,19 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
             ),
         )
         return self._dist(features)
+
+    def _check_bounded(self, sparse_features: KeyedJaggedTensor) -> None:
+        if not any(self._bounded):
+            return
+        values = sparse_features.values()
+        start = 0
+        for feature, table, (_, num_embeddings), n in zip(
+            sparse_features.keys(),
+            self._bounded,
+            self._routes,
+            sparse_features.length_per_key(),
+            strict=True,
+        ):
+            if table is not None:
+                check_ids_in_range(table, feature, values[start : start + n], num_embeddings)
+            start += n

@@ -23,7 +23,12 @@ from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.kernel_names import DYNAMIC_KERNEL, DYNAMIC_KERNEL_NAME
 from dynemb.shard.kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
-from dynemb.shard.routing import STATIC, DynamicEmbRwSparseFeaturesDist, check_dist_type
+from dynemb.shard.routing import (
+    STATIC,
+    DynamicEmbRwSparseFeaturesDist,
+    check_dist_type,
+    continuous_block,
+)
 
 
 def is_dynamic(info: EmbeddingShardingInfo) -> bool:
@@ -57,6 +62,22 @@ def dynamic_options(infos: list[EmbeddingShardingInfo]) -> dict[str, DynamicEmbT
     return options
 
 
+def ordinary_tables(infos: list[EmbeddingShardingInfo]) -> set[str]:
+    """Names of the ordinary tables held as dynamic ones (plan entries with ``ordinary_table``)."""
+    names = set()
+    for info in infos:
+        if is_dynamic(info) and getattr(info.param_sharding, "ordinary_table", False):
+            name = info.embedding_config.name
+            dist_type = info.param_sharding.dynamicemb_options.dist_type
+            if dist_type != "continuous":
+                raise ValueError(
+                    f"table {name!r}: an ordinary table held as a dynamic one is routed "
+                    f"'continuous' (TorchRec's row-wise blocks), got dist_type {dist_type!r}"
+                )
+            names.add(name)
+    return names
+
+
 def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
     """True when this sharding holds dynamic tables (which must then be ROW_WISE)."""
     dynamic = [i.embedding_config.name for i in infos if is_dynamic(i)]
@@ -65,6 +86,15 @@ def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) 
             f"dynamic tables {dynamic} are planned {sharding_type}; only row_wise is supported"
         )
     return bool(dynamic)
+
+
+def _bounded_features(configs: list[GroupedEmbeddingConfig], ordinary: set[str]) -> list:
+    return [
+        table.name if table.name in ordinary else None
+        for group in configs
+        for table in group.embedding_tables
+        for _ in range(table.num_features())
+    ]
 
 
 def _feature_routes(configs: list[GroupedEmbeddingConfig], options) -> list[tuple[str, int]]:
@@ -82,6 +112,16 @@ class _DynamicRwMixin:
 
     def _init_dynamic(self, sharding_infos) -> None:
         self._dynamic_options = dynamic_options(sharding_infos)
+        self._ordinary = ordinary_tables(sharding_infos)
+
+    def _ordinary_keys(self) -> dict[str, range]:
+        """This rank's ids of each ordinary table held as a dynamic one (stored at build)."""
+        return {
+            table.name: continuous_block(table.num_embeddings, self._world_size, self._rank)
+            for group in self._grouped_embedding_configs
+            for table in group.embedding_tables
+            if table.name in self._ordinary
+        }
 
     def _dynamic_input_dist(self, device, is_sequence: bool) -> DynamicEmbRwSparseFeaturesDist:
         return DynamicEmbRwSparseFeaturesDist(
@@ -89,6 +129,7 @@ class _DynamicRwMixin:
             feature_routes=_feature_routes(self._grouped_embedding_configs, self._dynamic_options),
             device=device if device is not None else self._device,
             is_sequence=is_sequence,
+            bounded=_bounded_features(self._grouped_embedding_configs, self._ordinary),
         )
 
 
@@ -112,6 +153,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingShar
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         return DynamicEmbGroupedPooledEmbeddingsLookup(
             self._dynamic_options,
+            self._ordinary_keys(),
             grouped_configs=self._grouped_embedding_configs,
             pg=self._pg,
             device=device if device is not None else self._device,
@@ -134,6 +176,7 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbedding
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         return DynamicEmbGroupedEmbeddingsLookup(
             self._dynamic_options,
+            self._ordinary_keys(),
             grouped_configs=self._grouped_embedding_configs,
             pg=self._pg,
             device=device if device is not None else self._device,
@@ -144,13 +187,21 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbedding
 class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     """TorchRec's pooled lookup; CUSTOMIZED_KERNEL groups get BatchedDynamicEmbeddingBag."""
 
-    def __init__(self, dynamic_options: dict[str, DynamicEmbTableOptions], **kwargs: Any):
+    def __init__(
+        self,
+        dynamic_options: dict[str, DynamicEmbTableOptions],
+        fixed_keys: dict[str, range],
+        **kwargs: Any,
+    ):
         object.__setattr__(self, "_dynamic_options", dynamic_options)  # read during super init
+        object.__setattr__(self, "_fixed_keys", fixed_keys)
         super().__init__(**kwargs)
 
     def _create_embedding_kernel(self, config, device, pg, sharding_type, env):
         if config.compute_kernel == DYNAMIC_KERNEL:
-            return BatchedDynamicEmbeddingBag(config, self._dynamic_options, device, sharding_type)
+            return BatchedDynamicEmbeddingBag(
+                config, self._dynamic_options, device, sharding_type, self._fixed_keys
+            )
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
     def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:
@@ -160,13 +211,19 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
 class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
     """TorchRec's sequence lookup; CUSTOMIZED_KERNEL groups get BatchedDynamicEmbedding."""
 
-    def __init__(self, dynamic_options: dict[str, DynamicEmbTableOptions], **kwargs: Any):
+    def __init__(
+        self,
+        dynamic_options: dict[str, DynamicEmbTableOptions],
+        fixed_keys: dict[str, range],
+        **kwargs: Any,
+    ):
         object.__setattr__(self, "_dynamic_options", dynamic_options)
+        object.__setattr__(self, "_fixed_keys", fixed_keys)
         super().__init__(**kwargs)
 
     def _create_embedding_kernel(self, config, pg, device, env=None):
         if config.compute_kernel == DYNAMIC_KERNEL:
-            return BatchedDynamicEmbedding(config, self._dynamic_options, device)
+            return BatchedDynamicEmbedding(config, self._dynamic_options, device, self._fixed_keys)
         return super()._create_embedding_kernel(config, pg, device, env)
 
     def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:

@@ -5,7 +5,8 @@ dynamic tables is ours (routing + kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
-dynemb's dump / load.
+dynemb's dump / load. An ordinary table held as a dynamic one (the planner's
+``ordinary_tables_as_dynamic``) shows its rows instead (``ordinary_state.py``).
 """
 
 import torch
@@ -17,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.kernel import _DynamicKernel
+from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
 from dynemb.shard.rw_sharding import (
     DynamicEmbRwPooledEmbeddingSharding,
@@ -39,6 +41,21 @@ def _skipping_dynamic(module, configs_attr: str, run):
         return run()
     finally:
         setattr(module, configs_attr, configs)
+
+
+def _reset_ordinary_rows(plan, configs, lookups, device) -> None:
+    """TorchRec's reset_parameters for ordinary tables held as dynamic ones: each
+    config's ``init_fn`` on this rank's block of rows (as TorchRec on a shard)."""
+    if device is not None and device.type == "meta":  # as TorchRec
+        return
+    init_fns = {
+        c.name: c.init_fn
+        for c in configs
+        if getattr(plan[c.name], "ordinary_table", False) and c.init_fn is not None
+    }
+    if init_fns:
+        for kernel in _dynamic_kernels(lookups):
+            kernel.reset_ordinary_rows(init_fns)
 
 
 def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
@@ -101,10 +118,26 @@ def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbedd
     return found
 
 
-def _register_placeholders(lookups, tables: nn.ModuleDict) -> None:
+def _register_placeholders(lookups, tables: nn.ModuleDict, plan, pg) -> None:
+    """``<collection>.<table>.weight`` of each dynamic table: a placeholder buffer, or
+    for an ordinary table held as a dynamic one its rows (OrdinaryTableState)."""
     for kernel in _dynamic_kernels(lookups):
+        ordinary = kernel.ordinary_tables()
         for key, tensor in kernel.placeholders.items():
-            tables[key[: -len(".weight")]].register_buffer("weight", tensor)
+            name = key[: -len(".weight")]
+            if name not in ordinary:
+                tables[name].register_buffer("weight", tensor)
+        for config in kernel.config.embedding_tables:
+            if config.name in ordinary:
+                shape = (config.num_embeddings, config.embedding_dim)
+                spec = plan[config.name].sharding_spec
+                if spec is None:
+                    raise ValueError(
+                        f"table {config.name!r}: an ordinary table held as a dynamic one needs "
+                        "its plan entry's row-wise sharding_spec (plan with the planner)"
+                    )
+                shards = spec.shards
+                tables[config.name] = OrdinaryTableState(kernel, config.name, shape, shards, pg)
 
 
 def _empty_bags(features: KeyedJaggedTensor, stride: int) -> KeyedJaggedTensor:
@@ -133,10 +166,15 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
-        _register_placeholders(self._lookups, self.embedding_bags)
+        _register_placeholders(
+            self._lookups, self.embedding_bags, self.module_sharding_plan, self._env.process_group
+        )
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_bag_configs", super().reset_parameters)
+        _reset_ordinary_rows(
+            self.module_sharding_plan, self._embedding_bag_configs, self._lookups, self._device
+        )
 
     def input_dist(self, ctx, features):
         if self._has_uninitialized_input_dist:  # its id range check: ordinary tables only
@@ -179,10 +217,15 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
-        _register_placeholders(self._lookups, self.embeddings)
+        _register_placeholders(
+            self._lookups, self.embeddings, self.module_sharding_plan, self._env.process_group
+        )
 
     def reset_parameters(self) -> None:
         _skipping_dynamic(self, "_embedding_configs", super().reset_parameters)
+        _reset_ordinary_rows(
+            self.module_sharding_plan, self._embedding_configs, self._lookups, self._device
+        )
 
     def _dedup_indices(self, ctx, input_feature_splits):
         """``use_index_dedup``: one lookup per distinct id of each table, exact for raw ids.

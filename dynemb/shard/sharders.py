@@ -1,6 +1,9 @@
 """The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel."""
 
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
@@ -9,6 +12,39 @@ from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,
 )
+
+# What fbgemm's CPU kernel (TorchRec's FUSED tables on CPU) runs; it asserts on others.
+_FBGEMM_CPU_OPTIMIZERS = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD,
+)
+_FBGEMM_KERNELS = {
+    EmbeddingComputeKernel.FUSED.value,
+    EmbeddingComputeKernel.FUSED_UVM.value,
+    EmbeddingComputeKernel.FUSED_UVM_CACHING.value,
+}
+
+
+def check_cpu_optimizer(fused_params, params, device) -> None:
+    """Raises ValueError, naming the tables, when ordinary tables would get a fused
+    optimizer that fbgemm's CPU kernel lacks (e.g. Adam); points at the planner's
+    ``ordinary_tables_as_dynamic``, which gives them dynemb's kernel instead."""
+    optimizer = (fused_params or {}).get("optimizer")
+    if optimizer is None or optimizer in _FBGEMM_CPU_OPTIMIZERS:
+        return
+    if torch.device(device if device is not None else "cpu").type != "cpu":
+        return
+    tables = sorted(n for n, ps in params.items() if ps.compute_kernel in _FBGEMM_KERNELS)
+    if tables:
+        raise ValueError(
+            f"ordinary tables {tables} cannot train with optimizer {optimizer.name} on CPU: "
+            "TorchRec's CPU kernel for them has no such optimizer (fbgemm runs "
+            f"{', '.join(o.name for o in _FBGEMM_CPU_OPTIMIZERS)}). Plan with "
+            "DynamicEmbeddingShardingPlanner(..., ordinary_tables_as_dynamic=True) to "
+            "shard them with dynemb's kernel, which runs it"
+        )
 
 
 def _sharding_types(types: list[str]) -> list[str]:
@@ -32,6 +68,7 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """
 
     def shard(self, module, params, env, device=None, module_fqn=None):
+        check_cpu_optimizer(self.fused_params, params, device)
         return ShardedDynamicEmbeddingBagCollection(
             module=module,
             table_name_to_parameter_sharding=params,
@@ -57,6 +94,7 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
     ``use_index_dedup``; ``fused_params`` as for DynamicEmbeddingBagCollectionSharder)."""
 
     def shard(self, module, params, env, device=None, module_fqn=None):
+        check_cpu_optimizer(self.fused_params, params, device)
         return ShardedDynamicEmbeddingCollection(
             module,
             params,

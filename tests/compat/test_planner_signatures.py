@@ -57,6 +57,7 @@ def test_planner_signature():
         "stats": None,
         "constraints": None,
         "debug": True,
+        "ordinary_tables_as_dynamic": False,  # dynemb extra (Differences from DynamicEmb)
     }
     assert defaults(DynamicEmbeddingShardingPlanner.collective_plan)["pg"] in (
         None,
