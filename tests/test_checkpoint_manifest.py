@@ -12,6 +12,8 @@ from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.dump import committed_dump
 from tests.checkpoint_tables import contents, edit_manifest, make_module, same, train
 
+pytestmark = pytest.mark.no_emulated_pass("manifest validation: Python only")
+
 
 @pytest.fixture
 def checkpoint(tmp_path):
