@@ -120,7 +120,7 @@ sanitize-asan: $(SANITIZE_STAMP)
 $(TSAN_DRIVER): $(TSAN_SOURCES) $(EXT_SOURCES) $(STAMP)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wno-tsan -ffp-contract=off -Wall \
-	  -Wno-unused-function -Icsrc -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; \
+	  -Wno-unused-function -Wno-unknown-pragmas -Icsrc -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; \
 	  print(c.include_paths()[0])') $(filter-out %/ops_emulated.cpp,$(TSAN_SOURCES)) -o $@
 
 sanitize-tsan: $(TSAN_DRIVER)
