@@ -10,6 +10,7 @@ TORCH_CUDA_CACHE ?= $(HOME)/.cache/dynemb/torch-2.13.0-cu130-$(shell $(PYTHON) -
   'import sys; print("cp%d%d" % sys.version_info[:2])')
 
 .PHONY: demo test venv build cuda-check lint bench-quick clean FORCE \
+  sanitize sanitize-asan sanitize-tsan \
   venv-cuda wheels-cuda gpu-check gpu-test gpu-bench
 
 $(STAMP): requirements.txt requirements-nodeps.txt
@@ -68,9 +69,62 @@ lint: $(STAMP)
 # The whole suite runs twice: on the CPU executor, then on the emulated CUDA executor
 # (the csrc/cuda kernels built for the host; see DynamicEmb_APIs.md, "Executors").
 # pytest exits 5 when it collects no test: that is not a failure for us.
-test: build cuda-check lint bench-quick
+test: build cuda-check lint bench-quick sanitize
 	$(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
 	DYNEMB_EXECUTOR=cuda-emulated $(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
+
+# ---------------------------------------------------------------- sanitizers
+# `make sanitize` (part of `make test`): sanitize-asan builds an ASan + UBSan copy of the
+# extension into build/sanitize/site (setup.py, DYNEMB_SANITIZE=1; the normal build stays)
+# and runs the table, kernel and checkpoint tests on it; sanitize-tsan builds and runs the
+# torch-free ThreadSanitizer driver of the table algorithm (tests/native/tsan_tables.cpp).
+# Tests that spawn rank processes are skipped under ASan (slow); ASAN_SPAWNED=1 runs them.
+SANITIZE_SITE  := build/sanitize/site
+SANITIZE_STAMP := build/sanitize/.extension-built
+TSAN_DRIVER    := build/sanitize/tsan/tsan_tables
+ASAN_SPAWNED   ?=
+SANITIZE_TESTS := $(sort $(wildcard tests/test_table*.py tests/test_batched_tables*.py \
+  tests/test_checkpoint*.py tests/test_dynamicemb_layout*.py tests/test_eviction*.py)) \
+  tests/test_growth.py tests/test_bucket_overflow.py tests/test_hash_keys.py \
+  tests/test_concurrency.py tests/test_executor_parity.py tests/test_op_argument_checks.py \
+  tests/test_tiers.py tests/test_storage.py tests/test_value_dtypes.py \
+  tests/test_initializers.py tests/test_cache_exchange.py tests/test_caching_checkpoint.py \
+  tests/test_incremental_dump.py tests/test_large_outputs.py
+# PYTHONSAFEPATH and --import-mode=append: neither the working directory nor pytest's
+# rootdir may come before the sanitized copy on sys.path (checked before the run).
+# libstdc++ is preloaded with libasan: python is no C++ program, and ASan's __cxa_throw
+# interceptor must find the real one at start-up (else the first C++ exception aborts).
+# --capture=sys: a sanitizer's report goes to the terminal, not into pytest's capture.
+ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
+  LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
+  ASAN_OPTIONS=detect_leaks=0 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
+TSAN_SOURCES := tests/native/tsan_tables.cpp csrc/emulated/launch.cpp \
+  $(wildcard csrc/emulated/*_emulated.cpp)
+
+sanitize: sanitize-asan sanitize-tsan
+
+$(SANITIZE_STAMP): $(STAMP) $(BUILD_INPUTS) $(EXT_SOURCES) $(shell find dynemb -name '*.py')
+	DYNEMB_SANITIZE=1 MAX_JOBS=2 $(PY) setup.py -q build_ext
+	@touch $@
+
+sanitize-asan: $(SANITIZE_STAMP)
+	$(ASAN_ENV) $(PY) -c 'import dynemb._C as c, sys; "$(SANITIZE_SITE)/" in c.__file__ or \
+	  sys.exit("sanitize-asan: imported " + c.__file__ + ", not the sanitized build")'
+	$(ASAN_ENV) $(PY) -m pytest $(SANITIZE_TESTS) -q -x --timeout=900 --import-mode=append \
+	  --capture=sys \
+	  -p no:cacheprovider || [ $$? -eq 5 ]
+
+# ops_emulated.cpp is the torch registration: the driver calls the launchers directly.
+$(TSAN_DRIVER): $(TSAN_SOURCES) $(EXT_SOURCES) $(STAMP)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wno-tsan -ffp-contract=off -Wall \
+	  -Wno-unused-function -Wno-unknown-pragmas -Icsrc -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; \
+	  print(c.include_paths()[0])') $(filter-out %/ops_emulated.cpp,$(TSAN_SOURCES)) -o $@
+
+sanitize-tsan: $(TSAN_DRIVER)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(TSAN_DRIVER)
 
 BENCHMARKS := $(wildcard benchmark/bench_*.py)
 

@@ -1,12 +1,18 @@
 """Builds dynemb._C: the CPU and emulated CUDA executors always; the CUDA executor with
 DYNEMB_WITH_CUDA=1.
 
+DYNEMB_SANITIZE=1 (`make sanitize`) builds an AddressSanitizer + UndefinedBehaviorSanitizer
+copy of the CPU build into build/sanitize/site instead: a copy of the dynemb package tree with
+the sanitized _C*.so, put first on PYTHONPATH by the sanitizer run. It never replaces the
+normal (in-place or installed) build.
+
 The CUDA sources (csrc/cuda/*.cu) are torch-free launchers; csrc/torch/*_cuda.cpp
 registers them with the dispatcher and is compiled only for a CUDA build of torch.
 """
 
 import glob
 import os
+import shutil
 
 from setuptools import find_packages, setup
 from torch.utils import cpp_extension
@@ -47,6 +53,16 @@ NVCC_FLAGS = [
 ]
 CUDA_DEFINES = ["-DDYNEMB_WITH_CUDA"]
 LINK_FLAGS = ["-fopenmp"]
+# DYNEMB_SANITIZE=1: these replace -O3 (-O1 -g: readable reports at a bearable speed); the
+# first UBSan report aborts the process, so no test can pass over undefined behaviour.
+SANITIZE_FLAGS = [
+    "-O1",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=undefined",
+]
+SANITIZE_SITE = os.path.join("build", "sanitize", "site")
 
 
 def _sources(patterns):
@@ -66,13 +82,23 @@ def _extension():
             raise RuntimeError(
                 "DYNEMB_WITH_CUDA=1 needs a CUDA build of torch; this one is CPU-only"
             )
+    sanitize = os.environ.get("DYNEMB_SANITIZE", "0") == "1"
+    if sanitize and with_cuda:
+        raise RuntimeError(
+            "DYNEMB_SANITIZE=1 builds the CPU extension only: unset DYNEMB_WITH_CUDA"
+        )
+    cxx_flags = list(CXX_FLAGS)
+    link_flags = list(LINK_FLAGS)
+    if sanitize:
+        cxx_flags = [f for f in cxx_flags if f != "-O3"] + SANITIZE_FLAGS
+        link_flags += ["-fsanitize=address,undefined"]
     cuda_sources = _sources(CUDA_SOURCES)
     kwargs = dict(
         name="dynemb._C",
         sources=[p for p in _sources(CPU_SOURCES) if p not in cuda_sources],
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": list(CXX_FLAGS)},
-        extra_link_args=list(LINK_FLAGS),
+        extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
     )
     if not with_cuda:
         return cpp_extension.CppExtension(**kwargs)
@@ -82,6 +108,38 @@ def _extension():
     return cpp_extension.CUDAExtension(**kwargs)
 
 
+class SanitizedBuildExt(cpp_extension.BuildExtension):
+    """build_ext for DYNEMB_SANITIZE=1: objects and the .so under build/sanitize, never in
+    place, then the package's Python files beside the .so (a tree PYTHONPATH can point at)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.inplace = False
+        self.build_lib = os.path.join(ROOT, SANITIZE_SITE)
+        self.build_temp = os.path.join(ROOT, "build", "sanitize", "temp")
+
+    def run(self):
+        super().run()
+        site_pkg = os.path.join(ROOT, SANITIZE_SITE, "dynemb")
+        for d, _, files in os.walk(site_pkg):  # modules removed from the source go too
+            for f in files:
+                src = os.path.join(ROOT, "dynemb", os.path.relpath(os.path.join(d, f), site_pkg))
+                if f.endswith(".py") and not os.path.exists(src):
+                    os.remove(os.path.join(d, f))
+        shutil.copytree(
+            os.path.join(ROOT, "dynemb"),
+            site_pkg,
+            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+            dirs_exist_ok=True,
+        )
+
+
+def _build_ext():
+    if os.environ.get("DYNEMB_SANITIZE", "0") == "1":
+        return SanitizedBuildExt
+    return cpp_extension.BuildExtension
+
+
 setup(
     name="dynemb",
     version="0.1.0",
@@ -89,6 +147,6 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["dynemb", "dynemb.*"]),
     ext_modules=[_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": _build_ext()},
     python_requires=">=3.10",
 )

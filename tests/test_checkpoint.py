@@ -19,6 +19,10 @@ from tests.checkpoint_workers import (
 from tests.multiprocess import run_ranks
 from tests.sharded_workers import NUM_EMBEDDINGS, Case
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "spawned-rank dump, load and resharding: the CPU pass covers the protocol; the table ops they use are tested per executor elsewhere"
+)
+
 CASE = Case("ADAM", "roundrobin", "SUM")
 BATCHES = [3, 5]
 RESHARD_BATCHES = {1: [8], 4: [2, 3, 1, 2]}  # source world size -> per-rank batch sizes

@@ -14,6 +14,8 @@ from dynemb.checkpoint import dump as dump_module
 from dynemb.checkpoint.dump import committed_dump
 from tests.checkpoint_tables import contents, make_module, same, train
 
+pytestmark = pytest.mark.no_emulated_pass("dump locking between threads and processes: Python only")
+
 ROUNDS = 20
 WRITERS = 3
 

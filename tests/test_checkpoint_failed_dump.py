@@ -14,6 +14,8 @@ from dynemb.checkpoint import manifest as manifest_module
 from dynemb.checkpoint.dump import committed_dump
 from tests.checkpoint_tables import contents, make_module, same, train
 
+pytestmark = pytest.mark.no_emulated_pass("filesystem failures during a dump: Python only")
+
 
 def _dump_dirs(path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_dir())

@@ -12,6 +12,8 @@ from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.dump import committed_dump
 from tests.checkpoint_tables import contents, edit_manifest, make_module, same, train
 
+pytestmark = pytest.mark.no_emulated_pass("manifest validation: Python only")
+
 
 @pytest.fixture
 def checkpoint(tmp_path):
@@ -159,3 +161,14 @@ def test_dynamicemb_layout_steps_are_checked(tmp_path, key, value):
     with pytest.raises(CheckpointError, match=rf"a_opt_args.json: {key} must be an integer"):
         DynamicEmbLoad(path, target, optim=True)
     assert same(contents(target), before)
+
+
+def test_a_file_size_the_manifest_contradicts_is_reported_as_such(checkpoint):
+    """Found by tests/test_checkpoint_fuzz.py: a rehashed manifest whose "bytes" disagrees
+    with its own row count was reported as "320 bytes, the manifest expects 320"."""
+    path, _ = checkpoint
+    edit_manifest(path, lambda m: m["tables"]["a"]["files"][0]["fields"]["values"].update(bytes=0))
+    _refused(
+        path,
+        r"a\.r0\.values: the manifest records 0 bytes for it, .* imply \d+: manifest.json is inconsistent",
+    )

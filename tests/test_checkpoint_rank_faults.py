@@ -11,6 +11,10 @@ from tests.checkpoint_fault_workers import FAULT_TIMEOUT_S, STAY_ALIVE_S, dump_w
 from tests.checkpoint_tables import contents, make_module, same
 from tests.multiprocess import run_ranks
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "spawned gloo ranks: the fault protocol is Python and process code, run in the CPU pass"
+)
+
 
 def _dump_dirs(path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_dir())

@@ -14,6 +14,10 @@ from dynemb.optimizer import EmbOptimType
 from dynemb.types import DynamicEmbScoreStrategy as S
 from tests.dynamicemb_files import read_table, write_table
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "file format: the layout's readers and writers are Python"
+)
+
 ADAM_ARGS = {"opt_type": "adam", "lr": 0.02, "iters": 17, "beta1": 0.8, "beta2": 0.99,
              "eps": 1e-6, "weight_decay": 0.0, "dist_type": "roundrobin"}  # fmt: skip
 KEYS = [3, 10, -5, 1 << 40, (1 << 63) - 1, -(1 << 63)]

@@ -10,6 +10,10 @@ from tests.dynamicemb_files import read_table, write_table
 from tests.multiprocess import run_ranks
 from tests.sharded_workers import NUM_EMBEDDINGS, Case, build_model
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "file format over spawned ranks: readers and writers are Python"
+)
+
 KEYS = [0, 1, 13, 14, 26, 39, 40, 41, 1 << 40, -1, -7, (1 << 63) - 1]
 DIMS = {"t0": 4, "t1": 8}
 

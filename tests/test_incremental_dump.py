@@ -28,6 +28,9 @@ def incremental_dump(model, threshold):
 # ------------------------------------------------------------- sharded model
 
 
+SPAWNED = pytest.mark.no_emulated_pass("2 spawned ranks: the gather protocol is Python")
+
+
 @pytest.fixture(scope="module")
 def sharded():
     return run_ranks(dump_after_training, 2)
@@ -39,6 +42,7 @@ def _sorted(entry):
     return keys[order], rows[order], scores[order]
 
 
+@SPAWNED
 def test_sharded_dump_returns_the_keys_touched_since_get_score_from_every_rank(sharded):
     expected = {"t0": set(), "t1": set()}
     for per_feature in TOUCHED.values():
@@ -69,6 +73,7 @@ def test_sharded_dump_returns_the_keys_touched_since_get_score_from_every_rank(s
             assert torch.equal(row, owner[(name, k)])
 
 
+@SPAWNED
 def test_sharded_dump_is_empty_when_nothing_was_touched(sharded):
     for r in sharded:
         for tables in r["nothing"].values():
@@ -76,6 +81,7 @@ def test_sharded_dump_is_empty_when_nothing_was_touched(sharded):
                 assert keys.numel() == 0 and rows.shape[0] == 0 and scores.numel() == 0
 
 
+@SPAWNED
 def test_sharded_dump_from_zero_gathers_every_rank_entries(sharded):
     for r in sharded:
         (coll,) = r["everything"]

@@ -28,6 +28,8 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 
+pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
+
 ROW_WISE = "row_wise"
 DYNAMIC_KERNEL = "customized_kernel"
 DYNAMIC_TABLES = ("user", "item", "query")

@@ -13,6 +13,8 @@ from dynemb.planner import (
 )
 from dynemb.planner.capacity import effective_bucket_capacity
 
+pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
+
 
 def config(num_embeddings=1000, dim=8, data_type=DataType.FP32, cls=EmbeddingBagConfig):
     return cls(

@@ -5,10 +5,14 @@ only end up with rank 0's values if the plan was broadcast. A rank that hangs is
 killed at the deadline by tests/multiprocess.py and the test fails.
 """
 
+import pytest
+
 from dynemb import DynamicEmbTableOptions
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from tests.multiprocess import run_ranks
 from tests.test_planner import Model, all_configs, cpu_topology, entries, sharders
+
+pytestmark = pytest.mark.no_emulated_pass("planning over spawned ranks: no table op runs")
 
 WORLD_SIZE = 2
 RANK_BUCKET = {0: 128, 1: 64}

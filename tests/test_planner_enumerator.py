@@ -13,6 +13,8 @@ from dynemb.planner import DynamicEmbeddingEnumerator, DynamicEmbParameterConstr
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from tests.test_planner import DYNAMIC_KERNEL, ROW_WISE, Model, make_constraints, sharders
 
+pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
+
 # A dynamic "user" table of 1000 x 8 on 2 ranks: 512 rows per rank.
 USER_ROWS_PER_RANK = 512
 

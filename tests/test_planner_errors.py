@@ -11,6 +11,8 @@ from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, Dynamic
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from tests.test_planner import Model, all_configs, bag_configs, cpu_topology, sharders
 
+pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
+
 
 def dynamic(**options) -> DynamicEmbParameterConstraints:
     return DynamicEmbParameterConstraints(

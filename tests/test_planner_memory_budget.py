@@ -19,6 +19,8 @@ from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from tests.test_planner import entries
 from tests.test_planner_enumerator import USER_ROWS_PER_RANK, by_table, enumerate_options
 
+pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
+
 MIB = 1 << 20
 GIB = 1 << 30
 

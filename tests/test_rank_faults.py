@@ -15,6 +15,10 @@ from tests.checkpoint_fault_workers import (
 )
 from tests.multiprocess import run_ranks
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "spawned gloo ranks: the fault protocol is Python and process code, run in the CPU pass"
+)
+
 
 def _named(r: dict, failing: int, world_size: int, fault: str, error: str) -> None:
     """``r`` is a RankFailure naming rank ``failing`` (and, for a raise, its error)."""

@@ -14,7 +14,11 @@
 //     static uint32_t match16(const uint8_t* group, uint8_t digest);
 //     // Hint that addr will be read soon (no-op where there is no such hint).
 //     static void prefetch(const void* addr);
-//     // 32-bit atomics of the batch de-duplication set (core/dedup.h).
+//     // 32-bit atomics of the batch de-duplication set (core/dedup.h). Memory order:
+//     // load32 ACQUIRE and store32 RELEASE (a thread that reads kReadyCell from load32
+//     // must then see the key the claiming thread wrote before its store32: a relaxed
+//     // load32 is a data race on the cell's key, as ThreadSanitizer showed on the CUDA
+//     // platform); cas32 acquire-release; fetch_add32 may be relaxed.
 //     static int32_t load32(int32_t*); static void store32(int32_t*, int32_t);
 //     static int32_t cas32(int32_t*, int32_t expected, int32_t desired);  // returns old
 //     static int32_t fetch_add32(int32_t*, int32_t);

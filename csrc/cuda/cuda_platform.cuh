@@ -36,7 +36,9 @@ struct CudaPlatform {
   DYNEMB_HD static void prefetch(const void*) {}
 
 #if DYNEMB_CUDA_DEVICE_CODE
-  __device__ static int32_t load32(int32_t* p) { return atomicAdd(p, 0); }
+  // Acquire (core/platform.h): a plain or relaxed read here let dedup_cell read a cell's key
+  // before the claiming thread's write of it became visible (ThreadSanitizer found it).
+  __device__ static int32_t load32(int32_t* p) { return load_acquire32(p); }
   __device__ static void store32(int32_t* p, int32_t v) {
     __threadfence();
     atomicExch(p, v);

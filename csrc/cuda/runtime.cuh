@@ -11,6 +11,7 @@
 //   DYNEMB_CUDA_DEVICE_CODE   1 where device atomics exist (device code, emulation)
 //   DYNEMB_LAUNCH(grid, block, stream, kernel)(args...)   a kernel launch
 //   DYNEMB_SPIN_PAUSE()       inside spin loops (emulated threads share few cores)
+//   load_acquire32(p)         a 32-bit load with acquire order (device scope)
 #pragma once
 
 #if defined(DYNEMB_CUDA_EMULATION)
@@ -21,6 +22,7 @@
   ::dynemb::emulation::Launch{(grid), (block), (stream)}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE() ::dynemb::emulation::spin_pause()
 #else
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -32,4 +34,9 @@
 #endif
 #define DYNEMB_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
 #define DYNEMB_SPIN_PAUSE()
+#if defined(__CUDA_ARCH__)
+__device__ inline int32_t load_acquire32(int32_t* p) {
+  return cuda::atomic_ref<int32_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_acquire);
+}
+#endif
 #endif

@@ -70,6 +70,10 @@ T atomicMax(T* p, T v) {
   return old;
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+/// cuda/runtime.cuh's load_acquire32 (cuda::atomic_ref's acquire load on a device).
+inline int32_t load_acquire32(int32_t* p) {
+  return std::atomic_ref<int32_t>(*p).load(std::memory_order_acquire);
+}
 
 namespace dynemb::emulation {
 

@@ -155,11 +155,30 @@ class SavedTable:
     shards: list[SavedShard]
 
 
+def file_problem(file: Path) -> str | None:
+    """Why ``file`` cannot be read as a file of its collection directory, or None: missing,
+    a dangling or looping symbolic link, not a regular file, or a link out of the directory
+    (a hostile checkpoint must not make dynemb read any file it names)."""
+    try:
+        target = file.resolve(strict=True)
+    except FileNotFoundError:
+        return f"{file}: a dangling symbolic link" if file.is_symlink() else f"{file}: missing"
+    except (OSError, RuntimeError) as e:  # ELOOP (RuntimeError: pathlib's own loop check)
+        return f"{file}: cannot be resolved ({e})"
+    if not target.is_file():
+        return f"{file}: not a regular file"
+    if not target.is_relative_to(file.parent.resolve()):
+        return f"{file}: leads to {target}, outside the checkpoint directory; refused"
+    return None
+
+
 def read_opt_args(directory: Path, table: str) -> tuple[dict | None, list[str]]:
     """The table's ``opt_args.json`` (None if there is none), and the error if unreadable."""
     file = directory / OPT_ARGS.format(table=table)
-    if not file.is_file():
+    if not file.is_symlink() and not file.exists():
         return None, []
+    if problem := file_problem(file):
+        return None, [problem]
     try:
         args = json.loads(file.read_text())
     except (OSError, ValueError) as e:
@@ -170,8 +189,8 @@ def read_opt_args(directory: Path, table: str) -> tuple[dict | None, list[str]]:
 
 
 def _size_error(file: Path, nbytes: int, rows: int, what: str) -> str | None:
-    if not file.is_file():
-        return f"{file}: missing"
+    if problem := file_problem(file):
+        return problem
     size = file.stat().st_size
     if size != nbytes:
         return (
@@ -214,6 +233,9 @@ def validate_table(
         keys_file = directory / file_name(table, "keys", rank, world)
         if (rank, world) not in found:
             errors.append(f"{keys_file}: missing (rank {rank} of world size {world})")
+            continue
+        if problem := file_problem(keys_file):
+            errors.append(problem)
             continue
         size = keys_file.stat().st_size
         if size % 8:

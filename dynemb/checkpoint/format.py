@@ -133,7 +133,12 @@ def check_size(directory: Path, entry: dict, expected_bytes: int) -> None:
     if not file.is_file():
         raise CheckpointError(f"{file}: missing")
     size = file.stat().st_size
-    if size != entry["bytes"] or size != expected_bytes:
+    if entry["bytes"] != expected_bytes:  # the manifest contradicts itself
+        raise CheckpointError(
+            f"{file}: the manifest records {entry['bytes']} bytes for it, its row count and "
+            f"the table's options imply {expected_bytes}: manifest.json is inconsistent"
+        )
+    if size != expected_bytes:
         raise CheckpointError(
             f"{file}: {size} bytes, the manifest expects {expected_bytes} (truncated or extended)"
         )
