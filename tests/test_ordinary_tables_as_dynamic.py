@@ -34,6 +34,7 @@ def test_ordinary_table_trains_like_torch_adam(world_size):
     run_ranks(ordinary_table_trains_like_torch_adam, world_size, timeout=TIMEOUT)
 
 
+@pytest.mark.no_emulated_pass("spawned rank: init_fn rows are written by Python")
 def test_rows_of_a_cpu_module_follow_init_fn_as_torchrec():
     run_ranks(rows_of_a_cpu_module_follow_init_fn_as_torchrec, 1, timeout=TIMEOUT)
 
@@ -42,6 +43,9 @@ def test_ordinary_table_in_ec_trains_like_torch_adam():
     run_ranks(ordinary_table_in_ec_trains_like_torch_adam, 2, timeout=TIMEOUT)
 
 
+@pytest.mark.no_emulated_pass(
+    "spawned ranks: checkpoint files and resharding; training runs on the executor in the Adam tests"
+)
 def test_checkpoint_round_trip_and_other_world_sizes(tmp_path):
     saved = run_ranks(ordinary_table_checkpoint_round_trip, 2, str(tmp_path), timeout=TIMEOUT)[0]
     for world_size in (1, 3):  # the rows go to their owners under the new blocks
@@ -51,10 +55,12 @@ def test_checkpoint_round_trip_and_other_world_sizes(tmp_path):
             torch.testing.assert_close(weight, saved, atol=0, rtol=0)
 
 
+@pytest.mark.no_emulated_pass("spawned ranks: state_dict layout, Python only")
 def test_state_dict_holds_the_rows_as_torchrec():
     run_ranks(state_dict_holds_the_rows_as_torchrec, 2, timeout=TIMEOUT)
 
 
+@pytest.mark.no_emulated_pass("spawned ranks: the id check runs before any table op")
 def test_out_of_range_ids_are_rejected():
     bad_ids = [ROWS, -1, 1 << 40]
     for messages in run_ranks(out_of_range_ids_are_rejected, 2, bad_ids, timeout=TIMEOUT):
@@ -63,6 +69,7 @@ def test_out_of_range_ids_are_rejected():
             assert f"[0, {ROWS})" in message and "feature 'c'" in message, message
 
 
+@pytest.mark.no_emulated_pass("spawned ranks: an error raised at sharding, before any table op")
 def test_adam_without_the_switch_names_the_table_and_the_switch():
     for message in run_ranks(adam_without_the_switch_is_a_clear_error, 2, timeout=TIMEOUT):
         assert "['country']" in message and "ADAM" in message, message
