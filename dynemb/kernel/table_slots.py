@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from dynemb.table import lookup_undo
+from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbCheckMode
 
 
@@ -25,9 +27,7 @@ class TableSlots:
             return table.find_slots(keys), table.mutations
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses), table.mutations
-        slots, stats = table.find_or_insert_slots(keys, accesses)
-        if stats.failed:
-            self._safe_check(t, stats.failed)
+        slots = self._checked_lookup(t, keys, accesses)
         return slots, table.mutations
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
@@ -53,24 +53,36 @@ class TableSlots:
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
-            slots[pos], stats = table.find_or_insert_slots(keys[pos], accesses[pos])
-            if stats.failed:
-                self._safe_check(t, stats.failed)
+            slots[pos] = self._checked_lookup(t, keys[pos], accesses[pos])
         if new.numel():
             stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
             if stored.numel():
                 counter.erase(keys[stored])
         return slots
 
-    def _safe_check(self, t: int, failed: int) -> None:
-        self.safe_check_failures[t] += failed
+    def _checked_lookup(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+        """``find_or_insert_slots`` of table t; keys that could not be stored are
+        counted and reported by the safe-check mode. ERROR undoes the lookup (see
+        dynemb.table.lookup_undo) before it raises, so the batch stores nothing."""
+        table = self.tables[t]
         mode = self.table_options[t].safe_check_mode
-        rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
-        message = (
-            f"dynamic table {self.table_names[t]!r}: {failed} keys could not be stored "
-            f"(table full at capacity {self.tables[t].capacity()}); they got {rows}"
+        undoable = mode == DynamicEmbCheckMode.ERROR and isinstance(table, ScoredHashTable)
+        before = lookup_undo.record(table, keys) if undoable else None
+        slots, stats = table.find_or_insert_slots(keys, accesses)
+        if not stats.failed:
+            return slots
+        self.safe_check_failures[t] += stats.failed
+        what = (
+            f"dynamic table {self.table_names[t]!r}: {stats.failed} keys could not be stored "
+            f"(table full at capacity {table.capacity()})"
         )
         if mode == DynamicEmbCheckMode.ERROR:
-            raise RuntimeError(message)
+            stored = lookup_undo.undo(table, before, slots, stats) if undoable else None
+            raise RuntimeError(
+                f"{what}; safe_check_mode ERROR: "
+                + (stored if stored else "the keys that fit are stored")
+            )
         if mode == DynamicEmbCheckMode.WARNING:
-            warnings.warn(message, stacklevel=4)
+            rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
+            warnings.warn(f"{what}; they got {rows}", stacklevel=4)
+        return slots
