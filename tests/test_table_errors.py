@@ -92,6 +92,19 @@ def test_initializer_arguments_must_be_float32_numbers(fields, match):
         dynemb.BatchedDynamicEmbeddingTables([opts], [0])
 
 
+@pytest.mark.parametrize(
+    "capacity, match",
+    [
+        (2**64, "table 'table_0': max_capacity must be an int in \\[1, 2\\*\\*63 - 1\\]"),
+        (2**60, f"capacity={2**60} is too large"),  # its bytes do not fit in int64
+    ],
+)
+def test_a_kernel_table_too_large_for_int64_is_refused(capacity, match):
+    opts = dynemb.DynamicEmbTableOptions(dim=4, max_capacity=capacity, init_capacity=1024)
+    with pytest.raises(ValueError, match=match):
+        dynemb.BatchedDynamicEmbeddingTables([opts], [0])
+
+
 def test_largest_float32_bounds_are_accepted():
     big = float(torch.finfo(torch.float32).max)
     init = DynamicEmbInitializerArgs(mode=C, value=-big)
