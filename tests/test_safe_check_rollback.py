@@ -29,8 +29,11 @@ def make(strategy, capacity=16, init_capacity=None):
 
 
 def contents(m):
+    return contents_of(m.tables[0])
+
+
+def contents_of(t):
     """Keys, whole rows (with optimizer state), scores, size and step, in key order."""
-    t = m.tables[0]
     k, v, s, _ = t.export_batch(0, t.capacity(), include_extra=True)
     order = torch.argsort(k)
     return k[order], v[order], s[order], t.size(), t.score_step
@@ -86,7 +89,8 @@ def test_an_eviction_by_the_failing_batch_is_reported_as_lost():
     before = contents(m)
     t.custom_score = 50  # keys 0, 1 are scored 50 by the batch: a newcomer may evict one
     batch = torch.tensor([100, 101, 0, 1, 102])
-    with pytest.raises(RuntimeError, match="nothing of this batch is stored, but 1 residents"):
+    lost = "nothing of this batch is stored.*but residents.*lost.*{'table_0': 1}"
+    with pytest.raises(RuntimeError, match=lost):
         m(batch, torch.tensor([0, 5]))
     keys, rows, scores, size, step = contents(m)
     assert size == 15 and step == before[4]
@@ -94,6 +98,29 @@ def test_an_eviction_by_the_failing_batch_is_reported_as_lost():
     assert set(before[0][~kept].tolist()) <= {0, 1}
     assert torch.equal(rows, before[1][kept]) and torch.equal(scores, before[2][kept])
     assert set(scores.tolist()) == {100}  # the surviving batch key got its score back
+
+
+def test_the_tables_looked_up_before_the_failing_one_are_undone_too():
+    """Table 0 (IGNORE, room to spare) inserts the batch's keys and rescores its
+    stored ones; then table 1 (ERROR) overflows: neither keeps anything."""
+    roomy = DynamicEmbTableOptions(
+        dim=4, max_capacity=1024, bucket_capacity=16, initializer_args=DEBUG,
+        score_strategy=DynamicEmbScoreStrategy.LFU,
+    )  # fmt: skip
+    small = DynamicEmbTableOptions(
+        dim=4, max_capacity=16, bucket_capacity=16, initializer_args=DEBUG,
+        safe_check_mode=DynamicEmbCheckMode.ERROR,
+        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+    )  # fmt: skip
+    m = BatchedDynamicEmbeddingTables([roomy, small], [0, 1], optimizer=EmbOptimType.ADAM)
+    # 1 sample, feature 0 -> table 0, feature 1 -> table 1
+    m(torch.arange(20), torch.tensor([0, 10, 20])).sum().backward()
+    before = [contents_of(t) for t in m.tables]
+    indices = torch.cat([torch.arange(5), torch.arange(50, 80), torch.arange(100, 130)])
+    with pytest.raises(RuntimeError, match=r"lookups undone in tables \['table_0', 'table_1'\]"):
+        m(indices, torch.tensor([0, 35, 65]))
+    for t, b in zip(m.tables, before, strict=True):
+        assert_same(contents_of(t), b)
 
 
 def test_undo_refuses_to_guess_after_a_concurrent_change():

@@ -263,6 +263,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
     def _lookup(self, indices, offsets, weights, batch_size):
         """Forward without autograd: returns (output, (trains, per-table saved state)).
         ``trains``: this forward's module mode, which decides what its backward does."""
+        self._start_forward()
         batches = split_by_table(
             indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size
         )

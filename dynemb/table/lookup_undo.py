@@ -7,7 +7,7 @@ and their scores, timestamps and the step; ``undo`` then erases the keys the loo
 inserted and puts the recorded scores, timestamps and step back (rows of found keys
 are not changed by a lookup).
 
-What cannot be undone, and is reported by ``undo``'s description: residents the
+What cannot be undone, and is reported by ``undo``'s result: residents the
 lookup evicted to make room (only a CUSTOMIZED table evicts and fails in one batch)
 are lost, and a table that grew keeps its larger capacity. ``undo`` needs the
 lookup to have been the table's only change since ``record``; otherwise it raises
@@ -60,9 +60,9 @@ def record(table: ScoredHashTable, keys: torch.Tensor) -> LookupRecord:
 
 def undo(
     table: ScoredHashTable, before: LookupRecord, slots: torch.Tensor, stats: BatchStats
-) -> str:
-    """Undoes the lookup that gave ``slots`` (n,) and ``stats``; returns what the table
-    keeps of it, for the error message.
+) -> int:
+    """Undoes the lookup that gave ``slots`` (n,) and ``stats``; returns the number of
+    residents it evicted, which are lost (the rest of the table is as before).
 
     Raises:
         ValueError: the table changed otherwise since ``record`` (nothing is undone).
@@ -89,18 +89,13 @@ def undo(
             before.timestamps[at] if before.timestamps is not None else None,
         )
     table.score_step = before.step
-    lost = stats.evicted
-    stored = "nothing of this batch is stored"
-    if lost:
-        stored += (
-            f", but {lost} residents it evicted to make room are lost (eviction cannot be undone)"
-        )
-    elif table.size() != before.size:
+    if table.size() != before.size - stats.evicted:
         raise ValueError(
             f"cannot undo the failed lookup exactly: the table holds {table.size()} keys, "
-            f"{before.size} before it ({erased} inserted keys were erased again)"
+            f"{before.size} before it ({erased} inserted keys were erased again, "
+            f"{stats.evicted} residents evicted)"
         )
-    return stored
+    return stats.evicted
 
 
 __all__ = ["LookupRecord", "record", "undo"]
