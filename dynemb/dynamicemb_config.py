@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import numbers
 import warnings
 from typing import Any
 
@@ -51,9 +52,10 @@ def check_float32(name: str, value) -> None:
     """Raises ValueError naming ``name`` unless ``value`` is a finite number that float32
     represents (rows and optimizer state are computed in float32: a larger value
     would become inf, then NaN rows)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+    exact = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not abs(exact) <= FLOAT32_MAX:  # also NaN, and ints too large for a float
         raise ValueError(
             f"{name} must be a finite number representable in float32 "
             f"(|value| <= {FLOAT32_MAX:.7g}), got {value!r}"

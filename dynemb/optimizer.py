@@ -5,7 +5,8 @@ ADAM fused into the backward pass; their state lives in each row's extra columns
 """
 
 import dataclasses
-import math
+import numbers
+import sys
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -110,11 +111,15 @@ def hyper_parameter(name: str, value) -> float:
                 f"shape {tuple(value.shape)} and dtype {value.dtype}"
             )
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if not math.isfinite(value):
+    exact = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not abs(exact) <= _FLOAT_MAX:  # inf, NaN, or an int no float holds
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+    return float(exact)
+
+
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclasses.dataclass

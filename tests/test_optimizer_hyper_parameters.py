@@ -2,6 +2,7 @@
 set_learning_rate, and (a one-element tensor learning rate may be changed in place)
 before each backward, with nothing updated."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,7 @@ def rows(m):
             "learning_rate must be a number or a one-element",
         ),
         (dict(learning_rate="0.1"), "learning_rate must be a finite number, got '0.1'"),
+        (dict(weight_decay=10**400), "weight_decay must be a finite number"),
     ],
 )
 def test_non_finite_hyper_parameters_are_refused_at_construction(kwargs, match):
@@ -57,6 +59,12 @@ def test_set_learning_rate_refuses_non_finite_values(lr):
     with pytest.raises(ValueError, match="learning_rate must be"):
         m.set_learning_rate(lr)
     assert m.get_learning_rate() == 0.1
+
+
+def test_numpy_and_int_hyper_parameters_are_accepted():
+    m = make(learning_rate=np.float32(0.5), eps=np.float64(1e-6), weight_decay=0)
+    m.set_learning_rate(np.float32(0.25))
+    assert m.get_learning_rate() == 0.25
 
 
 def test_a_one_element_tensor_learning_rate_is_read_at_each_backward():

@@ -77,6 +77,7 @@ U, N, TN, C = (
         (dict(mode=TN, mean=3e38, std_dev=1e38), "upper cut \\(mean \\+ 2 \\* std_dev\\)"),
         (dict(mode=C, value=INF), "value must be a finite number.*got inf"),
         (dict(mode=C, value=-1e300), "value must be .*float32"),
+        (dict(mode=C, value=10**400), "value must be .*float32"),
     ],
 )
 def test_initializer_arguments_must_be_float32_numbers(fields, match):
