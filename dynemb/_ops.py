@@ -71,6 +71,7 @@ OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKin
 # strategy code -> "clock" | "step" | "batch_number" | "unused" (core batch_value_source)
 BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])
 MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
+MAX_SCORE: int = _CORE["max_score"]  # core/score_policy.h kMaxScore: counts saturate there
 EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)
 # policy strategy of a cache tier's claims: ScoreStrategy::kCache (internal; the
 # public strategies are dynemb.DynamicEmbScoreStrategy).

@@ -172,9 +172,11 @@ class KVCounter(Counter):
         if keys.numel() == 0:
             return torch.zeros_like(keys)
         unique, inverse, _ = _ops.unique_keys(keys)
-        added = torch.zeros_like(unique).index_add_(0, inverse, frequency)
-        # Scores are 0 for absent keys, so old + added is the exact new count.
-        counts = self._table.get_scores(unique) + added
+        added = _saturating_sum(frequency, inverse, unique.numel())
+        # Scores are 0 for absent keys, so old + added is the exact new count; like the
+        # tables' LFU counts (core/score_policy.h) it saturates at MAX_SCORE.
+        old = self._table.get_scores(unique)
+        counts = old + torch.minimum(added, _ops.MAX_SCORE - old)
         self._store(unique, counts)
         return counts[inverse]
 
@@ -225,6 +227,21 @@ class KVCounter(Counter):
         if counts.numel() and int(counts.min()) < 0:
             raise ValueError(f"KVCounter: {name} must be >= 0, got {int(counts.min())}")
         return counts.to(keys.device).contiguous()
+
+
+def _saturating_sum(values: torch.Tensor, groups: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) int64 sums of the non-negative int64 ``values`` by ``groups``, saturated at
+    MAX_SCORE: each value is split in 2**31-sized halves so no partial sum can wrap."""
+    high = torch.zeros(n, dtype=torch.int64, device=values.device)
+    low = torch.zeros_like(high)
+    high.index_add_(0, groups, values >> 31)
+    low.index_add_(0, groups, values & (2**31 - 1))
+    # With fewer than 2**31 values high < 2**63 and low < 2**62 (no wrap). The total
+    # high * 2**31 + low is over MAX_SCORE if high > limit; else it is below 2**64 and
+    # an overflow shows as a negative int64.
+    limit = _ops.MAX_SCORE >> 31
+    total = (high.clamp(max=limit) << 31) + low
+    return torch.where((high > limit) | (total < 0), _ops.MAX_SCORE, total)
 
 
 class AdmissionStrategy(abc.ABC):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import numbers
 import warnings
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = [
     "DynamicEmbInitializerArgs",
     "DynamicEmbTableOptions",
     "DIST_TYPES",
+    "FLOAT32_MAX",
+    "check_float32",
     "ScoreStrategy",
     "evict_strategy_of",
     "init_mode_code",
@@ -40,6 +43,23 @@ _MODE_FIELDS = {
     DynamicEmbInitializerMode.CONSTANT: ("value",),
     DynamicEmbInitializerMode.DEBUG: (),
 }
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_float32(name: str, value) -> None:
+    """Raises ValueError naming ``name`` unless ``value`` is a finite number that float32
+    represents (rows and optimizer state are computed in float32: a larger value
+    would become inf, then NaN rows)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    exact = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not abs(exact) <= FLOAT32_MAX:  # also NaN, and ints too large for a float
+        raise ValueError(
+            f"{name} must be a finite number representable in float32 "
+            f"(|value| <= {FLOAT32_MAX:.7g}), got {value!r}"
+        )
 
 
 def init_mode_code(mode: DynamicEmbInitializerMode) -> int:
@@ -91,12 +111,10 @@ class DynamicEmbInitializerArgs:
             raise TypeError(
                 f"DynamicEmbInitializerArgs.mode must be a DynamicEmbInitializerMode, got {self.mode!r}"
             )
-        for name in ("mean", "std_dev", "value"):
+        for name in ("mean", "std_dev", "value", "lower", "upper"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(
-                    f"DynamicEmbInitializerArgs.{name} must be a finite number, got {v!r}"
-                )
+            if v is not None or name not in ("lower", "upper"):
+                check_float32(f"DynamicEmbInitializerArgs.{name}", v)
         if self.mode in (
             DynamicEmbInitializerMode.NORMAL,
             DynamicEmbInitializerMode.TRUNCATED_NORMAL,
@@ -109,6 +127,11 @@ class DynamicEmbInitializerArgs:
             raise ValueError(
                 f"DynamicEmbInitializerArgs needs lower < upper, got lower={self.lower}, upper={self.upper}"
             )
+        if self.mode == DynamicEmbInitializerMode.TRUNCATED_NORMAL:
+            # The default cuts mean -+ 2 * std_dev must be float32 numbers too.
+            _, _, _, lo, hi = self.resolved(1)
+            check_float32("DynamicEmbInitializerArgs lower cut (mean - 2 * std_dev)", lo)
+            check_float32("DynamicEmbInitializerArgs upper cut (mean + 2 * std_dev)", hi)
 
     def resolved(self, capacity: int) -> tuple:
         """The op's ``init`` list ``[mode, a, b, lower, upper]`` for a table of ``capacity`` rows."""

@@ -5,12 +5,21 @@ ADAM fused into the backward pass; their state lives in each row's extra columns
 """
 
 import dataclasses
+import numbers
+import sys
 
+import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from dynemb import _ops
 
-__all__ = ["EmbOptimType", "OptimizerArgs", "OptimizerConfig", "SUPPORTED_OPTIMIZERS"]
+__all__ = [
+    "EmbOptimType",
+    "OptimizerArgs",
+    "OptimizerConfig",
+    "SUPPORTED_OPTIMIZERS",
+    "hyper_parameter",
+]
 
 # EmbOptimType -> kernel code of csrc/core/optimizer_rules.h (OptimizerKind).
 _KERNEL_CODE = {
@@ -29,7 +38,9 @@ class OptimizerConfig:
 
     Args:
         optimizer: one of SUPPORTED_OPTIMIZERS.
-        learning_rate: step size (>= 0).
+        learning_rate: step size (>= 0): a float, or a one-element tensor read at
+            each update (so it may be changed in place). Every hyper-parameter must be
+            finite.
         eps: added to the denominator of the Adagrads and Adam (> 0).
         beta1, beta2: Adam's moment decays, in [0, 1).
         weight_decay: L2 for SGD and the Adagrads (g += weight_decay * w), decoupled for
@@ -44,26 +55,38 @@ class OptimizerConfig:
     weight_decay: float = 0.0
 
     def validate(self) -> None:
+        """Raises ValueError naming the hyper-parameter that is not a finite number in its
+        range (inf or NaN would turn every updated row into NaN). The kernel calls it
+        before each update, so a value changed in place (a one-element tensor
+        ``learning_rate`` a scheduler mutates) is checked too."""
         if self.optimizer not in _KERNEL_CODE:
             names = ", ".join(o.name for o in SUPPORTED_OPTIMIZERS)
             raise ValueError(f"optimizer must be one of {names}; got {self.optimizer!r}")
-        if not self.learning_rate >= 0:
-            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps}")
-        for name in ("beta1", "beta2"):
-            v = getattr(self, name)
+        lr, eps, beta1, beta2, decay = (
+            hyper_parameter(name, getattr(self, name))
+            for name in ("learning_rate", "eps", "beta1", "beta2", "weight_decay")
+        )
+        if not lr >= 0:
+            raise ValueError(f"learning_rate must be >= 0, got {lr}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        for name, v in (("beta1", beta1), ("beta2", beta2)):
             if not 0 <= v < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {v}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {decay}")
 
     def state_columns(self, dim: int) -> int:
         """Extra columns this optimizer keeps per row of width ``dim``."""
         return _ops.state_columns(_KERNEL_CODE[self.optimizer], dim)
 
     def kernel_args(self) -> list:
-        """The op argument ``optimizer``."""
+        """The op argument ``optimizer``, after ``validate`` (the fields are mutable).
+
+        Raises:
+            ValueError: as ``validate``.
+        """
+        self.validate()
         return [
             float(_KERNEL_CODE[self.optimizer]),
             float(self.learning_rate),
@@ -72,6 +95,31 @@ class OptimizerConfig:
             float(self.beta2),
             float(self.weight_decay),
         ]
+
+
+def hyper_parameter(name: str, value) -> float:
+    """``value`` as a float: a real number or a one-element tensor, finite.
+
+    Raises:
+        ValueError: naming ``name``, for another type, a tensor of several elements, or
+            inf / NaN.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise ValueError(
+                f"{name} must be a number or a one-element real tensor, got a tensor of "
+                f"shape {tuple(value.shape)} and dtype {value.dtype}"
+            )
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    exact = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not abs(exact) <= _FLOAT_MAX:  # inf, NaN, or an int no float holds
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(exact)
+
+
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
 # batches that used the key since it entered, << 32, | the latest one's number.
 CACHE = 6
 CACHE_BATCH_MASK, CACHE_MAX_USES = 0xFFFFFFFF, 0x7FFFFFFF
+MAX_SCORE = 2**63 - 1  # LFU counts saturate here (core/score_policy.h kMaxScore)
 
 
 def mix64(k: int) -> int:
@@ -122,7 +123,7 @@ class ReferenceTable:
         if self.strategy == CUSTOMIZED:
             e[1] = int(scores[i])
         elif self.strategy in (LFU, TIMESTAMP_LFU):
-            e[1] += 1
+            e[1] = min(e[1] + 1, MAX_SCORE)  # counts saturate
         elif self.strategy in (TIMESTAMP, STEP):
             e[1] = max(e[1], batch)
         elif self.strategy == CACHE and batch > e[1] & CACHE_BATCH_MASK:

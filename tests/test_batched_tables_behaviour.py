@@ -168,6 +168,21 @@ def test_safe_check_ignore_is_silent_and_counted():
             "B \\* T \\+ 1 entries with T=2",
         ),
         (torch.tensor([1]), torch.tensor([1, 1, 1]), None, ValueError, "offsets must start at 0"),
+        # One entry (no bag): offsets=[5] claimed 5 indices and was accepted.
+        (
+            torch.tensor([], dtype=torch.int64),
+            torch.tensor([5]),
+            None,
+            ValueError,
+            r"offsets must start at 0, got offsets\[0\]=5",
+        ),
+        (
+            torch.tensor([7]),
+            torch.tensor([0]),
+            None,
+            ValueError,
+            r"offsets must end at len\(indices\)=1, got 0",
+        ),
         (
             torch.tensor([1]),
             torch.tensor([0, 1, 1]),

@@ -67,8 +67,9 @@ def test_scores_after_hit_is_the_cores_score_rule():
     s = DynamicEmbScoreStrategy
     assert _ops.scores_after_hit(old, s.TIMESTAMP.value, 4).tolist() == [4, 5, 2**63 - 1]
     assert _ops.scores_after_hit(old, s.STEP.value, 6).tolist() == [6, 6, 2**63 - 1]
-    assert _ops.scores_after_hit(old, s.LFU.value, 0, acc).tolist() == [1, 8, 2**63 + 3 - 2**64]
-    assert _ops.scores_after_hit(old, s.LFU.value, 0).tolist() == [1, 6, -(2**63)]
+    # LFU counts saturate at INT64_MAX (_ops.MAX_SCORE), never wrap to a negative score.
+    assert _ops.scores_after_hit(old, s.LFU.value, 0, acc).tolist() == [1, 8, 2**63 - 1]
+    assert _ops.scores_after_hit(old, s.LFU.value, 0).tolist() == [1, 6, 2**63 - 1]
     custom = torch.full_like(old, 9)
     assert _ops.scores_after_hit(old, s.CUSTOMIZED.value, 0, None, custom).tolist() == [9] * 3
     assert _ops.scores_after_hit(old, s.NO_EVICTION.value, 0).tolist() == old.tolist()

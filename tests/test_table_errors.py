@@ -41,12 +41,76 @@ from dynemb import DynamicEmbScoreStrategy as S
         ),
         (dict(initializer="uniform"), TypeError, "initializer must be"),
         (dict(seed=2**64), ValueError, "seed must be an int64"),
+        (dict(extra_init=float("nan")), ValueError, "extra_init must be a finite number.*got nan"),
+        (dict(extra_init=1e39), ValueError, "extra_init must be .*float32.*got 1e\\+39"),
+        (dict(capacity=2**64), ValueError, f"capacity={2**64} is too large"),
+        # 2**59 slots of 4 float32 columns + key, score, digest: 2**59 * 33 bytes > int64.
+        (dict(capacity=2**59), ValueError, f"capacity={2**59} is too large"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, exc, match):
     args = dict(dim=4, capacity=1024) | kwargs
     with pytest.raises(exc, match=match):
         dynemb.ScoredHashTable(**args)
+
+
+INF, NAN = float("inf"), float("nan")
+U, N, TN, C = (
+    DynamicEmbInitializerMode.UNIFORM,
+    DynamicEmbInitializerMode.NORMAL,
+    DynamicEmbInitializerMode.TRUNCATED_NORMAL,
+    DynamicEmbInitializerMode.CONSTANT,
+)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(mode=U, lower=-INF, upper=1.0), "lower must be a finite number.*got -inf"),
+        (dict(mode=U, lower=0.0, upper=INF), "upper must be a finite number.*got inf"),
+        (dict(mode=U, lower=NAN, upper=1.0), "lower must be a finite number.*got nan"),
+        (dict(mode=U, lower=-1e39, upper=1.0), "lower must be .*float32.*got -1e\\+39"),
+        (dict(mode=N, mean=INF), "mean must be a finite number.*got inf"),
+        (dict(mode=N, std_dev=NAN), "std_dev must be a finite number.*got nan"),
+        (dict(mode=N, std_dev=1e300), "std_dev must be .*float32"),
+        (dict(mode=TN, lower=-1.0, upper=INF), "upper must be a finite number"),
+        (dict(mode=TN, mean=3e38, std_dev=1e38), "upper cut \\(mean \\+ 2 \\* std_dev\\)"),
+        (dict(mode=C, value=INF), "value must be a finite number.*got inf"),
+        (dict(mode=C, value=-1e300), "value must be .*float32"),
+        (dict(mode=C, value=10**400), "value must be .*float32"),
+    ],
+)
+def test_initializer_arguments_must_be_float32_numbers(fields, match):
+    """Infinite, NaN or too large bounds used to be accepted and give NaN rows."""
+    with pytest.raises(ValueError, match="DynamicEmbInitializerArgs." + match):
+        dynemb.ScoredHashTable(
+            dim=4, capacity=1024, initializer=DynamicEmbInitializerArgs(**fields)
+        )
+    opts = dynemb.DynamicEmbTableOptions(
+        dim=4, max_capacity=1024, initializer_args=DynamicEmbInitializerArgs(**fields)
+    )
+    with pytest.raises(ValueError, match="DynamicEmbInitializerArgs." + match):
+        dynemb.BatchedDynamicEmbeddingTables([opts], [0])
+
+
+@pytest.mark.parametrize(
+    "capacity, match",
+    [
+        (2**64, "table 'table_0': max_capacity must be an int in \\[1, 2\\*\\*63 - 1\\]"),
+        (2**60, f"capacity={2**60} is too large"),  # its bytes do not fit in int64
+    ],
+)
+def test_a_kernel_table_too_large_for_int64_is_refused(capacity, match):
+    opts = dynemb.DynamicEmbTableOptions(dim=4, max_capacity=capacity, init_capacity=1024)
+    with pytest.raises(ValueError, match=match):
+        dynemb.BatchedDynamicEmbeddingTables([opts], [0])
+
+
+def test_largest_float32_bounds_are_accepted():
+    big = float(torch.finfo(torch.float32).max)
+    init = DynamicEmbInitializerArgs(mode=C, value=-big)
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024, initializer=init, extra_init=big)
+    assert torch.equal(t.find_or_insert(KEYS), torch.full((3, 4), -big))
 
 
 def _snapshot(t):
@@ -125,6 +189,28 @@ def test_customized_scores_are_checked(scores, exc, match):
     before = _snapshot(t)
     with pytest.raises(exc, match=match):
         t.find_or_insert(KEYS, scores)
+    _assert_unchanged(t, before)
+
+
+@pytest.mark.parametrize(
+    "strategy, meta, match",
+    [
+        (S.LFU, dict(scores=torch.tensor([1, -1, 3])), "scores must be >= 0, got -1 for key 2"),
+        (S.CUSTOMIZED, dict(scores=torch.tensor([-5, 1, 3])), "scores must be >= 0, got -5"),
+        (
+            (S.TIMESTAMP, S.LFU),
+            dict(scores=torch.tensor([1, 2, 3]), timestamps=torch.tensor([1, 2, -(2**63)])),
+            f"timestamps must be >= 0, got {-(2**63)} for key 3",
+        ),
+    ],
+)
+def test_restore_refuses_negative_scores_and_timestamps(strategy, meta, match):
+    """A negative saved score was stored (as a huge uint64 it outranked every key)."""
+    t = dynemb.ScoredHashTable(dim=4, capacity=1024, score_strategy=strategy)
+    t.restore(torch.tensor([2, 9]), torch.ones(2, 4), scores=torch.tensor([4, 5]))
+    before = _snapshot(t)
+    with pytest.raises(ValueError, match=match):
+        t.restore(KEYS, torch.zeros(3, 4), **meta)
     _assert_unchanged(t, before)
 
 

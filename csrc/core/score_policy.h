@@ -49,6 +49,17 @@ DYNEMB_HD DYNEMB_INLINE BatchValueSource batch_value_source(ScoreStrategy s) {
   }
 }
 
+/// The highest score a count reaches: scores leave the table as int64 (get_scores,
+/// export_batch, checkpoints), so a count saturates at INT64_MAX instead of wrapping to
+/// a negative int64 that would rank the hottest key below every other.
+constexpr uint64_t kMaxScore = 0x7FFFFFFFFFFFFFFFull;
+
+/// `score + added`, saturated at kMaxScore (either operand may already exceed it).
+DYNEMB_HD DYNEMB_INLINE uint64_t saturating_add(uint64_t score, uint64_t added) {
+  if (score >= kMaxScore || added >= kMaxScore - score) return kMaxScore;
+  return score + added;
+}
+
 /// evict_below value that lets any resident be evicted (UpsertArgs, table_ops.h).
 constexpr uint64_t kEvictAny = ~uint64_t{0};
 
@@ -85,7 +96,7 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_new(const ScoreArgs& a, int64_t i) {
   switch (a.strategy) {
     case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
     case ScoreStrategy::kLfu:
-    case ScoreStrategy::kTimestampLfu: return accesses(a, i);
+    case ScoreStrategy::kTimestampLfu: return saturating_add(0, accesses(a, i));
     case ScoreStrategy::kCache: return uint64_t{1} << 32 | a.batch_value;
     default: return a.batch_value;
   }
@@ -96,10 +107,7 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
   switch (a.strategy) {
     case ScoreStrategy::kCustomized: return static_cast<uint64_t>(a.custom[i]);
     case ScoreStrategy::kLfu:
-    case ScoreStrategy::kTimestampLfu: {
-      const uint64_t sum = old + accesses(a, i);
-      return sum < old ? ~uint64_t{0} : sum;  // saturate
-    }
+    case ScoreStrategy::kTimestampLfu: return saturating_add(old, accesses(a, i));
     case ScoreStrategy::kCache: {  // one more use per later batch
       if (a.batch_value <= (old & kCacheBatchMask)) return old;
       const uint64_t uses = old >> 32;

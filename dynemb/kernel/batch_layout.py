@@ -49,20 +49,17 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
         raise ValueError(
             f"offsets must have B * T + 1 entries with T={num_features} features, got {offsets.numel()}"
         )
+    # Also for a single entry (no bag): offsets=[5] describes 5 indices that are absent.
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        raise ValueError(f"offsets must start at 0, got offsets[0]={first}")
+    if last != indices.numel():
+        raise ValueError(f"offsets must end at len(indices)={indices.numel()}, got {last}")
     if offsets.numel() > 1:
-        first, last = int(offsets[0]), int(offsets[-1])
-        if first != 0:
-            raise ValueError(f"offsets must start at 0, got {first}")
-        if last != indices.numel():
-            raise ValueError(f"offsets must end at len(indices)={indices.numel()}, got {last}")
         lengths = offsets[1:] - offsets[:-1]
         if bool((lengths < 0).any()):
             bag = int(torch.nonzero(lengths < 0)[0])
             raise ValueError(f"offsets must not decrease: bag {bag} has length {int(lengths[bag])}")
-    elif indices.numel():
-        raise ValueError(
-            f"offsets=[{int(offsets[0])}] describes no bag but indices has {indices.numel()} entries"
-        )
     if per_sample_weights is not None:
         if (
             not isinstance(per_sample_weights, torch.Tensor)

@@ -21,9 +21,10 @@ from dynemb.dynamicemb_config import (
     with_kernel_defaults,
 )
 from dynemb.kernel.batch_layout import TableBatch, check_batch, distinct_keys, split_by_table
+from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import admission_missing, check_options, init_list
 from dynemb.kernel.table_slots import TableSlots
-from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.protocol import Table
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
@@ -165,10 +166,16 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         return self.routing[t] if self.routing is not None else ("roundrobin", 0)
 
     def set_learning_rate(self, lr: float) -> None:
-        """Sets the learning rate used by the next backward (fbgemm TBE's hook)."""
-        if not lr >= 0:
-            raise ValueError(f"learning rate must be >= 0, got {lr}")
-        self.optimizer_config.learning_rate = float(lr)
+        """Sets the learning rate used by the next backward (fbgemm TBE's hook).
+
+        Raises:
+            ValueError: ``lr`` is not a finite number >= 0 (a one-element tensor is
+                read once, here).
+        """
+        value = hyper_parameter("learning_rate", lr)
+        if not value >= 0:
+            raise ValueError(f"learning_rate must be >= 0, got {value}")
+        self.optimizer_config.learning_rate = value
 
     def get_learning_rate(self) -> float:
         return self.optimizer_config.learning_rate
@@ -202,7 +209,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             if t.device != self.device:
                 raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
         passes = (self._lookup, self._apply_gradients)
-        return _LookupFunction.apply(
+        return LookupFunction.apply(
             passes, indices, offsets, per_sample_weights, batch_size,
             self.placeholder_autograd_tensor,
         )  # fmt: skip
@@ -254,7 +261,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
     # -------------------------------------------------------------- internals
 
     def _lookup(self, indices, offsets, weights, batch_size):
-        """Forward without autograd: returns (output, per-table saved state for backward)."""
+        """Forward without autograd: returns (output, (trains, per-table saved state)).
+        ``trains``: this forward's module mode, which decides what its backward does."""
+        self._start_forward()
         batches = split_by_table(
             indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size
         )
@@ -304,9 +313,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 for k, f in enumerate(tb.features):
                     c0, c1 = columns[f]
                     out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
-            saved.append(None if batch is None and cached else
+            saved.append(None if not self._inserts(t) else
                          (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
-        return out, saved
+        return out, (self.training, saved)
 
     def _distinct(self, batches: list) -> list:
         """``unique_keys`` of each table's keys (None for absent tables); a cached
@@ -349,15 +358,20 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
 
-    def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> None:
-        """Backward: one fused optimizer update per distinct key of each table."""
+    def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> bool:
+        """Backward: one fused optimizer update per distinct key of each table the
+        forward trained (its mode then, not now); returns whether it was a training
+        forward (then the step advanced)."""
+        trains, saved = saved
+        if not trains:
+            return False
+        optimizer = self.optimizer_config.kernel_args()  # validates: raises before any change
         grad_out = grad_out.to(torch.float32)
         self.step += 1
-        optimizer = self.optimizer_config.kernel_args()
         columns = _feature_columns(self.feature_dims)
         sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
         for t, entry in enumerate(saved):
-            if entry is None or not self._inserts(t):
+            if entry is None:
                 continue
             tb, unique, unique_slots, inverse, token, batch, staged = entry
             table = self.tables[t]
@@ -384,21 +398,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 table.unstage(staged)
             if batch is not None:
                 table.end_batch(batch)  # its rows may leave the cache again
-
-
-class _LookupFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, passes, indices, offsets, weights, batch_size, _placeholder):
-        """``passes``: the module's (lookup, apply_gradients) methods."""
-        lookup, apply_gradients = passes
-        out, saved = lookup(indices, offsets, weights, batch_size)
-        ctx.apply_gradients, ctx.saved, ctx.batch_size = apply_gradients, saved, batch_size
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        ctx.apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
-        return None, None, None, None, None, None
+        return True
 
 
 def _feature_columns(dims):

@@ -9,6 +9,8 @@ from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableO
 from dynemb.table.protocol import Table
 from dynemb.types import DynamicEmbCheckMode
 
+_INT64_MAX = 2**63 - 1
+
 
 def init_list(args: DynamicEmbInitializerArgs, table: Table) -> list:
     args.validate()
@@ -27,9 +29,10 @@ def check_options(name: str, o: DynamicEmbTableOptions) -> None:
         raise TypeError(f"table {name!r}: options must be DynamicEmbTableOptions, got {o!r}")
     if not isinstance(o.dim, int) or o.dim < 1:
         raise ValueError(f"table {name!r}: dim must be a positive int, got {o.dim!r}")
-    if not isinstance(o.max_capacity, int) or o.max_capacity < 1:
+    if not isinstance(o.max_capacity, int) or not 1 <= o.max_capacity <= _INT64_MAX:
         raise ValueError(
-            f"table {name!r}: max_capacity must be a positive int, got {o.max_capacity!r}"
+            f"table {name!r}: max_capacity must be an int in [1, 2**63 - 1] (and its bytes "
+            f"must fit in int64), got {o.max_capacity!r}"
         )
     if o.index_type not in (None, torch.int64):
         raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")

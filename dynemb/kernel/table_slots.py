@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from dynemb.table import lookup_undo
+from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbCheckMode
 
 
@@ -25,9 +27,7 @@ class TableSlots:
             return table.find_slots(keys), table.mutations
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses), table.mutations
-        slots, stats = table.find_or_insert_slots(keys, accesses)
-        if stats.failed:
-            self._safe_check(t, stats.failed)
+        slots = self._checked_lookup(t, keys, accesses)
         return slots, table.mutations
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
@@ -53,24 +53,60 @@ class TableSlots:
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
-            slots[pos], stats = table.find_or_insert_slots(keys[pos], accesses[pos])
-            if stats.failed:
-                self._safe_check(t, stats.failed)
+            slots[pos] = self._checked_lookup(t, keys[pos], accesses[pos])
         if new.numel():
             stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
             if stored.numel():
                 counter.erase(keys[stored])
         return slots
 
-    def _safe_check(self, t: int, failed: int) -> None:
-        self.safe_check_failures[t] += failed
+    def _start_forward(self) -> None:
+        """Called at the start of each forward. With a table in ERROR mode, the
+        training lookups of the forward are recorded, so that a failure undoes every
+        table this forward changed (see dynemb.table.lookup_undo)."""
+        error = any(o.safe_check_mode == DynamicEmbCheckMode.ERROR for o in self.table_options)
+        self._forward_lookups = [] if error else None
+
+    def _checked_lookup(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+        """``find_or_insert_slots`` of table t; keys that could not be stored are
+        counted and reported by the safe-check mode. ERROR undoes the forward's
+        lookups before it raises, so the batch stores nothing."""
+        table = self.tables[t]
         mode = self.table_options[t].safe_check_mode
-        rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
-        message = (
-            f"dynamic table {self.table_names[t]!r}: {failed} keys could not be stored "
-            f"(table full at capacity {self.tables[t].capacity()}); they got {rows}"
+        log = getattr(self, "_forward_lookups", None)
+        undoable = log is not None and isinstance(table, ScoredHashTable)
+        before = lookup_undo.record(table, keys) if undoable else None
+        slots, stats = table.find_or_insert_slots(keys, accesses)
+        if undoable:
+            log.append((t, before, slots, stats))
+        if not stats.failed:
+            return slots
+        self.safe_check_failures[t] += stats.failed
+        what = (
+            f"dynamic table {self.table_names[t]!r}: {stats.failed} keys could not be stored "
+            f"(table full at capacity {table.capacity()})"
         )
         if mode == DynamicEmbCheckMode.ERROR:
-            raise RuntimeError(message)
+            stored = self._undo_forward() if undoable else "the keys that fit are stored"
+            raise RuntimeError(f"{what}; safe_check_mode ERROR: {stored}")
         if mode == DynamicEmbCheckMode.WARNING:
-            warnings.warn(message, stacklevel=4)
+            rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
+            warnings.warn(f"{what}; they got {rows}", stacklevel=4)
+        return slots
+
+    def _undo_forward(self) -> str:
+        """Undoes the recorded lookups of this forward, latest first; says what is kept."""
+        log, self._forward_lookups = self._forward_lookups, []
+        lost = {}
+        for t, before, slots, stats in reversed(log):
+            evicted = lookup_undo.undo(self.tables[t], before, slots, stats)
+            if evicted:
+                lost[self.table_names[t]] = lost.get(self.table_names[t], 0) + evicted
+        tables = sorted({self.table_names[t] for t, *_ in log})
+        stored = f"nothing of this batch is stored (lookups undone in tables {tables})"
+        if lost:
+            stored += (
+                f", but residents it evicted to make room are lost (eviction cannot be "
+                f"undone): {lost}"
+            )
+        return stored

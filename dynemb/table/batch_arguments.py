@@ -30,6 +30,19 @@ def check_int(name: str, value, minimum: int, minimum_name: str | None = None) -
         raise ValueError(f"{name} must be >= {bound}, got {value}")
 
 
+INT64_MAX = 2**63 - 1
+
+
+def check_capacity_bytes(capacity: int, bytes_per_slot: int) -> None:
+    """The table's buffers at ``capacity`` slots must be addressable by int64 byte
+    offsets (torch sizes and the ops' slot arithmetic), else ValueError naming it."""
+    if capacity * bytes_per_slot > INT64_MAX:
+        raise ValueError(
+            f"capacity={capacity} is too large: {capacity} slots x {bytes_per_slot} bytes "
+            f"do not fit in int64 (at most {INT64_MAX // bytes_per_slot} slots of this table)"
+        )
+
+
 def check_keys(keys, device: torch.device) -> torch.Tensor:
     """keys: (n,) int64 on the table's device; returned contiguous."""
     if not isinstance(keys, torch.Tensor):
@@ -63,13 +76,18 @@ def check_scores(scores, keys, customized: bool, strategy, device) -> torch.Tens
 
 
 def check_meta(name: str, meta, keys, device) -> torch.Tensor | None:
-    """A per-key int64 column (saved scores or timestamps): (n,) int64, or None."""
+    """A per-key int64 column (saved scores or timestamps): (n,) int64 >= 0, or None.
+    (A negative value is no score the table gives: read as uint64 it would outrank
+    every key, and it could not be saved again.)"""
     if meta is None:
         return None
     if not isinstance(meta, torch.Tensor) or meta.dtype != torch.int64:
         raise TypeError(f"{name} must be an int64 tensor, got {getattr(meta, 'dtype', type(meta))}")
     if meta.shape != keys.shape:
         raise ValueError(f"{name} must have shape {tuple(keys.shape)}, got {tuple(meta.shape)}")
+    if meta.numel() and bool((meta < 0).any()):
+        at = int(torch.nonzero(meta < 0)[0])
+        raise ValueError(f"{name} must be >= 0, got {int(meta[at])} for key {int(keys[at])}")
     return meta.to(device).contiguous()
 
 

@@ -69,12 +69,16 @@ class EntryTransfer:
             values: (n, dim) contiguous, the table's value dtype.
             state: (n, extra_columns) contiguous optimizer state, or None (a new
                 key's extra columns start at ``extra_init``).
-            scores: (n,) int64 saved scores; required under CUSTOMIZED, refused under
+            scores: (n,) int64 saved scores (>= 0); required under CUSTOMIZED, refused under
                 NO_EVICTION (no score is kept); None keeps the strategy's score.
-            timestamps: (n,) int64 last-access times, (TIMESTAMP, LFU) tables only.
+            timestamps: (n,) int64 last-access times (>= 0), (TIMESTAMP, LFU) tables only.
 
         Returns:
             The batch's BatchStats (also in ``last_stats``).
+
+        Raises:
+            ValueError: a negative score or timestamp (naming it and its key), or
+                another bad argument; nothing is stored then.
 
         Example::
 

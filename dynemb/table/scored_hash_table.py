@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
@@ -56,7 +56,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         initializer: how new rows are initialised; a function of (seed, key).
         seed: initializer seed.
         device: where the table lives (CPU always; CUDA in CUDA builds).
-        extra_init: initial value of the extra columns.
+        extra_init: initial value of the extra columns (a float32 number).
         fast_rows: hybrid tiers: at most this many value rows live in the fast tier
             (device memory on a GPU), the rest in the slow tier (host memory); a
             slot's index decides its tier (``None``: every row is fast; with a
@@ -118,22 +118,15 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         if not isinstance(initializer, DynamicEmbInitializerArgs):
             raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
         initializer.validate()
+        check_float32("extra_init", extra_init)
         code = args.strategy_code(score_strategy)
         if initializer_capacity is not None:
             args.check_int("initializer_capacity", initializer_capacity, 1)
         if fast_rows is not None:
             args.check_int("fast_rows", fast_rows, 0)
-        spill = SpillDirectory(spill_directory) if spill_directory is not None else None
-        if spill is not None and fast_rows is None:
+        if spill_directory is not None and fast_rows is None:
             fast_rows = 0
-
-        self.dim = dim
-        self.extra_columns = extra_columns
-        self.score_strategy = score_strategy
-        self.initializer = initializer
-        self.seed = seed
-        self._strategy = code
-        self._layout = TableLayout(
+        layout = TableLayout(
             row_width=dim + extra_columns,
             bucket_capacity=bucket_capacity,
             value_dtype=value_dtype,
@@ -142,6 +135,16 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
             device=torch.device(device),
             fast_rows=fast_rows,
         )
+        args.check_capacity_bytes(capacity, layout.bytes_per_slot())
+        spill = SpillDirectory(spill_directory) if spill_directory is not None else None
+
+        self.dim = dim
+        self.extra_columns = extra_columns
+        self.score_strategy = score_strategy
+        self.initializer = initializer
+        self.seed = seed
+        self._strategy = code
+        self._layout = layout
         init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         bounds_for = initializer_capacity or capacity
         self._init = [float(v) for v in initializer.resolved(bounds_for)] + [float(extra_init)]
