@@ -9,45 +9,16 @@ import time
 import pytest
 import torch
 
-from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint import load as load_module
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.checkpoint.manifest import checksum
 from dynemb.optimizer import EmbOptimType
-
-
-def _module(optimizer=EmbOptimType.ADAM, dim=8, capacity=1 << 12):
-    options = [
-        DynamicEmbTableOptions(
-            dim=dim, max_capacity=capacity, score_strategy=DynamicEmbScoreStrategy.LFU
-        ),
-        DynamicEmbTableOptions(dim=dim, max_capacity=capacity),
-    ]
-    return BatchedDynamicEmbeddingTables(
-        options, [0, 1], optimizer=optimizer, table_names=["a", "b"]
-    )
-
-
-def _train(module, keys: torch.Tensor) -> None:
-    """One step over 2 features of len(keys) / 2 single-id bags each."""
-    offsets = torch.arange(keys.numel() + 1)
-    module(keys, offsets).sum().backward()
-
-
-def _contents(module) -> list:
-    out = []
-    for table in module.tables:
-        keys, rows, scores, _ = table.export_batch(0, table.capacity(), include_extra=True)
-        order = torch.argsort(keys)
-        out.append((keys[order], rows[order], scores[order]))
-    return out
-
-
-def _same(a, b) -> bool:
-    return all(
-        torch.equal(x, y) for ta, tb in zip(a, b, strict=True) for x, y in zip(ta, tb, strict=True)
-    )
+from tests.checkpoint_tables import contents as _contents
+from tests.checkpoint_tables import make_module as _module
+from tests.checkpoint_tables import same as _same
+from tests.checkpoint_tables import train as _train
 
 
 @pytest.fixture
