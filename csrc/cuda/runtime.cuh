@@ -22,7 +22,9 @@
   ::dynemb::emulation::Launch{(grid), (block), (stream)}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE() ::dynemb::emulation::spin_pause()
 #else
+#if defined(__CUDACC__)  // libcu++ (cccl): nvcc's include path only; host .cpp files never use it
 #include <cuda/atomic>
+#endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
