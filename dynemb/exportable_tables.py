@@ -14,6 +14,7 @@ from input shapes, so tracing needs no data. Forward has no data-dependent shape
 table finds every key of the batch and the features it serves are cut out by position.
 """
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from dynemb import _ops
+from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.deltas import read_delta
+from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
 from dynemb.kernel.batch_layout import check_batch
@@ -37,6 +41,9 @@ _DYNAMICEMB_POOLING = {
     2: DynamicEmbPoolingMode.MEAN,
 }
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Serializes the writers of every module (loads, apply_delta); lookups take no lock:
+# a writer builds new tables and swaps them in with one assignment (see _set_rows).
+_WRITERS = threading.Lock()
 
 
 class _TableBuffers(nn.Module):
@@ -156,6 +163,10 @@ class InferenceEmbeddingCollection(nn.Module):
         self.missing = [init_list(o.eval_initializer_args, t) for o, t in zip(options, empty)]
         self.tables = nn.ModuleList(_TableBuffers(t.buffers.tensors()) for t in empty)
         self.sizes = [0] * len(options)
+        # The delta chain: the base checkpoint's dump id and the last version applied
+        # (None: not loaded from a dynemb checkpoint, no delta applies).
+        self.base_dump_id: str | None = None
+        self.delta_version: int | None = None
 
     # ------------------------------------------------------------------ loads
 
@@ -181,7 +192,10 @@ class InferenceEmbeddingCollection(nn.Module):
         """
         names = self._names(table_names)
         options = {n: self.table_options[self.table_names.index(n)] for n in names}
-        self._set_rows(checkpoint_rows(save_dir, options, collection))
+        rows = checkpoint_rows(save_dir, options, collection)
+        manifest = Path(save_dir) / MANIFEST
+        base = read_manifest(Path(save_dir))["dump_id"] if manifest.is_file() else None
+        self._set_rows(rows, base, 0 if base is not None else None)
 
     def load_from_model(
         self,
@@ -206,7 +220,58 @@ class InferenceEmbeddingCollection(nn.Module):
         names = self._names(table_names)
         qualified = [f"{collection}.{n}" if collection else n for n in names]
         rows = gather_model_rows(model, qualified, pg)
-        self._set_rows({n: rows[q] for n, q in zip(names, qualified)})
+        self._set_rows({n: rows[q] for n, q in zip(names, qualified)}, None, None)
+
+    def apply_delta(self, path: str | Path, collection: str | None = None) -> int:
+        """Applies a delta of dynemb.deltas.DeltaPublisher: its tombstoned keys are
+        removed, its upserted rows stored. Deltas apply in version order onto the base
+        checkpoint this module was loaded from (``load_from_dynamicemb_file``).
+
+        Lookups go on meanwhile and never see a half-applied delta: the new tables are
+        built aside (a copy of each served table's rows: time and memory in proportion
+        to the table), then swapped in at once.
+
+        Args:
+            path: the delta directory (``<directory>/delta-<N>``).
+            collection: the delta's collection holding this module's tables (as in
+                ``load_from_dynamicemb_file``); default: the only one holding them.
+
+        Returns:
+            The delta's version, now ``delta_version``.
+
+        Raises:
+            CheckpointError: a missing or damaged delta file or manifest, naming it.
+            DeltaVersionError (a ValueError): the delta is not the next of the chain (a
+                gap or a duplicate, naming both versions), or follows another base.
+            ValueError: a table's dim or dtype is not this module's, or no collection
+                holds the tables. Nothing changes on any error.
+
+        Example::
+
+            >>> ec.load_from_dynamicemb_file("/deltas/base")
+            >>> ec.apply_delta("/deltas/delta-00000001")
+            1
+        """
+        with _WRITERS:
+            delta = read_delta(path)
+            check_order(delta, self.delta_version, self.base_dump_id)
+            changes = served_tables(delta, self.table_names, collection)
+            for name, change in changes.items():
+                o = self.table_options[self.table_names.index(name)]
+                dtype = o.embedding_dtype or torch.float32
+                if change.dim != o.dim or change.values.dtype != dtype:
+                    raise ValueError(
+                        f"apply_delta({path}): table {name!r} has dim {change.dim} and dtype "
+                        f"{change.values.dtype}, this module's has dim {o.dim} and dtype {dtype}"
+                    )
+            tables = self.tables
+            rows = {}
+            for name, change in changes.items():
+                t = self.table_names.index(name)
+                current = stored_rows(tables[t].tensors(), self.table_options[t].dim)
+                rows[name] = replayed_rows(current, change)
+            self._swap_rows(rows, self.base_dump_id, delta.version)
+        return delta.version
 
     # ---------------------------------------------------------------- forward
 
@@ -234,7 +299,8 @@ class InferenceEmbeddingCollection(nn.Module):
         features = len(self.feature_table_map)
         batch = (offsets.shape[0] - 1) // features
         used = sorted(set(self.feature_table_map))
-        tables = {t: self.tables[t].tensors() for t in used}
+        current = self.tables  # one state for the whole batch (apply_delta swaps it)
+        tables = {t: current[t].tensors() for t in used}
         slots = {t: _ops.table_find_slots(tables[t], keys) for t in used}
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             out = self._sequence(keys, offsets, batch, tables, slots)
@@ -290,14 +356,25 @@ class InferenceEmbeddingCollection(nn.Module):
             out = rows if out is None else torch.where(table_of_key == t, rows, out)
         return out
 
-    def _set_rows(self, rows: dict[str, Rows]) -> None:
+    def _set_rows(self, rows: dict[str, Rows], base: str | None, version: int | None) -> None:
+        with _WRITERS:
+            self._swap_rows(rows, base, version)
+
+    def _swap_rows(self, rows: dict[str, Rows], base: str | None, version: int | None) -> None:
+        """Builds the tables of ``rows`` aside, then swaps the module's table list in
+        one assignment (a lookup keeps the list it started with). Holds _WRITERS."""
         built = {}
         for name, r in rows.items():  # every table built before any changes
             t = self.table_names.index(name)
             built[t] = frozen_table(self.table_options[t], r, self.device)
+        sizes = list(self.sizes)
+        tables = list(self.tables)
         for t, table in built.items():
-            self.tables[t].set(table.buffers.tensors())
-            self.sizes[t] = table.size()
+            tables[t] = _TableBuffers(table.buffers.tensors())
+            sizes[t] = table.size()
+        self.tables = nn.ModuleList(tables)
+        self.sizes = sizes
+        self.base_dump_id, self.delta_version = base, version
 
     def _names(self, table_names) -> list[str]:
         if table_names is None:

@@ -104,10 +104,10 @@ class EntryTransfer:
         timestamps = args.check_meta("timestamps", timestamps, keys, self.device)
         saved = (values, state, scores, timestamps)
 
-        def op(table, policy, init, k, _scores, _rows, _evicted, per_key):
+        def op(table, policy, init, k, _scores, _rows, evicted, per_key):
             # per_key: positions in the batch (all of them, or the retried ones).
             sub = saved if per_key.numel() == n else [_subset(t, per_key) for t in saved]
-            return _ops.UpsertResult(*_ops.table_restore(table, policy, init, k, *sub))
+            return _ops.UpsertResult(*_ops.table_restore(table, policy, init, k, *sub, evicted))
 
         positions = torch.arange(n, device=self.device)
         # `positions` stands in for the row buffer too: op gathers its own inputs.

@@ -3,7 +3,8 @@ keys that failed, while the table is below its capacity.
 
 ``GrowingUpserts`` is a part of ScoredHashTable (it uses the table's ``_storage``,
 ``_layout``, ``_lock``, ``_strategy``, ``_step``, ``_size``, ``_mutations``,
-``_generation``, ``_max_buckets``, ``_spill``, ``_init``, ``_clock``); it is split out
+``_generation``, ``_max_buckets``, ``_spill``, ``_init``, ``_clock``,
+``_change_log``); it is split out
 so that the table's API, its growth and its spill persistence each have one file.
 """
 
@@ -24,6 +25,9 @@ class GrowingUpserts:
 
         ``per_key`` is an extra (n,) tensor passed to ``op`` (and subset on retries).
         """
+        log = self._change_log
+        if log is not None and evicted is None:  # the op reports the residents it evicts
+            evicted = self._evicted_buffers(keys.numel())
         with self._lock.write():
             generation = self._generation  # not the storage itself: growth must free it
             self._mutations += 1
@@ -44,11 +48,23 @@ class GrowingUpserts:
             self._size += counts[_ops.Status.INSERTED]
             if slots is not None and self._generation != generation:
                 slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
+            if log is not None:
+                log.touched(keys[status != _ops.Status.FAILED])
+                if counts[_ops.Status.EVICTED]:
+                    log.removed(evicted[0][status == _ops.Status.EVICTED])
             failed = counts[_ops.Status.FAILED]
             failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
             stats = BatchStats(*counts, failed_keys=failed_keys)
             self.last_stats = stats
         return status if return_status else stats
+
+    def _evicted_buffers(self, n: int) -> list[torch.Tensor]:
+        """The ops' ``evicted`` outputs for n keys: keys (n,), rows (n, row_width), scores (n,)."""
+        return [
+            torch.empty(n, dtype=torch.int64, device=self.device),
+            torch.empty((n, self._layout.row_width), dtype=self.value_dtype, device=self.device),
+            torch.empty(n, dtype=torch.int64, device=self.device),
+        ]
 
     def _retry_failed(
         self, op, keys, scores, values, evicted, status, counts, batch_value, per_key=None

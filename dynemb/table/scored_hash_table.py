@@ -18,6 +18,7 @@ from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
+from dynemb.table.change_log import ChangeLog
 from dynemb.table.entry_transfer import EntryTransfer
 from dynemb.table.growth import GrowingUpserts
 from dynemb.table.rw_lock import RWLock
@@ -165,6 +166,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         self._custom_score: int | None = None
         self._mutations = 0  # bumped by every op that may move or drop a key
         self._generation = 0  # bumped when growth replaces the storage
+        self._change_log: ChangeLog | None = None  # keys changed, for deltas (off: None)
         self.last_stats: BatchStats | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -327,12 +329,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
         values = self._check_values(values, keys)
-        n = keys.numel()
-        evicted = [
-            torch.empty(n, dtype=torch.int64, device=self.device),
-            torch.empty((n, self._layout.row_width), dtype=self.value_dtype, device=self.device),
-            torch.empty(n, dtype=torch.int64, device=self.device),
-        ]
+        evicted = self._evicted_buffers(keys.numel())
         status = self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted, True)
         mask = status == _ops.Status.EVICTED
         return evicted[0][mask], evicted[1][mask], evicted[2][mask]
@@ -348,12 +345,16 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
             self._mutations += 1
             erased = _ops.table_erase(self._storage.tensors(), keys)
             self._size -= int(erased.sum())
+            if self._change_log is not None:
+                self._change_log.removed(keys[erased])
         return erased
 
     def clear(self) -> None:
         """Removes every key (capacity is kept)."""
         with self._lock.write():
             self._mutations += 1
+            if self._change_log is not None:
+                self._change_log.removed(self._stored_keys())
             self._storage.clear()
             self._size = 0
 

@@ -12,6 +12,7 @@ import torch
 from dynemb import _ops
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
+from dynemb.table.change_log import ChangeLog
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_storage import TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
@@ -46,6 +47,19 @@ class SlotAccess:
     def custom_score(self, score: int) -> None:
         args.check_int("custom_score", score, 0)
         self._custom_score = score
+
+    @property
+    def change_log(self) -> ChangeLog | None:
+        """The log recording the keys this table touches and removes (dynemb.deltas),
+        or None (the default: nothing is recorded)."""
+        return self._change_log
+
+    @change_log.setter
+    def change_log(self, log: ChangeLog | None) -> None:
+        if log is not None and not isinstance(log, ChangeLog):
+            raise TypeError(f"change_log must be a ChangeLog or None, got {log!r}")
+        with self._lock.write():  # no batch half recorded
+            self._change_log = log
 
     @property
     def lock(self) -> RWLock:
@@ -90,8 +104,9 @@ class SlotAccess:
 
         def op(table, policy, init, k, scores, out, evicted, per_key=None):
             found, status, counts = _ops.table_find_or_insert_slots(
-                table, policy, init, k, scores, per_key
-            )
+                table, policy, init, k, scores, per_key,
+                evicted_keys=evicted[0] if evicted else None,
+            )  # fmt: skip
             out.copy_(found)
             return _ops.UpsertResult(status, counts)
 
@@ -178,6 +193,11 @@ class SlotAccess:
             torch.cat([evicted[2][out], scores[lost]]),
         )
 
+    def _stored_keys(self) -> torch.Tensor:
+        """(size,) int64: every stored key (the caller holds the lock)."""
+        s = self._storage
+        return s.keys.view(-1)[s.occupied(0, s.num_slots)]
+
     def snapshot(self) -> TableSnapshot:
         """A copy of every buffer and counter, for ``rollback`` (e.g. to rerun a batch
         op from one state, or undo a batch). Costs the table's memory once more."""
@@ -197,7 +217,12 @@ class SlotAccess:
                     f"rollback: the table grew since the snapshot (storage generation "
                     f"{snapshot.generation} -> {self._generation}); take a new snapshot"
                 )
+            log = self._change_log
+            if log is not None:  # any key may come back or go: all of them, both ways
+                log.removed(self._stored_keys())
             for dst, src in zip(self._storage.tensors(), snapshot.buffers, strict=True):
                 dst.copy_(src)
+            if log is not None:
+                log.touched(self._stored_keys())
             self._size, self._step = snapshot.size, snapshot.step
             self._mutations += 1
