@@ -37,7 +37,7 @@ float* scratch(int64_t n) {
 template <class V>
 void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
           const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-          const InitArgs& missing, float* out, int64_t dim) {
+          const InitArgs& missing, const BagRows<float>& out, int64_t dim) {
   at::parallel_for(0, num_bags, kBagGrain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       // Prefetch the rows of the next bag while pooling this one.
@@ -47,7 +47,7 @@ void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
         }
       }
       pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing,
-               out + b * dim, dim);
+               out.at(b), dim);
     }
   });
 }
@@ -87,8 +87,8 @@ int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
 template <class V>
 void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     const OptimizerArgs& opt) {
+                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
+                     int64_t dim, const OptimizerArgs& opt) {
   if (num_unique == 0) return;
   float* const acc = scratch(num_unique * dim);
   // One task per thread owns a range of distinct keys: it sums the gradients of
@@ -100,7 +100,7 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
       const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
       std::fill(acc + u0 * dim, acc + u1 * dim, 0.0f);
       for (int64_t b = 0; b < num_bags; ++b) {
-        const float* g = grad + b * dim;
+        const float* g = grad.at(b);
         for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
           const int64_t u = inverse[i];
           if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
@@ -119,12 +119,13 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
   template void pool<V>(const TableRef<V>&, const int64_t*, const int64_t*, const int64_t*,      \
-                        int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t);   \
+                        int64_t, const float*, PoolingMode, const InitArgs&,                 \
+                        const BagRows<float>&, int64_t);                                       \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \
                           const InitArgs&, float*, int64_t);                                     \
   template void backward_update<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*,  \
                                    const int64_t*, int64_t, const float*, PoolingMode,          \
-                                   const float*, int64_t, const OptimizerArgs&);
+                                   const BagRows<const float>&, int64_t, const OptimizerArgs&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)
