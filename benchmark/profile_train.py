@@ -72,7 +72,10 @@ PHASE_RULES = (
     ("input distribution", re.escape(INPUT_DIST)),
     ("dedup / unique", r"dynemb::unique_keys"),
     ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?"),
-    ("pooling", r"dynemb::embedding_(pool|gather)|fbgemm::split_embedding_codegen_forward_\w+"),
+    (
+        "pooling",
+        r"dynemb::embedding_(pool(_into)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
+    ),
     ("output distribution", re.escape(OUTPUT_DIST)),
     # the output dist's collectives, run backward (none at world size 1)
     ("output distribution", r"autograd::engine::evaluate_function: .*(All2All|AllGather|Reduce).*"),

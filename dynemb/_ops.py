@@ -347,21 +347,41 @@ def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, see
     )
 
 
+def embedding_pool_into(
+    table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int, out, columns
+) -> None:
+    """embedding_pool written into ``out`` (B, width) float32 (rows contiguous, any row
+    stride): with K = ``columns.numel()`` features and num_bags = K * B feature-major
+    bags, bag ``k * B + b`` goes to ``out[b, columns[k] : columns[k] + dim]``.
+
+    Args:
+        columns: (K,) int64 column offsets on the table's device, each in [0, width - dim].
+    """
+    _dynemb.embedding_pool_into(
+        list(table), slots, keys, offsets, weights, mode, missing, seed, dim, out, columns
+    )
+
+
 def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.Tensor:
     """One row per index: (n, dim) float32."""
     return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)
 
 
 def embedding_backward(
-    table, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dim: int
-) -> None:
+    table, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dim: int,
+    columns=None,
+) -> None:  # fmt: skip
     """Reduces grad (num_bags, dim) to one gradient per distinct key and applies the
     optimizer ``[kind, lr, eps, beta1, beta2, weight_decay]`` to its row in place.
 
     Args:
         unique_slots: (U,) int64, slot of each distinct key (-1: skipped).
         inverse: (n,) int64, distinct-key id of each index.
+        columns: None, or (K,) int64: then ``grad`` is (B, width) with num_bags = K * B
+            and bag ``k * B + b``'s gradient is ``grad[b, columns[k] : columns[k] + dim]``
+            (a module's output gradient, read in place).
     """
     _dynemb.embedding_backward(
-        list(table), unique_slots, inverse, offsets, weights, mode, grad, optimizer, step, dim
-    )
+        list(table), unique_slots, inverse, offsets, weights, mode, grad, optimizer, step, dim,
+        columns,
+    )  # fmt: skip

@@ -21,6 +21,31 @@ constexpr int64_t kPoolingModeCount = static_cast<int64_t>(PoolingMode::kMean) +
 /// Their names, by code (DynamicEmbPoolingMode member names).
 constexpr const char* kPoolingModeNames[kPoolingModeCount] = {"SUM", "MEAN"};
 
+/// Where the dim floats of each bag live in a float matrix with row stride `stride`.
+/// columns null: bag b is row b (a (num_bags, dim) matrix when stride == dim).
+/// Otherwise the bags are feature-major, bags_per_feature (B) per feature, and bag b
+/// is row b % B at column columns[b / B]: a table's bags written straight into (or
+/// read from) its features' columns of a module's (B, total dim) output, so no
+/// per-table temporary and copy exist.
+template <class F>  // float (outputs) or const float (gradients)
+struct BagRows {
+  F* base;
+  int64_t stride;
+  const int64_t* columns;
+  int64_t bags_per_feature;
+
+  DYNEMB_HD DYNEMB_INLINE F* at(int64_t b) const {
+    if (columns == nullptr) return base + b * stride;
+    return base + (b % bags_per_feature) * stride + columns[b / bags_per_feature];
+  }
+};
+
+/// A dense (num_bags, dim) matrix.
+template <class F>
+DYNEMB_HD DYNEMB_INLINE BagRows<F> dense_bags(F* base, int64_t dim) {
+  return BagRows<F>{base, dim, nullptr, 1};
+}
+
 /// Element j of the row the `missing` initializer gives key.
 DYNEMB_HD DYNEMB_INLINE float missing_element(const InitArgs& a, int64_t key, int64_t j) {
   return init_element(a, stream_of(a.seed, key), key, j);

@@ -16,6 +16,10 @@ namespace {
 constexpr int64_t kBagGrain = 64;
 constexpr int64_t kRowGrain = 256;
 constexpr int64_t kUpdateDistance = 8;  // rows ahead whose lines the update prefetches
+// Bags ahead whose output (pool) or gradient (backward) lines are prefetched: a
+// module's output is strided (one row of every feature per sample), so the hardware
+// prefetchers do not follow its columns and each bag would wait for its lines.
+constexpr int64_t kBagDistance = 4;
 
 /// Prefetches every cache line of a row (a row is several lines: the first alone
 /// leaves the others to demand misses).
@@ -37,17 +41,24 @@ float* scratch(int64_t n) {
 template <class V>
 void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
           const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-          const InitArgs& missing, float* out, int64_t dim) {
+          const InitArgs& missing, const BagRows<float>& out, int64_t dim) {
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
   at::parallel_for(0, num_bags, kBagGrain, [&](int64_t begin, int64_t end) {
+    // A bag is summed in a cached row, then stored: pool_bag's read-modify-writes
+    // would otherwise wait on the output's (strided, not yet cached) lines.
+    float* const sum = scratch(dim);
     for (int64_t b = begin; b < end; ++b) {
+      if (b + kBagDistance < end) {
+        CpuPlatform::prefetch_lines_for_write(out.at(b + kBagDistance), bytes);
+      }
       // Prefetch the rows of the next bag while pooling this one.
       if (b + 1 < end) {
         for (int64_t i = offsets[b + 1]; i < offsets[b + 2]; ++i) {
           if (slots[i] >= 0) prefetch_row(t, slots[i]);
         }
       }
-      pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing,
-               out + b * dim, dim);
+      pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, sum, dim);
+      std::copy(sum, sum + dim, out.at(b));
     }
   });
 }
@@ -87,10 +98,11 @@ int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
 template <class V>
 void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     const OptimizerArgs& opt) {
+                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
+                     int64_t dim, const OptimizerArgs& opt) {
   if (num_unique == 0) return;
   float* const acc = scratch(num_unique * dim);
+  const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(float));
   // One task per thread owns a range of distinct keys: it sums the gradients of
   // their indices in ascending index order (the rule of core/pooling.h), scanning
   // the batch, and then updates their rows.
@@ -100,7 +112,10 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
       const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
       std::fill(acc + u0 * dim, acc + u1 * dim, 0.0f);
       for (int64_t b = 0; b < num_bags; ++b) {
-        const float* g = grad + b * dim;
+        if (b + kBagDistance < num_bags) {
+          CpuPlatform::prefetch_lines(grad.at(b + kBagDistance), grad_bytes);
+        }
+        const float* g = grad.at(b);
         for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
           const int64_t u = inverse[i];
           if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
@@ -119,12 +134,13 @@ void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
   template void pool<V>(const TableRef<V>&, const int64_t*, const int64_t*, const int64_t*,      \
-                        int64_t, const float*, PoolingMode, const InitArgs&, float*, int64_t);   \
+                        int64_t, const float*, PoolingMode, const InitArgs&,                 \
+                        const BagRows<float>&, int64_t);                                       \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \
                           const InitArgs&, float*, int64_t);                                     \
   template void backward_update<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*,  \
                                    const int64_t*, int64_t, const float*, PoolingMode,          \
-                                   const float*, int64_t, const OptimizerArgs&);
+                                   const BagRows<const float>&, int64_t, const OptimizerArgs&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)

@@ -12,10 +12,11 @@ using P = CudaPlatform;
 template <class V>
 __global__ void pool_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys,
                             const int64_t* offsets, int64_t num_bags, const float* weights,
-                            PoolingMode mode, InitArgs missing, float* out, int64_t dim) {
+                            PoolingMode mode, InitArgs missing, BagRows<float> out,
+                            int64_t dim) {
   const int64_t b = thread_index();
   if (b >= num_bags) return;
-  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out + b * dim, dim);
+  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out.at(b), dim);
 }
 
 template <class V>
@@ -126,8 +127,8 @@ __global__ void reduce_update_kernel(TableRef<V> t, const int64_t* unique_slots,
                                      int64_t num_unique, const int64_t* start,
                                      const int64_t* order, const int64_t* bag_of,
                                      const int64_t* offsets, const float* weights,
-                                     PoolingMode mode, const float* grad, int64_t dim,
-                                     OptimizerArgs opt, float* acc) {
+                                     PoolingMode mode, BagRows<const float> grad,
+                                     int64_t dim, OptimizerArgs opt, float* acc) {
   const int64_t u = thread_index();
   if (u >= num_unique || unique_slots[u] < 0) return;
   float* a = acc + u * dim;
@@ -135,7 +136,7 @@ __global__ void reduce_update_kernel(TableRef<V> t, const int64_t* unique_slots,
   for (int64_t k = start[u]; k < start[u + 1]; ++k) {
     const int64_t i = order[k];
     const int64_t b = bag_of[i];
-    add_gradient(a, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]), grad + b * dim,
+    add_gradient(a, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]), grad.at(b),
                  dim);
   }
   update_row(opt, t.row(unique_slots[u]), dim, a);
@@ -146,7 +147,8 @@ __global__ void reduce_update_kernel(TableRef<V> t, const int64_t* unique_slots,
 template <class V>
 void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                  const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream) {
+                 const InitArgs& missing, const BagRows<float>& out, int64_t dim,
+                 cudaStream_t stream) {
   if (num_bags == 0) return;
   DYNEMB_LAUNCH(blocks_for(num_bags), kBlock, stream, pool_kernel<V>)(
       t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
@@ -215,8 +217,9 @@ void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inve
 template <class V>
 void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     const OptimizerArgs& opt, int64_t n, Workspace& ws, cudaStream_t stream) {
+                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
+                     int64_t dim, const OptimizerArgs& opt, int64_t n, Workspace& ws,
+                     cudaStream_t stream) {
   if (num_unique == 0) return;
   auto* bag_of = ws.array<int64_t>(n > 0 ? n : 1);
   auto* group = ws.array<int64_t>(n > 0 ? n : 1);
@@ -239,12 +242,14 @@ void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t 
 #define DYNEMB_INSTANTIATE(V)                                                                  \
   template void launch_pool<V>(const TableRef<V>&, const int64_t*, const int64_t*,             \
                                const int64_t*, int64_t, const float*, PoolingMode,             \
-                               const InitArgs&, float*, int64_t, cudaStream_t);                \
+                               const InitArgs&, const BagRows<float>&, int64_t,                \
+                               cudaStream_t);                                                  \
   template void launch_gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,  \
                                  const InitArgs&, float*, int64_t, cudaStream_t);              \
   template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
                                    const int64_t*, int64_t, const float*, PoolingMode,         \
-                                   const float*, int64_t, const OptimizerArgs&, int64_t,       \
+                                   const BagRows<const float>&, int64_t,                       \
+                                   const OptimizerArgs&, int64_t,                              \
                                    Workspace&, cudaStream_t);                                  \
   template void launch_cache_exchange<V>(const TableRef<V>&, const TableRef<V>&,               \
                                          const CacheExchange<V>&, cudaStream_t);

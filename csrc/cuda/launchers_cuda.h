@@ -68,11 +68,12 @@ template <class V>
 void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, int64_t* failed,
                    Workspace& ws, cudaStream_t stream);
 
-/// out (num_bags, dim) float: pooled bags, one thread per bag.
+/// out: pooled bags at their BagRows places (device memory), one thread per bag.
 template <class V>
 void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                  const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream);
+                 const InitArgs& missing, const BagRows<float>& out, int64_t dim,
+                 cudaStream_t stream);
 
 /// out (n, dim) float: one row per index.
 template <class V>
@@ -101,7 +102,8 @@ void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inve
 template <class V>
 void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const float* grad, int64_t dim,
-                     const OptimizerArgs& opt, int64_t n, Workspace& ws, cudaStream_t stream);
+                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
+                     int64_t dim, const OptimizerArgs& opt, int64_t n, Workspace& ws,
+                     cudaStream_t stream);
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

@@ -88,7 +88,8 @@ struct CudaBackend {
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+                   PoolingMode mode, const InitArgs& missing, const BagRows<float>& out,
+                   int64_t dim) {
     DYNEMB_CUDA_NS::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
                                 Runtime::stream());
   }
@@ -111,8 +112,8 @@ struct CudaBackend {
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                        const int64_t* inverse, int64_t n, const int64_t* offsets,
                        int64_t num_bags, const float* weights, PoolingMode mode,
-                       const float* grad, int64_t dim, const OptimizerArgs& opt,
-                       const at::TensorOptions& like) {
+                       const BagRows<const float>& grad, int64_t dim,
+                       const OptimizerArgs& opt, const at::TensorOptions& like) {
     TensorWorkspace ws(like);
     DYNEMB_CUDA_NS::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags,
                                     weights, mode, grad, dim, opt, n, ws, Runtime::stream());

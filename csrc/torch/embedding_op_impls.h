@@ -2,12 +2,12 @@
 // table_op_impls.h for the pattern). The Backend adds:
 //
 //   template <class V> static void pool(TableRef<V>, slots*, keys*, offsets*, num_bags,
-//                                       weights*, PoolingMode, InitArgs, float* out, dim);
+//                                       weights*, PoolingMode, InitArgs, BagRows<float>, dim);
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
 //   static int64_t dedup(keys, unique&, inverse&, counts&);  // (n) tensors; returns U
 //   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*, n,
-//                                           offsets*, num_bags, weights*, PoolingMode, grad*,
-//                                           dim, OptimizerArgs, like);
+//                                           offsets*, num_bags, weights*, PoolingMode,
+//                                           BagRows<const float> grad, dim, OptimizerArgs, like);
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
 //   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
@@ -106,6 +106,35 @@ inline void check_slot_list(const char* op, const char* name, const at::Tensor& 
   check_range(op, name, "slots", slots, lowest, table0.numel());
 }
 
+/// Checks `matrix` (B, width) float32 with unit column stride and `columns` (K >= 1)
+/// int64 on the table's device, num_bags == K * B and every column in [0, width - dim]:
+/// bag b of the op is row b % B, columns[b / B] (core/pooling.h BagRows).
+inline void check_bag_columns(const char* op, const char* name, const at::Tensor& matrix,
+                              const at::Tensor& columns, int64_t num_bags, int64_t dim,
+                              const at::Tensor& table0) {
+  TORCH_CHECK_TYPE(matrix.scalar_type() == at::kFloat, "dynemb.", op, ": `", name,
+                   "` must be float32, got ", matrix.scalar_type());
+  TORCH_CHECK_VALUE(matrix.dim() == 2 &&
+                        (matrix.numel() == 0 || matrix.size(1) == 1 || matrix.stride(1) == 1),
+                    "dynemb.", op, ": `", name,
+                    "` must be 2-D with contiguous rows, got shape ", matrix.sizes(),
+                    " and strides ", matrix.strides());
+  check_same_device(op, name, matrix, table0);
+  check_tensor(op, "columns", columns, at::kLong, 1);
+  check_same_device(op, "columns", columns, table0);
+  const int64_t k = columns.numel(), rows = matrix.size(0);
+  TORCH_CHECK_VALUE(k >= 1 && num_bags == k * rows, "dynemb.", op, ": `columns` (", k,
+                    " features) and `", name, "` (", rows, " rows) must give one place per bag (",
+                    num_bags, " bags), got ", k, " x ", rows);
+  check_range(op, "columns", "column offsets", columns, 0, matrix.size(1) - dim + 1);
+}
+
+/// BagRows over a checked (matrix, columns) pair.
+template <class F>
+BagRows<F> bag_columns(F* base, const at::Tensor& matrix, const at::Tensor& columns) {
+  return BagRows<F>{base, matrix.stride(0), columns.data_ptr<int64_t>(), matrix.size(0)};
+}
+
 /// A claim's keys that move into the cache (core moves_in), compact: their positions
 /// (m,), each one's victim index (m,; -1: no victim), the victim count, and how many
 /// of them lack a slot (an error: their claim reported none).
@@ -179,9 +208,34 @@ struct EmbeddingOpImpls {
       using W = V<decltype(v)>;
       Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
                     offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
-                    out.data_ptr<float>(), dim);
+                    dense_bags(out.data_ptr<float>(), dim), dim);
     });
     return out;
+  }
+
+  /// embedding_pool writing bag b to out's row b % B, columns columns[b / B] ..
+  /// + dim (B = out.size(0)): a table's features straight into a module's output.
+  static void pool_into(at::TensorList table_list, const at::Tensor& slots,
+                        const at::Tensor& keys, const at::Tensor& offsets,
+                        const std::optional<at::Tensor>& weights, int64_t mode,
+                        at::ArrayRef<double> missing, int64_t seed, int64_t dim,
+                        const at::Tensor& out, const at::Tensor& columns) {
+    constexpr const char* op = "embedding_pool_into";
+    const TableTensors table = checked_table(op, table_list);
+    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
+    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
+    check_dim(op, table, dim);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const InitArgs init = parse_missing(op, missing, seed);
+    const int64_t num_bags = offsets.numel() - 1;
+    check_bag_columns(op, "out", out, columns, num_bags, dim, table.digests);
+    typename Backend::DeviceGuard guard(table.digests.device());
+    dispatch_values(op, table.values, [&](auto v) {
+      using W = V<decltype(v)>;
+      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
+                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
+                    bag_columns(out.data_ptr<float>(), out, columns), dim);
+    });
   }
 
   static at::Tensor gather(at::TensorList table_list, const at::Tensor& slots, const at::Tensor& keys,
@@ -284,7 +338,7 @@ struct EmbeddingOpImpls {
                        const at::Tensor& inverse, const at::Tensor& offsets,
                        const std::optional<at::Tensor>& weights, int64_t mode,
                        const at::Tensor& grad, at::ArrayRef<double> optimizer, int64_t step,
-                       int64_t dim) {
+                       int64_t dim, const std::optional<at::Tensor>& columns) {
     constexpr const char* op = "embedding_backward";
     const TableTensors table = checked_table(op, table_list);
     check_slot_list(op, "unique_slots", unique_slots, table.digests, -1);
@@ -293,21 +347,29 @@ struct EmbeddingOpImpls {
     check_dim(op, table, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
-    check_tensor(op, "grad", grad, at::kFloat, 2);
-    check_same_device(op, "grad", grad, table.digests);
-    TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
-                      ": `grad` must have shape (", num_bags, ", ", dim, "), got ", grad.sizes());
+    if (columns.has_value()) {  // bag b's gradient: row b % B, columns[b / B] of grad
+      check_bag_columns(op, "grad", grad, *columns, num_bags, dim, table.digests);
+    } else {
+      check_tensor(op, "grad", grad, at::kFloat, 2);
+      check_same_device(op, "grad", grad, table.digests);
+      TORCH_CHECK_VALUE(grad.size(0) == num_bags && grad.size(1) == dim, "dynemb.", op,
+                        ": `grad` must have shape (", num_bags, ", ", dim, "), got ",
+                        grad.sizes());
+    }
     const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
     TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table.values.size(1), "dynemb.", op,
                       ": the table's rows (", table.values.size(1),
                       " columns) cannot hold this optimizer's state for dim ", dim);
     typename Backend::DeviceGuard guard(table.digests.device());
+    const float* g = grad.data_ptr<float>();
+    const BagRows<const float> grad_rows =
+        columns.has_value() ? bag_columns(g, grad, *columns) : dense_bags(g, dim);
     dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
                         unique_slots.numel(), inverse.data_ptr<int64_t>(), inverse.numel(),
                         offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
-                        grad.data_ptr<float>(), dim, opt, unique_slots.options());
+                        grad_rows, dim, opt, unique_slots.options());
     });
   }
 
@@ -339,6 +401,7 @@ struct EmbeddingOpImpls {
     using EImpl = ::dynemb::EmbeddingOpImpls<Backend>;                            \
     (m).impl("table_find_or_insert_slots", &EImpl::find_or_insert_slots);         \
     (m).impl("embedding_pool", &EImpl::pool);                                     \
+    (m).impl("embedding_pool_into", &EImpl::pool_into);                           \
     (m).impl("embedding_gather", &EImpl::gather);                                 \
     (m).impl("embedding_backward", &EImpl::backward);                             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \

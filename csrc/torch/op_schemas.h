@@ -57,10 +57,15 @@
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "   \
       "int mode, float[] missing, int seed, int dim) -> Tensor");                                     \
   (m).def(                                                                                            \
+      "embedding_pool_into(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, "               \
+      "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(b!) out, "               \
+      "Tensor columns) -> ()");                                                                       \
+  (m).def(                                                                                            \
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "       \
       "int dim) -> Tensor");                                                                          \
   (m).def(                                                                                            \
       "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "  \
-      "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim) -> ()");         \
+      "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim, "                \
+      "Tensor? columns=None) -> ()");                                                                 \
   } while (0)
 // clang-format on

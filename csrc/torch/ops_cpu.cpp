@@ -54,7 +54,8 @@ struct CpuBackend {
   template <class V>
   static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
                    const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+                   PoolingMode mode, const InitArgs& missing, const BagRows<float>& out,
+                   int64_t dim) {
     cpu::pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
   }
   template <class V>
@@ -71,8 +72,8 @@ struct CpuBackend {
   static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                        const int64_t* inverse, int64_t, const int64_t* offsets,
                        int64_t num_bags, const float* weights, PoolingMode mode,
-                       const float* grad, int64_t dim, const OptimizerArgs& opt,
-                       const at::TensorOptions&) {
+                       const BagRows<const float>& grad, int64_t dim,
+                       const OptimizerArgs& opt, const at::TensorOptions&) {
     cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
                          grad, dim, opt);
   }

@@ -76,28 +76,45 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
 
 
 def split_by_table(indices, offsets, weights, feature_table_map, num_tables, batch_size):
-    """Returns one TableBatch per table (None for a table no feature uses)."""
-    indices = indices.to(torch.int64)
-    offsets = offsets.to(torch.int64)
-    weights = None if weights is None else weights.to(torch.float32)
-    B = batch_size
-    bounds = offsets[::B].tolist() if B else [0] * (len(feature_table_map) + 1)
+    """Returns one TableBatch per table (None for a table no feature uses).
+
+    The batch's keys and weights are copied once (a TableBatch outlives the call, up
+    to backward, and must not see later in-place changes of the caller's tensors);
+    a table with one feature gets views of the copies and a row of one rebasing of
+    every feature's offsets, so the split costs a few ops whatever the number of tables.
+    """
+    indices = indices.to(torch.int64, copy=True)
+    offsets = offsets.to(torch.int64).contiguous()
+    weights = None if weights is None else weights.to(torch.float32, copy=True)
+    B, num_features = batch_size, len(feature_table_map)
+    bounds = offsets[::B].tolist() if B else [0] * (num_features + 1)
+    # Row f: feature f's B + 1 bag boundaries, rebased to start at 0.
+    rebased = offsets.new_zeros((num_features, B + 1))
+    if B:
+        rebased[:, :B] = offsets[:-1].view(num_features, B)
+        rebased[:, B] = offsets[B::B]
+        rebased -= offsets[:-1:B].unsqueeze(1)
+    by_table = [[] for _ in range(num_tables)]
+    for f, t in enumerate(feature_table_map):
+        by_table[t].append(f)
     out = []
-    for t in range(num_tables):
-        features = [f for f, tt in enumerate(feature_table_map) if tt == t]
+    for features in by_table:
         if not features:
             out.append(None)
             continue
         ranges = [(bounds[f], bounds[f + 1]) for f in features]
+        if len(features) == 1:
+            (a, b), f = ranges[0], features[0]
+            w = weights[a:b] if weights is not None else None
+            out.append(TableBatch(features, indices[a:b], rebased[f], w, ranges))
+            continue
         keys = torch.cat([indices[a:b] for a, b in ranges])
         parts, base = [offsets[:1] * 0], 0
         for f, (a, b) in zip(features, ranges):
-            parts.append(offsets[f * B + 1 : (f + 1) * B + 1] - a + base)
+            parts.append(rebased[f, 1:] + base)
             base += b - a
         w = torch.cat([weights[a:b] for a, b in ranges]) if weights is not None else None
-        out.append(
-            TableBatch(features, keys.contiguous(), torch.cat(parts).contiguous(), w, ranges)
-        )
+        out.append(TableBatch(features, keys, torch.cat(parts), w, ranges))
     return out
 
 

@@ -125,6 +125,15 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         self.dims = dims
         self.feature_dims = [dims[t] for t in fmap]
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # Per table, the output column of each of its features (in feature order): the
+        # pooling op writes a table's bags straight there, and backward reads their
+        # gradients there (no per-table temporaries, copies or concatenations).
+        columns = _feature_columns(self.feature_dims)
+        self._table_columns = [
+            torch.tensor([columns[f][0] for f, tt in enumerate(fmap) if tt == t],
+                         dtype=torch.int64, device=self.device)
+            for t in range(len(options))
+        ]  # fmt: skip
         # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering): the
         # kernel uses them through the Table protocol only.
         self.tables: list[Table] = [
@@ -285,8 +294,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 saved.append(None)
                 continue
             unique, inverse, counts = distinct
+            into = None if sequence else (out, self._table_columns[t])  # pooled: in place
             if cached and not self._inserts(t):
-                rows = self._cached_eval_rows(t, tb, unique, inverse, batch_size)
+                rows = self._cached_eval_rows(t, tb, unique, inverse, batch_size, into)
                 batch = None
             else:
                 batch = staged = None
@@ -299,20 +309,22 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 with table.lock.read():
-                    rows = self._read_rows(t, tb, slots, missing, batch_size)
+                    rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
                 if staged is not None:  # their rows, from the batch's private table
-                    rows += self._read_rows(
+                    extra = self._read_rows(
                         t, tb, staged.unique_slots[inverse], _ZEROS, batch_size, staged.storage
                     )
+                    if sequence:
+                        rows += extra
+                    else:
+                        for k, f in enumerate(tb.features):
+                            c0, c1 = columns[f]
+                            out[:, c0:c1] += extra[k * batch_size : (k + 1) * batch_size]
             if sequence:
                 start = 0
                 for a, b in tb.index_ranges:
                     out[a:b] = rows[start : start + b - a]
                     start += b - a
-            else:
-                for k, f in enumerate(tb.features):
-                    c0, c1 = columns[f]
-                    out[:, c0:c1] = rows[k * batch_size : (k + 1) * batch_size]
             saved.append(None if not self._inserts(t) else
                          (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
         return out, (self.training, saved)
@@ -332,7 +344,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         fresh = distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
         return [r if r is not None else f for r, f in zip(reused, fresh)]
 
-    def _cached_eval_rows(self, t, tb, unique, inverse, batch_size):
+    def _cached_eval_rows(self, t, tb, unique, inverse, batch_size, into=None):
         """Eval lookup of a cached table: rows from the cache, else its slow tier, else
         the eval initializer, pooled by the same op as every lookup (core/pooling.h);
         nothing is inserted. The stored rows go to a private table for the op."""
@@ -341,15 +353,23 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         private = Staged.of(unique, at, stored[at], torch.zeros_like(at))
         slots = private.unique_slots[inverse]
         missing = self._eval_missing[t]
-        return self._read_rows(t, tb, slots, missing, batch_size, private.storage)
+        return self._read_rows(t, tb, slots, missing, batch_size, private.storage, into)
 
-    def _read_rows(self, t, tb, slots, missing, batch_size, storage=None):
+    def _read_rows(self, t, tb, slots, missing, batch_size, storage=None, into=None):
         """Pooled bags (len(features) * B, dim), or one row per index for NONE.
-        ``storage``: the TableStorage to read (default: table t's)."""
+        ``storage``: the TableStorage to read (default: table t's). ``into``: (out,
+        columns): the pooled bags are written in the features' columns of ``out``
+        (embedding_pool_into) and None is returned."""
         table, opts = self.tables[t], self.table_options[t]
         storage = (storage or table.buffers).tensors()
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
+        if into is not None:
+            _ops.embedding_pool_into(
+                storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
+                missing, opts.seed, table.dim, *into,
+            )  # fmt: skip
+            return None
         return _ops.embedding_pool(
             storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
             missing, opts.seed, table.dim,
@@ -368,7 +388,6 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         optimizer = self.optimizer_config.kernel_args()  # validates: raises before any change
         grad_out = grad_out.to(torch.float32)
         self.step += 1
-        columns = _feature_columns(self.feature_dims)
         sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
         for t, entry in enumerate(saved):
             if entry is None:
@@ -376,11 +395,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             tb, unique, unique_slots, inverse, token, batch, staged = entry
             table = self.tables[t]
             if sequence:
-                grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges])
+                grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges]).contiguous()
                 offsets = torch.arange(tb.keys.numel() + 1, device=self.device)
-                weights, mode = None, 0
-            else:
-                grad = torch.cat([grad_out[:, columns[f][0] : columns[f][1]] for f in tb.features])
+                weights, mode, grad_columns = None, 0, None
+            else:  # the op reads each feature's gradient in place in grad_out's columns
+                grad, grad_columns = grad_out, self._table_columns[t]
                 offsets, weights = tb.offsets, tb.weights
                 mode = _POOLING_CODE[self.pooling_mode]
             with table.lock.write():
@@ -388,12 +407,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     unique_slots = _ops.table_find_slots(table.buffers.tensors(), unique)
                 _ops.embedding_backward(
                     table.buffers.tensors(), unique_slots, inverse, offsets, weights, mode,
-                    grad.contiguous(), optimizer, self.step, table.dim,
+                    grad, optimizer, self.step, table.dim, grad_columns,
                 )  # fmt: skip
             if staged is not None:  # keys the cache could not take: same update, then home
                 _ops.embedding_backward(
                     staged.storage.tensors(), staged.unique_slots, inverse, offsets, weights,
-                    mode, grad.contiguous(), optimizer, self.step, table.dim,
+                    mode, grad, optimizer, self.step, table.dim, grad_columns,
                 )  # fmt: skip
                 table.unstage(staged)
             if batch is not None:
