@@ -50,8 +50,14 @@ def _lookup(serving) -> torch.Tensor:
 def test_a_gap_is_refused_naming_the_versions(chain):
     serving = _serving(chain)
     before = _lookup(serving)
-    with pytest.raises(DeltaVersionError, match=r"version 2 leaves a gap.*at version 0.*1\.\.1"):
+    with pytest.raises(
+        DeltaVersionError, match=r"version 2 leaves a gap.*at version 0, version 1 is missing"
+    ):
         serving.apply_delta(delta_path(chain.directory, 2))
+    with pytest.raises(
+        DeltaVersionError, match=r"version 3 leaves a gap.*versions 1\.\.2 are missing"
+    ):
+        serving.apply_delta(delta_path(chain.directory, 3))
     assert serving.delta_version == 0 and torch.equal(_lookup(serving), before)
 
 

@@ -36,9 +36,11 @@ def check_order(delta: Delta, version: int | None, base_dump_id: str | None) -> 
             f"(this module is at version {version}; the next is {version + 1})"
         )
     if delta.version > version + 1:
+        first, last = version + 1, delta.version - 1
+        missing = f"version {first} is" if first == last else f"versions {first}..{last} are"
         raise DeltaVersionError(
             f"apply_delta({where}): delta version {delta.version} leaves a gap: this module is "
-            f"at version {version}, versions {version + 1}..{delta.version - 1} are missing"
+            f"at version {version}, {missing} missing"
         )
 
 
