@@ -21,25 +21,22 @@ from pathlib import Path
 import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm (TorchRec's mean divisor)
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
 
 from dynemb import _ops
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.deltas import read_delta
 from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.inference_arguments import (
+    check_inference_batch,
+    feature_map,
+    pooling_mode_of,
+)
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
-from dynemb.kernel.batch_layout import check_batch
 from dynemb.kernel.table_options import check_options, init_list
 from dynemb.table.placement import BUFFERS
 from dynemb.types import DynamicEmbPoolingMode
 
-# DynamicEmb's pooling codes (DYNAMICEMB_API.md section 11): -1 none, 1 sum, 2 mean.
-_DYNAMICEMB_POOLING = {
-    -1: DynamicEmbPoolingMode.NONE,
-    1: DynamicEmbPoolingMode.SUM,
-    2: DynamicEmbPoolingMode.MEAN,
-}
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Serializes the writers of every module (loads, apply_delta); lookups take no lock:
 # a writer builds new tables and swaps them in with one assignment (see _set_rows).
@@ -131,8 +128,8 @@ class InferenceEmbeddingCollection(nn.Module):
             )
         for name, o in zip(names, options):
             check_options(name, o)
-        fmap = self._feature_map(feature_names, feature_table_map, len(options))
-        self.pooling_mode = _pooling(
+        fmap = feature_map(feature_names, feature_table_map, len(options))
+        self.pooling_mode = pooling_mode_of(
             self._default_pooling if pooling_mode is None else pooling_mode
         )
         self._check_pooling(self.pooling_mode)
@@ -293,7 +290,15 @@ class InferenceEmbeddingCollection(nn.Module):
         Returns:
             (n, dim) rows without pooling; (B, sum of feature dims) pooled.
         """
-        self._check_batch(keys, offsets, pooling_offsets, per_sample_weights)
+        check_inference_batch(
+            keys,
+            offsets,
+            pooling_offsets,
+            per_sample_weights,
+            device=self.device,
+            num_features=len(self.feature_table_map),
+            pooling_mode=self.pooling_mode,
+        )
         keys = keys.to(torch.int64)
         offsets = offsets.to(torch.int64)
         features = len(self.feature_table_map)
@@ -386,54 +391,6 @@ class InferenceEmbeddingCollection(nn.Module):
             )
         return list(table_names)
 
-    def _check_batch(self, keys, offsets, pooling_offsets, weights) -> None:
-        """Checks shapes and dtypes always, offset values only when not tracing (then
-        the pooling op still checks them at run time), so that tracing needs no data."""
-        if pooling_offsets is not None:
-            raise ValueError("pooling_offsets must be None: dynemb pools the bags of `offsets`")
-        for name, t in (("keys", keys), ("offsets", offsets)):
-            if (
-                not isinstance(t, torch.Tensor)
-                or t.dtype not in (torch.int64, torch.int32)
-                or t.dim() != 1
-            ):
-                raise TypeError(f"{name} must be a 1-D int64 (or int32) tensor, got {_describe(t)}")
-            if t.device != self.device:
-                raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
-        features = len(self.feature_table_map)
-        if (offsets.shape[0] - 1) % features:
-            raise ValueError(
-                f"offsets must have B * F + 1 entries with F={features} features, got {offsets.shape[0]}"
-            )
-        if weights is not None:
-            if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-                raise ValueError(
-                    "per_sample_weights need sum or mean pooling, the pooling_mode is none"
-                )
-            if not isinstance(weights, torch.Tensor) or weights.shape != keys.shape:
-                raise ValueError(
-                    f"per_sample_weights must be a tensor of shape {tuple(keys.shape)}, got {_describe(weights)}"
-                )
-        if not torch.compiler.is_compiling() and not isinstance(offsets, FakeTensor):
-            check_batch(keys, offsets, weights, features)  # offsets from 0 to n, never decreasing
-
-    @staticmethod
-    def _feature_map(feature_names, feature_table_map, num_tables: int) -> list[int]:
-        if feature_table_map is None:
-            count = len(feature_names) if feature_names is not None else num_tables
-            fmap = list(range(count))
-        else:
-            fmap = [int(t) for t in feature_table_map]
-        if not fmap or any(not 0 <= t < num_tables for t in fmap):
-            raise ValueError(
-                f"feature_table_map must map each feature to a table in [0, {num_tables}), got {fmap}"
-            )
-        if feature_names is not None and len(feature_names) != len(fmap):
-            raise ValueError(
-                f"feature_names has {len(feature_names)} names for {len(fmap)} features"
-            )
-        return fmap
-
     @staticmethod
     def _check_pooling(mode: DynamicEmbPoolingMode) -> None:
         """Any pooling suits the collection (DynamicEmb's pools too)."""
@@ -463,22 +420,6 @@ def _mean_divisor(offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.
     else:
         sizes = torch.ops.fbgemm.segment_sum_csr(1, offsets.int(), weights)
     return sizes + 1e-6
-
-
-def _pooling(mode) -> DynamicEmbPoolingMode:
-    if isinstance(mode, DynamicEmbPoolingMode):
-        return mode
-    if isinstance(mode, int) and not isinstance(mode, bool) and mode in _DYNAMICEMB_POOLING:
-        return _DYNAMICEMB_POOLING[mode]
-    raise ValueError(
-        f"pooling_mode must be -1 (none), 1 (sum), 2 (mean) or a DynamicEmbPoolingMode, got {mode!r}"
-    )
-
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return repr(x)
 
 
 __all__ = ["InferenceEmbeddingBagCollection", "InferenceEmbeddingCollection"]
