@@ -80,7 +80,7 @@ class ServingDLRM(nn.Module):
     (ids, offsets) pair per ordinary table, and the sequence feature's keys and offsets.
     """
 
-    def __init__(self, args: argparse.Namespace, num_dense: int) -> None:
+    def __init__(self, args: argparse.Namespace, num_dense: int, device: torch.device) -> None:
         super().__init__()
         pooled, sequence = example.table_configs(args)
         dynamic = example.dynamic_features(args)
@@ -99,11 +99,13 @@ class ServingDLRM(nn.Module):
             pooling_mode=MEAN,
             table_names=[t.name for t in self.dynamic_pooled],
             feature_names=[t.feature_names[0] for t in self.dynamic_pooled],
+            device=device,
         )
         self.sequence = InferenceEmbeddingCollection(
             [_options(args) for _ in sequence],
             table_names=[t.name for t in sequence],
             feature_names=self.sequence_features,
+            device=device,
         )
         # Ordinary tables: TorchRec's state-dict names, filled by load_dense.
         self.ordinary = nn.ParameterDict(
@@ -115,6 +117,7 @@ class ServingDLRM(nn.Module):
         self.dense_arch = dlrm.dense_arch
         self.inter_arch = dlrm.inter_arch
         self.over_arch = dlrm.over_arch
+        self.to(device)  # the dense layers and ordinary tables (the tables are there already)
 
     def load(self, directory: Path, version: int) -> None:
         """Version ``version`` of ``directory``: the base, deltas 1..version, dense-N."""
@@ -164,15 +167,18 @@ class ServingDLRM(nn.Module):
     def inputs(self, batch: Batch) -> tuple:
         """The forward arguments of a batch of the example's dataset."""
         features = batch.sparse_features.to_dict()
+        device = self.pooled.device
 
         def packed(names: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
             keys = torch.cat([features[f].values() for f in names]).long()
             lengths = torch.cat([features[f].lengths() for f in names]).long()
-            return keys, torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            return keys.to(device), offsets.to(device)
 
         dynamic = packed([t.feature_names[0] for t in self.dynamic_pooled])
         ordinary = tuple(packed(t.feature_names) for t in self.ordinary_pooled)
-        return (batch.dense_features, *dynamic, ordinary, *packed(self.sequence_features))
+        dense = batch.dense_features.to(device)
+        return (dense, *dynamic, ordinary, *packed(self.sequence_features))
 
 
 def _options(args: argparse.Namespace):
@@ -205,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     trained = argparse.Namespace(**read_config(directory))
     data = example.make_dataset(trained)
-    model = ServingDLRM(trained, data.num_dense).eval()
+    # The device example.py trains on (its logits are that device's arithmetic).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = ServingDLRM(trained, data.num_dense, device).eval()
     model.load(directory, version)
     views = example.id_views(trained)
     batches = list(
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.export.save(program, args.program)
     served = torch.export.load(args.program).module()
     with torch.no_grad():
-        logits = torch.cat([served(*model.inputs(b)) for b in batches])
+        logits = torch.cat([served(*model.inputs(b)).cpu() for b in batches])
     labels = torch.cat([b.labels for b in batches])
     auc = roc_auc(logits, labels)
     print(
