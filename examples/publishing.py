@@ -1,22 +1,23 @@
-"""What ``example.py --publish_every K`` writes, and how ``examples/serve.py`` finds it.
+"""What ``example.py --publish_every K`` writes, and how ``examples/serve.py`` reads it.
 
 A publish directory holds one chain of versions::
 
     example.json            the example's arguments (serve.py rebuilds the model from them)
     base/                   version 0 of the dynamic tables: a DynamicEmbDump checkpoint
     delta-<N, 8 digits>/    versions 1, 2, ...: dynemb.deltas.DeltaPublisher's deltas
-    dense-<N, 8 digits>.pt  version N of everything else (torch.save of a dict of tensors):
-                            the dense MLPs and the ordinary TorchRec tables, whole
+    dense-<N, 8 digits>.pt  version N of everything else (torch.save of a dict):
+                            {"dense": {name: tensor}, the dense layers whole,
+                             "tables": {name: (rows, values)}, each ordinary TorchRec
+                             table's rows that changed since version N - 1 (int64 row
+                             indices, their values; rows None at version 0: the whole table)}
 
-Version N of the model is ``base`` + ``delta-1`` .. ``delta-N`` + ``dense-N.pt``. Each
-file appears whole or not at all: the deltas and the base are committed by a rename (see
-dynemb.deltas), and ``dense-N.pt`` is written to a hidden temporary file, fsynced and
-renamed. ``dense-N.pt`` is written before ``delta-N``, so a version is complete once
+Version N of the model is ``base`` + ``delta-1`` .. ``delta-N`` for the dynamic tables,
+``dense-0`` .. ``dense-N`` for the ordinary tables (``read_version``), ``dense-N`` for the
+dense layers. So a version costs what training touched, ordinary tables included. Each
+file appears whole or not at all: the deltas and the base are committed by a rename
+(see dynemb.deltas), and ``dense-N.pt`` is written to a hidden temporary file, fsynced
+and renamed. ``dense-N.pt`` is written before ``delta-N``, so a version is complete once
 its delta (or the base) exists; ``published_versions`` lists only complete ones.
-
-Deltas cover the dynamic tables only: ``dense-N.pt`` holds the ordinary tables whole
-(``--vocab_size`` rows each, 64 MB per version at the default sizes; none with
-``--optimizer ADAM`` on CPU, where every table is dynamic).
 """
 
 import json
@@ -60,11 +61,16 @@ def published_versions(directory: str | Path) -> list[int]:
     return versions
 
 
-def dense_state(dlrm: nn.Module, dynamic_tables: set[str]) -> dict[str, torch.Tensor]:
-    """Every tensor of the (single-process) model's state but the dynamic tables, as
-    plain CPU tensors: the dense MLPs and the ordinary tables' weights (a one-process
-    ShardedTensor holds its whole table in its one shard)."""
-    state = {}
+TABLES = ("embedding_bag_collection.", "embedding_collection.")  # SequenceDLRM's collections
+
+State = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def model_state(dlrm: nn.Module, dynamic_tables: set[str]) -> State:
+    """(dense layers, ordinary tables' weights) of the (single-process) model, as plain
+    CPU copies; the dynamic tables are left out (their placeholders too). A one-process
+    TorchRec table is a ShardedTensor with its whole table in its one shard."""
+    dense, tables = {}, {}
     for name, value in dlrm.state_dict().items():
         if any(f".{table}." in f".{name}" for table in dynamic_tables):
             continue
@@ -76,8 +82,33 @@ def dense_state(dlrm: nn.Module, dynamic_tables: set[str]) -> dict[str, torch.Te
             if len(shards) != 1 or shards[0].tensor.shape != size:
                 raise ValueError(f"{name}: not a whole table in one shard ({size})")
             value = shards[0].tensor
-        state[name] = value.detach().to("cpu", copy=True)
-    return state
+        copy = value.detach().to("cpu", copy=True)
+        (tables if name.startswith(TABLES) else dense)[name] = copy
+    return dense, tables
+
+
+def changed_rows(previous: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """(m,) int64 indices of the rows of ``current`` whose bytes differ from
+    ``previous``'s (bytes, not values: -0.0 vs 0.0 and NaNs are changes too)."""
+    rows = current.shape[0]
+    before = previous.contiguous().view(torch.uint8).reshape(rows, -1)
+    after = current.contiguous().view(torch.uint8).reshape(rows, -1)
+    return torch.nonzero((before != after).any(dim=1), as_tuple=True)[0]
+
+
+def read_version(directory: str | Path, version: int) -> State:
+    """(dense layers, ordinary tables) of ``version``: ``dense-N``'s dense layers, and
+    the tables of ``dense-0`` patched with the changed rows of ``dense-1`` .. ``dense-N``."""
+    dense, tables = {}, {}
+    for v in range(version + 1):
+        saved = torch.load(dense_path(directory, v), weights_only=True)
+        dense = saved["dense"]
+        for name, (rows, values) in saved["tables"].items():
+            if rows is None:
+                tables[name] = values
+            else:
+                tables[name][rows] = values
+    return dense, tables
 
 
 def save_atomically(obj, path: Path) -> None:
@@ -122,6 +153,7 @@ class ExamplePublisher:
         self.deltas = DeltaPublisher(model, self.directory)
         _save_json_atomically(config, self.directory / CONFIG)
         self.steps = 0  # since the last version
+        self.tables: dict[str, torch.Tensor] = {}  # the ordinary tables as last published
 
     @property
     def version(self) -> int | None:
@@ -156,8 +188,16 @@ class ExamplePublisher:
         self.deltas.close()
 
     def _save_dense(self, version: int) -> None:
-        state = dense_state(self.model.module, self.dynamic_tables)
-        save_atomically(state, dense_path(self.directory, version))
+        dense, tables = model_state(self.model.module, self.dynamic_tables)
+        if version == 0:
+            patches = {name: (None, weight) for name, weight in tables.items()}
+        else:
+            patches = {}
+            for name, weight in tables.items():
+                rows = changed_rows(self.tables[name], weight)
+                patches[name] = (rows, weight[rows])
+        save_atomically(dict(dense=dense, tables=patches), dense_path(self.directory, version))
+        self.tables = tables
 
 
 def _save_json_atomically(obj: dict, path: Path) -> None:

@@ -39,7 +39,12 @@ from dynemb.exportable_tables import (  # noqa: E402
     InferenceEmbeddingCollection,
 )
 from dynemb.models import mean_of_rows  # noqa: E402
-from examples.publishing import CONFIG, dense_path, published_versions, read_config  # noqa: E402
+from examples.publishing import (  # noqa: E402
+    CONFIG,
+    published_versions,
+    read_config,
+    read_version,
+)
 
 MEAN = 2  # DynamicEmb's pooling code: the example's pooled tables average their rows
 
@@ -125,15 +130,17 @@ class ServingDLRM(nn.Module):
             module.load_from_dynamicemb_file(directory / "base")
             for v in range(1, version + 1):
                 module.apply_delta(delta_path(directory, v))
-        state = torch.load(dense_path(directory, version), weights_only=True)
+        dense, tables = read_version(directory, version)
         prefix = "embedding_bag_collection.embedding_bags."
+        if set(tables) != {f"{prefix}{t.name}.weight" for t in self.ordinary_pooled}:
+            raise ValueError(f"{directory}: ordinary tables {sorted(tables)} are not the model's")
         with torch.no_grad():
             for t in self.ordinary_pooled:
-                self.ordinary[t.name].copy_(state.pop(f"{prefix}{t.name}.weight"))
+                self.ordinary[t.name].copy_(tables[f"{prefix}{t.name}.weight"])
         layers = nn.ModuleDict(
             dict(dense_arch=self.dense_arch, inter_arch=self.inter_arch, over_arch=self.over_arch)
         )
-        layers.load_state_dict(state)  # strict: every dense tensor, nothing else
+        layers.load_state_dict(dense)  # strict: every dense tensor, nothing else
 
     def forward(
         self,

@@ -74,6 +74,27 @@ def test_every_version_is_published_and_deltas_remove_evicted_keys(published):
     assert sum(t.tombstones.numel() for d in deltas for t in d.tables.values()) > 0
 
 
+def test_ordinary_tables_publish_the_rows_that_changed(published):
+    """dense-N holds the rows of the ordinary table (f6, 1,000 rows) that steps
+    (N-1, N] trained: some, not all; replayed, they give the table of version N."""
+    directory, _ = published
+    saved = [torch.load(publishing.dense_path(directory, v)) for v in range(EPOCH_VERSIONS[-1] + 1)]
+    if not saved[0]["tables"]:  # ADAM on CPU: every table is dynamic
+        assert all(not s["tables"] for s in saved)
+        return
+    (name,) = saved[0]["tables"]
+    rows, whole = saved[0]["tables"][name]
+    assert rows is None and whole.shape[0] == 1000
+    table = whole.clone()
+    for v in range(1, len(saved)):
+        rows, values = saved[v]["tables"][name]
+        assert 0 < rows.numel() < 1000
+        assert (table[rows] != values).any(dim=1).all()  # each of them changed
+        table[rows] = values
+    _, tables = publishing.read_version(directory, len(saved) - 1)
+    assert torch.equal(tables[name], table)
+
+
 def test_serve_refuses_a_version_not_published(published, tmp_path, capsys):
     directory, _ = published
     assert serve.main(["--publish_dir", str(directory), "--version", "7"]) == 2
