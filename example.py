@@ -477,9 +477,16 @@ def distribute_batch(model: nn.Module, device: torch.device):
 @torch.no_grad()
 def evaluate(
     model: nn.Module, batches: Iterable[Batch], device: torch.device, desc: str, progress: bool
+) -> float:
+    """Held-out AUC over all ranks' predictions (gathered, then ranked)."""
+    return evaluate_logits(model, batches, device, desc, progress)[0]
+
+
+@torch.no_grad()
+def evaluate_logits(
+    model: nn.Module, batches: Iterable[Batch], device: torch.device, desc: str, progress: bool
 ) -> tuple[float, torch.Tensor]:
-    """Held-out AUC over all ranks' predictions (gathered, then ranked), and the
-    logits (rank 0's batches, then rank 1's, ...)."""
+    """``evaluate``'s AUC, and the logits it ranked (rank 0's batches, then rank 1's, ...)."""
     model.eval()
     scores, labels = [], []
     for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
@@ -610,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         scores = []  # --scores_out
 
         def held_out(epoch: int, line: str) -> str:
-            auc, logits = evaluate(model, data.batches("eval", **batches), device, "eval", lead)
+            auc, logits = evaluate_logits(
+                model, data.batches("eval", **batches), device, "eval", lead
+            )
             version = publisher.version if publisher is not None else None
             scores.append(dict(epoch=epoch, version=version, auc=auc, logits=logits))
             line += f"held-out AUC {auc:.4f}"
