@@ -112,7 +112,7 @@ class ServingDLRM(nn.Module):
             feature_names=self.sequence_features,
             device=device,
         )
-        # Ordinary tables: TorchRec's state-dict names, filled by load_dense.
+        # Ordinary tables (f6's, unless every table is dynamic), filled by load.
         self.ordinary = nn.ParameterDict(
             {
                 t.name: nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim), False)
@@ -206,9 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     directory = Path(args.publish_dir)
     if not (directory / CONFIG).is_file():
-        print(f"--publish_dir {directory}: no {CONFIG}; run example.py --publish_every K first")
+        print(
+            f"--publish_dir {directory}: no {CONFIG}; run example.py --publish_every K first",
+            file=sys.stderr,
+        )
         return 2
     versions = published_versions(directory)
+    if not versions:
+        print(f"--publish_dir {directory}: no complete version yet", file=sys.stderr)
+        return 2
     version = versions[-1] if args.version is None else args.version
     if version not in versions:
         print(

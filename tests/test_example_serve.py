@@ -100,6 +100,7 @@ def test_serve_refuses_a_version_not_published(published, tmp_path, capsys):
     assert serve.main(["--publish_dir", str(directory), "--version", "7"]) == 2
     assert "--version 7" in capsys.readouterr().err
     assert serve.main(["--publish_dir", str(tmp_path)]) == 2  # nothing published there
+    assert "no example.json" in capsys.readouterr().err
 
 
 def test_published_versions_stop_at_the_first_incomplete_one(tmp_path):
