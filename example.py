@@ -113,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="K",
         help="with --train, one process: publish the model to --publish_dir before training "
         "(version 0), every K steps and after each epoch (1, 2, ...): the dynamic tables as "
-        "a base checkpoint and deltas (dynemb.deltas), the rest whole; examples/serve.py "
-        "serves any version. 0: off",
+        "a base checkpoint and deltas (dynemb.deltas), the dense layers and the ordinary "
+        "table's changed rows beside them; examples/serve.py serves any version. 0: off",
     )
     run.add_argument(
         "--publish_dir",
@@ -616,14 +616,15 @@ def main(argv: list[str] | None = None) -> int:
         batches = dict(batch_size=args.batch_size, rank=rank, world_size=world_size, id_view=views)
         scores = []  # --scores_out
 
-        def held_out(epoch: int, line: str) -> str:
+        def held_out(epoch: int) -> str:
+            """Evaluates; the AUC (and the version it is) as printed."""
             auc, logits = evaluate_logits(
                 model, data.batches("eval", **batches), device, "eval", lead
             )
             version = publisher.version if publisher is not None else None
             scores.append(dict(epoch=epoch, version=version, auc=auc, logits=logits))
-            line += f"held-out AUC {auc:.4f}"
-            return line + (f" (published version {version})" if version is not None else "")
+            published = f" (published version {version})" if version is not None else ""
+            return f"held-out AUC {auc:.4f}{published}"
 
         for epoch in range(1, args.epochs + 1) if args.train else ():
             loss = train_epoch(
@@ -640,11 +641,11 @@ def main(argv: list[str] | None = None) -> int:
                 publisher.publish_pending()  # the epoch's last steps
             line = f"epoch {epoch}/{args.epochs}: train loss {loss:.4f}"
             if args.eval:
-                line = held_out(epoch, line + ", ")
+                line += ", " + held_out(epoch)
             if lead:
                 print(line, flush=True)
         if args.eval and not args.train:
-            line = held_out(0, "")
+            line = held_out(0)
             if lead:
                 print(line, flush=True)
         if publisher is not None:
