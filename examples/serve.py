@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what example.py --publish_every wrote",
     )
     parser.add_argument(
-        "--version", type=int, default=None, help="the version to serve (default: the latest)"
+        "--version", type=int, default=None, help="the version to serve; None: the latest"
     )
     parser.add_argument(
         "--program",
