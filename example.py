@@ -8,6 +8,8 @@ Usage::
     torchrun --nproc_per_node=2 example.py --train --eval --caching --prefetch  # caching mode
     torchrun --nproc_per_node=2 example.py --train --dump            # then, at any world size:
     python example.py --load --eval                                  # the same held-out AUC
+    python example.py --train --eval --publish_every 100             # base + a delta per 100 steps
+    python examples/serve.py                                         # served: the same AUC
 
 The model (``dynemb.models.SequenceDLRM``): a dense MLP, an EmbeddingBagCollection
 of 7 pooled features, an EmbeddingCollection of 1 sequence feature (its rows
@@ -35,7 +37,8 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -68,6 +71,7 @@ from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 from dynemb.tiering import PrefetchPipeline, distribute_for_prefetch, prefetch_distributed
+from examples.publishing import ExamplePublisher
 
 # Deprecation notices raised inside torch / TorchRec, which user code cannot act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"(torch|torchrec)\.")
@@ -101,6 +105,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--dump", action="store_true", help="save a checkpoint to --checkpoint_dir")
     run.add_argument("--load", action="store_true", help="load --checkpoint_dir first")
     run.add_argument("--checkpoint_dir", default="dynemb_example_ckpt", help="for --dump/--load")
+    run.add_argument(
+        "--publish_every",
+        "--publish-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --train, one process: publish the model to --publish_dir before training "
+        "(version 0), every K steps and after each epoch (1, 2, ...): the dynamic tables as "
+        "a base checkpoint and deltas (dynemb.deltas), the dense layers and the ordinary "
+        "table's changed rows beside them; examples/serve.py serves any version. 0: off",
+    )
+    run.add_argument(
+        "--publish_dir",
+        "--publish-dir",
+        default="dynemb_example_deltas",
+        help="for --publish_every: a new or empty directory",
+    )
+    run.add_argument(
+        "--scores_out",
+        default=None,
+        help="with --eval: torch.save the held-out logits of each evaluation to this file "
+        "(a list of {epoch, version, auc, logits}; logits in batch order, ranks after each other)",
+    )
     model = parser.add_argument_group("tables and training")
     model.add_argument("--static", action="store_true", help="all tables ordinary TorchRec")
     model.add_argument(
@@ -240,14 +267,7 @@ def build_model(
 ) -> DistributedModelParallel:
     """The model on the meta device, planned and sharded by DistributedModelParallel."""
     pooled, sequence = table_configs(args)
-    meta = torch.device("meta")
-    model = SequenceDLRM(
-        EmbeddingBagCollection(tables=pooled, device=meta),
-        dense_in_features=num_dense,
-        dense_arch_layer_sizes=[64, args.embedding_dim],
-        over_arch_layer_sizes=[64, 32, 1],
-        embedding_collection=EmbeddingCollection(tables=sequence, device=meta),
-    )
+    model = unsharded_model(args, num_dense)
     fused_params = {
         "optimizer": EmbOptimType[args.optimizer],
         "learning_rate": args.learning_rate,
@@ -274,6 +294,20 @@ def build_model(
         plan=plan,
         sharders=sharders,
         device=device,
+    )
+
+
+def unsharded_model(args: argparse.Namespace, num_dense: int) -> SequenceDLRM:
+    """The DLRM with its embedding collections on the meta device (the sharders
+    materialise them) and its dense layers on the CPU (DistributedModelParallel moves them)."""
+    pooled, sequence = table_configs(args)
+    meta = torch.device("meta")
+    return SequenceDLRM(
+        EmbeddingBagCollection(tables=pooled, device=meta),
+        dense_in_features=num_dense,
+        dense_arch_layer_sizes=[64, args.embedding_dim],
+        over_arch_layer_sizes=[64, 32, 1],
+        embedding_collection=EmbeddingCollection(tables=sequence, device=meta),
     )
 
 
@@ -317,17 +351,7 @@ def dynamic_planner(
     """
     device = torch.device(topology.compute_device)
     dynamic = dynamic_features(args)
-    options = dynemb.DynamicEmbTableOptions(
-        initializer_args=dynemb.DynamicEmbInitializerArgs(
-            mode=dynemb.DynamicEmbInitializerMode.UNIFORM,
-            lower=-args.init_bound,
-            upper=args.init_bound,
-        ),
-        score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
-        dist_type=args.dist_type,
-        seed=args.seed,
-        **cache_options(args),
-    )
+    options = dynamic_table_options(args)
     constraints = {}
     for t in tables:
         if t.feature_names[0] in dynamic:
@@ -349,6 +373,21 @@ def dynamic_planner(
         storage_reservation=storage_reservation(),
     )
     return sharders, planner
+
+
+def dynamic_table_options(args: argparse.Namespace) -> dynemb.DynamicEmbTableOptions:
+    """Every dynamic table's options (the planner fills in dim and capacity per rank)."""
+    return dynemb.DynamicEmbTableOptions(
+        initializer_args=dynemb.DynamicEmbInitializerArgs(
+            mode=dynemb.DynamicEmbInitializerMode.UNIFORM,
+            lower=-args.init_bound,
+            upper=args.init_bound,
+        ),
+        score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
+        dist_type=args.dist_type,
+        seed=args.seed,
+        **cache_options(args),
+    )
 
 
 def storage_reservation() -> FixedPercentageStorageReservation:
@@ -387,11 +426,13 @@ def train_epoch(
     desc: str,
     progress: bool,
     prefetch: bool = False,
+    after_step: Callable[[], None] | None = None,
 ) -> float:
     """One pass over ``batches``; returns the mean training loss over all ranks.
 
     ``prefetch``: run dynemb.tiering.PrefetchPipeline (caching mode), which overlaps
     the prefetch of each next batch with the training of the current one.
+    ``after_step``: called after each optimizer step (a batch boundary).
     """
     model.train()
     total = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
@@ -404,6 +445,8 @@ def train_epoch(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step()
         return torch.tensor([loss.item() * len(batch.labels), len(batch.labels)])
 
     if prefetch:
@@ -436,6 +479,14 @@ def evaluate(
     model: nn.Module, batches: Iterable[Batch], device: torch.device, desc: str, progress: bool
 ) -> float:
     """Held-out AUC over all ranks' predictions (gathered, then ranked)."""
+    return evaluate_logits(model, batches, device, desc, progress)[0]
+
+
+@torch.no_grad()
+def evaluate_logits(
+    model: nn.Module, batches: Iterable[Batch], device: torch.device, desc: str, progress: bool
+) -> tuple[float, torch.Tensor]:
+    """``evaluate``'s AUC, and the logits it ranked (rank 0's batches, then rank 1's, ...)."""
     model.eval()
     scores, labels = [], []
     for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
@@ -446,7 +497,37 @@ def evaluate(
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
     everything = torch.cat(gathered, dim=1)
-    return roc_auc(everything[0], everything[1])
+    return roc_auc(everything[0], everything[1]), everything[0]
+
+
+# --- publication -------------------------------------------------------------------------
+
+
+def publish_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``--publish_every`` cannot run with these arguments, or None."""
+    if args.publish_every == 0:
+        return None
+    flag = f"--publish_every {args.publish_every}"
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.publish_every < 0:
+        return f"{flag}: K must be a number of steps >= 1 (0: off)"
+    if not args.train:
+        return f"{flag} publishes during training: give --train"
+    if world_size > 1:
+        return (
+            f"{flag}: dynemb.deltas.DeltaPublisher publishes single-process models only, "
+            f"this run has {world_size} processes (WORLD_SIZE): run `python example.py` "
+            "without torchrun"
+        )
+    if args.static or args.caching:
+        return (
+            f"{flag} publishes dynamic tables without a cache: not with "
+            f"{'--static' if args.static else '--caching'}"
+        )
+    directory = Path(args.publish_dir)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        return f"--publish_dir {directory}: must be a new or empty directory, it holds files"
+    return None
 
 
 # --- checkpoints -------------------------------------------------------------------------
@@ -485,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefetch and not args.caching:
         print("--prefetch fills the caches of --caching: pass both", file=sys.stderr)
         return 2
+    refusal = publish_refusal(args)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     start = time.perf_counter()
     cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:  # plain `python example.py`: a world of one
@@ -520,7 +605,27 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.load:
             load_checkpoint(model, args)
+        publisher = None
+        if args.publish_every:
+            dynamic = {f"t_{f}" for f in dynamic_features(args)}
+            publisher = ExamplePublisher(
+                model, args.publish_dir, args.publish_every, dynamic, vars(args)
+            )
+            publisher.publish_base()
+            print(f"published version 0 (the base) to {args.publish_dir}", flush=True)
         batches = dict(batch_size=args.batch_size, rank=rank, world_size=world_size, id_view=views)
+        scores = []  # --scores_out
+
+        def held_out(epoch: int) -> str:
+            """Evaluates; the AUC (and the version it is) as printed."""
+            auc, logits = evaluate_logits(
+                model, data.batches("eval", **batches), device, "eval", lead
+            )
+            version = publisher.version if publisher is not None else None
+            scores.append(dict(epoch=epoch, version=version, auc=auc, logits=logits))
+            published = f" (published version {version})" if version is not None else ""
+            return f"held-out AUC {auc:.4f}{published}"
+
         for epoch in range(1, args.epochs + 1) if args.train else ():
             loss = train_epoch(
                 model,
@@ -530,17 +635,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"train {epoch}/{args.epochs}",
                 lead,
                 prefetch=args.prefetch,
+                after_step=publisher.after_step if publisher is not None else None,
             )
+            if publisher is not None:
+                publisher.publish_pending()  # the epoch's last steps
             line = f"epoch {epoch}/{args.epochs}: train loss {loss:.4f}"
             if args.eval:
-                auc = evaluate(model, data.batches("eval", **batches), device, "eval", lead)
-                line += f", held-out AUC {auc:.4f}"
+                line += ", " + held_out(epoch)
             if lead:
                 print(line, flush=True)
         if args.eval and not args.train:
-            auc = evaluate(model, data.batches("eval", **batches), device, "eval", lead)
+            line = held_out(0)
             if lead:
-                print(f"held-out AUC {auc:.4f}", flush=True)
+                print(line, flush=True)
+        if publisher is not None:
+            publisher.close()
+            print(f"published versions 0..{publisher.version} to {args.publish_dir}", flush=True)
+        if args.scores_out and lead:
+            torch.save(scores, args.scores_out)
         if args.dump:
             dump_checkpoint(model, args)
         if lead:

@@ -12,7 +12,7 @@ from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["SequenceDLRM"]
+__all__ = ["SequenceDLRM", "mean_of_rows"]
 
 
 class SequenceDLRM(nn.Module):
@@ -115,9 +115,19 @@ class SequenceDLRM(nn.Module):
 
 
 def _mean(jagged: JaggedTensor) -> torch.Tensor:
-    """``(B, D)`` mean of each sample's rows of ``jagged`` (zeros for an empty sample)."""
-    lengths = jagged.lengths()
-    values = jagged.values()
-    segments = torch.repeat_interleave(torch.arange(len(lengths)), lengths.long())
-    sums = values.new_zeros(len(lengths), values.shape[1]).index_add_(0, segments, values)
+    return mean_of_rows(jagged.values(), jagged.lengths())
+
+
+def mean_of_rows(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``(B, D)`` mean of each sample's rows (zeros for an empty sample): ``values``
+    ``(n, D)`` the rows of the ``B`` samples one after the other, ``lengths`` ``(B,)``
+    their counts. SequenceDLRM's pooling of sequence features, public so that a serving
+    model (examples/serve.py) computes it identically; no data-dependent shapes, so
+    ``torch.export`` traces it."""
+    segments = torch.repeat_interleave(
+        torch.arange(lengths.shape[0], device=values.device),
+        lengths.long(),
+        output_size=values.shape[0],
+    )
+    sums = values.new_zeros(lengths.shape[0], values.shape[1]).index_add_(0, segments, values)
     return sums / lengths.clamp(min=1).unsqueeze(1).to(values.dtype)
