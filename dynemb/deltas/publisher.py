@@ -263,18 +263,23 @@ class DeltaPublisher:
         raise RuntimeError(message) from error
 
     def _table_delta(self, t, touched: torch.Tensor, removed: torch.Tensor) -> tuple:
+        """Reads the delta of one table: private host tensors (a background write
+        reads nothing of the table). Column slices stay views of the gathered rows:
+        the writer makes them contiguous, off the training thread."""
         table: ScoredHashTable = t.table
         device = table.device
         rows, scores, found = table.find_entries(touched.to(device))
-        keys = touched[found.cpu()]
-        rows, scores = rows[found].cpu(), scores[found].cpu()
+        keys = touched
+        if not bool(found.all()):  # evicted since: a tombstone, read below
+            keys, rows, scores = touched[found.cpu()], rows[found], scores[found]
+        rows, scores = rows.cpu(), scores.cpu()  # copies of GPU rows; views on the host
         state_columns = table.extra_columns if self.optim else 0
         stored = table.find_slots(removed.to(device)) >= 0
         delta = TableDelta(
             keys=keys,
-            values=rows[:, : table.dim].contiguous(),
+            values=rows[:, : table.dim],
             scores=scores if table.keeps_scores else torch.zeros_like(keys),
-            state=rows[:, table.dim :].contiguous() if self.optim else None,
+            state=rows[:, table.dim :] if self.optim else None,
             timestamps=table.get_timestamps(keys.to(device)).cpu()
             if table.keeps_timestamps
             else None,
