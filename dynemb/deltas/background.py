@@ -6,9 +6,12 @@ must not commit over a missing one), and the submitting thread collects the fail
 and the jobs left behind with ``take_failure``, after which the writer runs new jobs
 again. So an error is never lost: it waits until the submitter asks.
 
+Between jobs the thread calls ``idle`` every ``idle_seconds`` (the publisher compacts
+its change logs there); an error it raises is kept like a job's.
+
 The thread is a daemon (an interpreter that exits without waiting abandons a pending
 job: written files are committed by a rename, so nothing half-written is visible); it
-starts with the first job and ends with ``stop``.
+starts with ``start`` or the first job and ends with ``stop``.
 """
 
 import collections
@@ -28,7 +31,8 @@ class Job:
 
 @dataclasses.dataclass
 class Failure:
-    """The job that raised, its exception, and the jobs submitted after it (not run)."""
+    """The job that raised (its tag None: ``idle`` raised), its exception, and the jobs
+    submitted after it (not run)."""
 
     job: Job
     error: BaseException
@@ -38,9 +42,17 @@ class Failure:
 class BackgroundWriter:
     """One writer thread (see the module)."""
 
-    def __init__(self, max_pending: int, name: str) -> None:
+    def __init__(
+        self,
+        max_pending: int,
+        name: str,
+        idle: Callable[[], None] | None = None,
+        idle_seconds: float = 0.1,
+    ) -> None:
         self.max_pending = max_pending
         self._name = name
+        self._idle = idle
+        self._idle_seconds = idle_seconds
         self._cond = threading.Condition()
         self._jobs: collections.deque[Job] = collections.deque()  # the head is running
         self._failed: tuple[Job, BaseException] | None = None
@@ -60,13 +72,18 @@ class BackgroundWriter:
             while len(self._jobs) >= limit and self._failed is None:
                 self._cond.wait()
 
-    def submit(self, job: Job) -> None:
-        """Queues ``job`` behind the pending ones; call ``wait_below(max_pending)`` and
-        ``take_failure`` first (submit itself does not wait)."""
+    def start(self) -> None:
+        """Starts the thread (if not yet)."""
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queues ``job`` behind the pending ones; call ``wait_below(max_pending)`` and
+        ``take_failure`` first (submit itself does not wait)."""
+        self.start()
+        with self._cond:
             self._jobs.append(job)
             self._cond.notify_all()
 
@@ -95,21 +112,28 @@ class BackgroundWriter:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (not self._jobs or self._failed is not None):
-                    self._cond.wait()
+                job = None
+                while not self._stopping:
+                    if self._jobs and self._failed is None:
+                        job = self._jobs[0]
+                        break
+                    timeout = self._idle_seconds if self._idle is not None else None
+                    if not self._cond.wait(timeout) and not self._jobs and self._failed is None:
+                        break  # idle for idle_seconds
                 if self._stopping:
                     return
-                job = self._jobs[0]
             try:
-                job.run()
+                (self._idle if job is None else job.run)()
             except BaseException as e:  # noqa: BLE001 - handed to the submitter, never lost
                 with self._cond:
-                    self._failed = (self._jobs.popleft(), e)
+                    done = self._jobs.popleft() if job is not None else Job(lambda: None, None)
+                    self._failed = (done, e)
                     self._cond.notify_all()
                 continue
-            with self._cond:
-                self._jobs.popleft()
-                self._cond.notify_all()
+            if job is not None:
+                with self._cond:
+                    self._jobs.popleft()
+                    self._cond.notify_all()
 
 
 __all__ = ["BackgroundWriter", "Failure", "Job"]

@@ -30,6 +30,7 @@ from dynemb.table.scored_hash_table import ScoredHashTable
 
 BASE = "base"
 COMMITS_KEPT = 1024  # DeltaPublisher.commits: the latest commits
+COMPACT_PARTS = 16  # a change log is compacted once it holds this many tensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,9 @@ class DeltaPublisher:
         self.commits: collections.deque[DeltaCommit] = collections.deque(maxlen=COMMITS_KEPT)
         self._committed: int | None = None
         self._tables = tables
-        self._writer = BackgroundWriter(max_pending, f"DeltaPublisher {self.directory}")
+        self._writer = BackgroundWriter(
+            max_pending, f"DeltaPublisher {self.directory}", idle=self._compact_logs
+        )
         self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
@@ -152,6 +155,7 @@ class DeltaPublisher:
         DynamicEmbDump(self.base_path, self.model, optim=self.optim)
         self.base_dump_id = committed_dump(self.base_path)
         self.version = self._committed = 0
+        self._writer.start()  # compacts the logs between deltas
         return 0
 
     def publish(self, background: bool = False) -> int:
@@ -236,6 +240,14 @@ class DeltaPublisher:
             for t in self._tables:
                 t.table.change_log = None
 
+    def _compact_logs(self) -> None:
+        """On the writer thread, between deltas: merges each log's recorded keys once
+        it holds COMPACT_PARTS tensors, so that the take at the boundary sorts less."""
+        for t in self._tables:
+            log = t.table.change_log
+            if log is not None and log.parts >= COMPACT_PARTS:
+                log.compact()
+
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ValueError(f"DeltaPublisher.{what}: the publisher is closed")
@@ -245,13 +257,18 @@ class DeltaPublisher:
         failure = self._writer.take_failure()
         if failure is None:
             return
-        version, taken = failure.job.tag
-        _restore(taken)
-        for job in failure.cancelled:
-            _restore(job.tag[1])
-        self.version = version - 1
-        path = delta_path(self.directory, version)
+        for job in (failure.job, *failure.cancelled):
+            if job.tag is not None:
+                _restore(job.tag[1])
+        self.version = self._committed  # the chain goes on after the last commit
         error = failure.error
+        if failure.job.tag is None:
+            raise RuntimeError(
+                f"DeltaPublisher: compacting the change logs failed ({error}); no change is "
+                "lost (the logs are as they were)"
+            ) from error
+        version = failure.job.tag[0]
+        path = delta_path(self.directory, version)
         later = f" and the {len(failure.cancelled)} pending after it" if failure.cancelled else ""
         message = (
             f"DeltaPublisher: the background write of {path} failed ({error}); nothing of it"
