@@ -21,8 +21,10 @@ from dynemb import (
 )
 from dynemb.deltas import DeltaPublisher, delta_path, read_delta
 from dynemb.deltas import publisher as publisher_module
+from dynemb.deltas.publisher import COMPACT_PARTS
 from dynemb.exportable_tables import InferenceEmbeddingCollection
 from dynemb.optimizer import EmbOptimType
+from dynemb.table.change_log import ChangeLog
 from dynemb.table.rw_lock import RWLock
 
 DIM = 4
@@ -292,3 +294,30 @@ def test_max_pending_is_checked(tmp_path, bad):
     with pytest.raises(ValueError, match=f"max_pending must be an integer >= 1, got {bad!r}"):
         DeltaPublisher(model, tmp_path, max_pending=bad)
     assert all(t.change_log is None for t in model.tables)  # nothing attached
+
+
+def test_a_failed_compaction_is_raised_and_loses_nothing(tmp_path, monkeypatch):
+    """The writer thread compacts the change logs between deltas; an error there is
+    raised by the next publish, and the logs are as they were."""
+    options = _options()
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path)
+    seen = []
+    _train(model, 1, seen)
+    publisher.publish_base()
+    compacted = threading.Event()
+
+    def failing(log):
+        compacted.set()
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(ChangeLog, "compact", failing)
+    for step in range(2, 2 + COMPACT_PARTS):  # a tensor per step at least: compacted
+        _train(model, step, seen)
+    assert compacted.wait(timeout=10)
+    with pytest.raises(RuntimeError, match=r"compacting the change logs failed \(injected\)"):
+        publisher.wait()
+    monkeypatch.undo()
+    assert publisher.publish(background=True) == 1
+    publisher.close()
+    _assert_serving_follows(model, _replay(options, publisher), seen)
