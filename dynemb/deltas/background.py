@@ -24,8 +24,9 @@ from typing import Any
 
 # The writer thread's niceness (Linux, where a thread has its own): training threads
 # come first for a core; the write waits. Measured on W-train (bench_deltas.py, a
-# 2-core machine): the step-time overhead of background publication 1.63x at nice 0,
-# 1.37x at 19, the capture included.
+# loaded 2-core machine, 100-step runs with one delta, the capture included and the
+# writes pending at the end not): step time 1.63x that without publication at nice 0,
+# 1.37x at 19.
 WRITER_NICE = 19
 
 
