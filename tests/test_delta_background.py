@@ -321,3 +321,13 @@ def test_a_failed_compaction_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     assert publisher.publish(background=True) == 1
     publisher.close()
     _assert_serving_follows(model, _replay(options, publisher), seen)
+
+
+def test_background_must_be_a_bool(tmp_path):
+    model = _model(_options())
+    publisher = DeltaPublisher(model, tmp_path)
+    publisher.publish_base()
+    with pytest.raises(TypeError, match="background must be a bool, got 1"):
+        publisher.publish(background=1)
+    assert publisher.version == 0 and publisher.pending == 0
+    publisher.close()

@@ -176,10 +176,15 @@ class DeltaPublisher:
                 the changes stay in the next delta. A background write that failed is
                 raised by the next ``publish``, ``wait`` or ``close`` (an OSError of the
                 same class and errno naming the file, or RuntimeError for any other
-                error), with the same guarantee: its
-                changes, and those of the deltas pending behind it (not written), go
-                into the next delta, which takes the failed version number.
+                error), with the same guarantee: its changes, and those of the deltas
+                pending behind it (not written), go into the next delta, which takes
+                the failed version number.
+            TypeError: ``background`` is not a bool.
         """
+        if not isinstance(background, bool):
+            raise TypeError(
+                f"DeltaPublisher.publish: background must be a bool, got {background!r}"
+            )
         self._check_open("publish")
         if self.version is None:
             raise ValueError("DeltaPublisher.publish: call publish_base() first")
