@@ -4,6 +4,7 @@
 import torch
 
 from dynemb import DynamicEmbScoreStrategy
+from dynemb.table import change_log
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.scored_hash_table import ScoredHashTable
 
@@ -47,3 +48,63 @@ def test_an_untracked_table_records_nothing():
     assert table.change_log is None
     table.find_or_insert_slots(torch.arange(40))  # evicts; nothing to record into
     assert table.size() == 16
+
+
+def _logged(parts: int = 5) -> ChangeLog:
+    log = ChangeLog()
+    for i in range(parts):  # overlapping parts, out of order
+        log.touched(torch.arange(10 - 3 * i, 20 - 3 * i))
+        log.removed(torch.tensor([i % 2, 7]))
+    return log
+
+
+def test_compact_keeps_the_same_keys_in_one_part_each():
+    expected = _logged().take()
+    log = _logged()
+    assert log.parts == 10
+    log.compact()
+    assert log.parts == 2
+    log.compact()  # nothing to merge
+    assert log.parts == 2
+    got = log.take()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def test_keys_recorded_during_a_compaction_stay(monkeypatch):
+    log = _logged()
+    distinct = change_log._distinct
+    calls = []
+
+    def recording_meanwhile(parts):
+        if not calls:
+            log.touched(torch.tensor([1000]))  # another thread records meanwhile
+        calls.append(1)
+        return distinct(parts)
+
+    monkeypatch.setattr(change_log, "_distinct", recording_meanwhile)
+    log.compact()
+    monkeypatch.setattr(change_log, "_distinct", distinct)
+    assert log.parts == 3  # the merged parts, and the one recorded meanwhile
+    touched, removed = log.take()
+    assert torch.equal(touched, torch.cat([torch.arange(-2, 20), torch.tensor([1000])]))
+    assert torch.equal(removed, torch.tensor([0, 1, 7]))
+
+
+def test_a_take_during_a_compaction_drops_the_compaction(monkeypatch):
+    log = _logged()
+    taken = []
+    distinct = change_log._distinct
+
+    def taking_meanwhile(parts):
+        if not taken:
+            taken.append(None)
+            monkeypatch.setattr(change_log, "_distinct", distinct)
+            taken[0] = log.take()  # the boundary's take, on the training thread
+            log.touched(torch.tensor([1000]))  # recorded after it
+        return distinct(parts)
+
+    monkeypatch.setattr(change_log, "_distinct", taking_meanwhile)
+    log.compact()
+    assert torch.equal(taken[0][0], torch.arange(-2, 20))
+    touched, removed = log.take()  # only what came after the take: nothing merged back
+    assert torch.equal(touched, torch.tensor([1000])) and removed.numel() == 0

@@ -12,6 +12,9 @@ CUSTOMIZED scores say nothing of time; NO_EVICTION keeps no score), and a delta
 costs time and space in proportion to the keys touched, not to the table.
 """
 
+import collections
+import dataclasses
+import time
 from pathlib import Path
 
 import torch
@@ -20,11 +23,28 @@ from torch import nn
 
 from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
-from dynemb.deltas.format import TableDelta, table_delta_meta, write_delta
+from dynemb.deltas.background import BackgroundWriter, Job
+from dynemb.deltas.format import TableDelta, delta_path, table_delta_meta, write_delta
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.scored_hash_table import ScoredHashTable
 
 BASE = "base"
+COMMITS_KEPT = 1024  # DeltaPublisher.commits: the latest commits
+COMPACT_PARTS = 16  # a change log is compacted once it holds this many tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaCommit:
+    """A committed delta: its ``version`` and ``path``, the ``bytes`` of its arrays,
+    ``capture_seconds`` (reading the tables, on the training thread) and
+    ``write_seconds`` (writing, checksumming, fsync and commit; on the writer thread
+    for a background delta)."""
+
+    version: int
+    path: Path
+    bytes: int
+    capture_seconds: float
+    write_seconds: float
 
 
 class DeltaPublisher:
@@ -32,7 +52,8 @@ class DeltaPublisher:
 
     Creating it starts tracking (nothing is tracked without one); ``close`` stops.
     Call ``publish_base`` once, then ``publish`` at batch boundaries (after the
-    optimizer step), from the training thread.
+    optimizer step), from the training thread; ``publish(background=True)`` writes
+    the delta on a writer thread while training goes on.
 
     Args:
         model: a single-process (DMP-)sharded model, a sharded collection, or a
@@ -40,9 +61,12 @@ class DeltaPublisher:
         directory: where ``base/`` (a DynamicEmbDump checkpoint) and ``delta-<N>/``
             are written (created if needed).
         optim: also publish each upserted row's optimizer state.
+        max_pending: at most this many background deltas are pending (written or
+            waiting to be); a ``publish`` beyond waits for the oldest. Each holds a
+            copy of its rows in host memory until written.
 
     Raises:
-        ValueError: the model has no dynamic table, a table is in caching mode (its
+        ValueError: ``max_pending`` is not an integer >= 1, the model has no dynamic table, a table is in caching mode (its
             rows move between tiers; not supported), a table is already tracked by
             another publisher, or the model spans several processes.
 
@@ -53,10 +77,17 @@ class DeltaPublisher:
         >>> for step, batch in enumerate(loader, 1):
         ...     train_step(batch)
         ...     if step % 100 == 0:
-        ...         publisher.publish()         # 1, 2, ...: /deltas/delta-00000001, ...
+        ...         publisher.publish(background=True)  # 1, 2, ...: /deltas/delta-00000001
+        >>> publisher.close()                   # waits for the pending deltas
     """
 
-    def __init__(self, model: nn.Module, directory: str | Path, optim: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, directory: str | Path, optim: bool = False, max_pending: int = 2
+    ) -> None:
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(
+                f"DeltaPublisher: max_pending must be an integer >= 1, got {max_pending!r}"
+            )
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise ValueError(
                 f"DeltaPublisher: the model spans {dist.get_world_size()} processes; "
@@ -77,9 +108,15 @@ class DeltaPublisher:
         self.model = model
         self.directory = Path(directory)
         self.optim = optim
-        self.version: int | None = None  # None until publish_base
+        self.version: int | None = None  # None until publish_base; pending deltas counted
         self.base_dump_id: str | None = None
+        self.commits: collections.deque[DeltaCommit] = collections.deque(maxlen=COMMITS_KEPT)
+        self._committed: int | None = None
         self._tables = tables
+        self._writer = BackgroundWriter(
+            max_pending, f"DeltaPublisher {self.directory}", idle=self._compact_logs
+        )
+        self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
 
@@ -87,14 +124,28 @@ class DeltaPublisher:
     def base_path(self) -> Path:
         return self.directory / BASE
 
+    @property
+    def committed_version(self) -> int | None:
+        """The last version on disk (``version`` counts the pending ones too)."""
+        return self._committed
+
+    @property
+    def pending(self) -> int:
+        """Deltas published in the background and not yet committed (or failed)."""
+        return self._writer.pending
+
     def publish_base(self) -> int:
         """Writes the full checkpoint ``<directory>/base`` (DynamicEmbDump, dynemb's
         format, ``optim`` as given) and starts the chain: returns version 0.
 
+        The base is written on the calling thread (training waits): see "Background
+        publication" in DynamicEmb_APIs.md for why.
+
         Raises:
-            ValueError: a base was published already by this publisher.
+            ValueError: a base was published already by this publisher, or it is closed.
             FileExistsError: ``<directory>/base`` holds a checkpoint already.
         """
+        self._check_open("publish_base")
         if self.version is not None:
             raise ValueError(
                 f"DeltaPublisher.publish_base: the base is published (now at version {self.version})"
@@ -103,52 +154,154 @@ class DeltaPublisher:
             t.table.change_log.take()
         DynamicEmbDump(self.base_path, self.model, optim=self.optim)
         self.base_dump_id = committed_dump(self.base_path)
-        self.version = 0
+        self.version = self._committed = 0
+        self._writer.start()  # compacts the logs between deltas
         return 0
 
-    def publish(self) -> int:
-        """Writes the next delta (every change since the previous one) atomically;
-        returns its version (1, 2, ...).
+    def publish(self, background: bool = False) -> int:
+        """Publishes the next delta (every change since the previous one); returns its
+        version (1, 2, ...).
+
+        The delta's content is read from the tables now, on the calling thread (the
+        batch boundary: the rows, scores, optimizer state and timestamps of the keys
+        touched, copied into host memory of the publisher's own). With
+        ``background=False`` it is then written and committed before returning; with
+        ``background=True`` a writer thread writes it while training goes on: deltas
+        commit in version order, at most ``max_pending`` are pending (this call waits
+        for the oldest when that many are), and ``wait``/``close`` wait for them all.
 
         Raises:
-            ValueError: no base published yet.
-            OSError: a file could not be written (naming it): nothing is committed,
-                and the changes stay in the next delta.
+            ValueError: no base published yet, or the publisher is closed.
+            OSError: a file could not be written (naming it): nothing is committed, and
+                the changes stay in the next delta. A background write that failed is
+                raised by the next ``publish``, ``wait`` or ``close`` (an OSError of the
+                same class and errno naming the file, or RuntimeError for any other
+                error), with the same guarantee: its changes, and those of the deltas
+                pending behind it (not written), go into the next delta, which takes
+                the failed version number.
+            TypeError: ``background`` is not a bool.
         """
+        if not isinstance(background, bool):
+            raise TypeError(
+                f"DeltaPublisher.publish: background must be a bool, got {background!r}"
+            )
+        self._check_open("publish")
         if self.version is None:
             raise ValueError("DeltaPublisher.publish: call publish_base() first")
+        # A blocking delta commits after the pending ones: its version follows theirs.
+        self._writer.wait_below(self._writer.max_pending if background else 1)
+        self._raise_failure()
+        start = time.perf_counter()
         taken = [(t, *t.table.change_log.take()) for t in self._tables]
         try:
             tables = {
                 t.name: self._table_delta(t, touched, removed) for t, touched, removed in taken
             }
-            write_delta(self.directory, self.version + 1, self.base_dump_id, self.optim, tables)
         except BaseException:
-            for t, touched, removed in taken:  # not published: they go in the next one
-                t.table.change_log.touched(touched)
-                t.table.change_log.removed(removed)
+            _restore(taken)
             raise
-        self.version += 1
-        return self.version
+        version = self.version + 1
+        capture = time.perf_counter() - start
+
+        def write() -> None:
+            begin = time.perf_counter()
+            path = write_delta(self.directory, version, self.base_dump_id, self.optim, tables)
+            self._committed = version
+            size = sum(_delta_bytes(d) for _, d in tables.values())
+            self.commits.append(
+                DeltaCommit(version, path, size, capture, time.perf_counter() - begin)
+            )
+
+        if background:
+            self._writer.submit(Job(write, (version, taken)))
+        else:
+            try:
+                write()
+            except BaseException:
+                _restore(taken)
+                raise
+        self.version = version
+        return version
+
+    def wait(self) -> None:
+        """Waits until every delta published in the background is committed.
+
+        Raises:
+            OSError, RuntimeError: a background write failed (see ``publish``).
+        """
+        self._writer.wait_below(1)
+        self._raise_failure()
 
     def close(self) -> None:
-        """Stops tracking: the tables record nothing any more."""
+        """Waits for the pending deltas (``wait``), then stops tracking: the tables
+        record nothing any more. Raises what ``wait`` raises (after stopping)."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._writer.stop()
+            for t in self._tables:
+                t.table.change_log = None
+
+    def _compact_logs(self) -> None:
+        """On the writer thread, between deltas: merges each log's recorded keys once
+        it holds COMPACT_PARTS tensors, so that the take at the boundary sorts less."""
         for t in self._tables:
-            t.table.change_log = None
+            log = t.table.change_log
+            if log is not None and log.parts >= COMPACT_PARTS:
+                log.compact()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ValueError(f"DeltaPublisher.{what}: the publisher is closed")
+
+    def _raise_failure(self) -> None:
+        """Raises a background write's failure, its changes back in the logs first."""
+        failure = self._writer.take_failure()
+        if failure is None:
+            return
+        for job in (failure.job, *failure.cancelled):
+            if job.tag is not None:
+                _restore(job.tag[1])
+        self.version = self._committed  # the chain goes on after the last commit
+        error = failure.error
+        if failure.job.tag is None:
+            raise RuntimeError(
+                f"DeltaPublisher: compacting the change logs failed ({error}); no change is "
+                "lost (the logs are as they were)"
+            ) from error
+        version = failure.job.tag[0]
+        path = delta_path(self.directory, version)
+        later = f" and the {len(failure.cancelled)} pending after it" if failure.cancelled else ""
+        message = (
+            f"DeltaPublisher: the background write of {path} failed ({error}); nothing of it"
+            f"{later} is committed: their changes go into the next delta (version {version})"
+        )
+        if isinstance(error, OSError):  # the same class and errno, the message naming the file
+            args = (message,) if error.errno is None else (error.errno, message)
+            raise type(error)(*args) from error
+        raise RuntimeError(message) from error
 
     def _table_delta(self, t, touched: torch.Tensor, removed: torch.Tensor) -> tuple:
+        """Reads the delta of one table: private host tensors (a background write
+        reads nothing of the table). Column slices stay views of the gathered rows:
+        the writer makes them contiguous, off the training thread."""
         table: ScoredHashTable = t.table
         device = table.device
         rows, scores, found = table.find_entries(touched.to(device))
-        keys = touched[found.cpu()]
-        rows, scores = rows[found].cpu(), scores[found].cpu()
+        keys = touched
+        if not bool(found.all()):  # evicted since: a tombstone, read below
+            keys, rows, scores = touched[found.cpu()], rows[found], scores[found]
+        rows, scores = rows.cpu(), scores.cpu()  # copies of GPU rows; views on the host
         state_columns = table.extra_columns if self.optim else 0
         stored = table.find_slots(removed.to(device)) >= 0
         delta = TableDelta(
             keys=keys,
-            values=rows[:, : table.dim].contiguous(),
+            values=rows[:, : table.dim],
             scores=scores if table.keeps_scores else torch.zeros_like(keys),
-            state=rows[:, table.dim :].contiguous() if self.optim else None,
+            state=rows[:, table.dim :] if self.optim else None,
             timestamps=table.get_timestamps(keys.to(device)).cpu()
             if table.keeps_timestamps
             else None,
@@ -160,4 +313,16 @@ class DeltaPublisher:
         return meta, delta
 
 
-__all__ = ["BASE", "DeltaPublisher"]
+def _restore(taken: list) -> None:
+    """Puts taken keys back in their logs: a delta not committed goes into the next."""
+    for t, touched, removed in taken:
+        t.table.change_log.touched(touched)
+        t.table.change_log.removed(removed)
+
+
+def _delta_bytes(d: TableDelta) -> int:
+    parts = (d.keys, d.values, d.scores, d.state, d.timestamps, d.tombstones)
+    return sum(p.numel() * p.element_size() for p in parts if p is not None)
+
+
+__all__ = ["BASE", "DeltaCommit", "DeltaPublisher"]
