@@ -25,7 +25,8 @@ remainder: Python, autograd, tensor copies, the loss). The rules read the names 
 ops carry (``dynemb::*`` ops of dynemb/_ops.py, fbgemm's TBE ops) and the labels above;
 nothing in dynemb is instrumented. What cannot be separated so:
 
-- backward reduction and optimizer: one fused op in both (``dynemb::embedding_backward``;
+- backward reduction and optimizer: one fused op in both (``dynemb::embedding_backward``
+  or ``_grouped``;
   fbgemm's ``split_embedding_backward_codegen_*_cpu``, which also sorts the indices):
   one combined row;
 - TorchRec has no dedup and no hash probe: a static row is its id; its forward op
@@ -74,12 +75,15 @@ PHASE_RULES = (
     ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?"),
     (
         "pooling",
-        r"dynemb::embedding_(pool(_into)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
+        r"dynemb::embedding_(pool(_into)?(_grouped)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
     ),
     ("output distribution", re.escape(OUTPUT_DIST)),
     # the output dist's collectives, run backward (none at world size 1)
     ("output distribution", r"autograd::engine::evaluate_function: .*(All2All|AllGather|Reduce).*"),
-    (FUSED_BACKWARD, r"dynemb::embedding_backward|fbgemm::split_embedding_backward_codegen_\w+"),
+    (
+        FUSED_BACKWARD,
+        r"dynemb::embedding_backward(_grouped)?|fbgemm::split_embedding_backward_codegen_\w+",
+    ),
 )
 PHASES = tuple(dict.fromkeys([p for p, _ in PHASE_RULES] + [OTHER]))
 NOT_IN_TORCHREC = ("dedup / unique", "hash probe / lookup")

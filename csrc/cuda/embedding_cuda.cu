@@ -1,5 +1,6 @@
 // dynemb CUDA executor: embedding kernels over the core maths (core/pooling.h,
-// core/optimizer_rules.h, core/dedup.h, core/tier_ops.h). Launch geometry and
+// core/optimizer_rules.h, core/dedup.h, core/tier_ops.h, core/grouped.h: a
+// pooling or backward covers every table of a batch in one launch per phase). Launch geometry and
 // atomics only; no float atomics: gradients are summed in core/pooling.h's order.
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
@@ -9,14 +10,14 @@ namespace {
 
 using P = CudaPlatform;
 
+/// One thread per bag of the batch (every part's bags, numbered one after another).
 template <class V>
-__global__ void pool_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys,
-                            const int64_t* offsets, int64_t num_bags, const float* weights,
-                            PoolingMode mode, InitArgs missing, BagRows<float> out,
-                            int64_t dim) {
-  const int64_t b = thread_index();
-  if (b >= num_bags) return;
-  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out.at(b), dim);
+__global__ void pool_kernel(Parts<PoolPart<V>> parts, int64_t num_bags, PoolingMode mode) {
+  const int64_t x = thread_index();
+  if (x >= num_bags) return;
+  const PoolPart<V>& p = part_of(parts, x, &PoolPart<V>::bag_begin);
+  const int64_t b = x - p.bag_begin;
+  pool_part_bag(p, mode, b, p.out.at(b));
 }
 
 template <class V>
@@ -108,50 +109,50 @@ __global__ void dedup_inverse_kernel(int64_t n, const int64_t* cell_of,
   atomicAdd(counts + u, 1ULL);
 }
 
-__global__ void bag_of_kernel(const int64_t* offsets, int64_t num_bags, int64_t* bag_of) {
-  const int64_t b = thread_index();
-  if (b >= num_bags) return;
-  for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
-}
-
-__global__ void gradient_groups_kernel(const int64_t* inverse, int64_t n,
-                                       const int64_t* unique_slots, int64_t* group) {
-  const int64_t i = thread_index();
-  if (i < n) group[i] = unique_slots[inverse[i]] >= 0 ? inverse[i] : -1;
-}
-
-/// One thread per distinct key: its gradient in core/pooling.h's order (indices
-/// ascending, from the stable grouping), then the optimizer update of its row.
+/// bag_of[i] = the bag of index i, both in the batch's numbering; a thread per bag.
 template <class V>
-__global__ void reduce_update_kernel(TableRef<V> t, const int64_t* unique_slots,
-                                     int64_t num_unique, const int64_t* start,
-                                     const int64_t* order, const int64_t* bag_of,
-                                     const int64_t* offsets, const float* weights,
-                                     PoolingMode mode, BagRows<const float> grad,
-                                     int64_t dim, OptimizerArgs opt, float* acc) {
-  const int64_t u = thread_index();
-  if (u >= num_unique || unique_slots[u] < 0) return;
-  float* a = acc + u * dim;
-  for (int64_t j = 0; j < dim; ++j) a[j] = 0.0f;
-  for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-    const int64_t i = order[k];
-    const int64_t b = bag_of[i];
-    add_gradient(a, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]), grad.at(b),
-                 dim);
-  }
-  update_row(opt, t.row(unique_slots[u]), dim, a);
+__global__ void bag_of_kernel(Parts<BackwardPart<V>> parts, int64_t num_bags, int64_t* bag_of) {
+  const int64_t x = thread_index();
+  if (x >= num_bags) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::bag_begin);
+  const int64_t b = x - p.bag_begin;
+  for (int64_t i = p.offsets[b]; i < p.offsets[b + 1]; ++i) bag_of[p.index_begin + i] = x;
+}
+
+/// group[i] = the distinct key of index i in the batch's numbering (-1: no slot).
+template <class V>
+__global__ void gradient_groups_kernel(Parts<BackwardPart<V>> parts, int64_t n, int64_t* group) {
+  const int64_t x = thread_index();
+  if (x >= n) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::index_begin);
+  const int64_t u = p.inverse[x - p.index_begin];
+  group[x] = p.unique_slots[u] >= 0 ? p.unique_begin + u : -1;
+}
+
+/// One thread per distinct key of the batch: its gradient in core/pooling.h's order
+/// (indices ascending, from the stable grouping), then the optimizer update of its row.
+template <class V>
+__global__ void reduce_update_kernel(Parts<BackwardPart<V>> parts, int64_t num_unique,
+                                     const int64_t* start, const int64_t* order,
+                                     const int64_t* bag_of, PoolingMode mode, OptimizerArgs opt,
+                                     float* acc) {
+  const int64_t x = thread_index();
+  if (x >= num_unique) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::unique_begin);
+  const int64_t u = x - p.unique_begin;
+  if (p.unique_slots[u] < 0) return;
+  reduce_update_key(p, mode, opt, u, order, start[x], start[x + 1], bag_of,
+                    acc + p.acc_begin + u * p.dim);
 }
 
 }  // namespace
 
 template <class V>
-void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-                 const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, const BagRows<float>& out, int64_t dim,
+void launch_pool(const Parts<PoolPart<V>>& parts, const PartTotals& totals, PoolingMode mode,
                  cudaStream_t stream) {
-  if (num_bags == 0) return;
-  DYNEMB_LAUNCH(blocks_for(num_bags), kBlock, stream, pool_kernel<V>)(
-      t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
+  if (totals.bags == 0) return;
+  DYNEMB_LAUNCH(blocks_for(totals.bags), kBlock, stream, pool_kernel<V>)(parts, totals.bags,
+                                                                         mode);
 }
 
 template <class V>
@@ -215,42 +216,36 @@ void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inve
 }
 
 template <class V>
-void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
-                     int64_t dim, const OptimizerArgs& opt, int64_t n, Workspace& ws,
+void launch_backward(const Parts<BackwardPart<V>>& parts, const PartTotals& totals,
+                     PoolingMode mode, const OptimizerArgs& opt, Workspace& ws,
                      cudaStream_t stream) {
+  const int64_t n = totals.indices, num_unique = totals.unique;
   if (num_unique == 0) return;
   auto* bag_of = ws.array<int64_t>(n > 0 ? n : 1);
   auto* group = ws.array<int64_t>(n > 0 ? n : 1);
   auto* order = ws.array<int64_t>(n > 0 ? n : 1);
   auto* start = ws.array<int64_t>(num_unique + 1);
-  auto* acc = ws.array<float>(num_unique * dim);
-  if (num_bags > 0) {
-    DYNEMB_LAUNCH(blocks_for(num_bags), kBlock, stream, bag_of_kernel)(offsets, num_bags, bag_of);
+  auto* acc = ws.array<float>(totals.acc > 0 ? totals.acc : 1);
+  if (totals.bags > 0) {
+    DYNEMB_LAUNCH(blocks_for(totals.bags), kBlock, stream, bag_of_kernel<V>)(parts, totals.bags,
+                                                                             bag_of);
   }
   if (n > 0) {
-    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gradient_groups_kernel)(inverse, n, unique_slots,
-                                                                         group);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gradient_groups_kernel<V>)(parts, n, group);
   }
   launch_group_stable(group, n, num_unique, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(num_unique), kBlock, stream, reduce_update_kernel<V>)(
-      t, unique_slots, num_unique, start, order, bag_of, offsets, weights, mode, grad, dim, opt,
-      acc);
+      parts, num_unique, start, order, bag_of, mode, opt, acc);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                  \
-  template void launch_pool<V>(const TableRef<V>&, const int64_t*, const int64_t*,             \
-                               const int64_t*, int64_t, const float*, PoolingMode,             \
-                               const InitArgs&, const BagRows<float>&, int64_t,                \
+  template void launch_pool<V>(const Parts<PoolPart<V>>&, const PartTotals&, PoolingMode,    \
                                cudaStream_t);                                                  \
   template void launch_gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,  \
                                  const InitArgs&, float*, int64_t, cudaStream_t);              \
-  template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
-                                   const int64_t*, int64_t, const float*, PoolingMode,         \
-                                   const BagRows<const float>&, int64_t,                       \
-                                   const OptimizerArgs&, int64_t,                              \
-                                   Workspace&, cudaStream_t);                                  \
+  template void launch_backward<V>(const Parts<BackwardPart<V>>&, const PartTotals&,        \
+                                   PoolingMode, const OptimizerArgs&, Workspace&,              \
+                                   cudaStream_t);                                              \
   template void launch_cache_exchange<V>(const TableRef<V>&, const TableRef<V>&,               \
                                          const CacheExchange<V>&, cudaStream_t);
 
