@@ -31,10 +31,8 @@ nothing in dynemb is instrumented. What cannot be separated so:
   one combined row;
 - TorchRec has no dedup and no hash probe: a static row is its id; its forward op
   gathers and pools (row "pooling");
-- dynemb runs its per-table dedup on two worker threads when torch has more than one
-  thread, out of the profiler's sight (it follows the main thread only); the main
-  thread's wait then counts as "Python / other". Hence ``--threads 1`` by default: every
-  op runs on the main thread (ops still use their own intra-op threads inside).
+- ``--threads 1`` by default: the figures of a shared 2-core machine are steadier so
+  (ops still use their own intra-op threads inside).
 
 Output: JSON lines of the breakdown on stdout (ms per step per phase, dynemb's beside the
 peer's), the breakdown table and the main "Python / other" ops on stderr; in ``--out``
@@ -71,7 +69,7 @@ FUSED_BACKWARD = "backward reduction + optimizer"
 # to itself and to every event inside it that matches none.
 PHASE_RULES = (
     ("input distribution", re.escape(INPUT_DIST)),
-    ("dedup / unique", r"dynemb::unique_keys"),
+    ("dedup / unique", r"dynemb::unique_keys(_grouped)?"),
     ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?"),
     (
         "pooling",

@@ -334,6 +334,15 @@ def unique_keys(keys: torch.Tensor) -> tuple:
     return _dynemb.unique_keys(keys)
 
 
+def unique_keys_grouped(keys: Sequence[torch.Tensor]) -> tuple:
+    """``unique_keys`` of each tensor of ``keys`` in one executor call: ``(unique,
+    inverse, counts)``, each a list with one tensor per entry of ``keys`` (at least one)."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("unique_keys_grouped needs at least one keys tensor, got none")
+    return _dynemb.unique_keys_grouped(keys)
+
+
 def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
     """Pools bags of rows by slot: (num_bags, dim) float32 (core/pooling.h).
 

@@ -1,5 +1,5 @@
-"""The grouped embedding ops (embedding_pool_into_grouped, embedding_backward_grouped;
-core/grouped.h): every table of a batch in one executor call gives the same bits as one
+"""The grouped embedding ops (unique_keys_grouped, embedding_pool_into_grouped,
+embedding_backward_grouped; core/grouped.h): every table of a batch in one executor call gives the same bits as one
 per-table op call each (the oracle), on both op libraries; bad arguments are refused,
 naming the table, before anything is written; and a module step makes one grouped call
 per phase whatever the number of tables.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dynemb import DynamicEmbPoolingMode, DynamicEmbTableOptions, EmbOptimType
+from dynemb import DynamicEmbPoolingMode, DynamicEmbTableOptions, EmbOptimType, _ops
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
@@ -181,6 +181,35 @@ def test_grouped_pool_refuses_mixed_dtypes_and_bad_tables_before_writing(library
     assert torch.equal(out, torch.zeros(B, WIDTH))
 
 
+@pytest.mark.parametrize("library", list(LIBRARIES))
+def test_grouped_dedup_is_the_per_table_dedup(library):
+    lib = LIBRARIES[library]
+    g = torch.Generator().manual_seed(2)
+    keys = [
+        torch.randint(0, 50, (300,), generator=g),
+        torch.zeros(0, dtype=torch.int64),  # an empty table's keys
+        torch.randint(-(2**62), 2**62, (40,), generator=g).repeat(3),
+        torch.tensor([7]),
+        torch.zeros(0, dtype=torch.int64),
+    ]
+    unique, inverse, counts = lib.unique_keys_grouped(keys)
+    assert len(unique) == len(inverse) == len(counts) == len(keys)
+    for t, k in enumerate(keys):
+        expected = lib.unique_keys(k)
+        for got, want in zip((unique[t], inverse[t], counts[t]), expected):
+            assert torch.equal(got, want), f"table {t}"
+    assert unique[0].numel() == 50 and unique[2].numel() == 40
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+def test_grouped_dedup_refuses_bad_keys(library):
+    lib = LIBRARIES[library]
+    with pytest.raises(TypeError, match=r"unique_keys_grouped, table 1: `keys` must have dtype"):
+        lib.unique_keys_grouped([torch.tensor([1]), torch.tensor([1], dtype=torch.int32)])
+    with pytest.raises(ValueError, match="needs at least one keys tensor"):
+        _ops.unique_keys_grouped([])
+
+
 class _OpCalls(TorchDispatchMode):
     """Counts the dynemb op calls of a step by name."""
 
@@ -195,7 +224,7 @@ class _OpCalls(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("num_tables", [3, 12])
-def test_a_module_step_makes_one_pooling_and_one_backward_call(num_tables):
+def test_a_module_step_makes_one_call_per_phase(num_tables):
     """Tables of two dims, one absent (no feature): one grouped call per phase."""
     options = [
         DynamicEmbTableOptions(dim=4 + 4 * (t % 2), max_capacity=256) for t in range(num_tables)
@@ -211,6 +240,7 @@ def test_a_module_step_makes_one_pooling_and_one_backward_call(num_tables):
     indices = torch.randint(0, 50, (int(offsets[-1]),), generator=g)
     with _OpCalls() as mode:
         module(indices, offsets).sum().backward()
+    assert mode.calls.get("unique_keys_grouped") == 1 and "unique_keys" not in mode.calls
     assert mode.calls.get("embedding_pool_into_grouped") == 1
     assert mode.calls.get("embedding_backward_grouped") == 1
     assert "embedding_pool_into" not in mode.calls and "embedding_backward" not in mode.calls

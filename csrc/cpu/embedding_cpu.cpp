@@ -110,6 +110,19 @@ int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
   return next_uid;
 }
 
+void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inverse,
+           int64_t* counts, int64_t* num_unique) {
+  // Each part's dedup is sequential (its uids follow first occurrences); parts are
+  // independent, so they run at once.
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const DedupPart& q = parts[p];
+      const int64_t at = q.index_begin;
+      num_unique[p] = dedup(q.keys, q.n, unique + at, inverse + at, counts + at);
+    }
+  });
+}
+
 namespace {
 
 /// The gradients of one part's distinct keys [u0, u1), summed in acc (its own

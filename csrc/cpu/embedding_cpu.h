@@ -29,6 +29,12 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
 int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
               int64_t* counts);
 
+/// dedup of every part (core/grouped.h DedupPart: its outputs at [index_begin,
+/// index_begin + n) of unique, inverse, counts), the parts split among the threads.
+/// @param num_unique (count) out: U of each part
+void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inverse,
+           int64_t* counts, int64_t* num_unique);
+
 /// For every part (numbered by core/grouped.h number_parts): reduces the gradient of
 /// each index (d loss / d pooled bag, at the bag's BagRows place) to one gradient per
 /// distinct key and applies the optimizer to those rows in place; keys whose slot is

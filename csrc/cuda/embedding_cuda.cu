@@ -72,13 +72,17 @@ __global__ void move_compact_kernel(const int8_t* status, const int64_t* slots, 
                 victim_index);
 }
 
-/// Dedup pass 1: each key's cell; first_rev[cell] = max over its indices of n - i.
-__global__ void dedup_cells_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
-                                   unsigned long long* first_rev, int64_t* cell_of) {
+/// Dedup pass 1, a thread per key of the call: the key's cell in its part's set;
+/// first_rev[cell] = max over its indices of n - i.
+__global__ void dedup_cells_kernel(Parts<DedupPart> parts, int64_t n, int64_t* cell_keys,
+                                   int32_t* states, unsigned long long* first_rev,
+                                   int64_t* cell_of) {
   const int64_t i = thread_index();
   if (i >= n) return;
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
+  const DedupSetRef set{cell_keys + p.cell_begin, states + p.cell_begin, dedup_capacity(p.n)};
   bool is_new = false;
-  const int64_t cell = dedup_cell<P>(set, keys[i], &is_new);
+  const int64_t cell = p.cell_begin + dedup_cell<P>(set, p.keys[i - p.index_begin], &is_new);
   atomicMax(first_rev + cell, static_cast<unsigned long long>(n - i));
   cell_of[i] = cell;
 }
@@ -89,24 +93,38 @@ __global__ void dedup_first_kernel(int64_t n, const unsigned long long* first_re
   if (i < n) is_first[i] = first_rev[cell_of[i]] == static_cast<unsigned long long>(n - i);
 }
 
-/// A first occurrence's uid is the number of first occurrences before it.
-__global__ void dedup_number_kernel(const int64_t* keys, int64_t n, const int64_t* cell_of,
+/// A first occurrence's uid is the number of first occurrences before it in its part
+/// (rank: first occurrences before it in the call).
+__global__ void dedup_number_kernel(Parts<DedupPart> parts, int64_t n, const int64_t* cell_of,
                                     const int64_t* is_first, const int64_t* rank,
                                     int64_t* uid_of_cell, int64_t* unique) {
   const int64_t i = thread_index();
   if (i >= n || !is_first[i]) return;
-  uid_of_cell[cell_of[i]] = rank[i];
-  unique[rank[i]] = keys[i];
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
+  const int64_t uid = rank[i] - rank[p.index_begin];
+  uid_of_cell[cell_of[i]] = uid;
+  unique[p.index_begin + uid] = p.keys[i - p.index_begin];
 }
 
-__global__ void dedup_inverse_kernel(int64_t n, const int64_t* cell_of,
+__global__ void dedup_inverse_kernel(Parts<DedupPart> parts, int64_t n, const int64_t* cell_of,
                                      const int64_t* uid_of_cell, int64_t* inverse,
                                      unsigned long long* counts) {
   const int64_t i = thread_index();
   if (i >= n) return;
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
   const int64_t u = uid_of_cell[cell_of[i]];
   inverse[i] = u;
-  atomicAdd(counts + u, 1ULL);
+  atomicAdd(counts + p.index_begin + u, 1ULL);
+}
+
+/// num_unique[p] = the first occurrences of part p's keys; a thread per part.
+__global__ void dedup_sizes_kernel(Parts<DedupPart> parts, const int64_t* is_first,
+                                   const int64_t* rank, int64_t* num_unique) {
+  const int64_t x = thread_index();
+  if (x >= parts.count) return;
+  const DedupPart& p = parts[x];
+  const int64_t last = p.index_begin + p.n - 1;
+  num_unique[x] = p.n == 0 ? 0 : rank[last] + is_first[last] - rank[p.index_begin];
 }
 
 /// bag_of[i] = the bag of index i, both in the batch's numbering; a thread per bag.
@@ -186,33 +204,36 @@ void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, i
   }
 }
 
-void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-                  int64_t* counts, int64_t* num_unique, Workspace& ws, cudaStream_t stream) {
-  cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream);
-  if (n == 0) return;
-  const int64_t capacity = dedup_capacity(n);
-  auto* cell_keys = ws.array<int64_t>(capacity);
-  auto* states = ws.array<int32_t>(capacity);
-  auto* first_rev = ws.array<unsigned long long>(capacity);
-  auto* uid_of_cell = ws.array<int64_t>(capacity);
-  auto* cell_of = ws.array<int64_t>(n);
-  auto* is_first = ws.array<int64_t>(n);
-  auto* rank = ws.array<int64_t>(n);
-  static_assert(kEmptyCell == -1, "states are filled with 0xFF bytes");
-  cudaMemsetAsync(states, 0xFF, static_cast<size_t>(capacity) * sizeof(int32_t), stream);
-  cudaMemsetAsync(first_rev, 0, static_cast<size_t>(capacity) * sizeof(unsigned long long),
-                  stream);
-  cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream);
-  const DedupSetRef set{cell_keys, states, capacity};
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_cells_kernel)(keys, n, set, first_rev,
-                                                                   cell_of);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_first_kernel)(n, first_rev, cell_of,
-                                                                   is_first);
-  launch_exclusive_scan(is_first, n, rank, num_unique, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_number_kernel)(keys, n, cell_of, is_first,
-                                                                    rank, uid_of_cell, unique);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_inverse_kernel)(
-      n, cell_of, uid_of_cell, inverse, reinterpret_cast<unsigned long long*>(counts));
+void launch_dedup(const Parts<DedupPart>& parts, const PartTotals& totals, int64_t* unique,
+                  int64_t* inverse, int64_t* counts, int64_t* num_unique, Workspace& ws,
+                  cudaStream_t stream) {
+  const int64_t n = totals.indices, cells = totals.cells;
+  auto* cell_keys = ws.array<int64_t>(cells);
+  auto* states = ws.array<int32_t>(cells);
+  auto* first_rev = ws.array<unsigned long long>(cells);
+  auto* uid_of_cell = ws.array<int64_t>(cells);
+  auto* cell_of = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* is_first = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* rank = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* total = ws.array<int64_t>(1);
+  if (n > 0) {
+    static_assert(kEmptyCell == -1, "states are filled with 0xFF bytes");
+    cudaMemsetAsync(states, 0xFF, static_cast<size_t>(cells) * sizeof(int32_t), stream);
+    cudaMemsetAsync(first_rev, 0, static_cast<size_t>(cells) * sizeof(unsigned long long),
+                    stream);
+    cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_cells_kernel)(parts, n, cell_keys, states,
+                                                                     first_rev, cell_of);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_first_kernel)(n, first_rev, cell_of,
+                                                                     is_first);
+    launch_exclusive_scan(is_first, n, rank, total, ws, stream);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_number_kernel)(
+        parts, n, cell_of, is_first, rank, uid_of_cell, unique);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_inverse_kernel)(
+        parts, n, cell_of, uid_of_cell, inverse, reinterpret_cast<unsigned long long*>(counts));
+  }
+  DYNEMB_LAUNCH(blocks_for(parts.count), kBlock, stream, dedup_sizes_kernel)(parts, is_first,
+                                                                             rank, num_unique);
 }
 
 template <class V>

@@ -92,10 +92,13 @@ void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, i
                         int64_t* victim_index, int64_t* totals, Workspace& ws,
                         cudaStream_t stream);
 
-/// De-duplicates keys by core/dedup.h's rule (uids in first-occurrence order).
-/// @param unique, inverse, counts (n) int64 out; @param num_unique (1) int64 out
-void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-                  int64_t* counts, int64_t* num_unique, Workspace& ws, cudaStream_t stream);
+/// De-duplicates each part's keys by core/dedup.h's rule (uids in first-occurrence
+/// order), all parts in one launch per phase (core/grouped.h DedupPart).
+/// @param unique, inverse, counts (totals.indices) int64 out, a range per part
+/// @param num_unique (parts.count) int64 out: U of each part
+void launch_dedup(const Parts<DedupPart>& parts, const PartTotals& totals, int64_t* unique,
+                  int64_t* inverse, int64_t* counts, int64_t* num_unique, Workspace& ws,
+                  cudaStream_t stream);
 
 /// For every part: reduces gradients to one per distinct key in core/pooling.h's order
 /// and applies the optimizer to the rows of unique_slots (-1: skipped). One launch per

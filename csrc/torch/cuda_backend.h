@@ -99,15 +99,21 @@ struct CudaBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     DYNEMB_CUDA_NS::launch_gather(t, slots, keys, n, missing, out, dim, Runtime::stream());
   }
-  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
-                       at::Tensor& counts) {
-    TensorWorkspace ws(keys.options());
-    at::Tensor num_unique = at::empty({1}, keys.options());
-    DYNEMB_CUDA_NS::launch_dedup(keys.data_ptr<int64_t>(), keys.numel(),
+  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts,
+                                    const PartTotals& totals, at::Tensor& unique,
+                                    at::Tensor& inverse, at::Tensor& counts) {
+    const at::TensorOptions like = unique.options();
+    TensorWorkspace ws(like);
+    at::Tensor held;
+    const auto count = static_cast<int64_t>(parts.size());
+    at::Tensor num_unique = at::empty({count}, like);
+    DYNEMB_CUDA_NS::launch_dedup(device_parts(parts, like, held), totals,
                                  unique.data_ptr<int64_t>(), inverse.data_ptr<int64_t>(),
                                  counts.data_ptr<int64_t>(), num_unique.data_ptr<int64_t>(), ws,
                                  Runtime::stream());
-    return num_unique.item<int64_t>();  // the size of the outputs
+    const at::Tensor host = num_unique.cpu();  // the sizes of the outputs: one wait for all
+    const int64_t* u = host.data_ptr<int64_t>();
+    return std::vector<int64_t>(u, u + count);
   }
   template <class V>
   static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals& totals,

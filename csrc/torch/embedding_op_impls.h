@@ -4,15 +4,16 @@
 //   template <class V> static void pool(std::vector<PoolPart<V>>&, PartTotals, PoolingMode,
 //                                       like);  // every part's bags (core/grouped.h)
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
-//   static int64_t dedup(keys, unique&, inverse&, counts&);  // (n) tensors; returns U
+//   static std::vector<int64_t> dedup(std::vector<DedupPart>&, PartTotals, unique&,
+//                                     inverse&, counts&);  // flat (total) tensors; U per part
 //   template <class V> static void backward(std::vector<BackwardPart<V>>&, PartTotals,
 //                                           PoolingMode, OptimizerArgs, like);
-//
-// A per-table op is a call with one part; a *_grouped op takes every table of a batch
-// (the module's tables, one call per phase) with the same per-table checks.
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
 //   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
+//
+// A per-table op is a call with one part; a *_grouped op takes every table of a batch
+// (the module's tables, one call per phase) with the same per-table checks.
 #pragma once
 
 #include <cstdlib>
@@ -382,13 +383,16 @@ struct EmbeddingOpImpls {
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_keys(const at::Tensor& keys) {
-    check_keys("unique_keys", keys);
-    typename Backend::DeviceGuard guard(keys.device());
-    at::Tensor unique = at::empty_like(keys);
-    at::Tensor inverse = at::empty_like(keys);
-    at::Tensor counts = at::empty_like(keys);
-    const int64_t num_unique = Backend::dedup(keys, unique, inverse, counts);
-    return {unique.narrow(0, 0, num_unique), inverse, counts.narrow(0, 0, num_unique)};
+    auto [unique, inverse, counts] = run_dedup("unique_keys", {keys});
+    return {unique[0], inverse[0], counts[0]};
+  }
+
+  /// unique_keys of each tensor of `keys` (each table's keys of a batch) in one call:
+  /// the lists (unique, inverse, counts) hold one result per tensor. (An empty list
+  /// cannot reach here: the dispatcher finds no device in it.)
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  unique_keys_grouped(at::TensorList keys) {
+    return run_dedup("unique_keys_grouped", keys);
   }
 
   static void backward(at::TensorList table_list, const at::Tensor& unique_slots,
@@ -440,6 +444,33 @@ struct EmbeddingOpImpls {
   }
 
  private:
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  run_dedup(const char* op, at::TensorList keys) {
+    const bool grouped = keys.size() > 1;
+    std::vector<DedupPart> parts;
+    for (size_t t = 0; t < keys.size(); ++t) {
+      const std::string name = grouped ? table_op_name(op, t) : std::string(op);
+      check_keys(name.c_str(), keys[t]);
+      check_same_device(name.c_str(), "keys", keys[t], keys[0]);
+      parts.push_back(DedupPart{keys[t].data_ptr<int64_t>(), keys[t].numel(), 0, 0});
+    }
+    const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
+    typename Backend::DeviceGuard guard(keys[0].device());
+    // One flat buffer per output; each part's results are views of its range.
+    at::Tensor unique = at::empty({totals.indices}, keys[0].options());
+    at::Tensor inverse = at::empty({totals.indices}, keys[0].options());
+    at::Tensor counts = at::empty({totals.indices}, keys[0].options());
+    const std::vector<int64_t> num_unique = Backend::dedup(parts, totals, unique, inverse, counts);
+    std::vector<at::Tensor> u, i, c;
+    for (size_t t = 0; t < parts.size(); ++t) {
+      const int64_t at = parts[t].index_begin;
+      u.push_back(unique.narrow(0, at, num_unique[t]));
+      i.push_back(inverse.narrow(0, at, parts[t].n));
+      c.push_back(counts.narrow(0, at, num_unique[t]));
+    }
+    return {u, i, c};
+  }
+
   /// A grouped op's `tables` (kTableTensors per table) and `weights` (none or one per
   /// table) for n >= 1 tables.
   static void check_grouped_lists(const char* op, at::TensorList tables, size_t n,
@@ -581,6 +612,7 @@ struct EmbeddingOpImpls {
     (m).impl("embedding_backward", &EImpl::backward);                             \
     (m).impl("embedding_backward_grouped", &EImpl::backward_grouped);             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \
+    (m).impl("unique_keys_grouped", &EImpl::unique_keys_grouped);                 \
     (m).impl("table_cache_exchange", &EImpl::cache_exchange);                     \
   } while (0)
 

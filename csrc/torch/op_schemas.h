@@ -53,6 +53,8 @@
       "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "       \
       "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");             \
   (m).def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");              \
+  (m).def("unique_keys_grouped(Tensor[] keys) -> (Tensor[] unique, Tensor[] inverse, "               \
+          "Tensor[] counts)");                                                                        \
   (m).def(                                                                                            \
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "   \
       "int mode, float[] missing, int seed, int dim) -> Tensor");                                     \

@@ -61,10 +61,12 @@ struct CpuBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
-  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
-                       at::Tensor& counts) {
-    return cpu::dedup(keys.data_ptr<int64_t>(), keys.numel(), unique.data_ptr<int64_t>(),
-                      inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
+  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts, const PartTotals&,
+                                    at::Tensor& unique, at::Tensor& inverse, at::Tensor& counts) {
+    std::vector<int64_t> num_unique(parts.size());
+    cpu::dedup(parts.data(), static_cast<int64_t>(parts.size()), unique.data_ptr<int64_t>(),
+               inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), num_unique.data());
+    return num_unique;
   }
   template <class V>
   static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals&,
