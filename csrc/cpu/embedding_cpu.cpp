@@ -125,15 +125,15 @@ void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inve
 
 namespace {
 
-/// The gradients of one part's distinct keys [u0, u1), summed in acc (its own
-/// num_unique * dim floats) in ascending index order (the rule of core/pooling.h),
-/// scanning the part's bags, then the updates of their rows.
+/// The gradients of one part's distinct keys [u0, u1), summed in acc ((u1 - u0) * dim
+/// floats) in ascending index order (the rule of core/pooling.h), scanning the part's
+/// bags, then the updates of their rows.
 template <class V>
 void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerArgs& opt,
                    int64_t u0, int64_t u1, float* acc) {
   const int64_t dim = p.dim;
   const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(float));
-  std::fill(acc + u0 * dim, acc + u1 * dim, 0.0f);
+  std::fill(acc, acc + (u1 - u0) * dim, 0.0f);
   for (int64_t b = 0; b < p.num_bags; ++b) {
     if (b + kBagDistance < p.num_bags) {
       CpuPlatform::prefetch_lines(p.grad.at(b + kBagDistance), grad_bytes);
@@ -142,14 +142,16 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
     for (int64_t i = p.offsets[b]; i < p.offsets[b + 1]; ++i) {
       const int64_t u = p.inverse[i];
       if (u < u0 || u >= u1 || p.unique_slots[u] < 0) continue;
-      add_gradient(acc + u * dim, grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]),
-                   g, dim);
+      add_gradient(acc + (u - u0) * dim,
+                   grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]), g, dim);
     }
   }
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t ahead = u + kUpdateDistance;
     if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
-    if (p.unique_slots[u] >= 0) update_row(opt, p.table.row(p.unique_slots[u]), dim, acc + u * dim);
+    if (p.unique_slots[u] >= 0) {
+      update_row(opt, p.table.row(p.unique_slots[u]), dim, acc + (u - u0) * dim);
+    }
   }
 }
 
@@ -159,25 +161,24 @@ template <class V>
 void backward_update(const BackwardPart<V>* parts, int64_t count, PoolingMode mode,
                      const OptimizerArgs& opt) {
   // Tasks: per part, about one range of its distinct keys per thread (at least 64
-  // keys each); a task scans its part's batch and updates its keys' rows.
+  // keys each); a task scans its part's batch and updates its keys' rows, summing in
+  // its thread's scratch (one table's share at a time: it stays in the caches).
   struct Task {
     int64_t part, u0, u1;
   };
   std::vector<Task> tasks;
-  int64_t acc_floats = 0;
   for (int64_t p = 0; p < count; ++p) {
     const int64_t u = parts[p].num_unique;
     if (u == 0) continue;
     const int64_t k = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), u / 64));
     for (int64_t j = 0; j < k; ++j) tasks.push_back({p, u * j / k, u * (j + 1) / k});
-    acc_floats = std::max(acc_floats, parts[p].acc_begin + u * parts[p].dim);
   }
-  if (tasks.empty()) return;
-  float* const acc = scratch(acc_floats);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const BackwardPart<V>& p = parts[tasks[j].part];
-      backward_task(p, mode, opt, tasks[j].u0, tasks[j].u1, acc + p.acc_begin);
+      const Task& task = tasks[j];
+      const BackwardPart<V>& p = parts[task.part];
+      float* const acc = scratch((task.u1 - task.u0) * p.dim);
+      backward_task(p, mode, opt, task.u0, task.u1, acc);
     }
   });
 }

@@ -8,7 +8,6 @@ for the tables. The per-element maths is in csrc/core (pooling.h,
 optimizer_rules.h).
 """
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -22,6 +21,7 @@ from dynemb.dynamicemb_config import (
     with_kernel_defaults,
 )
 from dynemb.kernel.batch_layout import TableBatch, check_batch, distinct_keys, split_by_table
+from dynemb.kernel.grouped_calls import backward_grouped, pool_grouped
 from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import admission_missing, check_options, init_list
 from dynemb.kernel.table_slots import TableSlots
@@ -332,26 +332,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     start += b - a
             saved.append(None if not self._inserts(t) else
                          (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
-        self._pool_grouped(grouped, out)
+        pool_grouped(self, self._table_columns, grouped, _POOLING_CODE.get(self.pooling_mode), out)
         return out, (self.training, saved)
-
-    def _pool_grouped(self, grouped: list, out: torch.Tensor) -> None:
-        """Pools the bags of the tables in ``grouped`` into their columns of ``out``: one
-        op call per value dtype (usually one for all), under every table's read lock."""
-        mode = _POOLING_CODE.get(self.pooling_mode)
-        for group in _by_value_dtype(grouped, self.tables):
-            tables = [self.tables[t] for t, *_ in group]
-            with _all_locked([table.lock.read for table in tables]):
-                _ops.embedding_pool_into_grouped(
-                    [table.buffers.tensors() for table in tables],
-                    [slots for _, _, slots, _ in group], [tb.keys for _, tb, _, _ in group],
-                    [tb.offsets for _, tb, _, _ in group],
-                    None if group[0][1].weights is None else [tb.weights for _, tb, _, _ in group],
-                    mode, [missing for *_, missing in group],
-                    [self.table_options[t].seed for t, *_ in group],
-                    [table.dim for table in tables], out,
-                    [self._table_columns[t] for t, *_ in group],
-                )  # fmt: skip
 
     def _distinct(self, batches: list) -> list:
         """``unique_keys`` of each table's keys (None for absent tables); a cached
@@ -413,11 +395,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         grad_out = grad_out.to(torch.float32)
         self.step += 1
         sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
-        if not sequence:  # tables in memory: one op call for all (per value dtype)
-            plain = [(t, e) for t, e in enumerate(saved) if e is not None and e[5] is None]
-            for group in _by_value_dtype(plain, self.tables):
-                self._backward_grouped(group, grad_out, optimizer)
-            saved = [None if e is not None and e[5] is None else e for e in saved]
+        if not sequence:  # tables in memory (no cache batch): one op call for all
+            in_memory = {t for t, e in enumerate(saved) if e is not None and e[5] is None}
+            entries = [(t, *saved[t][:5]) for t in sorted(in_memory)]
+            pooling = _POOLING_CODE[self.pooling_mode]
+            backward_grouped(self, self._table_columns, entries, pooling, grad_out, optimizer)
+            saved = [None if t in in_memory else e for t, e in enumerate(saved)]
         for t, entry in enumerate(saved):
             if entry is None:
                 continue
@@ -447,44 +430,6 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             if batch is not None:
                 table.end_batch(batch)  # its rows may leave the cache again
         return True
-
-    def _backward_grouped(self, group: list, grad_out: torch.Tensor, optimizer) -> None:
-        """embedding_backward of the (t, saved entry) of tables in memory, in one op
-        call, under every table's write lock (slots found again where keys moved)."""
-        tables = [self.tables[t] for t, _ in group]
-        with _all_locked([table.lock.write for table in tables]):
-            unique_slots = [
-                _ops.table_find_slots(table.buffers.tensors(), e[1])
-                if table.mutations != e[4] else e[2]
-                for table, (_, e) in zip(tables, group)
-            ]  # fmt: skip
-            batches = [e[0] for _, e in group]
-            _ops.embedding_backward_grouped(
-                [table.buffers.tensors() for table in tables], unique_slots,
-                [e[3] for _, e in group], [tb.offsets for tb in batches],
-                None if batches[0].weights is None else [tb.weights for tb in batches],
-                _POOLING_CODE[self.pooling_mode], grad_out, optimizer, self.step,
-                [table.dim for table in tables], [self._table_columns[t] for t, _ in group],
-            )  # fmt: skip
-
-
-def _by_value_dtype(items: list, tables: list) -> list:
-    """``items`` (tuples starting with a table index) split by their table's value dtype,
-    in table order within each part: a grouped op takes tables of one dtype."""
-    parts: dict = {}
-    for item in items:
-        parts.setdefault(tables[item[0]].buffers.values.dtype, []).append(item)
-    return list(parts.values())
-
-
-@contextlib.contextmanager
-def _all_locked(locks: list):
-    """Holds every lock of ``locks`` (context manager factories), taken in list order
-    (table order: two modules sharing tables take them in the same order)."""
-    with contextlib.ExitStack() as stack:
-        for lock in locks:
-            stack.enter_context(lock())
-        yield
 
 
 def _feature_columns(dims):
