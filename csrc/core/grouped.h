@@ -1,7 +1,7 @@
-// dynemb core: the pooling and backward of every table of a batch in one executor
-// pass (fbgemm's table-batched shape). Each table's share is a part: its buffers,
-// its bags and where they start in the batch's flat numbering of bags (pooling) or
-// of indices and distinct keys (backward). A work item (a bag, a distinct key) finds
+// dynemb core: the dedup, pooling and backward of every table of a batch in one
+// executor pass (fbgemm's table-batched shape). Each table's share is a part: its
+// buffers, its keys or bags, and where they start in the batch's flat numbering of
+// keys (dedup), bags (pooling) or indices and distinct keys (backward). A work item (a bag, a distinct key) finds
 // its part by a binary search over those starts; the per-item maths is the
 // per-table one (pooling.h, optimizer_rules.h), so a grouped call writes the same
 // bits as one call per table.
@@ -44,7 +44,7 @@ struct BackwardPart {
   int64_t bag_begin;     // starts in the batch's numbering of bags, indices,
   int64_t index_begin;   // distinct keys, and gradient accumulator floats
   int64_t unique_begin;  // (sums over the earlier parts)
-  int64_t acc_begin;
+  int64_t acc_begin;     // (the CUDA executor's accumulators; the CPU one sums per task)
 };
 
 /// One table's keys of a grouped dedup (core/dedup.h's rule, per table). Its outputs
