@@ -25,15 +25,14 @@ remainder: Python, autograd, tensor copies, the loss). The rules read the names 
 ops carry (``dynemb::*`` ops of dynemb/_ops.py, fbgemm's TBE ops) and the labels above;
 nothing in dynemb is instrumented. What cannot be separated so:
 
-- backward reduction and optimizer: one fused op in both (``dynemb::embedding_backward``;
+- backward reduction and optimizer: one fused op in both (``dynemb::embedding_backward``
+  or ``_grouped``;
   fbgemm's ``split_embedding_backward_codegen_*_cpu``, which also sorts the indices):
   one combined row;
 - TorchRec has no dedup and no hash probe: a static row is its id; its forward op
   gathers and pools (row "pooling");
-- dynemb runs its per-table dedup on two worker threads when torch has more than one
-  thread, out of the profiler's sight (it follows the main thread only); the main
-  thread's wait then counts as "Python / other". Hence ``--threads 1`` by default: every
-  op runs on the main thread (ops still use their own intra-op threads inside).
+- ``--threads 1`` by default: the figures of a shared 2-core machine are steadier so
+  (ops still use their own intra-op threads inside).
 
 Output: JSON lines of the breakdown on stdout (ms per step per phase, dynemb's beside the
 peer's), the breakdown table and the main "Python / other" ops on stderr; in ``--out``
@@ -70,16 +69,19 @@ FUSED_BACKWARD = "backward reduction + optimizer"
 # to itself and to every event inside it that matches none.
 PHASE_RULES = (
     ("input distribution", re.escape(INPUT_DIST)),
-    ("dedup / unique", r"dynemb::unique_keys"),
+    ("dedup / unique", r"dynemb::unique_keys(_grouped)?"),
     ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?"),
     (
         "pooling",
-        r"dynemb::embedding_(pool(_into)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
+        r"dynemb::embedding_(pool(_into)?(_grouped)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
     ),
     ("output distribution", re.escape(OUTPUT_DIST)),
     # the output dist's collectives, run backward (none at world size 1)
     ("output distribution", r"autograd::engine::evaluate_function: .*(All2All|AllGather|Reduce).*"),
-    (FUSED_BACKWARD, r"dynemb::embedding_backward|fbgemm::split_embedding_backward_codegen_\w+"),
+    (
+        FUSED_BACKWARD,
+        r"dynemb::embedding_backward(_grouped)?|fbgemm::split_embedding_backward_codegen_\w+",
+    ),
 )
 PHASES = tuple(dict.fromkeys([p for p, _ in PHASE_RULES] + [OTHER]))
 NOT_IN_TORCHREC = ("dedup / unique", "hash probe / lookup")

@@ -334,6 +334,15 @@ def unique_keys(keys: torch.Tensor) -> tuple:
     return _dynemb.unique_keys(keys)
 
 
+def unique_keys_grouped(keys: Sequence[torch.Tensor]) -> tuple:
+    """``unique_keys`` of each tensor of ``keys`` in one executor call: ``(unique,
+    inverse, counts)``, each a list with one tensor per entry of ``keys`` (at least one)."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("unique_keys_grouped needs at least one keys tensor, got none")
+    return _dynemb.unique_keys_grouped(keys)
+
+
 def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
     """Pools bags of rows by slot: (num_bags, dim) float32 (core/pooling.h).
 
@@ -362,6 +371,19 @@ def embedding_pool_into(
     )
 
 
+def embedding_pool_into_grouped(
+    tables, slots, keys, offsets, weights, mode: int, missing, seeds, dims, out, columns
+) -> None:
+    """embedding_pool_into of several tables in one executor call (one launch on a GPU):
+    every argument but ``mode`` and ``out`` is a list with one entry per table (``tables``:
+    each table's eight tensors; ``weights``: None or one tensor per table; ``missing``:
+    one init list per table). The tables' values must share a dtype."""
+    _dynemb.embedding_pool_into_grouped(
+        [x for table in tables for x in table], slots, keys, offsets, weights or [], mode,
+        [v for m in missing for v in m], seeds, dims, out, columns,
+    )  # fmt: skip
+
+
 def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.Tensor:
     """One row per index: (n, dim) float32."""
     return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)
@@ -384,4 +406,17 @@ def embedding_backward(
     _dynemb.embedding_backward(
         list(table), unique_slots, inverse, offsets, weights, mode, grad, optimizer, step, dim,
         columns,
+    )  # fmt: skip
+
+
+def embedding_backward_grouped(
+    tables, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dims,
+    columns,
+) -> None:  # fmt: skip
+    """embedding_backward(columns=) of several distinct tables in one executor call (one
+    launch per phase on a GPU): lists with one entry per table as in
+    ``embedding_pool_into_grouped``; ``grad``, ``optimizer`` and ``step`` are shared."""
+    _dynemb.embedding_backward_grouped(
+        [x for table in tables for x in table], unique_slots, inverse, offsets, weights or [],
+        mode, grad, optimizer, step, dims, columns,
     )  # fmt: skip

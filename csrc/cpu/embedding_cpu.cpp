@@ -36,29 +36,44 @@ float* scratch(int64_t n) {
   if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
   return buffer.data();
 }
+
+/// Pools bags [b0, b1) of one part.
+template <class V>
+void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
+  const int64_t bytes = p.dim * static_cast<int64_t>(sizeof(float));
+  // A bag is summed in a cached row, then stored: pool_bag's read-modify-writes
+  // would otherwise wait on the output's (strided, not yet cached) lines.
+  float* const sum = scratch(p.dim);
+  for (int64_t b = b0; b < b1; ++b) {
+    if (b + kBagDistance < b1) {
+      CpuPlatform::prefetch_lines_for_write(p.out.at(b + kBagDistance), bytes);
+    }
+    // Prefetch the rows of the next bag while pooling this one.
+    if (b + 1 < b1) {
+      for (int64_t i = p.offsets[b + 1]; i < p.offsets[b + 2]; ++i) {
+        if (p.slots[i] >= 0) prefetch_row(p.table, p.slots[i]);
+      }
+    }
+    pool_part_bag(p, mode, b, sum);
+    std::copy(sum, sum + p.dim, p.out.at(b));
+  }
+}
+
 }  // namespace
 
 template <class V>
-void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-          const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-          const InitArgs& missing, const BagRows<float>& out, int64_t dim) {
-  const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
-  at::parallel_for(0, num_bags, kBagGrain, [&](int64_t begin, int64_t end) {
-    // A bag is summed in a cached row, then stored: pool_bag's read-modify-writes
-    // would otherwise wait on the output's (strided, not yet cached) lines.
-    float* const sum = scratch(dim);
-    for (int64_t b = begin; b < end; ++b) {
-      if (b + kBagDistance < end) {
-        CpuPlatform::prefetch_lines_for_write(out.at(b + kBagDistance), bytes);
-      }
-      // Prefetch the rows of the next bag while pooling this one.
-      if (b + 1 < end) {
-        for (int64_t i = offsets[b + 1]; i < offsets[b + 2]; ++i) {
-          if (slots[i] >= 0) prefetch_row(t, slots[i]);
-        }
-      }
-      pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, sum, dim);
-      std::copy(sum, sum + dim, out.at(b));
+void pool(const PoolPart<V>* parts, int64_t count, PoolingMode mode) {
+  if (count == 0) return;
+  const Parts<PoolPart<V>> all{parts, {}, count};
+  const int64_t total = parts[count - 1].bag_begin + parts[count - 1].num_bags;
+  at::parallel_for(0, total, kBagGrain, [&](int64_t begin, int64_t end) {
+    // A range of the batch's bags may span several parts: each gets its own share.
+    for (int64_t x = begin; x < end;) {
+      const PoolPart<V>& p = part_of(all, x, &PoolPart<V>::bag_begin);
+      const int64_t b0 = x - p.bag_begin;
+      const int64_t b1 = std::min(end - p.bag_begin, p.num_bags);
+      pool_bags(p, mode, b0, b1);
+      x = p.bag_begin + b1;
     }
   });
 }
@@ -95,52 +110,85 @@ int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
   return next_uid;
 }
 
+void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inverse,
+           int64_t* counts, int64_t* num_unique) {
+  // Each part's dedup is sequential (its uids follow first occurrences); parts are
+  // independent, so they run at once.
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const DedupPart& q = parts[p];
+      const int64_t at = q.index_begin;
+      num_unique[p] = dedup(q.keys, q.n, unique + at, inverse + at, counts + at);
+    }
+  });
+}
+
+namespace {
+
+/// The gradients of one part's distinct keys [u0, u1), summed in acc ((u1 - u0) * dim
+/// floats) in ascending index order (the rule of core/pooling.h), scanning the part's
+/// bags, then the updates of their rows.
 template <class V>
-void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
-                     int64_t dim, const OptimizerArgs& opt) {
-  if (num_unique == 0) return;
-  float* const acc = scratch(num_unique * dim);
+void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerArgs& opt,
+                   int64_t u0, int64_t u1, float* acc) {
+  const int64_t dim = p.dim;
   const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(float));
-  // One task per thread owns a range of distinct keys: it sums the gradients of
-  // their indices in ascending index order (the rule of core/pooling.h), scanning
-  // the batch, and then updates their rows.
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_unique / 64));
-  at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
-    for (int64_t task = task_begin; task < task_end; ++task) {
-      const int64_t u0 = num_unique * task / tasks, u1 = num_unique * (task + 1) / tasks;
-      std::fill(acc + u0 * dim, acc + u1 * dim, 0.0f);
-      for (int64_t b = 0; b < num_bags; ++b) {
-        if (b + kBagDistance < num_bags) {
-          CpuPlatform::prefetch_lines(grad.at(b + kBagDistance), grad_bytes);
-        }
-        const float* g = grad.at(b);
-        for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) {
-          const int64_t u = inverse[i];
-          if (u < u0 || u >= u1 || unique_slots[u] < 0) continue;
-          add_gradient(acc + u * dim, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]),
-                       g, dim);
-        }
-      }
-      for (int64_t u = u0; u < u1; ++u) {
-        const int64_t ahead = u + kUpdateDistance;
-        if (ahead < u1 && unique_slots[ahead] >= 0) prefetch_row(t, unique_slots[ahead]);
-        if (unique_slots[u] >= 0) update_row(opt, t.row(unique_slots[u]), dim, acc + u * dim);
-      }
+  std::fill(acc, acc + (u1 - u0) * dim, 0.0f);
+  for (int64_t b = 0; b < p.num_bags; ++b) {
+    if (b + kBagDistance < p.num_bags) {
+      CpuPlatform::prefetch_lines(p.grad.at(b + kBagDistance), grad_bytes);
+    }
+    const float* g = p.grad.at(b);
+    for (int64_t i = p.offsets[b]; i < p.offsets[b + 1]; ++i) {
+      const int64_t u = p.inverse[i];
+      if (u < u0 || u >= u1 || p.unique_slots[u] < 0) continue;
+      add_gradient(acc + (u - u0) * dim,
+                   grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]), g, dim);
+    }
+  }
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t ahead = u + kUpdateDistance;
+    if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
+    if (p.unique_slots[u] >= 0) {
+      update_row(opt, p.table.row(p.unique_slots[u]), dim, acc + (u - u0) * dim);
+    }
+  }
+}
+
+}  // namespace
+
+template <class V>
+void backward_update(const BackwardPart<V>* parts, int64_t count, PoolingMode mode,
+                     const OptimizerArgs& opt) {
+  // Tasks: per part, about one range of its distinct keys per thread (at least 64
+  // keys each); a task scans its part's batch and updates its keys' rows, summing in
+  // its thread's scratch (one table's share at a time: it stays in the caches).
+  struct Task {
+    int64_t part, u0, u1;
+  };
+  std::vector<Task> tasks;
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t u = parts[p].num_unique;
+    if (u == 0) continue;
+    const int64_t k = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), u / 64));
+    for (int64_t j = 0; j < k; ++j) tasks.push_back({p, u * j / k, u * (j + 1) / k});
+  }
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const Task& task = tasks[j];
+      const BackwardPart<V>& p = parts[task.part];
+      float* const acc = scratch((task.u1 - task.u0) * p.dim);
+      backward_task(p, mode, opt, task.u0, task.u1, acc);
     }
   });
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                    \
-  template void pool<V>(const TableRef<V>&, const int64_t*, const int64_t*, const int64_t*,      \
-                        int64_t, const float*, PoolingMode, const InitArgs&,                 \
-                        const BagRows<float>&, int64_t);                                       \
+  template void pool<V>(const PoolPart<V>*, int64_t, PoolingMode);                             \
   template void gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,           \
                           const InitArgs&, float*, int64_t);                                     \
-  template void backward_update<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*,  \
-                                   const int64_t*, int64_t, const float*, PoolingMode,          \
-                                   const BagRows<const float>&, int64_t, const OptimizerArgs&);
+  template void backward_update<V>(const BackwardPart<V>*, int64_t, PoolingMode,               \
+                                   const OptimizerArgs&);
 
 DYNEMB_INSTANTIATE(float)
 DYNEMB_INSTANTIATE(c10::Half)

@@ -5,18 +5,17 @@
 
 #include "core/batch_sinks.h"
 #include "core/dedup.h"
+#include "core/grouped.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/table_ops.h"
 
 namespace dynemb::cpu {
 
-/// out: the pooled bags (see core/pooling.h), each at its BagRows place.
-/// @param offsets (num_bags + 1) bag boundaries into slots/keys/weights
+/// Pools every part's bags (core/pooling.h), each to its BagRows place; the bags of
+/// all parts (numbered by core/grouped.h number_parts) are split among the threads.
 template <class V>
-void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-          const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-          const InitArgs& missing, const BagRows<float>& out, int64_t dim);
+void pool(const PoolPart<V>* parts, int64_t count, PoolingMode mode);
 
 /// out (n, dim) float: the row of each index.
 template <class V>
@@ -30,16 +29,18 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
 int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
               int64_t* counts);
 
-/// Reduces the gradient of every index to one gradient per distinct key and
-/// applies the optimizer to those rows in place; keys whose slot is -1 are skipped.
-/// @param unique_slots (num_unique) slot of each distinct key
-/// @param inverse      (n) distinct-key id of each index
-/// @param grad         d loss / d pooled bag, each bag's dim floats at its BagRows place
+/// dedup of every part (core/grouped.h DedupPart: its outputs at [index_begin,
+/// index_begin + n) of unique, inverse, counts), the parts split among the threads.
+/// @param num_unique (count) out: U of each part
+void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inverse,
+           int64_t* counts, int64_t* num_unique);
+
+/// For every part (numbered by core/grouped.h number_parts): reduces the gradient of
+/// each index (d loss / d pooled bag, at the bag's BagRows place) to one gradient per
+/// distinct key and applies the optimizer to those rows in place; keys whose slot is
+/// -1 are skipped. The distinct keys of all parts are split among the threads.
 template <class V>
-void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
-                     int64_t dim,
+void backward_update(const BackwardPart<V>* parts, int64_t count, PoolingMode mode,
                      const OptimizerArgs& opt);
 
 }  // namespace dynemb::cpu

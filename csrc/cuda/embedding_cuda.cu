@@ -1,5 +1,6 @@
 // dynemb CUDA executor: embedding kernels over the core maths (core/pooling.h,
-// core/optimizer_rules.h, core/dedup.h, core/tier_ops.h). Launch geometry and
+// core/optimizer_rules.h, core/dedup.h, core/tier_ops.h, core/grouped.h: a
+// pooling or backward covers every table of a batch in one launch per phase). Launch geometry and
 // atomics only; no float atomics: gradients are summed in core/pooling.h's order.
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
@@ -9,14 +10,14 @@ namespace {
 
 using P = CudaPlatform;
 
+/// One thread per bag of the batch (every part's bags, numbered one after another).
 template <class V>
-__global__ void pool_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys,
-                            const int64_t* offsets, int64_t num_bags, const float* weights,
-                            PoolingMode mode, InitArgs missing, BagRows<float> out,
-                            int64_t dim) {
-  const int64_t b = thread_index();
-  if (b >= num_bags) return;
-  pool_bag(t, slots, keys, weights, offsets[b], offsets[b + 1], mode, missing, out.at(b), dim);
+__global__ void pool_kernel(Parts<PoolPart<V>> parts, int64_t num_bags, PoolingMode mode) {
+  const int64_t x = thread_index();
+  if (x >= num_bags) return;
+  const PoolPart<V>& p = part_of(parts, x, &PoolPart<V>::bag_begin);
+  const int64_t b = x - p.bag_begin;
+  pool_part_bag(p, mode, b, p.out.at(b));
 }
 
 template <class V>
@@ -71,13 +72,17 @@ __global__ void move_compact_kernel(const int8_t* status, const int64_t* slots, 
                 victim_index);
 }
 
-/// Dedup pass 1: each key's cell; first_rev[cell] = max over its indices of n - i.
-__global__ void dedup_cells_kernel(const int64_t* keys, int64_t n, DedupSetRef set,
-                                   unsigned long long* first_rev, int64_t* cell_of) {
+/// Dedup pass 1, a thread per key of the call: the key's cell in its part's set;
+/// first_rev[cell] = max over its indices of n - i.
+__global__ void dedup_cells_kernel(Parts<DedupPart> parts, int64_t n, int64_t* cell_keys,
+                                   int32_t* states, unsigned long long* first_rev,
+                                   int64_t* cell_of) {
   const int64_t i = thread_index();
   if (i >= n) return;
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
+  const DedupSetRef set{cell_keys + p.cell_begin, states + p.cell_begin, dedup_capacity(p.n)};
   bool is_new = false;
-  const int64_t cell = dedup_cell<P>(set, keys[i], &is_new);
+  const int64_t cell = p.cell_begin + dedup_cell<P>(set, p.keys[i - p.index_begin], &is_new);
   atomicMax(first_rev + cell, static_cast<unsigned long long>(n - i));
   cell_of[i] = cell;
 }
@@ -88,70 +93,84 @@ __global__ void dedup_first_kernel(int64_t n, const unsigned long long* first_re
   if (i < n) is_first[i] = first_rev[cell_of[i]] == static_cast<unsigned long long>(n - i);
 }
 
-/// A first occurrence's uid is the number of first occurrences before it.
-__global__ void dedup_number_kernel(const int64_t* keys, int64_t n, const int64_t* cell_of,
+/// A first occurrence's uid is the number of first occurrences before it in its part
+/// (rank: first occurrences before it in the call).
+__global__ void dedup_number_kernel(Parts<DedupPart> parts, int64_t n, const int64_t* cell_of,
                                     const int64_t* is_first, const int64_t* rank,
                                     int64_t* uid_of_cell, int64_t* unique) {
   const int64_t i = thread_index();
   if (i >= n || !is_first[i]) return;
-  uid_of_cell[cell_of[i]] = rank[i];
-  unique[rank[i]] = keys[i];
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
+  const int64_t uid = rank[i] - rank[p.index_begin];
+  uid_of_cell[cell_of[i]] = uid;
+  unique[p.index_begin + uid] = p.keys[i - p.index_begin];
 }
 
-__global__ void dedup_inverse_kernel(int64_t n, const int64_t* cell_of,
+__global__ void dedup_inverse_kernel(Parts<DedupPart> parts, int64_t n, const int64_t* cell_of,
                                      const int64_t* uid_of_cell, int64_t* inverse,
                                      unsigned long long* counts) {
   const int64_t i = thread_index();
   if (i >= n) return;
+  const DedupPart& p = part_of(parts, i, &DedupPart::index_begin);
   const int64_t u = uid_of_cell[cell_of[i]];
   inverse[i] = u;
-  atomicAdd(counts + u, 1ULL);
+  atomicAdd(counts + p.index_begin + u, 1ULL);
 }
 
-__global__ void bag_of_kernel(const int64_t* offsets, int64_t num_bags, int64_t* bag_of) {
-  const int64_t b = thread_index();
-  if (b >= num_bags) return;
-  for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
+/// num_unique[p] = the first occurrences of part p's keys; a thread per part.
+__global__ void dedup_sizes_kernel(Parts<DedupPart> parts, const int64_t* is_first,
+                                   const int64_t* rank, int64_t* num_unique) {
+  const int64_t x = thread_index();
+  if (x >= parts.count) return;
+  const DedupPart& p = parts[x];
+  const int64_t last = p.index_begin + p.n - 1;
+  num_unique[x] = p.n == 0 ? 0 : rank[last] + is_first[last] - rank[p.index_begin];
 }
 
-__global__ void gradient_groups_kernel(const int64_t* inverse, int64_t n,
-                                       const int64_t* unique_slots, int64_t* group) {
-  const int64_t i = thread_index();
-  if (i < n) group[i] = unique_slots[inverse[i]] >= 0 ? inverse[i] : -1;
-}
-
-/// One thread per distinct key: its gradient in core/pooling.h's order (indices
-/// ascending, from the stable grouping), then the optimizer update of its row.
+/// bag_of[i] = the bag of index i, both in the batch's numbering; a thread per bag.
 template <class V>
-__global__ void reduce_update_kernel(TableRef<V> t, const int64_t* unique_slots,
-                                     int64_t num_unique, const int64_t* start,
-                                     const int64_t* order, const int64_t* bag_of,
-                                     const int64_t* offsets, const float* weights,
-                                     PoolingMode mode, BagRows<const float> grad,
-                                     int64_t dim, OptimizerArgs opt, float* acc) {
-  const int64_t u = thread_index();
-  if (u >= num_unique || unique_slots[u] < 0) return;
-  float* a = acc + u * dim;
-  for (int64_t j = 0; j < dim; ++j) a[j] = 0.0f;
-  for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-    const int64_t i = order[k];
-    const int64_t b = bag_of[i];
-    add_gradient(a, grad_scale(mode, weights, i, offsets[b], offsets[b + 1]), grad.at(b),
-                 dim);
-  }
-  update_row(opt, t.row(unique_slots[u]), dim, a);
+__global__ void bag_of_kernel(Parts<BackwardPart<V>> parts, int64_t num_bags, int64_t* bag_of) {
+  const int64_t x = thread_index();
+  if (x >= num_bags) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::bag_begin);
+  const int64_t b = x - p.bag_begin;
+  for (int64_t i = p.offsets[b]; i < p.offsets[b + 1]; ++i) bag_of[p.index_begin + i] = x;
+}
+
+/// group[i] = the distinct key of index i in the batch's numbering (-1: no slot).
+template <class V>
+__global__ void gradient_groups_kernel(Parts<BackwardPart<V>> parts, int64_t n, int64_t* group) {
+  const int64_t x = thread_index();
+  if (x >= n) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::index_begin);
+  const int64_t u = p.inverse[x - p.index_begin];
+  group[x] = p.unique_slots[u] >= 0 ? p.unique_begin + u : -1;
+}
+
+/// One thread per distinct key of the batch: its gradient in core/pooling.h's order
+/// (indices ascending, from the stable grouping), then the optimizer update of its row.
+template <class V>
+__global__ void reduce_update_kernel(Parts<BackwardPart<V>> parts, int64_t num_unique,
+                                     const int64_t* start, const int64_t* order,
+                                     const int64_t* bag_of, PoolingMode mode, OptimizerArgs opt,
+                                     float* acc) {
+  const int64_t x = thread_index();
+  if (x >= num_unique) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::unique_begin);
+  const int64_t u = x - p.unique_begin;
+  if (p.unique_slots[u] < 0) return;
+  reduce_update_key(p, mode, opt, u, order, start[x], start[x + 1], bag_of,
+                    acc + p.acc_begin + u * p.dim);
 }
 
 }  // namespace
 
 template <class V>
-void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-                 const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, const BagRows<float>& out, int64_t dim,
+void launch_pool(const Parts<PoolPart<V>>& parts, const PartTotals& totals, PoolingMode mode,
                  cudaStream_t stream) {
-  if (num_bags == 0) return;
-  DYNEMB_LAUNCH(blocks_for(num_bags), kBlock, stream, pool_kernel<V>)(
-      t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
+  if (totals.bags == 0) return;
+  DYNEMB_LAUNCH(blocks_for(totals.bags), kBlock, stream, pool_kernel<V>)(parts, totals.bags,
+                                                                         mode);
 }
 
 template <class V>
@@ -185,72 +204,69 @@ void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, i
   }
 }
 
-void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-                  int64_t* counts, int64_t* num_unique, Workspace& ws, cudaStream_t stream) {
-  cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream);
-  if (n == 0) return;
-  const int64_t capacity = dedup_capacity(n);
-  auto* cell_keys = ws.array<int64_t>(capacity);
-  auto* states = ws.array<int32_t>(capacity);
-  auto* first_rev = ws.array<unsigned long long>(capacity);
-  auto* uid_of_cell = ws.array<int64_t>(capacity);
-  auto* cell_of = ws.array<int64_t>(n);
-  auto* is_first = ws.array<int64_t>(n);
-  auto* rank = ws.array<int64_t>(n);
-  static_assert(kEmptyCell == -1, "states are filled with 0xFF bytes");
-  cudaMemsetAsync(states, 0xFF, static_cast<size_t>(capacity) * sizeof(int32_t), stream);
-  cudaMemsetAsync(first_rev, 0, static_cast<size_t>(capacity) * sizeof(unsigned long long),
-                  stream);
-  cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream);
-  const DedupSetRef set{cell_keys, states, capacity};
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_cells_kernel)(keys, n, set, first_rev,
-                                                                   cell_of);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_first_kernel)(n, first_rev, cell_of,
-                                                                   is_first);
-  launch_exclusive_scan(is_first, n, rank, num_unique, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_number_kernel)(keys, n, cell_of, is_first,
-                                                                    rank, uid_of_cell, unique);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_inverse_kernel)(
-      n, cell_of, uid_of_cell, inverse, reinterpret_cast<unsigned long long*>(counts));
+void launch_dedup(const Parts<DedupPart>& parts, const PartTotals& totals, int64_t* unique,
+                  int64_t* inverse, int64_t* counts, int64_t* num_unique, Workspace& ws,
+                  cudaStream_t stream) {
+  const int64_t n = totals.indices, cells = totals.cells;
+  auto* cell_keys = ws.array<int64_t>(cells);
+  auto* states = ws.array<int32_t>(cells);
+  auto* first_rev = ws.array<unsigned long long>(cells);
+  auto* uid_of_cell = ws.array<int64_t>(cells);
+  auto* cell_of = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* is_first = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* rank = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* total = ws.array<int64_t>(1);
+  if (n > 0) {
+    static_assert(kEmptyCell == -1, "states are filled with 0xFF bytes");
+    cudaMemsetAsync(states, 0xFF, static_cast<size_t>(cells) * sizeof(int32_t), stream);
+    cudaMemsetAsync(first_rev, 0, static_cast<size_t>(cells) * sizeof(unsigned long long),
+                    stream);
+    cudaMemsetAsync(counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_cells_kernel)(parts, n, cell_keys, states,
+                                                                     first_rev, cell_of);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_first_kernel)(n, first_rev, cell_of,
+                                                                     is_first);
+    launch_exclusive_scan(is_first, n, rank, total, ws, stream);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_number_kernel)(
+        parts, n, cell_of, is_first, rank, uid_of_cell, unique);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, dedup_inverse_kernel)(
+        parts, n, cell_of, uid_of_cell, inverse, reinterpret_cast<unsigned long long*>(counts));
+  }
+  DYNEMB_LAUNCH(blocks_for(parts.count), kBlock, stream, dedup_sizes_kernel)(parts, is_first,
+                                                                             rank, num_unique);
 }
 
 template <class V>
-void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
-                     int64_t dim, const OptimizerArgs& opt, int64_t n, Workspace& ws,
+void launch_backward(const Parts<BackwardPart<V>>& parts, const PartTotals& totals,
+                     PoolingMode mode, const OptimizerArgs& opt, Workspace& ws,
                      cudaStream_t stream) {
+  const int64_t n = totals.indices, num_unique = totals.unique;
   if (num_unique == 0) return;
   auto* bag_of = ws.array<int64_t>(n > 0 ? n : 1);
   auto* group = ws.array<int64_t>(n > 0 ? n : 1);
   auto* order = ws.array<int64_t>(n > 0 ? n : 1);
   auto* start = ws.array<int64_t>(num_unique + 1);
-  auto* acc = ws.array<float>(num_unique * dim);
-  if (num_bags > 0) {
-    DYNEMB_LAUNCH(blocks_for(num_bags), kBlock, stream, bag_of_kernel)(offsets, num_bags, bag_of);
+  auto* acc = ws.array<float>(totals.acc > 0 ? totals.acc : 1);
+  if (totals.bags > 0) {
+    DYNEMB_LAUNCH(blocks_for(totals.bags), kBlock, stream, bag_of_kernel<V>)(parts, totals.bags,
+                                                                             bag_of);
   }
   if (n > 0) {
-    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gradient_groups_kernel)(inverse, n, unique_slots,
-                                                                         group);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gradient_groups_kernel<V>)(parts, n, group);
   }
   launch_group_stable(group, n, num_unique, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(num_unique), kBlock, stream, reduce_update_kernel<V>)(
-      t, unique_slots, num_unique, start, order, bag_of, offsets, weights, mode, grad, dim, opt,
-      acc);
+      parts, num_unique, start, order, bag_of, mode, opt, acc);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                  \
-  template void launch_pool<V>(const TableRef<V>&, const int64_t*, const int64_t*,             \
-                               const int64_t*, int64_t, const float*, PoolingMode,             \
-                               const InitArgs&, const BagRows<float>&, int64_t,                \
+  template void launch_pool<V>(const Parts<PoolPart<V>>&, const PartTotals&, PoolingMode,    \
                                cudaStream_t);                                                  \
   template void launch_gather<V>(const TableRef<V>&, const int64_t*, const int64_t*, int64_t,  \
                                  const InitArgs&, float*, int64_t, cudaStream_t);              \
-  template void launch_backward<V>(const TableRef<V>&, const int64_t*, int64_t, const int64_t*, \
-                                   const int64_t*, int64_t, const float*, PoolingMode,         \
-                                   const BagRows<const float>&, int64_t,                       \
-                                   const OptimizerArgs&, int64_t,                              \
-                                   Workspace&, cudaStream_t);                                  \
+  template void launch_backward<V>(const Parts<BackwardPart<V>>&, const PartTotals&,        \
+                                   PoolingMode, const OptimizerArgs&, Workspace&,              \
+                                   cudaStream_t);                                              \
   template void launch_cache_exchange<V>(const TableRef<V>&, const TableRef<V>&,               \
                                          const CacheExchange<V>&, cudaStream_t);
 

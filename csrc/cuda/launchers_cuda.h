@@ -8,6 +8,7 @@
 
 #include "core/batch_sinks.h"
 #include "core/dedup.h"
+#include "core/grouped.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/table_ops.h"
@@ -68,11 +69,10 @@ template <class V>
 void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, int64_t* failed,
                    Workspace& ws, cudaStream_t stream);
 
-/// out: pooled bags at their BagRows places (device memory), one thread per bag.
+/// Every part's pooled bags to their BagRows places (device memory): one launch, a
+/// thread per bag of the batch. parts: numbered by number_parts, which gave totals.
 template <class V>
-void launch_pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-                 const int64_t* offsets, int64_t num_bags, const float* weights, PoolingMode mode,
-                 const InitArgs& missing, const BagRows<float>& out, int64_t dim,
+void launch_pool(const Parts<PoolPart<V>>& parts, const PartTotals& totals, PoolingMode mode,
                  cudaStream_t stream);
 
 /// out (n, dim) float: one row per index.
@@ -92,18 +92,20 @@ void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, i
                         int64_t* victim_index, int64_t* totals, Workspace& ws,
                         cudaStream_t stream);
 
-/// De-duplicates keys by core/dedup.h's rule (uids in first-occurrence order).
-/// @param unique, inverse, counts (n) int64 out; @param num_unique (1) int64 out
-void launch_dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-                  int64_t* counts, int64_t* num_unique, Workspace& ws, cudaStream_t stream);
+/// De-duplicates each part's keys by core/dedup.h's rule (uids in first-occurrence
+/// order), all parts in one launch per phase (core/grouped.h DedupPart).
+/// @param unique, inverse, counts (totals.indices) int64 out, a range per part
+/// @param num_unique (parts.count) int64 out: U of each part
+void launch_dedup(const Parts<DedupPart>& parts, const PartTotals& totals, int64_t* unique,
+                  int64_t* inverse, int64_t* counts, int64_t* num_unique, Workspace& ws,
+                  cudaStream_t stream);
 
-/// Reduces gradients to one per distinct key in core/pooling.h's order and applies the
-/// optimizer to the rows of unique_slots (-1: skipped). n = offsets[num_bags] indices.
+/// For every part: reduces gradients to one per distinct key in core/pooling.h's order
+/// and applies the optimizer to the rows of unique_slots (-1: skipped). One launch per
+/// phase over the whole batch (bags, indices, distinct keys of all parts).
 template <class V>
-void launch_backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                     const int64_t* inverse, const int64_t* offsets, int64_t num_bags,
-                     const float* weights, PoolingMode mode, const BagRows<const float>& grad,
-                     int64_t dim, const OptimizerArgs& opt, int64_t n, Workspace& ws,
+void launch_backward(const Parts<BackwardPart<V>>& parts, const PartTotals& totals,
+                     PoolingMode mode, const OptimizerArgs& opt, Workspace& ws,
                      cudaStream_t stream);
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

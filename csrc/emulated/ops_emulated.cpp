@@ -16,6 +16,8 @@ struct EmulatedRuntime {
   struct DeviceGuard {
     explicit DeviceGuard(at::Device) {}
   };
+  static at::Tensor host_bytes(int64_t n) { return at::empty({n}, at::kByte); }
+  static at::Tensor to_device(const at::Tensor& host, at::Device) { return host; }  // the CPU
 };
 
 }  // namespace

@@ -9,11 +9,14 @@
 //   struct Runtime {
 //     static cudaStream_t stream();           // the stream to launch on
 //     struct DeviceGuard { explicit DeviceGuard(at::Device); };
+//     static at::Tensor host_bytes(int64_t n);  // a host staging buffer
+//     static at::Tensor to_device(const at::Tensor& host, at::Device);  // enqueued copy
 //   };
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -86,42 +89,58 @@ struct CudaBackend {
     return failed.item<int64_t>();  // the caller grows again when entries did not fit
   }
   template <class V>
-  static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-                   const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, const BagRows<float>& out,
-                   int64_t dim) {
-    DYNEMB_CUDA_NS::launch_pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim,
-                                Runtime::stream());
+  static void pool(const std::vector<PoolPart<V>>& parts, const PartTotals& totals,
+                   PoolingMode mode, const at::TensorOptions& like) {
+    at::Tensor held;
+    DYNEMB_CUDA_NS::launch_pool(device_parts(parts, like, held), totals, mode, Runtime::stream());
   }
   template <class V>
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                      const InitArgs& missing, float* out, int64_t dim) {
     DYNEMB_CUDA_NS::launch_gather(t, slots, keys, n, missing, out, dim, Runtime::stream());
   }
-  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
-                       at::Tensor& counts) {
-    TensorWorkspace ws(keys.options());
-    at::Tensor num_unique = at::empty({1}, keys.options());
-    DYNEMB_CUDA_NS::launch_dedup(keys.data_ptr<int64_t>(), keys.numel(),
+  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts,
+                                    const PartTotals& totals, at::Tensor& unique,
+                                    at::Tensor& inverse, at::Tensor& counts) {
+    const at::TensorOptions like = unique.options();
+    TensorWorkspace ws(like);
+    at::Tensor held;
+    const auto count = static_cast<int64_t>(parts.size());
+    at::Tensor num_unique = at::empty({count}, like);
+    DYNEMB_CUDA_NS::launch_dedup(device_parts(parts, like, held), totals,
                                  unique.data_ptr<int64_t>(), inverse.data_ptr<int64_t>(),
                                  counts.data_ptr<int64_t>(), num_unique.data_ptr<int64_t>(), ws,
                                  Runtime::stream());
-    return num_unique.item<int64_t>();  // the size of the outputs
+    const at::Tensor host = num_unique.cpu();  // the sizes of the outputs: one wait for all
+    const int64_t* u = host.data_ptr<int64_t>();
+    return std::vector<int64_t>(u, u + count);
   }
   template <class V>
-  static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                       const int64_t* inverse, int64_t n, const int64_t* offsets,
-                       int64_t num_bags, const float* weights, PoolingMode mode,
-                       const BagRows<const float>& grad, int64_t dim,
-                       const OptimizerArgs& opt, const at::TensorOptions& like) {
+  static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals& totals,
+                       PoolingMode mode, const OptimizerArgs& opt, const at::TensorOptions& like) {
     TensorWorkspace ws(like);
-    DYNEMB_CUDA_NS::launch_backward(t, unique_slots, num_unique, inverse, offsets, num_bags,
-                                    weights, mode, grad, dim, opt, n, ws, Runtime::stream());
+    at::Tensor held;
+    DYNEMB_CUDA_NS::launch_backward(device_parts(parts, like, held), totals, mode, opt, ws,
+                                    Runtime::stream());
   }
   template <class V>
   static void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                              const CacheExchange<V>& x) {
     DYNEMB_CUDA_NS::launch_cache_exchange(cache, slow, x, Runtime::stream());
+  }
+  /// The parts as the kernels read them: one by value (no copy), several as an array
+  /// copied to the device (enqueued on the stream; `held` keeps it until the op returns,
+  /// the caching allocator reuses it in stream order).
+  template <class Part>
+  static Parts<Part> device_parts(const std::vector<Part>& parts, const at::TensorOptions& like,
+                                  at::Tensor& held) {
+    const auto count = static_cast<int64_t>(parts.size());
+    if (count == 1) return Parts<Part>{nullptr, parts[0], 1};
+    const auto bytes = static_cast<int64_t>(parts.size() * sizeof(Part));
+    at::Tensor host = Runtime::host_bytes(bytes);
+    std::memcpy(host.data_ptr(), parts.data(), static_cast<size_t>(bytes));
+    held = Runtime::to_device(host, like.device());
+    return Parts<Part>{reinterpret_cast<const Part*>(held.data_ptr()), Part{}, count};
   }
   static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
     const int64_t n = status.numel();

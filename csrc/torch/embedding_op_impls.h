@@ -1,21 +1,26 @@
 // dynemb torch layer: the embedding ops, written once over a Backend (see
 // table_op_impls.h for the pattern). The Backend adds:
 //
-//   template <class V> static void pool(TableRef<V>, slots*, keys*, offsets*, num_bags,
-//                                       weights*, PoolingMode, InitArgs, BagRows<float>, dim);
+//   template <class V> static void pool(std::vector<PoolPart<V>>&, PartTotals, PoolingMode,
+//                                       like);  // every part's bags (core/grouped.h)
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
-//   static int64_t dedup(keys, unique&, inverse&, counts&);  // (n) tensors; returns U
-//   template <class V> static void backward(TableRef<V>, unique_slots*, U, inverse*, n,
-//                                           offsets*, num_bags, weights*, PoolingMode,
-//                                           BagRows<const float> grad, dim, OptimizerArgs, like);
+//   static std::vector<int64_t> dedup(std::vector<DedupPart>&, PartTotals, unique&,
+//                                     inverse&, counts&);  // flat (total) tensors; U per part
+//   template <class V> static void backward(std::vector<BackwardPart<V>>&, PartTotals,
+//                                           PoolingMode, OptimizerArgs, like);
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
 //   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
+//
+// A per-table op is a call with one part; a *_grouped op takes every table of a batch
+// (the module's tables, one call per phase) with the same per-table checks.
 #pragma once
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "core/grouped.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/tier_ops.h"
@@ -145,6 +150,42 @@ struct CacheMoves {
   int64_t without_slot;
 };
 
+/// One table's checked pooling arguments (a part of a pooling call).
+struct PoolArgs {
+  TableTensors table;
+  const at::Tensor& slots;
+  const at::Tensor& keys;
+  const at::Tensor& offsets;
+  const float* weights;
+  InitArgs missing;
+  int64_t num_bags;
+  int64_t dim;
+};
+
+/// One table's checked backward arguments (a part of a backward call).
+struct BackwardArgs {
+  TableTensors table;
+  const at::Tensor& unique_slots;
+  const at::Tensor& inverse;
+  const at::Tensor& offsets;
+  const float* weights;
+  BagRows<const float> grad;
+  int64_t num_bags;
+  int64_t dim;
+};
+
+/// The name of table t of a grouped op in its messages: "op, table t".
+inline std::string table_op_name(const char* op, size_t t) {
+  return std::string(op) + ", table " + std::to_string(t);
+}
+
+/// A grouped op's per-table lists: `name` must hold `expected` entries (T tables).
+inline void check_list_size(const char* op, const char* name, size_t size, size_t expected,
+                            size_t tables) {
+  TORCH_CHECK_VALUE(size == expected, "dynemb.", op, ": `", name, "` must hold ", expected,
+                    " entries for ", tables, " tables, got ", size);
+}
+
 template <class Backend>
 struct EmbeddingOpImpls {
   template <class TorchV>
@@ -195,21 +236,11 @@ struct EmbeddingOpImpls {
                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                          int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
     constexpr const char* op = "embedding_pool";
-    const TableTensors table = checked_table(op, table_list);
-    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
-    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
-    check_dim(op, table, dim);
+    const PoolArgs args =
+        check_pool(op, table_list, slots, keys, offsets, weights, missing, seed, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
-    const InitArgs init = parse_missing(op, missing, seed);
-    typename Backend::DeviceGuard guard(table.digests.device());
-    const int64_t num_bags = offsets.numel() - 1;
-    at::Tensor out = at::empty({num_bags, dim}, slots.options().dtype(at::kFloat));
-    dispatch_values(op, table.values, [&](auto v) {
-      using W = V<decltype(v)>;
-      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
-                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
-                    dense_bags(out.data_ptr<float>(), dim), dim);
-    });
+    at::Tensor out = at::empty({args.num_bags, dim}, slots.options().dtype(at::kFloat));
+    run_pool(op, {args}, {dense_bags(out.data_ptr<float>(), dim)}, pooling);
     return out;
   }
 
@@ -221,21 +252,48 @@ struct EmbeddingOpImpls {
                         at::ArrayRef<double> missing, int64_t seed, int64_t dim,
                         const at::Tensor& out, const at::Tensor& columns) {
     constexpr const char* op = "embedding_pool_into";
-    const TableTensors table = checked_table(op, table_list);
-    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
-    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
-    check_dim(op, table, dim);
+    const PoolArgs args =
+        check_pool(op, table_list, slots, keys, offsets, weights, missing, seed, dim);
     const PoolingMode pooling = parse_pooling(op, mode);
-    const InitArgs init = parse_missing(op, missing, seed);
-    const int64_t num_bags = offsets.numel() - 1;
-    check_bag_columns(op, "out", out, columns, num_bags, dim, table.digests);
-    typename Backend::DeviceGuard guard(table.digests.device());
-    dispatch_values(op, table.values, [&](auto v) {
-      using W = V<decltype(v)>;
-      Backend::pool(table_ref<W>(table), slots.data_ptr<int64_t>(), keys.data_ptr<int64_t>(),
-                    offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling, init,
-                    bag_columns(out.data_ptr<float>(), out, columns), dim);
-    });
+    check_bag_columns(op, "out", out, columns, args.num_bags, dim, args.table.digests);
+    run_pool(op, {args}, {bag_columns(out.data_ptr<float>(), out, columns)}, pooling);
+  }
+
+  /// embedding_pool_into of every table of a batch in one executor call: table t is
+  /// tables[8t .. 8t + 8) with slots[t], keys[t], offsets[t], weights[t] (weights: none
+  /// or one per table), missing[6t .. 6t + 6), seeds[t], dims[t], columns[t].
+  static void pool_into_grouped(at::TensorList tables, at::TensorList slots,
+                                at::TensorList keys, at::TensorList offsets,
+                                at::TensorList weights, int64_t mode,
+                                at::ArrayRef<double> missing, at::IntArrayRef seeds,
+                                at::IntArrayRef dims, const at::Tensor& out,
+                                at::TensorList columns) {
+    constexpr const char* op = "embedding_pool_into_grouped";
+    const size_t n = slots.size();
+    check_grouped_lists(op, tables, n, weights.size());
+    check_list_size(op, "keys", keys.size(), n, n);
+    check_list_size(op, "offsets", offsets.size(), n, n);
+    check_list_size(op, "missing", missing.size(), n * kInitSize, n);
+    check_list_size(op, "seeds", seeds.size(), n, n);
+    check_list_size(op, "dims", dims.size(), n, n);
+    check_list_size(op, "columns", columns.size(), n, n);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    std::vector<PoolArgs> args;
+    std::vector<BagRows<float>> outs;
+    args.reserve(n);
+    for (size_t t = 0; t < n; ++t) {
+      const std::string name = table_op_name(op, t);
+      const std::optional<at::Tensor> w =
+          weights.empty() ? std::nullopt : std::optional<at::Tensor>(weights[t]);
+      args.push_back(check_pool(name.c_str(), tables.slice(t * kTableTensors, kTableTensors),
+                                slots[t], keys[t], offsets[t], w,
+                                missing.slice(t * kInitSize, kInitSize), seeds[t],
+                                dims[t]));
+      check_bag_columns(name.c_str(), "out", out, columns[t], args[t].num_bags, dims[t],
+                        args[t].table.digests);
+      outs.push_back(bag_columns(out.data_ptr<float>(), out, columns[t]));
+    }
+    run_pool(op, args, outs, pooling);
   }
 
   static at::Tensor gather(at::TensorList table_list, const at::Tensor& slots, const at::Tensor& keys,
@@ -325,13 +383,16 @@ struct EmbeddingOpImpls {
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_keys(const at::Tensor& keys) {
-    check_keys("unique_keys", keys);
-    typename Backend::DeviceGuard guard(keys.device());
-    at::Tensor unique = at::empty_like(keys);
-    at::Tensor inverse = at::empty_like(keys);
-    at::Tensor counts = at::empty_like(keys);
-    const int64_t num_unique = Backend::dedup(keys, unique, inverse, counts);
-    return {unique.narrow(0, 0, num_unique), inverse, counts.narrow(0, 0, num_unique)};
+    auto [unique, inverse, counts] = run_dedup("unique_keys", {keys});
+    return {unique[0], inverse[0], counts[0]};
+  }
+
+  /// unique_keys of each tensor of `keys` (each table's keys of a batch) in one call:
+  /// the lists (unique, inverse, counts) hold one result per tensor. (An empty list
+  /// cannot reach here: the dispatcher finds no device in it.)
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  unique_keys_grouped(at::TensorList keys) {
+    return run_dedup("unique_keys_grouped", keys);
   }
 
   static void backward(at::TensorList table_list, const at::Tensor& unique_slots,
@@ -340,12 +401,144 @@ struct EmbeddingOpImpls {
                        const at::Tensor& grad, at::ArrayRef<double> optimizer, int64_t step,
                        int64_t dim, const std::optional<at::Tensor>& columns) {
     constexpr const char* op = "embedding_backward";
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
+    const BackwardArgs args = check_backward(op, table_list, unique_slots, inverse, offsets,
+                                             weights, grad, columns, opt, dim);
+    run_backward(op, {args}, pooling, opt);
+  }
+
+  /// embedding_backward of every table of a batch in one executor call (the tables
+  /// must be distinct): table t is tables[8t .. 8t + 8) with unique_slots[t],
+  /// inverse[t], offsets[t], weights[t] (none or one per table), dims[t], and its
+  /// bags' gradients in grad's columns[t].
+  static void backward_grouped(at::TensorList tables, at::TensorList unique_slots,
+                               at::TensorList inverse, at::TensorList offsets,
+                               at::TensorList weights, int64_t mode, const at::Tensor& grad,
+                               at::ArrayRef<double> optimizer, int64_t step,
+                               at::IntArrayRef dims, at::TensorList columns) {
+    constexpr const char* op = "embedding_backward_grouped";
+    const size_t n = unique_slots.size();
+    check_grouped_lists(op, tables, n, weights.size());
+    check_list_size(op, "inverse", inverse.size(), n, n);
+    check_list_size(op, "offsets", offsets.size(), n, n);
+    check_list_size(op, "dims", dims.size(), n, n);
+    check_list_size(op, "columns", columns.size(), n, n);
+    const PoolingMode pooling = parse_pooling(op, mode);
+    const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
+    std::vector<BackwardArgs> args;
+    args.reserve(n);
+    for (size_t t = 0; t < n; ++t) {
+      const std::string name = table_op_name(op, t);
+      const std::optional<at::Tensor> w =
+          weights.empty() ? std::nullopt : std::optional<at::Tensor>(weights[t]);
+      args.push_back(check_backward(name.c_str(), tables.slice(t * kTableTensors, kTableTensors),
+                                    unique_slots[t], inverse[t], offsets[t], w, grad,
+                                    columns[t], opt, dims[t]));
+      for (size_t s = 0; s < t; ++s) {  // their updates run at once: one table, one part
+        TORCH_CHECK_VALUE(!args[s].table.values.is_same(args[t].table.values), "dynemb.", op,
+                          ": tables ", s, " and ", t, " are the same table");
+      }
+    }
+    run_backward(op, args, pooling, opt);
+  }
+
+ private:
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  run_dedup(const char* op, at::TensorList keys) {
+    const bool grouped = keys.size() > 1;
+    std::vector<DedupPart> parts;
+    for (size_t t = 0; t < keys.size(); ++t) {
+      const std::string name = grouped ? table_op_name(op, t) : std::string(op);
+      check_keys(name.c_str(), keys[t]);
+      check_same_device(name.c_str(), "keys", keys[t], keys[0]);
+      parts.push_back(DedupPart{keys[t].data_ptr<int64_t>(), keys[t].numel(), 0, 0});
+    }
+    const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
+    typename Backend::DeviceGuard guard(keys[0].device());
+    // One flat buffer per output; each part's results are views of its range.
+    at::Tensor unique = at::empty({totals.indices}, keys[0].options());
+    at::Tensor inverse = at::empty({totals.indices}, keys[0].options());
+    at::Tensor counts = at::empty({totals.indices}, keys[0].options());
+    const std::vector<int64_t> num_unique = Backend::dedup(parts, totals, unique, inverse, counts);
+    std::vector<at::Tensor> u, i, c;
+    for (size_t t = 0; t < parts.size(); ++t) {
+      const int64_t at = parts[t].index_begin;
+      u.push_back(unique.narrow(0, at, num_unique[t]));
+      i.push_back(inverse.narrow(0, at, parts[t].n));
+      c.push_back(counts.narrow(0, at, num_unique[t]));
+    }
+    return {u, i, c};
+  }
+
+  /// A grouped op's `tables` (kTableTensors per table) and `weights` (none or one per
+  /// table) for n >= 1 tables.
+  static void check_grouped_lists(const char* op, at::TensorList tables, size_t n,
+                                  size_t num_weights) {
+    TORCH_CHECK_VALUE(n >= 1, "dynemb.", op, ": needs at least one table, got none");
+    check_list_size(op, "tables", tables.size(), n * kTableTensors, n);
+    TORCH_CHECK_VALUE(num_weights == 0 || num_weights == n, "dynemb.", op,
+                      ": `weights` must hold no tensor or one per table (", n, "), got ",
+                      num_weights);
+  }
+
+  /// The tables of one call share a value dtype (one executor instantiation).
+  template <class Args>
+  static void check_same_values(const char* op, const std::vector<Args>& args) {
+    for (size_t t = 1; t < args.size(); ++t) {
+      TORCH_CHECK_TYPE(args[t].table.values.scalar_type() == args[0].table.values.scalar_type(),
+                       "dynemb.", op, ": every table must have the value dtype of table 0 (",
+                       args[0].table.values.scalar_type(), "), table ", t, " has ",
+                       args[t].table.values.scalar_type());
+    }
+  }
+
+  static PoolArgs check_pool(const char* op, at::TensorList table_list, const at::Tensor& slots,
+                             const at::Tensor& keys, const at::Tensor& offsets,
+                             const std::optional<at::Tensor>& weights,
+                             at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
+    const TableTensors table = checked_table(op, table_list);
+    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
+    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
+    check_dim(op, table, dim);
+    return PoolArgs{table,   slots,
+                    keys,    offsets,
+                    opt_ptr(weights), parse_missing(op, missing, seed),
+                    offsets.numel() - 1, dim};
+  }
+
+  static void run_pool(const char* op, const std::vector<PoolArgs>& args,
+                       const std::vector<BagRows<float>>& outs, PoolingMode pooling) {
+    check_same_values(op, args);
+    const TableTensors& first = args[0].table;
+    typename Backend::DeviceGuard guard(first.digests.device());
+    dispatch_values(op, first.values, [&](auto v) {
+      using W = V<decltype(v)>;
+      std::vector<PoolPart<W>> parts;
+      parts.reserve(args.size());
+      for (size_t t = 0; t < args.size(); ++t) {
+        const PoolArgs& a = args[t];
+        parts.push_back(PoolPart<W>{table_ref<W>(a.table), a.slots.data_ptr<int64_t>(),
+                                    a.keys.data_ptr<int64_t>(), a.offsets.data_ptr<int64_t>(),
+                                    a.weights, a.missing, outs[t], a.num_bags, a.dim, 0});
+      }
+      const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
+      Backend::pool(parts, totals, pooling, first.keys.options());
+    });
+  }
+
+  static BackwardArgs check_backward(const char* op, at::TensorList table_list,
+                                     const at::Tensor& unique_slots, const at::Tensor& inverse,
+                                     const at::Tensor& offsets,
+                                     const std::optional<at::Tensor>& weights,
+                                     const at::Tensor& grad,
+                                     const std::optional<at::Tensor>& columns,
+                                     const OptimizerArgs& opt, int64_t dim) {
     const TableTensors table = checked_table(op, table_list);
     check_slot_list(op, "unique_slots", unique_slots, table.digests, -1);
     check_bags(op, table.digests, "inverse", inverse, nullptr, offsets, weights);
     check_range(op, "inverse", "ids", inverse, 0, unique_slots.numel());
     check_dim(op, table, dim);
-    const PoolingMode pooling = parse_pooling(op, mode);
     const int64_t num_bags = offsets.numel() - 1;
     if (columns.has_value()) {  // bag b's gradient: row b % B, columns[b / B] of grad
       check_bag_columns(op, "grad", grad, *columns, num_bags, dim, table.digests);
@@ -356,24 +549,36 @@ struct EmbeddingOpImpls {
                         ": `grad` must have shape (", num_bags, ", ", dim, "), got ",
                         grad.sizes());
     }
-    const OptimizerArgs opt = parse_optimizer(op, optimizer, step);
     TORCH_CHECK_VALUE(dim + state_columns(opt.kind, dim) <= table.values.size(1), "dynemb.", op,
                       ": the table's rows (", table.values.size(1),
                       " columns) cannot hold this optimizer's state for dim ", dim);
-    typename Backend::DeviceGuard guard(table.digests.device());
     const float* g = grad.data_ptr<float>();
     const BagRows<const float> grad_rows =
         columns.has_value() ? bag_columns(g, grad, *columns) : dense_bags(g, dim);
-    dispatch_values(op, table.values, [&](auto v) {
+    return BackwardArgs{table,    unique_slots, inverse,  offsets,
+                        opt_ptr(weights), grad_rows, num_bags, dim};
+  }
+
+  static void run_backward(const char* op, const std::vector<BackwardArgs>& args,
+                           PoolingMode pooling, const OptimizerArgs& opt) {
+    check_same_values(op, args);
+    const TableTensors& first = args[0].table;
+    typename Backend::DeviceGuard guard(first.digests.device());
+    dispatch_values(op, first.values, [&](auto v) {
       using W = V<decltype(v)>;
-      Backend::backward(table_ref<W>(table), unique_slots.data_ptr<int64_t>(),
-                        unique_slots.numel(), inverse.data_ptr<int64_t>(), inverse.numel(),
-                        offsets.data_ptr<int64_t>(), num_bags, opt_ptr(weights), pooling,
-                        grad_rows, dim, opt, unique_slots.options());
+      std::vector<BackwardPart<W>> parts;
+      parts.reserve(args.size());
+      for (const BackwardArgs& a : args) {
+        parts.push_back(BackwardPart<W>{
+            table_ref<W>(a.table), a.unique_slots.data_ptr<int64_t>(),
+            a.inverse.data_ptr<int64_t>(), a.offsets.data_ptr<int64_t>(), a.weights, a.grad,
+            a.num_bags, a.inverse.numel(), a.unique_slots.numel(), a.dim, 0, 0, 0, 0});
+      }
+      const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
+      Backend::backward(parts, totals, pooling, opt, first.keys.options());
     });
   }
 
- private:
   static const float* opt_ptr(const std::optional<at::Tensor>& t) {
     return t.has_value() ? t->data_ptr<float>() : nullptr;
   }
@@ -402,9 +607,12 @@ struct EmbeddingOpImpls {
     (m).impl("table_find_or_insert_slots", &EImpl::find_or_insert_slots);         \
     (m).impl("embedding_pool", &EImpl::pool);                                     \
     (m).impl("embedding_pool_into", &EImpl::pool_into);                           \
+    (m).impl("embedding_pool_into_grouped", &EImpl::pool_into_grouped);           \
     (m).impl("embedding_gather", &EImpl::gather);                                 \
     (m).impl("embedding_backward", &EImpl::backward);                             \
+    (m).impl("embedding_backward_grouped", &EImpl::backward_grouped);             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \
+    (m).impl("unique_keys_grouped", &EImpl::unique_keys_grouped);                 \
     (m).impl("table_cache_exchange", &EImpl::cache_exchange);                     \
   } while (0)
 

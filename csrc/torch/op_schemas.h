@@ -53,6 +53,8 @@
       "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "       \
       "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");             \
   (m).def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");              \
+  (m).def("unique_keys_grouped(Tensor[] keys) -> (Tensor[] unique, Tensor[] inverse, "               \
+          "Tensor[] counts)");                                                                        \
   (m).def(                                                                                            \
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "   \
       "int mode, float[] missing, int seed, int dim) -> Tensor");                                     \
@@ -60,6 +62,12 @@
       "embedding_pool_into(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, "               \
       "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(b!) out, "               \
       "Tensor columns) -> ()");                                                                       \
+  /* embedding_pool_into of every table of a batch in one executor call: table t is */                \
+  /* tables[8t .. 8t + 8), missing[6t .. 6t + 6); weights: none or one per table. */                 \
+  (m).def(                                                                                            \
+      "embedding_pool_into_grouped(Tensor[] tables, Tensor[] slots, Tensor[] keys, "                  \
+      "Tensor[] offsets, Tensor[] weights, int mode, float[] missing, int[] seeds, int[] dims, "      \
+      "Tensor(b!) out, Tensor[] columns) -> ()");                                                     \
   (m).def(                                                                                            \
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "       \
       "int dim) -> Tensor");                                                                          \
@@ -67,5 +75,10 @@
       "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "  \
       "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim, "                \
       "Tensor? columns=None) -> ()");                                                                 \
+  /* embedding_backward(columns=) of every (distinct) table of a batch in one executor call. */       \
+  (m).def(                                                                                            \
+      "embedding_backward_grouped(Tensor(a!)[] tables, Tensor[] unique_slots, Tensor[] inverse, "     \
+      "Tensor[] offsets, Tensor[] weights, int mode, Tensor grad, float[] optimizer, int step, "       \
+      "int[] dims, Tensor[] columns) -> ()");                                                         \
   } while (0)
 // clang-format on

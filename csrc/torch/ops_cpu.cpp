@@ -52,30 +52,26 @@ struct CpuBackend {
   }
 
   template <class V>
-  static void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
-                   const int64_t* offsets, int64_t num_bags, const float* weights,
-                   PoolingMode mode, const InitArgs& missing, const BagRows<float>& out,
-                   int64_t dim) {
-    cpu::pool(t, slots, keys, offsets, num_bags, weights, mode, missing, out, dim);
+  static void pool(const std::vector<PoolPart<V>>& parts, const PartTotals&, PoolingMode mode,
+                   const at::TensorOptions&) {
+    cpu::pool(parts.data(), static_cast<int64_t>(parts.size()), mode);
   }
   template <class V>
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
-  static int64_t dedup(const at::Tensor& keys, at::Tensor& unique, at::Tensor& inverse,
-                       at::Tensor& counts) {
-    return cpu::dedup(keys.data_ptr<int64_t>(), keys.numel(), unique.data_ptr<int64_t>(),
-                      inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
+  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts, const PartTotals&,
+                                    at::Tensor& unique, at::Tensor& inverse, at::Tensor& counts) {
+    std::vector<int64_t> num_unique(parts.size());
+    cpu::dedup(parts.data(), static_cast<int64_t>(parts.size()), unique.data_ptr<int64_t>(),
+               inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), num_unique.data());
+    return num_unique;
   }
   template <class V>
-  static void backward(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
-                       const int64_t* inverse, int64_t, const int64_t* offsets,
-                       int64_t num_bags, const float* weights, PoolingMode mode,
-                       const BagRows<const float>& grad, int64_t dim,
-                       const OptimizerArgs& opt, const at::TensorOptions&) {
-    cpu::backward_update(t, unique_slots, num_unique, inverse, offsets, num_bags, weights, mode,
-                         grad, dim, opt);
+  static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals&,
+                       PoolingMode mode, const OptimizerArgs& opt, const at::TensorOptions&) {
+    cpu::backward_update(parts.data(), static_cast<int64_t>(parts.size()), mode, opt);
   }
   template <class V>
   static void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,

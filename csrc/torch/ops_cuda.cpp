@@ -14,6 +14,13 @@ namespace {
 struct CudaRuntime {
   static cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
   using DeviceGuard = c10::cuda::CUDAGuard;
+  /// Page-locked (torch's caching host allocator keeps it until the copy has run).
+  static at::Tensor host_bytes(int64_t n) {
+    return at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  static at::Tensor to_device(const at::Tensor& host, at::Device device) {
+    return host.to(device, /*non_blocking=*/true);
+  }
 };
 
 }  // namespace

@@ -8,8 +8,6 @@ offsets rebased, so one table op handles every feature of that table.
 """
 
 import dataclasses
-import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -122,20 +120,12 @@ def _describe(x) -> str:
     return f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-@functools.cache
-def _dedup_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="dynemb-dedup")
-
-
 def distinct_keys(batches: list) -> list:
-    """``unique_keys`` of each table's keys (None for absent tables).
-
-    The per-table dedup is serial C++ that releases the GIL; two tables run at once
-    (each result depends on its own keys only, so the outcome is the same).
-    """
-    present = [tb for tb in batches if tb is not None]
-    if len(present) > 1 and torch.get_num_threads() > 1:
-        results = iter(_dedup_pool().map(lambda tb: _ops.unique_keys(tb.keys), present))
-    else:
-        results = iter([_ops.unique_keys(tb.keys) for tb in present])
+    """``unique_keys`` of each table's keys (None for absent tables), all tables in one
+    op call (the executor de-duplicates them at once; each result depends on its own
+    keys only)."""
+    present = [tb.keys for tb in batches if tb is not None]
+    if not present:
+        return [None] * len(batches)
+    results = zip(*_ops.unique_keys_grouped(present), strict=True)
     return [None if tb is None else next(results) for tb in batches]

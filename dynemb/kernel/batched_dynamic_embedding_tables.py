@@ -21,6 +21,7 @@ from dynemb.dynamicemb_config import (
     with_kernel_defaults,
 )
 from dynemb.kernel.batch_layout import TableBatch, check_batch, distinct_keys, split_by_table
+from dynemb.kernel.grouped_calls import backward_grouped, pool_grouped
 from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import admission_missing, check_options, init_list
 from dynemb.kernel.table_slots import TableSlots
@@ -285,6 +286,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
         columns = _feature_columns(self.feature_dims)
         saved = []
+        grouped = []  # (t, batch, slots, missing) of the tables pooled in one call, below
         for t, (tb, distinct) in enumerate(zip(batches, self._distinct(batches), strict=True)):
             table = self.tables[t]
             cached = isinstance(table, CachedTable)
@@ -308,8 +310,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     unique_slots, token = self._table_slots(t, unique, counts)
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
-                with table.lock.read():
-                    rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
+                if into is not None and not cached:
+                    grouped.append((t, tb, slots, missing))
+                else:
+                    with table.lock.read():
+                        rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
                 if staged is not None:  # their rows, from the batch's private table
                     extra = self._read_rows(
                         t, tb, staged.unique_slots[inverse], _ZEROS, batch_size, staged.storage
@@ -327,6 +332,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     start += b - a
             saved.append(None if not self._inserts(t) else
                          (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
+        pool_grouped(self, self._table_columns, grouped, _POOLING_CODE.get(self.pooling_mode), out)
         return out, (self.training, saved)
 
     def _distinct(self, batches: list) -> list:
@@ -389,6 +395,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         grad_out = grad_out.to(torch.float32)
         self.step += 1
         sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
+        if not sequence:  # tables in memory (no cache batch): one op call for all
+            in_memory = {t for t, e in enumerate(saved) if e is not None and e[5] is None}
+            entries = [(t, *saved[t][:5]) for t in sorted(in_memory)]
+            pooling = _POOLING_CODE[self.pooling_mode]
+            backward_grouped(self, self._table_columns, entries, pooling, grad_out, optimizer)
+            saved = [None if t in in_memory else e for t, e in enumerate(saved)]
         for t, entry in enumerate(saved):
             if entry is None:
                 continue

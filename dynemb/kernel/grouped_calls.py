@@ -1,0 +1,73 @@
+"""The kernel's grouped op calls: the pooling and the backward of every table held in
+memory in one executor call (one per value dtype, usually one in all), under all
+their locks, taken in table order (two modules sharing tables take them alike).
+
+Functions of a BatchedDynamicEmbeddingTables ``module`` (they use its ``tables``,
+``table_options`` and ``step``); ``columns[t]``: table t's features' output columns.
+"""
+
+import contextlib
+
+import torch
+
+from dynemb import _ops
+
+
+def pool_grouped(module, columns, grouped: list, pooling: int, out: torch.Tensor) -> None:
+    """Pools the bags of the tables of ``grouped``, (t, TableBatch, slots, missing)
+    each, into their features' columns of ``out`` (pooling: the op's mode code)."""
+    for group in _by_value_dtype(grouped, module.tables):
+        ts, batches, slots, missing = zip(*group, strict=True)
+        tables = [module.tables[t] for t in ts]
+        with _all_locked([table.lock.read for table in tables]):
+            _ops.embedding_pool_into_grouped(
+                [table.buffers.tensors() for table in tables], list(slots),
+                [tb.keys for tb in batches], [tb.offsets for tb in batches],
+                _weights(batches), pooling, list(missing),
+                [module.table_options[t].seed for t in ts], [table.dim for table in tables],
+                out, [columns[t] for t in ts],
+            )  # fmt: skip
+
+
+def backward_grouped(module, columns, entries: list, pooling: int, grad_out, optimizer) -> None:
+    """The fused backward of the tables of ``entries``, (t, TableBatch, unique keys,
+    their slots, inverse, mutation count at forward) each: slots are found again in a
+    table whose keys moved since."""
+    for group in _by_value_dtype(entries, module.tables):
+        ts, batches, unique, unique_slots, inverse, tokens = zip(*group, strict=True)
+        tables = [module.tables[t] for t in ts]
+        with _all_locked([table.lock.write for table in tables]):
+            slots = [
+                _ops.table_find_slots(table.buffers.tensors(), keys)
+                if table.mutations != token else found
+                for table, keys, found, token in zip(tables, unique, unique_slots, tokens)
+            ]  # fmt: skip
+            _ops.embedding_backward_grouped(
+                [table.buffers.tensors() for table in tables], slots, list(inverse),
+                [tb.offsets for tb in batches], _weights(batches), pooling, grad_out,
+                optimizer, module.step, [table.dim for table in tables],
+                [columns[t] for t in ts],
+            )  # fmt: skip
+
+
+def _weights(batches) -> list | None:
+    """Per-sample weights come with every table's batch or with none."""
+    return None if batches[0].weights is None else [tb.weights for tb in batches]
+
+
+def _by_value_dtype(items: list, tables: list) -> list:
+    """``items`` (tuples starting with a table index) split by their table's value dtype,
+    in table order within each part: a grouped op takes tables of one dtype."""
+    parts: dict = {}
+    for item in items:
+        parts.setdefault(tables[item[0]].buffers.values.dtype, []).append(item)
+    return list(parts.values())
+
+
+@contextlib.contextmanager
+def _all_locked(locks: list):
+    """Holds every lock of ``locks`` (context manager factories), taken in list order."""
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock())
+        yield
