@@ -71,30 +71,6 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
   });
 }
 
-int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-              int64_t* counts) {
-  // Sequential: a cell's uid is the number of cells claimed before it (core/dedup.h).
-  const int64_t capacity = dedup_capacity(n);
-  std::vector<int64_t> cell_keys(capacity);
-  std::vector<int32_t> states(capacity, kEmptyCell);
-  std::vector<int64_t> uid_of_cell(capacity);
-  const DedupSetRef set{cell_keys.data(), states.data(), capacity};
-  int64_t next_uid = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    bool is_new = false;
-    const int64_t cell = dedup_cell<CpuExclusivePlatform>(set, keys[i], &is_new);
-    if (is_new) {
-      uid_of_cell[cell] = next_uid;
-      unique[next_uid] = keys[i];
-      counts[next_uid++] = 0;
-    }
-    const int64_t u = uid_of_cell[cell];
-    inverse[i] = u;
-    ++counts[u];
-  }
-  return next_uid;
-}
-
 template <class V>
 void backward_update(const TableRef<V>& t, const int64_t* unique_slots, int64_t num_unique,
                      const int64_t* inverse, const int64_t* offsets, int64_t num_bags,

@@ -4,7 +4,6 @@
 #include <cstdint>
 
 #include "core/batch_sinks.h"
-#include "core/dedup.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
 #include "core/table_ops.h"
@@ -22,13 +21,6 @@ void pool(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
 template <class V>
 void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
             const InitArgs& missing, float* out, int64_t dim);
-
-/// De-duplicates keys (first-occurrence order; core/dedup.h).
-/// @param unique  (n) out: the distinct keys first; @return their number U
-/// @param inverse (n) out: uid of each key, unique[inverse[i]] == keys[i]
-/// @param counts  (n) out: occurrences of each distinct key (first U entries)
-int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-              int64_t* counts);
 
 /// Reduces the gradient of every index to one gradient per distinct key and
 /// applies the optimizer to those rows in place; keys whose slot is -1 are skipped.
