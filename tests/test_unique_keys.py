@@ -75,3 +75,13 @@ def test_unique_keys_repeated_calls_reuse_no_stale_state():
         got = torch.ops.dynemb.unique_keys(keys)
         for a, b in zip(got, _oracle(keys)):
             assert torch.equal(a, b)
+
+
+def test_unique_keys_batch_beyond_the_kept_cells():
+    """A batch of > 2M keys: the CPU set is a per-call buffer, not the thread's kept one."""
+    g = torch.Generator().manual_seed(7)
+    keys = torch.randint(-(10**6), 10**6, (2_200_000,), generator=g)
+    for a, b in zip(torch.ops.dynemb.unique_keys(keys), _oracle(keys)):
+        assert torch.equal(a, b)
+    small = torch.tensor([4, 4, 2])
+    assert [t.tolist() for t in torch.ops.dynemb.unique_keys(small)] == [[4, 2], [0, 0, 1], [2, 1]]
