@@ -11,6 +11,12 @@
 // comparing keys. A sequential executor numbers cells as their keys first appear;
 // a parallel one records each cell's smallest batch index (an atomic minimum) and
 // numbers the cells whose key first appears at index i by a prefix sum over i.
+//
+// A sequential executor needs neither states nor atomics: DedupIdSetRef's cell holds
+// uid + 1 (0: empty), and the key is compared through unique[uid]. One 4-byte word
+// per cell instead of 20 bytes in three arrays: a batch of 65,536 keys uses 512 KB
+// (the core's L2) instead of 2.5 MB, and a probe reads one line of it. The cells a
+// key meets differ from DedupSetRef's, the uids (its first occurrence) do not.
 #pragma once
 
 #include "core/hash.h"
@@ -55,6 +61,38 @@ DYNEMB_HD int64_t dedup_cell(const DedupSetRef& s, int64_t key, bool* is_new) {
       *is_new = false;
       return cell;
     }
+    cell = (cell + 1) & mask;
+  }
+}
+
+/// The sequential set: Id is uint32_t for batches of fewer than 2^32 - 1 keys.
+template <class Id>
+struct DedupIdSetRef {
+  Id* ids;           // (capacity) uid + 1 of the key in each cell, 0 when empty
+  int64_t capacity;  // dedup_capacity(n)
+};
+
+/// The first cell of key in a set of `capacity` cells (a power of two).
+DYNEMB_HD DYNEMB_INLINE int64_t dedup_home_cell(int64_t key, int64_t capacity) {
+  return static_cast<int64_t>(hash_key(key) & static_cast<uint64_t>(capacity - 1));
+}
+
+/// Sequential dedup of one key, starting at `cell` (dedup_home_cell): @return the uid of
+/// key; a key not seen before gets uid *num_unique, stored in unique[*num_unique], and
+/// *num_unique grows by one. One thread at a time per set.
+template <class Id>
+DYNEMB_HD DYNEMB_INLINE int64_t dedup_uid(const DedupIdSetRef<Id>& s, int64_t cell, int64_t key,
+                                          int64_t* unique, int64_t* num_unique) {
+  const int64_t mask = s.capacity - 1;
+  for (;;) {
+    const Id id = s.ids[cell];
+    if (id == 0) {
+      const int64_t u = (*num_unique)++;
+      s.ids[cell] = static_cast<Id>(u + 1);
+      unique[u] = key;
+      return u;
+    }
+    if (unique[id - 1] == key) return static_cast<int64_t>(id - 1);
     cell = (cell + 1) & mask;
   }
 }

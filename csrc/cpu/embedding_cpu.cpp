@@ -86,43 +86,6 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
   });
 }
 
-int64_t dedup(const int64_t* keys, int64_t n, int64_t* unique, int64_t* inverse,
-              int64_t* counts) {
-  // Sequential: a cell's uid is the number of cells claimed before it (core/dedup.h).
-  const int64_t capacity = dedup_capacity(n);
-  std::vector<int64_t> cell_keys(capacity);
-  std::vector<int32_t> states(capacity, kEmptyCell);
-  std::vector<int64_t> uid_of_cell(capacity);
-  const DedupSetRef set{cell_keys.data(), states.data(), capacity};
-  int64_t next_uid = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    bool is_new = false;
-    const int64_t cell = dedup_cell<CpuExclusivePlatform>(set, keys[i], &is_new);
-    if (is_new) {
-      uid_of_cell[cell] = next_uid;
-      unique[next_uid] = keys[i];
-      counts[next_uid++] = 0;
-    }
-    const int64_t u = uid_of_cell[cell];
-    inverse[i] = u;
-    ++counts[u];
-  }
-  return next_uid;
-}
-
-void dedup(const DedupPart* parts, int64_t count, int64_t* unique, int64_t* inverse,
-           int64_t* counts, int64_t* num_unique) {
-  // Each part's dedup is sequential (its uids follow first occurrences); parts are
-  // independent, so they run at once.
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const DedupPart& q = parts[p];
-      const int64_t at = q.index_begin;
-      num_unique[p] = dedup(q.keys, q.n, unique + at, inverse + at, counts + at);
-    }
-  });
-}
-
 namespace {
 
 /// The gradients of one part's distinct keys [u0, u1), summed in acc ((u1 - u0) * dim

@@ -1,6 +1,7 @@
 // dynemb torch layer: CPU registration of the ops declared in ops.cpp.
 #include <torch/library.h>
 
+#include "cpu/dedup_cpu.h"
 #include "cpu/embedding_cpu.h"
 #include "cpu/executor_cpu.h"
 #include "torch/embedding_op_impls.h"
