@@ -124,7 +124,6 @@ def test_published_versions_stop_at_the_first_incomplete_one(tmp_path):
 @pytest.mark.parametrize(
     "flags, env, message",
     [
-        ("--train --publish_every 4", {"WORLD_SIZE": "2"}, "single-process models only"),
         ("--eval --publish_every 4", {}, "give --train"),
         ("--train --publish_every -1", {}, "K must be a number of steps >= 1"),
         ("--train --static --publish_every 4", {}, "not with --static"),
