@@ -214,7 +214,9 @@ class DeltaPublisher:
                 ``background=True`` over several processes.
             RankFailure: (several processes) another rank failed or died during the
                 publication, or rank 0's write failed with an error that is not an
-                OSError; the changes stay in the next delta on every rank.
+                OSError; the changes stay in the next delta on every rank. Rank 0's
+                OSError is raised on rank 0 as is, on the others as an OSError of the
+                same built-in class and errno naming it.
             OSError: a file could not be written (naming it): nothing is committed, and
                 the changes stay in the next delta. A background write that failed is
                 raised by the next ``publish``, ``wait`` or ``close`` (an OSError of the
