@@ -8,7 +8,7 @@ Usage::
     torchrun --nproc_per_node=2 example.py --train --eval --caching --prefetch  # caching mode
     torchrun --nproc_per_node=2 example.py --train --dump            # then, at any world size:
     python example.py --load --eval                                  # the same held-out AUC
-    python example.py --train --eval --publish_every 100             # base + a delta per 100 steps
+    torchrun --nproc_per_node=2 example.py --train --eval --publish_every 100  # base + deltas
     python examples/serve.py                                         # served: the same AUC
 
 The model (``dynemb.models.SequenceDLRM``): a dense MLP, an EmbeddingBagCollection
@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="K",
-        help="with --train, one process: publish the model to --publish_dir before training "
+        help="with --train: publish the model to --publish_dir before training "
         "(version 0), every K steps and after each epoch (1, 2, ...): the dynamic tables as "
         "a base checkpoint and deltas (dynemb.deltas), the dense layers and the ordinary "
         "table's changed rows beside them; examples/serve.py serves any version. 0: off",
@@ -508,17 +508,10 @@ def publish_refusal(args: argparse.Namespace) -> str | None:
     if args.publish_every == 0:
         return None
     flag = f"--publish_every {args.publish_every}"
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.publish_every < 0:
         return f"{flag}: K must be a number of steps >= 1 (0: off)"
     if not args.train:
         return f"{flag} publishes during training: give --train"
-    if world_size > 1:
-        return (
-            f"{flag}: dynemb.deltas.DeltaPublisher publishes single-process models only, "
-            f"this run has {world_size} processes (WORLD_SIZE): run `python example.py` "
-            "without torchrun"
-        )
     if args.static or args.caching:
         return (
             f"{flag} publishes dynamic tables without a cache: not with "
@@ -612,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                 model, args.publish_dir, args.publish_every, dynamic, vars(args)
             )
             publisher.publish_base()
-            print(f"published version 0 (the base) to {args.publish_dir}", flush=True)
+            if lead:
+                print(f"published version 0 (the base) to {args.publish_dir}", flush=True)
         batches = dict(batch_size=args.batch_size, rank=rank, world_size=world_size, id_view=views)
         scores = []  # --scores_out
 
@@ -650,7 +644,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, flush=True)
         if publisher is not None:
             publisher.close()
-            print(f"published versions 0..{publisher.version} to {args.publish_dir}", flush=True)
+            if lead:
+                print(
+                    f"published versions 0..{publisher.version} to {args.publish_dir}", flush=True
+                )
         if args.scores_out and lead:
             torch.save(scores, args.scores_out)
         if args.dump:

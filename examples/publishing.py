@@ -20,6 +20,7 @@ and renamed. ``dense-N.pt`` is written before ``delta-N``, so a version is compl
 its delta (or the base) exists; ``published_versions`` lists only complete ones.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
@@ -66,10 +68,13 @@ TABLES = ("embedding_bag_collection.", "embedding_collection.")  # SequenceDLRM'
 State = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
-def model_state(dlrm: nn.Module, dynamic_tables: set[str]) -> State:
-    """(dense layers, ordinary tables' weights) of the (single-process) model, as plain
-    CPU copies; the dynamic tables are left out (their placeholders too). A one-process
-    TorchRec table is a ShardedTensor with its whole table in its one shard."""
+def model_state(dlrm: nn.Module, dynamic_tables: set[str]) -> State | None:
+    """(dense layers, ordinary tables' weights) of the model, as plain CPU copies, on
+    rank 0 (None on the others); the dynamic tables are left out (their placeholders
+    too). A TorchRec table is a ShardedTensor: gathered whole to rank 0 (a collective:
+    every rank calls this). The dense layers are the same on every rank (DDP): checked.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
     dense, tables = {}, {}
     for name, value in dlrm.state_dict().items():
         if any(f".{table}." in f".{name}" for table in dynamic_tables):
@@ -77,14 +82,45 @@ def model_state(dlrm: nn.Module, dynamic_tables: set[str]) -> State:
         if isinstance(value, ShardedTensor):
             with warnings.catch_warnings():  # TorchRec's ordinary tables are ShardedTensors
                 warnings.simplefilter("ignore", FutureWarning)
-                shards = value.local_shards()
-                size = value.size()
-            if len(shards) != 1 or shards[0].tensor.shape != size:
-                raise ValueError(f"{name}: not a whole table in one shard ({size})")
-            value = shards[0].tensor
+                value = _whole_on_rank0(value, rank)
+            if value is None:
+                continue
         copy = value.detach().to("cpu", copy=True)
         (tables if name.startswith(TABLES) else dense)[name] = copy
-    return dense, tables
+    _check_same_on_every_rank(dense)
+    return (dense, tables) if rank == 0 else None
+
+
+def _whole_on_rank0(value: ShardedTensor, rank: int) -> torch.Tensor | None:
+    """The whole table on rank 0 (None on the others): one process's one shard, or
+    gathered over the ranks (all of them, whichever rank holds the shards)."""
+    shards, size = value.local_shards(), value.size()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        if len(shards) != 1 or shards[0].tensor.shape != size:
+            raise ValueError(f"not a whole table in one shard ({size})")
+        return shards[0].tensor
+    whole = torch.empty(size, dtype=value.dtype) if rank == 0 else None
+    value.gather(dst=0, out=whole)
+    return whole
+
+
+def _check_same_on_every_rank(dense: dict[str, torch.Tensor]) -> None:
+    """Raises RuntimeError unless every rank's dense layers are the same bytes (rank 0
+    writes them for all)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    digest = hashlib.sha256()
+    for name in sorted(dense):
+        digest.update(name.encode())
+        digest.update(dense[name].reshape(-1).view(torch.uint8).numpy().tobytes())
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, digest.hexdigest())
+    differ = [r for r, d in enumerate(everyone) if d != everyone[0]]
+    if differ:
+        raise RuntimeError(
+            f"ExamplePublisher: the dense layers of ranks {differ} differ from rank 0's; "
+            "rank 0 publishes them for every rank"
+        )
 
 
 def changed_rows(previous: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -130,7 +166,8 @@ class ExamplePublisher:
     version and the arguments that rebuild the model (see the module docstring).
 
     Args:
-        model: the single-process DMP model of example.py.
+        model: the DMP model of example.py, over one process or several (every rank
+            creates the publisher and publishes at the same steps; rank 0 writes).
         directory: the publish directory (created; must hold no version yet).
         every: publish a version every ``every`` training steps (``after_step``).
         dynamic_tables: names of the dynamic tables (left out of ``dense-N.pt``).
@@ -151,7 +188,9 @@ class ExamplePublisher:
         self.every = every
         self.dynamic_tables = dynamic_tables
         self.deltas = DeltaPublisher(model, self.directory)
-        _save_json_atomically(config, self.directory / CONFIG)
+        self.lead = not dist.is_initialized() or dist.get_rank() == 0
+        if self.lead:
+            _save_json_atomically(config, self.directory / CONFIG)
         self.steps = 0  # since the last version
         self.tables: dict[str, torch.Tensor] = {}  # the ordinary tables as last published
 
@@ -188,7 +227,11 @@ class ExamplePublisher:
         self.deltas.close()
 
     def _save_dense(self, version: int) -> None:
-        dense, tables = model_state(self.model.module, self.dynamic_tables)
+        """Every rank takes part (the ordinary tables are gathered); rank 0 writes."""
+        state = model_state(self.model.module, self.dynamic_tables)
+        if state is None:  # not rank 0
+            return
+        dense, tables = state
         if version == 0:
             patches = {name: (None, weight) for name, weight in tables.items()}
         else:

@@ -13,6 +13,7 @@ import torch
 
 from dynemb.deltas import delta_path, read_delta
 from examples import publishing, serve
+from tests.multiprocess import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # 8 steps per epoch; tables of 256 rows for 1,000 ids per feature (rows are evicted).
@@ -103,6 +104,34 @@ def test_ordinary_tables_publish_the_rows_that_changed(published):
     assert torch.equal(tables[name], table)
 
 
+@pytest.mark.no_emulated_pass(
+    "two torchrun processes and an export: the executor's ops are those of the one-process runs"
+)
+def test_two_processes_publish_what_one_serves(tmp_path, capsys):
+    """torchrun with 2 gloo ranks: rank 0 writes every version (its deltas gather both
+    ranks' changes, its dense-N the ordinary table gathered whole); served, the latest
+    scores the held-out rows with the trained logits (training lists them rank after
+    rank, serve.py in row order: compared sorted) and the same AUC."""
+    pub = tmp_path / "pub"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    command += ["--master_port", str(free_port()), "example.py", "--train", "--eval"]
+    command += SIZES.split() + ["--publish_every", str(EVERY), "--publish_dir", str(pub)]
+    command += ["--scores_out", str(tmp_path / "trained.pt")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 rank(s)" in done.stdout
+    trained = torch.load(tmp_path / "trained.pt", weights_only=False)[-1]
+    assert publishing.published_versions(pub) == list(range(trained["version"] + 1))
+    assert len(torch.load(publishing.dense_path(pub, 0))["tables"]) == 1  # f6, gathered
+    served = _serve(pub, tmp_path)
+    assert served["version"] == trained["version"] == 2  # step 3 of 4, the epoch's end
+    assert torch.equal(served["logits"].sort().values, trained["logits"].sort().values)
+    assert served["auc"] == trained["auc"]
+
+
 def test_serve_refuses_a_version_not_published(published, tmp_path, capsys):
     directory, _ = published
     assert serve.main(["--publish_dir", str(directory), "--version", "7"]) == 2
@@ -124,7 +153,6 @@ def test_published_versions_stop_at_the_first_incomplete_one(tmp_path):
 @pytest.mark.parametrize(
     "flags, env, message",
     [
-        ("--train --publish_every 4", {"WORLD_SIZE": "2"}, "single-process models only"),
         ("--eval --publish_every 4", {}, "give --train"),
         ("--train --publish_every -1", {}, "K must be a number of steps >= 1"),
         ("--train --static --publish_every 4", {}, "not with --static"),

@@ -21,10 +21,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynemb.checkpoint.collectives import process_group
 from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
 from dynemb.deltas.format import TableDelta, delta_path, table_delta_meta, write_delta
+from dynemb.deltas.ranks import (
+    agree_on_tables,
+    gather_to_rank0,
+    merge,
+    outcome_of,
+    raise_outcome,
+)
+from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.scored_hash_table import ScoredHashTable
 
@@ -36,9 +45,11 @@ COMPACT_PARTS = 16  # a change log is compacted once it holds this many tensors
 @dataclasses.dataclass(frozen=True)
 class DeltaCommit:
     """A committed delta: its ``version`` and ``path``, the ``bytes`` of its arrays,
-    ``capture_seconds`` (reading the tables, on the training thread) and
-    ``write_seconds`` (writing, checksumming, fsync and commit; on the writer thread
-    for a background delta)."""
+    ``capture_seconds`` (reading the tables, on the training thread; over several
+    processes, gathering them to rank 0 too) and ``write_seconds`` (writing,
+    checksumming, fsync and commit; on the writer thread for a background delta).
+    Over several processes ``bytes`` and ``write_seconds`` are rank 0's (0 on the
+    others)."""
 
     version: int
     path: Path
@@ -55,8 +66,14 @@ class DeltaPublisher:
     optimizer step), from the training thread; ``publish(background=True)`` writes
     the delta on a writer thread while training goes on.
 
+    A model row-wise sharded over several processes: every rank of ``pg`` creates the
+    publisher (a collective) and calls ``publish_base`` and ``publish`` (collectives)
+    at the same batch boundaries. Rank 0 gathers the ranks' changes and writes the one
+    delta; every rank returns the same version or raises the same error, and no
+    change is lost on a failure. Background publication is single-process only.
+
     Args:
-        model: a single-process (DMP-)sharded model, a sharded collection, or a
+        model: a (DMP-)sharded model, a sharded collection, or a
             BatchedDynamicEmbeddingTables.
         directory: where ``base/`` (a DynamicEmbDump checkpoint) and ``delta-<N>/``
             are written (created if needed).
@@ -64,11 +81,16 @@ class DeltaPublisher:
         max_pending: at most this many background deltas are pending (written or
             waiting to be); a ``publish`` beyond waits for the oldest. Each holds a
             copy of its rows in host memory until written.
+        pg: the process group of the model's ranks (default: the world, if initialized).
+        fault_timeout: (several processes) seconds after which a rank that stopped
+            responding in a collective step counts as dead: the others raise
+            RankFailure naming it (dynemb/rank_faults.py).
 
     Raises:
-        ValueError: ``max_pending`` is not an integer >= 1, the model has no dynamic table, a table is in caching mode (its
-            rows move between tiers; not supported), a table is already tracked by
-            another publisher, or the model spans several processes.
+        ValueError: ``max_pending`` is not an integer >= 1, the model has no dynamic
+            table, a table is in caching mode (its rows move between tiers; not
+            supported), a table is already tracked by another publisher, or the ranks
+            hold different dynamic tables (on every rank, when one rank's check fails).
 
     Example::
 
@@ -82,30 +104,41 @@ class DeltaPublisher:
     """
 
     def __init__(
-        self, model: nn.Module, directory: str | Path, optim: bool = False, max_pending: int = 2
+        self,
+        model: nn.Module,
+        directory: str | Path,
+        optim: bool = False,
+        max_pending: int = 2,
+        pg: dist.ProcessGroup | None = None,
+        fault_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(
                 f"DeltaPublisher: max_pending must be an integer >= 1, got {max_pending!r}"
             )
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if (
+            isinstance(fault_timeout, bool)
+            or not isinstance(fault_timeout, int | float)
+            or not fault_timeout > 0
+        ):
             raise ValueError(
-                f"DeltaPublisher: the model spans {dist.get_world_size()} processes; "
-                "deltas are published from single-process models only"
+                "DeltaPublisher: fault_timeout must be a positive number of seconds, "
+                f"got {fault_timeout!r}"
             )
+        pg = process_group(pg)
+        several = pg is not None and dist.get_world_size(pg) > 1
         tables = named_tables(model)
-        if not tables:
-            raise ValueError("DeltaPublisher: the model has no dynamic embedding table")
-        for t in tables:
-            table = t.group.tables[t.index]
-            if not isinstance(table, ScoredHashTable):
-                raise ValueError(
-                    f"DeltaPublisher: table {t.name!r} is in caching mode "
-                    f"({type(table).__name__}); deltas need tables without a cache"
-                )
-            if table.change_log is not None:
-                raise ValueError(f"DeltaPublisher: table {t.name!r} is already tracked")
+        error = _check_tables(tables)
+        if not several and error is not None:
+            raise ValueError(error)
+        if several:  # every rank raises if one rank's check fails
+            with RankAgreement(pg, "DeltaPublisher", fault_timeout) as ranks:
+                metas = {t.name: _table_meta(t.table) for t in tables} if error is None else {}
+                agree_on_tables(ranks, pg, error, metas)
         self.model = model
+        self.pg = pg
+        self._several = several
+        self.fault_timeout = fault_timeout
         self.directory = Path(directory)
         self.optim = optim
         self.version: int | None = None  # None until publish_base; pending deltas counted
@@ -152,7 +185,13 @@ class DeltaPublisher:
             )
         for t in self._tables:  # what changed before the base is in the base
             t.table.change_log.take()
-        DynamicEmbDump(self.base_path, self.model, optim=self.optim)
+        DynamicEmbDump(
+            self.base_path,
+            self.model,
+            optim=self.optim,
+            pg=self.pg,
+            fault_timeout=self.fault_timeout,
+        )
         self.base_dump_id = committed_dump(self.base_path)
         self.version = self._committed = 0
         self._writer.start()  # compacts the logs between deltas
@@ -171,7 +210,13 @@ class DeltaPublisher:
         for the oldest when that many are), and ``wait``/``close`` wait for them all.
 
         Raises:
-            ValueError: no base published yet, or the publisher is closed.
+            ValueError: no base published yet, the publisher is closed, or
+                ``background=True`` over several processes.
+            RankFailure: (several processes) another rank failed or died during the
+                publication, or rank 0's write failed with an error that is not an
+                OSError; the changes stay in the next delta on every rank. Rank 0's
+                OSError is raised on rank 0 as is, on the others as an OSError of the
+                same built-in class and errno naming it.
             OSError: a file could not be written (naming it): nothing is committed, and
                 the changes stay in the next delta. A background write that failed is
                 raised by the next ``publish``, ``wait`` or ``close`` (an OSError of the
@@ -188,6 +233,14 @@ class DeltaPublisher:
         self._check_open("publish")
         if self.version is None:
             raise ValueError("DeltaPublisher.publish: call publish_base() first")
+        if self._several:
+            if background:
+                raise ValueError(
+                    f"DeltaPublisher.publish: background=True is for single-process models; "
+                    f"this one spans {dist.get_world_size(self.pg)} processes (publish with "
+                    "background=False)"
+                )
+            return self._publish_collective()
         # A blocking delta commits after the pending ones: its version follows theirs.
         self._writer.wait_below(self._writer.max_pending if background else 1)
         self._raise_failure()
@@ -221,6 +274,47 @@ class DeltaPublisher:
                 _restore(taken)
                 raise
         self.version = version
+        return version
+
+    def _publish_collective(self) -> int:
+        """``publish`` over several processes: every rank captures its shard's changes,
+        rank 0 gathers and writes them, its outcome reaches every rank."""
+        with RankAgreement(self.pg, "DeltaPublisher.publish", self.fault_timeout) as ranks:
+            self._raise_failure()  # a compaction error, inside: the other ranks learn it
+            start = time.perf_counter()
+            taken = [(t, *t.table.change_log.take()) for t in self._tables]
+            try:
+                mine = {
+                    t.name: self._table_delta(t, touched, removed) for t, touched, removed in taken
+                }
+                everyone = gather_to_rank0(ranks, self.pg, mine)
+                capture = time.perf_counter() - start
+                version = self.version + 1
+                error = None
+                if ranks.rank == 0:
+                    begin = time.perf_counter()
+                    tables = merge(everyone)
+                    del everyone  # rank 0 holds the gathered deltas until written
+                    try:
+                        path = write_delta(
+                            self.directory, version, self.base_dump_id, self.optim, tables
+                        )
+                    except Exception as e:  # noqa: BLE001 - posted to every rank, then raised
+                        error = e
+                outcome = ranks.post("written", outcome_of(error), root=0)[0]
+                if error is not None:
+                    raise error
+                raise_outcome(outcome, ranks.world_size)
+            except BaseException:
+                _restore(taken)
+                raise
+        self.version = self._committed = version
+        if ranks.rank == 0:
+            size = sum(_delta_bytes(d) for _, d in tables.values())
+            write = time.perf_counter() - begin
+        else:
+            path, size, write = delta_path(self.directory, version), 0, 0.0
+        self.commits.append(DeltaCommit(version, path, size, capture, write))
         return version
 
     def wait(self) -> None:
@@ -307,10 +401,30 @@ class DeltaPublisher:
             else None,
             tombstones=removed[~stored.cpu()],
         )
-        meta = table_delta_meta(
-            table.dim, table.value_dtype, state_columns, str(table.score_strategy)
-        )
-        return meta, delta
+        return _table_meta(table, state_columns), delta
+
+
+def _table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict:
+    """The delta manifest's fields of ``table`` (``state_columns``: the table's own)."""
+    if state_columns is None:
+        state_columns = table.extra_columns
+    return table_delta_meta(table.dim, table.value_dtype, state_columns, str(table.score_strategy))
+
+
+def _check_tables(tables: list) -> str | None:
+    """Why this rank's tables cannot be published, or None."""
+    if not tables:
+        return "DeltaPublisher: the model has no dynamic embedding table"
+    for t in tables:
+        table = t.group.tables[t.index]
+        if not isinstance(table, ScoredHashTable):
+            return (
+                f"DeltaPublisher: table {t.name!r} is in caching mode "
+                f"({type(table).__name__}); deltas need tables without a cache"
+            )
+        if table.change_log is not None:
+            return f"DeltaPublisher: table {t.name!r} is already tracked"
+    return None
 
 
 def _restore(taken: list) -> None:
