@@ -249,22 +249,31 @@ void emulated_upsert_find_erase_rehash() {
         static_cast<long long>(stored));
 }
 
-/// A large batch with many repeats through launch_dedup: uids in first-occurrence order.
+/// Two large batches with many repeats through one launch_dedup (a grouped call of two
+/// parts, as unique_keys_grouped makes it): each part's uids in its own first-occurrence
+/// order, at its own range of the outputs.
 void emulated_dedup() {
   constexpr int64_t n = 1 << 16;
   std::vector<int64_t> keys(n), unique(n), inverse(n), counts(n);
   for (int64_t i = 0; i < n; ++i) keys[i] = ((i * 7919) % 4099) * 1000000007LL;
-  int64_t num_unique = 0;
+  DedupPart halves[2] = {{keys.data(), n / 2, 0, 0}, {keys.data() + n / 2, n - n / 2, 0, 0}};
+  const PartTotals totals = number_parts(halves, 2);
+  int64_t num_unique[2] = {0, 0};
   HeapWorkspace ws;
-  emu::launch_dedup(keys.data(), n, unique.data(), inverse.data(), counts.data(), &num_unique, ws,
-                    nullptr);
-  std::map<int64_t, int64_t> first;
-  for (int64_t i = 0; i < n; ++i) first.emplace(keys[i], static_cast<int64_t>(first.size()));
-  CHECK(num_unique == static_cast<int64_t>(first.size()), "dedup: %lld unique keys",
-        static_cast<long long>(num_unique));
-  for (int64_t i = 0; i < n; ++i) {
-    CHECK(inverse[i] == first[keys[i]], "dedup: inverse[%lld]", static_cast<long long>(i));
-    CHECK(unique[inverse[i]] == keys[i], "dedup: unique");
+  emu::launch_dedup(Parts<DedupPart>{halves, {}, 2}, totals, unique.data(), inverse.data(),
+                    counts.data(), num_unique, ws, nullptr);
+  for (int p = 0; p < 2; ++p) {
+    const int64_t begin = halves[p].index_begin, end = begin + halves[p].n;
+    std::map<int64_t, int64_t> first;
+    for (int64_t i = begin; i < end; ++i) {
+      first.emplace(keys[i], static_cast<int64_t>(first.size()));
+    }
+    CHECK(num_unique[p] == static_cast<int64_t>(first.size()), "dedup: part %d: %lld unique keys",
+          p, static_cast<long long>(num_unique[p]));
+    for (int64_t i = begin; i < end; ++i) {
+      CHECK(inverse[i] == first[keys[i]], "dedup: inverse[%lld]", static_cast<long long>(i));
+      CHECK(unique[begin + inverse[i]] == keys[i], "dedup: unique");
+    }
   }
 }
 
