@@ -18,6 +18,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.table.placement import canonical_device
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -125,7 +126,7 @@ class KVCounter(Counter):
         self.bucket_capacity = -(-bucket_capacity // 16) * 16
         self.capacity = -(-capacity // self.bucket_capacity) * self.bucket_capacity
         self.key_type = key_type
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = canonical_device(device if device is not None else "cpu")
         self._table_or_none: ScoredHashTable | None = None
 
     @property

@@ -34,7 +34,7 @@ from dynemb.inference_arguments import (
 )
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
 from dynemb.kernel.table_options import check_options, init_list
-from dynemb.table.placement import BUFFERS
+from dynemb.table.placement import BUFFERS, canonical_device
 from dynemb.types import DynamicEmbPoolingMode
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -153,7 +153,7 @@ class InferenceEmbeddingCollection(nn.Module):
         )
         self.feature_table_map = fmap
         self.output_dtype = output_dtype
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = canonical_device(device if device is not None else "cpu")
         empty = [frozen_table(o, None, self.device) for o in options]
         # Rows of keys not stored: the eval initializer for a table of the options'
         # capacity (a trained table's, so that its eval lookups and ours agree).

@@ -11,7 +11,13 @@ import torch
 import dynemb
 from dynemb import _ops
 from dynemb.table import placement
-from dynemb.table.placement import BUFFERS, Memory, backing_fast_rows, table_placement
+from dynemb.table.placement import (
+    BUFFERS,
+    Memory,
+    backing_fast_rows,
+    canonical_device,
+    table_placement,
+)
 
 SLOT_BUFFERS = ("digests", "keys", "scores", "timestamps", "overflow")
 
@@ -151,3 +157,20 @@ def test_cuda_op_checks_reject_a_pageable_or_device_slow_tier():
     table[1] = s.keys.cpu()
     with pytest.raises(ValueError, match="table.keys"):
         _ops.table_find_slots(table, keys)
+
+
+def test_canonical_device_leaves_cpu_and_indexed_devices_alone():
+    assert canonical_device("cpu") == torch.device("cpu")
+    assert canonical_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
+@cuda
+def test_a_table_built_on_bare_cuda_accepts_its_own_keys():
+    """Found on an H100: a table built with device="cuda" kept the bare name, and
+    torch.device("cuda") != keys.device ("cuda:0"), so restore refused its own keys."""
+    assert canonical_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+    t = dynemb.ScoredHashTable(dim=4, capacity=256, device="cuda")
+    keys = torch.arange(8, dtype=torch.int64, device="cuda")
+    assert t.device == keys.device
+    t.insert_or_assign(keys, torch.ones(8, 4, device="cuda"))
+    assert bool(t.find(keys)[1].all())

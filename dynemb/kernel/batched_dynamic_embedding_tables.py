@@ -26,6 +26,7 @@ from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import admission_missing, check_options, init_list
 from dynemb.kernel.table_slots import TableSlots
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
+from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
@@ -125,7 +126,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         self.table_names = names
         self.dims = dims
         self.feature_dims = [dims[t] for t in fmap]
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = canonical_device(device if device is not None else "cpu")
         # Per table, the output column of each of its features (in feature order): the
         # pooling op writes a table's bags straight there, and backward reads their
         # gradients there (no per-table temporaries, copies or concatenations).

@@ -84,6 +84,19 @@ def uses_gpu_layout(device: torch.device) -> bool:
     return device.type == "cuda" or _ops.executor() == "cuda-emulated"
 
 
+def canonical_device(device: str | torch.device) -> torch.device:
+    """``device`` as its tensors report it: ``"cuda"`` becomes ``cuda:<current device>``.
+
+    A tensor made on ``"cuda"`` reports ``cuda:0`` (the current device), and
+    ``torch.device("cuda") != torch.device("cuda:0")``: a table that kept the bare
+    name would refuse its own keys. Other devices are returned unchanged.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def table_placement(device: str | torch.device, spilled: bool) -> TablePlacement:
     """The placement of a table on ``device`` (spilled: its slot buffers in files).
 
@@ -114,6 +127,7 @@ __all__ = [
     "Memory",
     "TablePlacement",
     "backing_fast_rows",
+    "canonical_device",
     "table_placement",
     "uses_gpu_layout",
 ]

@@ -21,6 +21,7 @@ from dynemb.table.capacity import bucket_counts
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.entry_transfer import EntryTransfer
 from dynemb.table.growth import GrowingUpserts
+from dynemb.table.placement import canonical_device
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.slot_access import SlotAccess
 from dynemb.table.spill_files import SpillDirectory
@@ -133,7 +134,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
             value_dtype=value_dtype,
             keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
             keeps_timestamps=code == args.TIMESTAMP_LFU,
-            device=torch.device(device),
+            device=canonical_device(device),
             fast_rows=fast_rows,
         )
         args.check_capacity_bytes(capacity, layout.bytes_per_slot())
