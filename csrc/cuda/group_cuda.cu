@@ -94,6 +94,18 @@ __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num
                                   static_cast<uint64_t>(num_buckets));
 }
 
+__global__ void mark_flags_kernel(const int8_t* marks, int8_t wanted, int64_t n,
+                                  int64_t* flags) {
+  const int64_t i = thread_index();
+  if (i < n) flags[i] = marks[i] == wanted ? 1 : 0;
+}
+
+__global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, const int64_t* position,
+                                      int64_t n, int64_t* list) {
+  const int64_t i = thread_index();
+  if (i < n && marks[i] == wanted) list[position[i]] = i;
+}
+
 __global__ void count_status_kernel(const int8_t* status, int64_t n, unsigned long long* counts) {
   const int64_t i = thread_index();
   if (i < n) atomicAdd(counts + status[i], 1ULL);
@@ -113,6 +125,19 @@ void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* 
     DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, chunk_scan_kernel)(in, n, chunks, sums,
                                                                          out);
   }
+}
+
+void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
+                        int64_t* count, Workspace& ws, cudaStream_t stream) {
+  if (n == 0) {
+    cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
+    return;
+  }
+  int64_t* position = ws.array<int64_t>(n);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, mark_flags_kernel)(marks, wanted, n, position);
+  launch_exclusive_scan(position, n, position, count, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, scatter_marked_kernel)(marks, wanted, position, n,
+                                                                      list);
 }
 
 void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,

@@ -89,11 +89,12 @@ __global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, const int64
 /// Rehash pass 2 (core place_moved): one thread, in source-slot order.
 template <class V>
 __global__ void rehash_rest_kernel(TableRef<V> src, TableRef<V> dst, int window,
-                                   const uint8_t* deferred, int64_t* failed) {
+                                   const int64_t* deferred, const int64_t* count,
+                                   int64_t* failed) {
   if (thread_index() != 0) return;
   int64_t lost = 0;
-  for (int64_t s = 0; s < src.num_slots(); ++s) {
-    if (!deferred[s]) continue;
+  for (int64_t k = 0; k < *count; ++k) {
+    const int64_t s = deferred[k];
     const int64_t slot =
         place_moved<P>(dst, src.keys[s], score_of(src, s), stamp_of(src, s), window);
     if (slot < 0) {
@@ -151,7 +152,11 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
   launch_group_stable(group, slots, ranges, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, rehash_home_kernel<V>)(src, dst, start, order,
                                                                            ranges, deferred);
-  DYNEMB_LAUNCH(1, 1, stream, rehash_rest_kernel<V>)(src, dst, window, deferred, failed);
+  int64_t* rest = ws.array<int64_t>(slots);
+  int64_t* rest_count = ws.array<int64_t>(1);
+  launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
+                     stream);
+  DYNEMB_LAUNCH(1, 1, stream, rehash_rest_kernel<V>)(src, dst, window, rest, rest_count, failed);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                   \
