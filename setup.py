@@ -52,7 +52,11 @@ NVCC_FLAGS = [
     "-U__CUDA_NO_HALF2_OPERATORS__",
 ]
 CUDA_DEFINES = ["-DDYNEMB_WITH_CUDA"]
-LINK_FLAGS = ["-fopenmp"]
+# The shared libstdc++, named before the compiler's own: a g++ that links it statically
+# (-static-libstdc++, as one GPU machine's g++ wrapper did) gives the extension a private
+# copy whose streams have no locale, so torch's error messages lost their numbers or
+# crashed the process while formatting one (tests/test_extension_build.py).
+LINK_FLAGS = ["-fopenmp", "-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"]
 # DYNEMB_SANITIZE=1: these replace -O3 (-O1 -g: readable reports at a bearable speed); the
 # first UBSan report aborts the process, so no test can pass over undefined behaviour.
 SANITIZE_FLAGS = [
