@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import dynemb
 
@@ -18,7 +19,10 @@ def _import_with(value: str) -> subprocess.CompletedProcess:
 
 
 def test_executor_names_the_one_this_process_uses():
-    expected = os.environ.get("DYNEMB_EXECUTOR") or "cpu"  # no GPU on our machines
+    # Unset: "cuda" in a CUDA build with a GPU present (failed on the H100 run when
+    # this test assumed no GPU), else "cpu".
+    with_gpu = dynemb._C.with_cuda and torch.cuda.is_available()
+    expected = os.environ.get("DYNEMB_EXECUTOR") or ("cuda" if with_gpu else "cpu")
     assert dynemb.executor() == expected
 
 
