@@ -106,9 +106,21 @@ __global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, const 
   if (i < n && marks[i] == wanted) list[position[i]] = i;
 }
 
+/// A thread per chunk of kStatusChunk statuses counts them in registers, then adds its
+/// counts: an atomic per status (all of them on 4 words) took 0.77 ms per 2^20 keys on
+/// an H100, half the time of the upsert itself.
+constexpr int64_t kStatusChunk = 256;
+
 __global__ void count_status_kernel(const int8_t* status, int64_t n, unsigned long long* counts) {
-  const int64_t i = thread_index();
-  if (i < n) atomicAdd(counts + status[i], 1ULL);
+  const int64_t c = thread_index();
+  const int64_t begin = c * kStatusChunk;
+  if (begin >= n) return;
+  const int64_t end = begin + kStatusChunk < n ? begin + kStatusChunk : n;
+  unsigned long long local[kStatusCount] = {};
+  for (int64_t i = begin; i < end; ++i) ++local[status[i]];
+  for (int s = 0; s < kStatusCount; ++s) {
+    if (local[s] != 0) atomicAdd(counts + s, local[s]);
+  }
 }
 
 }  // namespace
@@ -174,8 +186,8 @@ BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_bu
 
 void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream) {
   if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, count_status_kernel)(
-      status, n, reinterpret_cast<unsigned long long*>(counts));
+  DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
+                count_status_kernel)(status, n, reinterpret_cast<unsigned long long*>(counts));
 }
 
 }  // namespace dynemb::DYNEMB_CUDA_NS
