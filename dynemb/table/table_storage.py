@@ -165,7 +165,12 @@ class TableStorage:
         """The first ``width`` columns of the rows of ``slots`` ((n,) int64, all valid)."""
 
         def gather(buffer, at):  # index_select copies whole rows, several x faster
-            return buffer.index_select(0, at) if width == buffer.shape[1] else buffer[at, :width]
+            if width != buffer.shape[1]:
+                return buffer[at, :width]
+            # Into huge pages: faulting in a fresh multi-MB output 4 KiB at a time took
+            # half of a delta capture's gather (88 -> 44 ms per 400k rows of 65 floats).
+            out = _allocate((at.numel(), width), buffer.dtype, buffer.device)
+            return torch.index_select(buffer, 0, at, out=out)
 
         if self.slow_values.numel() == 0:
             return gather(self.values, slots)
