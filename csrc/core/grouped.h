@@ -147,6 +147,14 @@ DYNEMB_HD DYNEMB_INLINE void pool_part_bag(const PoolPart<V>& p, PoolingMode mod
            out, p.dim);
 }
 
+/// Element j of bag b (local to part p), as pool_part_bag writes it.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE float pool_part_element(const PoolPart<V>& p, PoolingMode mode,
+                                                int64_t b, int64_t j) {
+  return pool_bag_element(p.table, p.slots, p.keys, p.weights, p.offsets[b], p.offsets[b + 1],
+                          mode, p.missing, j);
+}
+
 /// The gradient of distinct key u of part p, from its indices order[k0 .. k1) (in the
 /// batch's numbering, ascending) whose bags bag_of gives (batch numbering), summed in
 /// pooling.h's order into acc (dim floats), then the optimizer update of its row.

@@ -72,6 +72,33 @@ DYNEMB_HD void pool_bag(const TableRef<V>& t, const int64_t* slots, const int64_
   }
 }
 
+/// Element j of pool_bag's out: the same terms, added in the same order, so the same
+/// bits. GPU kernels give each element of a bag its own lane, so that the lanes of a
+/// warp read consecutive elements of each row (coalesced loads).
+template <typename V>
+DYNEMB_HD DYNEMB_INLINE float pool_bag_element(const TableRef<V>& t, const int64_t* slots,
+                                               const int64_t* keys, const float* weights,
+                                               int64_t begin, int64_t end, PoolingMode mode,
+                                               const InitArgs& missing, int64_t j) {
+  float acc = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const float w = weights ? weights[i] : 1.0f;
+    acc += slots[i] >= 0 ? w * static_cast<float>(t.row(slots[i])[j])
+                         : w * missing_element(missing, keys[i], j);
+  }
+  if (mode == PoolingMode::kMean && end > begin) acc *= 1.0f / static_cast<float>(end - begin);
+  return acc;
+}
+
+/// Element j of gather_row's out.
+template <typename V>
+DYNEMB_HD DYNEMB_INLINE float gather_element(const TableRef<V>& t, const int64_t* slots,
+                                             const int64_t* keys, int64_t i,
+                                             const InitArgs& missing, int64_t j) {
+  return slots[i] >= 0 ? static_cast<float>(t.row(slots[i])[j])
+                       : missing_element(missing, keys[i], j);
+}
+
 /// out (dim floats) = the row of index i (sequence lookup).
 template <typename V>
 DYNEMB_HD DYNEMB_INLINE void gather_row(const TableRef<V>& t, const int64_t* slots,

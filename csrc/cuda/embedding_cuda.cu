@@ -10,21 +10,29 @@ namespace {
 
 using P = CudaPlatform;
 
-/// One thread per bag of the batch (every part's bags, numbered one after another).
+/// kRowLanes threads per bag of the batch (every part's bags, numbered one after
+/// another), each pooling elements lane, lane + kRowLanes, ... of the bag.
 template <class V>
 __global__ void pool_kernel(Parts<PoolPart<V>> parts, int64_t num_bags, PoolingMode mode) {
-  const int64_t x = thread_index();
+  const int64_t x = thread_index() / kRowLanes;
   if (x >= num_bags) return;
   const PoolPart<V>& p = part_of(parts, x, &PoolPart<V>::bag_begin);
   const int64_t b = x - p.bag_begin;
-  pool_part_bag(p, mode, b, p.out.at(b));
+  float* out = p.out.at(b);
+  for (int64_t j = thread_index() % kRowLanes; j < p.dim; j += kRowLanes) {
+    out[j] = pool_part_element(p, mode, b, j);
+  }
 }
 
+/// kRowLanes threads per index, each copying elements lane, lane + kRowLanes, ...
 template <class V>
 __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t* keys, int64_t n,
                               InitArgs missing, float* out, int64_t dim) {
-  const int64_t i = thread_index();
-  if (i < n) gather_row(t, slots, keys, i, missing, out + i * dim, dim);
+  const int64_t i = thread_index() / kRowLanes;
+  if (i >= n) return;
+  for (int64_t j = thread_index() % kRowLanes; j < dim; j += kRowLanes) {
+    out[i * dim + j] = gather_element(t, slots, keys, i, missing, j);
+  }
 }
 
 template <class V>
@@ -169,16 +177,16 @@ template <class V>
 void launch_pool(const Parts<PoolPart<V>>& parts, const PartTotals& totals, PoolingMode mode,
                  cudaStream_t stream) {
   if (totals.bags == 0) return;
-  DYNEMB_LAUNCH(blocks_for(totals.bags), kBlock, stream, pool_kernel<V>)(parts, totals.bags,
-                                                                         mode);
+  DYNEMB_LAUNCH(blocks_for(totals.bags * kRowLanes), kBlock, stream, pool_kernel<V>)(
+      parts, totals.bags, mode);
 }
 
 template <class V>
 void launch_gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                    const InitArgs& missing, float* out, int64_t dim, cudaStream_t stream) {
   if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gather_kernel<V>)(t, slots, keys, n, missing, out,
-                                                                 dim);
+  DYNEMB_LAUNCH(blocks_for(n * kRowLanes), kBlock, stream, gather_kernel<V>)(t, slots, keys, n,
+                                                                             missing, out, dim);
 }
 
 template <class V>

@@ -10,6 +10,12 @@ namespace dynemb::DYNEMB_CUDA_NS {
 
 constexpr int kBlock = 256;
 
+/// Threads that read one row together (a warp): thread x serves item x / kRowLanes and
+/// elements lane, lane + kRowLanes, ... of its row, so that a warp's loads of a row
+/// coalesce. A thread per item made each lane read its own row: 32 scattered loads per
+/// instruction (find at dim 64 ran at 238 M keys/s on an H100, 5892 at dim 8).
+constexpr int64_t kRowLanes = 32;
+
 inline unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>((n + kBlock - 1) / kBlock);
 }

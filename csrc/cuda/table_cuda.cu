@@ -10,18 +10,21 @@ namespace {
 
 using P = CudaPlatform;
 
+/// kRowLanes threads per key: each probes for it (the lanes of a warp run the same
+/// probe on the same lines, at the cost of one), then copies elements lane, lane +
+/// kRowLanes, ... of its row.
 template <class V>
 __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* out,
                             int64_t out_width, bool* found) {
-  const int64_t i = thread_index();
+  const int64_t i = thread_index() / kRowLanes;
   if (i >= n) return;
+  const int64_t lane = thread_index() % kRowLanes;
   const int64_t slot = find_slot<P>(t, keys[i]);
-  found[i] = slot >= 0;
+  if (lane == 0) found[i] = slot >= 0;
   V* dst = out + i * out_width;
-  if (slot >= 0) {
-    copy_row(t.row(slot), dst, out_width);
-  } else {
-    for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0.0f);  // absent keys: a zero row
+  const V* src = slot >= 0 ? t.row(slot) : nullptr;
+  for (int64_t j = lane; j < out_width; j += kRowLanes) {
+    dst[j] = src != nullptr ? src[j] : V(0.0f);  // absent keys: a zero row
   }
 }
 
@@ -112,7 +115,8 @@ template <class V>
 void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
                  bool* found, cudaStream_t stream) {
   if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, find_kernel<V>)(t, keys, n, out, out_width, found);
+  DYNEMB_LAUNCH(blocks_for(n * kRowLanes), kBlock, stream, find_kernel<V>)(t, keys, n, out,
+                                                                          out_width, found);
 }
 
 template <class V>
