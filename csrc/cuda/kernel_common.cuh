@@ -93,7 +93,7 @@ __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
 
 /// The batch rule's pass 2: one thread, the deferred keys (deferred[0 .. *count), in
 /// batch order). A GPU thread scanning every status took 90 ms per 2^20 keys on an
-/// H100 even with nothing deferred; the list costs three parallel launches.
+/// H100 even with nothing deferred; the list costs a few parallel launches.
 template <class V, class Sink>
 __global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                        const int64_t* keys, const int64_t* deferred,
