@@ -132,6 +132,11 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
         bytes_ = sum(dir_bytes(c.path) for c in commits)
         write_s = sum(c.write_seconds for c in commits)
         capture_s = sum(c.capture_seconds for c in commits)
+        print(
+            f"{kind}: capture_s per delta {[round(c.capture_seconds, 3) for c in commits]}, "
+            f"write_s {[round(c.write_seconds, 3) for c in commits]}",
+            file=sys.stderr,
+        )
     shutil.rmtree(directory, ignore_errors=True)
     scale = 1000 / len(keys)
     result.update(

@@ -196,6 +196,43 @@ def test_several_pending_deltas_commit_in_version_order_and_replay(tmp_path, gat
     publisher.close()
 
 
+def test_a_capture_reuses_a_written_deltas_buffers_never_a_pending_ones(tmp_path, monkeypatch):
+    """A capture gathers into the buffers of a delta already written (no fresh memory
+    to fault in), never into those of a delta still pending; the chain replays."""
+    gate, buffers = threading.Event(), {}  # version -> {table: address of its values}
+    write = publisher_module.write_delta
+
+    def spy(directory, version, base_dump_id, optim, tables):
+        buffers[version] = {n: d.values.data_ptr() for n, (_, d) in tables.items()}
+        if version >= 2:
+            assert gate.wait(timeout=30), "the test never opened the gate"
+        return write(directory, version, base_dump_id, optim, tables)
+
+    monkeypatch.setattr(publisher_module, "write_delta", spy)
+    options = _options()
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path, max_pending=2)
+    seen = []
+    publisher.publish_base()
+    for step in range(3):  # delta 1 holds more rows than those after it
+        _train(model, step, seen)
+    assert publisher.publish() == 1  # written: its buffers are free again
+    _train(model, 10, seen)
+    assert publisher.publish(background=True) == 2  # delta 1's buffers, until written
+    _train(model, 11, seen)
+    assert publisher.publish(background=True) == 3  # delta 2 pends: buffers of its own
+    assert publisher.pending == 2
+    gate.set()
+    publisher.wait()
+    assert buffers[2] == buffers[1]
+    assert all(buffers[3][name] != buffers[2][name] for name in NAMES)
+    _train(model, 12, seen)
+    assert publisher.publish() == 4
+    assert all(buffers[4][n] in (buffers[2][n], buffers[3][n]) for n in NAMES)
+    _assert_serving_follows(model, _replay(options, publisher), seen)
+    publisher.close()
+
+
 def test_a_publish_beyond_max_pending_waits_for_the_oldest(tmp_path, gated):
     model = _model(_options())
     publisher = DeltaPublisher(model, tmp_path, max_pending=1)

@@ -71,7 +71,17 @@ class FieldWriter:
         self.crc = 0
 
     def write(self, t: torch.Tensor) -> None:
-        raw = t.contiguous().view(torch.uint8).reshape(-1)
+        if not t.is_contiguous() and t.dim() == 2:
+            # A column slice (a delta's values): CHUNK_ROWS rows at a time through one
+            # reused buffer. A contiguous copy of the whole would be a fresh output
+            # as large, page-faulted in, which cost more than the copy.
+            chunk = torch.empty((min(CHUNK_ROWS, t.shape[0]), t.shape[1]), dtype=t.dtype)
+            for part in t.split(CHUNK_ROWS):
+                self._write_raw(chunk[: part.shape[0]].copy_(part).view(torch.uint8).reshape(-1))
+            return
+        self._write_raw(t.contiguous().view(torch.uint8).reshape(-1))
+
+    def _write_raw(self, raw: torch.Tensor) -> None:
         if raw.numel():
             try:
                 self._f.write(raw.numpy())  # the tensor's own bytes: no copy

@@ -25,6 +25,7 @@ from dynemb.checkpoint.collectives import process_group
 from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
+from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.format import TableDelta, delta_path, table_delta_meta, write_delta
 from dynemb.deltas.ranks import (
     agree_on_tables,
@@ -149,6 +150,7 @@ class DeltaPublisher:
         self._writer = BackgroundWriter(
             max_pending, f"DeltaPublisher {self.directory}", idle=self._compact_logs
         )
+        self._buffers = CaptureBuffers()  # a capture's host buffers, reused (buffers.py)
         self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
@@ -246,11 +248,12 @@ class DeltaPublisher:
         self._raise_failure()
         start = time.perf_counter()
         taken = [(t, *t.table.change_log.take()) for t in self._tables]
+        tables = {}
         try:
-            tables = {
-                t.name: self._table_delta(t, touched, removed) for t, touched, removed in taken
-            }
+            for t, touched, removed in taken:
+                tables[t.name] = self._table_delta(t, touched, removed)
         except BaseException:
+            self._give_back(tables)
             _restore(taken)
             raise
         version = self.version + 1
@@ -258,7 +261,10 @@ class DeltaPublisher:
 
         def write() -> None:
             begin = time.perf_counter()
-            path = write_delta(self.directory, version, self.base_dump_id, self.optim, tables)
+            try:
+                path = write_delta(self.directory, version, self.base_dump_id, self.optim, tables)
+            finally:
+                self._give_back(tables)
             self._committed = version
             size = sum(_delta_bytes(d) for _, d in tables.values())
             self.commits.append(
@@ -283,11 +289,13 @@ class DeltaPublisher:
             self._raise_failure()  # a compaction error, inside: the other ranks learn it
             start = time.perf_counter()
             taken = [(t, *t.table.change_log.take()) for t in self._tables]
+            mine = {}
             try:
-                mine = {
-                    t.name: self._table_delta(t, touched, removed) for t, touched, removed in taken
-                }
+                for t, touched, removed in taken:
+                    mine[t.name] = self._table_delta(t, touched, removed)
                 everyone = gather_to_rank0(ranks, self.pg, mine)
+                self._give_back(mine)  # sent (rank 0's own: merged into new tensors below)
+                mine = {}
                 capture = time.perf_counter() - start
                 version = self.version + 1
                 error = None
@@ -306,6 +314,7 @@ class DeltaPublisher:
                     raise error
                 raise_outcome(outcome, ranks.world_size)
             except BaseException:
+                self._give_back(mine)
                 _restore(taken)
                 raise
         self.version = self._committed = version
@@ -336,6 +345,7 @@ class DeltaPublisher:
         finally:
             self._closed = True
             self._writer.stop()
+            self._buffers.clear()
             for t in self._tables:
                 t.table.change_log = None
 
@@ -379,22 +389,29 @@ class DeltaPublisher:
         raise RuntimeError(message) from error
 
     def _table_delta(self, t, touched: torch.Tensor, removed: torch.Tensor) -> tuple:
-        """Reads the delta of one table: private host tensors (a background write
-        reads nothing of the table). Column slices stay views of the gathered rows:
-        the writer makes them contiguous, off the training thread."""
+        """Reads the delta of one table into private host tensors (a background write
+        reads nothing of the table), rows and scores into buffers of ``self._buffers``
+        (``_give_back`` returns them once the delta is written). Column slices stay
+        views of the gathered rows: the writer makes them contiguous, off the training
+        thread."""
         table: ScoredHashTable = t.table
         device = table.device
-        rows, scores, found = table.find_entries(touched.to(device))
-        keys = touched
-        if not bool(found.all()):  # evicted since: a tombstone, read below
-            keys, rows, scores = touched[found.cpu()], rows[found], scores[found]
-        rows, scores = rows.cpu(), scores.cpu()  # copies of GPU rows; views on the host
+        buffers = self._buffers
+
+        def out(field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+            return buffers.take(f"{t.name}.{field}", rows, width, dtype)
+
+        found, rows, scores = table.stored_entries(touched.to(device), out)
+        keys = touched if bool(found.all()) else touched[found.cpu()]  # else: tombstones
+        if rows.device.type != "cpu":  # a GPU table: its rows copied into the buffers
+            rows = out("rows", *rows.shape, rows.dtype).copy_(rows)
+            scores = out("scores", scores.numel(), 0, scores.dtype).copy_(scores)
         state_columns = table.extra_columns if self.optim else 0
         stored = table.find_slots(removed.to(device)) >= 0
         delta = TableDelta(
             keys=keys,
             values=rows[:, : table.dim],
-            scores=scores if table.keeps_scores else torch.zeros_like(keys),
+            scores=scores,  # zeros where the table keeps none
             state=rows[:, table.dim :] if self.optim else None,
             timestamps=table.get_timestamps(keys.to(device)).cpu()
             if table.keeps_timestamps
@@ -402,6 +419,13 @@ class DeltaPublisher:
             tombstones=removed[~stored.cpu()],
         )
         return _table_meta(table, state_columns), delta
+
+    def _give_back(self, tables: dict) -> None:
+        """Returns the buffers of a delta's tables (written, failed or gathered)."""
+        for name, (_, d) in tables.items():
+            self._buffers.give(f"{name}.rows", d.values)
+            if d.scores is not None:
+                self._buffers.give(f"{name}.scores", d.scores)
 
 
 def _table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict:

@@ -6,6 +6,7 @@ growth.py).
 """
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -146,6 +147,30 @@ class SlotAccess:
         missing = ~found
         rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
         return rows, scores.masked_fill_(missing, 0), found
+
+    def stored_entries(
+        self, keys: torch.Tensor, out: Callable[[str, int, int, torch.dtype], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The entries of the keys stored: ``(found (n,) bool, rows (m, row_width),
+        scores (m,) int64)`` for the m keys found, in the order of ``keys``. On a host
+        table the rows and scores are written into ``out("rows", m, row_width, dtype)``
+        and ``out("scores", m, 0, torch.int64)`` (a publisher's reused buffers); on a
+        GPU they stay on it."""
+        with self._lock.read():
+            s = self._storage
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            found = slots >= 0
+            if not bool(found.all()):
+                slots = slots[found]
+            m, width = slots.numel(), self._layout.row_width
+            host = self.device.type == "cpu"
+            rows = s.rows(slots, width, out=out("rows", m, width, s.values.dtype) if host else None)
+            scores = out("scores", m, 0, torch.int64) if host else None
+            if self._layout.keeps_scores:
+                scores = torch.index_select(s.scores, 0, slots, out=scores)
+            else:
+                scores = torch.zeros_like(slots) if scores is None else scores.zero_()
+        return found, rows, scores
 
     def write_back(
         self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor

@@ -23,7 +23,7 @@ from dynemb.table.spill_files import SpillDirectory
 _HUGE_PAGE_MIN_BYTES = 4 << 20
 
 
-def _allocate(shape, dtype, device) -> torch.Tensor:
+def allocate(shape, dtype, device) -> torch.Tensor:
     """An uninitialised buffer; large host buffers get huge pages before first touch."""
     t = torch.empty(shape, dtype=dtype, device=device)
     if t.device.type == "cpu" and t.numel() * t.element_size() >= _HUGE_PAGE_MIN_BYTES:
@@ -139,7 +139,7 @@ class TableStorage:
             # Written once here so that every page is faulted in now, not on a key's
             # first insert in the middle of a training step (a fault on a huge-page
             # region may compact memory: milliseconds, and very uneven).
-            buffer = _allocate(shape, dtype, device).zero_()
+            buffer = allocate(shape, dtype, device).zero_()
         if memory is not Memory.DEVICE and self.placement.registers_host_memory:
             self._page_locks.append(PageLock(buffer))
         return buffer
@@ -161,22 +161,30 @@ class TableStorage:
             self.slow_values,
         ]
 
-    def rows(self, slots: torch.Tensor, width: int) -> torch.Tensor:
-        """The first ``width`` columns of the rows of ``slots`` ((n,) int64, all valid)."""
+    def rows(
+        self, slots: torch.Tensor, width: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The first ``width`` columns of the rows of ``slots`` ((n,) int64, all valid),
+        into ``out`` ((n, width), this table's dtype and device) when given: a caller
+        that gathers often passes a buffer it reuses (a fresh multi-MB output costs
+        more in page faults than the gather)."""
 
-        def gather(buffer, at):  # index_select copies whole rows, several x faster
+        def gather(buffer, at, into=None):  # index_select copies whole rows, several x faster
             if width != buffer.shape[1]:
-                return buffer[at, :width]
-            # Into huge pages: faulting in a fresh multi-MB output 4 KiB at a time took
-            # half of a delta capture's gather (88 -> 44 ms per 400k rows of 65 floats).
-            out = _allocate((at.numel(), width), buffer.dtype, buffer.device)
-            return torch.index_select(buffer, 0, at, out=out)
+                rows = buffer[at, :width]
+                return rows if into is None else into.copy_(rows)
+            if into is None:
+                # Into huge pages: faulting in a fresh multi-MB output 4 KiB at a time
+                # took half of a delta capture's gather (88 -> 44 ms per 400k rows).
+                into = allocate((at.numel(), width), buffer.dtype, buffer.device)
+            return torch.index_select(buffer, 0, at, out=into)
 
         if self.slow_values.numel() == 0:
-            return gather(self.values, slots)
-        out = torch.empty(
-            (slots.numel(), width), dtype=self.layout.value_dtype, device=self.layout.device
-        )
+            return gather(self.values, slots, out)
+        if out is None:
+            out = torch.empty(
+                (slots.numel(), width), dtype=self.layout.value_dtype, device=self.layout.device
+            )
         fast = slots < self.fast_slots
         out[fast] = gather(self.values, slots[fast])
         slow = ~fast
