@@ -134,7 +134,9 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
         capture_s = sum(c.capture_seconds for c in commits)
         print(
             f"{kind}: capture_s per delta {[round(c.capture_seconds, 3) for c in commits]}, "
-            f"write_s {[round(c.write_seconds, 3) for c in commits]}",
+            f"write_s {[round(c.write_seconds, 3) for c in commits]}, entries read before "
+            f"the boundary {[c.entries_before for c in commits]} and at it "
+            f"{[c.entries_at_boundary for c in commits]}",
             file=sys.stderr,
         )
     shutil.rmtree(directory, ignore_errors=True)

@@ -108,3 +108,76 @@ def test_a_take_during_a_compaction_drops_the_compaction(monkeypatch):
     assert torch.equal(taken[0][0], torch.arange(-2, 20))
     touched, removed = log.take()  # only what came after the take: nothing merged back
     assert torch.equal(touched, torch.tensor([1000])) and removed.numel() == 0
+
+
+def _keys(*values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def test_a_seal_waits_for_the_pending_writes_then_closes_a_generation():
+    log = ChangeLog()
+    log.touched(_keys(1, 2))
+    log.begin_writes()  # a training lookup recorded 1, 2; its backward writes them
+    log.request_seal()
+    log.removed(_keys(3))  # an erase while the rows are not written: no seal
+    assert log.take_sealed() is None
+    log.end_writes()
+    log.touched(_keys(4))  # the next lookup: sealed first, then recorded
+    touched, removed = log.take_sealed()
+    assert torch.equal(touched, _keys(1, 2)) and torch.equal(removed, _keys(3))
+    assert log.take_sealed() is None  # one generation per request
+    log.touched(_keys(5))
+    assert log.take_sealed() is None
+    log.request_seal()
+    log.touched(_keys(6))
+    touched, removed = log.take_sealed()
+    assert torch.equal(touched, _keys(4, 5)) and removed.numel() == 0
+    touched, removed = log.take()
+    assert torch.equal(touched, _keys(6)) and removed.numel() == 0
+
+
+def test_a_log_never_bracketed_by_a_training_path_never_seals():
+    log = ChangeLog()
+    log.request_seal()
+    log.touched(_keys(1))
+    log.touched(_keys(2))
+    assert log.take_sealed() is None
+    assert torch.equal(log.take()[0], _keys(1, 2))
+
+
+def test_take_returns_the_sealed_generations_not_read_and_forgets_pending_writes():
+    log = ChangeLog()
+    log.touched(_keys(1))
+    log.begin_writes()
+    log.end_writes()
+    log.request_seal()
+    log.removed(_keys(2))  # seals {1}
+    log.begin_writes()  # a forward whose backward never runs
+    touched, removed = log.take()  # a boundary
+    assert torch.equal(touched, _keys(1)) and torch.equal(removed, _keys(2))
+    log.touched(_keys(3))
+    log.begin_writes()
+    log.request_seal()
+    log.end_writes()
+    log.touched(_keys(4))  # not held back by the forward before the boundary
+    assert torch.equal(log.take_sealed()[0], _keys(3))
+
+
+def test_a_compaction_across_a_seal_is_dropped(monkeypatch):
+    log = ChangeLog()
+    log.touched(_keys(1))
+    log.touched(_keys(2))
+    log.begin_writes()
+    log.end_writes()
+    log.request_seal()
+    distinct = change_log._distinct
+
+    def seal_meanwhile(parts):
+        log.touched(_keys(7))  # seals {1, 2}, then records 7
+        return distinct(parts)
+
+    monkeypatch.setattr(change_log, "_distinct", seal_meanwhile)
+    log.compact()
+    monkeypatch.setattr(change_log, "_distinct", distinct)
+    assert torch.equal(log.take_sealed()[0], _keys(1, 2))
+    assert torch.equal(log.take()[0], _keys(7))

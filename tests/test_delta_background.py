@@ -8,6 +8,7 @@ The writer is held back by a gate (``gated``) where a test needs the write to ha
 after training moved on, or several deltas to be pending at once."""
 
 import copy
+import math
 import threading
 
 import pytest
@@ -19,7 +20,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynemb.deltas import DeltaPublisher, delta_path, read_delta
+from dynemb.deltas import DeltaPublisher, delta_path, precapture, read_delta
 from dynemb.deltas import publisher as publisher_module
 from dynemb.deltas.publisher import COMPACT_PARTS
 from dynemb.exportable_tables import InferenceEmbeddingCollection
@@ -74,6 +75,13 @@ def gated(monkeypatch):
 
     monkeypatch.setattr(publisher_module, "write_delta", held)
     return gate
+
+
+@pytest.fixture
+def no_precapture(monkeypatch):
+    """The writer thread reads no table between deltas (it would on a tick after the
+    first delta): a twin's log (``_twin``) then holds every key of the next delta."""
+    monkeypatch.setattr(precapture, "SEAL_AT", (math.inf,))
 
 
 def _twin(model, publisher, directory) -> DeltaPublisher:
@@ -132,7 +140,9 @@ def _assert_serving_follows(model, serving, seen) -> None:
 
 @pytest.mark.parametrize("optim", [False, True])
 @pytest.mark.parametrize("strategies", list(STRATEGIES), ids=list(STRATEGIES))
-def test_a_background_delta_is_the_state_at_its_boundary(tmp_path, gated, strategies, optim):
+def test_a_background_delta_is_the_state_at_its_boundary(
+    tmp_path, gated, no_precapture, strategies, optim
+):
     """Each delta is written after training went on 3 more steps (the gate), and equals
     a blocking delta published at the same boundary on a deep copy of the model."""
     model = _model(_options(STRATEGIES[strategies]))
@@ -170,6 +180,61 @@ def test_a_background_delta_is_the_state_at_its_boundary(tmp_path, gated, strate
     publisher.close()
 
 
+def _assert_delta_is_the_state_now(model, path) -> None:
+    """The delta at ``path`` holds each of its keys' entry in ``model`` now (row with
+    optimizer state when published, score, timestamp) and tombstones of keys it lacks."""
+    delta = read_delta(path)
+    for name, table in zip(NAMES, model.tables, strict=True):
+        d = delta.tables[name]
+        rows, scores, found = table.find_entries(d.keys)
+        assert bool(found.all()), name
+        assert torch.equal(d.values, rows[:, :DIM]), name
+        if d.state is not None:
+            assert torch.equal(d.state, rows[:, DIM:]), name
+        assert torch.equal(d.scores, scores), name
+        if d.timestamps is not None:
+            assert torch.equal(d.timestamps, table.get_timestamps(d.keys)), name
+        assert not bool(table.contains(d.tombstones).any()), name
+        both = torch.cat([d.keys, d.tombstones])
+        assert both.unique().numel() == both.numel(), name  # one entry per key
+
+
+@pytest.mark.parametrize("optim", [False, True])
+@pytest.mark.parametrize("strategies", list(STRATEGIES), ids=list(STRATEGIES))
+def test_a_delta_read_partly_before_its_boundary_is_the_state_at_it(
+    tmp_path, monkeypatch, strategies, optim
+):
+    """The pre-capture (dynemb/deltas/precapture.py), driven here between steps and
+    inside them (after a forward, an erase, before the backward: no seal may happen
+    there), reads most of a delta before its boundary; the delta is still exactly the
+    state at the boundary, and the chain replays to training's state."""
+    monkeypatch.setattr(precapture, "SEAL_AT", (0.0,) * 8)  # a seal at every step()
+    options = _options(STRATEGIES[strategies])
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path, optim=optim)
+    seen = []
+    _train(model, 1, seen)
+    publisher.publish_base()
+    assert publisher.publish() == 1  # an interval is known from here on
+    pre = publisher._precapture  # noqa: SLF001 - the writer thread's work, driven here
+    for version in (2, 3):
+        for step in range(6):
+            pre.step()
+            keys = torch.randint(-100, 100, (32,), generator=torch.Generator().manual_seed(step))
+            seen.append(keys)
+            loss = model(keys, torch.arange(keys.numel() + 1)).sum()
+            pre.step()  # a seal requested now must wait for this step's backward
+            model.tables[step % 2].erase(keys[:3])  # recorded while rows are unwritten
+            pre.step()
+            loss.backward()
+        pre.step()
+        assert publisher.publish() == version
+        _assert_delta_is_the_state_now(model, delta_path(tmp_path, version))
+        assert publisher.commits[-1].entries_before > 0  # read before the boundary
+    _assert_serving_follows(model, _replay(options, publisher), seen)
+    publisher.close()
+
+
 def test_several_pending_deltas_commit_in_version_order_and_replay(tmp_path, gated):
     options = _options()
     model = _model(options)
@@ -196,7 +261,9 @@ def test_several_pending_deltas_commit_in_version_order_and_replay(tmp_path, gat
     publisher.close()
 
 
-def test_a_capture_reuses_a_written_deltas_buffers_never_a_pending_ones(tmp_path, monkeypatch):
+def test_a_capture_reuses_a_written_deltas_buffers_never_a_pending_ones(
+    tmp_path, monkeypatch, no_precapture
+):
     """A capture gathers into the buffers of a delta already written (no fresh memory
     to fault in), never into those of a delta still pending; the chain replays."""
     gate, buffers = threading.Event(), {}  # version -> {table: address of its values}

@@ -27,9 +27,10 @@ class CaptureBuffers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: dict[str, torch.Tensor] = {}
-        # Buffers handed out, by address; weak: one never given back (a delta dropped
-        # after a failed write) is freed with the last view of it.
+        # Buffers handed out, by address, and their names; weak: one never given back
+        # (a delta dropped after a failed write) is freed with the last view of it.
         self._lent: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        self._names: dict[int, str] = {}
 
     def take(self, name: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         """A (rows, width) host tensor of ``dtype`` (``width`` 0: a (rows,) one), a view of
@@ -41,15 +42,18 @@ class CaptureBuffers:
             buffer = allocate((int(numel * HEADROOM) + 1,), dtype, torch.device("cpu"))
         with self._lock:
             self._lent[buffer.data_ptr()] = buffer
+            self._names[buffer.data_ptr()] = name
         view = buffer[:numel]
         return view.view(rows, width) if width else view
 
-    def give(self, name: str, tensor: torch.Tensor) -> None:
+    def give(self, tensor: torch.Tensor) -> None:
         """Hands back the buffer under ``tensor`` (a view of one ``take`` returned; any
-        other tensor is ignored) as ``name``'s free one, unless a larger one is free."""
+        other tensor is ignored) as its name's free one, unless a larger one is free."""
+        address = tensor.untyped_storage().data_ptr()
         with self._lock:
-            base = self._lent.pop(tensor.untyped_storage().data_ptr(), None)
-            if base is None:
+            base = self._lent.pop(address, None)
+            name = self._names.pop(address, None)
+            if base is None or name is None:
                 return
             kept = self._free.get(name)
             if kept is None or kept.numel() < base.numel():
@@ -60,6 +64,7 @@ class CaptureBuffers:
         with self._lock:
             self._free.clear()
             self._lent.clear()
+            self._names.clear()
 
 
 __all__ = ["CaptureBuffers"]

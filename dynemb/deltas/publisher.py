@@ -27,6 +27,8 @@ from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.format import TableDelta, delta_path, table_delta_meta, write_delta
+from dynemb.deltas.precapture import PreCapture, read_entries
+from dynemb.deltas.precapture import merge as merge_entries
 from dynemb.deltas.ranks import (
     agree_on_tables,
     gather_to_rank0,
@@ -50,13 +52,17 @@ class DeltaCommit:
     processes, gathering them to rank 0 too) and ``write_seconds`` (writing,
     checksumming, fsync and commit; on the writer thread for a background delta).
     Over several processes ``bytes`` and ``write_seconds`` are rank 0's (0 on the
-    others)."""
+    others). ``entries_before``: entries read between deltas by the writer thread
+    (pre-capture, single process; a key read twice counts twice), ``entries_at_boundary``:
+    read at the boundary (this rank's)."""
 
     version: int
     path: Path
     bytes: int
     capture_seconds: float
     write_seconds: float
+    entries_before: int = 0
+    entries_at_boundary: int = 0
 
 
 class DeltaPublisher:
@@ -148,9 +154,11 @@ class DeltaPublisher:
         self._committed: int | None = None
         self._tables = tables
         self._writer = BackgroundWriter(
-            max_pending, f"DeltaPublisher {self.directory}", idle=self._compact_logs
+            max_pending, f"DeltaPublisher {self.directory}", idle=self._between_deltas
         )
         self._buffers = CaptureBuffers()  # a capture's host buffers, reused (buffers.py)
+        # Single process: the writer thread reads between deltas (precapture.py).
+        self._precapture = PreCapture(tables, optim, self._buffers.take)
         self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
@@ -195,6 +203,7 @@ class DeltaPublisher:
             fault_timeout=self.fault_timeout,
         )
         self.base_dump_id = committed_dump(self.base_path)
+        self._precapture.start()
         self.version = self._committed = 0
         self._writer.start()  # compacts the logs between deltas
         return 0
@@ -203,9 +212,11 @@ class DeltaPublisher:
         """Publishes the next delta (every change since the previous one); returns its
         version (1, 2, ...).
 
-        The delta's content is read from the tables now, on the calling thread (the
-        batch boundary: the rows, scores, optimizer state and timestamps of the keys
-        touched, copied into host memory of the publisher's own). With
+        The delta's content is the state now (the batch boundary: the rows, scores,
+        optimizer state and timestamps of the keys touched, copied into host memory of
+        the publisher's own). Single process, most of it was read by the writer thread
+        while training went on (``precapture.py``); the calling thread reads the keys
+        recorded since the last seal. With
         ``background=False`` it is then written and committed before returning; with
         ``background=True`` a writer thread writes it while training goes on: deltas
         commit in version order, at most ``max_pending`` are pending (this call waits
@@ -246,29 +257,58 @@ class DeltaPublisher:
         # A blocking delta commits after the pending ones: its version follows theirs.
         self._writer.wait_below(self._writer.max_pending if background else 1)
         self._raise_failure()
-        start = time.perf_counter()
-        taken = [(t, *t.table.change_log.take()) for t in self._tables]
-        tables = {}
         try:
-            for t, touched, removed in taken:
-                tables[t.name] = self._table_delta(t, touched, removed)
-        except BaseException:
-            self._give_back(tables)
-            _restore(taken)
-            raise
+            return self._publish_local(background)
+        finally:
+            self._precapture.resume()  # training goes on: the next interval starts
+
+    def _publish_local(self, background: bool) -> int:
+        """``publish`` in a single process (see there)."""
+        start = time.perf_counter()
+        with self._precapture.lock:  # the writer thread reads no table meanwhile
+            staged, inflight = self._precapture.take()
+            reads = [
+                (t, *_union(t.table.change_log.take(), inflight.get(t.name))) for t in self._tables
+            ]
+            taken = (reads, staged)  # what a failed delta puts back in the logs
+            fresh = {}
+            try:
+                for t, touched, removed in reads:
+                    fresh[t.name] = self._table_delta(t, touched, removed)
+            except BaseException:
+                self._give_back(fresh)
+                _restore(taken)
+                raise
         version = self.version + 1
         capture = time.perf_counter() - start
 
         def write() -> None:
             begin = time.perf_counter()
-            try:
+            tables = {}
+            try:  # each key's latest entry: the generations read between deltas, then now
+                tables = {
+                    name: (meta, merge_entries([*staged[name], delta], self._buffer_for(name)))
+                    for name, (meta, delta) in fresh.items()
+                }
                 path = write_delta(self.directory, version, self.base_dump_id, self.optim, tables)
             finally:
+                self._give_back(fresh)
                 self._give_back(tables)
+                self._give_back(
+                    {f"{n}.{i}": (None, d) for n, ds in staged.items() for i, d in enumerate(ds)}
+                )
             self._committed = version
             size = sum(_delta_bytes(d) for _, d in tables.values())
             self.commits.append(
-                DeltaCommit(version, path, size, capture, time.perf_counter() - begin)
+                DeltaCommit(
+                    version,
+                    path,
+                    size,
+                    capture,
+                    time.perf_counter() - begin,
+                    _entries(d for ds in staged.values() for d in ds),
+                    _entries(d for _, d in fresh.values()),
+                )  # fmt: skip
             )
 
         if background:
@@ -294,6 +334,7 @@ class DeltaPublisher:
                 for t, touched, removed in taken:
                     mine[t.name] = self._table_delta(t, touched, removed)
                 everyone = gather_to_rank0(ranks, self.pg, mine)
+                boundary = _entries(d for _, d in mine.values())
                 self._give_back(mine)  # sent (rank 0's own: merged into new tensors below)
                 mine = {}
                 capture = time.perf_counter() - start
@@ -315,7 +356,7 @@ class DeltaPublisher:
                 raise_outcome(outcome, ranks.world_size)
             except BaseException:
                 self._give_back(mine)
-                _restore(taken)
+                _restore((taken, {}))
                 raise
         self.version = self._committed = version
         if ranks.rank == 0:
@@ -323,7 +364,7 @@ class DeltaPublisher:
             write = time.perf_counter() - begin
         else:
             path, size, write = delta_path(self.directory, version), 0, 0.0
-        self.commits.append(DeltaCommit(version, path, size, capture, write))
+        self.commits.append(DeltaCommit(version, path, size, capture, write, 0, boundary))
         return version
 
     def wait(self) -> None:
@@ -349,9 +390,16 @@ class DeltaPublisher:
             for t in self._tables:
                 t.table.change_log = None
 
+    def _between_deltas(self) -> None:
+        """On the writer thread, between deltas: the pre-capture (single process), then
+        the compaction of the logs."""
+        if not self._several and self.version is not None:
+            self._precapture.step()
+        self._compact_logs()
+
     def _compact_logs(self) -> None:
-        """On the writer thread, between deltas: merges each log's recorded keys once
-        it holds COMPACT_PARTS tensors, so that the take at the boundary sorts less."""
+        """Merges each log's recorded keys once it holds COMPACT_PARTS tensors, so that
+        the take at the boundary sorts less."""
         for t in self._tables:
             log = t.table.change_log
             if log is not None and log.parts >= COMPACT_PARTS:
@@ -389,43 +437,32 @@ class DeltaPublisher:
         raise RuntimeError(message) from error
 
     def _table_delta(self, t, touched: torch.Tensor, removed: torch.Tensor) -> tuple:
-        """Reads the delta of one table into private host tensors (a background write
-        reads nothing of the table), rows and scores into buffers of ``self._buffers``
-        (``_give_back`` returns them once the delta is written). Column slices stay
-        views of the gathered rows: the writer makes them contiguous, off the training
-        thread."""
+        """Reads the delta of one table now (``precapture.read_entries``), its rows and
+        scores into buffers of ``self._buffers`` (``_give_back`` returns them once the
+        delta is written). Column slices stay views of the gathered rows: the writer
+        makes them contiguous, off the training thread."""
         table: ScoredHashTable = t.table
-        device = table.device
-        buffers = self._buffers
-
-        def out(field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-            return buffers.take(f"{t.name}.{field}", rows, width, dtype)
-
-        found, rows, scores = table.stored_entries(touched.to(device), out)
-        keys = touched if bool(found.all()) else touched[found.cpu()]  # else: tombstones
-        if rows.device.type != "cpu":  # a GPU table: its rows copied into the buffers
-            rows = out("rows", *rows.shape, rows.dtype).copy_(rows)
-            scores = out("scores", scores.numel(), 0, scores.dtype).copy_(scores)
+        delta = read_entries(table, touched, removed, self.optim, self._buffer_for(t.name))
         state_columns = table.extra_columns if self.optim else 0
-        stored = table.find_slots(removed.to(device)) >= 0
-        delta = TableDelta(
-            keys=keys,
-            values=rows[:, : table.dim],
-            scores=scores,  # zeros where the table keeps none
-            state=rows[:, table.dim :] if self.optim else None,
-            timestamps=table.get_timestamps(keys.to(device)).cpu()
-            if table.keeps_timestamps
-            else None,
-            tombstones=removed[~stored.cpu()],
-        )
         return _table_meta(table, state_columns), delta
 
+    def _buffer_for(self, name: str):
+        """``out(field, rows, width, dtype)``: a buffer of table ``name`` (``_give_back``
+        returns it once its delta is written)."""
+
+        def out(field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+            return self._buffers.take(f"{name}.{field}", rows, width, dtype)
+
+        return out
+
     def _give_back(self, tables: dict) -> None:
-        """Returns the buffers of a delta's tables (written, failed or gathered)."""
-        for name, (_, d) in tables.items():
-            self._buffers.give(f"{name}.rows", d.values)
-            if d.scores is not None:
-                self._buffers.give(f"{name}.scores", d.scores)
+        """Returns the buffers of a delta's tables (written, failed or gathered); the
+        pool ignores tensors it did not lend."""
+        for _, d in tables.values():
+            for field in ("keys", "values", "scores", "state", "timestamps"):
+                tensor = getattr(d, field)
+                if tensor is not None:
+                    self._buffers.give(tensor)
 
 
 def _table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict:
@@ -451,11 +488,29 @@ def _check_tables(tables: list) -> str | None:
     return None
 
 
-def _restore(taken: list) -> None:
-    """Puts taken keys back in their logs: a delta not committed goes into the next."""
-    for t, touched, removed in taken:
-        t.table.change_log.touched(touched)
-        t.table.change_log.removed(removed)
+def _union(taken: tuple, more: tuple | None) -> tuple:
+    """A log's ``(touched, removed)`` and those of a generation being read, if any."""
+    if more is None:
+        return taken
+    return tuple(torch.cat([a, b]).unique() for a, b in zip(taken, more, strict=True))
+
+
+def _restore(taken: tuple) -> None:
+    """Puts taken keys back in their logs: a delta not committed goes into the next.
+    ``taken``: ``(reads, staged)``, the ``(t, touched, removed)`` read at the boundary
+    and the generations read before it by table name (their upserts and tombstones)."""
+    reads, staged = taken
+    for t, touched, removed in reads:
+        log = t.table.change_log
+        log.touched(touched)
+        log.removed(removed)
+        for d in staged.get(t.name, ()):
+            log.touched(d.keys)
+            log.removed(d.tombstones)
+
+
+def _entries(deltas) -> int:
+    return sum(d.keys.numel() + d.tombstones.numel() for d in deltas)
 
 
 def _delta_bytes(d: TableDelta) -> int:

@@ -309,6 +309,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     token = table.mutations
                 else:
                     unique_slots, token = self._table_slots(t, unique, counts)
+                    if self._inserts(t) and table.change_log is not None:
+                        table.change_log.begin_writes()  # the backward writes these rows
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 if into is not None and not cached:
@@ -392,6 +394,18 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         trains, saved = saved
         if not trains:
             return False
+        try:
+            self._update_rows(saved, grad_out)
+        finally:
+            for t, entry in enumerate(saved):  # the rows its lookups recorded are written
+                if entry is not None and entry[5] is None:  # not cached: a ScoredHashTable
+                    log = self.tables[t].change_log
+                    if log is not None:
+                        log.end_writes()
+        return True
+
+    def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
+        """``_apply_gradients``' updates of the tables ``saved`` (a training forward's)."""
         optimizer = self.optimizer_config.kernel_args()  # validates: raises before any change
         grad_out = grad_out.to(torch.float32)
         self.step += 1
@@ -430,7 +444,6 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 table.unstage(staged)
             if batch is not None:
                 table.end_batch(batch)  # its rows may leave the cache again
-        return True
 
 
 def _feature_columns(dims):

@@ -17,6 +17,14 @@ tensors the table recorded (one small tensor per batch), so memory is proportion
 the keys touched since the last ``take``; ``compact`` (a publisher's writer thread calls
 it between deltas) merges them into their distinct keys, so that a ``take`` at a batch
 boundary has less to sort.
+
+Generations (a publisher's pre-capture, dynemb/deltas/precapture.py): ``request_seal``
+asks the log to close its current lists as a sealed generation at the next record
+made while no training write is pending (``begin_writes`` / ``end_writes``: a
+training lookup's rows are written by its backward, after the lookup recorded the
+keys). At that moment every row of every sealed key holds its final value unless the
+key is recorded again: so a reader may copy a sealed generation's rows while training
+goes on, and re-read only the keys recorded after the seal.
 """
 
 import threading
@@ -31,28 +39,77 @@ class ChangeLog:
         self._lock = threading.Lock()
         self._touched: list[torch.Tensor] = []
         self._removed: list[torch.Tensor] = []
-        self._takes = 0  # counts takes: a compaction across one is dropped
+        self._takes = 0  # counts takes and seals: a compaction across one is dropped
+        # Sealed generations, oldest first: each its (touched, removed) recorded tensors.
+        self._sealed: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        self._seal_requested = False
+        self._writes_pending = 0  # training lookups whose backward has not written yet
+        # A seal needs a training path that says when its writes end (begin_writes seen
+        # since the last take): a table trained otherwise is never sealed.
+        self._bracketed = False
 
     def touched(self, keys: torch.Tensor) -> None:
         """Records ``keys`` (n,) int64 as stored with a possibly new row or score."""
         if keys.numel():
             with self._lock:
+                self._seal_if_requested()
                 self._touched.append(keys.detach().to("cpu", copy=True))
 
     def removed(self, keys: torch.Tensor) -> None:
         """Records ``keys`` (n,) int64 as no longer stored."""
         if keys.numel():
             with self._lock:
+                self._seal_if_requested()
                 self._removed.append(keys.detach().to("cpu", copy=True))
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(touched, removed)``: the distinct keys of each list, sorted, (m,) int64 on
-        the host; the log starts empty again."""
+        the host, the sealed generations' keys included; the log starts empty again (no
+        generation, no seal requested). Call it at a batch boundary."""
         with self._lock:
             touched, removed = self._touched, self._removed
-            self._touched, self._removed = [], []
+            for sealed_touched, sealed_removed in self._sealed:
+                touched += sealed_touched
+                removed += sealed_removed
+            self._touched, self._removed, self._sealed = [], [], []
+            self._seal_requested = self._bracketed = False
+            # A take is at a batch boundary, every row written: a lookup whose backward
+            # never ran (a forward in training mode without one) holds no seal back.
+            self._writes_pending = 0
             self._takes += 1
         return _distinct(touched), _distinct(removed)
+
+    def begin_writes(self) -> None:
+        """A training lookup recorded its keys; its backward will write their rows."""
+        with self._lock:
+            self._writes_pending += 1
+            self._bracketed = True
+
+    def end_writes(self) -> None:
+        """A training lookup's backward wrote its rows."""
+        with self._lock:
+            self._writes_pending = max(self._writes_pending - 1, 0)
+
+    def request_seal(self) -> None:
+        """Asks for the current lists to be sealed as a generation (see the module)."""
+        with self._lock:
+            self._seal_requested = True
+
+    def take_sealed(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(touched, removed)`` (as ``take``) of the oldest sealed generation, which
+        leaves the log, or None when none is sealed."""
+        with self._lock:
+            if not self._sealed:
+                return None
+            touched, removed = self._sealed.pop(0)
+        return _distinct(touched), _distinct(removed)
+
+    def _seal_if_requested(self) -> None:  # the lock is held
+        if self._seal_requested and self._bracketed and self._writes_pending == 0:
+            self._sealed.append((self._touched, self._removed))
+            self._touched, self._removed = [], []
+            self._seal_requested = False
+            self._takes += 1  # a compaction running now would write into the new lists
 
     @property
     def parts(self) -> int:
