@@ -10,12 +10,16 @@ Usage::
 The training step is bench_train.py's dynemb step on W-train (/work/shared/WORKLOADS.md:
 BatchedDynamicEmbeddingTables, 8 tables of dim 64, batch 4096, pooling factor 16,
 Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity 2x the distinct keys: no eviction). One
-module is trained by four kinds of run, interleaved (none, background, blocking, dump)
+module is trained by five kinds of run, interleaved (none, background,
+background_no_precapture, blocking, dump)
 and repeated ``--repeats`` times, each run ``--steps`` steps over the same batches:
 
 - ``none``: training only (no publisher: nothing tracked);
 - ``background``: a DeltaPublisher (its base written before the run, untimed),
-  ``publish(background=True)`` every K steps;
+  ``publish(background=True)`` every K steps (the writer thread pre-captures between
+  deltas: dynemb/deltas/precapture.py);
+- ``background_no_precapture``: the same with ``DeltaPublisher(precapture=False)``
+  (the boundary reads every key touched);
 - ``blocking``: the same with ``publish()`` (the step waits for the write);
 - ``dump``: a blocking full ``DynamicEmbDump`` every K steps (the peer).
 
@@ -59,10 +63,12 @@ from dynemb import (
 from dynemb.deltas import DeltaPublisher
 from dynemb.optimizer import EmbOptimType
 
-KINDS = ("none", "background", "blocking", "dump")
+KINDS = ("none", "background", "background_no_precapture", "blocking", "dump")
+PUBLISHING = ("background", "background_no_precapture", "blocking")
 IMPL = {
     "none": "train",
     "background": "DeltaPublisher.publish(background=True)",
+    "background_no_precapture": "DeltaPublisher(precapture=False).publish(background=True)",
     "blocking": "DeltaPublisher.publish()",
     "dump": "DynamicEmbDump",
 }
@@ -100,8 +106,9 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
     directory = scratch / kind
     shutil.rmtree(directory, ignore_errors=True)
     publisher = None
-    if kind in ("background", "blocking"):
-        publisher = DeltaPublisher(module, directory, optim=optim)
+    if kind in PUBLISHING:
+        precapture = kind != "background_no_precapture"
+        publisher = DeltaPublisher(module, directory, optim=optim, precapture=precapture)
         publisher.publish_base()  # untimed: the chain's start, a full dump
     times, bytes_, write_s, capture_s, publications = [], 0, 0.0, 0.0, 0
     for i, k in enumerate(progress(keys, kind, unit="step"), 1):
@@ -113,7 +120,7 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
             DynamicEmbDump(directory, module, optim=optim, allow_overwrite=True)
             write_s += time.perf_counter() - t
         elif publishing and publisher is not None:
-            publisher.publish(background=kind == "background")
+            publisher.publish(background=kind.startswith("background"))
         times.append(time.perf_counter() - start)
         publications += publishing
         if publishing and kind == "dump":  # the dump just written (older ones are removed)
@@ -199,7 +206,7 @@ def main(argv=None) -> None:
     base = median("none", "step_s")
     workload = config.workload + (",quick" if args.quick else "")
     rec.add(workload, IMPL["none"], "step_s" + tag, base, threads=threads)
-    for kind in ("background", "blocking", "dump"):
+    for kind in (*PUBLISHING, "dump"):
         rec.add(workload, IMPL[kind], "step_s" + tag, median(kind, "step_s"), threads=threads,
                 peer=IMPL["none"], peer_value=base)  # fmt: skip
     for field in (
@@ -209,10 +216,10 @@ def main(argv=None) -> None:
         "per_publication_write_s",
     ):
         peer = median(PEER, field)
-        for kind in ("background", "blocking"):
+        for kind in PUBLISHING:
             rec.add(workload, IMPL[kind], field + tag, median(kind, field), threads=threads,
                     peer=IMPL[PEER], peer_value=peer)  # fmt: skip
-    for kind in ("background", "blocking"):
+    for kind in PUBLISHING:
         rec.add(
             workload,
             IMPL[kind],

@@ -427,6 +427,32 @@ def test_a_failed_compaction_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     _assert_serving_follows(model, _replay(options, publisher), seen)
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_precapture_off_reads_every_key_at_the_boundary(tmp_path, monkeypatch, on):
+    monkeypatch.setattr(precapture, "SEAL_AT", (0.0,) * 8)  # a seal at every tick
+    options = _options()
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path, precapture=on)
+    seen = []
+    _train(model, 1, seen)
+    publisher.publish_base()
+    for version in (1, 2, 3):
+        for step in range(3):
+            _train(model, 10 * version + step, seen)
+            publisher._between_deltas()  # noqa: SLF001 - the writer thread's tick, now
+        assert publisher.publish() == version
+        _assert_delta_is_the_state_now(model, delta_path(tmp_path, version))
+    assert (publisher.commits[-1].entries_before > 0) == on  # none before the first
+    _assert_serving_follows(model, _replay(options, publisher), seen)
+    publisher.close()
+
+
+@pytest.mark.parametrize("bad", [1, None, "yes"])
+def test_precapture_is_checked(tmp_path, bad):
+    with pytest.raises(TypeError, match=f"precapture must be a bool, got {bad!r}"):
+        DeltaPublisher(_model(_options()), tmp_path, precapture=bad)
+
+
 def test_background_must_be_a_bool(tmp_path):
     model = _model(_options())
     publisher = DeltaPublisher(model, tmp_path)

@@ -92,8 +92,13 @@ class DeltaPublisher:
         fault_timeout: (several processes) seconds after which a rank that stopped
             responding in a collective step counts as dead: the others raise
             RankFailure naming it (dynemb/rank_faults.py).
+        precapture: (single process) the writer thread reads most of each delta
+            between deltas, while training goes on, and the boundary only the keys of
+            the last steps (dynemb/deltas/precapture.py). Off: the boundary reads every
+            key touched (less host memory and memory traffic, a longer stop).
 
     Raises:
+        TypeError: ``precapture`` is not a bool.
         ValueError: ``max_pending`` is not an integer >= 1, the model has no dynamic
             table, a table is in caching mode (its rows move between tiers; not
             supported), a table is already tracked by another publisher, or the ranks
@@ -118,7 +123,10 @@ class DeltaPublisher:
         max_pending: int = 2,
         pg: dist.ProcessGroup | None = None,
         fault_timeout: float = DEFAULT_TIMEOUT_S,
+        precapture: bool = True,
     ) -> None:
+        if not isinstance(precapture, bool):
+            raise TypeError(f"DeltaPublisher: precapture must be a bool, got {precapture!r}")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(
                 f"DeltaPublisher: max_pending must be an integer >= 1, got {max_pending!r}"
@@ -159,6 +167,7 @@ class DeltaPublisher:
         self._buffers = CaptureBuffers()  # a capture's host buffers, reused (buffers.py)
         # Single process: the writer thread reads between deltas (precapture.py).
         self._precapture = PreCapture(tables, optim, self._buffers.take)
+        self._precapturing = precapture and not several
         self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
@@ -393,7 +402,7 @@ class DeltaPublisher:
     def _between_deltas(self) -> None:
         """On the writer thread, between deltas: the pre-capture (single process), then
         the compaction of the logs."""
-        if not self._several and self.version is not None:
+        if self._precapturing and self.version is not None:
             self._precapture.step()
         self._compact_logs()
 
