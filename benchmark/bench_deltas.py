@@ -11,15 +11,14 @@ The training step is bench_train.py's dynemb step on W-train (/work/shared/WORKL
 BatchedDynamicEmbeddingTables, 8 tables of dim 64, batch 4096, pooling factor 16,
 Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity 2x the distinct keys: no eviction). One
 module is trained by five kinds of run, interleaved (none, background,
-background_no_precapture, blocking, dump)
+background_precapture, blocking, dump)
 and repeated ``--repeats`` times, each run ``--steps`` steps over the same batches:
 
 - ``none``: training only (no publisher: nothing tracked);
 - ``background``: a DeltaPublisher (its base written before the run, untimed),
-  ``publish(background=True)`` every K steps (the writer thread pre-captures between
-  deltas: dynemb/deltas/precapture.py);
-- ``background_no_precapture``: the same with ``DeltaPublisher(precapture=False)``
-  (the boundary reads every key touched);
+  ``publish(background=True)`` every K steps;
+- ``background_precapture``: the same with ``DeltaPublisher(precapture=True)`` (the
+  writer thread reads most of each delta between deltas: dynemb/deltas/precapture.py);
 - ``blocking``: the same with ``publish()`` (the step waits for the write);
 - ``dump``: a blocking full ``DynamicEmbDump`` every K steps (the peer).
 
@@ -63,12 +62,12 @@ from dynemb import (
 from dynemb.deltas import DeltaPublisher
 from dynemb.optimizer import EmbOptimType
 
-KINDS = ("none", "background", "background_no_precapture", "blocking", "dump")
-PUBLISHING = ("background", "background_no_precapture", "blocking")
+KINDS = ("none", "background", "background_precapture", "blocking", "dump")
+PUBLISHING = ("background", "background_precapture", "blocking")
 IMPL = {
     "none": "train",
     "background": "DeltaPublisher.publish(background=True)",
-    "background_no_precapture": "DeltaPublisher(precapture=False).publish(background=True)",
+    "background_precapture": "DeltaPublisher(precapture=True).publish(background=True)",
     "blocking": "DeltaPublisher.publish()",
     "dump": "DynamicEmbDump",
 }
@@ -107,7 +106,7 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
     shutil.rmtree(directory, ignore_errors=True)
     publisher = None
     if kind in PUBLISHING:
-        precapture = kind != "background_no_precapture"
+        precapture = kind == "background_precapture"
         publisher = DeltaPublisher(module, directory, optim=optim, precapture=precapture)
         publisher.publish_base()  # untimed: the chain's start, a full dump
     times, bytes_, write_s, capture_s, publications = [], 0, 0.0, 0.0, 0

@@ -8,7 +8,6 @@ The writer is held back by a gate (``gated``) where a test needs the write to ha
 after training moved on, or several deltas to be pending at once."""
 
 import copy
-import math
 import threading
 
 import pytest
@@ -77,13 +76,6 @@ def gated(monkeypatch):
     return gate
 
 
-@pytest.fixture
-def no_precapture(monkeypatch):
-    """The writer thread reads no table between deltas (it would on a tick after the
-    first delta): a twin's log (``_twin``) then holds every key of the next delta."""
-    monkeypatch.setattr(precapture, "SEAL_AT", (math.inf,))
-
-
 def _twin(model, publisher, directory) -> DeltaPublisher:
     """A deep copy of ``model`` now (a batch boundary) with a publisher of its own that
     stands where ``publisher`` stands (same version and base, the same keys logged)."""
@@ -140,9 +132,7 @@ def _assert_serving_follows(model, serving, seen) -> None:
 
 @pytest.mark.parametrize("optim", [False, True])
 @pytest.mark.parametrize("strategies", list(STRATEGIES), ids=list(STRATEGIES))
-def test_a_background_delta_is_the_state_at_its_boundary(
-    tmp_path, gated, no_precapture, strategies, optim
-):
+def test_a_background_delta_is_the_state_at_its_boundary(tmp_path, gated, strategies, optim):
     """Each delta is written after training went on 3 more steps (the gate), and equals
     a blocking delta published at the same boundary on a deep copy of the model."""
     model = _model(_options(STRATEGIES[strategies]))
@@ -211,7 +201,7 @@ def test_a_delta_read_partly_before_its_boundary_is_the_state_at_it(
     monkeypatch.setattr(precapture, "SEAL_AT", (0.0,) * 8)  # a seal at every step()
     options = _options(STRATEGIES[strategies])
     model = _model(options)
-    publisher = DeltaPublisher(model, tmp_path, optim=optim)
+    publisher = DeltaPublisher(model, tmp_path, optim=optim, precapture=True)
     seen = []
     _train(model, 1, seen)
     publisher.publish_base()
@@ -261,9 +251,7 @@ def test_several_pending_deltas_commit_in_version_order_and_replay(tmp_path, gat
     publisher.close()
 
 
-def test_a_capture_reuses_a_written_deltas_buffers_never_a_pending_ones(
-    tmp_path, monkeypatch, no_precapture
-):
+def test_a_capture_reuses_a_written_deltas_buffers_never_a_pending_ones(tmp_path, monkeypatch):
     """A capture gathers into the buffers of a delta already written (no fresh memory
     to fault in), never into those of a delta still pending; the chain replays."""
     gate, buffers = threading.Event(), {}  # version -> {table: address of its values}

@@ -94,8 +94,10 @@ class DeltaPublisher:
             RankFailure naming it (dynemb/rank_faults.py).
         precapture: (single process) the writer thread reads most of each delta
             between deltas, while training goes on, and the boundary only the keys of
-            the last steps (dynemb/deltas/precapture.py). Off: the boundary reads every
-            key touched (less host memory and memory traffic, a longer stop).
+            the last steps (dynemb/deltas/precapture.py): a shorter stop at the
+            boundary for more host memory and memory traffic beside training. Off by
+            default: on W-train with 2 cores it made training slower overall
+            (bench_deltas.py; DynamicEmb_APIs.md, "Background publication").
 
     Raises:
         TypeError: ``precapture`` is not a bool.
@@ -123,7 +125,7 @@ class DeltaPublisher:
         max_pending: int = 2,
         pg: dist.ProcessGroup | None = None,
         fault_timeout: float = DEFAULT_TIMEOUT_S,
-        precapture: bool = True,
+        precapture: bool = False,
     ) -> None:
         if not isinstance(precapture, bool):
             raise TypeError(f"DeltaPublisher: precapture must be a bool, got {precapture!r}")
@@ -223,9 +225,9 @@ class DeltaPublisher:
 
         The delta's content is the state now (the batch boundary: the rows, scores,
         optimizer state and timestamps of the keys touched, copied into host memory of
-        the publisher's own). Single process, most of it was read by the writer thread
-        while training went on (``precapture.py``); the calling thread reads the keys
-        recorded since the last seal. With
+        the publisher's own). With ``precapture``, most of it was read by the writer
+        thread while training went on; the calling thread reads the keys recorded
+        since the last seal. With
         ``background=False`` it is then written and committed before returning; with
         ``background=True`` a writer thread writes it while training goes on: deltas
         commit in version order, at most ``max_pending`` are pending (this call waits
