@@ -24,7 +24,10 @@ and repeated ``--repeats`` times, each run ``--steps`` steps over the same batch
 
 Figures (medians over the repeats): step time (a run's wall time over its steps:
 publishing steps included, and the wait for the writes still pending at its end, so
-that the publication's whole cost is in it) and its ratio to ``none``; bytes written and write seconds per 1,000 steps (a run's totals scaled by
+that the publication's whole cost is in it) and its ratio to ``none``, also over the
+second half of each run alone (``second_half_step_s``: a new publisher's first deltas
+fill its reused buffers; the drain counted); bytes written and write seconds per
+1,000 steps (a run's totals scaled by
 1,000 / steps; a background delta's write time is measured on the writer thread) for
 deltas against the full dump; the capture time of a delta (on the training thread).
 Publications happen at steps K/2, 3K/2, ..., so that a background write overlaps the
@@ -130,7 +133,13 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
         publisher.close()
         drain = time.perf_counter() - start
     # The writes still pending when the steps end count: the run is over once they are.
-    result = {"step_s": (sum(times) + drain) / len(times), "drain_s": drain}
+    # The second half alone too: a publisher's first deltas fill its buffers.
+    late = times[len(times) // 2 :]
+    result = {
+        "step_s": (sum(times) + drain) / len(times),
+        "second_half_step_s": (sum(late) + drain) / len(late),
+        "drain_s": drain,
+    }
     print(f"{kind}: step_s {result['step_s']:.4f} drain_s {drain:.2f}", file=sys.stderr)
     if publisher is not None:
         commits = [c for c in publisher.commits if c.version >= 1]
@@ -208,6 +217,11 @@ def main(argv=None) -> None:
     for kind in (*PUBLISHING, "dump"):
         rec.add(workload, IMPL[kind], "step_s" + tag, median(kind, "step_s"), threads=threads,
                 peer=IMPL["none"], peer_value=base)  # fmt: skip
+    late = median("none", "second_half_step_s")
+    for kind in PUBLISHING:
+        rec.add(workload, IMPL[kind], "second_half_step_s" + tag,
+                median(kind, "second_half_step_s"), threads=threads, peer=IMPL["none"],
+                peer_value=late)  # fmt: skip
     for field in (
         "bytes_per_1000",
         "write_s_per_1000",

@@ -7,8 +7,8 @@ fresh output and 0.27 s into one already touched. So a capture takes its buffers
 from here, and a delta's buffers come back once it is written (or failed): from the
 second delta on, a capture of about the same size faults no page.
 
-One free buffer is kept per name (a table's field): the largest handed back. A
-buffer is never handed out twice: the delta that holds it owns it until ``give``.
+The KEEP largest free buffers are kept per name (a table's field). A buffer is never
+handed out twice: the delta that holds it owns it until ``give``.
 """
 
 import threading
@@ -19,6 +19,9 @@ import torch
 from dynemb.table.table_storage import allocate
 
 HEADROOM = 1.25  # a new buffer holds this many times the rows asked: deltas vary a little
+# Free buffers kept per name: a capture while the previous delta is still being
+# written (it holds its buffers) then finds one too, once two were ever needed.
+KEEP = 2
 
 
 class CaptureBuffers:
@@ -26,7 +29,7 @@ class CaptureBuffers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: dict[str, torch.Tensor] = {}
+        self._free: dict[str, list[torch.Tensor]] = {}  # by name, largest first
         # Buffers handed out, by address, and their names; weak: one never given back
         # (a delta dropped after a failed write) is freed with the last view of it.
         self._lent: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
@@ -37,7 +40,8 @@ class CaptureBuffers:
         the free buffer ``name`` when it is large enough and of ``dtype``, else new."""
         numel = rows * max(width, 1)
         with self._lock:
-            buffer = self._free.pop(name, None)
+            free = self._free.get(name, [])
+            buffer = free.pop(0) if free else None
         if buffer is None or buffer.dtype != dtype or buffer.numel() < numel:
             buffer = allocate((int(numel * HEADROOM) + 1,), dtype, torch.device("cpu"))
         with self._lock:
@@ -48,16 +52,33 @@ class CaptureBuffers:
 
     def give(self, tensor: torch.Tensor) -> None:
         """Hands back the buffer under ``tensor`` (a view of one ``take`` returned; any
-        other tensor is ignored) as its name's free one, unless a larger one is free."""
+        other tensor is ignored) to its name's free ones (the KEEP largest stay)."""
         address = tensor.untyped_storage().data_ptr()
         with self._lock:
             base = self._lent.pop(address, None)
             name = self._names.pop(address, None)
             if base is None or name is None:
                 return
-            kept = self._free.get(name)
-            if kept is None or kept.numel() < base.numel():
-                self._free[name] = base
+            free = self._free.setdefault(name, [])
+            free.append(base)
+            free.sort(key=lambda b: -b.numel())
+            del free[KEEP:]
+
+    def out(self, prefix: str):
+        """``out(field, rows, width, dtype)``: ``take`` of ``<prefix>.<field>`` (the
+        ``out`` argument of ScoredHashTable.stored_entries and precapture's reads)."""
+
+        def take(field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+            return self.take(f"{prefix}.{field}", rows, width, dtype)
+
+        return take
+
+    def give_delta(self, delta) -> None:
+        """``give`` of every field of a TableDelta (those not lent are ignored)."""
+        for field in ("keys", "values", "scores", "state", "timestamps", "tombstones"):
+            tensor = getattr(delta, field)
+            if tensor is not None:
+                self.give(tensor)
 
     def clear(self) -> None:
         """Frees every buffer."""

@@ -305,9 +305,8 @@ class DeltaPublisher:
             finally:
                 self._give_back(fresh)
                 self._give_back(tables)
-                self._give_back(
-                    {f"{n}.{i}": (None, d) for n, ds in staged.items() for i, d in enumerate(ds)}
-                )
+                for d in (d for ds in staged.values() for d in ds):
+                    self._buffers.give_delta(d)
             self._committed = version
             size = sum(_delta_bytes(d) for _, d in tables.values())
             self.commits.append(
@@ -458,22 +457,13 @@ class DeltaPublisher:
         return _table_meta(table, state_columns), delta
 
     def _buffer_for(self, name: str):
-        """``out(field, rows, width, dtype)``: a buffer of table ``name`` (``_give_back``
-        returns it once its delta is written)."""
-
-        def out(field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-            return self._buffers.take(f"{name}.{field}", rows, width, dtype)
-
-        return out
+        """``out(field, rows, width, dtype)``: buffers of table ``name``."""
+        return self._buffers.out(name)
 
     def _give_back(self, tables: dict) -> None:
-        """Returns the buffers of a delta's tables (written, failed or gathered); the
-        pool ignores tensors it did not lend."""
+        """Returns the buffers of a delta's tables (written, failed or gathered)."""
         for _, d in tables.values():
-            for field in ("keys", "values", "scores", "state", "timestamps"):
-                tensor = getattr(d, field)
-                if tensor is not None:
-                    self._buffers.give(tensor)
+            self._buffers.give_delta(d)
 
 
 def _table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict:
