@@ -33,6 +33,11 @@ SEAL_AFTER = 0.25
 CHUNK_KEYS = 1 << 16  # keys read under one hold of a table's read lock
 
 
+def _fresh(_field: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The default ``out``: a new host tensor ((rows,) when ``width`` is 0)."""
+    return torch.empty((rows, width) if width else (rows,), dtype=dtype)
+
+
 def read_entries(
     table: ScoredHashTable,
     touched: torch.Tensor,
@@ -45,11 +50,7 @@ def read_entries(
     stored. Rows and scores go into ``out`` (see ``ScoredHashTable.stored_entries``;
     None: fresh tensors); private host tensors (nothing of the table)."""
     device = table.device
-    if out is None:
-
-        def out(_field, rows, width, dtype):
-            return torch.empty((rows, width) if width else (rows,), dtype=dtype)
-
+    out = out or _fresh
     found, rows, scores = table.stored_entries(touched.to(device), out)
     found = found.cpu()
     keys = touched if bool(found.all()) else touched[found]
@@ -76,11 +77,7 @@ def merge(entries: list[TableDelta], out=None) -> TableDelta:
     buffers, for a fresh output's page faults cost more than the gather."""
     if len(entries) == 1:
         return entries[0]
-    if out is None:
-
-        def out(_field, rows, width, dtype):
-            return torch.empty((rows, width) if width else (rows,), dtype=dtype)
-
+    out = out or _fresh
     parts = [p for e in entries for p in (e.keys, e.tombstones)]
     keys = torch.cat(parts)
     _, inverse = torch.unique(keys, return_inverse=True)

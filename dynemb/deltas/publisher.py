@@ -318,7 +318,7 @@ class DeltaPublisher:
                     time.perf_counter() - begin,
                     _entries(d for ds in staged.values() for d in ds),
                     _entries(d for _, d in fresh.values()),
-                )  # fmt: skip
+                )
             )
 
         if background:
