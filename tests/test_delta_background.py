@@ -435,6 +435,36 @@ def test_precapture_off_reads_every_key_at_the_boundary(tmp_path, monkeypatch, o
     publisher.close()
 
 
+def test_a_failed_capture_loses_no_change(tmp_path, monkeypatch):
+    """The tables are read in parallel at a boundary; one that fails raises, and every
+    table's keys (read or not) go into the next delta."""
+    options = _options()
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path)
+    seen = []
+    _train(model, 1, seen)
+    publisher.publish_base()
+    for step in range(3):
+        _train(model, 10 + step, seen)
+    read = publisher_module.DeltaPublisher._table_delta
+
+    def fail_b(self, t, touched, removed):
+        if t.name == "b":
+            raise RuntimeError("capture of b failed")
+        return read(self, t, touched, removed)
+
+    monkeypatch.setattr(publisher_module.DeltaPublisher, "_table_delta", fail_b)
+    with pytest.raises(RuntimeError, match="capture of b failed"):
+        publisher.publish()
+    monkeypatch.setattr(publisher_module.DeltaPublisher, "_table_delta", read)
+    assert publisher.version == 0
+    _train(model, 20, seen)
+    assert publisher.publish() == 1
+    _assert_delta_is_the_state_now(model, delta_path(tmp_path, 1))
+    _assert_serving_follows(model, _replay(options, publisher), seen)
+    publisher.close()
+
+
 @pytest.mark.parametrize("bad", [1, None, "yes"])
 def test_precapture_is_checked(tmp_path, bad):
     with pytest.raises(TypeError, match=f"precapture must be a bool, got {bad!r}"):
