@@ -118,6 +118,18 @@ def _replay(options, publisher) -> InferenceEmbeddingCollection:
     return serving
 
 
+def _started(tmp_path, **kwargs) -> tuple:
+    """``(options, model, publisher, seen)``: a model trained one step, its publisher
+    (``kwargs``) at version 0."""
+    options = _options()
+    model = _model(options)
+    publisher = DeltaPublisher(model, tmp_path, **kwargs)
+    seen = []
+    _train(model, 1, seen)
+    publisher.publish_base()
+    return options, model, publisher, seen
+
+
 def _assert_serving_follows(model, serving, seen) -> None:
     every = torch.unique(torch.cat(seen))
     both = torch.cat([every, every])
@@ -391,12 +403,7 @@ def test_max_pending_is_checked(tmp_path, bad):
 def test_a_failed_compaction_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     """The writer thread compacts the change logs between deltas; an error there is
     raised by the next publish, and the logs are as they were."""
-    options = _options()
-    model = _model(options)
-    publisher = DeltaPublisher(model, tmp_path)
-    seen = []
-    _train(model, 1, seen)
-    publisher.publish_base()
+    options, model, publisher, seen = _started(tmp_path)
     compacted = threading.Event()
 
     def failing(log):
@@ -418,12 +425,7 @@ def test_a_failed_compaction_is_raised_and_loses_nothing(tmp_path, monkeypatch):
 @pytest.mark.parametrize("on", [True, False])
 def test_precapture_off_reads_every_key_at_the_boundary(tmp_path, monkeypatch, on):
     monkeypatch.setattr(precapture, "SEAL_AT", (0.0,) * 8)  # a seal at every tick
-    options = _options()
-    model = _model(options)
-    publisher = DeltaPublisher(model, tmp_path, precapture=on)
-    seen = []
-    _train(model, 1, seen)
-    publisher.publish_base()
+    options, model, publisher, seen = _started(tmp_path, precapture=on)
     for version in (1, 2, 3):
         for step in range(3):
             _train(model, 10 * version + step, seen)
@@ -438,12 +440,7 @@ def test_precapture_off_reads_every_key_at_the_boundary(tmp_path, monkeypatch, o
 def test_a_failed_capture_loses_no_change(tmp_path, monkeypatch):
     """The tables are read in parallel at a boundary; one that fails raises, and every
     table's keys (read or not) go into the next delta."""
-    options = _options()
-    model = _model(options)
-    publisher = DeltaPublisher(model, tmp_path)
-    seen = []
-    _train(model, 1, seen)
-    publisher.publish_base()
+    options, model, publisher, seen = _started(tmp_path)
     for step in range(3):
         _train(model, 10 + step, seen)
     read = publisher_module.DeltaPublisher._table_delta
