@@ -179,12 +179,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"torch threads (this machine: {available_threads()})",
     )
     parser.add_argument("--optim", action="store_true", help="publish optimizer state too")
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"comma-separated kinds to run (default all: {','.join(KINDS)}; none always runs)",
+    )
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    kinds = [k for k in KINDS if k == "none" or k in args.kinds.split(",")]
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {sorted(unknown)}, expected some of {list(KINDS)}")
     if args.quick:
         args.steps, args.every, args.repeats = 4, 2, 1
     threads = set_threads(args.threads)
@@ -196,10 +205,10 @@ def main(argv=None) -> None:
     for k in progress(warmup + keys, "warm-up (every key stored)", unit="step"):
         module(k, offsets).sum().backward()
     scratch = Path(tempfile.mkdtemp(prefix="bench_deltas-", dir=args.dir))
-    results = {kind: [] for kind in KINDS}
+    results = {kind: [] for kind in kinds}
     try:
         for _ in range(args.repeats):
-            for kind in KINDS:
+            for kind in kinds:
                 results[kind].append(
                     run(kind, module, keys, offsets, args.every, args.optim, scratch)
                 )
@@ -214,11 +223,14 @@ def main(argv=None) -> None:
     base = median("none", "step_s")
     workload = config.workload + (",quick" if args.quick else "")
     rec.add(workload, IMPL["none"], "step_s" + tag, base, threads=threads)
-    for kind in (*PUBLISHING, "dump"):
+    publishing = [k for k in PUBLISHING if k in kinds]
+    for kind in (*publishing, "dump"):
+        if kind not in kinds:
+            continue
         rec.add(workload, IMPL[kind], "step_s" + tag, median(kind, "step_s"), threads=threads,
                 peer=IMPL["none"], peer_value=base)  # fmt: skip
     late = median("none", "second_half_step_s")
-    for kind in PUBLISHING:
+    for kind in publishing:
         rec.add(workload, IMPL[kind], "second_half_step_s" + tag,
                 median(kind, "second_half_step_s"), threads=threads, peer=IMPL["none"],
                 peer_value=late)  # fmt: skip
@@ -228,11 +240,13 @@ def main(argv=None) -> None:
         "per_publication_bytes",
         "per_publication_write_s",
     ):
+        if PEER not in kinds:
+            break
         peer = median(PEER, field)
-        for kind in PUBLISHING:
+        for kind in publishing:
             rec.add(workload, IMPL[kind], field + tag, median(kind, field), threads=threads,
                     peer=IMPL[PEER], peer_value=peer)  # fmt: skip
-    for kind in PUBLISHING:
+    for kind in publishing:
         rec.add(
             workload,
             IMPL[kind],

@@ -181,3 +181,24 @@ def test_a_compaction_across_a_seal_is_dropped(monkeypatch):
     monkeypatch.setattr(change_log, "_distinct", distinct)
     assert torch.equal(log.take_sealed()[0], _keys(1, 2))
     assert torch.equal(log.take()[0], _keys(7))
+
+
+def test_touched_bound_counts_every_recorded_key_until_compacted_then_distinct_ones():
+    log = ChangeLog()
+    assert log.touched_bound() == 0
+    log.touched(torch.tensor([1, 2, 2]))
+    log.touched(torch.tensor([2, 3]))
+    log.removed(torch.tensor([7, 8]))  # not touched: no row to capture
+    assert log.touched_bound() == 5
+    log.compact()
+    assert log.touched_bound() == 3 == len(log.take()[0])
+    assert log.touched_bound() == 0
+    log.begin_writes()
+    log.touched(torch.tensor([4, 5]))
+    log.end_writes()
+    log.request_seal()
+    log.touched(torch.tensor([5, 6]))  # seals the generation [4, 5] first
+    assert log.touched_bound() == 4  # sealed or not: the next take returns them all
+    sealed = log.take_sealed()
+    assert sealed is not None and sealed[0].tolist() == [4, 5]
+    assert log.touched_bound() == 2

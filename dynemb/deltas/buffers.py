@@ -8,7 +8,9 @@ from here, and a delta's buffers come back once it is written (or failed): from 
 second delta on, a capture of about the same size faults no page.
 
 The KEEP largest free buffers are kept per name (a table's field). A buffer is never
-handed out twice: the delta that holds it owns it until ``give``.
+handed out twice: the delta that holds it owns it until ``give``. ``reserve``, on the
+writer thread between deltas, makes a buffer ready (its pages touched) before a capture
+needs it: the first delta, and one larger than any before, then fault no page either.
 """
 
 import threading
@@ -19,6 +21,9 @@ import torch
 from dynemb.table.table_storage import allocate
 
 HEADROOM = 1.25  # a new buffer holds this many times the rows asked: deltas vary a little
+# A reserved buffer holds this many times the rows asked: a reservation follows a
+# growing estimate, so a geometric step keeps the reallocations few.
+GROWTH = 1.5
 # Free buffers kept per name: a capture while the previous delta is still being
 # written (it holds its buffers) then finds one too, once two were ever needed.
 KEEP = 2
@@ -50,6 +55,20 @@ class CaptureBuffers:
         view = buffer[:numel]
         return view.view(rows, width) if width else view
 
+    def reserve(self, name: str, rows: int, width: int, dtype: torch.dtype) -> bool:
+        """Makes sure a free buffer ``name`` holds ``rows`` rows (see ``take``): else
+        allocates one of GROWTH times as many and touches its pages here (the calling
+        thread's time, not the capture's). Returns whether it allocated."""
+        numel = rows * max(width, 1)
+        with self._lock:
+            free = self._free.get(name, [])
+            if any(b.dtype == dtype and b.numel() >= numel for b in free):
+                return False
+        buffer = allocate((int(numel * GROWTH) + 1,), dtype, torch.device("cpu"))
+        buffer.zero_()  # every page faulted now
+        self._keep(name, buffer)
+        return True
+
     def give(self, tensor: torch.Tensor) -> None:
         """Hands back the buffer under ``tensor`` (a view of one ``take`` returned; any
         other tensor is ignored) to its name's free ones (the KEEP largest stay)."""
@@ -57,10 +76,14 @@ class CaptureBuffers:
         with self._lock:
             base = self._lent.pop(address, None)
             name = self._names.pop(address, None)
-            if base is None or name is None:
-                return
+        if base is not None and name is not None:
+            self._keep(name, base)
+
+    def _keep(self, name: str, buffer: torch.Tensor) -> None:
+        """Adds ``buffer`` to the free ones of ``name`` (the KEEP largest stay)."""
+        with self._lock:
             free = self._free.setdefault(name, [])
-            free.append(base)
+            free.append(buffer)
             free.sort(key=lambda b: -b.numel())
             del free[KEEP:]
 

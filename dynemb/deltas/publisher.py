@@ -422,10 +422,29 @@ class DeltaPublisher:
 
     def _between_deltas(self) -> None:
         """On the writer thread, between deltas: the pre-capture (single process), then
-        the compaction of the logs."""
+        the compaction of the logs, then the next capture's buffers made ready."""
         if self._precapturing and self.version is not None:
             self._precapture.step()
         self._compact_logs()
+        if not self._precapturing:  # pre-capture reads most keys before the boundary
+            self._reserve_buffers()
+
+    def _reserve_buffers(self) -> None:
+        """Makes each table's capture buffers (``_table_delta``) hold its keys touched
+        so far (at most its stored keys), their pages touched on this thread: the
+        capture at the boundary then faults none, even the first (on W-train it took
+        2.3 s into fresh buffers against 1.0 s into touched ones)."""
+        for t in self._tables:
+            log = t.table.change_log
+            if log is None:
+                continue
+            table: ScoredHashTable = t.table
+            rows = min(log.touched_bound(), table.size())
+            if rows == 0:
+                continue
+            out = self._buffers.reserve
+            out(f"{t.name}.rows", rows, table.extra_columns + table.dim, table.value_dtype)
+            out(f"{t.name}.scores", rows, 0, torch.int64)
 
     def _compact_logs(self) -> None:
         """Merges each log's recorded keys once it holds COMPACT_PARTS tensors, so that

@@ -111,6 +111,13 @@ class ChangeLog:
             self._seal_requested = False
             self._takes += 1  # a compaction running now would write into the new lists
 
+    def touched_bound(self) -> int:
+        """At most how many distinct keys the next ``take`` returns as touched: the
+        recorded keys counted with their repeats (a compacted list counts once)."""
+        with self._lock:
+            lists = [self._touched, *(touched for touched, _ in self._sealed)]
+            return sum(k.numel() for keys in lists for k in keys)
+
     @property
     def parts(self) -> int:
         """Tensors recorded since the last ``take`` or ``compact`` (both lists)."""
