@@ -64,23 +64,27 @@ def test_the_capture_at_a_boundary_allocates_nothing_once_the_writer_thread_rese
     """Each table's rows and scores buffers are allocated on the writer thread between
     deltas, sized by the keys touched so far: the first capture faults no fresh page,
     and neither does a later, larger one."""
-    allocations = []  # the threads that allocated capture buffers
+    allocations = []  # the threads that allocated capture buffers (this test's)
     allocate = buffers_module.allocate
 
     def spy(*args, **kwargs):
-        allocations.append(threading.current_thread())
+        thread = threading.current_thread()
+        if not thread.name.startswith("DeltaPublisher") or str(tmp_path) in thread.name:
+            allocations.append(thread)
         return allocate(*args, **kwargs)
 
     monkeypatch.setattr(buffers_module, "allocate", spy)
-    reserves, reserve = [], DeltaPublisher._reserve_buffers  # noqa: SLF001
+    reserves, reserve, mine = [], DeltaPublisher._reserve_buffers, []  # noqa: SLF001
 
     def counted(self):
         reserve(self)
-        reserves.append(threading.current_thread())
+        if self in mine:  # not another test's publisher left open
+            reserves.append(threading.current_thread())
 
     monkeypatch.setattr(DeltaPublisher, "_reserve_buffers", counted)
     model = _model()
     publisher = DeltaPublisher(model, tmp_path)
+    mine.append(publisher)
     publisher.publish_base()
     for rounds in (2, 6):  # the second delta touches more keys than the first
         for step in range(rounds):

@@ -45,21 +45,21 @@ def read_entries(
     optim: bool,
     out=None,
 ) -> TableDelta:
-    """The entries of ``touched`` and ``removed`` (distinct host keys) in ``table`` now:
-    an upsert (row, score, timestamp) for each key stored, a tombstone for each not
-    stored. Rows and scores go into ``out`` (see ``ScoredHashTable.stored_entries``;
-    None: fresh tensors); private host tensors (nothing of the table)."""
+    """The entries of ``touched`` and ``removed`` (host keys, repeats allowed) in
+    ``table`` now: an upsert (row, score, timestamp) for each key stored, a tombstone
+    for each not stored, each key once (upserts in slot order: see
+    ``ScoredHashTable.stored_entries``). Rows and scores go into ``out`` (None: fresh
+    tensors); private host tensors (nothing of the table)."""
     device = table.device
     out = out or _fresh
-    found, rows, scores = table.stored_entries(touched.to(device), out)
-    found = found.cpu()
-    keys = touched if bool(found.all()) else touched[found]
+    keys, rows, scores, missing = table.stored_entries(touched.to(device), out)
+    keys, missing = keys.cpu(), missing.cpu()
     if rows.device.type != "cpu":  # a GPU table: its rows copied to the host
         rows = out("rows", *rows.shape, rows.dtype).copy_(rows)
         scores = out("scores", scores.numel(), 0, scores.dtype).copy_(scores)
     stored = (table.find_slots(removed.to(device)) >= 0).cpu()
     # A key touched and not stored any more left the table since: a tombstone too.
-    tombstones = torch.cat([touched[~found], removed[~stored]])
+    tombstones = torch.cat([missing, removed[~stored]])
     return TableDelta(
         keys=keys,
         values=rows[:, : table.dim],

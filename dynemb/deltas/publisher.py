@@ -287,7 +287,8 @@ class DeltaPublisher:
             staged, inflight = self._precapture.take()
 
             def capture(t):  # a table's keys and entries; on failure its keys go back
-                touched, removed = _union(t.table.change_log.take(), inflight.get(t.name))
+                # As recorded: the read de-duplicates by slot (stored_entries).
+                touched, removed = _joined(t.table.change_log.take_recorded(), inflight.get(t.name))
                 try:
                     return (t, touched, removed), self._table_delta(t, touched, removed)
                 except BaseException:
@@ -528,11 +529,12 @@ def _check_tables(tables: list) -> str | None:
     return None
 
 
-def _union(taken: tuple, more: tuple | None) -> tuple:
-    """A log's ``(touched, removed)`` and those of a generation being read, if any."""
+def _joined(taken: tuple, more: tuple | None) -> tuple:
+    """A log's ``(touched, removed)`` and those of a generation being read, if any
+    (repeats kept)."""
     if more is None:
         return taken
-    return tuple(torch.cat([a, b]).unique() for a, b in zip(taken, more, strict=True))
+    return tuple(torch.cat([a, b]) for a, b in zip(taken, more, strict=True))
 
 
 def _restore(taken: tuple) -> None:

@@ -66,6 +66,16 @@ class ChangeLog:
         """``(touched, removed)``: the distinct keys of each list, sorted, (m,) int64 on
         the host, the sealed generations' keys included; the log starts empty again (no
         generation, no seal requested). Call it at a batch boundary."""
+        touched, removed = self._take_lists()
+        return _distinct(touched), _distinct(removed)
+
+    def take_recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``take`` without the de-duplication: each list's keys as recorded, repeats
+        kept, in no order (a reader that de-duplicates anyway saves the sort)."""
+        touched, removed = self._take_lists()
+        return _joined(touched), _joined(removed)
+
+    def _take_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         with self._lock:
             touched, removed = self._touched, self._removed
             for sealed_touched, sealed_removed in self._sealed:
@@ -77,7 +87,7 @@ class ChangeLog:
             # never ran (a forward in training mode without one) holds no seal back.
             self._writes_pending = 0
             self._takes += 1
-        return _distinct(touched), _distinct(removed)
+        return touched, removed
 
     def begin_writes(self) -> None:
         """A training lookup recorded its keys; its backward will write their rows."""
@@ -141,6 +151,12 @@ class ChangeLog:
                 return
             for name, count, keys in merged:  # the lists only grew at their ends since
                 getattr(self, name)[:count] = [keys]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
 
 def _distinct(parts: list[torch.Tensor]) -> torch.Tensor:

