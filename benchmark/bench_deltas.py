@@ -81,6 +81,20 @@ def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def where(times: list, every: int, after: int = 10) -> str:
+    """Where a run's time goes (a diagnostic): the mean step at a publication, in the
+    ``after`` steps that follow one, and elsewhere."""
+    at, following, other = [], [], []
+    for i, t in enumerate(times, 1):
+        since = (i - every // 2) % every  # 0 at a publication step
+        (at if since == 0 else following if since <= after else other).append(t)
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return (
+        f"mean step at a publication {mean(at):.4f} s, in the {after} after {mean(following):.4f}"
+        f" s, elsewhere {mean(other):.4f} s"
+    )
+
+
 def build(config: Config, keys: list[torch.Tensor]) -> BatchedDynamicEmbeddingTables:
     per_feature = config.batch * config.pooling_factor
     options = []
@@ -140,7 +154,8 @@ def run(kind: str, module, keys, offsets, every: int, optim: bool, scratch: Path
         "second_half_step_s": (sum(late) + drain) / len(late),
         "drain_s": drain,
     }
-    print(f"{kind}: step_s {result['step_s']:.4f} drain_s {drain:.2f}", file=sys.stderr)
+    print(f"{kind}: step_s {result['step_s']:.4f} drain_s {drain:.2f}; {where(times, every)}",
+          file=sys.stderr)  # fmt: skip
     if publisher is not None:
         commits = [c for c in publisher.commits if c.version >= 1]
         assert len(commits) == publications, (len(commits), publications)

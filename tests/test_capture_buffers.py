@@ -1,17 +1,22 @@
 """CaptureBuffers lends host buffers by name and takes them back; ``reserve`` makes one
 ready (its pages touched) before a capture asks for it; a publisher reserves its
-capture's buffers between deltas, so that the capture at a boundary allocates none."""
+capture's buffers between deltas, so that the capture at a boundary allocates none;
+``ScoredHashTable.stored_entries`` reads each stored key once, in slot order."""
 
 import threading
 import time
 
+import pytest
 import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.deltas import DeltaPublisher
 from dynemb.deltas import buffers as buffers_module
 from dynemb.deltas.buffers import GROWTH, CaptureBuffers
+from dynemb.deltas.capture import Capture
 from dynemb.optimizer import EmbOptimType
+from dynemb.table import slot_access
+from dynemb.table.scored_hash_table import ScoredHashTable
 
 
 def _address(t: torch.Tensor) -> int:
@@ -74,17 +79,17 @@ def test_the_capture_at_a_boundary_allocates_nothing_once_the_writer_thread_rese
         return allocate(*args, **kwargs)
 
     monkeypatch.setattr(buffers_module, "allocate", spy)
-    reserves, reserve, mine = [], DeltaPublisher._reserve_buffers, []  # noqa: SLF001
+    reserves, reserve, mine = [], Capture.reserve, []
 
     def counted(self):
         reserve(self)
         if self in mine:  # not another test's publisher left open
             reserves.append(threading.current_thread())
 
-    monkeypatch.setattr(DeltaPublisher, "_reserve_buffers", counted)
+    monkeypatch.setattr(Capture, "reserve", counted)
     model = _model()
     publisher = DeltaPublisher(model, tmp_path)
-    mine.append(publisher)
+    mine.append(publisher._capture)  # noqa: SLF001
     publisher.publish_base()
     for rounds in (2, 6):  # the second delta touches more keys than the first
         for step in range(rounds):
@@ -101,3 +106,19 @@ def test_the_capture_at_a_boundary_allocates_nothing_once_the_writer_thread_rese
     # threads of their own: none of them allocated).
     assert len(allocations) >= 4 and set(allocations) == writer  # 2 tables x rows, scores
     publisher.close()
+
+
+@pytest.mark.parametrize("ratio", [0, 1 << 30], ids=["by-sort", "by-mark"])
+def test_stored_entries_reads_each_stored_key_once_in_slot_order(monkeypatch, ratio):
+    monkeypatch.setattr(slot_access, "MARK_RATIO", ratio)
+    table = ScoredHashTable(dim=3, capacity=256, extra_columns=1)
+    table.find_or_insert(torch.arange(100, 200))
+    keys = torch.tensor([150, 7, 150, 120, 199, 7, 300, 120, 101])  # repeats, 7 and 300 absent
+    buffers = CaptureBuffers()
+    stored, rows, scores, missing = table.stored_entries(keys, buffers.out("t"))
+    assert sorted(stored.tolist()) == [101, 120, 150, 199]  # each once
+    slots = table.find_slots(stored)
+    assert torch.equal(slots, slots.sort().values)  # slot order
+    expected_rows, expected_scores, _ = table.find_entries(stored)
+    assert torch.equal(rows, expected_rows) and torch.equal(scores, expected_scores)
+    assert missing.tolist() == [7, 7, 300]  # repeats kept, in the order given

@@ -72,7 +72,7 @@ def test_compact_keeps_the_same_keys_in_one_part_each():
 
 def test_keys_recorded_during_a_compaction_stay(monkeypatch):
     log = _logged()
-    distinct = change_log._distinct
+    distinct = change_log._compacted
     calls = []
 
     def recording_meanwhile(parts):
@@ -81,9 +81,9 @@ def test_keys_recorded_during_a_compaction_stay(monkeypatch):
         calls.append(1)
         return distinct(parts)
 
-    monkeypatch.setattr(change_log, "_distinct", recording_meanwhile)
+    monkeypatch.setattr(change_log, "_compacted", recording_meanwhile)
     log.compact()
-    monkeypatch.setattr(change_log, "_distinct", distinct)
+    monkeypatch.setattr(change_log, "_compacted", distinct)
     assert log.parts == 3  # the merged parts, and the one recorded meanwhile
     touched, removed = log.take()
     assert torch.equal(touched, torch.cat([torch.arange(-2, 20), torch.tensor([1000])]))
@@ -93,17 +93,17 @@ def test_keys_recorded_during_a_compaction_stay(monkeypatch):
 def test_a_take_during_a_compaction_drops_the_compaction(monkeypatch):
     log = _logged()
     taken = []
-    distinct = change_log._distinct
+    distinct = change_log._compacted
 
     def taking_meanwhile(parts):
         if not taken:
             taken.append(None)
-            monkeypatch.setattr(change_log, "_distinct", distinct)
+            monkeypatch.setattr(change_log, "_compacted", distinct)
             taken[0] = log.take()  # the boundary's take, on the training thread
             log.touched(torch.tensor([1000]))  # recorded after it
         return distinct(parts)
 
-    monkeypatch.setattr(change_log, "_distinct", taking_meanwhile)
+    monkeypatch.setattr(change_log, "_compacted", taking_meanwhile)
     log.compact()
     assert torch.equal(taken[0][0], torch.arange(-2, 20))
     touched, removed = log.take()  # only what came after the take: nothing merged back
@@ -170,15 +170,15 @@ def test_a_compaction_across_a_seal_is_dropped(monkeypatch):
     log.begin_writes()
     log.end_writes()
     log.request_seal()
-    distinct = change_log._distinct
+    distinct = change_log._compacted
 
     def seal_meanwhile(parts):
         log.touched(_keys(7))  # seals {1, 2}, then records 7
         return distinct(parts)
 
-    monkeypatch.setattr(change_log, "_distinct", seal_meanwhile)
+    monkeypatch.setattr(change_log, "_compacted", seal_meanwhile)
     log.compact()
-    monkeypatch.setattr(change_log, "_distinct", distinct)
+    monkeypatch.setattr(change_log, "_compacted", distinct)
     assert torch.equal(log.take_sealed()[0], _keys(1, 2))
     assert torch.equal(log.take()[0], _keys(7))
 

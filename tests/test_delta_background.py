@@ -21,6 +21,7 @@ from dynemb import (
 )
 from dynemb.deltas import DeltaPublisher, delta_path, precapture, read_delta
 from dynemb.deltas import publisher as publisher_module
+from dynemb.deltas.capture import Capture
 from dynemb.deltas.publisher import COMPACT_PARTS
 from dynemb.exportable_tables import InferenceEmbeddingCollection
 from dynemb.optimizer import EmbOptimType
@@ -443,17 +444,17 @@ def test_a_failed_capture_loses_no_change(tmp_path, monkeypatch):
     options, model, publisher, seen = _started(tmp_path)
     for step in range(3):
         _train(model, 10 + step, seen)
-    read = publisher_module.DeltaPublisher._table_delta
+    read = Capture.table
 
     def fail_b(self, t, touched, removed):
         if t.name == "b":
             raise RuntimeError("capture of b failed")
         return read(self, t, touched, removed)
 
-    monkeypatch.setattr(publisher_module.DeltaPublisher, "_table_delta", fail_b)
+    monkeypatch.setattr(Capture, "table", fail_b)
     with pytest.raises(RuntimeError, match="capture of b failed"):
         publisher.publish()
-    monkeypatch.setattr(publisher_module.DeltaPublisher, "_table_delta", read)
+    monkeypatch.setattr(Capture, "table", read)
     assert publisher.version == 0
     _train(model, 20, seen)
     assert publisher.publish() == 1

@@ -124,6 +124,9 @@ class PreCapture:
         self._optim = optim
         self._take = take  # (name, rows, width, dtype) -> a host buffer (CaptureBuffers)
         self.lock = threading.Lock()  # held while a chunk is read; ``take`` takes it
+        # One ``step`` at a time: two would read two generations of a table at once and
+        # could stage them out of order (the older entry of a key would win the merge).
+        self._stepping = threading.Lock()
         self._staged: dict[str, list[TableDelta]] = {t.name: [] for t in tables}
         self._inflight: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._epoch = 0  # advanced by take: a read in flight across one is dropped
@@ -139,6 +142,10 @@ class PreCapture:
 
     def step(self) -> None:
         """Requests the next seal when due, and reads the sealed generations."""
+        with self._stepping:
+            self._step()
+
+    def _step(self) -> None:
         with self.lock:
             beyond = self._seals - len(SEAL_AT) + 1
             due = SEAL_AT[self._seals] if beyond <= 0 else SEAL_AT[-1] + beyond * SEAL_AFTER

@@ -14,12 +14,9 @@ costs time and space in proportion to the keys touched, not to the table.
 
 import collections
 import dataclasses
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -28,8 +25,9 @@ from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
 from dynemb.deltas.buffers import CaptureBuffers
-from dynemb.deltas.format import TableDelta, delta_path, table_delta_meta, write_delta
-from dynemb.deltas.precapture import PreCapture, read_entries
+from dynemb.deltas.capture import Capture, delta_bytes, entries, restore, table_meta
+from dynemb.deltas.format import delta_path, write_delta
+from dynemb.deltas.precapture import PreCapture
 from dynemb.deltas.precapture import merge as merge_entries
 from dynemb.deltas.ranks import (
     agree_on_tables,
@@ -152,7 +150,7 @@ class DeltaPublisher:
             raise ValueError(error)
         if several:  # every rank raises if one rank's check fails
             with RankAgreement(pg, "DeltaPublisher", fault_timeout) as ranks:
-                metas = {t.name: _table_meta(t.table) for t in tables} if error is None else {}
+                metas = {t.name: table_meta(t.table) for t in tables} if error is None else {}
                 agree_on_tables(ranks, pg, error, metas)
         self.model = model
         self.pg = pg
@@ -169,14 +167,10 @@ class DeltaPublisher:
             max_pending, f"DeltaPublisher {self.directory}", idle=self._between_deltas
         )
         self._buffers = CaptureBuffers()  # a capture's host buffers, reused (buffers.py)
+        self._capture = Capture(tables, optim, self._buffers)  # the reads (capture.py)
         # Single process: the writer thread reads between deltas (precapture.py).
         self._precapture = PreCapture(tables, optim, self._buffers.take)
         self._precapturing = precapture and not several
-        # Reads a delta's tables at the boundary in parallel (single process).
-        self._capturing = ThreadPoolExecutor(
-            max(1, min(len(tables), os.cpu_count() or 1)),
-            thread_name_prefix="DeltaPublisher capture",
-        )
         self._closed = False
         for t in tables:
             t.table.change_log = ChangeLog()
@@ -285,31 +279,8 @@ class DeltaPublisher:
         start = time.perf_counter()
         with self._precapture.lock:  # the writer thread reads no table meanwhile
             staged, inflight = self._precapture.take()
-
-            def capture(t):  # a table's keys and entries; on failure its keys go back
-                # As recorded: the read de-duplicates by slot (stored_entries).
-                touched, removed = _joined(t.table.change_log.take_recorded(), inflight.get(t.name))
-                try:
-                    return (t, touched, removed), self._table_delta(t, touched, removed)
-                except BaseException:
-                    _restore(([(t, touched, removed)], {}))
-                    raise
-
-            # The tables in parallel: the reads are memory-bound and release the GIL
-            # (W-train, 2 cores: 0.5 s a delta on one thread).
-            futures = [self._capturing.submit(capture, t) for t in self._tables]
-            reads, fresh, failure = [], {}, None
-            for t, future in zip(self._tables, futures, strict=True):
-                try:
-                    read, fresh[t.name] = future.result()
-                    reads.append(read)
-                except BaseException as e:  # noqa: BLE001 - the first is raised below
-                    failure = failure or e
+            reads, fresh = self._capture.at_boundary(inflight, staged)
             taken = (reads, staged)  # what a failed delta puts back in the logs
-            if failure is not None:
-                self._give_back(fresh)
-                _restore(taken)
-                raise failure
         version = self.version + 1
         capture = time.perf_counter() - start
 
@@ -318,17 +289,17 @@ class DeltaPublisher:
             tables = {}
             try:  # each key's latest entry: the generations read between deltas, then now
                 tables = {
-                    name: (meta, merge_entries([*staged[name], delta], self._buffer_for(name)))
+                    name: (meta, merge_entries([*staged[name], delta], self._buffers.out(name)))
                     for name, (meta, delta) in fresh.items()
                 }
                 path = write_delta(self.directory, version, self.base_dump_id, self.optim, tables)
             finally:
-                self._give_back(fresh)
-                self._give_back(tables)
+                self._capture.give_back(fresh)
+                self._capture.give_back(tables)
                 for d in (d for ds in staged.values() for d in ds):
                     self._buffers.give_delta(d)
             self._committed = version
-            size = sum(_delta_bytes(d) for _, d in tables.values())
+            size = sum(delta_bytes(d) for _, d in tables.values())
             self.commits.append(
                 DeltaCommit(
                     version,
@@ -336,8 +307,8 @@ class DeltaPublisher:
                     size,
                     capture,
                     time.perf_counter() - begin,
-                    _entries(d for ds in staged.values() for d in ds),
-                    _entries(d for _, d in fresh.values()),
+                    entries(d for ds in staged.values() for d in ds),
+                    entries(d for _, d in fresh.values()),
                 )
             )
 
@@ -347,7 +318,7 @@ class DeltaPublisher:
             try:
                 write()
             except BaseException:
-                _restore(taken)
+                restore(taken)
                 raise
         self.version = version
         return version
@@ -362,10 +333,10 @@ class DeltaPublisher:
             mine = {}
             try:
                 for t, touched, removed in taken:
-                    mine[t.name] = self._table_delta(t, touched, removed)
+                    mine[t.name] = self._capture.table(t, touched, removed)
                 everyone = gather_to_rank0(ranks, self.pg, mine)
-                boundary = _entries(d for _, d in mine.values())
-                self._give_back(mine)  # sent (rank 0's own: merged into new tensors below)
+                boundary = entries(d for _, d in mine.values())
+                self._capture.give_back(mine)  # sent (rank 0's own: merged into new tensors below)
                 mine = {}
                 capture = time.perf_counter() - start
                 version = self.version + 1
@@ -385,12 +356,12 @@ class DeltaPublisher:
                     raise error
                 raise_outcome(outcome, ranks.world_size)
             except BaseException:
-                self._give_back(mine)
-                _restore((taken, {}))
+                self._capture.give_back(mine)
+                restore((taken, {}))
                 raise
         self.version = self._committed = version
         if ranks.rank == 0:
-            size = sum(_delta_bytes(d) for _, d in tables.values())
+            size = sum(delta_bytes(d) for _, d in tables.values())
             write = time.perf_counter() - begin
         else:
             path, size, write = delta_path(self.directory, version), 0, 0.0
@@ -416,8 +387,7 @@ class DeltaPublisher:
         finally:
             self._closed = True
             self._writer.stop()
-            self._capturing.shutdown()
-            self._buffers.clear()
+            self._capture.close()
             for t in self._tables:
                 t.table.change_log = None
 
@@ -428,24 +398,7 @@ class DeltaPublisher:
             self._precapture.step()
         self._compact_logs()
         if not self._precapturing:  # pre-capture reads most keys before the boundary
-            self._reserve_buffers()
-
-    def _reserve_buffers(self) -> None:
-        """Makes each table's capture buffers (``_table_delta``) hold its keys touched
-        so far (at most its stored keys), their pages touched on this thread: the
-        capture at the boundary then faults none, even the first (on W-train it took
-        2.3 s into fresh buffers against 1.0 s into touched ones)."""
-        for t in self._tables:
-            log = t.table.change_log
-            if log is None:
-                continue
-            table: ScoredHashTable = t.table
-            rows = min(log.touched_bound(), table.size())
-            if rows == 0:
-                continue
-            out = self._buffers.reserve
-            out(f"{t.name}.rows", rows, table.extra_columns + table.dim, table.value_dtype)
-            out(f"{t.name}.scores", rows, 0, torch.int64)
+            self._capture.reserve()
 
     def _compact_logs(self) -> None:
         """Merges each log's recorded keys once it holds COMPACT_PARTS tensors, so that
@@ -466,7 +419,7 @@ class DeltaPublisher:
             return
         for job in (failure.job, *failure.cancelled):
             if job.tag is not None:
-                _restore(job.tag[1])
+                restore(job.tag[1])
         self.version = self._committed  # the chain goes on after the last commit
         error = failure.error
         if failure.job.tag is None:
@@ -486,32 +439,6 @@ class DeltaPublisher:
             raise type(error)(*args) from error
         raise RuntimeError(message) from error
 
-    def _table_delta(self, t, touched: torch.Tensor, removed: torch.Tensor) -> tuple:
-        """Reads the delta of one table now (``precapture.read_entries``), its rows and
-        scores into buffers of ``self._buffers`` (``_give_back`` returns them once the
-        delta is written). Column slices stay views of the gathered rows: the writer
-        makes them contiguous, off the training thread."""
-        table: ScoredHashTable = t.table
-        delta = read_entries(table, touched, removed, self.optim, self._buffer_for(t.name))
-        state_columns = table.extra_columns if self.optim else 0
-        return _table_meta(table, state_columns), delta
-
-    def _buffer_for(self, name: str):
-        """``out(field, rows, width, dtype)``: buffers of table ``name``."""
-        return self._buffers.out(name)
-
-    def _give_back(self, tables: dict) -> None:
-        """Returns the buffers of a delta's tables (written, failed or gathered)."""
-        for _, d in tables.values():
-            self._buffers.give_delta(d)
-
-
-def _table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict:
-    """The delta manifest's fields of ``table`` (``state_columns``: the table's own)."""
-    if state_columns is None:
-        state_columns = table.extra_columns
-    return table_delta_meta(table.dim, table.value_dtype, state_columns, str(table.score_strategy))
-
 
 def _check_tables(tables: list) -> str | None:
     """Why this rank's tables cannot be published, or None."""
@@ -527,37 +454,3 @@ def _check_tables(tables: list) -> str | None:
         if table.change_log is not None:
             return f"DeltaPublisher: table {t.name!r} is already tracked"
     return None
-
-
-def _joined(taken: tuple, more: tuple | None) -> tuple:
-    """A log's ``(touched, removed)`` and those of a generation being read, if any
-    (repeats kept)."""
-    if more is None:
-        return taken
-    return tuple(torch.cat([a, b]) for a, b in zip(taken, more, strict=True))
-
-
-def _restore(taken: tuple) -> None:
-    """Puts taken keys back in their logs: a delta not committed goes into the next.
-    ``taken``: ``(reads, staged)``, the ``(t, touched, removed)`` read at the boundary
-    and the generations read before it by table name (their upserts and tombstones)."""
-    reads, staged = taken
-    for t, touched, removed in reads:
-        log = t.table.change_log
-        log.touched(touched)
-        log.removed(removed)
-        for d in staged.get(t.name, ()):
-            log.touched(d.keys)
-            log.removed(d.tombstones)
-
-
-def _entries(deltas) -> int:
-    return sum(d.keys.numel() + d.tombstones.numel() for d in deltas)
-
-
-def _delta_bytes(d: TableDelta) -> int:
-    parts = (d.keys, d.values, d.scores, d.state, d.timestamps, d.tombstones)
-    return sum(p.numel() * p.element_size() for p in parts if p is not None)
-
-
-__all__ = ["BASE", "DeltaCommit", "DeltaPublisher"]
