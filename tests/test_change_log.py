@@ -116,8 +116,8 @@ def _keys(*values) -> torch.Tensor:
 
 def test_a_seal_waits_for_the_pending_writes_then_closes_a_generation():
     log = ChangeLog()
+    log.begin_writes()  # a training lookup records 1, 2; its backward writes them
     log.touched(_keys(1, 2))
-    log.begin_writes()  # a training lookup recorded 1, 2; its backward writes them
     log.request_seal()
     log.removed(_keys(3))  # an erase while the rows are not written: no seal
     assert log.take_sealed() is None
@@ -134,6 +134,27 @@ def test_a_seal_waits_for_the_pending_writes_then_closes_a_generation():
     assert torch.equal(touched, _keys(4, 5)) and removed.numel() == 0
     touched, removed = log.take()
     assert torch.equal(touched, _keys(6)) and removed.numel() == 0
+
+
+def test_a_seal_requested_during_a_lookup_falls_before_it_or_after_its_backward():
+    """A training lookup records its keys, then the residents it evicted; its backward
+    writes the keys' rows later. A seal requested at any moment (the writer thread's)
+    never falls between the lookup's records: it would hold keys not written yet."""
+    log = ChangeLog()
+    log.begin_writes()
+    log.touched(_keys(1))
+    log.end_writes()
+    log.request_seal()
+    log.begin_writes()  # the next lookup is announced: {1} is sealed here, before it
+    assert torch.equal(log.take_sealed()[0], _keys(1))
+    log.touched(_keys(2, 3))
+    log.request_seal()  # between the lookup's two records
+    log.removed(_keys(4))  # the residents it evicted
+    assert log.take_sealed() is None
+    log.end_writes()  # the backward wrote 2 and 3
+    log.touched(_keys(5))
+    touched, removed = log.take_sealed()
+    assert torch.equal(touched, _keys(2, 3)) and torch.equal(removed, _keys(4))
 
 
 def test_a_log_never_bracketed_by_a_training_path_never_seals():

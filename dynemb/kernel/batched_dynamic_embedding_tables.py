@@ -308,9 +308,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     unique_slots, staged = table.lookup(unique, counts, batch)
                     token = table.mutations
                 else:
-                    unique_slots, token = self._table_slots(t, unique, counts)
-                    if self._inserts(t) and table.change_log is not None:
-                        table.change_log.begin_writes()  # the backward writes these rows
+                    unique_slots, token = self._training_slots(t, unique, counts)
                 slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 if into is not None and not cached:
@@ -383,6 +381,21 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
             missing, opts.seed, table.dim,
         )  # fmt: skip
+
+    def _training_slots(self, t: int, unique: torch.Tensor, counts: torch.Tensor):
+        """``_table_slots``, announced to the table's change log first when the backward
+        will write the rows: a delta's pre-capture may seal the log's keys at the
+        announcement, never between the lookup's records (it records the keys, then the
+        residents it evicted) nor between them and the backward's writes."""
+        log = self.tables[t].change_log if self._inserts(t) else None
+        if log is None:
+            return self._table_slots(t, unique, counts)
+        log.begin_writes()
+        try:
+            return self._table_slots(t, unique, counts)
+        except BaseException:
+            log.end_writes()  # no backward will write them
+            raise
 
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training

@@ -19,10 +19,11 @@ it between deltas) merges them into their distinct keys, so that a ``take`` at a
 boundary has less to sort.
 
 Generations (a publisher's pre-capture, dynemb/deltas/precapture.py): ``request_seal``
-asks the log to close its current lists as a sealed generation at the next record
-made while no training write is pending (``begin_writes`` / ``end_writes``: a
-training lookup's rows are written by its backward, after the lookup recorded the
-keys). At that moment every row of every sealed key holds its final value unless the
+asks the log to close its current lists as a sealed generation at the next record,
+or announcement of a training lookup, made while no training write is pending
+(``begin_writes`` / ``end_writes``: a training lookup is announced before it records
+its keys and the residents it evicted, and its backward writes the rows later; no
+seal falls in between). At that moment every row of every sealed key holds its final value unless the
 key is recorded again: so a reader may copy a sealed generation's rows while training
 goes on, and re-read only the keys recorded after the seal.
 """
@@ -92,10 +93,14 @@ class ChangeLog:
         return touched, removed
 
     def begin_writes(self) -> None:
-        """A training lookup recorded its keys; its backward will write their rows."""
+        """A training lookup is about to record its keys; its backward will write their
+        rows. A seal requested is made here, before them, when no write is pending: a
+        seal after the lookup's first record (its keys) and before its last (the keys it
+        evicted) would hold keys whose rows are not written yet."""
         with self._lock:
-            self._writes_pending += 1
             self._bracketed = True
+            self._seal_if_requested()
+            self._writes_pending += 1
 
     def end_writes(self) -> None:
         """A training lookup's backward wrote its rows."""
