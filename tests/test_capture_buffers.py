@@ -122,3 +122,7 @@ def test_stored_entries_reads_each_stored_key_once_in_slot_order(monkeypatch, ra
     expected_rows, expected_scores, _ = table.find_entries(stored)
     assert torch.equal(rows, expected_rows) and torch.equal(scores, expected_scores)
     assert missing.tolist() == [7, 7, 300]  # repeats kept, in the order given
+    every_one_stored = keys[(keys >= 100) & (keys < 200)]  # the path without a mask
+    stored, rows, scores, missing = table.stored_entries(every_one_stored, buffers.out("u"))
+    assert sorted(stored.tolist()) == [101, 120, 150, 199] and missing.numel() == 0
+    assert torch.equal(rows, table.find_entries(stored)[0])
