@@ -6,8 +6,9 @@ reading them all at the boundary stops training for about 0.5 s (bench_deltas.py
 
 How (the generations of dynemb/table/change_log.py): between deltas, the writer
 thread asks each table's log to seal its keys so far; a log seals at its next record
-(or training lookup's announcement) made while no training write is pending, so every row of a sealed key then holds its
-value until the key is recorded again. The thread copies the sealed keys' entries
+(or training lookup's announcement) made while no training write is pending, so
+every row of a sealed key then holds its value until the key is recorded again. The
+thread copies the sealed keys' entries
 (row, score, timestamp, or a tombstone) in chunks, each under the table's read lock
 (a chunk never sees a batch op or a backward half done). A later generation, and the
 boundary's own read of the keys recorded since the last seal, supersede an earlier

@@ -23,9 +23,9 @@ asks the log to close its current lists as a sealed generation at the next recor
 or announcement of a training lookup, made while no training write is pending
 (``begin_writes`` / ``end_writes``: a training lookup is announced before it records
 its keys and the residents it evicted, and its backward writes the rows later; no
-seal falls in between). At that moment every row of every sealed key holds its final value unless the
-key is recorded again: so a reader may copy a sealed generation's rows while training
-goes on, and re-read only the keys recorded after the seal.
+seal falls in between). At that moment every row of every sealed key holds its final
+value unless the key is recorded again: so a reader may copy a sealed generation's
+rows while training goes on, and re-read only the keys recorded after the seal.
 """
 
 import threading
