@@ -8,8 +8,8 @@ How (the generations of dynemb/table/change_log.py): between deltas, the writer
 thread asks each table's log to seal its keys so far; a log seals at its next record
 (or training lookup's announcement) made while no training write is pending, so
 every row of a sealed key then holds its value until the key is recorded again. The
-thread copies the sealed keys' entries
-(row, score, timestamp, or a tombstone) in chunks, each under the table's read lock
+thread copies the sealed keys' entries (row, score, timestamp, or a tombstone) in
+chunks, each under the table's read lock
 (a chunk never sees a batch op or a backward half done). A later generation, and the
 boundary's own read of the keys recorded since the last seal, supersede an earlier
 entry of the same key (``merge``, on the writer thread). Seals are spaced by the
