@@ -372,15 +372,20 @@ def embedding_pool_into(
 
 
 def embedding_pool_into_grouped(
-    tables, slots, keys, offsets, weights, mode: int, missing, seeds, dims, out, columns
-) -> None:
+    tables, slots, keys, offsets, weights, mode: int, missing, seeds, dims, out, columns,
+    inverse=None,
+) -> None:  # fmt: skip
     """embedding_pool_into of several tables in one executor call (one launch on a GPU):
     every argument but ``mode`` and ``out`` is a list with one entry per table (``tables``:
     each table's eight tensors; ``weights``: None or one tensor per table; ``missing``:
-    one init list per table). The tables' values must share a dtype."""
+    one init list per table). The tables' values must share a dtype.
+
+    ``inverse``: None (``slots[t]`` holds a slot per index), or one (n,) int64 tensor per
+    table: ``slots[t]`` then holds a slot per distinct key (a lookup's ``unique_slots``)
+    and index i pools the row of ``slots[t][inverse[t][i]]``, with no per-index copy."""
     _dynemb.embedding_pool_into_grouped(
-        [x for table in tables for x in table], slots, keys, offsets, weights or [], mode,
-        [v for m in missing for v in m], seeds, dims, out, columns,
+        [x for table in tables for x in table], slots, inverse or [], keys, offsets,
+        weights or [], mode, [v for m in missing for v in m], seeds, dims, out, columns,
     )  # fmt: skip
 
 

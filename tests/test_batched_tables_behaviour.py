@@ -50,6 +50,38 @@ def test_duplicates_within_and_across_bags_get_one_update():
     assert m.tables[0].size() == 2
 
 
+@pytest.mark.parametrize(
+    "pooling",
+    [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN, DynamicEmbPoolingMode.NONE],
+)
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_inputs_reused_between_forward_and_backward_change_nothing(pooling, weighted):
+    """The forward does not copy the batch's keys (its backward does not read them): a
+    caller refilling its input buffers before backward gets the same updates."""
+    if weighted and pooling == DynamicEmbPoolingMode.NONE:
+        pytest.skip("NONE pooling takes no per-sample weights")
+    indices, offsets = torch.tensor([5, 5, 6, 5, 9]), torch.tensor([0, 2, 3, 3, 5])
+    weights = torch.tensor([1.0, 0.5, 2.0, 1.5, -1.0]) if weighted else None
+    plain, reused = (make(pooling, score_strategy=DynamicEmbScoreStrategy.STEP) for _ in "ab")
+    grad = None
+    for m in (plain, reused):
+        w = None if weights is None else weights.clone()
+        batch = (indices.clone(), offsets.clone(), w)
+        out = m(*batch)
+        if grad is None:
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+        if m is reused:  # a reused input buffer, refilled before backward
+            for x in batch:
+                if x is not None:
+                    x.fill_(3)
+        out.backward(grad)
+    for a, b in zip(snapshot(plain), snapshot(reused)):
+        assert torch.equal(a, b)
+    keys, values, _ = snapshot(plain)
+    assert keys.tolist() == [5, 6, 9]  # DEBUG rows start as the key: they trained
+    assert not torch.equal(values[:, :4], keys.float().unsqueeze(1).expand(-1, 4))
+
+
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN])
 def test_empty_bags_give_zero_rows(pooling):
     m = make(pooling)

@@ -66,7 +66,10 @@ def _setup(dtype=torch.float32):
 @pytest.mark.parametrize("mode", [0, 1], ids=["sum", "mean"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_grouped_pool_is_the_per_table_pool(library, mode, weighted, dtype):
+@pytest.mark.parametrize("by_key", [False, True], ids=["slot-per-index", "slot-per-key"])
+def test_grouped_pool_is_the_per_table_pool(library, mode, weighted, dtype, by_key):
+    """by_key: the grouped call gets each table's unique_slots and inverse instead of a
+    slot per index (the per-table oracle always gets unique_slots[inverse])."""
     lib = LIBRARIES[library]
     tables, batches = _setup(dtype)
     columns, dims = _columns(), [d for d, _ in TABLES]
@@ -77,8 +80,10 @@ def test_grouped_pool_is_the_per_table_pool(library, mode, weighted, dtype):
             tables[t], slots, keys, offsets, weights if weighted else None, mode, UNIFORM,
             t, dims[t], expected, columns[t],
         )  # fmt: skip
+    slots = [b[4] for b in batches] if by_key else [b[0] for b in batches]
+    inverse = [b[5] for b in batches] if by_key else []
     lib.embedding_pool_into_grouped(
-        [x for table in tables for x in table], [b[0] for b in batches], [b[1] for b in batches],
+        [x for table in tables for x in table], slots, inverse, [b[1] for b in batches],
         [b[2] for b in batches], [b[3] for b in batches] if weighted else [], mode,
         UNIFORM * len(TABLES), list(range(len(TABLES))), dims, got, columns,
     )  # fmt: skip
@@ -161,7 +166,7 @@ def test_grouped_pool_refuses_mixed_dtypes_and_bad_tables_before_writing(library
     def call(**changes):
         args = dict(
             tables=[x for table in tables for x in table], slots=[b[0] for b in batches],
-            keys=[b[1] for b in batches], offsets=[b[2] for b in batches], weights=[], mode=0,
+            inverse=[], keys=[b[1] for b in batches], offsets=[b[2] for b in batches], weights=[], mode=0,
             missing=UNIFORM * len(TABLES), seeds=[0] * len(TABLES),
             dims=[d for d, _ in TABLES], out=out, columns=_columns(),
         )  # fmt: skip
@@ -178,6 +183,18 @@ def test_grouped_pool_refuses_mixed_dtypes_and_bad_tables_before_writing(library
         call(slots=bad_slots)
     with pytest.raises(ValueError, match=r"`missing` must hold 24 entries for 4 tables"):
         call(missing=UNIFORM)
+    by_key = {"slots": [b[4] for b in batches], "inverse": [b[5] for b in batches]}
+    call(**by_key, out=torch.zeros(B, WIDTH))  # well formed: accepted
+    bad_inverse = [x.clone() for x in by_key["inverse"]]
+    bad_inverse[3][-1] = 20  # table 3 has 20 distinct keys
+    with pytest.raises(ValueError, match=r"table 3: `inverse` must hold ids in \[0, 20\), got"):
+        call(slots=by_key["slots"], inverse=bad_inverse)
+    with pytest.raises(ValueError, match=r"`inverse` must hold no tensor or one per table \(4\)"):
+        call(slots=by_key["slots"], inverse=by_key["inverse"][:3])
+    bad_unique = [x.clone() for x in by_key["slots"]]
+    bad_unique[1][0] = 64
+    with pytest.raises(ValueError, match=r"table 1: `slots` must hold slots in \[-1, 64\)"):
+        call(slots=bad_unique, inverse=by_key["inverse"])
     assert torch.equal(out, torch.zeros(B, WIDTH))
 
 

@@ -17,7 +17,7 @@ namespace dynemb {
 template <class V>
 struct PoolPart {
   TableRef<V> table;
-  const int64_t* slots;    // (n) slot per index, -1: the `missing` row
+  IndexSlots slots;        // slot of each index, -1: the `missing` row
   const int64_t* keys;     // (n)
   const int64_t* offsets;  // (num_bags + 1)
   const float* weights;    // (n) or null

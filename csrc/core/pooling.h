@@ -1,7 +1,7 @@
 // dynemb core: pooled and sequence lookups over slots, and the gradient they
 // send back to each row.
 //
-// A batch arrives as fbgemm's TBE: `slots` (n) holds the slot of each index
+// A batch arrives as fbgemm's TBE: `slots` (IndexSlots) gives the slot of each index
 // (-1 when its key is not stored: the row is then the `missing` initializer's row
 // for that key, zeros by default) and `offsets` (num_bags + 1) delimits the bags.
 // SUM pools w_i * row_i over a bag; MEAN divides the sum by the bag's length;
@@ -40,6 +40,18 @@ struct BagRows {
   }
 };
 
+/// The slot of each index of a batch: slots[i] (per index), or, with `inverse`,
+/// slots[inverse[i]] (slots per distinct key, inverse mapping each index to its
+/// key): the lookup's own output, read without a per-index copy of it.
+struct IndexSlots {
+  const int64_t* slots;
+  const int64_t* inverse;  // null: slots is per index
+
+  DYNEMB_HD DYNEMB_INLINE int64_t operator[](int64_t i) const {
+    return inverse == nullptr ? slots[i] : slots[inverse[i]];
+  }
+};
+
 /// A dense (num_bags, dim) matrix.
 template <class F>
 DYNEMB_HD DYNEMB_INLINE BagRows<F> dense_bags(F* base, int64_t dim) {
@@ -53,14 +65,15 @@ DYNEMB_HD DYNEMB_INLINE float missing_element(const InitArgs& a, int64_t key, in
 
 /// out (dim floats) = the pooled bag [begin, end).
 template <typename V>
-DYNEMB_HD void pool_bag(const TableRef<V>& t, const int64_t* slots, const int64_t* keys,
+DYNEMB_HD void pool_bag(const TableRef<V>& t, IndexSlots slots, const int64_t* keys,
                         const float* weights, int64_t begin, int64_t end, PoolingMode mode,
                         const InitArgs& missing, float* out, int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) out[j] = 0.0f;
   for (int64_t i = begin; i < end; ++i) {
     const float w = weights ? weights[i] : 1.0f;
-    if (slots[i] >= 0) {
-      const V* row = t.row(slots[i]);
+    const int64_t slot = slots[i];
+    if (slot >= 0) {
+      const V* row = t.row(slot);
       for (int64_t j = 0; j < dim; ++j) out[j] += w * static_cast<float>(row[j]);
     } else {
       for (int64_t j = 0; j < dim; ++j) out[j] += w * missing_element(missing, keys[i], j);
@@ -76,15 +89,16 @@ DYNEMB_HD void pool_bag(const TableRef<V>& t, const int64_t* slots, const int64_
 /// bits. GPU kernels give each element of a bag its own lane, so that the lanes of a
 /// warp read consecutive elements of each row (coalesced loads).
 template <typename V>
-DYNEMB_HD DYNEMB_INLINE float pool_bag_element(const TableRef<V>& t, const int64_t* slots,
+DYNEMB_HD DYNEMB_INLINE float pool_bag_element(const TableRef<V>& t, IndexSlots slots,
                                                const int64_t* keys, const float* weights,
                                                int64_t begin, int64_t end, PoolingMode mode,
                                                const InitArgs& missing, int64_t j) {
   float acc = 0.0f;
   for (int64_t i = begin; i < end; ++i) {
     const float w = weights ? weights[i] : 1.0f;
-    acc += slots[i] >= 0 ? w * static_cast<float>(t.row(slots[i])[j])
-                         : w * missing_element(missing, keys[i], j);
+    const int64_t slot = slots[i];
+    acc += slot >= 0 ? w * static_cast<float>(t.row(slot)[j])
+                     : w * missing_element(missing, keys[i], j);
   }
   if (mode == PoolingMode::kMean && end > begin) acc *= 1.0f / static_cast<float>(end - begin);
   return acc;

@@ -51,7 +51,8 @@ void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
     // Prefetch the rows of the next bag while pooling this one.
     if (b + 1 < b1) {
       for (int64_t i = p.offsets[b + 1]; i < p.offsets[b + 2]; ++i) {
-        if (p.slots[i] >= 0) prefetch_row(p.table, p.slots[i]);
+        const int64_t slot = p.slots[i];
+        if (slot >= 0) prefetch_row(p.table, slot);
       }
     }
     pool_part_bag(p, mode, b, sum);

@@ -154,6 +154,7 @@ struct CacheMoves {
 struct PoolArgs {
   TableTensors table;
   const at::Tensor& slots;
+  const at::Tensor* inverse;  // null: slots per index; else slots per distinct key
   const at::Tensor& keys;
   const at::Tensor& offsets;
   const float* weights;
@@ -261,9 +262,12 @@ struct EmbeddingOpImpls {
 
   /// embedding_pool_into of every table of a batch in one executor call: table t is
   /// tables[8t .. 8t + 8) with slots[t], keys[t], offsets[t], weights[t] (weights: none
-  /// or one per table), missing[6t .. 6t + 6), seeds[t], dims[t], columns[t].
+  /// or one per table), missing[6t .. 6t + 6), seeds[t], dims[t], columns[t]. inverse:
+  /// empty (slots[t] has a slot per index), or one per table: slots[t] then has a slot
+  /// per distinct key (the lookup's unique_slots) and index i's is slots[t][inverse[t][i]].
   static void pool_into_grouped(at::TensorList tables, at::TensorList slots,
-                                at::TensorList keys, at::TensorList offsets,
+                                at::TensorList inverse, at::TensorList keys,
+                                at::TensorList offsets,
                                 at::TensorList weights, int64_t mode,
                                 at::ArrayRef<double> missing, at::IntArrayRef seeds,
                                 at::IntArrayRef dims, const at::Tensor& out,
@@ -271,6 +275,9 @@ struct EmbeddingOpImpls {
     constexpr const char* op = "embedding_pool_into_grouped";
     const size_t n = slots.size();
     check_grouped_lists(op, tables, n, weights.size());
+    TORCH_CHECK_VALUE(inverse.empty() || inverse.size() == n, "dynemb.", op,
+                      ": `inverse` must hold no tensor or one per table (", n, "), got ",
+                      inverse.size());
     check_list_size(op, "keys", keys.size(), n, n);
     check_list_size(op, "offsets", offsets.size(), n, n);
     check_list_size(op, "missing", missing.size(), n * kInitSize, n);
@@ -287,8 +294,8 @@ struct EmbeddingOpImpls {
           weights.empty() ? std::nullopt : std::optional<at::Tensor>(weights[t]);
       args.push_back(check_pool(name.c_str(), tables.slice(t * kTableTensors, kTableTensors),
                                 slots[t], keys[t], offsets[t], w,
-                                missing.slice(t * kInitSize, kInitSize), seeds[t],
-                                dims[t]));
+                                missing.slice(t * kInitSize, kInitSize), seeds[t], dims[t],
+                                inverse.empty() ? nullptr : &inverse[t]));
       check_bag_columns(name.c_str(), "out", out, columns[t], args[t].num_bags, dims[t],
                         args[t].table.digests);
       outs.push_back(bag_columns(out.data_ptr<float>(), out, columns[t]));
@@ -493,15 +500,23 @@ struct EmbeddingOpImpls {
     }
   }
 
+  /// inverse: null, or (n) ids into `slots` (then a slot per distinct key).
   static PoolArgs check_pool(const char* op, at::TensorList table_list, const at::Tensor& slots,
                              const at::Tensor& keys, const at::Tensor& offsets,
                              const std::optional<at::Tensor>& weights,
-                             at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
+                             at::ArrayRef<double> missing, int64_t seed, int64_t dim,
+                             const at::Tensor* inverse = nullptr) {
     const TableTensors table = checked_table(op, table_list);
-    check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
-    check_range(op, "slots", "slots", slots, -1, table.digests.numel());
+    if (inverse == nullptr) {
+      check_bags(op, table.digests, "slots", slots, &keys, offsets, weights);
+      check_range(op, "slots", "slots", slots, -1, table.digests.numel());
+    } else {
+      check_slot_list(op, "slots", slots, table.digests, -1);
+      check_bags(op, table.digests, "inverse", *inverse, &keys, offsets, weights);
+      check_range(op, "inverse", "ids", *inverse, 0, slots.numel());
+    }
     check_dim(op, table, dim);
-    return PoolArgs{table,   slots,
+    return PoolArgs{table,   slots,   inverse,
                     keys,    offsets,
                     opt_ptr(weights), parse_missing(op, missing, seed),
                     offsets.numel() - 1, dim};
@@ -518,9 +533,11 @@ struct EmbeddingOpImpls {
       parts.reserve(args.size());
       for (size_t t = 0; t < args.size(); ++t) {
         const PoolArgs& a = args[t];
-        parts.push_back(PoolPart<W>{table_ref<W>(a.table), a.slots.data_ptr<int64_t>(),
-                                    a.keys.data_ptr<int64_t>(), a.offsets.data_ptr<int64_t>(),
-                                    a.weights, a.missing, outs[t], a.num_bags, a.dim, 0});
+        const IndexSlots slots{a.slots.data_ptr<int64_t>(),
+                               a.inverse ? a.inverse->data_ptr<int64_t>() : nullptr};
+        parts.push_back(PoolPart<W>{table_ref<W>(a.table), slots, a.keys.data_ptr<int64_t>(),
+                                    a.offsets.data_ptr<int64_t>(), a.weights, a.missing,
+                                    outs[t], a.num_bags, a.dim, 0});
       }
       const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
       Backend::pool(parts, totals, pooling, first.keys.options());

@@ -63,11 +63,12 @@
       "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(b!) out, "               \
       "Tensor columns) -> ()");                                                                       \
   /* embedding_pool_into of every table of a batch in one executor call: table t is */                \
-  /* tables[8t .. 8t + 8), missing[6t .. 6t + 6); weights: none or one per table. */                 \
+  /* tables[8t .. 8t + 8), missing[6t .. 6t + 6); weights: none or one per table; */                 \
+  /* inverse: none (slots per index) or one per table (slots per distinct key). */                   \
   (m).def(                                                                                            \
-      "embedding_pool_into_grouped(Tensor[] tables, Tensor[] slots, Tensor[] keys, "                  \
-      "Tensor[] offsets, Tensor[] weights, int mode, float[] missing, int[] seeds, int[] dims, "      \
-      "Tensor(b!) out, Tensor[] columns) -> ()");                                                     \
+      "embedding_pool_into_grouped(Tensor[] tables, Tensor[] slots, Tensor[] inverse, "               \
+      "Tensor[] keys, Tensor[] offsets, Tensor[] weights, int mode, float[] missing, int[] seeds, "   \
+      "int[] dims, Tensor(b!) out, Tensor[] columns) -> ()");                                         \
   (m).def(                                                                                            \
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "       \
       "int dim) -> Tensor");                                                                          \

@@ -73,15 +73,19 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
     return (offsets.numel() - 1) // num_features
 
 
-def split_by_table(indices, offsets, weights, feature_table_map, num_tables, batch_size):
+def split_by_table(
+    indices, offsets, weights, feature_table_map, num_tables, batch_size, copy_keys=True
+):
     """Returns one TableBatch per table (None for a table no feature uses).
 
     The batch's keys and weights are copied once (a TableBatch outlives the call, up
     to backward, and must not see later in-place changes of the caller's tensors);
     a table with one feature gets views of the copies and a row of one rebasing of
     every feature's offsets, so the split costs a few ops whatever the number of tables.
+    ``copy_keys=False``: int64 keys are not copied, for a caller that reads them only
+    before it returns (a forward: its backward reads the offsets and weights, not them).
     """
-    indices = indices.to(torch.int64, copy=True)
+    indices = indices.to(torch.int64, copy=copy_keys)
     offsets = offsets.to(torch.int64).contiguous()
     weights = None if weights is None else weights.to(torch.float32, copy=True)
     B, num_features = batch_size, len(feature_table_map)

@@ -275,9 +275,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         """Forward without autograd: returns (output, (trains, per-table saved state)).
         ``trains``: this forward's module mode, which decides what its backward does."""
         self._start_forward()
+        # The keys are read during this forward only (its backward reads the offsets and
+        # weights): a copy of them would cost a pass over the batch for nothing.
         batches = split_by_table(
-            indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size
-        )
+            indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size,
+            copy_keys=False,
+        )  # fmt: skip
         sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
         if sequence:
             out = torch.empty(
@@ -287,7 +290,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
         columns = _feature_columns(self.feature_dims)
         saved = []
-        grouped = []  # (t, batch, slots, missing) of the tables pooled in one call, below
+        grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
         for t, (tb, distinct) in enumerate(zip(batches, self._distinct(batches), strict=True)):
             table = self.tables[t]
             cached = isinstance(table, CachedTable)
@@ -309,11 +312,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     token = table.mutations
                 else:
                     unique_slots, token = self._training_slots(t, unique, counts)
-                slots = unique_slots[inverse]
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 if into is not None and not cached:
-                    grouped.append((t, tb, slots, missing))
+                    grouped.append((t, tb, unique_slots, inverse, missing))
                 else:
+                    slots = unique_slots[inverse]
                     with table.lock.read():
                         rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
                 if staged is not None:  # their rows, from the batch's private table

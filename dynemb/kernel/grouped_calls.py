@@ -14,18 +14,19 @@ from dynemb import _ops
 
 
 def pool_grouped(module, columns, grouped: list, pooling: int, out: torch.Tensor) -> None:
-    """Pools the bags of the tables of ``grouped``, (t, TableBatch, slots, missing)
-    each, into their features' columns of ``out`` (pooling: the op's mode code)."""
+    """Pools the bags of the tables of ``grouped``, (t, TableBatch, unique_slots,
+    inverse, missing) each, into their features' columns of ``out`` (pooling: the op's
+    mode code); index i of a table pools the row of ``unique_slots[inverse[i]]``."""
     for group in _by_value_dtype(grouped, module.tables):
-        ts, batches, slots, missing = zip(*group, strict=True)
+        ts, batches, unique_slots, inverse, missing = zip(*group, strict=True)
         tables = [module.tables[t] for t in ts]
         with _all_locked([table.lock.read for table in tables]):
             _ops.embedding_pool_into_grouped(
-                [table.buffers.tensors() for table in tables], list(slots),
+                [table.buffers.tensors() for table in tables], list(unique_slots),
                 [tb.keys for tb in batches], [tb.offsets for tb in batches],
                 _weights(batches), pooling, list(missing),
                 [module.table_options[t].seed for t in ts], [table.dim for table in tables],
-                out, [columns[t] for t in ts],
+                out, [columns[t] for t in ts], inverse=list(inverse),
             )  # fmt: skip
 
 
