@@ -28,16 +28,35 @@ DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot) {
   CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));
 }
 
-/// A float buffer of n elements (contents unspecified), reused by the calling
-/// thread: a fresh multi-MB allocation per backward page-faults (and the kernel
-/// zero-fills it) on every call.
-float* scratch(int64_t n) {
-  thread_local std::vector<float> buffer;
+/// A buffer of n elements of T (contents unspecified), reused by the calling thread:
+/// a fresh multi-MB allocation per backward page-faults (and the kernel zero-fills
+/// it) on every call.
+template <class T = float>
+T* scratch(int64_t n) {
+  thread_local std::vector<T> buffer;
   if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
   return buffer.data();
 }
 
 /// Pools bags [b0, b1) of one part.
+template <class V>
+void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1);
+
+/// Pools bags [b0, b1) of a part whose slots come per distinct key (IndexSlots with
+/// an inverse): their indices' slots are gathered first, in one tight loop over the
+/// range (its random reads of unique_slots overlap), then pooled as slots per index.
+/// Reading them through the inverse inside the pooling loop instead put a dependent
+/// load in front of every row (W-train: pooling 43 -> 49-59 ms a step).
+template <class V>
+void pool_bags_by_key(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
+  const int64_t i0 = p.offsets[b0], i1 = p.offsets[b1];
+  int64_t* const local = scratch<int64_t>(i1);  // entries [i0, i1) used
+  for (int64_t i = i0; i < i1; ++i) local[i] = p.slots[i];
+  PoolPart<V> per_index = p;
+  per_index.slots = IndexSlots{local, nullptr};
+  pool_bags(per_index, mode, b0, b1);
+}
+
 template <class V>
 void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
   const int64_t bytes = p.dim * static_cast<int64_t>(sizeof(float));
@@ -73,7 +92,11 @@ void pool(const PoolPart<V>* parts, int64_t count, PoolingMode mode) {
       const PoolPart<V>& p = part_of(all, x, &PoolPart<V>::bag_begin);
       const int64_t b0 = x - p.bag_begin;
       const int64_t b1 = std::min(end - p.bag_begin, p.num_bags);
-      pool_bags(p, mode, b0, b1);
+      if (p.slots.inverse != nullptr) {
+        pool_bags_by_key(p, mode, b0, b1);
+      } else {
+        pool_bags(p, mode, b0, b1);
+      }
       x = p.bag_begin + b1;
     }
   });
