@@ -15,6 +15,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynemb.kernel.lookup_function import readable_rows
 from dynemb.optimizer import EmbOptimType
 
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
@@ -80,6 +81,40 @@ def test_inputs_reused_between_forward_and_backward_change_nothing(pooling, weig
     keys, values, _ = snapshot(plain)
     assert keys.tolist() == [5, 6, 9]  # DEBUG rows start as the key: they trained
     assert not torch.equal(values[:, :4], keys.float().unsqueeze(1).expand(-1, 4))
+
+
+@pytest.mark.parametrize(
+    "pooling",
+    [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN, DynamicEmbPoolingMode.NONE],
+)
+def test_a_broadcast_gradient_trains_as_its_materialised_copy(pooling):
+    """``loss = out.sum()`` sends an expanded scalar (strides (0, 0)): the backward reads
+    one materialised row for every sample (readable_rows), with the same updates, to
+    the bit, as the same gradient written out in full."""
+    indices, offsets = torch.tensor([5, 5, 6, 5, 9]), torch.tensor([0, 2, 3, 3, 5])
+    broadcast, dense = (make(pooling, score_strategy=DynamicEmbScoreStrategy.STEP) for _ in "ab")
+    shape = make(pooling)(indices, offsets).shape
+    expanded = torch.tensor(0.375).expand(shape)
+    assert readable_rows(expanded).stride() == (0, 1)
+    for m, grad in ((broadcast, expanded), (dense, torch.full(shape, 0.375))):
+        m(indices, offsets).backward(grad)
+    for a, b in zip(snapshot(broadcast), snapshot(dense)):
+        assert torch.equal(a, b)
+    keys, values, _ = snapshot(dense)
+    assert not torch.equal(values[:, :4], keys.float().unsqueeze(1).expand(-1, 4))
+
+
+def test_readable_rows_copies_only_what_the_ops_cannot_read():
+    rows = torch.arange(12.0).view(3, 4)
+    assert readable_rows(rows) is rows
+    assert readable_rows(rows[:, 1:]).data_ptr() == rows[:, 1:].data_ptr()  # row-strided view
+    transposed = rows.t()
+    assert readable_rows(transposed).is_contiguous()
+    assert torch.equal(readable_rows(transposed), transposed)
+    one_row = readable_rows(torch.arange(4.0).expand(3, 4))  # strides (0, 1): read as is
+    assert one_row.stride() == (0, 1)
+    column = readable_rows(torch.arange(3.0).view(3, 1).expand(3, 4))  # strides (1, 0)
+    assert column.is_contiguous() and torch.equal(column[:, 3], torch.arange(3.0))
 
 
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN])

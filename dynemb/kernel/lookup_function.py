@@ -19,6 +19,18 @@ SECOND_BACKWARD = (
 )
 
 
+def readable_rows(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as the backward ops read it (rows of unit column stride, any row stride),
+    copying as little as possible. A gradient broadcast over the batch (``out.sum()``'s
+    is an expanded scalar: strides (0, 0)) becomes one materialised row read by every
+    sample (strides (0, 1)), not a (B, width) copy of it."""
+    if grad.dim() == 2 and grad.stride(1) == 1:
+        return grad
+    if grad.dim() == 2 and grad.stride(0) == 0:
+        return grad[:1].contiguous().expand(grad.shape)
+    return grad.contiguous()
+
+
 class LookupFunction(torch.autograd.Function):
     """``apply(passes, indices, offsets, weights, batch_size, placeholder)``.
 
@@ -39,10 +51,10 @@ class LookupFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         if ctx.applied:
             raise RuntimeError(SECOND_BACKWARD)
-        ctx.applied = ctx.apply_gradients(ctx.saved, grad_out.contiguous(), ctx.batch_size)
+        ctx.applied = ctx.apply_gradients(ctx.saved, readable_rows(grad_out), ctx.batch_size)
         if ctx.applied:
             ctx.saved = None  # the rows' slots and the batch's keys: no longer needed
         return None, None, None, None, None, None
 
 
-__all__ = ["LookupFunction", "SECOND_BACKWARD"]
+__all__ = ["LookupFunction", "SECOND_BACKWARD", "readable_rows"]

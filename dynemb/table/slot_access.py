@@ -102,7 +102,7 @@ class SlotAccess:
 
         ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
         """
-        slots = torch.empty_like(keys)
+        slots = keys.new_empty(0)  # the op's output becomes its storage (set_ below)
         scores = None
         if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
             scores = torch.full_like(keys, self._custom_score or 0)
@@ -112,7 +112,7 @@ class SlotAccess:
                 table, policy, init, k, scores, per_key,
                 evicted_keys=evicted[0] if evicted else None,
             )  # fmt: skip
-            out.copy_(found)
+            out.set_(found)  # out takes found's storage: no copy of the slots
             return _ops.UpsertResult(status, counts)
 
         stats = self._upsert(op, keys, scores, slots, evicted=None, slots=slots, per_key=accesses)
