@@ -42,8 +42,9 @@ state leaks from one to the next; ``--in-process`` runs all in this process inst
 Noise: both implementations run parallel loops on every thread; when another
 process holds a core of a 2-core machine, each parallel region waits for a
 descheduled thread and a whole run can be 10-20x slower (not 2x). ``--repeats N``
-repeats the sequence peer, dynemb (interleaved) and keeps each configuration's best
-run; ``--threads 1`` is far less sensitive to such neighbours.
+repeats the sequence peer, dynemb (interleaved) and reports each configuration's median
+run (every run's figure in the JSON line's ``runs``); ``--threads 1`` is far less
+sensitive to such neighbours.
 
 ``--device cuda``: tables, peers and batches on the GPU (DMP over a one-rank NCCL group),
 each step timed between two ``torch.cuda.synchronize``. The peer is then fbgemm's GPU TBE
@@ -70,10 +71,12 @@ from common import (
     add_device_argument,
     available_threads,
     commit_hash,
+    median_run,
     resolve_device,
     set_threads,
 )
 from dmp_setup import planner_inputs, single_process_group
+from host import record_host
 from train_workloads import (
     Config,
     add_workload_arguments,
@@ -301,8 +304,9 @@ def run_in_process(impl: str, config: Config) -> dict | None:
 
 
 def record_peer(rec: Recorder, config: Config, peer: dict) -> None:
-    for metric, value in metrics(config, peer):
-        rec.add(config.workload, peer_impl(config), metric, value, threads=config.threads)
+    for metric, value, runs in metrics(config, peer):
+        rec.add(config.workload, peer_impl(config), metric, value, threads=config.threads,
+                runs=runs)  # fmt: skip
 
 
 def dynemb_variant(config: Config) -> str:
@@ -315,8 +319,9 @@ def dynemb_variant(config: Config) -> str:
 
 
 def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -> None:
-    peer_metrics = dict(metrics(config, peer)) if peer else {}
-    for metric, value in metrics(config, dyn):
+    peer_metrics = {m[0]: m for m in metrics(config, peer)} if peer else {}
+    for metric, value, runs in metrics(config, dyn):
+        _, peer_value, peer_runs = peer_metrics.get(metric, (None, None, None))
         rec.add(
             config.workload,
             DYNEMB_IMPL,
@@ -324,26 +329,19 @@ def record_dynemb(rec: Recorder, config: Config, dyn: dict, peer: dict | None) -
             value,
             threads=config.threads,
             peer=peer_impl(config) if peer else None,
-            peer_value=peer_metrics.get(metric),
+            peer_value=peer_value,
+            runs=runs,
+            peer_runs=peer_runs,
         )
 
 
-def metrics(config: Config, result: dict) -> list[tuple[str, float]]:
+def metrics(config: Config, result: dict) -> list[tuple[str, float, list[float] | None]]:
+    """``(metric, value, each run's value or None)`` of a (median) result."""
     opt = config.optimizer + variant_tag(config)
     return [
-        (f"samples_per_s@{opt}", result["samples_per_s"]),
-        (f"peak_rss_mib@{opt}", result["peak_rss_bytes"] / 2**20),
+        (f"samples_per_s@{opt}", result["samples_per_s"], result.get("samples_per_s_runs")),
+        (f"peak_rss_mib@{opt}", result["peak_rss_bytes"] / 2**20, None),
     ]
-
-
-def best_result(results: list[dict | None]) -> dict | None:
-    """The fastest of repeated runs (the least disturbed), with the highest peak RSS."""
-    done = [r for r in results if r is not None]
-    if not done:
-        return None
-    best = dict(max(done, key=lambda r: r["samples_per_s"]))
-    best["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in done)
-    return best
 
 
 def run_optimizer(
@@ -359,7 +357,7 @@ def run_optimizer(
     also the tiered peer (FUSED_UVM_CACHING), then dynemb hybrid and caching.
 
     With ``repeats > 1`` the whole sequence is repeated (so the peer's runs stay
-    interleaved with dynemb's) and each configuration keeps its best run.
+    interleaved with dynemb's) and each configuration reports its median run.
     """
     peers = [base]
     variants = [dataclasses.replace(base, capacity_ratio=r) for r in CAPACITY_RATIOS]
@@ -378,7 +376,7 @@ def run_optimizer(
             acc.append(run(impl, config))
     peers_by_hbm: dict[float | None, dict] = {}  # the peers come first in ``configs``
     for (impl, config), acc in zip(configs, results, strict=True):
-        result = best_result(acc)
+        result = median_run(acc)
         if result is None:
             continue
         if impl == "torchrec":
@@ -395,7 +393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=sorted(RUNNERS), help="run this implementation only")
     parser.add_argument("--threads", type=int, default=available_threads())
     parser.add_argument(
-        "--repeats", type=int, default=1, help="runs per configuration; the best is kept"
+        "--repeats", type=int, default=1, help="runs per configuration; the median is reported"
     )
     parser.add_argument("--steps", type=int, help="timed steps (default: 50, quick: 3)")
     add_workload_arguments(parser)
@@ -415,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
     run = run_in_process if args.in_process or args.quick else run_isolated
     with_dynemb = args.only != "torchrec"
     rec = Recorder(commit_hash())
+    if device.type == "cpu":
+        record_host(rec, quick=args.quick)
     for optimizer in (args.optimizer,) if args.optimizer else OPTIMIZERS:
         config = workload_config(
             args, optimizer=optimizer, threads=args.threads, device=device.type

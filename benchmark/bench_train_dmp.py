@@ -26,7 +26,8 @@ World size N runs N processes (gloo on localhost), each with ``threads / N``
 threads; each reports its median step time; the figure is per-process samples/s
 (the slowest rank) and the aggregate (N x batch / slowest median). Each
 (implementation, optimizer, world size) runs in fresh processes, interleaved
-peer / dynemb, ``--repeats`` times, best kept. ADAM has no CPU peer.
+peer / dynemb, ``--repeats`` times; the figure is each one's median over the runs
+(every run's figure in the JSON line's ``runs`` and ``peer_runs``). ADAM has no CPU peer.
 
 ``--device cuda``: rank r on ``cuda:r`` over NCCL (a world needs a GPU per rank), the
 peer's FUSED kernel in HBM (ROW_WISE at 2 processes is TorchRec's own on cuda), each
@@ -49,10 +50,12 @@ from common import (
     add_device_argument,
     available_threads,
     commit_hash,
+    median_run,
     resolve_device,
     set_threads,
 )
 from dmp_setup import free_port, planner_inputs
+from host import record_host
 from train_workloads import (
     Config,
     add_workload_arguments,
@@ -69,6 +72,8 @@ from train_workloads import (
 PEER_IMPL = "torchrec.EBC.FUSED"
 DYNEMB_IMPL = "dynemb.EBC.DMP"
 RESULT_PREFIX = "RESULT "
+# The rates a world reports: the slowest rank's samples/s, and N x that.
+RATES = ("samples_per_s", "aggregate_samples_per_s")
 
 
 def _cpu_row_wise_sharder_class():
@@ -235,14 +240,15 @@ def run_pair(
     config: Config, world_size: int, repeats: int, run: Callable = run_world
 ) -> dict[str, dict | None]:
     """The peer and dynemb on ``config`` by ``run`` (``run_world`` or ``run_here``), one
-    after the other, ``repeats`` times; each one's fastest run, keyed ``"torchrec"`` and
+    after the other, ``repeats`` times; each one's median run (``median_run``: the median
+    per-process and aggregate rates, each run's in ``*_runs``), keyed ``"torchrec"`` and
     ``"dynemb"`` (the peer's None when fbgemm's CPU TBE lacks the optimizer)."""
     runs: dict[str, list[dict]] = {"torchrec": [], "dynemb": []}
     for _ in range(repeats):
         if has_peer(config):
             runs["torchrec"].append(run("torchrec", config, world_size))
         runs["dynemb"].append(run("dynemb", config, world_size))
-    return {k: max(v, key=lambda r: r["samples_per_s"]) if v else None for k, v in runs.items()}
+    return {k: median_run(v, RATES) for k, v in runs.items()}
 
 
 def add_world_arguments(parser: argparse.ArgumentParser, world_sizes: str) -> None:
@@ -251,7 +257,9 @@ def add_world_arguments(parser: argparse.ArgumentParser, world_sizes: str) -> No
     parser.add_argument("--world-sizes", default=world_sizes, help="comma-separated process counts")
     parser.add_argument("--threads", type=int, default=available_threads(), help="in total")
     parser.add_argument("--steps", type=int, help="timed steps (default 50, quick 3)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per configuration; the median is reported"
+    )
     add_device_argument(parser)
 
 
@@ -281,10 +289,11 @@ def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict 
     for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
         if result is None:
             continue
-        for metric in ("samples_per_s", "aggregate_samples_per_s"):
+        for metric in RATES:
             rec.add(
                 workload, impl, metric + tag, result[metric], threads=config.threads,
                 peer=PEER_IMPL if other else None, peer_value=other[metric] if other else None,
+                runs=result[metric + "_runs"], peer_runs=other[metric + "_runs"] if other else None,
             )  # fmt: skip
         rec.add(
             workload, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
@@ -313,11 +322,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick and not args.optimizer:
         optimizers = ["EXACT_ROWWISE_ADAGRAD"]
     rec = Recorder(commit_hash())
+    if device.type == "cpu":
+        record_host(rec, quick=args.quick)
     for ws, threads in world_sizes(args, device):
         for optimizer in optimizers:
             config = workload_config(args, optimizer=optimizer, threads=threads, device=device.type)
-            best = run_pair(config, ws, args.repeats)
-            record(rec, config, ws, best["dynemb"], best["torchrec"])
+            median = run_pair(config, ws, args.repeats)
+            record(rec, config, ws, median["dynemb"], median["torchrec"])
     print(file=sys.stderr)
     rec.print_table()
     if device.type == "cpu":

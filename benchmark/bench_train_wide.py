@@ -11,7 +11,7 @@ table per feature of 100,000 ids, dim 16, pooling factor 4, batch 4096, Zipf(s=1
 with N tables, trained through DistributedModelParallel exactly as bench_train_dmp.py
 trains it (its ``run_world``: fresh processes per point, the TorchRec peer FUSED and
 TABLE_WISE at world size 1, dynemb ROW_WISE), peer and dynemb one after the other,
-``--repeats`` times, best kept. The headline of W-train-wide (64 tables, every
+``--repeats`` times, the median run kept. The headline of W-train-wide (64 tables, every
 optimizer, 1 and 2 processes) is ``bench_train_dmp.py --workload wide``.
 
 Reported: at each point, each one's median step time in ms (dynemb's ratio to the peer
@@ -23,7 +23,7 @@ The plot (step time vs tables, both implementations) goes to
 
 ``--quick``: 2 and 8 tables at --quick sizes, world size 1 in this process (CI smoke run,
 seconds). Noise: as bench_train.py says, a neighbour on a 2-core machine can slow a
-whole run many times over; ``--repeats`` keeps the best of several.
+whole run many times over; ``--repeats`` reports the median of several.
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -44,6 +44,7 @@ from bench_train_dmp import (
     world_sizes,
 )
 from common import REPO_ROOT, Recorder, commit_hash, resolve_device
+from host import record_host
 from train_workloads import workload_config
 
 WORKLOAD = "W-train-wide"
@@ -70,10 +71,10 @@ def sweep(args: argparse.Namespace, rec: Recorder) -> dict[str, list[tuple[int, 
             config = workload_config(
                 args, optimizer=args.optimizer, threads=threads, device=device.type, num_tables=n
             )
-            best = run_pair(config, ws, args.repeats, run)
+            median = run_pair(config, ws, args.repeats, run)
             tag = f"@{config.optimizer},tables={n},world_size={ws}"
-            peer_ms = step_ms(config.batch, best["torchrec"])
-            for impl, result in best.items():
+            peer_ms = step_ms(config.batch, median["torchrec"])
+            for impl, result in median.items():
                 if result is None:
                     continue
                 ms = step_ms(config.batch, result)
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.set_defaults(workload="wide", tables=None)  # workload_config's; --sweep sets tables
     args = parser.parse_args(argv)
     rec = Recorder(commit_hash())
+    if args.device == "cpu":
+        record_host(rec, quick=args.quick)
     lines = sweep(args, rec)
     print(file=sys.stderr)
     rec.print_table()

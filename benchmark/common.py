@@ -209,6 +209,31 @@ def paired_median_seconds(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+def median_run(
+    results: list[dict | None], rates: Iterable[str] = ("samples_per_s",)
+) -> dict | None:
+    """Repeated runs of one configuration as one result: the median of each of ``rates``
+    over the runs (None runs, configurations that did not run, are left out), the
+    highest ``peak_rss_bytes``, and each rate's values in run order under
+    ``"<rate>_runs"``. None when no run is left.
+
+    The median, not the best run: a best run flatters whichever implementation a noisy
+    neighbour happened to spare, and the targets of WORKLOADS.md are medians of
+    interleaved runs.
+    """
+    done = [r for r in results if r is not None]
+    if not done:
+        return None
+    merged = dict(done[0])
+    for rate in rates:
+        values = [r[rate] for r in done]
+        merged[rate] = statistics.median(values)
+        merged[rate + "_runs"] = values
+    if "peak_rss_bytes" in merged:
+        merged["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in done)
+    return merged
+
+
 class Recorder:
     """Collects benchmark records and prints each as a JSON line when added.
 
@@ -232,8 +257,12 @@ class Recorder:
         threads: int,
         peer: str | None = None,
         peer_value: float | None = None,
+        runs: list[float] | None = None,
+        peer_runs: list[float] | None = None,
     ) -> dict[str, Any]:
-        """Records one figure; ``ratio = value / peer_value`` when there is a peer."""
+        """Records one figure; ``ratio = value / peer_value`` when there is a peer. A
+        figure that is the median of repeated runs (``median_run``) may list them all
+        in ``runs`` (and the peer's in ``peer_runs``), in the order they ran."""
         ratio = value / peer_value if peer_value else None
         record = dict(
             zip(
@@ -243,6 +272,9 @@ class Recorder:
                 strict=True,
             )
         )  # fmt: skip
+        for key, values in (("runs", runs), ("peer_runs", peer_runs)):
+            if values is not None:
+                record[key] = [_round(v) for v in values]
         self.records.append(record)
         print(json.dumps(record), file=self.stream, flush=True)
         return record
