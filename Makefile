@@ -69,9 +69,14 @@ lint: $(STAMP)
 # The whole suite runs twice: on the CPU executor, then on the emulated CUDA executor
 # (the csrc/cuda kernels built for the host; see DynamicEmb_APIs.md, "Executors").
 # pytest exits 5 when it collects no test: that is not a failure for us.
+# TEST_WORKERS pytest-xdist processes share the tests out file by file (a module's
+# fixtures are built once); 0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: build cuda-check lint bench-quick sanitize
-	$(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
-	DYNEMB_EXECUTOR=cuda-emulated $(PY) -m pytest tests -q -x --timeout=600 || [ $$? -eq 5 ]
+	$(PY) -m pytest tests -q -x --timeout=600 $(PYTEST_WORKERS) || [ $$? -eq 5 ]
+	DYNEMB_EXECUTOR=cuda-emulated $(PY) -m pytest tests -q -x --timeout=600 $(PYTEST_WORKERS) \
+	  || [ $$? -eq 5 ]
 
 # ---------------------------------------------------------------- sanitizers
 # `make sanitize` (part of `make test`): sanitize-asan builds an ASan + UBSan copy of the

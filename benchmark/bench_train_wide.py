@@ -83,6 +83,8 @@ def sweep(args: argparse.Namespace, rec: Recorder) -> dict[str, list[tuple[int, 
                     WORKLOAD, IMPLS[impl], "step_ms" + tag, ms, threads=threads,
                     peer=PEER_IMPL if impl == "dynemb" and peer_ms else None,
                     peer_value=peer_ms if impl == "dynemb" else None,
+                    runs=run_step_ms(config.batch, result),
+                    peer_runs=run_step_ms(config.batch, median["torchrec"]) if impl == "dynemb" else None,
                 )  # fmt: skip
         record_slopes(rec, points, f"@{args.optimizer},world_size={ws}", threads)
         for impl, pts in points.items():
@@ -92,8 +94,14 @@ def sweep(args: argparse.Namespace, rec: Recorder) -> dict[str, list[tuple[int, 
 
 
 def step_ms(batch: int, result: dict | None) -> float | None:
-    """The median step time (ms) of a run's ``samples_per_s`` (its slowest rank's)."""
+    """The step time (ms) of a result's ``samples_per_s`` (its slowest rank's; for a
+    median result, the median run's)."""
     return None if result is None else 1e3 * batch / result["samples_per_s"]
+
+
+def run_step_ms(batch: int, result: dict | None) -> list[float] | None:
+    """Each run's step time (ms) of a median result, in run order."""
+    return None if result is None else [1e3 * batch / r for r in result["samples_per_s_runs"]]
 
 
 def record_slopes(

@@ -213,7 +213,7 @@ def median_run(
     results: list[dict | None], rates: Iterable[str] = ("samples_per_s",)
 ) -> dict | None:
     """Repeated runs of one configuration as one result: the median of each of ``rates``
-    over the runs (None runs, configurations that did not run, are left out), the
+    the runs report over the runs (None runs, configurations that did not run, are left out), the
     highest ``peak_rss_bytes``, and each rate's values in run order under
     ``"<rate>_runs"``. None when no run is left.
 
@@ -225,7 +225,7 @@ def median_run(
     if not done:
         return None
     merged = dict(done[0])
-    for rate in rates:
+    for rate in (r for r in rates if r in merged):
         values = [r[rate] for r in done]
         merged[rate] = statistics.median(values)
         merged[rate + "_runs"] = values
