@@ -212,10 +212,10 @@ def paired_median_seconds(
 def median_run(
     results: list[dict | None], rates: Iterable[str] = ("samples_per_s",)
 ) -> dict | None:
-    """Repeated runs of one configuration as one result: the median of each of ``rates``
-    the runs report over the runs (None runs, configurations that did not run, are left out), the
-    highest ``peak_rss_bytes``, and each rate's values in run order under
-    ``"<rate>_runs"``. None when no run is left.
+    """Repeated runs of one configuration as one result: for each of ``rates`` that the
+    runs report, its median over the runs and its values in run order under
+    ``"<rate>_runs"``; the highest ``peak_rss_bytes``. None runs (a configuration that
+    did not run) are left out; None when no run is left.
 
     The median, not the best run: a best run flatters whichever implementation a noisy
     neighbour happened to spare, and the targets of WORKLOADS.md are medians of
