@@ -186,30 +186,37 @@ def test_unique_keys(cpu_threads):
 @pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["sgd", "adagrad", "rowwise", "adam"])
 @pytest.mark.parametrize("mode", [0, 1], ids=["sum", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pool_gather_and_backward(optimizer, mode, dtype, cpu_threads):
-    row = DIM + {0: 0, 1: DIM, 2: 1, 3: 2 * DIM}[optimizer]
+# dim 64: the CPU executor's register kernels (csrc/cpu/row_lanes.h), weighted or not; 20:
+# sum_of_squares' lanes with a remainder; 4: the run-time dim loops.
+@pytest.mark.parametrize(
+    "dim, weighted", [(4, True), (64, True), (64, False), (20, False)],
+    ids=["dim4-weighted", "dim64-weighted", "dim64", "dim20"],
+)  # fmt: skip
+def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_threads):
+    row = dim + {0: 0, 1: dim, 2: 1, 3: 2 * dim}[optimizer]
     g = torch.Generator().manual_seed(6)
     num_bags = 3000
     lengths = torch.randint(0, 6, (num_bags,), generator=g)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     keys = torch.randint(0, 2000, (int(offsets[-1]),), generator=g)
-    weights = torch.rand(keys.numel(), generator=g)
-    grad = torch.randn(num_bags, DIM, generator=g)
+    weights = torch.rand(keys.numel(), generator=g) if weighted else None
+    grad = torch.randn(num_bags, dim, generator=g)
     table = _table(LFU, num_buckets=64, fast_slots=700, dtype=dtype)  # some keys fail: slot -1
     table[4] = torch.zeros(700, row, dtype=dtype)
     table[7] = torch.zeros(1024 - 700, row, dtype=dtype)
     unique, inverse, counts = CPU.unique_keys(keys)
     slots, _, _ = CPU.table_find_or_insert_slots(
-        table, [LFU, 1, 2, 0, DIM], UNIFORM_INIT, unique, None, counts, True, None, False
+        table, [LFU, 1, 2, 0, dim], UNIFORM_INIT, unique, None, counts, True, None, False
     )
+    assert (slots < 0).any() and (slots >= 0).any()  # bags with and without missing rows
     opt = [float(optimizer), 0.05, 1e-8, 0.9, 0.99, 0.01]
 
     def step(lib, t):
         pooled = lib.embedding_pool(
-            t, slots[inverse], keys, offsets, weights, mode, UNIFORM_INIT, 2, DIM
+            t, slots[inverse], keys, offsets, weights, mode, UNIFORM_INIT, 2, dim
         )
-        rows = lib.embedding_gather(t, slots[inverse], keys, UNIFORM_INIT, 2, DIM)
-        lib.embedding_backward(t, slots, inverse, offsets, weights, mode, grad, opt, 3, DIM)
+        rows = lib.embedding_gather(t, slots[inverse], keys, UNIFORM_INIT, 2, dim)
+        lib.embedding_backward(t, slots, inverse, offsets, weights, mode, grad, opt, 3, dim)
         return [pooled, rows]
 
     _run_both(table, step)

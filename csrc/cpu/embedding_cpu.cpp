@@ -6,9 +6,12 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_platform.h"
+#include "cpu/row_lanes.h"
 
 namespace dynemb::cpu {
 
@@ -26,6 +29,14 @@ constexpr int64_t kBagDistance = 4;
 template <class V>
 DYNEMB_INLINE void prefetch_row(const TableRef<V>& t, int64_t slot) {
   CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));
+}
+
+/// Prefetches every cache line holding a byte of [addr, addr + bytes).
+DYNEMB_INLINE void prefetch_span(const void* addr, int64_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
+  for (uintptr_t line = begin & ~uintptr_t{63}; line < begin + bytes; line += 64) {
+    CpuPlatform::prefetch(reinterpret_cast<const void*>(line));
+  }
 }
 
 /// A buffer of n elements of T (contents unspecified), reused by the calling thread:
@@ -57,26 +68,67 @@ void pool_bags_by_key(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_
   pool_bags(per_index, mode, b0, b1);
 }
 
-template <class V>
-void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
-  const int64_t bytes = p.dim * static_cast<int64_t>(sizeof(float));
-  // A bag is summed in a cached row, then stored: pool_bag's read-modify-writes
-  // would otherwise wait on the output's (strided, not yet cached) lines.
-  float* const sum = scratch(p.dim);
+/// Calls pool_one(b, out) for bags [b0, b1) of one part, out the bag's place, while
+/// prefetching the rows of the next bag and the output lines kBagDistance bags ahead.
+template <class V, class PoolOne>
+DYNEMB_INLINE void for_each_bag(const PoolPart<V>& p, int64_t b0, int64_t b1, PoolOne&& pool_one) {
+  const int64_t out_bytes = p.dim * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = p.dim * static_cast<int64_t>(sizeof(V));  // not the state
   for (int64_t b = b0; b < b1; ++b) {
     if (b + kBagDistance < b1) {
-      CpuPlatform::prefetch_lines_for_write(p.out.at(b + kBagDistance), bytes);
+      CpuPlatform::prefetch_lines_for_write(p.out.at(b + kBagDistance), out_bytes);
     }
-    // Prefetch the rows of the next bag while pooling this one.
     if (b + 1 < b1) {
       for (int64_t i = p.offsets[b + 1]; i < p.offsets[b + 2]; ++i) {
         const int64_t slot = p.slots[i];
-        if (slot >= 0) prefetch_row(p.table, slot);
+        if (slot >= 0) prefetch_span(p.table.row(slot), row_bytes);
       }
     }
-    pool_part_bag(p, mode, b, sum);
-    std::copy(sum, sum + p.dim, p.out.at(b));
+    pool_one(b, p.out.at(b));
   }
+}
+
+/// pool_bag of bag b for float rows of dim kDim (row_lanes.h), into out; false, with
+/// nothing written, when an index of the bag has no stored row (pool_bag draws it).
+/// An unweighted term is the row itself: pool_bag's 1.0f * x is x.
+template <int64_t kDim>
+DYNEMB_INLINE bool pool_stored_bag(const PoolPart<float>& p, PoolingMode mode, int64_t b,
+                                   float* out) {
+  const int64_t begin = p.offsets[b], end = p.offsets[b + 1];
+  auto sum = LaneRow<kDim>::zeros();
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t slot = p.slots[i];
+    if (slot < 0) return false;
+    if (p.weights == nullptr) {
+      sum.add(p.table.row(slot));
+    } else {
+      sum.add_scaled(p.weights[i], p.table.row(slot));
+    }
+  }
+  if (mode == PoolingMode::kMean && end > begin) sum.scale(1.0f / static_cast<float>(end - begin));
+  sum.store(out);
+  return true;
+}
+
+template <class V>
+void pool_bags(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_t b1) {
+  // A bag is summed in registers or in a cached row, then stored: pool_bag's
+  // read-modify-writes would otherwise wait on the output's (strided, not yet
+  // cached) lines.
+  float* const sum = scratch(p.dim);
+  auto generic = [&](int64_t b, float* out) {
+    pool_part_bag(p, mode, b, sum);
+    std::copy(sum, sum + p.dim, out);
+  };
+  if constexpr (std::is_same_v<V, float>) {
+    const bool done = with_lane_dim(p.dim, [&](auto dim) {
+      for_each_bag(p, b0, b1, [&](int64_t b, float* out) {
+        if (!pool_stored_bag<decltype(dim)::value>(p, mode, b, out)) generic(b, out);
+      });
+    });
+    if (done) return;
+  }
+  for_each_bag(p, b0, b1, generic);
 }
 
 }  // namespace
@@ -112,34 +164,65 @@ void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int
 
 namespace {
 
-/// The gradients of one part's distinct keys [u0, u1), summed in acc ((u1 - u0) * dim
-/// floats) in ascending index order (the rule of core/pooling.h), scanning the part's
-/// bags, then the updates of their rows.
+/// A term of a distinct key's gradient: grad_scale(i) * the row g of index i's bag.
+struct GradTerm {
+  const float* g;
+  float scale;
+};
+
+/// The gradients of one part's distinct keys [u0, u1), each summed over its indices in
+/// ascending index order (the rule of core/pooling.h), then the updates of their rows.
+/// The indices' terms are first grouped by key (a counting sort, stable, so each
+/// key's terms stay in ascending index order); each key's gradient is then summed in
+/// one row that stays in L1 and its row updated at once. Summing in a per-key
+/// accumulator of the whole range instead scattered every index's read-modify-write
+/// over (u1 - u0) * dim floats (W-train: 5.5 MB a table, beyond L2).
 template <class V>
 void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerArgs& opt,
-                   int64_t u0, int64_t u1, float* acc) {
+                   int64_t u0, int64_t u1) {
   const int64_t dim = p.dim;
-  const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(float));
-  std::fill(acc, acc + (u1 - u0) * dim, 0.0f);
+  const int64_t keys = u1 - u0;
+  // end[k]: after the fill, one past the last term of key u0 + k (its first is end[k - 1],
+  // or 0); before it, the next free place of that key.
+  int64_t* const end = scratch<int64_t>(keys + 1);
+  std::fill(end, end + keys + 1, 0);
+  for (int64_t i = 0; i < p.num_indices; ++i) {
+    const int64_t u = p.inverse[i];
+    if (u >= u0 && u < u1) ++end[u - u0 + 1];
+  }
+  for (int64_t k = 1; k <= keys; ++k) end[k] += end[k - 1];
+  GradTerm* const terms = scratch<GradTerm>(end[keys]);
   for (int64_t b = 0; b < p.num_bags; ++b) {
-    if (b + kBagDistance < p.num_bags) {
-      CpuPlatform::prefetch_lines(p.grad.at(b + kBagDistance), grad_bytes);
-    }
     const float* g = p.grad.at(b);
     for (int64_t i = p.offsets[b]; i < p.offsets[b + 1]; ++i) {
       const int64_t u = p.inverse[i];
-      if (u < u0 || u >= u1 || p.unique_slots[u] < 0) continue;
-      add_gradient(acc + (u - u0) * dim,
-                   grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]), g, dim);
+      if (u < u0 || u >= u1) continue;
+      terms[end[u - u0]++] = {g, grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1])};
     }
   }
-  for (int64_t u = u0; u < u1; ++u) {
-    const int64_t ahead = u + kUpdateDistance;
-    if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
-    if (p.unique_slots[u] >= 0) {
-      update_row(opt, p.table.row(p.unique_slots[u]), dim, acc + (u - u0) * dim);
+  float* const acc = scratch(dim);
+  auto update_keys = [&](auto sum_terms) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t ahead = u + kUpdateDistance;
+      if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
+      const int64_t slot = p.unique_slots[u];
+      if (slot < 0) continue;
+      sum_terms(u == u0 ? 0 : end[u - u0 - 1], end[u - u0]);
+      update_row(opt, p.table.row(slot), dim, acc);
     }
-  }
+  };
+  const bool done = with_lane_dim(dim, [&](auto lane_dim) {
+    update_keys([&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
+      auto sum = LaneRow<decltype(lane_dim)::value>::zeros();
+      for (int64_t k = k0; k < k1; ++k) sum.add_scaled(terms[k].scale, terms[k].g);
+      sum.store(acc);
+    });
+  });
+  if (done) return;
+  update_keys([&](int64_t k0, int64_t k1) {
+    std::fill(acc, acc + dim, 0.0f);
+    for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
+  });
 }
 
 }  // namespace
@@ -149,7 +232,7 @@ void backward_update(const BackwardPart<V>* parts, int64_t count, PoolingMode mo
                      const OptimizerArgs& opt) {
   // Tasks: per part, about one range of its distinct keys per thread (at least 64
   // keys each); a task scans its part's batch and updates its keys' rows, summing in
-  // its thread's scratch (one table's share at a time: it stays in the caches).
+  // its thread's scratch.
   struct Task {
     int64_t part, u0, u1;
   };
@@ -163,9 +246,7 @@ void backward_update(const BackwardPart<V>* parts, int64_t count, PoolingMode mo
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       const Task& task = tasks[j];
-      const BackwardPart<V>& p = parts[task.part];
-      float* const acc = scratch((task.u1 - task.u0) * p.dim);
-      backward_task(p, mode, opt, task.u0, task.u1, acc);
+      backward_task(parts[task.part], mode, opt, task.u0, task.u1);
     }
   });
 }

@@ -1,0 +1,83 @@
+// dynemb CPU executor: float row loops at a dim known when compiling, summed in
+// registers.
+//
+// pooling.h's loops take dim at run time: each index of a bag then loads, adds to and
+// stores the whole output row (the compiler cannot keep it in registers), behind a
+// run-time alias check. For float tables whose dim is a multiple of 8 up to kMaxLaneDim
+// (most embedding dims), the executor instead keeps the row being summed in dim / 8
+// registers of 8 floats. Each element still gets the same terms, multiplied and added
+// in the same order (no contraction: -ffp-contract=off), so the bits are pooling.h's.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "core/macros.h"
+
+namespace dynemb::cpu {
+
+// Loops over a row's registers are unrolled whole (GCC keeps an array member in
+// registers only when every index is a constant).
+#define DYNEMB_UNROLL_LANES _Pragma("GCC unroll 16")
+
+/// 8 floats in a register.
+typedef float Lane8 __attribute__((vector_size(32)));
+/// The same at any float's address (rows start at any float): reading or writing one
+/// through a pointer is an unaligned vector load or store. (memcpy into a Lane8 went
+/// through the stack in two halves, and each add then waited on that store.)
+typedef float UnalignedLane8 __attribute__((vector_size(32), aligned(4)));
+
+/// The largest dim with a register kernel (16 registers of 8 floats).
+constexpr int64_t kMaxLaneDim = 128;
+
+/// A row of kDim floats held in registers.
+template <int64_t kDim>
+struct LaneRow {
+  static_assert(kDim % 8 == 0 && kDim > 0 && kDim <= kMaxLaneDim);
+  static constexpr int64_t kLanes = kDim / 8;
+  Lane8 lane[kLanes];
+
+  DYNEMB_INLINE static LaneRow zeros() {
+    LaneRow r;
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) r.lane[c] = Lane8{};
+    return r;
+  }
+  DYNEMB_INLINE static Lane8 load(const float* p, int64_t c) {
+    return *reinterpret_cast<const UnalignedLane8*>(p + 8 * c);
+  }
+  /// this += x (row x of kDim floats).
+  DYNEMB_INLINE void add(const float* x) {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) lane[c] += load(x, c);
+  }
+  /// this += w * x: each element w * x[j] rounded, then added (pooling.h's order).
+  DYNEMB_INLINE void add_scaled(float w, const float* x) {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) lane[c] += w * load(x, c);
+  }
+  DYNEMB_INLINE void scale(float s) {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) lane[c] *= s;
+  }
+  DYNEMB_INLINE void store(float* out) const {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) *reinterpret_cast<UnalignedLane8*>(out + 8 * c) = lane[c];
+  }
+};
+
+/// Calls f(std::integral_constant<int64_t, dim>{}) when dim has a register kernel
+/// (8, 16, 32, 64, 128) and returns true; false otherwise (f not called).
+template <class F>
+DYNEMB_INLINE bool with_lane_dim(int64_t dim, F&& f) {
+  switch (dim) {
+    case 8: f(std::integral_constant<int64_t, 8>{}); return true;
+    case 16: f(std::integral_constant<int64_t, 16>{}); return true;
+    case 32: f(std::integral_constant<int64_t, 32>{}); return true;
+    case 64: f(std::integral_constant<int64_t, 64>{}); return true;
+    case 128: f(std::integral_constant<int64_t, 128>{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace dynemb::cpu
