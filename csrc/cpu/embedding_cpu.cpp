@@ -201,25 +201,27 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
     }
   }
   float* const acc = scratch(dim);
-  auto update_keys = [&](auto sum_terms) {
+  // row_dim: dim, or the same as a compile-time constant (the update's loops then
+  // have fixed trip counts).
+  auto update_keys = [&](auto row_dim, auto sum_terms) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t ahead = u + kUpdateDistance;
       if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
       const int64_t slot = p.unique_slots[u];
       if (slot < 0) continue;
       sum_terms(u == u0 ? 0 : end[u - u0 - 1], end[u - u0]);
-      update_row(opt, p.table.row(slot), dim, acc);
+      update_row(opt, p.table.row(slot), static_cast<int64_t>(row_dim), acc);
     }
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {
-    update_keys([&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
+    update_keys(lane_dim, [&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
       auto sum = LaneRow<decltype(lane_dim)::value>::zeros();
       for (int64_t k = k0; k < k1; ++k) sum.add_scaled(terms[k].scale, terms[k].g);
       sum.store(acc);
     });
   });
   if (done) return;
-  update_keys([&](int64_t k0, int64_t k1) {
+  update_keys(dim, [&](int64_t k0, int64_t k1) {
     std::fill(acc, acc + dim, 0.0f);
     for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
   });
