@@ -23,9 +23,10 @@ namespace dynemb::cpu {
 /// 8 floats in a register.
 typedef float Lane8 __attribute__((vector_size(32)));
 /// The same at any float's address (rows start at any float): reading or writing one
-/// through a pointer is an unaligned vector load or store. (memcpy into a Lane8 went
+/// through a pointer is an unaligned vector load or store, allowed to alias the floats
+/// (may_alias, as the compilers' own _mm256_loadu_ps does). (memcpy into a Lane8 went
 /// through the stack in two halves, and each add then waited on that store.)
-typedef float UnalignedLane8 __attribute__((vector_size(32), aligned(4)));
+typedef float UnalignedLane8 __attribute__((vector_size(32), aligned(4), may_alias));
 
 /// The largest dim with a register kernel (16 registers of 8 floats).
 constexpr int64_t kMaxLaneDim = 128;
