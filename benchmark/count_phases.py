@@ -22,9 +22,10 @@ perf's ack):
 - ``step``: the whole step (input dist to backward);
 - ``lookup``: ``compute`` (dynemb: dedup, probe and pooling; TorchRec: its forward op);
 - ``backward``: ``loss.backward()`` (gradient reduction and the fused optimizer);
-- ``dedup``, ``probe``, ``pooling`` (dynemb only): the calls of
-  ``dynemb._ops.unique_keys_grouped``, ``table_find_or_insert_slots`` and
-  ``embedding_pool_into_grouped``.
+- ``dedup``, ``probe``, ``pooling``, ``update`` (dynemb only): the calls of
+  ``dynemb._ops.unique_keys_grouped``, ``table_find_or_insert_slots``,
+  ``embedding_pool_into_grouped`` and ``embedding_backward_grouped`` (the gradient
+  sums and the fused optimizer; ``backward`` less ``update`` is autograd and Python).
 
 Output: a JSON line per (implementation, phase, counter), per step, dynemb's beside
 TorchRec's where both have the phase; a table on stderr. Needs ``perf`` and hardware
@@ -54,6 +55,7 @@ OPS = {  # dynemb-only phases: the dynemb._ops function each one counts
     "dedup": "unique_keys_grouped",
     "probe": "table_find_or_insert_slots",
     "pooling": "embedding_pool_into_grouped",
+    "update": "embedding_backward_grouped",
 }
 IMPL_NAMES = {"torchrec": "torchrec.EBC.FUSED", "dynemb": "dynemb.EBC.DMP"}
 

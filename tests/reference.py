@@ -14,6 +14,7 @@ import numpy as np
 from dynemb.table.capacity import bucket_counts
 
 M64 = (1 << 64) - 1
+M32 = (1 << 32) - 1
 MAX_PROBE_BUCKETS = 4
 HIT, INSERTED, EVICTED, FAILED = range(4)
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
@@ -47,8 +48,17 @@ def digest_of(key: int) -> int:
     return d if d else 1
 
 
-def _draw(stream: int, c: int) -> int:
-    return mix64(stream + (c + 1) * 0x9E3779B97F4A7C15)
+def _draw32(stream: int, c: int) -> int:
+    """core/initializer.h draw32: fmix32 of the counter, the stream's high word added
+    between its multiplies."""
+    x = ((stream & M32) + (c + 1) * 0x9E3779B9) & M32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & M32
+    x ^= x >> 13
+    x = (x + (stream >> 32)) & M32
+    x = (x * 0xC2B2AE35) & M32
+    x ^= x >> 16
+    return x
 
 
 def init_row(
@@ -58,12 +68,9 @@ def init_row(
     stream = mix64((key & M64) ^ mix64((seed & M64) ^ 0x5851F42D4C957F2D))
     row = np.full(row_width, extra, dtype=np.float32)
     if mode == 2:
-        for j in range(0, dim, 2):
-            r = _draw(stream, j >> 1)
-            for jj, word in ((j, r & 0xFFFFFFFF), (j + 1, r >> 32)):
-                if jj < dim:
-                    u = np.float32((word >> 8) * 2.0**-24)
-                    row[jj] = np.float32(a) + (np.float32(b) - np.float32(a)) * u
+        for j in range(dim):
+            u = np.float32((_draw32(stream, j) >> 8) * 2.0**-24)
+            row[j] = np.float32(a) + (np.float32(b) - np.float32(a)) * u
     elif mode == 3:
         row[:dim] = a
     elif mode == 4:

@@ -43,34 +43,72 @@ struct ProbeOrder {
   int64_t groups;
   int64_t span;  // groups rounded up to a power of two
 
+  ProbeOrder() = default;
   DYNEMB_HD ProbeOrder(uint64_t hash, int64_t bucket_capacity)
-      : home(home_group_of(hash, bucket_capacity / 16)), groups(bucket_capacity / 16), span(1) {
-    while (span < groups) span <<= 1;
-  }
+      : home(home_group_of(hash, bucket_capacity / 16)), groups(bucket_capacity / 16),
+        span(power_of_two_at_least(groups)) {}
   /// Group at position k, or -1 when position k is skipped.
   DYNEMB_HD int64_t group(int64_t k) const {
     const int64_t g = home ^ k;
     return g < groups ? g : -1;
   }
+
+  /// @param n in [1, 2^32]
+  DYNEMB_HD static int64_t power_of_two_at_least(int64_t n) {
+    uint64_t x = static_cast<uint64_t>(n - 1);  // smear the top bit down, without a loop
+    x |= x >> 1;
+    x |= x >> 2;
+    x |= x >> 4;
+    x |= x >> 8;
+    x |= x >> 16;
+    return static_cast<int64_t>(x + 1);
+  }
 };
 
-/// @return the slot of `key` in `bucket`, or -1.
+/// What a key's hash decides in a table (hash.h): its home bucket, its digest and
+/// its probe order. Executors that take a key through several stages (prefetch,
+/// then the table operation) compute it once and pass it along.
+struct KeyProbe {
+  int64_t bucket;
+  ProbeOrder order;
+  uint8_t digest;
+
+  KeyProbe() = default;
+  template <class V>
+  DYNEMB_HD KeyProbe(const TableRef<V>& t, int64_t key) : KeyProbe(t, hash_key(key)) {}
+  template <class V>
+  DYNEMB_HD KeyProbe(const TableRef<V>& t, uint64_t hash)
+      : bucket(bucket_of(hash, t.num_buckets)), order(hash, t.bucket_capacity),
+        digest(digest_of(hash)) {}
+};
+
+/// The slot of `key` among the 16 of the group starting at slot `first`, or -1.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t group_find(const TableRef<V>& t, int64_t first, int64_t key,
+                                           uint8_t digest) {
+  uint32_t mask = P::match16(t.digests + first, digest);
+  while (mask != 0) {
+    const int64_t slot = first + lowest_bit(mask);
+    if (t.keys[slot] == key) return slot;
+    mask &= mask - 1;
+  }
+  return -1;
+}
+
+/// @return the slot of `key` in `bucket`, or -1. A key holds one slot at most, so
+/// the order of the scan decides nothing: the home group first (where nearly every
+/// key sits), then the others in slot order (a miss reads them all, and a plain
+/// loop costs half the probe order's).
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket, int64_t key,
                                             uint8_t digest, const ProbeOrder& order) {
   const int64_t base = bucket * t.bucket_capacity;
-  for (int64_t k = 0; k < order.span; ++k) {
-    const int64_t g = order.group(k);
-    if (g < 0) continue;
-    const int64_t first = base + 16 * g;
-    uint32_t mask = P::match16(t.digests + first, digest);
-    while (mask != 0) {
-      const int64_t slot = first + lowest_bit(mask);
-      if (t.keys[slot] == key) return slot;
-      mask &= mask - 1;
-    }
+  const int64_t home = base + 16 * order.home;
+  int64_t slot = group_find<P>(t, home, key, digest);
+  for (int64_t first = base; slot < 0 && first < base + t.bucket_capacity; first += 16) {
+    if (first != home) slot = group_find<P>(t, first, key, digest);
   }
-  return -1;
+  return slot;
 }
 
 /// @return the first empty slot of `bucket` in probe order, or -1 when it is full.

@@ -1,9 +1,15 @@
 // dynemb core: the rows given to new keys.
 //
 // A new row depends only on (seed, key, column): element j draws from a
-// counter-based generator keyed by mix64(key ^ mix64(seed)), so the same key gets
-// the same initial row whatever the batch order, thread count, device or world
-// size. Extra columns (optimizer state) start at `extra_value`.
+// counter-based generator keyed by stream_of(seed, key), so the same key gets the
+// same initial row whatever the batch order, thread count, device or world size.
+// Extra columns (optimizer state) start at `extra_value`.
+//
+// UNIFORM, the default mode, draws one 32-bit word per element (draw32): 32-bit
+// multiplies, so a row's draws run in vector lanes (AVX2 has no 64-bit multiply;
+// the 64-bit draws cost a new row of 64 ~490 instructions, a third of a training
+// lookup when half its keys are new). The normal modes keep the 64-bit draws: their
+// logarithms and sines cost more than the draws.
 #pragma once
 
 #include <math.h>
@@ -40,6 +46,11 @@ struct InitArgs {
   uint64_t seed;
 };
 
+/// A uniform in [0, 1) (24-bit resolution) from the top bits of a 32-bit draw.
+DYNEMB_HD DYNEMB_INLINE float unit_of(uint32_t r) {
+  return static_cast<float>(r >> 8) * (1.0f / 16777216.0f);  // 2^-24
+}
+
 /// Two independent uniforms in [0, 1) (24-bit resolution) from one 64-bit draw.
 DYNEMB_HD DYNEMB_INLINE void unit_pair(uint64_t r, float* u0, float* u1) {
   constexpr float kScale = 1.0f / 16777216.0f;  // 2^-24
@@ -62,20 +73,31 @@ DYNEMB_HD DYNEMB_INLINE uint64_t draw(uint64_t stream, uint64_t c) {
   return mix64(stream + (c + 1) * 0x9E3779B97F4A7C15ULL);
 }
 
+/// Draw c of the 32-bit stream of one key: murmur3's fmix32 of the counter offset
+/// by the stream's low word, with the high word added between its two multiplies
+/// (so the row depends on all 64 bits of the stream).
+DYNEMB_HD DYNEMB_INLINE uint32_t draw32(uint64_t stream, uint32_t c) {
+  uint32_t x = static_cast<uint32_t>(stream) + (c + 1u) * 0x9E3779B9u;
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x += static_cast<uint32_t>(stream >> 32);
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return x;
+}
+
 DYNEMB_HD DYNEMB_INLINE uint64_t stream_of(uint64_t seed, int64_t key) {
   return mix64(static_cast<uint64_t>(key) ^ mix64(seed ^ 0x5851F42D4C957F2DULL));
 }
 
 /// Element j of the initial row of `key` (stream = stream_of(seed, key)). init_row
-/// produces the same values, two elements per draw where it can.
+/// produces the same values (the normal modes: two elements per draw).
 DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, int64_t key,
                                            int64_t j) {
   switch (a.mode) {
-    case InitMode::kUniform: {
-      float u0, u1;
-      unit_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &u0, &u1);
-      return a.a + (a.b - a.a) * ((j & 1) ? u1 : u0);
-    }
+    case InitMode::kUniform:
+      return a.a + (a.b - a.a) * unit_of(draw32(stream, static_cast<uint32_t>(j)));
     case InitMode::kNormal: {
       float z0, z1;
       normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
@@ -106,23 +128,13 @@ template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
   const uint64_t stream = stream_of(a.seed, key);
   if (a.mode == InitMode::kUniform) {
-    // Whole pairs first, in a loop without branches that compilers vectorise (new
-    // rows are a fifth of find_or_insert's time when half the keys are new); the
+    // One draw per element, in a loop without branches that compilers vectorise; the
     // bounds live in locals because stores to out might otherwise alias them.
     const float lo = a.a;
     const float span = a.b - a.a;
-    const int64_t pairs = dim / 2;
-    for (int64_t p = 0; p < pairs; ++p) {
-      float u0, u1;
-      unit_pair(draw(stream, static_cast<uint64_t>(p)), &u0, &u1);
-      out[2 * p] = static_cast<V>(lo + span * u0);
-      out[2 * p + 1] = static_cast<V>(lo + span * u1);
-    }
-    if (dim % 2 != 0) {
-      float u0, u1;
-      unit_pair(draw(stream, static_cast<uint64_t>(pairs)), &u0, &u1);
-      out[dim - 1] = static_cast<V>(lo + span * u0);
-    }
+    // A 32-bit counter: the draws' lanes are 32 bits, no 64-bit index to narrow.
+    const uint32_t n = static_cast<uint32_t>(dim);
+    for (uint32_t j = 0; j < n; ++j) out[j] = static_cast<V>(lo + span * unit_of(draw32(stream, j)));
   } else if (a.mode == InitMode::kNormal) {  // one Box-Muller draw serves two columns
     for (int64_t j = 0; j < dim; j += 2) {
       float z0, z1;

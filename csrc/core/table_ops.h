@@ -136,13 +136,14 @@ DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, in
 /// with a full or overflowed home bucket): upsert_spill decides it in pass 2.
 /// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or
 /// -1; it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
+/// `p`: KeyProbe(t, key), computed by the caller.
 template <class P, class V, class Sink>
 DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
-                           const UpsertArgs& u, Sink& sink, Status* status, int64_t hint = -1) {
-  const uint64_t h = hash_key(key);
-  const uint8_t digest = digest_of(h);
-  const ProbeOrder order(h, t.bucket_capacity);
-  const int64_t home = bucket_of(h, t.num_buckets);
+                           const KeyProbe& p, const UpsertArgs& u, Sink& sink, Status* status,
+                           int64_t hint = -1) {
+  const uint8_t digest = p.digest;
+  const ProbeOrder& order = p.order;
+  const int64_t home = p.bucket;
   const ScoreArgs& a = u.score;
 
   P::lock(&t.locks[home]);
@@ -176,6 +177,13 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
   }
   P::unlock(&t.locks[home]);
   return decided;
+}
+
+/// upsert_home of a key whose KeyProbe is not at hand.
+template <class P, class V, class Sink>
+DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                           const UpsertArgs& u, Sink& sink, Status* status, int64_t hint = -1) {
+  return upsert_home<P>(t, i, o, key, KeyProbe(t, key), u, sink, status, hint);
 }
 
 /// Pass 2 of a batch upsert: key i, left by upsert_home, walks its window: a hit in

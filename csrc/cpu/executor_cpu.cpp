@@ -100,7 +100,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   auto key_at = [&](int64_t x) { return keys[position(x)]; };
   const int64_t first = all ? begin : 0;
   const int64_t last = all ? end : static_cast<int64_t>(pending.size());
-  auto body = [&](int64_t x, int64_t hint) {
+  auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
     if constexpr (ReadsInputRows<Sink>) {
       // In partition order the caller's rows are read out of order, beyond what the
       // hardware prefetcher follows: fetch the row of the key one group ahead.
@@ -112,7 +112,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     const int64_t j = position(x);
     const int64_t i = index_of(j);
     Status s;
-    if (upsert_home<Q>(t, i, j, keys[j], args, sink, &s, hint)) {
+    if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
       status[j] = static_cast<int8_t>(s);
       ++counts.by_status[static_cast<int>(s)];
     } else {

@@ -14,12 +14,15 @@
 // not fetched at all), and the group size is per loop: read-only loops (find,
 // erase), which keep fewer lines per key in flight, run further ahead.
 //
-// Nothing here decides anything: the body recomputes everything from the table;
-// the prefetches and the slot hint only make its lines arrive early.
+// Nothing here decides anything: the body reads everything from the table; the
+// prefetches and the slot hint only make its lines arrive early. What it may take
+// from stage 1 is the key's KeyProbe (core/bucket.h), a function of the key and the
+// table's shape, which no loop changes.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/bucket.h"
 #include "core/hash.h"
@@ -90,14 +93,13 @@ DYNEMB_INLINE void prefetch_bucket_lines(const TableRef<V>& t, int64_t bucket,
 /// Stage 1: the key's digests, and a writer's overflow byte (upsert reads it
 /// first) and lock word.
 template <Touches kTouches, class V>
-DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key, const BucketSpan& span) {
-  const uint64_t h = hash_key(key);
-  const int64_t b = bucket_of(h, t.num_buckets);
+DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
+                                    const BucketSpan& span) {
+  const int64_t b = p.bucket;
   if (span.whole()) {
     prefetch_bucket_lines(t, b, nullptr);
   } else {
-    CpuPlatform::prefetch(t.digests + b * t.bucket_capacity +
-                          16 * ProbeOrder(h, t.bucket_capacity).home);
+    CpuPlatform::prefetch(t.digests + b * t.bucket_capacity + 16 * p.order.home);
   }
   if (kTouches != Touches::kRead) CpuPlatform::prefetch(t.overflow + b);
   if (kTouches == Touches::kWriteLocked) CpuPlatform::prefetch_for_write(t.locks + b);
@@ -108,11 +110,10 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, int64_t key, const Buc
 /// the whole bucket if `span` prefetched it, else the bucket's other lines are
 /// prefetched for the body.
 template <Touches kTouches, RowUse kRows, class V>
-DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpan& span) {
-  const uint64_t h = hash_key(key);
-  const int64_t b = bucket_of(h, t.num_buckets);
-  const ProbeOrder order(h, t.bucket_capacity);
-  const uint8_t digest = digest_of(h);
+DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, BucketSpan& span) {
+  const int64_t b = p.bucket;
+  const ProbeOrder& order = p.order;
+  const uint8_t digest = p.digest;
   int64_t slot = likely_slot<CpuPlatform>(t, b, digest, order, kLineGroups);
   span.count(slot < 0);
   if (slot < 0 || t.digests[slot] != digest) {  // no match in the home line
@@ -145,21 +146,30 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, int64_t key, BucketSpa
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group
 /// (kGroup keys per group); key_at(j) is the key body(j) will look up and hint its
-/// likely slot (or -1).
+/// likely slot (or -1). A body that takes a third argument gets the key's KeyProbe
+/// too: each key is hashed once, in stage 1.
 template <Touches kTouches, RowUse kRows, int64_t kGroup, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
-  int64_t hints[2 * kGroup];  // hint of j at hints[(j - begin) % (2 * kGroup)]
+  // Entry (j - begin) % kRing of each ring: j's probe from stage 1 and hint from
+  // stage 2; stage 1 runs two groups ahead of the body, stage 2 one group. Four
+  // groups, not three: a power of two makes the modulo a mask (kGroup is one).
+  constexpr int64_t kRing = 4 * kGroup;
+  static_assert((kGroup & (kGroup - 1)) == 0, "kGroup must be a power of two");
+  KeyProbe probes[kRing];
+  int64_t hints[kRing];
   BucketSpan span;
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      detail::prefetch_digests<kTouches>(t, key_at(j), span);
+      KeyProbe& p = probes[(j - begin) % kRing];
+      p = KeyProbe(t, key_at(j));
+      detail::prefetch_digests<kTouches>(t, p, span);
     }
   };
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      hints[(j - begin) % (2 * kGroup)] =
-          detail::prefetch_slot<kTouches, kRows>(t, key_at(j), span);
+      const int64_t r = (j - begin) % kRing;
+      hints[r] = detail::prefetch_slot<kTouches, kRows>(t, probes[r], span);
     }
   };
   digests(begin);
@@ -169,7 +179,12 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
     digests(g + 2 * kGroup);
     slots(g + kGroup);
     for (int64_t j = g; j < std::min(end, g + kGroup); ++j) {
-      body(j, hints[(j - begin) % (2 * kGroup)]);
+      const int64_t r = (j - begin) % kRing;
+      if constexpr (std::is_invocable_v<Body&, int64_t, int64_t, const KeyProbe&>) {
+        body(j, hints[r], probes[r]);
+      } else {
+        body(j, hints[r]);
+      }
     }
   }
 }
