@@ -186,11 +186,12 @@ def test_unique_keys(cpu_threads):
 @pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["sgd", "adagrad", "rowwise", "adam"])
 @pytest.mark.parametrize("mode", [0, 1], ids=["sum", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# dim 64: the CPU executor's register kernels (csrc/cpu/row_lanes.h), weighted or not; 20:
-# sum_of_squares' lanes with a remainder; 4: the run-time dim loops.
+# dims 64 and 16: the CPU executor's register kernels (csrc/cpu/row_lanes.h; 16: two
+# registers a row), weighted or not; 20: sum_of_squares' lanes with a remainder; 4: the
+# run-time dim loops.
 @pytest.mark.parametrize(
-    "dim, weighted", [(4, True), (64, True), (64, False), (20, False)],
-    ids=["dim4-weighted", "dim64-weighted", "dim64", "dim20"],
+    "dim, weighted", [(4, True), (64, True), (64, False), (16, False), (20, False)],
+    ids=["dim4-weighted", "dim64-weighted", "dim64", "dim16", "dim20"],
 )  # fmt: skip
 def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_threads):
     row = dim + {0: 0, 1: dim, 2: 1, 3: 2 * dim}[optimizer]

@@ -201,29 +201,42 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
     }
   }
   float* const acc = scratch(dim);
-  // row_dim: dim, or the same as a compile-time constant (the update's loops then
-  // have fixed trip counts).
-  auto update_keys = [&](auto row_dim, auto sum_terms) {
+  // Calls update(k0, k1, row) for each stored key, its terms [k0, k1) and row.
+  auto for_each_key = [&](auto&& update) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t ahead = u + kUpdateDistance;
       if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
       const int64_t slot = p.unique_slots[u];
       if (slot < 0) continue;
-      sum_terms(u == u0 ? 0 : end[u - u0 - 1], end[u - u0]);
-      update_row(opt, p.table.row(slot), static_cast<int64_t>(row_dim), acc);
+      update(u == u0 ? 0 : end[u - u0 - 1], end[u - u0], p.table.row(slot));
     }
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {
-    update_keys(lane_dim, [&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
-      auto sum = LaneRow<decltype(lane_dim)::value>::zeros();
+    constexpr int64_t kDim = decltype(lane_dim)::value;
+    auto gradient = [&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
+      auto sum = LaneRow<kDim>::zeros();
       for (int64_t k = k0; k < k1; ++k) sum.add_scaled(terms[k].scale, terms[k].g);
-      sum.store(acc);
+      return sum;
+    };
+    if constexpr (std::is_same_v<V, float>) {
+      if (opt.kind == OptimizerKind::kRowwiseAdagrad) {
+        for_each_key([&](int64_t k0, int64_t k1, float* row) {
+          rowwise_adagrad_update(opt, row, gradient(k0, k1));
+        });
+        return;
+      }
+    }
+    // The dim as a constant: the update's loops have fixed trip counts.
+    for_each_key([&](int64_t k0, int64_t k1, V* row) {
+      gradient(k0, k1).store(acc);
+      update_row(opt, row, kDim, acc);
     });
   });
   if (done) return;
-  update_keys(dim, [&](int64_t k0, int64_t k1) {
+  for_each_key([&](int64_t k0, int64_t k1, V* row) {
     std::fill(acc, acc + dim, 0.0f);
     for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
+    update_row(opt, row, dim, acc);
   });
 }
 

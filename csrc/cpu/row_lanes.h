@@ -9,10 +9,13 @@
 // in the same order (no contraction: -ffp-contract=off), so the bits are pooling.h's.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 #include <utility>
 
 #include "core/macros.h"
+#include "core/optimizer_rules.h"
 
 namespace dynemb::cpu {
 
@@ -66,6 +69,37 @@ struct LaneRow {
     for (int64_t c = 0; c < kLanes; ++c) *reinterpret_cast<UnalignedLane8*>(out + 8 * c) = lane[c];
   }
 };
+
+/// core update_row's EXACT_ROWWISE_ADAGRAD on a float row ([w | state], kDim + 1
+/// floats) whose gradient g is in registers: the same operations on each element,
+/// and sum_of_squares' order: element j goes to lane j % 8 in ascending j (register
+/// c holds elements 8c .. 8c + 7, so lane l is register lane l), the lanes added as
+/// its tree. So the same bits, in vector registers (compiled from update_row, the
+/// lane sums and the row update stayed scalar: ~190 instructions a row of 16).
+template <int64_t kDim>
+DYNEMB_INLINE void rowwise_adagrad_update(const OptimizerArgs& a, float* row,
+                                          const LaneRow<kDim>& g) {
+  using Row = LaneRow<kDim>;
+  const float wd = a.weight_decay;
+  Lane8 squares{};
+  DYNEMB_UNROLL_LANES
+  for (int64_t c = 0; c < Row::kLanes; ++c) {
+    const Lane8 gj = g.lane[c] + wd * Row::load(row, c);
+    squares += gj * gj;
+  }
+  const float l04 = squares[0] + squares[4], l15 = squares[1] + squares[5];
+  const float l26 = squares[2] + squares[6], l37 = squares[3] + squares[7];
+  const float sum_sq = (l04 + l26) + (l15 + l37);
+  float* const state = row + kDim;
+  const float s = state[0] + sum_sq / static_cast<float>(kDim);
+  state[0] = s;
+  const float scale = a.learning_rate / (sqrtf(s) + a.eps);
+  DYNEMB_UNROLL_LANES
+  for (int64_t c = 0; c < Row::kLanes; ++c) {
+    const Lane8 w = Row::load(row, c);
+    *reinterpret_cast<UnalignedLane8*>(row + 8 * c) = w - scale * (g.lane[c] + wd * w);
+  }
+}
 
 /// Calls f(std::integral_constant<int64_t, dim>{}) when dim has a register kernel
 /// (8, 16, 32, 64, 128) and returns true; false otherwise (f not called).
