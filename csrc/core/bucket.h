@@ -16,7 +16,10 @@
 // Hence, where keys are placed by insertion (a table below capacity, load factor
 // 0.75, 128 slots: ~98% of keys in their home group, > 99.9% in their home line),
 // a hit reads one digest line instead of bucket_capacity / 64, and executors
-// can prefetch only that line (likely_slot). What stays whole-bucket: a miss scans
+// can prefetch only that line (likely_slot). (bucket_find scans the home group,
+// then the bucket in slot order: a key elsewhere in its home line, ~2%, may read
+// the lines before that one first, unless the executor passes likely_slot as a
+// hint, as the CPU loops do.) What stays whole-bucket: a miss scans
 // every group (erase leaves holes, so an empty slot proves nothing), and a full
 // bucket's eviction victim is the minimum (score, digest, key) of all its slots; the
 // newcomer takes the victim's slot wherever it is, so in a table that evicts
