@@ -55,7 +55,10 @@ CUDA_DEFINES = ["-DDYNEMB_WITH_CUDA"]
 # The shared libstdc++, named before the compiler's own: a g++ that links it statically
 # (-static-libstdc++, as one GPU machine's g++ wrapper did) gives the extension a private
 # copy whose streams have no locale, so torch's error messages lost their numbers or
-# crashed the process while formatting one (tests/test_extension_build.py).
+# crashed the process while formatting one (tests/test_extension_build.py). `-lstdc++`
+# is replaced by the path of the one torch runs on (`_shared_libstdcxx`): a compiler whose
+# own library folder holds only libstdc++.a (the H100 machine's /opt/gcc, 2026-11-26)
+# resolves `-lstdc++` to that archive.
 LINK_FLAGS = ["-fopenmp", "-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"]
 # DYNEMB_SANITIZE=1: these replace -O3 (-O1 -g: readable reports at a bearable speed); the
 # first UBSan report aborts the process, so no test can pass over undefined behaviour.
@@ -75,6 +78,17 @@ def _sources(patterns):
     )
 
 
+def _shared_libstdcxx():
+    """The path of the libstdc++ shared object this process has loaded (torch, imported
+    above, needs it), or None where /proc/self/maps does not say."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split()[-1] for line in maps if "/libstdc++.so" in line]
+    except OSError:
+        return None
+    return paths[0] if paths else None
+
+
 def _extension():
     with_cuda = os.environ.get("DYNEMB_WITH_CUDA", "0") == "1"
     if with_cuda and cpp_extension.CUDA_HOME is None:
@@ -92,7 +106,8 @@ def _extension():
             "DYNEMB_SANITIZE=1 builds the CPU extension only: unset DYNEMB_WITH_CUDA"
         )
     cxx_flags = list(CXX_FLAGS)
-    link_flags = list(LINK_FLAGS)
+    shared = _shared_libstdcxx()
+    link_flags = [shared if f == "-lstdc++" and shared else f for f in LINK_FLAGS]
     if sanitize:
         cxx_flags = [f for f in cxx_flags if f != "-O3"] + SANITIZE_FLAGS
         link_flags += ["-fsanitize=address,undefined"]

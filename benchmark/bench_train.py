@@ -232,14 +232,17 @@ def dynemb_capacities(keys: list[torch.Tensor], config: Config) -> list[int]:
     return capacities
 
 
-def run_dynemb(config: Config) -> dict:
-    """Trains ``dynemb.BatchedDynamicEmbeddingTables`` like the peer.
+def build_dynemb(config: Config) -> tuple[torch.nn.Module, list[torch.Tensor], list[int]]:
+    """``dynemb.BatchedDynamicEmbeddingTables`` for ``config`` and its batches' keys.
 
     Same batches as the peer, each id spread to a 63-bit key (``spread_ids``); one
     table per feature of ``ceil(capacity_ratio * distinct keys)`` rows, allocated up
     front (``init_capacity = max_capacity``) so that no growth happens while timed.
     With ``hbm_fraction``, each table's fast tier (or cache, with ``caching``) holds
     ``hbm_fraction * num_ids`` rows with their optimizer state: the HBM of the peer's cache.
+
+    Returns:
+        The module, the keys of each batch (on ``config.device``) and the capacities.
     """
     from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynemb.optimizer import EmbOptimType, OptimizerConfig
@@ -268,6 +271,13 @@ def run_dynemb(config: Config) -> dict:
         weight_decay=0.0,
         device=device,
     )
+    return module, keys, capacities
+
+
+def run_dynemb(config: Config) -> dict:
+    """Trains ``build_dynemb``'s module like the peer: ``loss = sum of the pooled outputs``."""
+    module, keys, capacities = build_dynemb(config)
+    device = torch.device(config.device)
     offsets = fixed_offsets(config).to(device)
 
     def step(indices: torch.Tensor) -> None:

@@ -1,13 +1,16 @@
-"""The CPU executor and the emulated CUDA executor give the same bits.
+"""The CPU executor, the emulated CUDA executor and, with a GPU, the CUDA executor give
+the same bits.
 
-Every op runs twice on copies of the same table: once through ``torch.ops.dynemb``
-(the CPU executor, at 1 and 2 threads) and once through
-``torch.ops.dynemb_cuda_emulated`` (csrc/cuda built for the host, its kernels racing
-on several OS threads). Whatever the docs promise to be independent of the thread
-count must be identical: table contents (digests, keys, scores, timestamps, rows,
-overflow flags), statuses, counts, evictions, outputs, dedup ids, pooled bags and
-optimizer updates. Batches are large enough for the CPU to split them over threads,
-tables small enough to fill, evict, spill and fail.
+Every op runs on copies of the same table: through ``torch.ops.dynemb`` (the CPU
+executor, at 1 and 2 threads), through ``torch.ops.dynemb_cuda_emulated`` (csrc/cuda
+built for the host, its kernels racing on several OS threads) and, when the cuda test
+device is on (tests/devices.py), through ``torch.ops.dynemb`` on GPU copies of every
+tensor (``OnGpu``: the CUDA executor, its kernels racing on thousands of threads).
+Whatever the docs promise to be independent of the thread count must be identical:
+table contents (digests, keys, scores, timestamps, rows, overflow flags), statuses,
+counts, evictions, outputs, dedup ids, pooled bags and optimizer updates. Batches are
+large enough for the CPU to split them over threads, tables small enough to fill,
+evict, spill and fail.
 """
 
 from functools import partial
@@ -17,9 +20,62 @@ import pytest
 import torch
 
 from dynemb import _ops
+from tests.devices import test_devices
 
 CPU = torch.ops.dynemb
 EMULATED = torch.ops.dynemb_cuda_emulated
+TABLE_TENSORS, SLOW_VALUES = 8, 7  # a table's tensor list; its slow tier's index
+
+
+class OnGpu:
+    """``torch.ops.dynemb`` run by the CUDA executor on copies of the CPU arguments.
+
+    Each call copies its tensor arguments to the GPU (a table's slow tier to page-locked
+    host memory, where the CUDA executor wants it), runs the op there, writes every
+    tensor argument back into the CPU tensor it came from (the ops write tables and
+    outputs in place) and returns the outputs on the CPU: a drop-in for ``CPU`` in a
+    step function.
+    """
+
+    def __init__(self, device: str = "cuda"):
+        self.device = torch.device(device)
+
+    def _to_device(self, arg, slow=False):
+        if isinstance(arg, torch.Tensor):
+            return arg.pin_memory() if slow else arg.to(self.device, copy=True)
+        if isinstance(arg, (list, tuple)):
+            table = len(arg) == TABLE_TENSORS and all(isinstance(a, torch.Tensor) for a in arg)
+            return [self._to_device(a, table and k == SLOW_VALUES) for k, a in enumerate(arg)]
+        return arg
+
+    def _write_back(self, arg, moved):
+        if isinstance(arg, torch.Tensor):
+            arg.copy_(moved)
+        elif isinstance(arg, (list, tuple)):
+            for a, m in zip(arg, moved):
+                self._write_back(a, m)
+
+    def _to_cpu(self, out):
+        if isinstance(out, torch.Tensor):
+            return out.cpu()
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._to_cpu(o) for o in out)
+        return out
+
+    def __getattr__(self, name):
+        op = getattr(CPU, name)
+
+        def call(*args):
+            moved = [self._to_device(a) for a in args]
+            out = op(*moved)
+            for arg, m in zip(args, moved):
+                self._write_back(arg, m)
+            return self._to_cpu(out)
+
+        return call
+
+
+GPU = OnGpu() if "cuda" in test_devices() else None
 
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU, CACHE = range(7)
 EVICT_ANY = -1
@@ -72,12 +128,17 @@ def cpu_threads(request):
 
 
 def _run_both(table, step):
-    """step(lib, table) -> outputs, on the CPU library and on the emulated one."""
-    cpu_table, emu_table = _copy(table), _copy(table)
+    """step(lib, table) -> outputs, on the CPU library and on the emulated one (and on
+    the GPU, with the cuda test device)."""
+    cpu_table = _copy(table)
     cpu_out = step(CPU, cpu_table)
-    emu_out = step(EMULATED, emu_table)
-    _assert_same(cpu_out, emu_out, "outputs")
-    _assert_same(cpu_table, emu_table, "table")
+    for name, lib in (("emulated", EMULATED), ("cuda", GPU)):
+        if lib is None:
+            continue
+        other_table = _copy(table)
+        other_out = step(lib, other_table)
+        _assert_same(cpu_out, other_out, f"outputs (cpu vs {name})")
+        _assert_same(cpu_table, other_table, f"table (cpu vs {name})")
     return cpu_table
 
 
@@ -180,7 +241,9 @@ def test_restore(strategy, cpu_threads):
 
 def test_unique_keys(cpu_threads):
     for keys in _batches(5, 20000, 3000, 2) + [torch.tensor([], dtype=torch.int64)]:
-        _assert_same(list(CPU.unique_keys(keys)), list(EMULATED.unique_keys(keys)), "unique_keys")
+        expected = list(CPU.unique_keys(keys))
+        for lib in (EMULATED, GPU) if GPU else (EMULATED,):
+            _assert_same(expected, list(lib.unique_keys(keys)), "unique_keys")
 
 
 @pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["sgd", "adagrad", "rowwise", "adam"])
