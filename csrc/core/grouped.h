@@ -155,20 +155,28 @@ DYNEMB_HD DYNEMB_INLINE float pool_part_element(const PoolPart<V>& p, PoolingMod
                           mode, p.missing, j);
 }
 
-/// The gradient of distinct key u of part p, from its indices order[k0 .. k1) (in the
-/// batch's numbering, ascending) whose bags bag_of gives (batch numbering), summed in
-/// pooling.h's order into acc (dim floats), then the optimizer update of its row.
+/// Element j of the gradient of distinct key u of part p, from its indices order[k0 ..
+/// k1) (in the batch's numbering, ascending) whose bags bag_of gives (batch numbering):
+/// pooling.h's sum, element by element (add_gradient's terms in its order), so that
+/// threads that each sum other elements of one key give the bits of one thread summing
+/// the row with add_gradient (the CPU executor).
 template <class V>
-DYNEMB_HD void reduce_update_key(const BackwardPart<V>& p, PoolingMode mode,
-                                 const OptimizerArgs& opt, int64_t u, const int64_t* order,
-                                 int64_t k0, int64_t k1, const int64_t* bag_of, float* acc) {
-  for (int64_t j = 0; j < p.dim; ++j) acc[j] = 0.0f;
+DYNEMB_HD DYNEMB_INLINE float key_gradient_element(const BackwardPart<V>& p, PoolingMode mode,
+                                                   const int64_t* order, int64_t k0, int64_t k1,
+                                                   const int64_t* bag_of, int64_t j) {
+  float sum = 0.0f;
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t i = order[k] - p.index_begin;
     const int64_t b = bag_of[order[k]] - p.bag_begin;
-    add_gradient(acc, grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]),
-                 p.grad.at(b), p.dim);
+    sum += grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]) * p.grad.at(b)[j];
   }
+  return sum;
+}
+
+/// The optimizer update of distinct key u's row by its summed gradient acc (dim floats).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void update_key(const BackwardPart<V>& p, const OptimizerArgs& opt,
+                                        int64_t u, float* acc) {
   update_row(opt, p.table.row(p.unique_slots[u]), p.dim, acc);
 }
 
