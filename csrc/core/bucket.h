@@ -78,11 +78,18 @@ struct KeyProbe {
 
   KeyProbe() = default;
   template <class V>
-  DYNEMB_HD KeyProbe(const TableRef<V>& t, int64_t key) : KeyProbe(t, hash_key(key)) {}
+  DYNEMB_HD KeyProbe(const TableRef<V>& t, int64_t key) : KeyProbe(of_hash(t, hash_key(key))) {}
+
+  /// The probe of a key whose hash_key is `hash` (named, so that no integer key can
+  /// reach it by an overload).
   template <class V>
-  DYNEMB_HD KeyProbe(const TableRef<V>& t, uint64_t hash)
-      : bucket(bucket_of(hash, t.num_buckets)), order(hash, t.bucket_capacity),
-        digest(digest_of(hash)) {}
+  DYNEMB_HD static KeyProbe of_hash(const TableRef<V>& t, uint64_t hash) {
+    KeyProbe p;
+    p.bucket = bucket_of(hash, t.num_buckets);
+    p.order = ProbeOrder(hash, t.bucket_capacity);
+    p.digest = digest_of(hash);
+    return p;
+  }
 };
 
 /// The slot of `key` among the 16 of the group starting at slot `first`, or -1.

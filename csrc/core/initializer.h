@@ -53,9 +53,8 @@ DYNEMB_HD DYNEMB_INLINE float unit_of(uint32_t r) {
 
 /// Two independent uniforms in [0, 1) (24-bit resolution) from one 64-bit draw.
 DYNEMB_HD DYNEMB_INLINE void unit_pair(uint64_t r, float* u0, float* u1) {
-  constexpr float kScale = 1.0f / 16777216.0f;  // 2^-24
-  *u0 = static_cast<float>(static_cast<uint32_t>(r) >> 8) * kScale;
-  *u1 = static_cast<float>(static_cast<uint32_t>(r >> 32) >> 8) * kScale;
+  *u0 = unit_of(static_cast<uint32_t>(r));
+  *u1 = unit_of(static_cast<uint32_t>(r >> 32));
 }
 
 /// Standard normal pair (Box-Muller) from one 64-bit draw.

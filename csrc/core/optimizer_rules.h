@@ -55,6 +55,15 @@ DYNEMB_HD DYNEMB_INLINE int64_t state_columns(OptimizerKind kind, int64_t dim) {
 /// Lanes of sum_of_squares.
 constexpr int64_t kSquareLanes = 8;
 
+/// sum_of_squares' lanes added as its tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+/// Lanes: any eight floats lane[0..8) (an array, or a CPU vector register's lanes).
+template <typename Lanes>
+DYNEMB_HD DYNEMB_INLINE float add_square_lanes(const Lanes& lane) {
+  const float l04 = lane[0] + lane[4], l15 = lane[1] + lane[5];
+  const float l26 = lane[2] + lane[6], l37 = lane[3] + lane[7];
+  return (l04 + l26) + (l15 + l37);
+}
+
 /// The sum over j < dim of (g[j] + wd * row[j])^2, in the order every executor keeps:
 /// lane l (< kSquareLanes) sums the terms j = l, l + 8, l + 16, ... in ascending j,
 /// then the lanes are added as a tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
@@ -76,9 +85,7 @@ DYNEMB_HD DYNEMB_INLINE float sum_of_squares(const V* row, int64_t dim, const fl
     const float gj = g[j + l] + wd * static_cast<float>(row[j + l]);
     lane[l] += gj * gj;
   }
-  const float l04 = lane[0] + lane[4], l15 = lane[1] + lane[5];
-  const float l26 = lane[2] + lane[6], l37 = lane[3] + lane[7];
-  return (l04 + l26) + (l15 + l37);
+  return add_square_lanes(lane);
 }
 
 /// Applies one update to `row` ([w | state], float-convertible V) with gradient g (dim).

@@ -74,8 +74,9 @@ struct LaneRow {
 /// floats) whose gradient g is in registers: the same operations on each element,
 /// and sum_of_squares' order: element j goes to lane j % 8 in ascending j (register
 /// c holds elements 8c .. 8c + 7, so lane l is register lane l), the lanes added as
-/// its tree. So the same bits, in vector registers (compiled from update_row, the
-/// lane sums and the row update stayed scalar: ~190 instructions a row of 16).
+/// its tree (core add_square_lanes). So the same bits, in vector registers (compiled
+/// from update_row, the lane sums and the row update stayed scalar: ~190 instructions
+/// a row of 16).
 template <int64_t kDim>
 DYNEMB_INLINE void rowwise_adagrad_update(const OptimizerArgs& a, float* row,
                                           const LaneRow<kDim>& g) {
@@ -87,9 +88,7 @@ DYNEMB_INLINE void rowwise_adagrad_update(const OptimizerArgs& a, float* row,
     const Lane8 gj = g.lane[c] + wd * Row::load(row, c);
     squares += gj * gj;
   }
-  const float l04 = squares[0] + squares[4], l15 = squares[1] + squares[5];
-  const float l26 = squares[2] + squares[6], l37 = squares[3] + squares[7];
-  const float sum_sq = (l04 + l26) + (l15 + l37);
+  const float sum_sq = add_square_lanes(squares);
   float* const state = row + kDim;
   const float s = state[0] + sum_sq / static_cast<float>(kDim);
   state[0] = s;
