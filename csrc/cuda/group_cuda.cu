@@ -203,17 +203,25 @@ void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* 
                                                                       list);
 }
 
-void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
-                         int64_t* order, Workspace& ws, cudaStream_t stream) {
+/// start[g] = the elements of groups before g (start[groups]: all of group >= 0), from
+/// per-group counts; returns the counts (groups entries of workspace).
+static unsigned long long* count_group_starts(const int64_t* group, int64_t n, int64_t groups,
+                                              int64_t* start, Workspace& ws,
+                                              cudaStream_t stream) {
   auto* counts = ws.array<unsigned long long>(groups);
-  const size_t bytes = static_cast<size_t>(groups) * sizeof(unsigned long long);
-  cudaMemsetAsync(counts, 0, bytes, stream);
+  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_count_kernel)(group, n, counts);
   }
   launch_exclusive_scan(reinterpret_cast<const int64_t*>(counts), groups, start, start + groups,
                         ws, stream);
-  cudaMemsetAsync(counts, 0, bytes, stream);
+  return counts;
+}
+
+void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
+                         int64_t* order, Workspace& ws, cudaStream_t stream) {
+  auto* counts = count_group_starts(group, n, groups, start, ws, stream);
+  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_place_kernel)(group, n, start, counts,
                                                                      order);
@@ -223,13 +231,7 @@ void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_
 
 void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
                                int64_t* order, Workspace& ws, cudaStream_t stream) {
-  auto* counts = ws.array<unsigned long long>(groups);
-  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
-  if (n > 0) {
-    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_count_kernel)(group, n, counts);
-  }
-  launch_exclusive_scan(reinterpret_cast<const int64_t*>(counts), groups, start, start + groups,
-                        ws, stream);
+  count_group_starts(group, n, groups, start, ws, stream);
   if (n == 0) return;
   int passes = 1;
   while (passes < 8 && ((groups - 1) >> (8 * passes)) != 0) ++passes;
