@@ -296,6 +296,28 @@ def table_find_or_insert_slots(
     )
 
 
+def table_find_or_insert_slots_grouped(
+    tables: Sequence[Sequence[torch.Tensor]],
+    policies: Sequence[Policy],
+    inits: Sequence[list[float]],
+    keys: Sequence[torch.Tensor],
+    accesses: Sequence[torch.Tensor] | None = None,
+) -> tuple:
+    """``table_find_or_insert_slots`` (rows initialised, no evicted keys, not
+    hits_first) of each table in one op call: table t's buffers, policy, init list,
+    distinct keys and (optionally) accesses. Each table's result is the per-table
+    op's; every argument is checked before any table changes, and a table may appear
+    once. Returns ``(slots, status, counts)``: lists of one (n_t,) tensor per table,
+    and counts (T, 4) int64 (one read of it serves every table)."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("table_find_or_insert_slots_grouped needs at least one table, got none")
+    return _dynemb.table_find_or_insert_slots_grouped(
+        [x for table in tables for x in table], [v for p in policies for v in p],
+        [v for init in inits for v in init], keys, list(accesses or []),
+    )  # fmt: skip
+
+
 def table_cache_exchange(
     cache: Sequence[torch.Tensor],
     slow: Sequence[torch.Tensor],

@@ -1,5 +1,6 @@
 """The grouped embedding ops (unique_keys_grouped, embedding_pool_into_grouped,
-embedding_backward_grouped; core/grouped.h): every table of a batch in one executor call gives the same bits as one
+embedding_backward_grouped; core/grouped.h; the lookup's is in test_grouped_lookup.py):
+every table of a batch in one executor call gives the same bits as one
 per-table op call each (the oracle), on both op libraries; bad arguments are refused,
 naming the table, before anything is written; and a module step makes one grouped call
 per phase whatever the number of tables.
@@ -261,3 +262,5 @@ def test_a_module_step_makes_one_call_per_phase(num_tables):
     assert mode.calls.get("embedding_pool_into_grouped") == 1
     assert mode.calls.get("embedding_backward_grouped") == 1
     assert "embedding_pool_into" not in mode.calls and "embedding_backward" not in mode.calls
+    assert mode.calls.get("table_find_or_insert_slots_grouped") == 1
+    assert "table_find_or_insert_slots" not in mode.calls

@@ -1,7 +1,8 @@
-// dynemb torch layer: the Backend of table_op_impls.h and embedding_op_impls.h that
-// launches the CUDA executor (csrc/cuda). It maps torch types to the torch-free
-// launchers, allocates their temporaries and outputs with torch, and reads back only
-// the sizes an op must return (listed in DynamicEmb_APIs.md, "Host synchronisation").
+// dynemb torch layer: the Backend of table_op_impls.h, slot_op_impls.h and
+// embedding_op_impls.h that launches the CUDA executor (csrc/cuda). It maps torch
+// types to the torch-free launchers, allocates their temporaries and outputs with
+// torch, and reads back only the sizes an op must return (listed in
+// DynamicEmb_APIs.md, "Host synchronisation").
 //
 // Included by two translation units: ops_cuda.cpp (nvcc-built launchers, CUDA
 // tensors) and csrc/emulated/ops_emulated.cpp (the same launchers built for the host
@@ -22,6 +23,7 @@
 
 #include "cuda/launchers_cuda.h"
 #include "torch/embedding_op_impls.h"
+#include "torch/slot_op_impls.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {

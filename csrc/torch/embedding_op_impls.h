@@ -192,47 +192,6 @@ struct EmbeddingOpImpls {
   template <class TorchV>
   using V = typename Backend::template Value<TorchV>;
 
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> find_or_insert_slots(
-      at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
-      const at::Tensor& keys, const std::optional<at::Tensor>& scores,
-      const std::optional<at::Tensor>& accesses, bool init_rows,
-      const std::optional<at::Tensor>& evicted_keys, bool hits_first) {
-    constexpr const char* op = "table_find_or_insert_slots";
-    UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, {});
-    const TableTensors table = table_tensors(table_list);
-    TORCH_CHECK_VALUE(!hits_first || evicts(call.args.score.strategy), "dynemb.", op,
-                      ": hits_first needs an evicting strategy, got strategy ",
-                      static_cast<int64_t>(call.args.score.strategy));
-    call.args.hits_first = hits_first;
-    if (evicted_keys.has_value()) {
-      check_tensor(op, "evicted_keys", *evicted_keys, at::kLong, 1);
-      TORCH_CHECK_VALUE(evicted_keys->numel() == keys.numel(), "dynemb.", op,
-                        ": `evicted_keys` has ", evicted_keys->numel(), " elements, `keys` has ",
-                        keys.numel());
-      check_same_device(op, "evicted_keys", *evicted_keys, table.digests);
-    }
-    if (accesses.has_value()) {
-      check_tensor(op, "accesses", *accesses, at::kLong, 1);
-      TORCH_CHECK_VALUE(accesses->numel() == keys.numel(), "dynemb.", op, ": `accesses` has ",
-                        accesses->numel(), " elements, `keys` has ", keys.numel());
-      check_same_device(op, "accesses", *accesses, table.digests);
-      call.args.score.increments = accesses->data_ptr<int64_t>();
-    }
-    typename Backend::DeviceGuard guard(table.digests.device());
-    at::Tensor slots = at::empty_like(keys);
-    at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
-    at::Tensor counts = at::zeros({kStatusCount}, keys.options().dtype(at::kLong));
-    dispatch_values(op, table.values, [&](auto v) {
-      using W = V<decltype(v)>;
-      int64_t* evicted = evicted_keys.has_value() ? evicted_keys->data_ptr<int64_t>() : nullptr;
-      SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
-                       EvictedOut<W>{evicted, nullptr, nullptr}, init_rows};
-      Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
-                                    status.data_ptr<int8_t>(), counts);
-    });
-    return {slots, status, counts};
-  }
-
   static at::Tensor pool(at::TensorList table_list, const at::Tensor& slots, const at::Tensor& keys,
                          const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                          int64_t mode, at::ArrayRef<double> missing, int64_t seed, int64_t dim) {
@@ -621,7 +580,6 @@ struct EmbeddingOpImpls {
 #define DYNEMB_REGISTER_EMBEDDING_OPS(m, Backend)                                 \
   do {                                                                            \
     using EImpl = ::dynemb::EmbeddingOpImpls<Backend>;                            \
-    (m).impl("table_find_or_insert_slots", &EImpl::find_or_insert_slots);         \
     (m).impl("embedding_pool", &EImpl::pool);                                     \
     (m).impl("embedding_pool_into", &EImpl::pool_into);                           \
     (m).impl("embedding_pool_into_grouped", &EImpl::pool_into_grouped);           \

@@ -7,7 +7,8 @@
 // bucket evicts only a resident scored below it; -1 = any, 0 = never);
 // init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
 // evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
-// Table ops: table_op_impls.h; embedding ops: embedding_op_impls.h.
+// Table ops: table_op_impls.h; training lookups by slot: slot_op_impls.h; embedding ops:
+// embedding_op_impls.h.
 #pragma once
 
 #include <torch/library.h>
@@ -42,6 +43,12 @@
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "      \
       "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "        \
       "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");                      \
+  /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
+  /* table t is tables[8t .. 8t + 8), policies[5t .. 5t + 5), inits[6t .. 6t + 6); */                 \
+  /* accesses: none or one per table; counts (T, 4). */                                               \
+  (m).def(                                                                                            \
+      "table_find_or_insert_slots_grouped(Tensor(a!)[] tables, int[] policies, float[] inits, "       \
+      "Tensor[] keys, Tensor[] accesses) -> (Tensor[] slots, Tensor[] status, Tensor counts)");       \
   /* A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots, */                \
   /* status, evicted_keys: the claim's): for each key that took a slot, the resident */               \
   /* its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user */              \

@@ -5,6 +5,7 @@
 #include "cpu/embedding_cpu.h"
 #include "cpu/executor_cpu.h"
 #include "torch/embedding_op_impls.h"
+#include "torch/slot_op_impls.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {
@@ -96,6 +97,7 @@ struct CpuBackend {
 TORCH_LIBRARY_IMPL(dynemb, CPU, m) {
   DYNEMB_REGISTER_TABLE_OPS(m, CpuBackend);
   DYNEMB_REGISTER_EMBEDDING_OPS(m, CpuBackend);
+  DYNEMB_REGISTER_SLOT_OPS(m, CpuBackend);
 }
 
 }  // namespace dynemb

@@ -291,7 +291,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         columns = _feature_columns(self.feature_dims)
         saved = []
         grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
-        for t, (tb, distinct) in enumerate(zip(batches, self._distinct(batches), strict=True)):
+        distincts = self._distinct(batches)
+        # The training lookups of the tables in memory: one op call for all of them.
+        present = [t for t, tb in enumerate(batches) if tb is not None]
+        found = self._grouped_slots(present, distincts) if self.training else {}
+        for t, (tb, distinct) in enumerate(zip(batches, distincts, strict=True)):
             table = self.tables[t]
             cached = isinstance(table, CachedTable)
             if tb is None:
@@ -310,6 +314,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     batch = table.begin_batch()
                     unique_slots, staged = table.lookup(unique, counts, batch)
                     token = table.mutations
+                elif t in found:
+                    unique_slots, token = found[t]
                 else:
                     unique_slots, token = self._training_slots(t, unique, counts)
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]

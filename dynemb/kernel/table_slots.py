@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from dynemb.table import lookup_undo
+from dynemb.table.growth import find_or_insert_slots_grouped, joins_grouped_lookups
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbCheckMode
 
@@ -29,6 +30,35 @@ class TableSlots:
             return self._admitted_slots(t, keys, accesses), table.mutations
         slots = self._checked_lookup(t, keys, accesses)
         return slots, table.mutations
+
+    def _grouped_slots(self, ts: list[int], distinct: list) -> dict:
+        """The training slots of tables ``ts`` that can share one op call (see
+        ``_groups_lookup``), found in one: ``{t: (slots, mutation count)}``. Keys
+        that could not be stored are reported as ``_checked_lookup`` reports them."""
+        ts = [t for t in ts if self._groups_lookup(t)]
+        if not ts:
+            return {}
+        tables = [self.tables[t] for t in ts]
+        results = find_or_insert_slots_grouped(
+            tables, [distinct[t][0] for t in ts], [distinct[t][2] for t in ts]
+        )
+        found = {}
+        for t, table, (slots, stats) in zip(ts, tables, results, strict=True):
+            if stats.failed:
+                self._report_failed(t, stats, undoable=False, stacklevel=3)
+            found[t] = (slots, table.mutations)
+        return found
+
+    def _groups_lookup(self, t: int) -> bool:
+        """Whether table t's training lookup of this forward joins the grouped call: a
+        table in memory (not a cache) that inserts, without admission, whose lookups
+        need no undo record (no table in ERROR mode) and no change log."""
+        return (
+            self._inserts(t)
+            and self.admission_counters[t] is None
+            and getattr(self, "_forward_lookups", None) is None
+            and joins_grouped_lookups(self.tables[t])
+        )
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
         """Training slots of table t under admission (-1 for keys not admitted).
@@ -72,15 +102,21 @@ class TableSlots:
         counted and reported by the safe-check mode. ERROR undoes the forward's
         lookups before it raises, so the batch stores nothing."""
         table = self.tables[t]
-        mode = self.table_options[t].safe_check_mode
         log = getattr(self, "_forward_lookups", None)
         undoable = log is not None and isinstance(table, ScoredHashTable)
         before = lookup_undo.record(table, keys) if undoable else None
         slots, stats = table.find_or_insert_slots(keys, accesses)
         if undoable:
             log.append((t, before, slots, stats))
-        if not stats.failed:
-            return slots
+        if stats.failed:
+            self._report_failed(t, stats, undoable, stacklevel=5)
+        return slots
+
+    def _report_failed(self, t: int, stats, undoable: bool, stacklevel: int) -> None:
+        """Counts and reports the keys a lookup of table t could not store, by its
+        safe-check mode (ERROR undoes the forward's recorded lookups, then raises)."""
+        table = self.tables[t]
+        mode = self.table_options[t].safe_check_mode
         self.safe_check_failures[t] += stats.failed
         what = (
             f"dynamic table {self.table_names[t]!r}: {stats.failed} keys could not be stored "
@@ -91,8 +127,7 @@ class TableSlots:
             raise RuntimeError(f"{what}; safe_check_mode ERROR: {stored}")
         if mode == DynamicEmbCheckMode.WARNING:
             rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
-            warnings.warn(f"{what}; they got {rows}", stacklevel=4)
-        return slots
+            warnings.warn(f"{what}; they got {rows}", stacklevel=stacklevel)
 
     def _undo_forward(self) -> str:
         """Undoes the recorded lookups of this forward, latest first; says what is kept."""

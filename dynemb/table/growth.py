@@ -8,11 +8,16 @@ keys that failed, while the table is below its capacity.
 so that the table's API, its growth and its spill persistence each have one file.
 """
 
+import contextlib
+from collections.abc import Sequence
+
 import torch
 
 from dynemb import _ops
 from dynemb.table.batch_stats import BatchStats
+from dynemb.table.slot_access import slot_upsert
 from dynemb.table.table_storage import TableStorage
+from dynemb.types import DynamicEmbScoreStrategy
 
 
 class GrowingUpserts:
@@ -29,34 +34,52 @@ class GrowingUpserts:
         if log is not None and evicted is None:  # the op reports the residents it evicts
             evicted = self._evicted_buffers(keys.numel())
         with self._lock.write():
-            generation = self._generation  # not the storage itself: growth must free it
-            self._mutations += 1
-            self._step += 1
-            batch_value = _ops.batch_value(self._strategy, self._step, self._clock)
+            generation, batch_value = self._begin_upsert()
             extra = {} if per_key is None else {"per_key": per_key}
             status, counts = op(
                 self._storage.tensors(), self._policy(batch_value), self._init,
                 keys, scores, values, evicted or [], **extra,
             )  # fmt: skip
-            counts = counts.tolist()
-            while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
-                if not self._grow():
-                    break
-                status, counts = self._retry_failed(
-                    op, keys, scores, values, evicted, status, counts, batch_value, per_key
-                )
-            self._size += counts[_ops.Status.INSERTED]
-            if slots is not None and self._generation != generation:
-                slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
-            if log is not None:
-                log.touched(keys[status != _ops.Status.FAILED])
-                if counts[_ops.Status.EVICTED]:
-                    log.removed(evicted[0][status == _ops.Status.EVICTED])
-            failed = counts[_ops.Status.FAILED]
-            failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
-            stats = BatchStats(*counts, failed_keys=failed_keys)
-            self.last_stats = stats
+            status, stats = self._end_upsert(
+                op, keys, scores, values, evicted, status, counts.tolist(), batch_value,
+                generation, slots, per_key, log,
+            )  # fmt: skip
         return status if return_status else stats
+
+    def _begin_upsert(self) -> tuple[int, int]:
+        """Counts a batch upsert (under ``lock.write()``); returns the storage generation
+        it starts on and its batch value (the strategy's timestamp or step)."""
+        self._mutations += 1
+        self._step += 1
+        return self._generation, _ops.batch_value(self._strategy, self._step, self._clock)
+
+    def _end_upsert(
+        self, op, keys, scores, values, evicted, status, counts, batch_value, generation,
+        slots=None, per_key=None, log=None,
+    ):  # fmt: skip
+        """After the op of a batch upsert (under ``lock.write()``, ``counts`` a list):
+        grows and retries the keys that failed while the table may grow, then counts
+        what was stored and records it in ``log`` (the change log the batch started
+        with; ``evicted`` then holds the op's evicted keys). Returns ``(status,
+        BatchStats)``."""
+        while counts[_ops.Status.FAILED] and self.num_buckets < self._max_buckets:
+            if not self._grow():
+                break
+            status, counts = self._retry_failed(
+                op, keys, scores, values, evicted, status, counts, batch_value, per_key
+            )
+        self._size += counts[_ops.Status.INSERTED]
+        if slots is not None and self._generation != generation:
+            slots.copy_(_ops.table_find_slots(self._storage.tensors(), keys))  # moved by growth
+        if log is not None:
+            log.touched(keys[status != _ops.Status.FAILED])
+            if counts[_ops.Status.EVICTED]:
+                log.removed(evicted[0][status == _ops.Status.EVICTED])
+        failed = counts[_ops.Status.FAILED]
+        failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
+        stats = BatchStats(*counts, failed_keys=failed_keys)
+        self.last_stats = stats
+        return status, stats
 
     def _evicted_buffers(self, n: int) -> list[torch.Tensor]:
         """The ops' ``evicted`` outputs for n keys: keys (n,), rows (n, row_width), scores (n,)."""
@@ -108,3 +131,46 @@ class GrowingUpserts:
         if self._spill is not None:  # the committed state must not name a removed generation
             self._commit_spill()
         return True
+
+
+def joins_grouped_lookups(table) -> bool:
+    """Whether ``table``'s training lookups may run in ``find_or_insert_slots_grouped``:
+    a ScoredHashTable (a GrowingUpserts) without a change log (its lookups report the
+    residents they evict) and not CUSTOMIZED (its lookups carry scores)."""
+    return (
+        isinstance(table, GrowingUpserts)
+        and table.change_log is None
+        and table.strategy_code != DynamicEmbScoreStrategy.CUSTOMIZED.value
+    )
+
+
+def find_or_insert_slots_grouped(
+    tables: Sequence[GrowingUpserts],
+    keys: Sequence[torch.Tensor],
+    accesses: Sequence[torch.Tensor] | None = None,
+) -> list:
+    """``find_or_insert_slots(keys[t], accesses[t])`` of each table of ``tables`` (each
+    ``joins_grouped_lookups``, distinct, on one device), its op run for all of them in
+    one call; a table whose keys did not all fit grows and retries them as alone
+    (``accesses``: none, or the occurrences of each table's keys).
+    Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table."""
+    with contextlib.ExitStack() as stack:
+        for table in tables:
+            stack.enter_context(table.lock.write())
+        # GrowingUpserts' own steps around one op call for every table (this function
+        # belongs to the mixin; it stands outside the class to take a list of tables).
+        begun = [table._begin_upsert() for table in tables]  # noqa: SLF001
+        slots, status, counts = _ops.table_find_or_insert_slots_grouped(
+            [table.buffers.tensors() for table in tables],
+            [table._policy(value) for table, (_, value) in zip(tables, begun)],  # noqa: SLF001
+            [table.init_values for table in tables], keys, accesses,
+        )  # fmt: skip
+        counts = counts.tolist()
+        results = []
+        for t, (table, (generation, batch_value)) in enumerate(zip(tables, begun)):
+            _, stats = table._end_upsert(  # noqa: SLF001
+                slot_upsert, keys[t], None, slots[t], None, status[t], counts[t], batch_value,
+                generation, slots[t], accesses[t] if accesses else None,
+            )  # fmt: skip
+            results.append((slots[t], stats))
+    return results

@@ -33,6 +33,17 @@ class TableSnapshot:
     step: int
 
 
+def slot_upsert(table, policy, init, keys, scores, out, evicted, per_key=None):
+    """The op of a training lookup for ``GrowingUpserts._upsert`` (its ``values`` are the
+    slots: ``out`` takes the storage of the op's slots, no copy)."""
+    found, status, counts = _ops.table_find_or_insert_slots(
+        table, policy, init, keys, scores, per_key,
+        evicted_keys=evicted[0] if evicted else None,
+    )  # fmt: skip
+    out.set_(found)
+    return _ops.UpsertResult(status, counts)
+
+
 class SlotAccess:
     """The Table protocol and snapshots (a mixin of ScoredHashTable)."""
 
@@ -107,15 +118,9 @@ class SlotAccess:
         if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
             scores = torch.full_like(keys, self._custom_score or 0)
 
-        def op(table, policy, init, k, scores, out, evicted, per_key=None):
-            found, status, counts = _ops.table_find_or_insert_slots(
-                table, policy, init, k, scores, per_key,
-                evicted_keys=evicted[0] if evicted else None,
-            )  # fmt: skip
-            out.set_(found)  # out takes found's storage: no copy of the slots
-            return _ops.UpsertResult(status, counts)
-
-        stats = self._upsert(op, keys, scores, slots, evicted=None, slots=slots, per_key=accesses)
+        stats = self._upsert(
+            slot_upsert, keys, scores, slots, evicted=None, slots=slots, per_key=accesses
+        )
         return slots, stats
 
     def claim_cache_slots(

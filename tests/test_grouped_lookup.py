@@ -1,0 +1,177 @@
+"""The grouped training lookup (table_find_or_insert_slots_grouped; dynemb.table.growth
+find_or_insert_slots_grouped): every table of a batch in one op call gives the bits of
+one per-table call each (the oracle), on both op libraries, evictions, refusals and
+LFU counts included; bad arguments are refused, naming the table, before any table
+changes; and a module whose tables grow, evict or fill up trains exactly as with one
+lookup call per table.
+"""
+
+import dynemb._C  # noqa: F401  (loads both op libraries)
+import pytest
+import torch
+
+from dynemb import (
+    DynamicEmbCheckMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EmbOptimType,
+    _ops,
+)
+from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.table.scored_hash_table import ScoredHashTable
+
+LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
+# (strategy, dim, keys per batch, evicts): 32 slots a table; the last one never evicts
+# and is offered more keys than it holds, so some fail.
+TABLES = [
+    (DynamicEmbScoreStrategy.TIMESTAMP, 4, 40, True),
+    (DynamicEmbScoreStrategy.LFU, 8, 24, True),
+    (DynamicEmbScoreStrategy.STEP, 3, 0, True),  # no keys this batch
+    (DynamicEmbScoreStrategy.LFU, 16, 60, False),
+]
+
+
+def _tables():
+    return [
+        ScoredHashTable(dim=d, capacity=32, bucket_capacity=16, score_strategy=s, seed=7 + t,
+                        extra_columns=1)
+        for t, (s, d, _, _) in enumerate(TABLES)
+    ]  # fmt: skip
+
+
+def _arguments(tables, seed):
+    """Per table: buffers (copies), policy, init, distinct keys, accesses."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for table, (_, dim, n, evicts) in zip(tables, TABLES):
+        keys = torch.randperm(200, generator=g)[:n] * 7919 - 10**6
+        accesses = torch.randint(1, 5, (n,), generator=g)
+        policy = _ops.Policy(table.strategy_code, 3 + seed, table.seed, -1 if evicts else 0, dim)
+        buffers = [x.clone() for x in table.buffers.tensors()]
+        out.append((buffers, policy, table.init_values, keys, accesses))
+    return out
+
+
+def _assert_equal(a, b, what):
+    assert a.dtype == b.dtype and torch.equal(a, b), what
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+def test_grouped_lookup_is_the_per_table_lookup(library):
+    lib = LIBRARIES[library]
+    tables = _tables()
+    for seed in range(3):  # batches in turn, so later ones hit and evict earlier keys
+        grouped = _arguments(tables, seed)
+        alone = [([x.clone() for x in buffers], *rest) for buffers, *rest in grouped]
+        bufs, policies, inits, keys, accesses = zip(*grouped)
+        slots, status, counts = lib.table_find_or_insert_slots_grouped(
+            [x for b in bufs for x in b], [v for p in policies for v in p],
+            [v for i in inits for v in i], list(keys), list(accesses),
+        )  # fmt: skip
+        assert counts.shape == (len(TABLES), 4)
+        for t, (buffers, policy, init, k, a) in enumerate(alone):
+            want = lib.table_find_or_insert_slots(buffers, list(policy), init, k, None, a)
+            for got, expected, what in zip((slots[t], status[t], counts[t]), want,
+                                           ("slots", "status", "counts")):  # fmt: skip
+                _assert_equal(got, expected, f"batch {seed}, table {t}: {what}")
+            for x, y in zip(bufs[t], buffers):
+                _assert_equal(x, y, f"batch {seed}, table {t}: buffers")
+        assert counts[3, _ops.Status.FAILED] > 0 or seed == 0  # the full table refuses keys
+        assert int(counts[1].sum()) == TABLES[1][2]
+        for table, buffers in zip(tables, bufs):  # the next batch starts from this state
+            for x, y in zip(table.buffers.tensors(), buffers):
+                x.copy_(y)
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+def test_grouped_lookup_refuses_bad_arguments_before_any_change(library):
+    lib = LIBRARIES[library]
+    tables = _tables()
+    grouped = _arguments(tables, 0)
+    before = [[x.clone() for x in b] for b, *_ in grouped]
+
+    def call(keys=None, accesses=None, tables_of=None):
+        bufs, policies, inits, k, a = zip(*grouped)
+        bufs = tables_of or bufs
+        return lib.table_find_or_insert_slots_grouped(
+            [x for b in bufs for x in b], [v for p in policies for v in p],
+            [v for i in inits for v in i], keys or list(k), a if accesses is None else accesses,
+        )  # fmt: skip
+
+    bad_keys = [k for *_, k, _ in grouped]
+    bad_keys[3] = bad_keys[3].to(torch.int32)
+    with pytest.raises(TypeError, match=r"table_find_or_insert_slots_grouped, table 3: `keys`"):
+        call(keys=bad_keys)
+    short = [a for *_, a in grouped]
+    short[1] = short[1][:-1]
+    with pytest.raises(ValueError, match=r"table 1: `accesses` has 23 elements, `keys` has 24"):
+        call(accesses=short)
+    with pytest.raises(ValueError, match=r"`accesses` must hold no tensor or one per table"):
+        call(accesses=short[:2])
+    same = [b for b, *_ in grouped]
+    same[3] = same[0]
+    with pytest.raises(ValueError, match="tables 0 and 3 are the same table"):
+        call(tables_of=same)
+    for (buffers, *_), kept in zip(grouped, before):
+        for x, y in zip(buffers, kept):
+            assert torch.equal(x, y), "a refused call changed a table"
+    with pytest.raises(ValueError, match="needs at least one table"):
+        _ops.table_find_or_insert_slots_grouped([], [], [], [])
+
+
+def _module(grouped: bool, safe_check_mode=DynamicEmbCheckMode.IGNORE):
+    """Three tables: one grows (init 32 slots of 256), one evicts (64), one never evicts
+    and fills up (64 slots); dims 4, 8, 4. No TIMESTAMP: its scores are the clock's."""
+    options = [
+        DynamicEmbTableOptions(dim=4, max_capacity=256, init_capacity=32, bucket_capacity=16,
+                               score_strategy=DynamicEmbScoreStrategy.STEP),
+        DynamicEmbTableOptions(dim=8, max_capacity=64, bucket_capacity=16,
+                               score_strategy=DynamicEmbScoreStrategy.LFU),
+        DynamicEmbTableOptions(dim=4, max_capacity=64, bucket_capacity=16,
+                               score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+                               safe_check_mode=safe_check_mode),
+    ]  # fmt: skip
+    module = BatchedDynamicEmbeddingTables(
+        options, feature_table_map=[0, 1, 2, 0], pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.1,
+    )  # fmt: skip
+    if not grouped:  # the oracle: one lookup call per table
+        module._groups_lookup = lambda t: False
+    return module
+
+
+def _batch(step, b=16):
+    g = torch.Generator().manual_seed(step)
+    lengths = torch.randint(0, 6, (4 * b,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    indices = torch.randint(0, 150, (int(offsets[-1]),), generator=g) * 104729 + step
+    return indices, offsets
+
+
+def test_a_module_trains_as_with_a_lookup_per_table():
+    modules = [_module(True), _module(False)]
+    for step in range(8):
+        indices, offsets = _batch(step)
+        outs = []
+        for m in modules:
+            out = m(indices, offsets)
+            (out * torch.linspace(-1, 1, out.shape[1])).sum().backward()
+            outs.append(out.detach())
+        assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
+    grouped, alone = modules
+    assert grouped.tables[0].capacity() > 32, "table 0 did not grow"
+    assert grouped.safe_check_failures[2] > 0, "table 2 never refused a key"
+    assert grouped.safe_check_failures == alone.safe_check_failures
+    for t, (a, b) in enumerate(zip(grouped.tables, alone.tables)):
+        assert a.size() == b.size() and a.capacity() == b.capacity(), f"table {t}"
+        for x, y in zip(a.buffers.tensors(), b.buffers.tensors()):
+            assert torch.equal(x, y), f"table {t}: buffers differ"
+
+
+def test_a_full_table_warns_from_the_grouped_lookup():
+    module = _module(True, safe_check_mode=DynamicEmbCheckMode.WARNING)
+    with pytest.warns(UserWarning, match="'table_2': .* keys could not be stored"):
+        for step in range(8):
+            indices, offsets = _batch(step)
+            module(indices, offsets).sum().backward()
