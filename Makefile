@@ -95,7 +95,8 @@ SANITIZE_TESTS := $(sort $(wildcard tests/test_table*.py tests/test_batched_tabl
   tests/test_tiers.py tests/test_storage.py tests/test_value_dtypes.py \
   tests/test_initializers.py tests/test_cache_exchange.py tests/test_caching_checkpoint.py \
   tests/test_incremental_dump.py tests/test_large_outputs.py tests/test_grouped_ops.py \
-  tests/test_unique_keys.py tests/test_bag_columns.py tests/test_split_by_table.py
+  tests/test_unique_keys.py tests/test_bag_columns.py tests/test_split_by_table.py \
+  tests/test_grouped_lookup.py
 # PYTHONSAFEPATH and --import-mode=append: neither the working directory nor pytest's
 # rootdir may come before the sanitized copy on sys.path (checked before the run).
 # libstdc++ is preloaded with libasan: python is no C++ program, and ASan's __cxa_throw
