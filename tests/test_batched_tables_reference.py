@@ -3,6 +3,8 @@
 - ADAM: fbgemm's sparse Adam (touched rows only, global step) from fbgemm_reference.
 - Sequence (NONE) lookups: nn.Embedding rows + the same optimizer rule in PyTorch.
 - Weight decay (fbgemm's CPU kernels ignore it): L2 / decoupled rules in PyTorch.
+
+The Adam and sequence tests run dynemb's tables on each test device (``device``).
 """
 
 import pytest
@@ -20,7 +22,7 @@ def spread(ids):
     return ids * -7046029254386353131 + 99
 
 
-def make(optimizer, pooling, lr=0.02, weight_decay=0.0, fmap=(0, 0), dims=(DIM,)):
+def make(optimizer, pooling, lr=0.02, weight_decay=0.0, fmap=(0, 0), dims=(DIM,), device="cpu"):
     m = BatchedDynamicEmbeddingTables(
         [DynamicEmbTableOptions(dim=d, max_capacity=256, bucket_capacity=16) for d in dims],
         feature_table_map=list(fmap),
@@ -31,13 +33,14 @@ def make(optimizer, pooling, lr=0.02, weight_decay=0.0, fmap=(0, 0), dims=(DIM,)
         beta1=0.8,
         beta2=0.95,
         weight_decay=weight_decay,
+        device=device,
     )
     start = [
         0.1 * torch.randn(ROWS, d, generator=torch.Generator().manual_seed(t))
         for t, d in enumerate(dims)
     ]
     for t in range(len(dims)):
-        m.tables[t].insert_or_assign(spread(torch.arange(ROWS)), start[t])
+        m.tables[t].insert_or_assign(spread(torch.arange(ROWS)).to(device), start[t].to(device))
     return m, [s.clone() for s in start]
 
 
@@ -49,20 +52,22 @@ def batch(g, num_features, batch_size=5):
 
 
 def rows_of(m, t=0):
-    values, found = m.tables[t].find(spread(torch.arange(ROWS)))
+    values, found = m.tables[t].find(spread(torch.arange(ROWS)).to(m.device))
     assert bool(found.all())
-    return values
+    return values.cpu()
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adam_matches_fbgemm_sparse_adam(weight_decay):
+def test_adam_matches_fbgemm_sparse_adam(weight_decay, device):
     g = torch.Generator().manual_seed(0)
-    m, (rows,) = make(EmbOptimType.ADAM, DynamicEmbPoolingMode.SUM, weight_decay=weight_decay)
+    m, (rows,) = make(
+        EmbOptimType.ADAM, DynamicEmbPoolingMode.SUM, weight_decay=weight_decay, device=device
+    )
     state_m, state_v = torch.zeros(ROWS, DIM), torch.zeros(ROWS, DIM)
     for step in range(1, 21):
         indices, offsets = batch(g, 2)
         grad_out = torch.randn(5, 2 * DIM, generator=g)
-        out = m(spread(indices), offsets)
+        out = m(spread(indices).to(device), offsets.to(device))
         # Reference: pooled output from `rows`, then the reduced gradient per touched row.
         B = 5
         want = torch.cat(
@@ -77,8 +82,8 @@ def test_adam_matches_fbgemm_sparse_adam(weight_decay):
             ],
             dim=1,
         )
-        torch.testing.assert_close(out.detach(), want, atol=1e-5, rtol=0)
-        out.backward(grad_out)
+        torch.testing.assert_close(out.detach().cpu(), want, atol=1e-5, rtol=0)
+        out.backward(grad_out.to(device))
         grads = torch.zeros(ROWS, DIM)
         for f in range(2):
             fo = offsets[f * B : (f + 1) * B + 1]
@@ -126,21 +131,22 @@ def reference_update(kind, rows, state, grads, lr, weight_decay):
 
 @pytest.mark.parametrize("optimizer", list(RULES))
 @pytest.mark.parametrize("weight_decay", [0.0, 0.05])
-def test_sequence_mode_matches_nn_embedding_with_the_same_rule(optimizer, weight_decay):
+def test_sequence_mode_matches_nn_embedding_with_the_same_rule(optimizer, weight_decay, device):
     g = torch.Generator().manual_seed(1)
     m, (start,) = make(
-        optimizer, DynamicEmbPoolingMode.NONE, weight_decay=weight_decay, fmap=(0, 0, 0)
-    )
+        optimizer, DynamicEmbPoolingMode.NONE, weight_decay=weight_decay, fmap=(0, 0, 0),
+        device=device,
+    )  # fmt: skip
     ref = nn.Embedding(ROWS, DIM)
     ref.weight.data.copy_(start)
     state = torch.zeros(ROWS, DIM if RULES[optimizer] == "adagrad" else 1)
     for step in range(15):
         indices, offsets = batch(g, 3)
-        out = m(spread(indices), offsets)
+        out = m(spread(indices).to(device), offsets.to(device))
         want = ref(indices)
-        torch.testing.assert_close(out.detach(), want.detach(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.detach().cpu(), want.detach(), atol=1e-5, rtol=0)
         grad_out = torch.randn(out.shape, generator=g)
-        out.backward(grad_out)
+        out.backward(grad_out.to(device))
         grads = torch.zeros(ROWS, DIM).index_add_(0, indices, grad_out)
         touched = torch.unique(indices)
         new_rows, new_state = reference_update(

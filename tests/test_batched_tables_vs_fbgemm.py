@@ -3,7 +3,8 @@
 fbgemm indexes rows 0..R-1; dynemb gets the same ids spread over the int64 range.
 Both start from identical rows (fbgemm's random init copied into dynemb) and zero
 optimizer state; after every step the pooled outputs must agree, and at the end
-every row and optimizer state, within 1e-5.
+every row and optimizer state, within 1e-5. dynemb's tables run on each test device
+(``device``; fbgemm's TBE on the CPU).
 """
 
 import pytest
@@ -46,7 +47,7 @@ def random_batch(g, rows_per_table, feature_table_map, batch_size, weighted):
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_twenty_steps_match_fbgemm(optimizer, pooling, weighted, seed):
+def test_twenty_steps_match_fbgemm(optimizer, pooling, weighted, seed, device):
     if weighted and pooling == "mean":
         pytest.skip("fbgemm's CPU backward ignores the 1/L of weighted MEAN (see fbgemm_reference)")
     # Mixed dims and a table shared by two features. (fbgemm's CPU backward reduces a
@@ -66,31 +67,34 @@ def test_twenty_steps_match_fbgemm(optimizer, pooling, weighted, seed):
         optimizer=OPTIMIZERS[optimizer],
         learning_rate=LR,
         eps=EPS,
+        device=device,
     )
     for t, (r, d) in enumerate(zip(rows, dims)):
         start = 0.1 * torch.randn(r, d, generator=g)
         fb.set_rows(tbe, t, start)
-        ours.tables[t].insert_or_assign(spread(torch.arange(r)), start)
+        ours.tables[t].insert_or_assign(spread(torch.arange(r)).to(device), start.to(device))
 
     for step in range(20):
         indices, offsets, weights = random_batch(g, rows, fmap, batch_size=6, weighted=weighted)
         grad_out = torch.randn(6, sum(dims[t] for t in fmap), generator=g)
         want = fb.fbgemm_train_step(tbe, indices, offsets, weights, grad_out)
-        got = ours(spread(indices), offsets, weights)
-        got.backward(grad_out)
+        on = [None if x is None else x.to(device) for x in (spread(indices), offsets, weights)]
+        got = ours(*on)
+        got.backward(grad_out.to(device))
         torch.testing.assert_close(
-            got.detach(), want, atol=1e-5, rtol=0, msg=f"output at step {step}"
+            got.detach().cpu(), want, atol=1e-5, rtol=0, msg=f"output at step {step}"
         )
 
     for t, r in enumerate(rows):
         keys = spread(torch.arange(r))
-        values, found = ours.tables[t].find(keys)
+        values, found = ours.tables[t].find(keys.to(device))
         assert bool(found.all())
-        torch.testing.assert_close(values, fb.get_rows(tbe, t), atol=1e-5, rtol=0)
+        torch.testing.assert_close(values.cpu(), fb.get_rows(tbe, t), atol=1e-5, rtol=0)
         if optimizer != "sgd":
             k, full, _, _ = ours.tables[t].export_batch(
                 0, ours.tables[t].capacity(), include_extra=True
             )
+            k, full = k.cpu(), full.cpu()
             state = full[:, dims[t] :][torch.argsort(k)]
             want_state = fb.get_optimizer_state(tbe, t).reshape(r, -1)
             # Accumulated squares grow large: compare them relative to float32 precision.
