@@ -1,15 +1,18 @@
-// dynemb core: the dedup, pooling and backward of every table of a batch in one
-// executor pass (fbgemm's table-batched shape). Each table's share is a part: its
-// buffers, its keys or bags, and where they start in the batch's flat numbering of
-// keys (dedup), bags (pooling) or indices and distinct keys (backward). A work item (a bag, a distinct key) finds
+// dynemb core: the dedup, training lookup, pooling and backward of every table of a
+// batch in one executor pass (fbgemm's table-batched shape). Each table's share is a
+// part: its buffers, its keys or bags, and where they start in the batch's flat
+// numbering of keys (dedup, lookup), bags (pooling) or indices and distinct keys
+// (backward). A work item (a key, a bucket range, a bag, a distinct key) finds
 // its part by a binary search over those starts; the per-item maths is the
 // per-table one (pooling.h, optimizer_rules.h), so a grouped call writes the same
 // bits as one call per table.
 #pragma once
 
+#include "core/batch_sinks.h"
 #include "core/dedup.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
+#include "core/table_ops.h"
 
 namespace dynemb {
 
@@ -59,6 +62,30 @@ struct DedupPart {
   int64_t cell_begin;
 };
 
+/// Ranges of home buckets for a batch of n keys of a table of num_buckets buckets
+/// (table_ops.h's batch rule lets ranges run concurrently; a range's keys run in batch
+/// order): about one per key, at most one per bucket. Any count gives the same result.
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_range_count(int64_t n, int64_t num_buckets) {
+  return n < num_buckets ? (n > 0 ? n : 1) : num_buckets;
+}
+
+/// One table's distinct keys of a grouped training lookup (the arguments of one
+/// table_find_or_insert_slots: its outputs are its slots, through the sink, and its
+/// status). Its keys are [key_begin, key_begin + n) of the call's flat numbering, its
+/// home-bucket ranges [range_begin, range_begin + ranges).
+template <class V>
+struct UpsertPart {
+  SlotSink<V> sink;
+  UpsertArgs args;
+  const int64_t* keys;  // (n)
+  int8_t* status;       // (n) out, at key_begin of the call's flat status array
+  int64_t* counts;      // (kStatusCount) out: keys per Status, zeroed by the caller
+  int64_t n;
+  int64_t key_begin;
+  int64_t range_begin;
+  int64_t ranges;  // bucket_range_count(n, its table's buckets)
+};
+
 /// The parts of a call as an executor reads them: an array (device memory on a GPU),
 /// or a single part held by value (one table: nothing to copy to the device).
 template <class Part>
@@ -96,6 +123,7 @@ struct PartTotals {
   int64_t unique = 0;
   int64_t acc = 0;    // gradient accumulator floats (num_unique * dim per part)
   int64_t cells = 0;  // dedup set cells (dedup_capacity(n) per part)
+  int64_t ranges = 0;  // home-bucket ranges (a grouped lookup)
 };
 
 /// Numbers the parts' keys and set cells one after another.
@@ -106,6 +134,21 @@ inline PartTotals number_parts(DedupPart* parts, int64_t count) {
     parts[p].cell_begin = total.cells;
     total.indices += parts[p].n;
     total.cells += dedup_capacity(parts[p].n);
+  }
+  return total;
+}
+
+/// Numbers the parts' keys (in `indices`) and home-bucket ranges one after another.
+template <class V>
+PartTotals number_parts(UpsertPart<V>* parts, int64_t count) {
+  PartTotals total;
+  for (int64_t p = 0; p < count; ++p) {
+    UpsertPart<V>& q = parts[p];
+    q.key_begin = total.indices;
+    q.range_begin = total.ranges;
+    q.ranges = bucket_range_count(q.n, q.sink.t.num_buckets);
+    total.indices += q.n;
+    total.ranges += q.ranges;
   }
   return total;
 }

@@ -153,11 +153,7 @@ __global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, const 
   if (i < n && marks[i] == wanted) list[position[i]] = i;
 }
 
-/// A thread per chunk of kStatusChunk statuses counts them in registers, then adds its
-/// counts: an atomic per status (all of them on 4 words) took 0.77 ms per 2^20 keys on
-/// an H100, half the time of the upsert itself.
-constexpr int64_t kStatusChunk = 256;
-
+/// A thread per chunk of kStatusChunk statuses (kernel_common.cuh).
 __global__ void count_status_kernel(const int8_t* status, int64_t n, unsigned long long* counts) {
   const int64_t c = thread_index();
   const int64_t begin = c * kStatusChunk;

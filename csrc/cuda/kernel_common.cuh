@@ -2,6 +2,7 @@
 // shared by the .cu files (torch-free).
 #pragma once
 
+#include "core/grouped.h"
 #include "core/table_ops.h"
 #include "cuda/cuda_platform.cuh"
 #include "cuda/launchers_cuda.h"
@@ -51,12 +52,6 @@ void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, 
 void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
                         int64_t* count, Workspace& ws, cudaStream_t stream);
 
-/// Ranges of home buckets for a batch of n keys (core/table_ops.h's batch rule lets
-/// them run concurrently): about one per key, at most one per bucket.
-inline int64_t bucket_range_count(int64_t n, int64_t num_buckets) {
-  return n < num_buckets ? (n > 0 ? n : 1) : num_buckets;
-}
-
 /// A batch's keys grouped by home-bucket range, each range's keys in batch order:
 /// order[start[r] .. start[r + 1]) for r in [0, count) (device arrays).
 struct BucketRanges {
@@ -75,29 +70,43 @@ void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaS
 /// Status pass 1 leaves for pass 2 (never a dynemb::Status value).
 constexpr int8_t kDeferred = -2;
 
-/// The batch rule's pass 1 over one home-bucket range per thread: its keys in batch
-/// order, touch_stored first for all of them when hits_first, then upsert_home.
+/// A thread per chunk of kStatusChunk statuses counts them in registers, then adds its
+/// counts: an atomic per status (all of them on 4 words) took 0.77 ms per 2^20 keys on
+/// an H100, half the time of the upsert itself.
+constexpr int64_t kStatusChunk = 256;
+
+/// The batch rule's pass 1 over one home-bucket range: the positions order[begin ..
+/// end) in batch order (position x is key x - base of `keys`, status[x - base]),
+/// touch_stored first for all of them when hits_first, then upsert_home.
 template <class V, class Sink>
-__global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
-                                     const int64_t* keys, const int64_t* start,
-                                     const int64_t* order, int64_t ranges, int8_t* status) {
-  const int64_t g = thread_index();
-  if (g >= ranges) return;
+__device__ void upsert_range(const TableRef<V>& t, Sink& sink, const UpsertArgs& args,
+                             const int64_t* keys, int64_t base, const int64_t* order,
+                             int64_t begin, int64_t end, int8_t* status) {
   if (args.hits_first) {
-    for (int64_t k = start[g]; k < start[g + 1]; ++k) {
-      const int64_t i = order[k];
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t i = order[k] - base;
       const bool hit = touch_stored<CudaPlatform>(t, i, i, keys[i], args, sink);
       status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
     }
   }
-  for (int64_t k = start[g]; k < start[g + 1]; ++k) {
-    const int64_t i = order[k];
+  for (int64_t k = begin; k < end; ++k) {
+    const int64_t i = order[k] - base;
     if (args.hits_first && status[i] == static_cast<int8_t>(Status::kHit)) continue;
     Status s;
     status[i] = upsert_home<CudaPlatform>(t, i, i, keys[i], args, sink, &s)
                     ? static_cast<int8_t>(s)
                     : kDeferred;
   }
+}
+
+/// The batch rule's pass 1, one home-bucket range per thread.
+template <class V, class Sink>
+__global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
+                                     const int64_t* keys, const int64_t* start,
+                                     const int64_t* order, int64_t ranges, int8_t* status) {
+  const int64_t g = thread_index();
+  if (g >= ranges) return;
+  upsert_range(t, sink, args, keys, 0, order, start[g], start[g + 1], status);
 }
 
 /// The batch rule's pass 2: one thread, the deferred keys (deferred[0 .. *count), in

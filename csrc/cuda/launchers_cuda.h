@@ -59,6 +59,15 @@ template <class Sink>
 void launch_upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
                         int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream);
 
+/// table_find_or_insert_slots of every part (core/grouped.h UpsertPart), each by the
+/// batch rule on its own table, all parts in one launch per phase: grouping by home
+/// bucket range, pass 1, the list of deferred keys, pass 2, the status counts.
+/// parts: numbered by number_parts, which gave totals.
+/// @param status (totals.indices) int8 out: the parts' status arrays, one after another
+template <class V>
+void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& totals,
+                           int8_t* status, Workspace& ws, cudaStream_t stream);
+
 /// @param erased (n) bool out
 template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,

@@ -109,7 +109,90 @@ __global__ void rehash_rest_kernel(TableRef<V> src, TableRef<V> dst, int window,
   *failed = lost;
 }
 
+// The grouped training lookup (launch_upsert_grouped): the kernels of launch_upsert
+// over every part at once, each position finding its part (core/grouped.h part_of)
+// and running the per-table rule on the part's table.
+template <class V>
+using Lookups = Parts<UpsertPart<V>>;
+
+/// A thread per key of the call: its home-bucket range, numbered after the earlier
+/// parts' ranges (the per-table formula of group_by_home_bucket within a part).
+template <class V>
+__global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group) {
+  const int64_t x = thread_index();
+  if (x >= n) return;
+  const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
+  const auto buckets = static_cast<uint64_t>(q.sink.t.num_buckets);
+  const auto b = static_cast<uint64_t>(
+      bucket_of(hash_key(q.keys[x - q.key_begin]), static_cast<int64_t>(buckets)));
+  group[x] = q.range_begin + static_cast<int64_t>(b * static_cast<uint64_t>(q.ranges) / buckets);
+}
+
+/// Pass 1, one home-bucket range of the call per thread (its part's keys and table).
+template <class V>
+__global__ void grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start,
+                                             const int64_t* order, int64_t ranges) {
+  const int64_t g = thread_index();
+  if (g >= ranges) return;
+  const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
+  SlotSink<V> sink = q.sink;
+  upsert_range(sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
+               q.status);
+}
+
+/// Pass 2: one thread, the deferred positions of the call in order (part by part, each
+/// part's in batch order).
+template <class V>
+__global__ void grouped_upsert_deferred_kernel(Lookups<V> parts, const int64_t* deferred,
+                                               const int64_t* count) {
+  if (thread_index() != 0) return;
+  for (int64_t k = 0; k < *count; ++k) {
+    const UpsertPart<V>& q = part_of(parts, deferred[k], &UpsertPart<V>::key_begin);
+    const int64_t i = deferred[k] - q.key_begin;
+    SlotSink<V> sink = q.sink;
+    q.status[i] = static_cast<int8_t>(upsert_spill<P>(sink.t, i, i, q.keys[i], q.args, sink));
+  }
+}
+
+/// A thread per chunk of kStatusChunk statuses of the call adds them to the counts of
+/// their parts (a chunk may span parts).
+template <class V>
+__global__ void grouped_count_status_kernel(Lookups<V> parts, const int8_t* status, int64_t n) {
+  int64_t x = thread_index() * kStatusChunk;
+  if (x >= n) return;
+  const int64_t end = x + kStatusChunk < n ? x + kStatusChunk : n;
+  while (x < end) {
+    const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
+    const int64_t stop = q.key_begin + q.n < end ? q.key_begin + q.n : end;
+    unsigned long long local[kStatusCount] = {};
+    for (; x < stop; ++x) ++local[status[x]];
+    for (int s = 0; s < kStatusCount; ++s) {
+      if (local[s] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(q.counts) + s, local[s]);
+    }
+  }
+}
+
 }  // namespace
+
+template <class V>
+void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& totals,
+                           int8_t* status, Workspace& ws, cudaStream_t stream) {
+  const int64_t n = totals.indices, ranges = totals.ranges;
+  if (n == 0) return;  // the caller zeroed the counts
+  int64_t* group = ws.array<int64_t>(n);
+  int64_t* start = ws.array<int64_t>(ranges + 1);
+  int64_t* order = ws.array<int64_t>(n);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group);
+  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, grouped_upsert_ranges_kernel<V>)(
+      parts, start, order, ranges);
+  int64_t* deferred = ws.array<int64_t>(n);
+  int64_t* deferred_count = ws.array<int64_t>(1);
+  launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
+  DYNEMB_LAUNCH(1, 1, stream, grouped_upsert_deferred_kernel<V>)(parts, deferred, deferred_count);
+  DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
+                grouped_count_status_kernel<V>)(parts, status, n);
+}
 
 template <class V>
 void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
@@ -177,6 +260,8 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
                                    int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
   template void launch_upsert_keys(const SlotSink<V>&, const UpsertArgs&, const int64_t*,      \
                                    int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+  template void launch_upsert_grouped<V>(const Parts<UpsertPart<V>>&, const PartTotals&,       \
+                                         int8_t*, Workspace&, cudaStream_t);                    \
   template void launch_erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*, Workspace&, \
                                 cudaStream_t);                                                  \
   template void launch_rehash<V>(const TableRef<V>&, const TableRef<V>&, int, int64_t*,         \

@@ -76,6 +76,14 @@ struct CudaBackend {
                                        Runtime::stream());
   }
   template <class V>
+  static void upsert_grouped(const std::vector<UpsertPart<V>>& parts, const PartTotals& totals,
+                             int8_t* status, const at::TensorOptions& like) {
+    TensorWorkspace ws(like);
+    at::Tensor held;
+    DYNEMB_CUDA_NS::launch_upsert_grouped(device_parts(parts, like, held), totals, status, ws,
+                                          Runtime::stream());
+  }
+  template <class V>
   static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                     const at::TensorOptions& like) {
     TensorWorkspace ws(like);

@@ -42,6 +42,15 @@ struct CpuBackend {
     const StatusCounts done = cpu::upsert_keys(sink, args, keys, n, status);
     for (int k = 0; k < kStatusCount; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
   }
+  /// Each part's table in turn, its keys split among the threads by bucket range.
+  template <class V>
+  static void upsert_grouped(const std::vector<UpsertPart<V>>& parts, const PartTotals&,
+                             int8_t*, const at::TensorOptions&) {
+    for (const UpsertPart<V>& q : parts) {
+      const StatusCounts done = cpu::upsert_keys(q.sink, q.args, q.keys, q.n, q.status);
+      for (int k = 0; k < kStatusCount; ++k) q.counts[k] = done.by_status[k];
+    }
+  }
   template <class V>
   static void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                     const at::TensorOptions&) {

@@ -49,7 +49,9 @@ struct SlotOpImpls {
   /// table_find_or_insert_slots (init_rows, no evicted keys, not hits_first) of every
   /// table of a batch in one call: table t is tables[8t .. 8t + 8) with
   /// policies[5t .. 5t + 5), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
-  /// none or one per table). Each table's result is the per-table op's, bit for bit.
+  /// none or one per table). Each table's result is the per-table op's, bit for bit:
+  /// the executor runs the tables of one value dtype as the parts of one upsert
+  /// (core/grouped.h UpsertPart; on a GPU one launch per phase for all of them).
   /// Every argument is checked before any table changes. Returns (slots, status)
   /// per table and counts (T, 4): one read of the counts for the whole batch (on a
   /// GPU, one synchronisation instead of one per table).
@@ -87,16 +89,47 @@ struct SlotOpImpls {
           accesses.empty() ? std::nullopt : std::optional<at::Tensor>(accesses[t]);
       check_accesses(name, a, keys[t], table_tensors(table_list), calls.back());
     }
+    std::vector<TableTensors> table;
     std::vector<at::Tensor> slots, status;
+    int64_t total = 0;
+    bool one_dtype = true;
+    for (size_t t = 0; t < n; ++t) {
+      table.push_back(table_tensors(tables.slice(t * kTableTensors, kTableTensors)));
+      one_dtype = one_dtype && table[t].values.scalar_type() == table[0].values.scalar_type();
+      total += keys[t].numel();
+    }
     typename Backend::DeviceGuard guard(keys[0].device());
     at::Tensor counts = at::zeros({static_cast<int64_t>(n), kStatusCount}, keys[0].options());
-    for (size_t t = 0; t < n; ++t) {
-      const TableTensors table = table_tensors(tables.slice(t * kTableTensors, kTableTensors));
+    // One status array for the call, a range per table: the executor lists the keys its
+    // second pass takes over all tables at once.
+    at::Tensor flat_status = at::empty({total}, keys[0].options().dtype(at::kChar));
+    for (size_t t = 0, begin = 0; t < n; begin += keys[t].numel(), ++t) {
       slots.push_back(at::empty_like(keys[t]));
-      status.push_back(at::empty(keys[t].sizes(), keys[t].options().dtype(at::kChar)));
-      at::Tensor row = counts[static_cast<int64_t>(t)];
-      run(names[t].c_str(), table, calls[t], keys[t], true, nullptr, slots[t], status[t], row);
+      status.push_back(flat_status.narrow(0, static_cast<int64_t>(begin), keys[t].numel()));
     }
+    if (!one_dtype) {  // tables of several value dtypes: one table at a time
+      for (size_t t = 0; t < n; ++t) {
+        at::Tensor row = counts[static_cast<int64_t>(t)];
+        run(names[t].c_str(), table[t], calls[t], keys[t], true, nullptr, slots[t], status[t],
+            row);
+      }
+      return {slots, status, counts};
+    }
+    dispatch_values(op, table[0].values, [&](auto v) {
+      using W = V<decltype(v)>;
+      std::vector<UpsertPart<W>> parts;
+      for (size_t t = 0; t < n; ++t) {
+        const SlotSink<W> sink{table_ref<W>(table[t]), calls[t].init, calls[t].dim,
+                               slots[t].data_ptr<int64_t>(), EvictedOut<W>{nullptr, nullptr, nullptr},
+                               true};
+        parts.push_back(UpsertPart<W>{sink, calls[t].args, keys[t].data_ptr<int64_t>(),
+                                      status[t].data_ptr<int8_t>(),
+                                      counts.data_ptr<int64_t>() + t * kStatusCount,
+                                      keys[t].numel(), 0, 0, 0});
+      }
+      const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(n));
+      Backend::upsert_grouped(parts, totals, flat_status.data_ptr<int8_t>(), keys[0].options());
+    });
     return {slots, status, counts};
   }
 
