@@ -178,3 +178,28 @@ def test_a_full_table_warns_from_the_grouped_lookup():
         for step in range(8):
             indices, offsets = _batch(step)
             module(indices, offsets).sum().backward()
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+def test_tables_of_several_value_dtypes_are_looked_up_one_by_one(library):
+    lib = LIBRARIES[library]
+    tables = [
+        ScoredHashTable(dim=4, capacity=32, bucket_capacity=16, value_dtype=dtype, seed=t)
+        for t, dtype in enumerate((torch.float32, torch.bfloat16, torch.float32))
+    ]
+    keys = [torch.arange(20) * 31 + t for t in range(3)]
+    policies = [_ops.Policy(t.strategy_code, 5, t.seed, -1, 4) for t in tables]
+    bufs = [[x.clone() for x in t.buffers.tensors()] for t in tables]
+    slots, status, counts = lib.table_find_or_insert_slots_grouped(
+        [x for b in bufs for x in b], [v for p in policies for v in p],
+        [v for t in tables for v in t.init_values], keys, [],
+    )  # fmt: skip
+    for t, table in enumerate(tables):
+        alone = [x.clone() for x in table.buffers.tensors()]
+        want = lib.table_find_or_insert_slots(alone, list(policies[t]), table.init_values,
+                                              keys[t], None, None)  # fmt: skip
+        for got, expected in zip((slots[t], status[t], counts[t]), want):
+            _assert_equal(got, expected, f"table {t}")
+        for x, y in zip(bufs[t], alone):
+            _assert_equal(x, y, f"table {t}: buffers")
+    assert int(counts[:, _ops.Status.INSERTED].sum()) == 60
