@@ -23,6 +23,10 @@ constexpr int64_t kUpdateDistance = 8;  // rows ahead whose lines the update pre
 // module's output is strided (one row of every feature per sample), so the hardware
 // prefetchers do not follow its columns and each bag would wait for its lines.
 constexpr int64_t kBagDistance = 4;
+// Indices past the current bag whose rows the pooling prefetches. The next bag alone
+// was too near for small bags (W-train-wide, 4 indices a bag: the pooling waited on its
+// rows; 16 indices ahead cut it from ~21 to ~19 ms a step, 1 thread, medians of 3).
+constexpr int64_t kRowDistance = 16;
 
 /// Prefetches every cache line of a row (a row is several lines: the first alone
 /// leaves the others to demand misses).
@@ -69,20 +73,22 @@ void pool_bags_by_key(const PoolPart<V>& p, PoolingMode mode, int64_t b0, int64_
 }
 
 /// Calls pool_one(b, out) for bags [b0, b1) of one part, out the bag's place, while
-/// prefetching the rows of the next bag and the output lines kBagDistance bags ahead.
+/// prefetching the rows of the indices up to kRowDistance past the bag and the output
+/// lines kBagDistance bags ahead.
 template <class V, class PoolOne>
 DYNEMB_INLINE void for_each_bag(const PoolPart<V>& p, int64_t b0, int64_t b1, PoolOne&& pool_one) {
   const int64_t out_bytes = p.dim * static_cast<int64_t>(sizeof(float));
   const int64_t row_bytes = p.dim * static_cast<int64_t>(sizeof(V));  // not the state
+  const int64_t last = p.offsets[b1];
+  int64_t ahead = p.offsets[b0];
   for (int64_t b = b0; b < b1; ++b) {
     if (b + kBagDistance < b1) {
       CpuPlatform::prefetch_lines_for_write(p.out.at(b + kBagDistance), out_bytes);
     }
-    if (b + 1 < b1) {
-      for (int64_t i = p.offsets[b + 1]; i < p.offsets[b + 2]; ++i) {
-        const int64_t slot = p.slots[i];
-        if (slot >= 0) prefetch_span(p.table.row(slot), row_bytes);
-      }
+    const int64_t until = std::min(p.offsets[b + 1] + kRowDistance, last);
+    for (; ahead < until; ++ahead) {
+      const int64_t slot = p.slots[ahead];
+      if (slot >= 0) prefetch_span(p.table.row(slot), row_bytes);
     }
     pool_one(b, p.out.at(b));
   }
