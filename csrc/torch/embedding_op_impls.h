@@ -16,6 +16,7 @@
 // (the module's tables, one call per phase) with the same per-table checks.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -54,9 +55,21 @@ inline bool reads_values(const at::Tensor& t) {
 inline void check_range(const char* op, const char* name, const char* what,
                         const at::Tensor& values, int64_t lowest, int64_t end) {
   if (values.numel() == 0 || !reads_values(values)) return;
-  const auto range = at::aminmax(values);
-  const int64_t lo = std::get<0>(range).item<int64_t>();
-  const int64_t hi = std::get<1>(range).item<int64_t>();
+  int64_t lo, hi;
+  if (values.is_cpu() && values.is_contiguous()) {
+    // One pass in this (vectorised) loop: at::aminmax's int64 kernel took ~2 ns an
+    // element here, 4% of a W-train-wide step for the inverse lists of pool and backward.
+    const int64_t* v = values.data_ptr<int64_t>();
+    lo = hi = v[0];
+    for (int64_t i = 1, n = values.numel(); i < n; ++i) {
+      lo = std::min(lo, v[i]);
+      hi = std::max(hi, v[i]);
+    }
+  } else {
+    const auto range = at::aminmax(values);
+    lo = std::get<0>(range).item<int64_t>();
+    hi = std::get<1>(range).item<int64_t>();
+  }
   TORCH_CHECK_VALUE(lo >= lowest && hi < end, "dynemb.", op, ": `", name, "` must hold ", what, " in [",
                     lowest, ", ", end, "), got values in [", lo, ", ", hi, "]");
 }
