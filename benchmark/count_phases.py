@@ -23,7 +23,7 @@ perf's ack):
 - ``lookup``: ``compute`` (dynemb: dedup, probe and pooling; TorchRec: its forward op);
 - ``backward``: ``loss.backward()`` (gradient reduction and the fused optimizer);
 - ``dedup``, ``probe``, ``pooling``, ``update`` (dynemb only): the calls of
-  ``dynemb._ops.unique_keys_grouped``, ``table_find_or_insert_slots``,
+  ``dynemb._ops.unique_keys_grouped``, ``table_find_or_insert_slots_grouped``,
   ``embedding_pool_into_grouped`` and ``embedding_backward_grouped`` (the gradient
   sums and the fused optimizer; ``backward`` less ``update`` is autograd and Python).
 
@@ -53,7 +53,7 @@ COUNTERS = ("instructions", "cycles")
 BOTH = ("step", "lookup", "backward")  # phases of either implementation
 OPS = {  # dynemb-only phases: the dynemb._ops function each one counts
     "dedup": "unique_keys_grouped",
-    "probe": "table_find_or_insert_slots",
+    "probe": "table_find_or_insert_slots_grouped",
     "pooling": "embedding_pool_into_grouped",
     "update": "embedding_backward_grouped",
 }

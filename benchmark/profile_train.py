@@ -70,7 +70,7 @@ FUSED_BACKWARD = "backward reduction + optimizer"
 PHASE_RULES = (
     ("input distribution", re.escape(INPUT_DIST)),
     ("dedup / unique", r"dynemb::unique_keys(_grouped)?"),
-    ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?"),
+    ("hash probe / lookup", r"dynemb::table_find(_or_insert)?(_slots)?(_grouped)?"),
     (
         "pooling",
         r"dynemb::embedding_(pool(_into)?(_grouped)?|gather)|fbgemm::split_embedding_codegen_forward_\w+",
