@@ -69,6 +69,14 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_range_count(int64_t n, int64_t num_bucket
   return n < num_buckets ? (n > 0 ? n : 1) : num_buckets;
 }
 
+/// The range of `ranges` (bucket_range_count's) that holds home bucket `bucket`:
+/// contiguous runs of buckets, in bucket order.
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_range_of(int64_t bucket, int64_t ranges,
+                                                int64_t num_buckets) {
+  return static_cast<int64_t>(static_cast<uint64_t>(bucket) * static_cast<uint64_t>(ranges) /
+                              static_cast<uint64_t>(num_buckets));
+}
+
 /// One table's distinct keys of a grouped training lookup (the arguments of one
 /// table_find_or_insert_slots: its outputs are its slots, through the sink, and its
 /// status). Its keys are [key_begin, key_begin + n) of the call's flat numbering, its

@@ -136,9 +136,7 @@ __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num
                                      int64_t groups, int64_t* group) {
   const int64_t i = thread_index();
   if (i >= n) return;
-  const auto b = static_cast<uint64_t>(bucket_of(hash_key(keys[i]), num_buckets));
-  group[i] = static_cast<int64_t>(b * static_cast<uint64_t>(groups) /
-                                  static_cast<uint64_t>(num_buckets));
+  group[i] = bucket_range_of(bucket_of(hash_key(keys[i]), num_buckets), groups, num_buckets);
 }
 
 __global__ void mark_flags_kernel(const int8_t* marks, int8_t wanted, int64_t n,
@@ -154,16 +152,10 @@ __global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, const 
 }
 
 /// A thread per chunk of kStatusChunk statuses (kernel_common.cuh).
-__global__ void count_status_kernel(const int8_t* status, int64_t n, unsigned long long* counts) {
-  const int64_t c = thread_index();
-  const int64_t begin = c * kStatusChunk;
+__global__ void count_status_kernel(const int8_t* status, int64_t n, int64_t* counts) {
+  const int64_t begin = thread_index() * kStatusChunk;
   if (begin >= n) return;
-  const int64_t end = begin + kStatusChunk < n ? begin + kStatusChunk : n;
-  unsigned long long local[kStatusCount] = {};
-  for (int64_t i = begin; i < end; ++i) ++local[status[i]];
-  for (int s = 0; s < kStatusCount; ++s) {
-    if (local[s] != 0) atomicAdd(counts + s, local[s]);
-  }
+  add_status_counts(status, begin, begin + kStatusChunk < n ? begin + kStatusChunk : n, counts);
 }
 
 }  // namespace
@@ -268,7 +260,7 @@ BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_bu
 void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream) {
   if (n == 0) return;
   DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
-                count_status_kernel)(status, n, reinterpret_cast<unsigned long long*>(counts));
+                count_status_kernel)(status, n, counts);
 }
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

@@ -75,6 +75,16 @@ constexpr int8_t kDeferred = -2;
 /// an H100, half the time of the upsert itself.
 constexpr int64_t kStatusChunk = 256;
 
+/// counts (kStatusCount) += the statuses [begin, end), counted in registers first.
+__device__ inline void add_status_counts(const int8_t* status, int64_t begin, int64_t end,
+                                         int64_t* counts) {
+  unsigned long long local[kStatusCount] = {};
+  for (int64_t i = begin; i < end; ++i) ++local[status[i]];
+  for (int s = 0; s < kStatusCount; ++s) {
+    if (local[s] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(counts) + s, local[s]);
+  }
+}
+
 /// The batch rule's pass 1 over one home-bucket range: the positions order[begin ..
 /// end) in batch order (position x is key x - base of `keys`, status[x - base]),
 /// touch_stored first for all of them when hits_first, then upsert_home.

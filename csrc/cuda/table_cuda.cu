@@ -122,10 +122,10 @@ __global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_
   const int64_t x = thread_index();
   if (x >= n) return;
   const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
-  const auto buckets = static_cast<uint64_t>(q.sink.t.num_buckets);
-  const auto b = static_cast<uint64_t>(
-      bucket_of(hash_key(q.keys[x - q.key_begin]), static_cast<int64_t>(buckets)));
-  group[x] = q.range_begin + static_cast<int64_t>(b * static_cast<uint64_t>(q.ranges) / buckets);
+  const int64_t buckets = q.sink.t.num_buckets;
+  group[x] = q.range_begin +
+             bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]), buckets), q.ranges,
+                             buckets);
 }
 
 /// Pass 1, one home-bucket range of the call per thread (its part's keys and table).
@@ -164,11 +164,8 @@ __global__ void grouped_count_status_kernel(Lookups<V> parts, const int8_t* stat
   while (x < end) {
     const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
     const int64_t stop = q.key_begin + q.n < end ? q.key_begin + q.n : end;
-    unsigned long long local[kStatusCount] = {};
-    for (; x < stop; ++x) ++local[status[x]];
-    for (int s = 0; s < kStatusCount; ++s) {
-      if (local[s] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(q.counts) + s, local[s]);
-    }
+    add_status_counts(status, x, stop, q.counts);
+    x = stop;
   }
 }
 

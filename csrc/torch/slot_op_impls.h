@@ -76,7 +76,10 @@ struct SlotOpImpls {
     }
     std::vector<std::string> names;
     std::vector<UpsertCall> calls;
+    std::vector<TableTensors> table;
     names.reserve(n);
+    int64_t total = 0;
+    bool one_dtype = true;
     for (size_t t = 0; t < n; ++t) {
       names.push_back(table_op_name(op, t));
       const char* name = names.back().c_str();
@@ -85,19 +88,14 @@ struct SlotOpImpls {
                                    inits.slice(t * kInitSize, kInitSize), keys[t],
                                    std::nullopt, {}));
       check_same_device(name, "keys", keys[t], keys[0]);
+      table.push_back(table_tensors(table_list));
       const std::optional<at::Tensor> a =
           accesses.empty() ? std::nullopt : std::optional<at::Tensor>(accesses[t]);
-      check_accesses(name, a, keys[t], table_tensors(table_list), calls.back());
-    }
-    std::vector<TableTensors> table;
-    std::vector<at::Tensor> slots, status;
-    int64_t total = 0;
-    bool one_dtype = true;
-    for (size_t t = 0; t < n; ++t) {
-      table.push_back(table_tensors(tables.slice(t * kTableTensors, kTableTensors)));
+      check_accesses(name, a, keys[t], table[t], calls.back());
       one_dtype = one_dtype && table[t].values.scalar_type() == table[0].values.scalar_type();
       total += keys[t].numel();
     }
+    std::vector<at::Tensor> slots, status;
     typename Backend::DeviceGuard guard(keys[0].device());
     at::Tensor counts = at::zeros({static_cast<int64_t>(n), kStatusCount}, keys[0].options());
     // One status array for the call, a range per table: the executor lists the keys its
@@ -120,8 +118,8 @@ struct SlotOpImpls {
       std::vector<UpsertPart<W>> parts;
       for (size_t t = 0; t < n; ++t) {
         const SlotSink<W> sink{table_ref<W>(table[t]), calls[t].init, calls[t].dim,
-                               slots[t].data_ptr<int64_t>(), EvictedOut<W>{nullptr, nullptr, nullptr},
-                               true};
+                               slots[t].data_ptr<int64_t>(),
+                               EvictedOut<W>{nullptr, nullptr, nullptr}, true};
         parts.push_back(UpsertPart<W>{sink, calls[t].args, keys[t].data_ptr<int64_t>(),
                                       status[t].data_ptr<int8_t>(),
                                       counts.data_ptr<int64_t>() + t * kStatusCount,
