@@ -73,6 +73,9 @@ BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])
 MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
 MAX_SCORE: int = _CORE["max_score"]  # core/score_policy.h kMaxScore: counts saturate there
 EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)
+# policy pin_floor under which no resident is pinned; pin numbers are below it
+# (core/table_ops.h "Pins", dynemb/table/pin_ledger.py).
+NO_PINS: int = _CORE["no_pins"]
 # policy strategy of a cache tier's claims: ScoreStrategy::kCache (internal; the
 # public strategies are dynemb.DynamicEmbScoreStrategy).
 CACHE_SCORES: int = SCORE_STRATEGY_CODES["CACHE"]
@@ -112,6 +115,8 @@ class Policy(NamedTuple):
     seed: int  # the initializer's seed
     evict_below: int  # EVICT_ANY: any resident may be evicted; 0: none
     dim: int  # columns the op initialises / writes
+    pin: int = 0  # written to the pin of every slot the batch finds or claims
+    pin_floor: int = NO_PINS  # residents pinned at or above it are not evicted
 
 
 class UpsertResult(NamedTuple):
@@ -172,9 +177,12 @@ def table_find_or_insert(
 ) -> UpsertResult:
     """Finds each key or stores it with an initialised row; copies rows into ``values``.
 
-    ``policy = [strategy, batch_value, seed, evict_below, dim]``: a full bucket evicts
-    its minimum resident only when that resident's score is ``< evict_below``
-    (``EVICT_ANY`` = -1: any resident; 0: never, the key fails),
+    ``policy = [strategy, batch_value, seed, evict_below, dim, pin, pin_floor]``: a
+    full bucket evicts its minimum resident only when that resident's score is
+    ``< evict_below`` (``EVICT_ANY`` = -1: any resident; 0: never, the key fails) and
+    its pin is ``< pin_floor`` (a key of a batch in flight is never evicted; every key
+    the batch finds or stores gets pin ``pin``), stored keys are touched before new
+    ones are placed (evicting strategies),
     ``init = [mode, a, b, lower, upper, extra_value]``,
     ``evicted = []`` or ``[keys (n,), rows (n, row_width), scores (n,)]`` filled at the
     positions whose status is EVICTED.
@@ -278,7 +286,6 @@ def table_find_or_insert_slots(
     accesses: torch.Tensor | None = None,
     init_rows: bool = True,
     evicted_keys: torch.Tensor | None = None,
-    hits_first: bool = False,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
@@ -286,13 +293,11 @@ def table_find_or_insert_slots(
     a de-duplicated batch passes its counts). ``init_rows=False`` leaves a new
     key's slot with the row it had (an evicted resident's): the caller moves that
     row out and writes the new one (a cache fill). ``evicted_keys`` (n,) int64 gets,
-    at each EVICTED position, the key that left the slot. ``hits_first`` (evicting
-    strategies): every stored key of the batch is touched before any new key is
-    placed, so new keys never evict keys the batch hits. Returns
+    at each EVICTED position, the key that left the slot. Returns
     ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
     """
     return _dynemb.table_find_or_insert_slots(
-        list(table), list(policy), init, keys, scores, accesses, init_rows, evicted_keys, hits_first
+        list(table), list(policy), init, keys, scores, accesses, init_rows, evicted_keys
     )
 
 
@@ -303,8 +308,7 @@ def table_find_or_insert_slots_grouped(
     keys: Sequence[torch.Tensor],
     accesses: Sequence[torch.Tensor] | None = None,
 ) -> tuple:
-    """``table_find_or_insert_slots`` (rows initialised, no evicted keys, not
-    hits_first) of each table in one op call: table t's buffers, policy, init list,
+    """``table_find_or_insert_slots`` (rows initialised, no evicted keys) of each table in one op call: table t's buffers, policy, init list,
     distinct keys and (optionally) accesses. Each table's result is the per-table
     op's; every argument is checked before any table changes, and a table may appear
     once. Returns ``(slots, status, counts)``: lists of one (n_t,) tensor per table,

@@ -44,7 +44,7 @@ _WRITERS = threading.Lock()
 
 
 class _TableBuffers(nn.Module):
-    """One table's eight op tensors as buffers (names of dynemb.table.placement.BUFFERS)."""
+    """One table's nine op tensors as buffers (names of dynemb.table.placement.BUFFERS)."""
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         super().__init__()

@@ -103,6 +103,7 @@ class ReferenceTable:
         self.buckets = {}  # home bucket -> set of keys (eviction strategies)
         self.step = 0
         self.evict_below = None
+        self.pinned = set()  # keys no new key may evict (core/table_ops.h "Pins")
 
     # -- helpers
     def _home(self, key):
@@ -177,7 +178,8 @@ class ReferenceTable:
         unpinned = [
             k
             for k in members
-            if self.evict_below is None or self.entries[k][1] & mask < self.evict_below
+            if (self.evict_below is None or self.entries[k][1] & mask < self.evict_below)
+            and k not in self.pinned
         ]
         if not unpinned:
             return FAILED
@@ -191,23 +193,40 @@ class ReferenceTable:
         self.entries[key] = [row, score, stamp]
         return EVICTED
 
-    def upsert(self, keys, scores=None, values=None, batch_value=0, evict_below=None):
+    def upsert(
+        self, keys, scores=None, values=None, batch_value=0, evict_below=None, in_flight=(),
+        pins=True,
+    ):  # fmt: skip
         """Returns (status list, {position: (key, row, score)} of evicted residents).
 
         ``self.rows[i]`` is then the row key i saw when it was processed.
         ``evict_below``: a full bucket evicts only a resident scored below it (None:
         any resident; core/table_ops.h UpsertArgs::evict_below), the minimum of those.
+        The batch rule of core/table_ops.h: under an evicting strategy every stored key
+        is touched before any new key is placed, and no key is evicted that is in
+        ``in_flight`` (keys of other batches in flight) or that this batch found or
+        stored (unless ``pins`` is False: a restore's keys compete by score).
         """
         self.evict_below = evict_below
+        self.pinned = set(map(int, in_flight))
         self.step += 1
         self.rows = [None] * len(keys)
         batch = self.step if self.strategy == STEP else batch_value
         status = [None] * len(keys)
         evicted = {}
         pending = list(range(len(keys)))
+        if self.strategy != NO_EVICTION:  # hits first
+            for i in pending:
+                if int(keys[i]) in self.entries:
+                    status[i] = self._upsert_one(i, int(keys[i]), scores, batch, values, evicted)
+                    if pins:
+                        self.pinned.add(int(keys[i]))
+            pending = [i for i in pending if status[i] is None]
         while True:
             for i in pending:
                 status[i] = self._upsert_one(i, int(keys[i]), scores, batch, values, evicted)
+                if pins and status[i] != FAILED:
+                    self.pinned.add(int(keys[i]))
             pending = [i for i in pending if status[i] == FAILED]
             if not pending or self.nb >= self.max_nb:
                 return status, evicted

@@ -32,6 +32,7 @@ def _table():
         torch.zeros(4, dtype=torch.int32),
         torch.zeros(4, dtype=torch.uint8),
         torch.zeros(0, ROW),
+        torch.zeros(0, dtype=torch.int32),  # pins: none (no upserts here)
     ]
 
 

@@ -34,7 +34,8 @@ def test_floor_matches_oracle(seed):
         keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
         values = torch.from_numpy(rng.standard_normal((40, dim)).astype(np.float32))
         floor = int(rng.integers(0, batch + 1)) if batch > 4 else _ops.EVICT_ANY
-        policy = [DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim]
+        # Pin number = batch: each batch pins its own keys, as a table's owner does.
+        policy = _ops.Policy(DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim, batch, batch)
         evicted = [
             torch.empty(40, dtype=torch.int64),
             torch.empty(40, dim),
@@ -79,8 +80,8 @@ def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
         before = {k: e[1] for k, e in oracle.entries.items()}
         evicted = [torch.empty(12, dtype=torch.int64), torch.empty(12, dim), torch.empty(12, dtype=torch.int64)]  # fmt: skip
         status, _ = _ops.table_insert_or_assign(
-            table._storage.tensors(), [ref.CACHE, batch, 0, floor, dim], table._init, keys,
-            None, values, evicted,
+            table._storage.tensors(), _ops.Policy(ref.CACHE, batch, 0, floor, dim, batch, batch),
+            table._init, keys, None, values, evicted,
         )  # fmt: skip
         want, want_evicted = oracle.upsert(
             keys.tolist(), None, values.numpy(), batch_value=batch,
@@ -107,7 +108,7 @@ def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
     assert max(s >> 32 for s in stored) > 1  # some keys counted several batches
     with pytest.raises(ValueError, match="batch number and floor must be in \\[0, 2\\^32\\)"):
         _ops.table_insert_or_assign(
-            table._storage.tensors(), [ref.CACHE, 2**32, 0, 1, dim], table._init, keys, None,
+            table._storage.tensors(), _ops.Policy(ref.CACHE, 2**32, 0, 1, dim), table._init, keys, None,
             torch.zeros(keys.numel(), dim), [],
         )  # fmt: skip
 
@@ -124,7 +125,8 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
     for batch in range(1, 10):
         keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
         floor = int(rng.integers(0, batch + 1)) if batch > 4 else _ops.EVICT_ANY
-        policy = [DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim]
+        # Pin number = batch: each batch pins its own keys, as a table's owner does.
+        policy = _ops.Policy(DynamicEmbScoreStrategy.STEP.value, batch, 0, floor, dim, batch, batch)
         before = {
             int(k): s.values[i].clone() for i, k in enumerate(s.keys) if s.digests.view(-1)[i]
         }
@@ -152,40 +154,53 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
     assert evictions > 0
 
 
-@pytest.mark.parametrize("hits_first", [False, True])
-def test_hits_first_keeps_the_batch_own_keys(hits_first):
-    """A full bucket; the batch [new key, the bucket's next victim]: processed in
-    order, the new key evicts the victim, which then comes back as a new key; with
-    hits_first the victim is touched first and another resident leaves instead."""
+@pytest.mark.parametrize("pin", [0, 5])
+def test_hits_first_keeps_the_batch_own_keys(pin):
+    """A full bucket; the batch [new key, the bucket's next victim]: the victim, a
+    hit, is touched (and pinned) before the new key is placed, whatever the batch
+    order, so another resident leaves instead of coming back as a new key (with or
+    without pins: hits are placed first under every evicting strategy)."""
     table = dynemb.ScoredHashTable(
         dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.STEP
     )
     s = table._storage
     residents = torch.arange(100, 116, dtype=torch.int64)
-    policy = [DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2]
+    policy = _ops.Policy(DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2)
     _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
     # All scored 1: the smallest (digest, key) goes first, then the next.
     victim, second = sorted(residents.tolist(), key=lambda k: (ref.digest_of(k), k))[:2]
     batch = torch.tensor([7, victim])
     evicted = torch.full_like(batch, -1)
-    policy[1] = 2
+    floor = pin if pin else _ops.NO_PINS
+    policy = policy._replace(batch_value=2, pin=pin, pin_floor=floor)
     _, status, counts = _ops.table_find_or_insert_slots(
-        s.tensors(), policy, table._init, batch, None, None,
-        evicted_keys=evicted, hits_first=hits_first,
+        s.tensors(), policy, table._init, batch, None, None, evicted_keys=evicted
     )  # fmt: skip
-    if hits_first:
-        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
-        assert evicted.tolist() == [second, -1]
-    else:
-        assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.EVICTED]
-        assert evicted.tolist() == [victim, second]
-    assert counts.tolist()[_ops.Status.HIT] == (1 if hits_first else 0)
-    with pytest.raises(ValueError, match="hits_first needs an evicting strategy"):
-        nt = dynemb.ScoredHashTable(
-            dim=2, capacity=16, bucket_capacity=16,
-            score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
-        )  # fmt: skip
-        pol = [DynamicEmbScoreStrategy.NO_EVICTION.value, 0, 0, _ops.EVICT_ANY, 2]
-        _ops.table_find_or_insert_slots(
-            nt._storage.tensors(), pol, nt._init, batch, None, hits_first=True
-        )
+    assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
+    assert evicted.tolist() == [second, -1]
+    assert counts.tolist()[_ops.Status.HIT] == 1
+
+
+def test_pinned_bucket_fails_new_keys():
+    """A bucket whose residents all carry a pin at or above the floor takes no new
+    key: it fails (reported), and no resident is evicted."""
+    table = dynemb.ScoredHashTable(
+        dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.LFU
+    )
+    s = table._storage
+    residents = torch.arange(100, 116, dtype=torch.int64)
+    policy = _ops.Policy(DynamicEmbScoreStrategy.LFU.value, 0, 0, _ops.EVICT_ANY, 2, 3, 3)
+    _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
+    assert s.pins.tolist() == [3] * 16
+    evicted = torch.full((2,), -1)
+    _, status, _ = _ops.table_find_or_insert_slots(
+        s.tensors(), policy._replace(pin=4), table._init, torch.tensor([7, 8]), None, None,
+        evicted_keys=evicted,
+    )  # fmt: skip
+    assert status.tolist() == [_ops.Status.FAILED] * 2 and evicted.tolist() == [-1, -1]
+    # The floor past the residents' pin: they may go again.
+    _, status, _ = _ops.table_find_or_insert_slots(
+        s.tensors(), policy._replace(pin=5, pin_floor=4), table._init, torch.tensor([7]), None,
+        None, evicted_keys=evicted[:1],
+    )  # fmt: skip
+    assert status.tolist() == [_ops.Status.EVICTED] and int(evicted[0]) in residents.tolist()

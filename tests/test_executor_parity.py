@@ -24,7 +24,7 @@ from tests.devices import test_devices
 
 CPU = torch.ops.dynemb
 EMULATED = torch.ops.dynemb_cuda_emulated
-TABLE_TENSORS, SLOW_VALUES = 8, 7  # a table's tensor list; its slow tier's index
+TABLE_TENSORS, SLOW_VALUES = 9, 7  # a table's tensor list; its slow tier's index
 
 
 class OnGpu:
@@ -79,6 +79,7 @@ GPU = OnGpu() if "cuda" in test_devices() else None
 
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU, CACHE = range(7)
 EVICT_ANY = -1
+NO_PINS = _ops.NO_PINS
 DIM, ROW = 4, 7  # embedding columns, row width (3 optimizer-state columns)
 UNIFORM_INIT = [2.0, -0.5, 0.5, 0.0, 0.0, 0.125]
 
@@ -96,6 +97,7 @@ def _table(strategy, num_buckets, bucket_capacity=16, fast_slots=None, dtype=tor
         torch.zeros(num_buckets, dtype=torch.int32),
         torch.zeros(num_buckets, dtype=torch.uint8),
         torch.zeros(slots - fast, ROW, dtype=dtype),
+        torch.zeros(slots if keeps_scores else 0, dtype=torch.int32),
     ]
 
 
@@ -157,10 +159,10 @@ def _assign(lib, t, policy, keys, scores, rows):
     return list(lib.table_insert_or_assign(t, policy, UNIFORM_INIT, keys, scores, rows, []))
 
 
-def _claim(lib, t, policy, keys, counts, hits_first):
+def _claim(lib, t, policy, keys, counts):
     evicted_keys = torch.zeros_like(keys)
     out = lib.table_find_or_insert_slots(
-        t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys, hits_first
+        t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys
     )
     return list(out) + [evicted_keys]
 
@@ -170,7 +172,7 @@ def _claim(lib, t, policy, keys, counts, hits_first):
 def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_threads):
     table = _table(strategy, num_buckets=8, fast_slots=fast_slots)  # 128 slots
     for b, keys in enumerate(_batches(1, 5000, 3000, 3)):
-        policy = [strategy, 10 + b, 7, EVICT_ANY, DIM]
+        policy = [strategy, 10 + b, 7, EVICT_ANY, DIM, 1 + b, 1 + b]  # pins: this batch's
         g = torch.Generator().manual_seed(b)
         scores = torch.randint(0, 1000, keys.shape, generator=g) if strategy == CUSTOMIZED else None
         table = _run_both(table, partial(_find_or_insert, policy=policy, keys=keys, scores=scores))
@@ -181,13 +183,14 @@ def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_thre
 
 
 @pytest.mark.parametrize("strategy", [LFU, CACHE, NO_EVICTION])
-def test_slot_claims_with_accesses_and_hits_first(strategy, cpu_threads):
+def test_slot_claims_with_accesses_and_pins(strategy, cpu_threads):
     table = _table(strategy, num_buckets=16)
     for b, raw in enumerate(_batches(2, 6000, 4000, 3)):
         keys, _, counts = torch.ops.dynemb.unique_keys(raw)
-        policy = [strategy, 1 + b, 3, EVICT_ANY if strategy != NO_EVICTION else 0, DIM]
-        hits_first = strategy != NO_EVICTION
-        step = partial(_claim, policy=policy, keys=keys, counts=counts, hits_first=hits_first)
+        evict = EVICT_ANY if strategy != NO_EVICTION else 0
+        # Pins: this batch's and the previous one's are in flight.
+        policy = [strategy, 1 + b, 3, evict, DIM, 1 + b, max(b, 1)]
+        step = partial(_claim, policy=policy, keys=keys, counts=counts)
         table = _run_both(table, step)
 
 
@@ -195,7 +198,7 @@ def test_no_eviction_spills_rehash_and_erase(cpu_threads):
     """A NO_EVICTION table filled past its home buckets (spills, overflow flags and
     failures at full capacity), grown by rehash, then erased from."""
     table = _table(NO_EVICTION, num_buckets=64)  # 1024 slots
-    policy = [NO_EVICTION, 0, 5, 0, DIM]
+    policy = [NO_EVICTION, 0, 5, 0, DIM, 0, NO_PINS]
     for keys in _batches(3, 5000, 1 << 40, 1):
         table = _run_both(
             table,
@@ -230,7 +233,7 @@ def test_restore(strategy, cpu_threads):
     state = torch.randn(5000, ROW - DIM, generator=g)
     scores = torch.randint(0, 1 << 40, (5000,), generator=g) if strategy != NO_EVICTION else None
     stamps = torch.randint(0, 1 << 40, (5000,), generator=g) if strategy == TIMESTAMP_LFU else None
-    policy = [strategy, 9, 1, EVICT_ANY if strategy != NO_EVICTION else 0, DIM]
+    policy = [strategy, 9, 1, EVICT_ANY if strategy != NO_EVICTION else 0, DIM, 0, NO_PINS]
     _run_both(
         table,
         lambda lib, t: list(
@@ -270,7 +273,7 @@ def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_thr
     table[7] = torch.zeros(1024 - 700, row, dtype=dtype)
     unique, inverse, counts = CPU.unique_keys(keys)
     slots, _, _ = CPU.table_find_or_insert_slots(
-        table, [LFU, 1, 2, 0, dim], UNIFORM_INIT, unique, None, counts, True, None, False
+        table, [LFU, 1, 2, 0, dim, 1, 1], UNIFORM_INIT, unique, None, counts, True, None
     )
     assert (slots < 0).any() and (slots >= 0).any()  # bags with and without missing rows
     opt = [float(optimizer), 0.05, 1e-8, 0.9, 0.99, 0.01]
@@ -301,7 +304,7 @@ def test_cache_exchange(cpu_threads):
     stored = torch.randint(0, 5000, (600,), generator=g).unique()
     CPU.table_insert_or_assign(
         slow,
-        [LFU, 1, 0, EVICT_ANY, DIM],
+        [LFU, 1, 0, EVICT_ANY, DIM, 0, NO_PINS],
         UNIFORM_INIT,
         stored,
         None,
@@ -315,14 +318,13 @@ def test_cache_exchange(cpu_threads):
         # The floor pins the batch's own keys (a cache tier's claim): each slot moves once.
         slots, status, _ = CPU.table_find_or_insert_slots(
             cache,
-            [CACHE, 1 + b, 0, 1 + b, DIM],
+            [CACHE, 1 + b, 0, 1 + b, DIM, 0, NO_PINS],
             UNIFORM_INIT,
             keys,
             None,
             None,
             False,
             evicted_keys,
-            True,
         )
         assert b == 0 or (status == 2).any(), "keys should evict residents of earlier batches"
 

@@ -34,6 +34,7 @@ def _table(t, dim, dtype=torch.float32):
         torch.zeros(4, dtype=torch.int32),
         torch.zeros(4, dtype=torch.uint8),
         torch.zeros(0, row, dtype=dtype),
+        torch.zeros(0, dtype=torch.int32),  # pins: none (no upserts here)
     ]
 
 

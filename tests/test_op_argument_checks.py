@@ -28,6 +28,7 @@ def _table():
         torch.zeros(2, dtype=torch.int32),
         torch.zeros(2, dtype=torch.uint8),
         torch.zeros(0, ROW),
+        torch.zeros(0, dtype=torch.int32),  # pins: none (no upserts here)
     ]
 
 

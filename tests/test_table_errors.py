@@ -229,7 +229,7 @@ def test_op_level_checks_name_the_argument():
         _ops.table_find(t._storage.tensors(), KEYS, torch.zeros(2, 4))
     with pytest.raises(TypeError, match="`keys` must have dtype Long"):
         _ops.table_find_slots(t._storage.tensors(), KEYS.int())
-    with pytest.raises(ValueError, match="`table` must hold 8 tensors"):
+    with pytest.raises(ValueError, match="`table` must hold 9 tensors"):
         _ops.table_erase(t._storage.tensors()[:3], KEYS)
 
 

@@ -138,31 +138,42 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
 
 /// The eviction victim of a full bucket: among the slots not pinned, the one with
 /// the smallest (score, digest, key); -1 when every slot is pinned. A slot is
-/// pinned when the part of its score under `pin_mask` is >= `evict_below` (the
-/// caller's floor; kEvictAny pins nothing). The digest (hash bits of the key) and
-/// then the key break ties, so the choice is deterministic and independent of slot
+/// pinned when its pin (t.pins; table_ops.h, "Pins") is >= `pin_floor`, or when the
+/// part of its score under `pin_mask` is >= `evict_below` (the caller's floor;
+/// kEvictAny pins nothing by score). The digest (hash bits of the key) and then the
+/// key break ties, so the choice is deterministic and independent of slot
 /// positions. Requires t.scores (every strategy that evicts keeps scores).
 ///
 /// Branch-free passes that vectorize: the minimum candidate score (a pinned slot's
-/// is ~0); the smallest (digest, slot) among the slots holding it; how many of
-/// those share that digest. Only when several do (rare) are keys read. Comparing
-/// keys on every tie read all the key lines of the bucket, and scores that count
-/// batches tie for most slots (STEP, LFU, a cache tier's batch numbers).
+/// is ~0) and whether any slot is free to go; the smallest (digest, slot) among the
+/// slots holding that minimum; how many of those share that digest. Only when
+/// several do (rare) are keys read. Comparing keys on every tie read all the key
+/// lines of the bucket, and scores that count batches tie for most slots (STEP,
+/// LFU, a cache tier's batch numbers).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
-                                              uint64_t pin_mask, uint64_t evict_below) {
+                                              uint64_t pin_mask, uint64_t evict_below,
+                                              uint32_t pin_floor) {
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t n = t.bucket_capacity;
   const uint64_t* scores = t.scores + base;
   const uint8_t* digests = t.digests + base;
-  // A pinned slot's candidate is ~0 (bit ops, not ?: — gcc vectorizes only this
-  // form). Under kEvictAny (~0) only a score of ~0 counts as pinned: it is ~0 anyway.
-  auto candidate = [&](int64_t s) {
-    return scores[s] | (uint64_t{0} - static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
+  const uint32_t* pins = t.pins ? t.pins + base : nullptr;
+  // The score floor pins nothing under kEvictAny (a score of ~0 stays a candidate).
+  const uint64_t by_score = evict_below != kEvictAny;
+  // 1 when slot s is pinned; bit ops, not ?: or && (gcc vectorizes only this form).
+  auto pinned = [&](int64_t s) -> uint64_t {
+    const uint64_t held = pins ? static_cast<uint64_t>(pins[s] >= pin_floor) : 0;
+    return held | (by_score & static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
   };
+  auto candidate = [&](int64_t s) { return scores[s] | (uint64_t{0} - pinned(s)); };
   uint64_t low = ~uint64_t{0};
-  for (int64_t s = 0; s < n; ++s) low = candidate(s) < low ? candidate(s) : low;
-  if (low == ~uint64_t{0} && evict_below != kEvictAny) return -1;  // all pinned
+  uint64_t free = 0;  // 1 when some slot is not pinned
+  for (int64_t s = 0; s < n; ++s) {
+    low = candidate(s) < low ? candidate(s) : low;
+    free |= pinned(s) ^ 1;
+  }
+  if (!free) return -1;  // all pinned
   uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t other = uint64_t{0} - static_cast<uint64_t>(candidate(s) != low);  // ~0 or 0

@@ -63,6 +63,10 @@ DYNEMB_HD DYNEMB_INLINE uint64_t saturating_add(uint64_t score, uint64_t added) 
 /// evict_below value that lets any resident be evicted (UpsertArgs, table_ops.h).
 constexpr uint64_t kEvictAny = ~uint64_t{0};
 
+/// pin_floor value under which no slot is pinned (UpsertArgs, table_ops.h); pin
+/// numbers are below it.
+constexpr uint32_t kNoPins = 0xFFFFFFFFu;
+
 /// kCache: the batch number's bits, and the most uses counted (saturates).
 constexpr uint64_t kCacheBatchMask = 0xFFFFFFFFu;
 constexpr uint64_t kCacheMaxUses = 0x7FFFFFFFu;

@@ -26,11 +26,23 @@
 // oldest batch still in flight: residents scored with the number of a batch not
 // yet through backward are pinned (dynemb/tiering/cached_table.py).
 //
+// Pins: no key evicts a key of its own batch, nor of a batch still in flight. Every
+// slot an upsert finds or claims gets the batch's pin number (UpsertArgs::pin); a
+// full bucket's victim must have a pin below UpsertArgs::pin_floor, which the owner
+// sets to the oldest batch in flight (the batch itself, or a training forward whose
+// backward has not run: it will write the gradients of its keys into their slots).
+// So a lookup reads its own key's row and a gradient reaches only its key's row: a
+// new key whose home bucket holds only pinned residents is reported as failed
+// (sink.failed), it takes no one's slot. Pin numbers are the owner's
+// (dynemb/table/pin_ledger.py); only evicting strategies keep pins.
+//
 // Batch rule (every executor, every device). A batch upsert runs in two passes:
-//   1. upsert_home for every key, the keys of one home bucket in batch order
-//      (touch_stored first for all of them when UpsertArgs::hits_first). Pass 1
-//      reads and writes the home bucket only, so buckets are independent: any
-//      executor may run different buckets concurrently, without locks.
+//   1. for every key, the keys of one home bucket in batch order: under an evicting
+//      strategy (hits_first) touch_stored for all of them, then insert_home for
+//      those not stored, so that a hit is pinned before any newcomer looks for a
+//      victim, wherever the two stand in the batch; under NO_EVICTION upsert_home.
+//      Pass 1 reads and writes the home bucket only, so buckets are independent:
+//      any executor may run different buckets concurrently, without locks.
 //   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
 //      full or has overflowed), in batch order, one at a time.
 // The outcome (slots, statuses, evictions, scores) is thus a function of the table
@@ -54,11 +66,16 @@ struct UpsertArgs {
   /// A full bucket evicts its minimum resident among those whose score (its
   /// pin_mask part) is < evict_below (kEvictAny: any); 0 never evicts (the key fails).
   uint64_t evict_below;
-  /// Executors touch every stored key of the batch (touch_stored) before placing
-  /// any new one, so new keys never evict keys the same batch hits (evicting
-  /// strategies only; see touch_stored).
-  bool hits_first;
+  /// The batch's pin number, written to the pin of every slot it finds or claims.
+  uint32_t pin;
+  /// Residents whose pin is >= pin_floor are not victims (kNoPins: none is pinned).
+  uint32_t pin_floor;
 };
+
+/// Whether pass 1 touches every stored key of the batch (touch_stored) before it
+/// places any new one (insert_home): every strategy that evicts, so that the
+/// batch's hits are pinned before a newcomer looks for a victim.
+DYNEMB_HD DYNEMB_INLINE bool hits_first(const UpsertArgs& u) { return evicts(u.score.strategy); }
 
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int window_of(const TableRef<V>& t, ScoreStrategy s) {
@@ -94,19 +111,23 @@ DYNEMB_HD DYNEMB_INLINE int64_t find_slot_hinted(const TableRef<V>& t, int64_t k
 }
 
 template <class V>
-DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const ScoreArgs& a,
+DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const UpsertArgs& u,
                                    int64_t i) {
+  const ScoreArgs& a = u.score;
   if (t.scores) t.scores[slot] = score_for_hit(a, i, t.scores[slot]);
   if (t.timestamps) t.timestamps[slot] = a.batch_value;
+  if (t.pins) t.pins[slot] = u.pin;
 }
 
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim(const TableRef<V>& t, int64_t slot, int64_t key,
-                                   uint8_t digest, uint64_t score, uint64_t timestamp) {
+                                   uint8_t digest, uint64_t score, uint64_t timestamp,
+                                   uint32_t pin) {
   t.keys[slot] = key;
   t.digests[slot] = digest;
   if (t.scores) t.scores[slot] = score;
   if (t.timestamps) t.timestamps[slot] = timestamp;
+  if (t.pins) t.pins[slot] = pin;
 }
 
 /// Locks (or unlocks) the `window` buckets starting at `home`, in ascending index order.
@@ -129,11 +150,41 @@ DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, in
   return bucket_find<P>(t, home, key, digest, order);
 }
 
-/// Pass 1 of a batch upsert (see "Batch rule" above): decides key i when its home
-/// bucket alone can (a hit there, a free slot there, or an eviction there), calling
+/// Places key i, known not to be stored, in its home bucket (the caller holds the
+/// bucket's lock): `slot`, the bucket's first free slot (bucket_free_slot), else
+/// (slot -1, evicting strategies) the bucket's victim (bucket_victim: not pinned,
+/// below the eviction floor), else it fails. Calls sink.fresh (after sink.evicting
+/// for a victim) or sink.failed; returns the status.
+template <class P, class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, int64_t o,
+                                              int64_t key, const KeyProbe& p,
+                                              const UpsertArgs& u, Sink& sink, int64_t slot) {
+  const ScoreArgs& a = u.score;
+  if (slot >= 0) {
+    claim(t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
+    sink.fresh(i, o, slot, key);
+    return Status::kInserted;
+  }
+  const int64_t victim = bucket_victim(t, p.bucket, pin_mask(a.strategy), u.evict_below,
+                                       u.pin_floor);
+  const uint64_t score = score_for_new(a, i);
+  if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
+    sink.evicting(i, victim);
+    claim(t, victim, key, p.digest, score, a.batch_value, u.pin);
+    sink.fresh(i, o, victim, key);
+    return Status::kEvicted;
+  }
+  sink.failed(i, o, key);
+  return Status::kFailed;
+}
+
+/// Pass 1 of a batch upsert under NO_EVICTION (see "Batch rule" above): decides key
+/// i when its home bucket alone can (a hit there, or a free slot there), calling
 /// exactly one of sink.hit / sink.fresh / sink.failed and setting *status. Returns
-/// false, having changed nothing, for a key that needs its spill window (NO_EVICTION
-/// with a full or overflowed home bucket): upsert_spill decides it in pass 2.
+/// false, having changed nothing, for a key that needs its spill window (a full or
+/// overflowed home bucket): upsert_spill decides it in pass 2. (Evicting strategies
+/// run touch_stored, then insert_home; upsert_home decides them the same way when
+/// the batch has no other key in the bucket.)
 /// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or
 /// -1; it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
 /// `p`: KeyProbe(t, key), computed by the caller.
@@ -141,42 +192,40 @@ template <class P, class V, class Sink>
 DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
                            const KeyProbe& p, const UpsertArgs& u, Sink& sink, Status* status,
                            int64_t hint = -1) {
-  const uint8_t digest = p.digest;
-  const ProbeOrder& order = p.order;
   const int64_t home = p.bucket;
-  const ScoreArgs& a = u.score;
-
   P::lock(&t.locks[home]);
   bool decided = false;
   if (!t.overflow[home]) {
-    int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
+    const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
     if (slot >= 0) {
-      touch(t, slot, a, i);
+      touch(t, slot, u, i);
       sink.hit(i, o, slot);
       *status = Status::kHit;
       decided = true;
-    } else if ((slot = bucket_free_slot<P>(t, home, order)) >= 0) {
-      claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
-      sink.fresh(i, o, slot, key);
-      *status = Status::kInserted;
-      decided = true;
-    } else if (evicts(a.strategy)) {
-      const int64_t victim = bucket_victim(t, home, pin_mask(a.strategy), u.evict_below);
-      const uint64_t score = score_for_new(a, i);
-      if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
-        sink.evicting(i, victim);
-        claim(t, victim, key, digest, score, a.batch_value);
-        sink.fresh(i, o, victim, key);
-        *status = Status::kEvicted;
-      } else {
-        sink.failed(i, o, key);
-        *status = Status::kFailed;
+    } else {
+      const int64_t free = bucket_free_slot<P>(t, home, p.order);
+      if (free >= 0 || evicts(u.score.strategy)) {
+        *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
+        decided = true;
       }
-      decided = true;
     }
   }
   P::unlock(&t.locks[home]);
   return decided;
+}
+
+/// Pass 1 of a hits-first batch, after touch_stored: places key i, which
+/// touch_stored found absent (evicting strategies keep a key in its home bucket, and
+/// a batch holds each key once, so it is still absent), without searching for it
+/// again. Calls sink.fresh or sink.failed; returns the status.
+template <class P, class V, class Sink>
+DYNEMB_HD Status insert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                             const KeyProbe& p, const UpsertArgs& u, Sink& sink) {
+  P::lock(&t.locks[p.bucket]);
+  const Status s =
+      place_new_home<P>(t, i, o, key, p, u, sink, bucket_free_slot<P>(t, p.bucket, p.order));
+  P::unlock(&t.locks[p.bucket]);
+  return s;
 }
 
 /// upsert_home of a key whose KeyProbe is not at hand.
@@ -208,7 +257,7 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
     b = t.next_bucket(b);
   }
   if (found >= 0) {
-    touch(t, found, a, i);
+    touch(t, found, u, i);
     sink.hit(i, o, found);
     status = Status::kHit;
   } else {
@@ -216,7 +265,7 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
     for (int k = 0; k < window; ++k) {
       const int64_t slot = bucket_free_slot<P>(t, b, order);
       if (slot >= 0) {
-        claim(t, slot, key, digest, score_for_new(a, i), a.batch_value);
+        claim(t, slot, key, digest, score_for_new(a, i), a.batch_value, u.pin);
         sink.fresh(i, o, slot, key);
         status = Status::kInserted;
         break;
@@ -230,12 +279,10 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
   return status;
 }
 
-/// Pass 1 of a hits-first batch (UpsertArgs::hits_first): when `key` is stored it
-/// is touched and reported (sink.hit) as upsert would, and upsert must then not run
-/// for it. Touching every hit of a batch before its new keys are placed raises the
-/// hits' scores first, so a newcomer cannot evict a key its own batch still needs
-/// (a cache tier pins a batch's rows with its batch number this way). Evicting
-/// strategies only: their keys live in their home bucket.
+/// Pass 1 of a hits-first batch (hits_first): when `key` is stored it is touched
+/// (its score, and its pin: see "Pins") and reported (sink.hit) as upsert would, and
+/// insert_home must then not run for it. Evicting strategies only: their keys live
+/// in their home bucket.
 /// @return true when the key was stored.
 template <class P, class V, class Sink>
 DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
@@ -247,7 +294,7 @@ DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t 
   P::lock(&t.locks[home]);
   const int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
   if (slot >= 0) {
-    touch(t, slot, u.score, i);
+    touch(t, slot, u, i);
     sink.hit(i, o, slot);
   }
   P::unlock(&t.locks[home]);
@@ -281,37 +328,45 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   return false;
 }
 
-/// Pass 1 of a rehash: places a key known to be absent from `t` in its home bucket,
-/// with its score and timestamp. @return the slot, or -1 (nothing changed) when
-/// the home bucket is full: place_moved then places it in pass 2.
+/// Claims `slot` of `dst` for the entry of slot `s` of `src` (a rehash moves each
+/// key once, with its score, timestamp and pin; the caller copies the row).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
+                                         const TableRef<V>& src, int64_t s, uint8_t digest) {
+  claim(dst, slot, src.keys[s], digest, src.scores ? src.scores[s] : 0,
+        src.timestamps ? src.timestamps[s] : 0, src.pins ? src.pins[s] : 0);
+}
+
+/// Pass 1 of a rehash: places the entry of slot `s` of `src`, whose key is absent
+/// from `t`, in its home bucket. @return the slot, or -1 (nothing changed) when the
+/// home bucket is full: place_moved then places it in pass 2.
 template <class P, class V>
-DYNEMB_HD int64_t place_home(const TableRef<V>& t, int64_t key, uint64_t score,
-                             uint64_t timestamp) {
-  const uint64_t h = hash_key(key);
+DYNEMB_HD int64_t place_home(const TableRef<V>& t, const TableRef<V>& src, int64_t s) {
+  const uint64_t h = hash_key(src.keys[s]);
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t b = bucket_of(h, t.num_buckets);
   P::lock(&t.locks[b]);
   const int64_t slot = bucket_free_slot<P>(t, b, order);
-  if (slot >= 0) claim(t, slot, key, digest_of(h), score, timestamp);
+  if (slot >= 0) claim_moved(t, slot, src, s, digest_of(h));
   P::unlock(&t.locks[b]);
   return slot;
 }
 
-/// Places a key known to be absent from `t` (a rehash moves each key once), with
-/// its score and timestamp, spilling over `window` buckets; one lock at a time is
+/// Places the entry of slot `s` of `src`, whose key is absent from `t` (a rehash
+/// moves each key once), spilling over `window` buckets; one lock at a time is
 /// enough because no other thread places the same key.
 /// @return the slot, or -1 when the whole window is full.
 template <class P, class V>
-DYNEMB_HD int64_t place_moved(const TableRef<V>& t, int64_t key, uint64_t score,
-                              uint64_t timestamp, int window) {
-  const uint64_t h = hash_key(key);
+DYNEMB_HD int64_t place_moved(const TableRef<V>& t, const TableRef<V>& src, int64_t s,
+                              int window) {
+  const uint64_t h = hash_key(src.keys[s]);
   const ProbeOrder order(h, t.bucket_capacity);
   int64_t b = bucket_of(h, t.num_buckets);
   for (int k = 0; k < window; ++k) {
     P::lock(&t.locks[b]);
     const int64_t slot = bucket_free_slot<P>(t, b, order);
     if (slot >= 0) {
-      claim(t, slot, key, digest_of(h), score, timestamp);
+      claim_moved(t, slot, src, s, digest_of(h));
       P::unlock(&t.locks[b]);
       return slot;
     }

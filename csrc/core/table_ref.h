@@ -12,6 +12,9 @@
 //     V        slow_values[num_slots - fast_slots][row_width];  // the rest: slow tier
 //     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
 //     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in the next bucket
+//     uint32_t pins[num_slots];                 // the latest batch that looked the slot's
+//                                               // key up (table_ops.h, "Pins"); absent
+//                                               // (null) under NO_EVICTION
 //   };
 //
 // A row is the embedding (dim) followed by the extra (optimizer state) columns.
@@ -47,6 +50,7 @@ struct TableRef {
   V* slow_values;       // (num_slots - fast_slots, row_width): slow tier, or nullptr
   uint32_t* locks;      // (num_buckets)
   uint8_t* overflow;    // (num_buckets)
+  uint32_t* pins;       // (num_slots) or nullptr: no slot is ever pinned
   int64_t num_buckets;
   int64_t bucket_capacity;  // multiple of 16
   int64_t row_width;        // dim + extra columns

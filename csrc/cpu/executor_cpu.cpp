@@ -78,10 +78,11 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
-  // Positions to upsert: [begin, end), or with hits_first those whose key pass 1
-  // found absent (pending[x] for x in [0, size)).
+  // Positions to upsert: [begin, end), or under hits_first those whose key the touch
+  // pass found absent (pending[x] for x in [0, size)), which insert_home places.
+  const bool first_hits = hits_first(args);
   std::vector<int64_t> pending;
-  if (args.hits_first) {
+  if (first_hits) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     auto touch = [&](int64_t j, int64_t hint) {
       const int64_t i = index_of(j);
@@ -95,7 +96,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     prefetched_loop<kUpsertTouches<Q>, RowUse::kNone, kWriteGroup>(t, begin, end, key_at,
                                                                    touch);
   }
-  const bool all = !args.hits_first;
+  const bool all = !first_hits;
   auto position = [&](int64_t x) { return all ? x : pending[x]; };
   auto key_at = [&](int64_t x) { return keys[position(x)]; };
   const int64_t first = all ? begin : 0;
@@ -112,12 +113,14 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     const int64_t j = position(x);
     const int64_t i = index_of(j);
     Status s;
-    if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
-      status[j] = static_cast<int8_t>(s);
-      ++counts.by_status[static_cast<int>(s)];
-    } else {
+    if (first_hits) {
+      s = insert_home<Q>(t, i, j, keys[j], probe, args, sink);
+    } else if (!upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
       deferred.push_back(j);
+      return;
     }
+    status[j] = static_cast<int8_t>(s);
+    ++counts.by_status[static_cast<int>(s)];
   };
   auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
     prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup>(t, first, last,
@@ -492,8 +495,6 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
   const int threads = threads_for(num_slots);
   std::vector<std::vector<int64_t>> deferred(threads);
   auto move = [&](int64_t s, int64_t slot) { copy_row(src.row(s), dst.row(slot), src.row_width); };
-  auto score_of = [&](int64_t s) { return src.scores ? src.scores[s] : uint64_t{0}; };
-  auto stamp_of = [&](int64_t s) { return src.timestamps ? src.timestamps[s] : uint64_t{0}; };
 #pragma omp parallel num_threads(threads)
   {
     const int T = omp_get_num_threads();
@@ -504,7 +505,7 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
       if (src.digests[s] == kEmptyDigest) continue;
       const int64_t b = bucket_of(hash_key(src.keys[s]), dst.num_buckets);
       if (b < first || b >= last) continue;
-      const int64_t slot = place_home<X>(dst, src.keys[s], score_of(s), stamp_of(s));
+      const int64_t slot = place_home<X>(dst, src, s);
       if (slot >= 0) {
         move(s, slot);
       } else {
@@ -517,7 +518,7 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
   std::sort(rest.begin(), rest.end());
   int64_t failed = 0;
   for (const int64_t s : rest) {
-    const int64_t slot = place_moved<X>(dst, src.keys[s], score_of(s), stamp_of(s), window);
+    const int64_t slot = place_moved<X>(dst, src, s, window);
     if (slot < 0) {
       ++failed;
     } else {

@@ -62,15 +62,6 @@ __global__ void rehash_ranges_kernel(TableRef<V> src, int64_t dst_buckets, int64
                                   static_cast<uint64_t>(dst_buckets));
 }
 
-template <class V>
-DYNEMB_HD DYNEMB_INLINE uint64_t score_of(const TableRef<V>& t, int64_t s) {
-  return t.scores ? t.scores[s] : 0;
-}
-template <class V>
-DYNEMB_HD DYNEMB_INLINE uint64_t stamp_of(const TableRef<V>& t, int64_t s) {
-  return t.timestamps ? t.timestamps[s] : 0;
-}
-
 /// Rehash pass 1 (core place_home), a destination home-bucket range per thread, its
 /// entries in source-slot order; deferred[s] = 1 for what did not fit.
 template <class V>
@@ -80,7 +71,7 @@ __global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, const int64
   if (g >= ranges) return;
   for (int64_t k = start[g]; k < start[g + 1]; ++k) {
     const int64_t s = order[k];
-    const int64_t slot = place_home<P>(dst, src.keys[s], score_of(src, s), stamp_of(src, s));
+    const int64_t slot = place_home<P>(dst, src, s);
     if (slot >= 0) {
       copy_row(src.row(s), dst.row(slot), src.row_width);
     } else {
@@ -99,7 +90,7 @@ __global__ void rehash_rest_kernel(TableRef<V> src, TableRef<V> dst, int window,
   for (int64_t k = 0; k < *count; ++k) {
     const int64_t s = deferred[k];
     const int64_t slot =
-        place_moved<P>(dst, src.keys[s], score_of(src, s), stamp_of(src, s), window);
+        place_moved<P>(dst, src, s, window);
     if (slot < 0) {
       ++lost;
     } else {

@@ -42,6 +42,7 @@ inline pybind11::dict core_constants() {
   out["max_probe_buckets"] = kMaxProbeBuckets;
   out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
   out["max_score"] = static_cast<int64_t>(kMaxScore);
+  out["no_pins"] = static_cast<int64_t>(kNoPins);
   return out;
 }
 

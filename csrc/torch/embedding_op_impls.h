@@ -233,7 +233,7 @@ struct EmbeddingOpImpls {
   }
 
   /// embedding_pool_into of every table of a batch in one executor call: table t is
-  /// tables[8t .. 8t + 8) with slots[t], keys[t], offsets[t], weights[t] (weights: none
+  /// tables[9t .. 9t + 9) with slots[t], keys[t], offsets[t], weights[t] (weights: none
   /// or one per table), missing[6t .. 6t + 6), seeds[t], dims[t], columns[t]. inverse:
   /// empty (slots[t] has a slot per index), or one per table: slots[t] then has a slot
   /// per distinct key (the lookup's unique_slots) and index i's is slots[t][inverse[t][i]].
@@ -388,7 +388,7 @@ struct EmbeddingOpImpls {
   }
 
   /// embedding_backward of every table of a batch in one executor call (the tables
-  /// must be distinct): table t is tables[8t .. 8t + 8) with unique_slots[t],
+  /// must be distinct): table t is tables[9t .. 9t + 9) with unique_slots[t],
   /// inverse[t], offsets[t], weights[t] (none or one per table), dims[t], and its
   /// bags' gradients in grad's columns[t].
   static void backward_grouped(at::TensorList tables, at::TensorList unique_slots,

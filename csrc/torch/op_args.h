@@ -33,26 +33,35 @@ inline void check_rows(const char* op, const char* name, const at::Tensor& rows,
   check_same_device(op, name, rows, table_values);
 }
 
-/// The op argument `policy` by name: [strategy, batch_value, seed, evict_below, dim].
+/// The op argument `policy` by name: [strategy, batch_value, seed, evict_below, dim,
+/// pin, pin_floor].
 struct PolicyArgs {
   ScoreStrategy strategy;
   int64_t batch_value;  // the batch's timestamp or step (score_policy.h)
   int64_t seed;         // the initializer's seed
   int64_t evict_below;  // -1: any resident may be evicted, 0: none (table_ops.h)
   int64_t dim;          // columns the op initialises / writes
+  int64_t pin;          // the batch's pin number, in [0, kNoPins) (table_ops.h "Pins")
+  int64_t pin_floor;    // residents pinned at or above it stay; kNoPins: none pinned
 };
-constexpr size_t kPolicySize = 5;
+constexpr size_t kPolicySize = 7;
 constexpr size_t kInitSize = 6;
 
 inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
   TORCH_CHECK_VALUE(policy.size() == kPolicySize, "dynemb.", op,
-                    ": `policy` must be [strategy, batch_value, seed, evict_below, dim], got ",
+                    ": `policy` must be [strategy, batch_value, seed, evict_below, dim, pin, "
+                    "pin_floor], got ",
                     policy.size(), " values");
   const int64_t strategy = policy[0];
   TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount,
                     "dynemb.", op, ": unknown score strategy ", strategy);
+  const int64_t no_pins = static_cast<int64_t>(kNoPins);
+  TORCH_CHECK_VALUE(policy[5] >= 0 && policy[5] < no_pins && policy[6] >= 0 &&
+                        policy[6] <= no_pins,
+                    "dynemb.", op, ": `policy` pin must be in [0, ", no_pins,
+                    ") and pin_floor in [0, ", no_pins, "], got ", policy[5], " and ", policy[6]);
   return PolicyArgs{static_cast<ScoreStrategy>(strategy), policy[1], policy[2], policy[3],
-                    policy[4]};
+                    policy[4], policy[5], policy[6]};
 }
 
 /// The op argument `init` ([mode, a, b, lower, upper, extra_value]) with `seed`.
@@ -88,7 +97,8 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table_list,
                       policy.batch_value, " and ", policy.evict_below);
   }
   TORCH_CHECK_VALUE(keeps_scores(s) == (table.scores.numel() != 0) &&
-                        keeps_timestamps(s) == (table.timestamps.numel() != 0),
+                        keeps_timestamps(s) == (table.timestamps.numel() != 0) &&
+                        keeps_scores(s) == (table.pins.numel() != 0),
                     "dynemb.", op, ": the table's score buffers do not match strategy ",
                     static_cast<int64_t>(s));
   const int64_t row_width = table.row_width();
@@ -123,7 +133,8 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table_list,
   call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy.batch_value), custom, nullptr};
   // evict_below travels as an int64: -1 is kEvictAny, 0 never evicts.
   call.args.evict_below = static_cast<uint64_t>(policy.evict_below);
-  call.args.hits_first = false;
+  call.args.pin = static_cast<uint32_t>(policy.pin);
+  call.args.pin_floor = static_cast<uint32_t>(policy.pin_floor);
   call.dim = policy.dim;
   call.init = init_args;
   return call;

@@ -3,8 +3,10 @@
 // `dynemb_cuda_emulated` (csrc/emulated/ops_emulated.cpp).
 //
 // Conventions: `table` is the Tensor[] described in tensor_checks.h;
-// policy = [score_strategy, batch_value, seed, evict_below, dim] (evict_below: a full
-// bucket evicts only a resident scored below it; -1 = any, 0 = never);
+// policy = [score_strategy, batch_value, seed, evict_below, dim, pin, pin_floor]
+// (evict_below: a full bucket evicts only a resident scored below it; -1 = any, 0 =
+// never; pin: written to every slot the batch finds or claims; pin_floor: residents
+// pinned at or above it are not evicted, core/table_ops.h "Pins");
 // init = [mode, a, b, lower, upper, extra_value] (see core/initializer.h);
 // evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
 // Table ops: table_op_impls.h; training lookups by slot: slot_op_impls.h; embedding ops:
@@ -41,10 +43,10 @@
   /* optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay]. */                           \
   (m).def(                                                                                            \
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "      \
-      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "        \
-      "bool hits_first=False) -> (Tensor slots, Tensor status, Tensor counts)");                      \
+      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None) "         \
+      "-> (Tensor slots, Tensor status, Tensor counts)");                                             \
   /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
-  /* table t is tables[8t .. 8t + 8), policies[5t .. 5t + 5), inits[6t .. 6t + 6); */                 \
+  /* table t is tables[9t .. 9t + 9), policies[7t .. 7t + 7), inits[6t .. 6t + 6); */                 \
   /* accesses: none or one per table; counts (T, 4). */                                               \
   (m).def(                                                                                            \
       "table_find_or_insert_slots_grouped(Tensor(a!)[] tables, int[] policies, float[] inits, "       \
@@ -70,7 +72,7 @@
       "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(b!) out, "               \
       "Tensor columns) -> ()");                                                                       \
   /* embedding_pool_into of every table of a batch in one executor call: table t is */                \
-  /* tables[8t .. 8t + 8), missing[6t .. 6t + 6); weights: none or one per table; */                 \
+  /* tables[9t .. 9t + 9), missing[6t .. 6t + 6); weights: none or one per table; */                 \
   /* inverse: none (slots per index) or one per table (slots per distinct key). */                   \
   (m).def(                                                                                            \
       "embedding_pool_into_grouped(Tensor[] tables, Tensor[] slots, Tensor[] inverse, "               \

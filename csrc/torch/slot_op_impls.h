@@ -21,14 +21,10 @@ struct SlotOpImpls {
       at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores,
       const std::optional<at::Tensor>& accesses, bool init_rows,
-      const std::optional<at::Tensor>& evicted_keys, bool hits_first) {
+      const std::optional<at::Tensor>& evicted_keys) {
     constexpr const char* op = "table_find_or_insert_slots";
     UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, {});
     const TableTensors table = table_tensors(table_list);
-    TORCH_CHECK_VALUE(!hits_first || evicts(call.args.score.strategy), "dynemb.", op,
-                      ": hits_first needs an evicting strategy, got strategy ",
-                      static_cast<int64_t>(call.args.score.strategy));
-    call.args.hits_first = hits_first;
     if (evicted_keys.has_value()) {
       check_tensor(op, "evicted_keys", *evicted_keys, at::kLong, 1);
       TORCH_CHECK_VALUE(evicted_keys->numel() == keys.numel(), "dynemb.", op,
@@ -46,9 +42,9 @@ struct SlotOpImpls {
     return {slots, status, counts};
   }
 
-  /// table_find_or_insert_slots (init_rows, no evicted keys, not hits_first) of every
-  /// table of a batch in one call: table t is tables[8t .. 8t + 8) with
-  /// policies[5t .. 5t + 5), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
+  /// table_find_or_insert_slots (init_rows, no evicted keys) of every
+  /// table of a batch in one call: table t is tables[9t .. 9t + 9) with
+  /// policies[7t .. 7t + 7), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
   /// none or one per table). Each table's result is the per-table op's, bit for bit:
   /// the executor runs the tables of one value dtype as the parts of one upsert
   /// (core/grouped.h UpsertPart; on a GPU one launch per phase for all of them).

@@ -237,7 +237,8 @@ struct TableOpImpls {
     TORCH_CHECK_VALUE(src.values.scalar_type() == dst.values.scalar_type() &&
                           src.values.size(1) == dst.values.size(1) &&
                           (src.scores.numel() == 0) == (dst.scores.numel() == 0) &&
-                          (src.timestamps.numel() == 0) == (dst.timestamps.numel() == 0),
+                          (src.timestamps.numel() == 0) == (dst.timestamps.numel() == 0) &&
+                          (src.pins.numel() == 0) == (dst.pins.numel() == 0),
                       "dynemb.", op, ": `src` and `dst` must have the same row layout and scores");
     check_same_device(op, "dst", dst.digests, src.digests);
     typename Backend::DeviceGuard guard(src.digests.device());

@@ -12,6 +12,7 @@
 //   6 overflow   (num_buckets) uint8
 //   7 slow_values (num_slots - fast_slots, row_width), values' dtype: slow-tier rows
 //                (0 rows for a table in one tier)
+//   8 pins       (num_slots) or (0) int32 (read as uint32; core/table_ops.h "Pins")
 // Placement (dynemb/table/placement.py): every tensor on the table's device, except
 // that on a CUDA device the slow tier is page-locked, mapped host memory that the
 // kernels address directly; nothing else is accepted.
@@ -24,11 +25,11 @@
 
 namespace dynemb {
 
-constexpr int64_t kTableTensors = 8;
+constexpr int64_t kTableTensors = 9;
 constexpr int64_t kSlowValues = 7;
 constexpr const char* kTableTensorNames[kTableTensors] = {
-    "table.digests", "table.keys",  "table.scores",   "table.timestamps",
-    "table.values",  "table.locks", "table.overflow", "table.slow_values"};
+    "table.digests", "table.keys",     "table.scores",      "table.timestamps", "table.values",
+    "table.locks",   "table.overflow", "table.slow_values", "table.pins"};
 
 /// The op argument `table` by name (order above). References into the op's list:
 /// valid for the op's duration.
@@ -41,6 +42,7 @@ struct TableTensors {
   const at::Tensor& locks;
   const at::Tensor& overflow;
   const at::Tensor& slow_values;
+  const at::Tensor& pins;
 
   at::Device device() const { return digests.device(); }
   int64_t num_slots() const { return digests.numel(); }
@@ -49,8 +51,8 @@ struct TableTensors {
 
 /// Names the tensors of a `table` list that has kTableTensors entries (check_table).
 inline TableTensors table_tensors(at::TensorList table) {
-  return TableTensors{table[0], table[1], table[2], table[3],
-                      table[4], table[5], table[6], table[kSlowValues]};
+  return TableTensors{table[0], table[1], table[2],           table[3], table[4],
+                      table[5], table[6], table[kSlowValues], table[8]};
 }
 
 inline void check_tensor(const char* op, const char* name, const at::Tensor& t,
@@ -103,6 +105,9 @@ inline void check_table(const char* op, at::TensorList table) {
                     "dynemb.", op, ": table.values and table.slow_values must be contiguous ",
                     "(rows, row_width) tensors of one dtype whose rows add up to ", slots,
                     ", got shapes ", values.sizes(), " and ", slow.sizes());
+  check_tensor(op, "table.pins", t.pins, at::kInt, 1);
+  TORCH_CHECK_VALUE(t.pins.numel() == slots || t.pins.numel() == 0, "dynemb.", op,
+                    ": table.pins must have ", slots, " or 0 elements, got ", t.pins.numel());
   check_tensor(op, "table.locks", t.locks, at::kInt, 1);
   check_tensor(op, "table.overflow", t.overflow, at::kByte, 1);
   TORCH_CHECK_VALUE(t.locks.numel() == num_buckets && t.overflow.numel() == num_buckets,
@@ -144,6 +149,8 @@ TableRef<V> table_ref(const TableTensors& t) {
   r.fast_slots = t.values.size(0);
   r.locks = reinterpret_cast<uint32_t*>(t.locks.data_ptr<int32_t>());
   r.overflow = t.overflow.data_ptr<uint8_t>();
+  r.pins = t.pins.numel() == 0 ? nullptr
+                               : reinterpret_cast<uint32_t*>(t.pins.data_ptr<int32_t>());
   r.num_buckets = t.digests.size(0);
   r.bucket_capacity = t.digests.size(1);
   r.row_width = t.row_width();

@@ -72,7 +72,7 @@ def served_tables(
 
 def stored_rows(tensors: Sequence[torch.Tensor], dim: int) -> Rows:
     """Every stored ``(keys, embeddings)`` of a table's op tensors (BUFFERS order:
-    digests, keys, scores, timestamps, values, locks, overflow, slow_values); a slot
+    digests, keys, scores, timestamps, values, locks, overflow, slow_values, pins); a slot
     past the fast tier's rows (``values``) has its row in ``slow_values``."""
     digests, keys, values, slow = tensors[0], tensors[1], tensors[4], tensors[7]
     slots = torch.nonzero(digests.reshape(-1), as_tuple=True)[0]

@@ -152,10 +152,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             o.admission_counter.create(self.device) if o.admit_strategy is not None else None
             for o in options
         ]
-        # Rows of keys not stored in training: zeros, or the admission initializer.
+        # Rows of keys not stored in training: the admission initializer's, else those an
+        # unknown key reads in eval (a key that could not be stored is unknown).
         self._train_missing = [
-            admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else _ZEROS
-            for o, table in zip(options, self.tables)
+            admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else missing
+            for o, table, missing in zip(options, self.tables, self._eval_missing)
         ]
         self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
         # Per cached table: batch number -> (keys, distinct keys) of a prefetch, so that
@@ -292,9 +293,16 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         saved = []
         grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
         distincts = self._distinct(batches)
+        # Each table in memory that this forward trains pins the keys it looks up until
+        # the backward has written their rows (released then, or when the graph is
+        # dropped unused): no other batch may evict them meanwhile.
+        holds = [
+            self.tables[t].hold_pins() if tb is not None and self._pins_keys(t) else None
+            for t, tb in enumerate(batches)
+        ]
         # The training lookups of the tables in memory: one op call for all of them.
         present = [t for t, tb in enumerate(batches) if tb is not None]
-        found = self._grouped_slots(present, distincts) if self.training else {}
+        found = self._grouped_slots(present, distincts, holds) if self.training else {}
         for t, (tb, distinct) in enumerate(zip(batches, distincts, strict=True)):
             table = self.tables[t]
             cached = isinstance(table, CachedTable)
@@ -317,7 +325,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 elif t in found:
                     unique_slots, token = found[t]
                 else:
-                    unique_slots, token = self._training_slots(t, unique, counts)
+                    unique_slots, token = self._training_slots(t, unique, counts, holds[t])
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 if into is not None and not cached:
                     grouped.append((t, tb, unique_slots, inverse, missing))
@@ -341,7 +349,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     out[a:b] = rows[start : start + b - a]
                     start += b - a
             saved.append(None if not self._inserts(t) else
-                         (tb, unique, unique_slots, inverse, token, batch, staged))  # fmt: skip
+                         (tb, unique, unique_slots, inverse, token, batch, staged, holds[t]))  # fmt: skip
         pool_grouped(self, self._table_columns, grouped, _POOLING_CODE.get(self.pooling_mode), out)
         return out, (self.training, saved)
 
@@ -391,23 +399,28 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             missing, opts.seed, table.dim,
         )  # fmt: skip
 
-    def _training_slots(self, t: int, unique: torch.Tensor, counts: torch.Tensor):
+    def _training_slots(self, t: int, unique: torch.Tensor, counts: torch.Tensor, hold=None):
         """``_table_slots``, announced to the table's change log first when the backward
         will write the rows: a delta's pre-capture may seal the log's keys at the
         announcement, never between the lookup's records (it records the keys, then the
         residents it evicted) nor between them and the backward's writes."""
         log = self.tables[t].change_log if self._inserts(t) else None
         if log is None:
-            return self._table_slots(t, unique, counts)
+            return self._table_slots(t, unique, counts, hold)
         log.begin_writes()
         try:
-            return self._table_slots(t, unique, counts)
+            return self._table_slots(t, unique, counts, hold)
         except BaseException:
             log.end_writes()  # no backward will write them
             raise
 
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
+
+    def _pins_keys(self, t: int) -> bool:
+        """Whether this forward holds pins in table t until its backward: a table in
+        memory that it trains (a cache pins by its own batch numbers)."""
+        return self._inserts(t) and not isinstance(self.tables[t], CachedTable)
 
     def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> bool:
         """Backward: one fused optimizer update per distinct key of each table the
@@ -424,6 +437,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     log = self.tables[t].change_log
                     if log is not None:
                         log.end_writes()
+                if entry is not None and entry[7] is not None:
+                    entry[7].release()  # its keys may be evicted again
         return True
 
     def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
@@ -441,7 +456,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         for t, entry in enumerate(saved):
             if entry is None:
                 continue
-            tb, unique, unique_slots, inverse, token, batch, staged = entry
+            tb, unique, unique_slots, inverse, token, batch, staged, _ = entry
             table = self.tables[t]
             if sequence:
                 grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges]).contiguous()

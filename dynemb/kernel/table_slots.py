@@ -20,28 +20,31 @@ from dynemb.types import DynamicEmbCheckMode
 class TableSlots:
     """Slots of distinct keys per table (a mixin of BatchedDynamicEmbeddingTables)."""
 
-    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
-        """Slots of the distinct keys of table t (inserting them in training), and the
-        table's mutation count (backward finds the keys again if it changed)."""
+    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
+        """Slots of the distinct keys of table t (inserting them in training, pinned
+        under ``hold``), and the table's mutation count (backward finds the keys again
+        if it changed)."""
         table = self.tables[t]
         if not self._inserts(t):
             return table.find_slots(keys), table.mutations
         if self.admission_counters[t] is not None:
-            return self._admitted_slots(t, keys, accesses), table.mutations
-        slots = self._checked_lookup(t, keys, accesses)
+            return self._admitted_slots(t, keys, accesses, hold), table.mutations
+        slots = self._checked_lookup(t, keys, accesses, hold)
         return slots, table.mutations
 
-    def _grouped_slots(self, ts: list[int], distinct: list) -> dict:
+    def _grouped_slots(self, ts: list[int], distinct: list, holds: list) -> dict:
         """The training slots of tables ``ts`` that can share one op call (see
-        ``_groups_lookup``), found in one: ``{t: (slots, mutation count)}``. Keys
-        that could not be stored are reported as ``_checked_lookup`` reports them."""
+        ``_groups_lookup``), found in one, pinned under ``holds[t]``: ``{t: (slots,
+        mutation count)}``. Keys that could not be stored are reported as
+        ``_checked_lookup`` reports them."""
         ts = [t for t in ts if self._groups_lookup(t)]
         if not ts:
             return {}
         tables = [self.tables[t] for t in ts]
         results = find_or_insert_slots_grouped(
-            tables, [distinct[t][0] for t in ts], [distinct[t][2] for t in ts]
-        )
+            tables, [distinct[t][0] for t in ts], [distinct[t][2] for t in ts],
+            [holds[t] for t in ts],
+        )  # fmt: skip
         found = {}
         for t, table, (slots, stats) in zip(ts, tables, results, strict=True):
             if stats.failed:
@@ -60,7 +63,7 @@ class TableSlots:
             and joins_grouped_lookups(self.tables[t])
         )
 
-    def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+    def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
         """Training slots of table t under admission (-1 for keys not admitted).
 
         Only keys not stored yet are counted (each distinct key once, with its
@@ -83,7 +86,7 @@ class TableSlots:
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
-            slots[pos] = self._checked_lookup(t, keys[pos], accesses[pos])
+            slots[pos] = self._checked_lookup(t, keys[pos], accesses[pos], hold)
         if new.numel():
             stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
             if stored.numel():
@@ -97,7 +100,7 @@ class TableSlots:
         error = any(o.safe_check_mode == DynamicEmbCheckMode.ERROR for o in self.table_options)
         self._forward_lookups = [] if error else None
 
-    def _checked_lookup(self, t: int, keys: torch.Tensor, accesses: torch.Tensor):
+    def _checked_lookup(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
         """``find_or_insert_slots`` of table t; keys that could not be stored are
         counted and reported by the safe-check mode. ERROR undoes the forward's
         lookups before it raises, so the batch stores nothing."""
@@ -105,7 +108,7 @@ class TableSlots:
         log = getattr(self, "_forward_lookups", None)
         undoable = log is not None and isinstance(table, ScoredHashTable)
         before = lookup_undo.record(table, keys) if undoable else None
-        slots, stats = table.find_or_insert_slots(keys, accesses)
+        slots, stats = table.find_or_insert_slots(keys, accesses, hold)
         if undoable:
             log.append((t, before, slots, stats))
         if stats.failed:
@@ -126,7 +129,11 @@ class TableSlots:
             stored = self._undo_forward() if undoable else "the keys that fit are stored"
             raise RuntimeError(f"{what}; safe_check_mode ERROR: {stored}")
         if mode == DynamicEmbCheckMode.WARNING:
-            rows = "zero rows" if self.admission_counters[t] is None else "non-admitted rows"
+            rows = (
+                "the eval initializer's rows"
+                if self.admission_counters[t] is None
+                else "non-admitted rows"
+            )
             warnings.warn(f"{what}; they got {rows}", stacklevel=stacklevel)
 
     def _undo_forward(self) -> str:

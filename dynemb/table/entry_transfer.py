@@ -111,7 +111,9 @@ class EntryTransfer:
 
         positions = torch.arange(n, device=self.device)
         # `positions` stands in for the row buffer too: op gathers its own inputs.
-        return self._upsert(op, keys, None, positions, evicted=None, per_key=positions)
+        # pins=False: the saved keys compete by score (the highest stay), keys of a
+        # training batch in flight excepted.
+        return self._upsert(op, keys, None, positions, evicted=None, per_key=positions, pins=False)
 
 
 def _subset(t: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:

@@ -1,6 +1,6 @@
 """Where each buffer of a table lives: one function of (device, spilled).
 
-A table is eight buffers (csrc/torch/tensor_checks.h). On a GPU, DynamicEmb keeps
+A table is nine buffers (csrc/torch/tensor_checks.h). On a GPU, DynamicEmb keeps
 the key metadata (digests, keys, scores) and the fast rows in device memory and
 the slow tier in host memory; dynemb does the same, and its kernels address the
 host rows directly (page-locked, mapped under unified addressing: no staging
@@ -17,6 +17,7 @@ values         device                     device
 locks          device                     device
 overflow       device (file)              device (device)
 slow_values    device (file)              host (file)
+pins           device                     device
 =============  =========================  ===========================
 
 "device" is host RAM on a CPU. A spilled GPU table keeps its metadata in device
@@ -45,7 +46,13 @@ BUFFERS = (
     "locks",
     "overflow",
     "slow_values",
+    "pins",
 )
+
+
+# Buffers that hold no table content (locks; the pins of batches in flight): a
+# spilled table neither writes nor reads them from its files.
+_TRANSIENT = ("locks", "pins")
 
 
 class Memory(enum.Enum):
@@ -76,7 +83,9 @@ class TablePlacement:
     def resident_spill_buffers(self) -> tuple[str, ...]:
         """Buffers a spilled table keeps in memory and writes to its files on flush."""
         return tuple(
-            name for name in BUFFERS if name != "locks" and self.memory[name] is Memory.DEVICE
+            name
+            for name in BUFFERS
+            if name not in _TRANSIENT and self.memory[name] is Memory.DEVICE
         )
 
 

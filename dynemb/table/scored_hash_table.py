@@ -21,6 +21,7 @@ from dynemb.table.capacity import bucket_counts
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.entry_transfer import EntryTransfer
 from dynemb.table.growth import GrowingUpserts
+from dynemb.table.pin_ledger import PinLedger
 from dynemb.table.placement import canonical_device
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.slot_access import SlotAccess
@@ -168,6 +169,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         self._mutations = 0  # bumped by every op that may move or drop a key
         self._generation = 0  # bumped when growth replaces the storage
         self._change_log: ChangeLog | None = None  # keys changed, for deltas (off: None)
+        self._pins = PinLedger()  # pin numbers of the batches in flight (growth.py)
         self.last_stats: BatchStats | None = None
 
     # ------------------------------------------------------------------ sizes

@@ -106,12 +106,14 @@ class SlotAccess:
             return _ops.table_find_slots(self._storage.tensors(), keys)
 
     def find_or_insert_slots(
-        self, keys: torch.Tensor, accesses: torch.Tensor | None = None
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold=None
     ) -> tuple[torch.Tensor, BatchStats]:
         """Slots of distinct keys ((n,) int64, -1 where not stored), inserting missing
         keys with initialised rows: a training lookup (scores updated by the strategy).
 
         ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
+        ``hold``: the batch's PinHold (``hold_pins()``), which keeps the keys from
+        eviction until released; None: they are pinned during this call only.
         """
         slots = keys.new_empty(0)  # the op's output becomes its storage (set_ below)
         scores = None
@@ -119,8 +121,9 @@ class SlotAccess:
             scores = torch.full_like(keys, self._custom_score or 0)
 
         stats = self._upsert(
-            slot_upsert, keys, scores, slots, evicted=None, slots=slots, per_key=accesses
-        )
+            slot_upsert, keys, scores, slots, evicted=None, slots=slots, per_key=accesses,
+            hold=hold,
+        )  # fmt: skip
         return slots, stats
 
     def claim_cache_slots(
@@ -128,13 +131,14 @@ class SlotAccess:
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """A cache tier's claim (dynemb.tiering.cached_table): hits first (their batch
         number rises to ``batch``), then a slot for every other key without touching
-        rows, evicting only residents of batches below ``floor`` (-1: any). The caller
+        rows, evicting only residents of batches below ``floor`` (-1: any; the cache
+        pins by these batch numbers, not by pin numbers). The caller
         holds ``lock.write()``. Returns ``(slots, status, counts)``; the evicted keys
         are written to ``evicted_keys``."""
         policy = _ops.Policy(_ops.CACHE_SCORES, batch, self.seed, floor, self.dim)
         slots, status, counts = _ops.table_find_or_insert_slots(
             self._storage.tensors(), policy, self._init, keys, None, None,
-            init_rows=False, evicted_keys=evicted_keys, hits_first=True,
+            init_rows=False, evicted_keys=evicted_keys,
         )  # fmt: skip
         counts = counts.tolist()
         self._size += counts[_ops.Status.INSERTED]

@@ -1,6 +1,6 @@
 """The buffers of one scored hash table (layout: csrc/core/table_ref.h).
 
-``TableStorage`` owns the eight tensors that the ops receive as ``table``; it knows
+``TableStorage`` owns the nine tensors that the ops receive as ``table``; it knows
 sizes, tiers and memory, nothing about keys. Growth allocates a second storage,
 rehashes into it, then drops the first: at most old + new are alive at once.
 
@@ -66,6 +66,7 @@ class TableLayout:
             + 8  # key
             + 8 * self.keeps_scores
             + 8 * self.keeps_timestamps
+            + 4 * self.keeps_scores  # pin
             + self.row_bytes()
         )
 
@@ -74,7 +75,7 @@ class TableStorage:
     """Owns the buffers of a table with ``num_buckets`` buckets of ``layout.bucket_capacity`` slots.
 
     The buffers are attributes named as in ``placement.BUFFERS`` (digests, keys,
-    scores, timestamps, values, locks, overflow, slow_values).
+    scores, timestamps, values, locks, overflow, slow_values, pins).
 
     Args:
         layout: the table's geometry.
@@ -114,6 +115,8 @@ class TableStorage:
             "locks": ((num_buckets,), torch.int32),
             "overflow": ((num_buckets,), torch.uint8),
             "slow_values": ((slots - self.fast_slots, width), vdtype),
+            # A slot's pin (csrc/core/table_ops.h "Pins"): evicting strategies only.
+            "pins": ((slots if layout.keeps_scores else 0,), torch.int32),
         }
         for name in BUFFERS:
             shape, dtype = shapes[name]
@@ -159,6 +162,7 @@ class TableStorage:
             self.locks,
             self.overflow,
             self.slow_values,
+            self.pins,
         ]
 
     def rows(
@@ -203,6 +207,7 @@ class TableStorage:
         self.overflow.zero_()
         self.scores.zero_()
         self.timestamps.zero_()
+        self.pins.zero_()
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())

@@ -22,7 +22,7 @@ class CacheFill:
         """Steps 1-3 under the cache's write lock.
 
         One slot claim over the batch pins the hits (their batch number rises to
-        ``batch``, all before any new key is placed: ``hits_first``) and gives every
+        ``batch``, all before any new key is placed: core hits_first) and gives every
         other key a slot without touching rows (a victim's row stays in its slot);
         then the victims' rows are read out for the write-back and the fetched rows
         written in: by one C++ op with the built-in slow tier (``_exchange``), by

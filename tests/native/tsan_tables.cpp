@@ -57,20 +57,25 @@ struct Table {
   std::vector<uint64_t> scores;
   std::vector<float> values;
   std::vector<uint32_t> locks;
+  std::vector<uint32_t> pins;
 
   Table(int64_t b, int64_t c, bool evicting)
       : buckets(b), capacity(c), digests(b * c), overflow(b), keys(b * c),
-        scores(evicting ? b * c : 0), values(b * c * kDim), locks(b) {}
+        scores(evicting ? b * c : 0), values(b * c * kDim), locks(b), pins(evicting ? b * c : 0) {}
 
   TableRef<float> ref() {
-    return TableRef<float>{digests.data(), keys.data(),  scores.empty() ? nullptr : scores.data(),
-                           nullptr,        values.data(), nullptr, locks.data(), overflow.data(),
-                           buckets,        capacity,      kDim,    buckets * capacity};
+    return TableRef<float>{digests.data(),  keys.data(),    scores.empty() ? nullptr : scores.data(),
+                           nullptr,         values.data(),  nullptr,
+                           locks.data(),    overflow.data(), pins.empty() ? nullptr : pins.data(),
+                           buckets,         capacity,       kDim,
+                           buckets * capacity};
   }
 };
 
 UpsertArgs args_for(ScoreStrategy s, uint64_t batch) {
-  return UpsertArgs{ScoreArgs{s, batch, nullptr, nullptr}, kEvictAny, false};
+  // Each batch pins its own keys (pin numbers = batch numbers, as a table's owner does).
+  return UpsertArgs{ScoreArgs{s, batch, nullptr, nullptr}, kEvictAny,
+                    static_cast<uint32_t>(batch), static_cast<uint32_t>(batch)};
 }
 
 InitArgs uniform_init() { return InitArgs{InitMode::kUniform, -1.0f, 1.0f, 0, 0, 0, 42}; }
