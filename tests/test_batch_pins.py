@@ -111,7 +111,9 @@ def test_a_hit_is_not_evicted_by_an_earlier_new_key_of_its_batch():
     assert len(after) == 16
 
 
-@pytest.mark.parametrize("strategy", [S.LFU, S.TIMESTAMP, S.STEP, S.CUSTOMIZED, (S.TIMESTAMP, S.LFU)])
+@pytest.mark.parametrize(
+    "strategy", [S.LFU, S.TIMESTAMP, S.STEP, S.CUSTOMIZED, (S.TIMESTAMP, S.LFU)]
+)
 def test_zipf_training_reads_and_trains_own_rows(strategy):
     """A table 4x smaller than a step's distinct keys, Zipf ids, 6 steps: every
     lookup and every update is its own key's (the LFU case lent 25% of lookups)."""

@@ -133,7 +133,7 @@ def _bad_backward_cases(tables, batches):
     n = len(TABLES)
     return [
         (dict(inverse=[b[5] for b in batches][:-1]), r"`inverse` must hold 4 entries for 4 tables"),
-        (dict(tables=[x for tb in tables for x in tb][:-1]), r"`tables` must hold 32 entries"),
+        (dict(tables=[x for tb in tables for x in tb][:-1]), r"`tables` must hold 36 entries"),
         (dict(weights=[torch.ones(1)]), r"`weights` must hold no tensor or one per table"),
         (dict(dims=[4, 8, 3, 99]), r"embedding_backward_grouped, table 3: `dim` 99"),
         (dict(columns=_columns()[:3] + [torch.tensor([WIDTH])]),

@@ -38,9 +38,10 @@
 //
 // Batch rule (every executor, every device). A batch upsert runs in two passes:
 //   1. for every key, the keys of one home bucket in batch order: under an evicting
-//      strategy (hits_first) touch_stored for all of them, then insert_home for
-//      those not stored, so that a hit is pinned before any newcomer looks for a
-//      victim, wherever the two stand in the batch; under NO_EVICTION upsert_home.
+//      strategy (hits_first) touch_stored for all of them, then upsert_home for
+//      those not stored (a key repeated in the batch is a hit the second time), so
+//      that a hit is pinned before any newcomer looks for a victim, wherever the
+//      two stand in the batch; under NO_EVICTION upsert_home alone.
 //      Pass 1 reads and writes the home bucket only, so buckets are independent:
 //      any executor may run different buckets concurrently, without locks.
 //   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
@@ -73,7 +74,7 @@ struct UpsertArgs {
 };
 
 /// Whether pass 1 touches every stored key of the batch (touch_stored) before it
-/// places any new one (insert_home): every strategy that evicts, so that the
+/// places any new one (upsert_home): every strategy that evicts, so that the
 /// batch's hits are pinned before a newcomer looks for a victim.
 DYNEMB_HD DYNEMB_INLINE bool hits_first(const UpsertArgs& u) { return evicts(u.score.strategy); }
 
@@ -182,9 +183,8 @@ DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, i
 /// i when its home bucket alone can (a hit there, or a free slot there), calling
 /// exactly one of sink.hit / sink.fresh / sink.failed and setting *status. Returns
 /// false, having changed nothing, for a key that needs its spill window (a full or
-/// overflowed home bucket): upsert_spill decides it in pass 2. (Evicting strategies
-/// run touch_stored, then insert_home; upsert_home decides them the same way when
-/// the batch has no other key in the bucket.)
+/// overflowed home bucket): upsert_spill decides it in pass 2. Under an evicting
+/// strategy executors run it after touch_stored (hits_first).
 /// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or
 /// -1; it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
 /// `p`: KeyProbe(t, key), computed by the caller.
@@ -212,20 +212,6 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
   }
   P::unlock(&t.locks[home]);
   return decided;
-}
-
-/// Pass 1 of a hits-first batch, after touch_stored: places key i, which
-/// touch_stored found absent (evicting strategies keep a key in its home bucket, and
-/// a batch holds each key once, so it is still absent), without searching for it
-/// again. Calls sink.fresh or sink.failed; returns the status.
-template <class P, class V, class Sink>
-DYNEMB_HD Status insert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
-                             const KeyProbe& p, const UpsertArgs& u, Sink& sink) {
-  P::lock(&t.locks[p.bucket]);
-  const Status s =
-      place_new_home<P>(t, i, o, key, p, u, sink, bucket_free_slot<P>(t, p.bucket, p.order));
-  P::unlock(&t.locks[p.bucket]);
-  return s;
 }
 
 /// upsert_home of a key whose KeyProbe is not at hand.
@@ -281,7 +267,7 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
 
 /// Pass 1 of a hits-first batch (hits_first): when `key` is stored it is touched
 /// (its score, and its pin: see "Pins") and reported (sink.hit) as upsert would, and
-/// insert_home must then not run for it. Evicting strategies only: their keys live
+/// upsert_home must then not run for it. Evicting strategies only: their keys live
 /// in their home bucket.
 /// @return true when the key was stored.
 template <class P, class V, class Sink>

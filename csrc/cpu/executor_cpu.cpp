@@ -79,7 +79,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
   // Positions to upsert: [begin, end), or under hits_first those whose key the touch
-  // pass found absent (pending[x] for x in [0, size)), which insert_home places.
+  // pass found absent (pending[x] for x in [0, size)).
   const bool first_hits = hits_first(args);
   std::vector<int64_t> pending;
   if (first_hits) {
@@ -113,14 +113,12 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     const int64_t j = position(x);
     const int64_t i = index_of(j);
     Status s;
-    if (first_hits) {
-      s = insert_home<Q>(t, i, j, keys[j], probe, args, sink);
-    } else if (!upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+    if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+      status[j] = static_cast<int8_t>(s);
+      ++counts.by_status[static_cast<int>(s)];
+    } else {
       deferred.push_back(j);
-      return;
     }
-    status[j] = static_cast<int8_t>(s);
-    ++counts.by_status[static_cast<int>(s)];
   };
   auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
     prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup>(t, first, last,

@@ -87,28 +87,23 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 
 /// The batch rule's pass 1 over one home-bucket range: the positions order[begin ..
 /// end) in batch order (position x is key x - base of `keys`, status[x - base]):
-/// under hits_first touch_stored for all of them, then insert_home for the keys not
-/// stored; else upsert_home.
+/// under hits_first touch_stored for all of them first, then upsert_home for the
+/// keys not stored.
 template <class V, class Sink>
 __device__ void upsert_range(const TableRef<V>& t, Sink& sink, const UpsertArgs& args,
                              const int64_t* keys, int64_t base, const int64_t* order,
                              int64_t begin, int64_t end, int8_t* status) {
-  if (hits_first(args)) {
+  const bool first_hits = hits_first(args);
+  if (first_hits) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = order[k] - base;
       const bool hit = touch_stored<CudaPlatform>(t, i, i, keys[i], args, sink);
       status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
     }
-    for (int64_t k = begin; k < end; ++k) {
-      const int64_t i = order[k] - base;
-      if (status[i] == static_cast<int8_t>(Status::kHit)) continue;
-      const KeyProbe p(t, keys[i]);
-      status[i] = static_cast<int8_t>(insert_home<CudaPlatform>(t, i, i, keys[i], p, args, sink));
-    }
-    return;
   }
   for (int64_t k = begin; k < end; ++k) {
     const int64_t i = order[k] - base;
+    if (first_hits && status[i] == static_cast<int8_t>(Status::kHit)) continue;
     Status s;
     status[i] = upsert_home<CudaPlatform>(t, i, i, keys[i], args, sink, &s)
                     ? static_cast<int8_t>(s)

@@ -58,6 +58,15 @@ class PinLedger:
         self._next = 1
         self._held: weakref.WeakSet[PinHold] = weakref.WeakSet()
 
+    def __getstate__(self) -> dict:
+        # A copy (deepcopy, pickle) of a table has no batch in flight: its holds stay
+        # with the original, and its floor passes every pin it copied.
+        return {"limit": self._limit, "next": self._next}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["limit"])
+        self._next = state["next"]
+
     def hold(self, pins: torch.Tensor) -> PinHold:
         """A new batch in flight. ``pins``: the table's pins buffer (renumbered in
         place when the numbers run out)."""
