@@ -32,11 +32,15 @@ UNIFORM = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lowe
 CONSTANT = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.0)
 
 
-def _module(strategy, capacity, bucket, dim=4, init=UNIFORM, pooling=DynamicEmbPoolingMode.NONE):
-    options = DynamicEmbTableOptions(
+def _options(strategy, capacity, bucket, dim=4, init=UNIFORM):
+    return DynamicEmbTableOptions(
         dim=dim, max_capacity=capacity, bucket_capacity=bucket, score_strategy=strategy,
         initializer_args=init, safe_check_mode=DynamicEmbCheckMode.IGNORE, seed=3,
     )  # fmt: skip
+
+
+def _module(strategy, capacity, bucket, dim=4, init=UNIFORM, pooling=DynamicEmbPoolingMode.NONE):
+    options = _options(strategy, capacity, bucket, dim, init)
     return dynemb.BatchedDynamicEmbeddingTables(
         [options], [0], pooling_mode=pooling, optimizer=EmbOptimType.EXACT_SGD, learning_rate=1.0
     )

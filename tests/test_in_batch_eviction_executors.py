@@ -1,0 +1,74 @@
+"""Batches with more distinct keys than the table holds train the same bits on every
+executor: the CPU executor and the CUDA kernels (run on host threads by the emulated
+executor) store the same keys with the same rows and optimizer state.
+
+Each executor is chosen at import (DYNEMB_EXECUTOR), so each run is a fresh process.
+Before pins, keys evicted by their own batch trained on their evictor's row, and the
+order of that parallel sum changed from run to run on the CUDA kernels.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CASES = [
+    ("EXACT_SGD", "SUM", False),
+    ("EXACT_ROWWISE_ADAGRAD", "MEAN", True),
+    ("ADAM", "MEAN", True),
+    ("EXACT_ADAGRAD", "NONE", True),
+]
+
+
+def train_and_save(optimizer: str, pooling: str, hot: bool, path: str) -> None:
+    """12 steps of 2,000 random keys in bags of 4 into a 256-row table (bucket 128);
+    ``hot``: every third index is one key. Saves the table sorted by key."""
+    import dynemb
+    from dynemb import DynamicEmbCheckMode, DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynemb.optimizer import EmbOptimType
+
+    options = DynamicEmbTableOptions(
+        dim=8, max_capacity=256, bucket_capacity=128,
+        safe_check_mode=DynamicEmbCheckMode.IGNORE, seed=1,
+    )  # fmt: skip
+    module = dynemb.BatchedDynamicEmbeddingTables(
+        [options], [0], pooling_mode=getattr(DynamicEmbPoolingMode, pooling),
+        optimizer=getattr(EmbOptimType, optimizer), learning_rate=0.1,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(12):
+        keys = torch.randint(0, 1 << 40, (2000,), generator=gen)
+        if hot:
+            keys[::3] = 7
+        module(keys, torch.arange(0, 2001, 4)).sum().backward()
+    table = module.tables[0]
+    keys, values, _, _ = table.export_batch(0, table.capacity())
+    order = keys.argsort()
+    torch.save({"executor": dynemb.executor(), "keys": keys[order], "values": values[order]}, path)
+
+
+def _run(executor: str, case, path) -> dict:
+    env = {**__import__("os").environ, "DYNEMB_EXECUTOR": executor}
+    code = (
+        "import sys; from tests.test_in_batch_eviction_executors import train_and_save; "
+        f"train_and_save(*{case!r}, {str(path)!r})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = torch.load(path)
+    assert saved["executor"] == executor
+    return saved
+
+
+@pytest.mark.no_emulated_pass("runs both executors itself, each in its own process")
+@pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_overflowing_batches_train_the_same_bits_on_every_executor(tmp_path, case):
+    cpu = _run("cpu", case, tmp_path / "cpu.pt")
+    emulated = _run("cuda-emulated", case, tmp_path / "emulated.pt")
+    assert cpu["keys"].numel() == 256
+    assert torch.equal(cpu["keys"], emulated["keys"])
+    differing = (cpu["values"] != emulated["values"]).any(dim=1).sum()
+    assert int(differing) == 0, f"{int(differing)} of 256 rows differ"
