@@ -85,6 +85,8 @@ RESERVED_MEMORY = 0.15
 
 OPTIMIZERS = ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+# CUSTOMIZED needs scores from the caller; NO_EVICTION grows instead of evicting.
+SCORE_STRATEGIES = ("TIMESTAMP", "STEP", "LFU")
 NUM_FEATURES = 8
 SEQUENCE_FEATURE = "f7"  # the EmbeddingCollection's feature
 ORDINARY_FEATURE = "f6"  # a TorchRec table even without --static
@@ -158,6 +160,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1 << 18,
         help="rows of each dynamic table (all ranks together)",
+    )
+    model.add_argument(
+        "--score_strategy",
+        choices=SCORE_STRATEGIES,
+        default="TIMESTAMP",
+        help="what an evicting dynamic table keeps when full (DynamicEmbScoreStrategy)",
     )
     model.add_argument(
         "--init_bound", type=float, default=0.05, help="new rows are uniform in [-bound, bound]"
@@ -383,7 +391,7 @@ def dynamic_table_options(args: argparse.Namespace) -> dynemb.DynamicEmbTableOpt
             lower=-args.init_bound,
             upper=args.init_bound,
         ),
-        score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
+        score_strategy=dynemb.DynamicEmbScoreStrategy[args.score_strategy],
         dist_type=args.dist_type,
         seed=args.seed,
         **cache_options(args),

@@ -1,9 +1,10 @@
-"""Held-out AUC of dynamic vs TorchRec tables: workload W-quality (/work/shared/WORKLOADS.md).
+"""Held-out AUC of dynamic vs TorchRec tables: workload W-quality.
 
 Usage::
 
     python benchmark/bench_quality.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
-                                      [--threads N]
+                                      [--threads N] [--score_strategy TIMESTAMP|STEP|LFU]
+                                      [--capacity_ratio R]
 
 The data is ``dynemb.datasets.SyntheticClicks`` at its defaults (8 one-hot features
 with Zipf(1.05) ids over 1M ids each, a hidden vector per id, 1M training rows, 100k
@@ -19,6 +20,8 @@ and Adam (LR 1e-3) on the dense part, world size 1 through
 - dynemb (``example.py``'s default): 7 dynamic tables fed the raw ids spread over 63
   bits (capacity 2^19 rows each, > 2x the distinct ids of the epoch: no eviction), and
   example.py's one ordinary TorchRec table (feature f6, identical in both runs).
+- Evicting (``--capacity_ratio 0.25 --score_strategy LFU``, say): each dynamic table
+  holds R times the distinct ids of a feature in the epoch, and evicts by the strategy.
 
 Both runs see the same rows in the same order and start from the same torch seed;
 initial rows are uniform in the same bounds but not the same values (a dynamic row is
@@ -38,6 +41,7 @@ import argparse
 import sys
 import time
 
+import numpy as np
 import torch
 from common import REPO_ROOT, Recorder, available_threads, commit_hash, set_threads
 from dmp_setup import single_process_group
@@ -100,11 +104,30 @@ def train_and_evaluate(args: argparse.Namespace, data, label: str) -> dict:
     return {"auc": auc, "train_loss": loss, "samples_per_s": data.num_rows["train"] / seconds}
 
 
+def capacity_of(data, ratio: float) -> int:
+    """``ratio`` times the mean number of distinct ids of a feature in the training rows."""
+    rows = data.rows("train")
+    distinct = [np.unique(ids).size for ids in rows.ids]
+    return max(1, int(ratio * sum(distinct) / len(distinct)))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="EXACT_ROWWISE_ADAGRAD")
     parser.add_argument("--only", choices=("torchrec", "dynemb"), help="run one side only")
+    parser.add_argument(
+        "--score_strategy",
+        choices=example.SCORE_STRATEGIES,
+        default="TIMESTAMP",
+        help="the dynamic tables' eviction strategy",
+    )
+    parser.add_argument(
+        "--capacity_ratio",
+        type=float,
+        help="each dynamic table's capacity as a fraction of the mean distinct ids of a "
+        "feature in the training rows (default: a fixed capacity above them, no eviction)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -123,6 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     dyn_args = example_args(sizes, args.optimizer, static=False)
     data = example.make_dataset(peer_args)  # the same rows for both; views differ
     rec = Recorder(commit_hash())
+    if args.capacity_ratio is not None:
+        dyn_args.capacity = capacity_of(data, args.capacity_ratio)
+        rec.add(WORKLOAD, DYNEMB_IMPL, "capacity_rows", dyn_args.capacity, threads=threads)
+    dyn_args.score_strategy = args.score_strategy
     rec.add(WORKLOAD, "SyntheticClicks.bayes", "auc", data.bayes_auc("eval"), threads=threads)
     peer = None
     with single_process_group():
