@@ -24,7 +24,11 @@ Workloads (one key per bag, bucket_capacity 128):
 
 - ``zipf-lfu``: 200,000 ids, batches of 8,192 lookups, a 4,096-row table;
 - ``zipf-full``: 200,000 ids, batches of 2,048 lookups, a 4,096-row table filled
-  first; under TIMESTAMP, STEP and LFU.
+  first; under TIMESTAMP, STEP and LFU;
+- ``w-train-evicting``: one table of W-train at capacity 0.25x (bench_train.py):
+  1,000,000 ids, batches of 4,096 x 16 = 65,536 lookups, ``ceil(0.25 x`` the distinct
+  keys of the run's batches``)`` rows, 5 warm-up steps; under TIMESTAMP (W-train's
+  strategy) and LFU.
 
 Fractions are per lookup (``hit_reset``: per lookup of a stored key), over the
 measured steps. No peer: the figure is a count of wrong answers, 0 is the target.
@@ -89,6 +93,13 @@ def stored_rows(module) -> dict[int, torch.Tensor]:
     table = module.tables[0]
     keys, values, _, _ = table.export_batch(0, table.capacity())
     return dict(zip(keys.tolist(), values.clone(), strict=True))
+
+
+def distinct_keys(batch: int, num_batches: int, num_ids: int) -> int:
+    """Distinct keys of run_workload's batches (the same generator and seed)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = [zipf_ids(batch, num_ids, 1.05, gen) for _ in range(num_batches)]
+    return int(torch.unique(torch.cat(ids)).numel())
 
 
 def run_workload(name, strategy, capacity, batch, steps, warmup, num_ids):
@@ -158,7 +169,14 @@ def main(argv=None) -> None:
             DynamicEmbScoreStrategy.LFU,
         )
     ]
-    for name, strategy, batch, warmup in runs:
+    runs = [(*run, capacity, num_ids) for run in runs]
+    w_train = (4096 * 16 // scale, 5 if not args.quick else 1, 1_000_000 // scale)
+    w_train_rows = -(-distinct_keys(w_train[0], steps + w_train[1], w_train[2]) // 4)
+    runs += [
+        ("w-train-evicting", s, w_train[0], w_train[1], w_train_rows, w_train[2])
+        for s in (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+    ]
+    for name, strategy, batch, warmup, capacity, num_ids in runs:
         totals = run_workload(name, strategy, capacity, batch, steps, warmup, num_ids)
         workload = f"{WORKLOAD}.{name}.{strategy.name}"
         lookups = totals["lookups"]
