@@ -5,6 +5,11 @@ A batch is feature-major: with T features and B samples, bag ``f * B + b`` is
 entries). A table serves the features that ``feature_table_map`` maps to it; its
 share of the batch is the concatenation of those features' indices, with their
 offsets rebased, so one table op handles every feature of that table.
+
+Optional per-index access counts say how many accesses an index stands for (a
+de-duplicated batch, e.g. ``use_index_dedup``, sends each distinct key once with its
+count); a table's distinct keys are then counted by the sum of their indices' counts
+instead of their occurrences (``count_accesses``).
 """
 
 import dataclasses
@@ -118,6 +123,63 @@ def split_by_table(
         w = torch.cat([weights[a:b] for a, b in ranges]) if weights is not None else None
         out.append(TableBatch(features, keys, torch.cat(parts), w, ranges))
     return out
+
+
+def check_access_counts(access_counts, indices: torch.Tensor) -> None:
+    """Validates the optional per-index access counts of a batch (None passes).
+
+    Raises:
+        TypeError: not an int64 (or int32) tensor.
+        ValueError: a shape other than ``indices``', another device, a count below 1,
+            or counts whose sum exceeds 2**63 - 1 (a key's total must fit in int64).
+    """
+    if access_counts is None:
+        return
+    if not isinstance(access_counts, torch.Tensor) or access_counts.dtype not in (
+        torch.int64,
+        torch.int32,
+    ):
+        raise TypeError(
+            f"access_counts must be an int64 (or int32) tensor of per-index access counts, "
+            f"got {_describe(access_counts)}"
+        )
+    if access_counts.shape != indices.shape:
+        raise ValueError(
+            f"access_counts must have the shape of indices {tuple(indices.shape)} (one count "
+            f"per index), got {tuple(access_counts.shape)}"
+        )
+    if access_counts.device != indices.device:
+        raise ValueError(
+            f"access_counts are on {access_counts.device}, indices on {indices.device}"
+        )
+    if access_counts.numel():
+        low = int(access_counts.min())
+        if low < 1:
+            at = int(torch.nonzero(access_counts < 1)[0])
+            raise ValueError(
+                f"access_counts must be >= 1 (the accesses each index stands for), got "
+                f"{low} at index {at}"
+            )
+        total = float(access_counts.sum(dtype=torch.float64))
+        if total >= 2.0**63:
+            raise ValueError(
+                "access_counts must sum to at most 2**63 - 1 (a key's count is an int64), "
+                f"got a sum of about {total:.3e}"
+            )
+
+
+def count_accesses(distinct: tuple, tb: TableBatch, access_counts: torch.Tensor) -> tuple:
+    """A table's ``(unique, inverse, counts)`` with ``counts`` the sum of the access
+    counts of each unique key's indices (``access_counts``: (n,) int64 of the whole
+    batch; ``tb.index_ranges`` picks the table's share, in ``tb.keys`` order)."""
+    unique, inverse, counts = distinct
+    ranges = tb.index_ranges
+    if len(ranges) == 1:
+        per_index = access_counts[ranges[0][0] : ranges[0][1]]
+    else:
+        per_index = torch.cat([access_counts[a:b] for a, b in ranges])
+    summed = torch.zeros_like(counts).index_add_(0, inverse, per_index.to(counts.dtype))
+    return unique, inverse, summed
 
 
 def _describe(x) -> str:

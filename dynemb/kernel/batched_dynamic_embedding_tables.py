@@ -8,6 +8,7 @@ for the tables. The per-element maths is in csrc/core (pooling.h,
 optimizer_rules.h).
 """
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -20,7 +21,14 @@ from dynemb.dynamicemb_config import (
     init_mode_code,
     with_kernel_defaults,
 )
-from dynemb.kernel.batch_layout import TableBatch, check_batch, distinct_keys, split_by_table
+from dynemb.kernel.batch_layout import (
+    TableBatch,
+    check_access_counts,
+    check_batch,
+    count_accesses,
+    distinct_keys,
+    split_by_table,
+)
 from dynemb.kernel.grouped_calls import backward_grouped, pool_grouped
 from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import admission_missing, check_options, init_list
@@ -62,7 +70,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
     counter is ``admission_counters[t]`` (built with ``admission_counter.create``).
 
     Inputs follow fbgemm's TBE: ``forward(indices, offsets, per_sample_weights=None)``
-    with feature-major ``indices`` and ``offsets`` of length ``B * T + 1``.
+    with feature-major ``indices`` and ``offsets`` of length ``B * T + 1``; a
+    de-duplicated batch adds ``access_counts`` (how many accesses each index stands for).
 
     Example::
 
@@ -203,6 +212,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         indices: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
+        access_counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Looks a TBE batch up.
 
@@ -210,17 +220,37 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             indices: (n,) int64 keys, feature-major.
             offsets: (B * T + 1,) int64 bag boundaries.
             per_sample_weights: (n,) float weights (SUM and MEAN pooling).
+            access_counts: (n,) int64 >= 1, or None (one access per index): the
+                accesses each index stands for, when the caller has de-duplicated keys
+                (a sharded EC with ``use_index_dedup`` sends each distinct id once with
+                its count). A table's distinct key is counted by the sum of its
+                indices' counts: its LFU score and its admission counter grow by it, as
+                if the index had been repeated that many times. Outputs, pooling and
+                gradients do not read it.
 
         Returns:
             (B, sum of feature dims) float32 for SUM / MEAN; (n, dim) for NONE.
+
+        Raises:
+            TypeError, ValueError: a malformed argument, named in the message (before
+                any table changes).
+
+        Example::
+
+            >>> # key 5 once, standing for 3 accesses: LFU counts it as [5, 5, 5]
+            >>> tables(torch.tensor([5]), torch.tensor([0, 1]), access_counts=torch.tensor([3]))
         """
         batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
+        check_access_counts(access_counts, indices)
         if per_sample_weights is not None and self.pooling_mode == DynamicEmbPoolingMode.NONE:
             raise ValueError("per_sample_weights are not supported with pooling_mode NONE")
         for name, t in (("indices", indices), ("offsets", offsets)):
             if t.device != self.device:
                 raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
-        passes = (self._lookup, self._apply_gradients)
+        lookup = self._lookup
+        if access_counts is not None:
+            lookup = functools.partial(lookup, access_counts=access_counts.to(torch.int64))
+        passes = (lookup, self._apply_gradients)
         return LookupFunction.apply(
             passes, indices, offsets, per_sample_weights, batch_size,
             self.placeholder_autograd_tensor,
@@ -272,9 +302,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
 
     # -------------------------------------------------------------- internals
 
-    def _lookup(self, indices, offsets, weights, batch_size):
+    def _lookup(self, indices, offsets, weights, batch_size, access_counts=None):
         """Forward without autograd: returns (output, (trains, per-table saved state)).
-        ``trains``: this forward's module mode, which decides what its backward does."""
+        ``trains``: this forward's module mode, which decides what its backward does.
+        ``access_counts``: (n,) int64 or None, as in ``forward``."""
         self._start_forward()
         # The keys are read during this forward only (its backward reads the offsets and
         # weights): a copy of them would cost a pass over the batch for nothing.
@@ -292,7 +323,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         columns = _feature_columns(self.feature_dims)
         saved = []
         grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
-        distincts = self._distinct(batches)
+        distincts = self._distinct(batches, access_counts)
         # Each table in memory that this forward trains pins the keys it looks up until
         # the backward has written their rows (released then, or when the graph is
         # dropped unused): no other batch may evict them meanwhile.
@@ -353,9 +384,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         pool_grouped(self, self._table_columns, grouped, _POOLING_CODE.get(self.pooling_mode), out)
         return out, (self.training, saved)
 
-    def _distinct(self, batches: list) -> list:
+    def _distinct(self, batches: list, access_counts: torch.Tensor | None = None) -> list:
         """``unique_keys`` of each table's keys (None for absent tables); a cached
-        table's batch whose keys were prefetched reuses the prefetch's result."""
+        table's batch whose keys were prefetched reuses the prefetch's result. With
+        ``access_counts``, each distinct key's count is the sum of its indices' counts."""
         reused = [None] * len(batches)
         for t, tb in enumerate(batches):
             table = self.tables[t]
@@ -366,7 +398,13 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             if entry is not None and torch.equal(entry[0], tb.keys):
                 reused[t] = entry[1]
         fresh = distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
-        return [r if r is not None else f for r, f in zip(reused, fresh)]
+        distincts = [r if r is not None else f for r, f in zip(reused, fresh)]
+        if access_counts is None:
+            return distincts
+        return [
+            None if d is None else count_accesses(d, tb, access_counts)
+            for d, tb in zip(distincts, batches, strict=True)
+        ]
 
     def _cached_eval_rows(self, t, tb, unique, inverse, batch_size, into=None):
         """Eval lookup of a cached table: rows from the cache, else its slow tier, else

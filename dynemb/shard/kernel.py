@@ -145,7 +145,15 @@ def _store_rows(
 
 
 class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
-    """What the two kernels share: the tables, the placeholders, the fused optimizer."""
+    """What the two kernels share: the tables, the placeholders, the fused optimizer.
+
+    ``access_counts_in_weights``: the features' weights are per-index access counts
+    (a de-duplicated batch: ``ShardedDynamicEmbeddingCollection`` with
+    ``use_index_dedup`` sends each distinct id once, its count as its weight), given to
+    the tables as ``access_counts``; never as per-sample weights.
+    """
+
+    access_counts_in_weights: bool = False
 
     def __init__(
         self,
@@ -217,24 +225,31 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         self._optim.sync()
         self._emb_module.train(self.training)
+        indices, offsets, weights, counts = self._batch(features)
+        out = self._emb_module(indices, offsets, weights, access_counts=counts)
+        return out if self._output_dtype == torch.float32 else out.to(self._output_dtype)
+
+    def _batch(self, features: KeyedJaggedTensor) -> tuple:
+        """``(indices, offsets, per-sample weights or None, access counts or None)``
+        of a group's features: float weights are per-sample weights, or the access
+        counts under ``access_counts_in_weights`` (integer-valued floats: TorchRec's
+        input dist carries float weights)."""
         weights = features.weights_or_none()
         if weights is not None and not torch.is_floating_point(weights):
             weights = None
-        out = self._emb_module(
-            features.values().to(torch.int64), features.offsets().to(torch.int64), weights
-        )
-        return out if self._output_dtype == torch.float32 else out.to(self._output_dtype)
+        counts = None
+        if self.access_counts_in_weights:
+            counts = None if weights is None else weights.to(torch.int64)
+            weights = None
+        indices = features.values().to(torch.int64)
+        return indices, features.offsets().to(torch.int64), weights, counts
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Caching mode: brings the keys of a future batch (this kernel's part of its
         input dist) into the caches (BatchedDynamicEmbeddingTables.prefetch)."""
         self._emb_module.train(self.training)
-        weights = features.weights_or_none()
-        if weights is not None and not torch.is_floating_point(weights):
-            weights = None
-        self._emb_module.prefetch(
-            features.values().to(torch.int64), features.offsets().to(torch.int64), weights
-        )
+        indices, offsets, weights, _ = self._batch(features)  # counts: read by forward
+        self._emb_module.prefetch(indices, offsets, weights)
 
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         # The rows are saved by dynemb's dump; TorchRec's state_dict gets placeholders.

@@ -227,6 +227,12 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             self.module_sharding_plan, self._embedding_configs, self._lookups, self._device
         )
 
+    def _create_lookups(self) -> None:
+        super()._create_lookups()
+        if self._use_index_dedup:  # _dedup_indices sends access counts as weights
+            for kernel in _dynamic_kernels(self._lookups):
+                kernel.access_counts_in_weights = True
+
     def _dedup_indices(self, ctx, input_feature_splits):
         """``use_index_dedup``: one lookup per distinct id of each table, exact for raw ids.
 
@@ -234,8 +240,17 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         negative) of two tables could collide; here each table's ids are deduplicated
         apart. The distinct ids go to the table's first feature (routing is per table),
         and ``reverse_indices`` puts the rows back in input order after the lookup.
+
+        The access counts are kept: a sharding holding dynamic tables sends each
+        distinct id's occurrences as its KJT weight (float32, exact up to 2**24 per id
+        and batch; TorchRec's input dist carries float weights through its
+        all-to-all), which the dynamic kernels give their tables as ``access_counts``
+        (LFU scores and admission counters then count as without dedup). Other
+        shardings send no weights, as before.
         """
         if any(f.variable_stride_per_key() for f in input_feature_splits):
+            # Unreached from input_dist (TorchRec pads variable batch sizes first);
+            # TorchRec's dedup (a CUDA op) sends no counts: one access per distinct id.
             return super()._dedup_indices(ctx, input_feature_splits)
         deduped = []
         for features, sharding in zip(
@@ -244,24 +259,29 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             stride, per_key = features.stride(), features.length_per_key()
             values = features.values()
             lengths = torch.zeros(len(per_key) * stride, dtype=torch.int64, device=values.device)
-            uniques, reverse = [], []
+            uniques, reverse, counts = [], [], []
             feature = position = base = 0
             for table in sharding.embedding_tables():
                 count = sum(per_key[feature : feature + table.num_features()])
-                unique, inverse = torch.unique(
-                    values[position : position + count], return_inverse=True
+                unique, inverse, occurrences = torch.unique(
+                    values[position : position + count], return_inverse=True, return_counts=True
                 )
                 uniques.append(unique)
                 reverse.append(inverse + base)
+                counts.append(occurrences)
                 if stride:
                     lengths[feature * stride] = unique.numel()
                 feature += table.num_features()
                 position += count
                 base += unique.numel()
+            weights = None
+            if isinstance(sharding, DynamicEmbRwSequenceEmbeddingSharding):
+                weights = (torch.cat(counts) if counts else values[:0]).to(torch.float32)
             deduped.append(
                 KeyedJaggedTensor(
                     keys=features.keys(),
                     values=torch.cat(uniques) if uniques else values[:0],
+                    weights=weights,
                     lengths=lengths,
                     stride=stride,
                 )
