@@ -26,7 +26,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
-from dynemb.tiering import CachedTable
+from dynemb.tiering import CachedTable, PrefetchPipeline
 
 DIM, BAGS, POOL = 4, 4, 3
 OPT = EmbOptimType
@@ -202,3 +202,40 @@ def test_any_forwards_per_backward_train_like_in_memory(
     assert table.staged_keys() == 0 and table.batches_in_flight() == 0
     assert table.stats.storage_drops == 0
     assert_same(cached, plain)
+
+
+@pytest.mark.parametrize("cache_rows", [16, 512])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prefetch_pipeline_of_four_towers(cache_rows, overlap, monkeypatch):
+    """PrefetchPipeline over steps of four towers (each step's four batches
+    prefetched, in the background during the previous step with ``overlap``): the
+    same training as in memory; with a cache that holds them, every forward reuses
+    its prefetch (no lookup of its own)."""
+    lookups = []
+    fill = CachedTable._fill
+    monkeypatch.setattr(
+        CachedTable,
+        "_fill",
+        lambda self, *a, **k: lookups.append(k["stage"]) or fill(self, *a, **k),
+    )
+    rng = np.random.default_rng(3)
+    steps = [[batch(rng.integers(0, 300, 2 * BAGS * POOL) * 7) for _ in range(4)] for _ in range(5)]
+    plain, cached = module(OPT.ADAM), module(OPT.ADAM, cache_rows)
+    want = [train_step(plain, towers) for towers in steps]
+
+    def prefetch(towers):
+        for b in towers:
+            cached.prefetch(*b)
+
+    got = PrefetchPipeline(
+        steps, lambda towers: train_step(cached, towers), prefetch, overlap=overlap
+    ).run()
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert_same(cached, plain)
+    stats = cached.tables[0].stats
+    if cache_rows == 512:
+        assert stats.lookup_hits == stats.lookup_keys and not any(lookups)
+    else:
+        assert stats.staged > 0

@@ -28,6 +28,7 @@ from dynemb.kernel.table_slots import TableSlots
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
+from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.tiering.staging import private_table
@@ -263,7 +264,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             if tb is not None:
                 pending = self._prefetched[t]
                 pending[b] = (tb.keys, distinct)
-                while len(pending) > 4:  # prefetches never consumed
+                while len(pending) > MAX_PENDING_PREFETCHES:  # retired, never consumed
                     del pending[min(pending)]
 
     def cache_stats(self) -> list:

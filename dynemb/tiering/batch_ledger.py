@@ -21,7 +21,9 @@ from typing import Any
 
 # Prefetched batches not yet consumed by a forward; an older one is retired (its
 # keys stay cached, unpinned; its forward, if it ever comes, looks them up again).
-MAX_PENDING_PREFETCHES = 2
+# A pipeline prefetches the batches of step t+1 while those of step t wait for
+# their forwards: 8 keeps every prefetch of four forwards per step.
+MAX_PENDING_PREFETCHES = 8
 
 
 class BatchHold:
