@@ -32,10 +32,10 @@ DIM, BAGS, POOL = 4, 4, 3
 OPT = EmbOptimType
 
 
-def module(optimizer, cache_rows=0):
-    """One table (LFU scores), two features; ``cache_rows`` > 0: caching mode."""
+def module(optimizer, cache_rows=0, strategy=DynamicEmbScoreStrategy.LFU):
+    """One table, two features; ``cache_rows`` > 0: caching mode."""
     o = dict(
-        dim=DIM, max_capacity=4096, score_strategy=DynamicEmbScoreStrategy.LFU,
+        dim=DIM, max_capacity=4096, score_strategy=strategy,
         initializer_args=DynamicEmbInitializerArgs(lower=-0.5, upper=0.5), seed=5,
     )  # fmt: skip
     if cache_rows:
@@ -179,21 +179,26 @@ def test_erasing_a_staged_key_in_flight_keeps_it_erased():
 @settings(max_examples=30, deadline=None)
 @given(
     optimizer=st.sampled_from([OPT.EXACT_SGD, OPT.EXACT_ADAGRAD, OPT.ADAM]),
+    strategy=st.sampled_from([DynamicEmbScoreStrategy.LFU, DynamicEmbScoreStrategy.STEP]),
     cache_rows=st.integers(16, 64),
     forwards=st.lists(st.integers(1, 4), min_size=1, max_size=4),
     vocab=st.sampled_from([40, 120, 400]),
     prefetch=st.sampled_from([None, "each", "step"]),
+    drop=st.booleans(),
     seed=st.integers(0, 10**6),
 )
 def test_any_forwards_per_backward_train_like_in_memory(
-    optimizer, cache_rows, forwards, vocab, prefetch, seed
+    optimizer, strategy, cache_rows, forwards, vocab, prefetch, drop, seed
 ):
     """Steps of 1-4 forwards of random (repeating, overlapping) keys, then one
-    backward each; without prefetch, or with a prefetch of each forward's batch."""
+    backward each; without prefetch, or with a prefetch of each forward's batch;
+    with ``drop``, each step also runs a forward whose output is dropped unused."""
     rng = np.random.default_rng(seed)
-    plain, cached = module(optimizer), module(optimizer, cache_rows)
+    plain, cached = module(optimizer, 0, strategy), module(optimizer, cache_rows, strategy)
     for n in forwards:
         towers = [batch(rng.integers(0, vocab, 2 * BAGS * POOL) * 7 - vocab) for _ in range(n)]
+        if drop:
+            plain(*towers[-1]), cached(*towers[-1])
         want = train_step(plain, towers)
         got = train_step(cached, towers, prefetch=prefetch)
         for g, w in zip(got, want, strict=True):
