@@ -289,7 +289,8 @@ class CachedTable(CacheFill):
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, BatchStats]:
         """ScoredHashTable's training lookup: a lookup that ends at once (no backward);
-        keys the cache cannot take are written straight back and reported failed. Its
+        keys the cache cannot take (or that a batch in flight staged) are reported
+        failed, their rows back in the storage once no batch in flight holds them. Its
         BatchStats (also ``cache.last_stats``) count cache hits, keys brought into the
         cache (``inserted``) and keys it could not take (``failed``)."""
         batch = self.begin_batch()
