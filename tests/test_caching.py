@@ -231,7 +231,7 @@ def test_cache_smaller_than_a_batch_trains_like_uncached(prefetch):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     for t in range(2):
         assert cached.tables[t].stats.staged > 0
-        assert cached.tables[t]._staged_keys.numel() == 0
+        assert cached.tables[t].staged_keys() == 0
         assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
     assert cached.safe_check_failures == [0, 0]
 

@@ -36,9 +36,10 @@ from dynemb.kernel.table_slots import TableSlots
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
+from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
-from dynemb.tiering.staging import Staged
+from dynemb.tiering.staging import private_table
 from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode
 
 _ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -293,7 +294,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             if tb is not None:
                 pending = self._prefetched[t]
                 pending[b] = (tb.keys, distinct)
-                while len(pending) > 4:  # prefetches never consumed
+                while len(pending) > MAX_PENDING_PREFETCHES:  # retired, never consumed
                     del pending[min(pending)]
 
     def cache_stats(self) -> list:
@@ -349,7 +350,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 batch = None
             else:
                 batch = staged = None
-                if cached:  # training: cache slots, and the keys it could not take
+                if cached:  # training: cache slots, and the keys it could not take; the
+                    # batch stays in flight until this forward's backward (or dropped graph)
                     batch = table.begin_batch()
                     unique_slots, staged = table.lookup(unique, counts, batch)
                     token = table.mutations
@@ -412,10 +414,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         nothing is inserted. The stored rows go to a private table for the op."""
         stored, found = self.tables[t].read_rows(unique)
         at = torch.nonzero(found, as_tuple=True)[0]
-        private = Staged.of(unique, at, stored[at], torch.zeros_like(at))
-        slots = private.unique_slots[inverse]
+        unique_slots = torch.full_like(unique, -1)
+        unique_slots[at] = torch.arange(at.numel(), device=unique.device)
+        storage = private_table(stored[at])
         missing = self._eval_missing[t]
-        return self._read_rows(t, tb, slots, missing, batch_size, private.storage, into)
+        return self._read_rows(t, tb, unique_slots[inverse], missing, batch_size, storage, into)
 
     def _read_rows(self, t, tb, slots, missing, batch_size, storage=None, into=None):
         """Pooled bags (len(features) * B, dim), or one row per index for NONE.
@@ -511,14 +514,13 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                     table.buffers.tensors(), unique_slots, inverse, offsets, weights, mode,
                     grad, optimizer, self.step, table.dim, grad_columns,
                 )  # fmt: skip
-            if staged is not None:  # keys the cache could not take: same update, then home
+            if staged is not None:  # keys the cache could not take: the same update
                 _ops.embedding_backward(
                     staged.storage.tensors(), staged.unique_slots, inverse, offsets, weights,
                     mode, grad, optimizer, self.step, table.dim, grad_columns,
                 )  # fmt: skip
-                table.unstage(staged)
-            if batch is not None:
-                table.end_batch(batch)  # its rows may leave the cache again
+            if batch is not None:  # its rows may leave the cache, its staged rows go home
+                table.end_batch(batch)
 
 
 def _feature_columns(dims):

@@ -1,15 +1,16 @@
-"""How a cached table fills its cache: steps 1-3 of cached_table.py's module doc (claim
-slots, move victims out and fetched rows in, write victims back), and the score
-rule of the rows it holds.
+"""How a cached table fills its cache: steps 1-4 of cached_table.py's module doc (claim
+slots, move victims out and fetched rows in, write victims back, stage the keys left
+over), how staged rows go home, and the score rule of the rows it holds.
 
 ``CacheFill`` is a part of CachedTable (it uses the table's ``cache``, ``storage``,
-``stats``, ``_batches``, ``_buffers``, ``_user_scores``, ``_staged_keys`` and its locks).
+``stats``, ``_batches``, ``_buffers``, ``_user_scores``, ``_staging`` and its locks).
 """
 
 import torch
 
 from dynemb import _ops
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.staging import Staged
 from dynemb.types import DynamicEmbScoreStrategy
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
@@ -26,24 +27,19 @@ class CacheFill:
         other key a slot without touching rows (a victim's row stays in its slot);
         then the victims' rows are read out for the write-back and the fetched rows
         written in: by one C++ op with the built-in slow tier (``_exchange``), by
-        whole-batch copies around ``Storage.find`` with an external one.
+        whole-batch copies around ``Storage.find`` with an external one. Keys staged
+        by batches in flight are not claimed: their rows stay in the staging area.
 
-        Returns ``(slots, hits, failed)``; ``failed`` is None, or (with ``stage``)
-        ``(positions, rows, scores)`` of the keys the cache could not take.
+        Returns ``(slots, hits, failed, joined)``: slots (-1 for keys not cached);
+        ``failed`` is None, or (with ``stage``) ``(positions, rows, scores)`` of the
+        keys the cache could not take; ``joined`` is None, or the positions of the
+        keys staged by batches in flight. Positions are in ``keys``.
         """
-        with self._staged_lock:
-            staged_keys = self._staged_keys
-        claimed = None  # positions of the keys claimed (None: all)
-        if staged_keys.numel():  # rows being trained outside the cache stay out
-            busy = torch.isin(keys, staged_keys)
-            if bool(busy.any()):
-                if stage:
-                    raise RuntimeError(
-                        "a key staged by an earlier batch (still before its backward) is "
-                        "looked up again: run each batch's backward before the next "
-                        "forward, or give the table a larger cache (local_hbm_for_values)"
-                    )
-                claimed = torch.nonzero(~busy, as_tuple=True)[0]
+        claimed = joined = None  # positions of the keys claimed (None: all)
+        busy = self._staging.busy(keys)
+        if busy is not None and bool(busy.any()):
+            claimed = torch.nonzero(~busy, as_tuple=True)[0]
+            joined = torch.nonzero(busy, as_tuple=True)[0]
         claim_keys = keys if claimed is None else keys[claimed].contiguous()
         slots, status, counts = self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
@@ -55,7 +51,7 @@ class CacheFill:
             self._exchange(claim_keys, slots, status, backing)
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
-                if stage:  # (no key was busy: positions in `keys`)
+                if stage:
                     out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
                     failed = (out, *self._fetch(claim_keys[out]))
         else:
@@ -65,13 +61,47 @@ class CacheFill:
             if counts[_ops.Status.FAILED]:
                 out = status[missed] == _ops.Status.FAILED
                 self.stats.not_cached += counts[_ops.Status.FAILED]
-                if stage:  # (no key was busy: positions in `keys`)
+                if stage:
                     failed = (missed[out], rows[out], scores[out])
         if claimed is not None:
             all_slots = torch.full_like(keys, -1)
             all_slots[claimed] = slots
             slots = all_slots
-        return slots, hits, failed
+            if failed is not None:
+                failed = (claimed[failed[0]], *failed[1:])
+        return slots, hits, failed, joined
+
+    def _stage(self, keys, accesses, failed, joined, now) -> Staged:
+        """Step 4: the keys ``_fill`` could not cache (``failed``) enter the staging
+        area, the keys staged by batches in flight (``joined``) are shared; both get
+        this lookup's scores."""
+
+        def rule(pos, old):
+            return self._rule(old, None if accesses is None else accesses[pos], now)
+
+        new = None
+        if failed is not None:
+            pos, rows, scores = failed
+            new = (pos, rows.to(self.value_dtype), rule(pos, scores))
+        staged = self._staging.stage(keys, new, joined, lambda old: rule(joined, old))
+        self.stats.staged += staged.slots.numel()
+        return staged
+
+    def _unstage(self, staged: Staged) -> None:
+        """The batch of ``staged`` ends: the rows no other batch holds go home."""
+        with self.lock.write():
+            back = self._staging.release(staged)
+            if back is not None:
+                self._write_back(*back)
+
+    def _settle(self) -> None:
+        """Ends the batches whose holds were dropped unreleased: their staged rows
+        that no other batch holds go home (call it holding no lock of the table)."""
+        dropped = self._batches.dropped()
+        for staged in dropped:
+            self._unstage(staged)
+        if dropped:
+            self._dirty = True
 
     def _claim(self, keys: torch.Tensor, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys

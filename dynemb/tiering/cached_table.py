@@ -19,14 +19,17 @@ see) is kept beside it, ``user_scores[slot]``, updated by each training lookup
 with the strategy's rule, and written back with the row.
 
 Pinning. Every batch is *in flight* from its prefetch (or forward) until its
-backward. A cache insert may evict a victim only if its batch number is below the
-oldest batch in flight (``UpsertArgs::evict_below``, csrc/core/table_ops.h), so
-the rows of a batch stay at their slots until its backward is done. A key whose
-bucket holds only pinned rows is *staged*: its row (from the storage, or
-initial) goes to a small private table of the batch, which the kernels read and
-update like the cache, and is written back to the storage after the backward
-(the key is kept out of the cache meanwhile). So a cache too small for the
-batches in flight is slower, never wrong.
+backward, or until its forward's graph is dropped without one (batch_ledger.py),
+however many forwards precede one backward. A cache insert may evict a victim only
+if its batch number is below the oldest batch in flight
+(``UpsertArgs::evict_below``, csrc/core/table_ops.h), so the rows of a batch stay
+at their slots until its backward is done. A key whose bucket holds only pinned
+rows is *staged*: its row (from the storage, or initial) goes to the table's
+staging area (staging.py), which the kernels read and update like the cache; a
+later batch in flight that looks the key up shares that row, and the row is
+written back to the storage when the last of them ends (the key is kept out of
+the cache meanwhile). So a cache too small for the batches in flight is slower,
+never wrong.
 
 Lookup of a training batch b (distinct keys):
   1. one slot claim in the cache: the hits' batch number rises to b (pin), all
@@ -38,7 +41,8 @@ Lookup of a training batch b (distinct keys):
   3. the rows of the residents evicted in step 1 are read out, the rows of step 2
      written into the slots, and the evicted entries (row + optimizer state +
      score) written back to the storage; what the storage drops is counted;
-  4. keys step 1 could not place are staged (see Pinning).
+  4. keys step 1 could not place are staged, and keys staged by batches in flight
+     join them (see Pinning).
 A batch prefetched whole skips all this in its forward: the prefetch did it.
 Eval lookups read the cache, then the storage, and insert nothing.
 """
@@ -52,9 +56,9 @@ import torch
 from dynemb import _ops
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage
-from dynemb.tiering.batch_ledger import BatchLedger
+from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
 from dynemb.tiering.cache_fill import CacheFill
-from dynemb.tiering.staging import Staged
+from dynemb.tiering.staging import Staged, StagingArea
 from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -74,7 +78,8 @@ class CacheStats:
         storage_drops: rows the storage dropped (slow-tier evictions): lost.
         not_cached: keys that could not enter the cache (bucket fully pinned);
             a training lookup stages them (served and updated outside the cache).
-        staged: keys of training lookups served that way.
+        staged: keys of training lookups served that way (staged by the lookup,
+            or already staged by a batch in flight).
     """
 
     lookup_keys: int = 0
@@ -142,12 +147,13 @@ class CachedTable(CacheFill):
         backing = self.backing_table()
         self._ctx = backing if backing is not None else _ScoreContext()
         self._user_scores = torch.zeros(cache.capacity(), dtype=torch.int64, device=cache.device)
-        self._moves = 0  # bumped when cached rows may have moved (flush, clear, erase)
+        self._moves = 0  # bumped when cached rows may have moved (empty_cache, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
         self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
         self._storage_lock = threading.Lock()  # one storage call at a time
-        self._staged_keys = torch.empty(0, dtype=torch.int64, device=cache.device)
-        self._staged_lock = threading.Lock()
+        self._staging = StagingArea(
+            cache.dim + cache.extra_columns, cache.value_dtype, cache.device
+        )
         self._batches = BatchLedger()
         # batch -> (keys, slots, moves) of a prefetch that cached every key: the
         # batch's lookup of the same keys tensor reuses the slots while no row moved.
@@ -166,8 +172,8 @@ class CachedTable(CacheFill):
 
     @property
     def mutations(self) -> int:
-        """Bumped whenever cached rows may have moved (flush, clear, erase, a retired
-        prefetch): the kernel then finds a batch's keys again."""
+        """Bumped whenever cached rows may have moved (clear, erase): the kernel then
+        finds a batch's keys again."""
         return self._moves
 
     @property
@@ -203,18 +209,31 @@ class CachedTable(CacheFill):
 
     # ---------------------------------------------------------- batch numbers
 
-    def begin_batch(self) -> int:
-        """Starts a training forward: returns its batch number (the oldest pending
-        prefetch's, or a new one) and keeps it in flight until ``end_batch``."""
-        b, retired = self._batches.begin_forward()
-        if retired:
-            self._moves += 1  # its rows may move: its backward finds them by key
-        return b
+    def begin_batch(self) -> BatchHold:
+        """Starts a training forward: returns its hold (numbered as the oldest pending
+        prefetch, or anew), in flight until ``end_batch`` or until it is dropped (a
+        forward whose graph is dropped without backward: the table then ends it,
+        staged rows included, at its next call)."""
+        return self._batches.begin_forward()
 
-    def end_batch(self, batch: int) -> None:
-        """The batch's backward is done: its rows may be evicted again."""
-        self._batches.end(batch)
+    def end_batch(self, batch: BatchHold) -> None:
+        """The batch's backward is done: its rows may be evicted again, and its staged
+        rows that no other batch in flight holds go back to the storage."""
+        staged = batch.payload
+        batch.release()
+        if staged is not None:
+            self._unstage(staged)
+        self._settle()
         self._dirty = True
+
+    def batches_in_flight(self) -> int:
+        """Batches in flight (forwards before their backward, pending prefetches)."""
+        self._settle()
+        return self._batches.in_flight()
+
+    def staged_keys(self) -> int:
+        """Keys staged now (held by batches in flight, outside the cache)."""
+        return len(self._staging)
 
     def upcoming_batch(self) -> int | None:
         """The number the next ``begin_batch`` takes from a prefetch, or None."""
@@ -227,30 +246,32 @@ class CachedTable(CacheFill):
         return self.cache.find_slots(keys)
 
     def lookup(
-        self, keys: torch.Tensor, accesses: torch.Tensor | None, batch: int
+        self, keys: torch.Tensor, accesses: torch.Tensor | None, batch: BatchHold
     ) -> tuple[torch.Tensor, Staged | None]:
         """Training lookup of a batch's distinct keys (steps 1-4 of the module doc).
 
         Args:
             keys: (U,) int64, distinct. accesses: (U,) int64 occurrences, or None.
-            batch: the batch number from ``begin_batch``.
+            batch: the hold from ``begin_batch``.
 
         Returns:
             ``(slots, staged)``: (U,) int64 cache slots (-1 for staged keys) and the
             Staged keys (None when every key is cached). The caller applies the
-            backward to both, then calls ``unstage`` and ``end_batch``.
+            backward to both, then calls ``end_batch``.
         """
+        self._settle()
         if self._strategy == _STEP:
             self._ctx.score_step += 1
         now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():
-            ready = self._prefetched.pop(batch, None)
+            ready = self._prefetched.pop(batch.number, None)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
-                slots, hits, failed = ready[1], keys.numel(), None  # pinned for `batch`
+                slots, hits = ready[1], keys.numel()  # pinned for `batch`
+                failed = joined = None
             else:
-                slots, hits, failed = self._fill(keys, batch, stage=True)
+                slots, hits, failed, joined = self._fill(keys, batch.number, stage=True)
             live, acc = slots, accesses
-            if failed is not None:  # staged keys have no slot
+            if failed is not None or joined is not None:  # staged keys have no slot
                 ok = slots >= 0
                 live, acc = slots[ok], None if accesses is None else accesses[ok]
             # index_select / index_copy_: about half the time of indexed get and set
@@ -258,11 +279,9 @@ class CachedTable(CacheFill):
             self._user_scores.index_copy_(0, live, self._rule(scores, acc, now))
             self.stats.lookup_keys += keys.numel()
             self.stats.lookup_hits += hits
-        staged = None
-        if failed is not None:
-            pos, rows, scores = failed
-            acc = None if accesses is None else accesses[pos]
-            staged = self._stage(keys, pos, rows, self._rule(scores, acc, now))
+            staged = None
+            if failed is not None or joined is not None:  # under the lock: no key moves
+                staged = batch.payload = self._stage(keys, accesses, failed, joined, now)
         self._dirty = True
         return slots, staged
 
@@ -270,15 +289,14 @@ class CachedTable(CacheFill):
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, BatchStats]:
         """ScoredHashTable's training lookup: a lookup that ends at once (no backward);
-        keys the cache cannot take are written straight back and reported failed. Its
+        keys the cache cannot take (or that a batch in flight staged) are reported
+        failed, their rows back in the storage once no batch in flight holds them. Its
         BatchStats (also ``cache.last_stats``) count cache hits, keys brought into the
         cache (``inserted``) and keys it could not take (``failed``)."""
         batch = self.begin_batch()
         hits_before = self.stats.lookup_hits
-        slots, staged = self.lookup(keys, accesses, batch)
+        slots, _ = self.lookup(keys, accesses, batch)
         hits = self.stats.lookup_hits - hits_before  # keys already in the cache
-        if staged is not None:
-            self.unstage(staged)
         self.end_batch(batch)
         failed = slots < 0
         n_failed = int(failed.sum())
@@ -286,33 +304,19 @@ class CachedTable(CacheFill):
         self.cache.last_stats = stats
         return slots, stats
 
-    def _stage(self, keys, pos, rows, scores) -> Staged:
-        staged = Staged.of(keys, pos, rows.to(self.value_dtype), scores)
-        with self._staged_lock:
-            self._staged_keys = torch.cat([self._staged_keys, staged.keys])
-        self.stats.staged += pos.numel()
-        return staged
-
-    def unstage(self, staged: Staged) -> None:
-        """Writes the staged rows (after the batch's backward) back to the storage."""
-        n = staged.keys.numel()
-        with self.lock.write():
-            self._write_back(staged.keys, staged.storage.values[:n], staged.scores)
-        with self._staged_lock:
-            self._staged_keys = self._staged_keys[~torch.isin(self._staged_keys, staged.keys)]
-
     def prefetch(self, keys: torch.Tensor) -> int:
         """Brings distinct keys of a future training batch into the cache and pins
         them until that batch's backward; the next ``begin_batch`` takes its number.
 
         Returns the batch number.
         """
+        self._settle()
         b, retired = self._batches.begin_prefetch()
         for old in retired:
             self._prefetched.pop(old, None)
         if keys.numel():
             with self.lock.write():
-                slots, hits, _ = self._fill(keys, b, stage=False)
+                slots, hits, _, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
                 if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
@@ -327,14 +331,20 @@ class CachedTable(CacheFill):
         return values, found
 
     def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eval lookup: rows ((n, dim), value dtype) from the cache, else the storage;
-        found (n,) bool. Inserts nothing, changes no score."""
+        """Eval lookup: rows ((n, dim), value dtype) from the cache, else the staging
+        area, else the storage; found (n,) bool. Inserts nothing, changes no score."""
+        self._settle()
         with self.lock.read():
             s = self.buffers
             slots = _ops.table_find_slots(s.tensors(), keys)
             rows = s.values[slots.clamp(min=0), : self.dim].clone()
             found = slots >= 0
             miss = torch.nonzero(~found, as_tuple=True)[0]
+            if miss.numel() and len(self._staging):
+                staged_rows, staged = self._staging.rows(keys[miss])
+                rows[miss[staged]] = staged_rows[staged, : self.dim]
+                found[miss[staged]] = True
+                miss = miss[~staged]
             if miss.numel():
                 with self._storage_lock:
                     slow_rows, _, slow_found = self.storage.find(keys[miss])
@@ -345,8 +355,10 @@ class CachedTable(CacheFill):
     # ------------------------------------------------------------ whole table
 
     def sync(self) -> None:
-        """Writes every cached row (and score) back to the storage; the cache keeps
-        them. After it the storage alone holds the whole table."""
+        """Writes every cached and staged row (and score) back to the storage; the
+        cache and the staging area keep them. After it the storage alone holds the
+        whole table."""
+        self._settle()
         with self.lock.write():
             if not self._dirty:
                 return
@@ -354,6 +366,8 @@ class CachedTable(CacheFill):
             slots = s.occupied(0, s.num_slots)
             if slots.numel():
                 self._write_back(s.keys[slots], s.values[slots], self._user_scores[slots])
+            if len(self._staging):
+                self._write_back(*self._staging.entries())
             self._dirty = False
 
     def empty_cache(self) -> None:
@@ -400,10 +414,12 @@ class CachedTable(CacheFill):
         keys = torch.unique(keys)
         self._moves += 1
         in_cache = self.cache.erase_keys(keys)
+        with self.lock.write():  # (a lookup stages under it)
+            staged = self._staging.forget(keys)  # their batches train them; nothing goes home
         with self._storage_lock:
             _, _, found = self.storage.find(keys)
             self.storage.erase(keys[found])
-        return int((in_cache | found).sum())
+        return int((in_cache | staged | found).sum())
 
 
 __all__ = ["CacheStats", "CachedTable"]
