@@ -266,6 +266,9 @@ def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_thr
     lengths = torch.randint(0, 6, (num_bags,), generator=g)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     keys = torch.randint(0, 2000, (int(offsets[-1]),), generator=g)
+    # Hot keys: several gradient chunks (core kGradientChunk: 64), one just over a chunk.
+    keys[::19] = 7
+    keys[5::113] = 11  # ~66 indices
     weights = torch.rand(keys.numel(), generator=g) if weighted else None
     grad = torch.randn(num_bags, dim, generator=g)
     table = _table(LFU, num_buckets=64, fast_slots=700, dtype=dtype)  # some keys fail: slot -1

@@ -87,7 +87,8 @@ def initial_rows(config: Config, keys: torch.Tensor) -> torch.Tensor:
 
 
 def stored(module) -> dict[int, torch.Tensor]:
-    """Every stored key's row: both tiers of a cached table, the cache winning."""
+    """Every stored key's row; a cached table's: its storage, cache and staged rows,
+    the later winning."""
     table = module.tables[0]
     if isinstance(table, CachedTable):
         table.sync()
@@ -95,6 +96,11 @@ def stored(module) -> dict[int, torch.Tensor]:
         while offset < end:
             keys, rows, _, offset = storage.export_batch(offset, 1024)
             out.update({int(k): r[:DIM].clone() for k, r in zip(keys, rows, strict=True)})
+        cache = table.cache  # a cached row may have left a full storage
+        keys, rows, _, _ = cache.export_batch(0, cache.capacity())
+        out.update({int(k): r[:DIM].clone() for k, r in zip(keys, rows, strict=True)})
+        keys, rows, _ = table._staging.entries()  # held by batches in flight: the truth
+        out.update({int(k): r[:DIM].clone() for k, r in zip(keys, rows, strict=True)})
         return out
     keys, values, _, _ = table.export_batch(0, table.capacity())
     return {int(k): v.clone() for k, v in zip(keys, values, strict=True)}
@@ -126,7 +132,9 @@ def check_step(config, batches, outs, stored_before, after, inits):
         if k in trained:  # (2) moved by its own lookups only: -1 per element each
             # admission: lookups before the key's admission do not train
             moves = range(trained[k] + 1) if config.admission else [trained[k]]
-            assert any(torch.equal(row, start[k] - c) for c in moves), (
+            # atol: each forward's backward updates the row on its own (several forwards:
+            # several roundings), and a foreign gradient moves it by at least 1
+            assert any(torch.allclose(row, start[k] - c, rtol=0, atol=1e-4) for c in moves), (
                 f"key {k}: {row.tolist()} is not {start[k].tolist()} moved by its "
                 f"{trained[k]} lookups"
             )
@@ -156,7 +164,7 @@ def train_checked(config: Config, seed: int, steps: int) -> None:
         check_step(config, batches, outs, stored_before, stored(module), inits)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     strategy=st.sampled_from(STRATEGIES),
     buckets=st.integers(1, 4),

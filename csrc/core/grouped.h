@@ -132,6 +132,7 @@ struct PartTotals {
   int64_t acc = 0;    // gradient accumulator floats (num_unique * dim per part)
   int64_t cells = 0;  // dedup set cells (dedup_capacity(n) per part)
   int64_t ranges = 0;  // home-bucket ranges (a grouped lookup)
+  int64_t max_dim = 0;  // the widest part's dim (a backward)
 };
 
 /// Numbers the parts' keys and set cells one after another.
@@ -186,6 +187,7 @@ PartTotals number_parts(BackwardPart<V>* parts, int64_t count) {
     total.indices += q.num_indices;
     total.unique += q.num_unique;
     total.acc += q.num_unique * q.dim;
+    total.max_dim = q.dim > total.max_dim ? q.dim : total.max_dim;
   }
   return total;
 }
@@ -206,11 +208,11 @@ DYNEMB_HD DYNEMB_INLINE float pool_part_element(const PoolPart<V>& p, PoolingMod
                           mode, p.missing, j);
 }
 
-/// Element j of the gradient of distinct key u of part p, from its indices order[k0 ..
-/// k1) (in the batch's numbering, ascending) whose bags bag_of gives (batch numbering):
-/// pooling.h's sum, element by element (add_gradient's terms in its order), so that
-/// threads that each sum other elements of one key give the bits of one thread summing
-/// the row with add_gradient (the CPU executor).
+/// Element j of the sum of the gradient terms of part p's indices order[k0 .. k1) (in
+/// the batch's numbering, ascending; one key's, at most one chunk of pooling.h's order)
+/// whose bags bag_of gives (batch numbering): add_gradient's terms in its order, element
+/// by element, so that threads that each sum other elements of one chunk give the bits
+/// of one thread summing the row with add_gradient (the CPU executor).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE float key_gradient_element(const BackwardPart<V>& p, PoolingMode mode,
                                                    const int64_t* order, int64_t k0, int64_t k1,
@@ -222,6 +224,15 @@ DYNEMB_HD DYNEMB_INLINE float key_gradient_element(const BackwardPart<V>& p, Poo
     sum += grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1]) * p.grad.at(b)[j];
   }
   return sum;
+}
+
+/// Element j of a key's gradient from its chunks' sums chunk[c * stride + j], c <
+/// count (pooling.h's order: a total from zero, the chunks added in order).
+DYNEMB_HD DYNEMB_INLINE float chunk_total_element(const float* chunk, int64_t stride,
+                                                  int64_t count, int64_t j) {
+  float total = 0.0f;
+  for (int64_t c = 0; c < count; ++c) total += chunk[c * stride + j];
+  return total;
 }
 
 /// The optimizer update of distinct key u's row by its summed gradient acc (dim floats).

@@ -126,13 +126,29 @@ DYNEMB_HD DYNEMB_INLINE void gather_row(const TableRef<V>& t, const int64_t* slo
   }
 }
 
-/// The gradient of a distinct key is the sum over its indices i, in ascending order of
-/// i, of grad_scale(i) * grad_out[bag of i]: acc starts at zero and each index adds
-/// its term with add_gradient. Every executor keeps this order (no float atomics),
-/// so the sums, and the optimizer updates after them, are the same bits everywhere.
+/// The gradient of a distinct key is the sum of the terms grad_scale(i) * grad_out[bag
+/// of i] of its indices i, in ascending order of i, cut into chunks of kGradientChunk
+/// terms: each chunk is summed from zero, term after term (add_gradient), and the
+/// chunks' sums are added in order to a total that starts at zero (add_chunk). A key
+/// of at most kGradientChunk indices is its one chunk's sum (0 + s is s: a sum that
+/// starts at +0 is never -0). Every executor keeps this order (no float atomics), so
+/// the sums, and the optimizer updates after them, are the same bits everywhere; the
+/// chunks let a GPU sum a hot key's thousands of indices in parallel.
+constexpr int64_t kGradientChunk = 64;
+
+/// The chunks of a key of n indices (0 for none).
+DYNEMB_HD DYNEMB_INLINE int64_t gradient_chunks(int64_t n) {
+  return (n + kGradientChunk - 1) / kGradientChunk;
+}
+
 DYNEMB_HD DYNEMB_INLINE void add_gradient(float* acc, float scale, const float* grad_out,
                                           int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) acc[j] += scale * grad_out[j];
+}
+
+/// total += a chunk's sum (the second level of the gradient's order, above).
+DYNEMB_HD DYNEMB_INLINE void add_chunk(float* total, const float* chunk, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) total[j] += chunk[j];
 }
 
 /// Coefficient of grad_out[b] in the gradient of index i of bag [begin, end).

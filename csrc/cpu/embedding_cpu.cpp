@@ -177,7 +177,8 @@ struct GradTerm {
 };
 
 /// The gradients of one part's distinct keys [u0, u1), each summed over its indices in
-/// ascending index order (the rule of core/pooling.h), then the updates of their rows.
+/// ascending index order, in chunks (the rule of core/pooling.h), then the updates of
+/// their rows.
 /// The indices' terms are first grouped by key (a counting sort, stable, so each
 /// key's terms stay in ascending index order); each key's gradient is then summed in
 /// one row that stays in L1 and its row updated at once. Summing in a per-key
@@ -206,7 +207,8 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
       terms[end[u - u0]++] = {g, grad_scale(mode, p.weights, i, p.offsets[b], p.offsets[b + 1])};
     }
   }
-  float* const acc = scratch(dim);
+  float* const acc = scratch(2 * dim);
+  float* const chunk_acc = acc + dim;  // one chunk's sum (a key of > kGradientChunk terms)
   // Calls update(k0, k1, row) for each stored key, its terms [k0, k1) and row.
   auto for_each_key = [&](auto&& update) {
     for (int64_t u = u0; u < u1; ++u) {
@@ -219,10 +221,18 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {
     constexpr int64_t kDim = decltype(lane_dim)::value;
-    auto gradient = [&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
+    auto chunk = [&](int64_t k0, int64_t k1) {  // add_gradient's terms, in registers
       auto sum = LaneRow<kDim>::zeros();
       for (int64_t k = k0; k < k1; ++k) sum.add_scaled(terms[k].scale, terms[k].g);
       return sum;
+    };
+    auto gradient = [&](int64_t k0, int64_t k1) {  // core pooling.h's order
+      if (k1 - k0 <= kGradientChunk) return chunk(k0, k1);
+      auto total = LaneRow<kDim>::zeros();
+      for (int64_t c = k0; c < k1; c += kGradientChunk) {
+        total.add(chunk(c, std::min(c + kGradientChunk, k1)));
+      }
+      return total;
     };
     if constexpr (std::is_same_v<V, float>) {
       if (opt.kind == OptimizerKind::kRowwiseAdagrad) {
@@ -241,7 +251,17 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
   if (done) return;
   for_each_key([&](int64_t k0, int64_t k1, V* row) {
     std::fill(acc, acc + dim, 0.0f);
-    for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
+    if (k1 - k0 <= kGradientChunk) {
+      for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
+    } else {
+      for (int64_t c = k0; c < k1; c += kGradientChunk) {
+        std::fill(chunk_acc, chunk_acc + dim, 0.0f);
+        for (int64_t k = c; k < std::min(c + kGradientChunk, k1); ++k) {
+          add_gradient(chunk_acc, terms[k].scale, terms[k].g, dim);
+        }
+        add_chunk(acc, chunk_acc, dim);
+      }
+    }
     update_row(opt, row, dim, acc);
   });
 }

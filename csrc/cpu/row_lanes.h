@@ -55,6 +55,11 @@ struct LaneRow {
     DYNEMB_UNROLL_LANES
     for (int64_t c = 0; c < kLanes; ++c) lane[c] += load(x, c);
   }
+  /// this += x (another row in registers).
+  DYNEMB_INLINE void add(const LaneRow& x) {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) lane[c] += x.lane[c];
+  }
   /// this += w * x: each element w * x[j] rounded, then added (pooling.h's order).
   DYNEMB_INLINE void add_scaled(float w, const float* x) {
     DYNEMB_UNROLL_LANES

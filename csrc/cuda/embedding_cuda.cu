@@ -155,23 +155,78 @@ __global__ void gradient_groups_kernel(Parts<BackwardPart<V>> parts, int64_t n, 
   group[x] = p.unique_slots[u] >= 0 ? p.unique_begin + u : -1;
 }
 
-/// kRowLanes threads per distinct key of the batch, each summing elements lane, lane +
-/// kRowLanes, ... of its gradient in core/pooling.h's order (indices ascending, from the
-/// stable grouping) into acc. A thread per key summed whole rows alone: a Zipf batch's
-/// hottest key (thousands of indices) kept one thread busy for most of the backward
-/// (15.8 of a W-train step's 28.5 ms on an H100).
+/// many[x] = the gradient chunks of distinct key x (core pooling.h) when it has more than
+/// one, else 0: only those keys are summed chunk by chunk. A thread per key.
+template <class V>
+__global__ void chunk_counts_kernel(Parts<BackwardPart<V>> parts, int64_t num_unique,
+                                    const int64_t* start, int64_t* many) {
+  const int64_t x = thread_index();
+  if (x >= num_unique) return;
+  const int64_t chunks = gradient_chunks(start[x + 1] - start[x]);
+  many[x] = chunks > 1 ? chunks : 0;
+}
+
+/// owner[g] = the key of chunk g (chunks numbered by chunk_begin); a thread per key.
+__global__ void chunk_owner_kernel(int64_t num_unique, const int64_t* chunk_begin,
+                                   int64_t* owner) {
+  const int64_t x = thread_index();
+  if (x >= num_unique) return;
+  for (int64_t g = chunk_begin[x]; g < chunk_begin[x + 1]; ++g) owner[g] = x;
+}
+
+/// kRowLanes threads per distinct key of at most one chunk, each summing elements lane,
+/// lane + kRowLanes, ... of its gradient in core/pooling.h's order (indices ascending,
+/// from the stable grouping) into acc.
 template <class V>
 __global__ void reduce_kernel(Parts<BackwardPart<V>> parts, int64_t num_unique,
                               const int64_t* start, const int64_t* order, const int64_t* bag_of,
-                              PoolingMode mode, float* acc) {
+                              const int64_t* chunk_begin, PoolingMode mode, float* acc) {
   const int64_t x = thread_index() / kRowLanes;
-  if (x >= num_unique) return;
+  if (x >= num_unique || chunk_begin[x + 1] > chunk_begin[x]) return;
   const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::unique_begin);
   const int64_t u = x - p.unique_begin;
   if (p.unique_slots[u] < 0) return;
   float* key_acc = acc + p.acc_begin + u * p.dim;
   for (int64_t j = thread_index() % kRowLanes; j < p.dim; j += kRowLanes) {
     key_acc[j] = key_gradient_element(p, mode, order, start[x], start[x + 1], bag_of, j);
+  }
+}
+
+/// kRowLanes threads per chunk of the keys of several chunks (a Zipf batch's hot keys:
+/// thousands of indices, which one warp summed alone for most of the backward), each
+/// summing elements of the chunk into its row of chunk_sums (max_dim floats a chunk).
+template <class V>
+__global__ void chunk_sum_kernel(Parts<BackwardPart<V>> parts, int64_t max_chunks,
+                                 const int64_t* num_chunks, const int64_t* owner,
+                                 const int64_t* chunk_begin, const int64_t* start,
+                                 const int64_t* order, const int64_t* bag_of, PoolingMode mode,
+                                 int64_t max_dim, float* chunk_sums) {
+  const int64_t g = thread_index() / kRowLanes;
+  if (g >= max_chunks || g >= *num_chunks) return;
+  const int64_t x = owner[g];
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::unique_begin);
+  const int64_t k0 = start[x] + (g - chunk_begin[x]) * kGradientChunk;
+  const int64_t k1 = k0 + kGradientChunk < start[x + 1] ? k0 + kGradientChunk : start[x + 1];
+  for (int64_t j = thread_index() % kRowLanes; j < p.dim; j += kRowLanes) {
+    chunk_sums[g * max_dim + j] = key_gradient_element(p, mode, order, k0, k1, bag_of, j);
+  }
+}
+
+/// kRowLanes threads per key of several chunks: its gradient into acc, the chunks' sums
+/// added in order (core chunk_total_element).
+template <class V>
+__global__ void chunk_total_kernel(Parts<BackwardPart<V>> parts, int64_t num_unique,
+                                   const int64_t* chunk_begin, const float* chunk_sums,
+                                   int64_t max_dim, float* acc) {
+  const int64_t x = thread_index() / kRowLanes;
+  if (x >= num_unique || chunk_begin[x + 1] == chunk_begin[x]) return;
+  const BackwardPart<V>& p = part_of(parts, x, &BackwardPart<V>::unique_begin);
+  const int64_t u = x - p.unique_begin;
+  if (p.unique_slots[u] < 0) return;
+  const float* first = chunk_sums + chunk_begin[x] * max_dim;
+  const int64_t count = chunk_begin[x + 1] - chunk_begin[x];
+  for (int64_t j = thread_index() % kRowLanes; j < p.dim; j += kRowLanes) {
+    acc[p.acc_begin + u * p.dim + j] = chunk_total_element(first, max_dim, count, j);
   }
 }
 
@@ -279,8 +334,27 @@ void launch_backward(const Parts<BackwardPart<V>>& parts, const PartTotals& tota
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, gradient_groups_kernel<V>)(parts, n, group);
   }
   launch_group_stable_radix(group, n, num_unique, start, order, ws, stream);
+  // Keys of several gradient chunks: chunk_begin numbers their chunks (a key of more
+  // than kGradientChunk indices has at most 2 n_u / kGradientChunk chunks, so all
+  // together at most 2 n / kGradientChunk: the grid and the workspace without reading
+  // the count back).
+  const int64_t max_chunks = 2 * n / kGradientChunk + 1, max_dim = totals.max_dim;
+  auto* chunk_begin = ws.array<int64_t>(num_unique + 1);
+  auto* owner = ws.array<int64_t>(max_chunks);
+  auto* chunk_sums = ws.array<float>(max_chunks * max_dim);
+  DYNEMB_LAUNCH(blocks_for(num_unique), kBlock, stream, chunk_counts_kernel<V>)(
+      parts, num_unique, start, chunk_begin);
+  launch_exclusive_scan(chunk_begin, num_unique, chunk_begin, chunk_begin + num_unique, ws,
+                        stream);
+  DYNEMB_LAUNCH(blocks_for(num_unique), kBlock, stream, chunk_owner_kernel)(num_unique,
+                                                                            chunk_begin, owner);
   DYNEMB_LAUNCH(blocks_for(num_unique * kRowLanes), kBlock, stream, reduce_kernel<V>)(
-      parts, num_unique, start, order, bag_of, mode, acc);
+      parts, num_unique, start, order, bag_of, chunk_begin, mode, acc);
+  DYNEMB_LAUNCH(blocks_for(max_chunks * kRowLanes), kBlock, stream, chunk_sum_kernel<V>)(
+      parts, max_chunks, chunk_begin + num_unique, owner, chunk_begin, start, order, bag_of,
+      mode, max_dim, chunk_sums);
+  DYNEMB_LAUNCH(blocks_for(num_unique * kRowLanes), kBlock, stream, chunk_total_kernel<V>)(
+      parts, num_unique, chunk_begin, chunk_sums, max_dim, acc);
   DYNEMB_LAUNCH(blocks_for(num_unique), kBlock, stream, update_kernel<V>)(parts, num_unique, opt,
                                                                           acc);
 }
