@@ -53,7 +53,7 @@ HierarchicalKV's published A100 find figure at load factor 0.75 as an anchor
 ``--only hkv`` (run only when asked): W-table at HierarchicalKV's published
 configurations, 64M-slot tables at dim 8 and 64, in HBM and hybrid, at load factors
 0.5, 0.75 and 1.0, beside the same peer and HierarchicalKV's published figures; meant
-for ``--device cuda`` (the dim 64 table and its peer take 32 GiB), at ``--quick``
+for ``--device cuda`` (the dim 64 table and its peer take 33 GiB), at ``--quick``
 sizes anywhere. See ``table_hkv.py``.
 
 Output: JSON lines on stdout (common.Recorder), then a table and the targets on

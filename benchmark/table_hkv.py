@@ -3,12 +3,13 @@
 Four tables of ``slots`` slots (2^26 = 64M; buckets of 128, TIMESTAMP, float32): dim 8
 and dim 64, each with every row in the device's memory (HBM) and hybrid (10% of the rows
 in HBM, the rest in page-locked host memory; on a CPU both tiers are RAM). The table's
-metadata alone (64M keys and scores) is far larger than a GPU's L2. Each table is
-pre-filled with distinct keys (``table_workload.distinct_keys``: counters 0, 1, 2, ...
-mixed over 63 bits) by ``insert_or_assign`` in chunks of 2^22 keys, up to load factor
-0.5, then 0.75, then 1.0 (one table, filled further each time; 1.0: chunks until every
-slot holds a key, full buckets evicting, at most 2x the slots inserted). At each load
-factor λ every op runs on batches of 2^20 keys (HierarchicalKV's 1M keys a call):
+metadata alone (21 bytes a slot: 1.3 GiB) is far larger than a GPU's L2 (50 MB on an
+H100). Each table is pre-filled with distinct keys (``table_workload.distinct_keys``:
+counters 0, 1, 2, ... mixed over 63 bits) by ``insert_or_assign`` in chunks of 2^22
+keys, up to load factor 0.5, then 0.75, then 1.0 (one table, filled further each time;
+1.0: chunks until every slot holds a key, full buckets evicting, at most 2x the slots
+inserted: about 1.45x at 2^22 slots). At each load factor λ every op runs on batches
+of 2^20 keys (HierarchicalKV's 1M keys a call):
 
 - ``find``: 2^20 resident keys (checked resident by an untimed find); values gathered
   into a preallocated (n, dim) output;
