@@ -8,6 +8,8 @@ import torch
 
 from benchmark.torch_rowwise_adagrad import RowwiseAdagrad
 
+pytestmark = pytest.mark.no_emulated_pass("torch ops only: no dynemb op, no executor")
+
 ROWS, DIM, LR, EPS = 50, 6, 0.05, 1e-8
 
 
