@@ -211,6 +211,7 @@ gpu-bench: gpu-check
 	  echo "== benchmark/$$b.py --device cuda"; \
 	  $(CUDA_PY) benchmark/$$b.py --device cuda > $(GPU_BENCH_OUT)/$$b.jsonl || exit 1; \
 	done
+	$(CUDA_PY) benchmark/bench_table.py --device cuda --only hkv > $(GPU_BENCH_OUT)/bench_table_hkv.jsonl
 
 clean:
 	rm -rf build dynemb/*.so *.egg-info

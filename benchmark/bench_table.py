@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmark/bench_table.py [--quick] [--only table|scale] [--out DIR] [--repeats N]
-                                    [--device cpu|cuda]
+    python benchmark/bench_table.py [--quick] [--only table|scale|hkv] [--out DIR]
+                                    [--repeats N] [--device cpu|cuda]
 
 W-table: a TIMESTAMP table of 2^22 slots (buckets of 128, dim 64 float32) is
 pre-filled to load factor 0.75 with random 63-bit keys (``insert_or_assign`` in
@@ -47,8 +47,14 @@ timed run between two ``torch.cuda.synchronize``, at the process's thread count 
 (the host threads do not run the kernels). W-table then runs three tables: dim 64 in
 HBM; dim 64 hybrid, 10% of its rows in HBM (``fast_rows``) and the rest in page-locked
 host memory; and dim 8 in HBM. Beside the find figures at dim 8 and dim 64 it prints
-HierarchicalKV's published A100 find figures as an anchor: published, not measured
-here, on other hardware.
+HierarchicalKV's published A100 find figure at load factor 0.75 as an anchor
+(``table_hkv.PUBLISHED_MKEYS``): published, not measured here, on other hardware.
+
+``--only hkv`` (run only when asked): W-table at HierarchicalKV's published
+configurations, 64M-slot tables at dim 8 and 64, in HBM and hybrid, at load factors
+0.5, 0.75 and 1.0, beside the same peer and HierarchicalKV's published figures; meant
+for ``--device cuda`` (the dim 64 table and its peer take 33 GiB), at ``--quick``
+sizes anywhere. See ``table_hkv.py``.
 
 Output: JSON lines on stdout (common.Recorder), then a table and the targets on
 stderr; a PNG plot of W-scale in ``--out``.
@@ -75,24 +81,21 @@ from common import (
     set_threads,
     synchronize,
 )
+from table_hkv import HKV_FULL, HKV_QUICK, PUBLISHED, hkv_runs, published_mkeys, run_hkv
+from table_workload import (
+    BUCKET_CAPACITY,
+    HYBRID_HBM_FRACTION,
+    IMPL,
+    KEY_HIGH,
+    ROOF,
+    TableRun,
+    distinct_keys,
+)
 
 import dynemb
 
-TABLE_DIM = 64
 SCALE_DIM = 16
-BUCKET_CAPACITY = 128
 PREFILL_LOAD = 0.75
-KEY_HIGH = 2**63 - 1  # torch.randint's exclusive bound: keys in [0, 2^63 - 1)
-IMPL = "dynemb.ScoredHashTable"
-ROOF = "torch.index_select"
-HYBRID_HBM_FRACTION = 0.10  # --device cuda: the hybrid table's rows in HBM
-# HierarchicalKV's published find throughput on an A100 (its README's benchmark tables:
-# 1M keys per call, load factor 0.5-1.0), in Mkeys/s by value dim, as quoted by
-# /work/shared/WORKLOADS.md ("find 2.47 Bkeys/s at dim 8, 2.0 at dim 64"). Not measured
-# here, and on other hardware: an anchor, not a peer. A figure that is not known
-# exactly must be None (printed as null), never guessed.
-HKV_PUBLISHED = "HierarchicalKV A100 find (published, not measured)"
-HKV_PUBLISHED_FIND_MKEYS: dict[int, float | None] = {8: 2470.0, 64: 2000.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,24 +146,6 @@ def resident_keys(table: dynemb.ScoredHashTable) -> torch.Tensor:
     return keys.cpu()
 
 
-@dataclasses.dataclass(frozen=True)
-class TableRun:
-    """One W-table table: its value width, its rows in the fast tier, the ops timed."""
-
-    dim: int = TABLE_DIM
-    fast_fraction: float | None = None  # hybrid tiers: this fraction of the rows is fast
-    ops: tuple[str, ...] = ("find", "find_or_insert", "insert_or_assign", "erase")
-
-    @property
-    def impl(self) -> str:
-        if self.fast_fraction is None:
-            return IMPL
-        return f"{IMPL}(hybrid,{self.fast_fraction:.0%} fast)"
-
-    def metric(self, name: str) -> str:
-        return name if self.dim == TABLE_DIM else f"{name}@dim={self.dim}"
-
-
 def table_runs(device: torch.device) -> list[TableRun]:
     """W-table's tables: dim 64 on CPU; on cuda also hybrid and dim 8 (see module doc)."""
     if device.type == "cpu":
@@ -179,9 +164,6 @@ def run_table(
     """Runs W-table for one table at each thread count; returns notes for the report."""
     gen = torch.Generator().manual_seed(0)
     dim = run.dim
-    fast_rows = None
-    if run.fast_fraction is not None:
-        fast_rows = int(run.fast_fraction * sizes.table_slots)
     table = dynemb.ScoredHashTable(
         dim=dim,
         capacity=sizes.table_slots,
@@ -189,7 +171,7 @@ def run_table(
         score_strategy=dynemb.DynamicEmbScoreStrategy.TIMESTAMP,
         value_dtype=torch.float32,
         device=device,
-        fast_rows=fast_rows,
+        fast_rows=run.fast_rows(sizes.table_slots),
     )
     target = int(PREFILL_LOAD * sizes.table_slots)
     prefill(table, target, sizes.batch, gen)
@@ -277,8 +259,8 @@ def run_table(
             if device.type == "cuda" and name == "find" and run.fast_fraction is None:
                 rec.add(
                     "W-table", run.impl, f"find_mkeys_per_s@dim={dim},vs_published", rate,
-                    threads=threads, peer=HKV_PUBLISHED,
-                    peer_value=HKV_PUBLISHED_FIND_MKEYS.get(dim),
+                    threads=threads, peer=PUBLISHED,
+                    peer_value=published_mkeys("find", dim, False, PREFILL_LOAD),
                 )  # fmt: skip
     return notes
 
@@ -306,23 +288,6 @@ def check_table_ops(table, snapshot, hit_keys, mixed_keys, values) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- W-scale
-
-_MASK63 = 2**63 - 1
-_MIX1, _MIX2 = 0x1E3779B97F4A7C15, 0x3F58476D1CE4E5B9  # odd, below 2^63
-
-
-def distinct_keys(start: int, n: int) -> torch.Tensor:
-    """(n,) int64 keys ``mix(start), ..., mix(start + n - 1)``, spread over [0, 2^63).
-
-    ``mix`` is a bijection of [0, 2^63) (odd multiplications mod 2^63 and xorshifts
-    of non-negative values), so distinct counters give distinct keys.
-    """
-    x = torch.arange(start, start + n, dtype=torch.int64)
-    x = (x * _MIX1) & _MASK63
-    x ^= x >> 31
-    x = (x * _MIX2) & _MASK63
-    x ^= x >> 29
-    return x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,7 +329,7 @@ def run_scale(
     total = sizes.scale_marks[-1]
     samples: list[ScaleSample] = []
     for start in progress(range(0, total, sizes.batch), "W-scale inserts", unit="batch"):
-        keys = distinct_keys(start, min(sizes.batch, total - start)).to(device)
+        keys = distinct_keys(start, min(sizes.batch, total - start), device)
         synchronize(device)
         t0 = time.perf_counter()
         stats = table.insert_or_assign(keys, values[: keys.numel()])
@@ -513,7 +478,10 @@ def target_rows(records: list[dict]) -> list[tuple[str, ...]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
-    parser.add_argument("--only", choices=("table", "scale"), help="run one workload")
+    parser.add_argument(
+        "--only", choices=("table", "scale", "hkv"),
+        help="run one workload (hkv: only so; see table_hkv.py)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out", help="plot dir")
     parser.add_argument("--repeats", type=int, help="timed runs per figure (default 5, quick 3)")
     add_device_argument(parser)
@@ -534,6 +502,11 @@ def main(argv: list[str] | None = None) -> None:
         for run in table_runs(device):
             notes += run_table(rec, sizes, thread_counts, repeats, device, run)
             gc.collect()
+    if args.only == "hkv":
+        set_threads(all_threads)
+        for run in hkv_runs():
+            notes += run_hkv(rec, HKV_QUICK if args.quick else HKV_FULL, repeats, all_threads,
+                             device, run)  # fmt: skip
     if args.only in (None, "scale"):
         samples, scale_notes = run_scale(rec, sizes, all_threads, device)
         notes += scale_notes

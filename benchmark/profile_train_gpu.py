@@ -10,17 +10,20 @@ Builds bench_train.py's ``BatchedDynamicEmbeddingTables`` (``build_dynemb``: W-t
 W-train-wide, capacity 2x the distinct keys, every row on the device), times ``steps``
 steps of ``module(keys, offsets).sum().backward()`` after ``warmup`` (each between two
 synchronisations, as bench_train.py), then profiles three more steps with CPU and
-device activities. No TorchRec peer: fbgemm-gpu's CUDA wheel is not on the lent GPU
-machines. For scale, the same step of torch's own ``nn.EmbeddingBag`` (one per table,
-every id a row, ``sparse=True``) with ``torch.optim.Adagrad`` (element-wise, like
-EXACT_ADAGRAD) is timed beside it; it is no TorchRec kernel.
+device activities. Beside it, in the same run, on the same ids with the same learning
+rate and the SAME optimizer, the plain-torch peer: ``nn.EmbeddingBag`` (one per table,
+every id a row, ``sparse=True``, SUM pooling), then the optimizer in torch ops on its
+sparse gradients: ``torch_rowwise_adagrad.RowwiseAdagrad`` for EXACT_ROWWISE_ADAGRAD
+(fbgemm's rule: per distinct row, state += mean(g^2), row -= lr * g / (sqrt(state) +
+eps)), ``torch.optim.Adagrad`` for EXACT_ADAGRAD, ``torch.optim.SGD`` for EXACT_SGD;
+ADAM has no peer. No TorchRec kernel: fbgemm-gpu's CUDA build need not be installed.
 
-Output: one JSON line per implementation on stdout: the median step (ms), the device's
-busy time per step (the sum of its kernels and copies), the host's synchronisations per
-step (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
-``cudaMemcpy``), the kernel launches per step; the profiler's tables (top 25 ops by
-self device time and by self CPU time) on stderr and in ``--out`` as
-``profile_gpu_<workload>.txt``. A step far longer than its busy time is bound by the
+Output: one JSON line per implementation on stdout (with the commit): the median step
+(ms), the device's busy time per step (the sum of its kernels and copies), the host's
+synchronisations per step (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+``cudaEventSynchronize``, ``cudaMemcpy``), the kernel launches per step; the profiler's
+tables (top 25 ops by self device time and by self CPU time) on stderr and in ``--out``
+as ``profile_gpu_<workload>.txt``. A step far longer than its busy time is bound by the
 host: launches, synchronisations and Python. ``--quick`` proves the script runs.
 """
 
@@ -32,9 +35,10 @@ from pathlib import Path
 
 import torch
 from bench_train import OPTIMIZERS, build_dynemb
-from common import add_device_argument, resolve_device, synchronize
+from common import add_device_argument, commit_hash, resolve_device, synchronize
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+from torch_rowwise_adagrad import RowwiseAdagrad
 from train_workloads import (
     Config,
     add_workload_arguments,
@@ -48,15 +52,33 @@ PROFILED_STEPS = 3
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
+# The peer's optimizer for each of dynemb's that torch ops give exactly: (name, build).
+PEER_OPTIMIZERS = {
+    "EXACT_ROWWISE_ADAGRAD": (
+        "RowwiseAdagrad(torch ops)",
+        lambda params, c: RowwiseAdagrad(params, lr=c.learning_rate, eps=c.eps),
+    ),
+    "EXACT_ADAGRAD": (
+        "torch.optim.Adagrad",
+        lambda params, c: torch.optim.Adagrad(params, lr=c.learning_rate, eps=c.eps),
+    ),
+    "EXACT_SGD": ("torch.optim.SGD", lambda params, c: torch.optim.SGD(params, lr=c.learning_rate)),
+}
+
+
+def peer_impl(config: Config) -> str:
+    return f"torch.EmbeddingBag+{PEER_OPTIMIZERS[config.optimizer][0]}"
+
+
 def torch_peer(config: Config):
-    """torch's EmbeddingBag per table (sparse gradients) + torch.optim.Adagrad; returns a
-    step over one batch of ids and the batches."""
+    """torch's EmbeddingBag per table (sparse gradients) + ``config.optimizer`` in torch ops
+    (PEER_OPTIMIZERS); returns a step over one batch of ids and the batches."""
     device = torch.device(config.device)
     bags = torch.nn.ModuleList(
         torch.nn.EmbeddingBag(config.num_ids, config.dim, mode="sum", sparse=True)
         for _ in range(config.num_tables)
     ).to(device)
-    optimizer = torch.optim.Adagrad(bags.parameters(), lr=config.learning_rate, eps=config.eps)
+    optimizer = PEER_OPTIMIZERS[config.optimizer][1](bags.parameters(), config)
     per_feature = config.batch * config.pooling_factor
     offsets = torch.arange(0, per_feature, config.pooling_factor, device=device)
 
@@ -109,6 +131,7 @@ def summary(impl: str, config: Config, times: list[float], prof: profile) -> dic
         "device_busy_ms_per_step": device_us / 1e3 / PROFILED_STEPS,
         "syncs_per_step": syncs / PROFILED_STEPS,
         "launches_per_step": kernels / PROFILED_STEPS,
+        "commit": commit_hash(),
     }
 
 
@@ -135,9 +158,10 @@ def main() -> None:
     args.steps = args.steps or (2 if args.quick else 20)
     base = workload_config(args, optimizer=args.optimizer, device=device.type)
     runs = {"dynemb": (base, dynemb_step)}
-    if not args.no_peer:
-        peer = workload_config(args, optimizer="EXACT_ADAGRAD", device=device.type)
-        runs["torch.EmbeddingBag+Adagrad"] = (peer, torch_peer)
+    if args.no_peer or base.optimizer not in PEER_OPTIMIZERS:
+        print(f"no peer: --no-peer, or no torch-ops peer for {base.optimizer}", file=sys.stderr)
+    else:
+        runs[peer_impl(base)] = (base, torch_peer)  # the same ids, optimizer and rate
     text = []
     for impl, (config, build) in runs.items():
         step, inputs = build(config)
