@@ -21,8 +21,8 @@
 #        same-run torch.index_select) and benchmark/profile_train_gpu.py for W-train and
 #        W-train-wide (beside nn.EmbeddingBag + the same row-wise Adagrad in torch ops).
 #
-# Each step runs under `timeout`; the caps (seconds) add up to 405 for `all`:
-# BUILD_SECONDS 85, TEST_SECONDS 130, HKV_SECONDS 120, TRAIN_SECONDS 35 per workload
+# Each step runs under `timeout`; the caps (seconds) add up to 410 for `all`:
+# BUILD_SECONDS 150, TEST_SECONDS 110, HKV_SECONDS 90, TRAIN_SECONDS 30 per workload
 # (a step over its cap is stopped, 2 s later killed).
 # Output in ${OUT:-gpu-out}/ (7 files): steps.jsonl (one line a step: exit status, seconds,
 # cap), tests.jsonl (one line a test), bench_hkv.jsonl, train.jsonl (JSON lines), and
@@ -105,7 +105,7 @@ _test() {
 
 step_test() {
   rm -f build/gpu-tests.xml
-  capped test "${TEST_SECONDS:-130}" bash "$self" _test "$@"
+  capped test "${TEST_SECONDS:-110}" bash "$self" _test "$@"
   local rc=$?
   python3 tools/junit_jsonl.py build/gpu-tests.xml "$out/tests.log" > "$out/tests.jsonl"
   grep -E " (FAILED|ERROR) " "$out/tests.log" | head -40
@@ -116,10 +116,10 @@ step_test() {
 step_bench() {
   local rc=0 w quick=()
   [ "$device" = cpu ] && quick=(--quick)
-  capped bench_hkv "${HKV_SECONDS:-120}" python3 benchmark/bench_table.py --device "$device" \
+  capped bench_hkv "${HKV_SECONDS:-90}" python3 benchmark/bench_table.py --device "$device" \
     --only hkv "${quick[@]}" > "$out/bench_hkv.jsonl" 2>> "$out/bench.log" || rc=1
   for w in train wide; do
-    capped "train_$w" "${TRAIN_SECONDS:-35}" python3 benchmark/profile_train_gpu.py \
+    capped "train_$w" "${TRAIN_SECONDS:-30}" python3 benchmark/profile_train_gpu.py \
       --device "$device" --workload "$w" "${quick[@]}" --out build/gpu-profiles \
       >> "$out/train.jsonl" 2>> "$out/bench.log" || rc=1
   done
@@ -138,7 +138,7 @@ fetch)
     -d "$wheels" ${pins[$minor]} tensordict==0.15.3 iopath==0.1.9 "pyvers>=0.2,<0.3"
   ls -la "$wheels" ;;
 build)
-  capped build "${BUILD_SECONDS:-85}" bash "$self" _build ;;
+  capped build "${BUILD_SECONDS:-150}" bash "$self" _build ;;
 test)
   shift
   step_test "$@" ;;
@@ -146,7 +146,7 @@ bench)
   step_bench ;;
 all)
   rm -f "$out/steps.jsonl" "$out/train.jsonl" "$out/bench.log"
-  capped build "${BUILD_SECONDS:-85}" bash "$self" _build || { cat "$out/steps.jsonl"; exit 1; }
+  capped build "${BUILD_SECONDS:-150}" bash "$self" _build || { cat "$out/steps.jsonl"; exit 1; }
   step_test; rc=$?
   step_bench || rc=1
   cat "$out/steps.jsonl"
