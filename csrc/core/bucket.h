@@ -136,6 +136,19 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
   return -1;
 }
 
+/// 1 when slot s of a bucket is pinned (bucket_victim's rule): bit ops, not ?: or &&
+/// (gcc vectorizes only this form); kPins: the table has pins (else only the score
+/// floor pins). A function, not a plain lambda: gcc left such a lambda out of line,
+/// a call per slot and pass (the evicting W-train probe ran 5x slower).
+template <bool kPins>
+DYNEMB_HD DYNEMB_INLINE uint64_t slot_pinned(const uint64_t* scores, const uint32_t* pins,
+                                             int64_t s, uint32_t pin_floor, uint64_t by_score,
+                                             uint64_t pin_mask, uint64_t evict_below) {
+  uint64_t held = 0;
+  if constexpr (kPins) held = static_cast<uint64_t>(pins[s] >= pin_floor);
+  return held | (by_score & static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
+}
+
 /// The eviction victim of a full bucket: among the slots not pinned, the one with
 /// the smallest (score, digest, key); -1 when every slot is pinned. A slot is
 /// pinned when its pin (t.pins; table_ops.h, "Pins") is >= `pin_floor`, or when the
@@ -150,49 +163,63 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
 /// several do (rare) are keys read. Comparing keys on every tie read all the key
 /// lines of the bucket, and scores that count batches tie for most slots (STEP,
 /// LFU, a cache tier's batch numbers).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
-                                              uint64_t pin_mask, uint64_t evict_below,
-                                              uint32_t pin_floor) {
+template <bool kPins, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t bucket,
+                                                 uint64_t pin_mask, uint64_t evict_below,
+                                                 uint32_t pin_floor) {
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t n = t.bucket_capacity;
   const uint64_t* scores = t.scores + base;
   const uint8_t* digests = t.digests + base;
-  const uint32_t* pins = t.pins ? t.pins + base : nullptr;
+  const uint32_t* pins = kPins ? t.pins + base : nullptr;
   // The score floor pins nothing under kEvictAny (a score of ~0 stays a candidate).
   const uint64_t by_score = evict_below != kEvictAny;
-  // 1 when slot s is pinned; bit ops, not ?: or && (gcc vectorizes only this form).
-  auto pinned = [&](int64_t s) -> uint64_t {
-    const uint64_t held = pins ? static_cast<uint64_t>(pins[s] >= pin_floor) : 0;
-    return held | (by_score & static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
-  };
-  auto candidate = [&](int64_t s) { return scores[s] | (uint64_t{0} - pinned(s)); };
   uint64_t low = ~uint64_t{0};
   uint64_t free = 0;  // 1 when some slot is not pinned
   for (int64_t s = 0; s < n; ++s) {
-    low = candidate(s) < low ? candidate(s) : low;
-    free |= pinned(s) ^ 1;
+    const uint64_t p =
+        slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
+    const uint64_t c = scores[s] | (uint64_t{0} - p);
+    low = c < low ? c : low;
+    free |= p ^ 1;
   }
   if (!free) return -1;  // all pinned
-  uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the low scores
+  // The candidates: slots not pinned whose score is the minimum (a pinned slot never,
+  // even when the minimum is ~0).
+  auto low_slot = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {
+    const uint64_t p =
+        slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
+    return (p ^ 1) & static_cast<uint64_t>(scores[s] == low);
+  };
+  uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the candidates
   for (int64_t s = 0; s < n; ++s) {
-    const uint64_t other = uint64_t{0} - static_cast<uint64_t>(candidate(s) != low);  // ~0 or 0
+    const uint64_t other = low_slot(s) - 1;  // 0 for a candidate, else ~0
     const uint64_t c = (uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)) | other;
     first = c < first ? c : first;
   }
   const uint64_t digest = first >> 32;
   int64_t ties = 0;
-  for (int64_t s = 0; s < n; ++s) ties += candidate(s) == low && digests[s] == digest;
+  for (int64_t s = 0; s < n; ++s) {
+    ties += static_cast<int64_t>(low_slot(s) & static_cast<uint64_t>(digests[s] == digest));
+  }
   if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
   const int64_t* keys = t.keys + base;  // several share score and digest: the smaller key
   int64_t victim = -1;
   for (int64_t s = 0; s < n; ++s) {
-    if (candidate(s) == low && digests[s] == digest &&
-        (victim < 0 || keys[s] < keys[victim])) {
+    if (low_slot(s) && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
       victim = s;
     }
   }
   return base + victim;
+}
+
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
+                                              uint64_t pin_mask, uint64_t evict_below,
+                                              uint32_t pin_floor) {
+  return t.pins != nullptr
+             ? bucket_victim_in<true>(t, bucket, pin_mask, evict_below, pin_floor)
+             : bucket_victim_in<false>(t, bucket, pin_mask, evict_below, pin_floor);
 }
 
 /// The slot a lookup of `digest` in `bucket` will most likely touch, judged from

@@ -10,9 +10,13 @@
 #if defined(__CUDACC__)
 #define DYNEMB_HD __host__ __device__
 #define DYNEMB_INLINE __forceinline__
+#define DYNEMB_INLINE_LAMBDA
 #else
 #define DYNEMB_HD
 #define DYNEMB_INLINE inline __attribute__((always_inline))
+// A lambda called in a hot loop: gcc may leave a lambda out of line (a call per
+// element, no vectorization) unless told.
+#define DYNEMB_INLINE_LAMBDA __attribute__((always_inline))
 #endif
 
 namespace dynemb {
