@@ -1,7 +1,7 @@
 """W-train in caching mode: a cache of 10%, 25% and 100% of the touched keys in front
 of the slow tier, with and without prefetch, against all rows in one fast table.
 
-Every configuration trains the same batches (WORKLOADS.md W-train, ids spread to
+Every configuration trains the same batches (benchmark/README.md W-train, ids spread to
 63-bit keys) in this process, each right after a run of the all-in-memory peer
 (BatchedDynamicEmbeddingTables without caching). Prefetch runs
 dynemb.tiering.PrefetchPipeline: batch t+1's keys are fetched into the cache in a

@@ -7,7 +7,7 @@ Usage::
     python benchmark/bench_deltas.py [--quick] [--steps N] [--every K] [--repeats N]
                                      [--threads N] [--optim] [--dir DIR]
 
-The training step is bench_train.py's dynemb step on W-train (/work/shared/WORKLOADS.md:
+The training step is bench_train.py's dynemb step on W-train (benchmark/README.md:
 BatchedDynamicEmbeddingTables, 8 tables of dim 64, batch 4096, pooling factor 16,
 Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity 2x the distinct keys: no eviction). One
 module is trained by five kinds of run, interleaved (none, background,

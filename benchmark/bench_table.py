@@ -1,4 +1,4 @@
-"""Benchmarks the hash table alone: workloads W-table and W-scale (/work/shared/WORKLOADS.md).
+"""Benchmarks the hash table alone: workloads W-table and W-scale (benchmark/README.md).
 
 Usage::
 
@@ -100,7 +100,7 @@ PREFILL_LOAD = 0.75
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """Problem sizes: WORKLOADS.md defaults, or shrunk ones for --quick."""
+    """Problem sizes: benchmark/README.md defaults, or shrunk ones for --quick."""
 
     table_slots: int  # W-table capacity
     batch: int  # keys per batch, both workloads
@@ -203,7 +203,7 @@ def run_table(
     snapshot = TableSnapshot(table)
 
     def gather() -> torch.Tensor:
-        """The peer: WORKLOADS.md's roof, a gather into a preallocated output."""
+        """The peer: benchmark/README.md's roof, a gather into a preallocated output."""
         return torch.index_select(dense, 0, rows, out=gathered)
 
     def gather_allocating() -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Benchmarks one training step of embedding tables: workload W-train (/work/shared/WORKLOADS.md).
+"""Benchmarks one training step of embedding tables: workload W-train (benchmark/README.md).
 
 Usage::
 

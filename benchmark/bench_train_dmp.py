@@ -6,7 +6,7 @@ Usage::
                                         [--steps N] [--repeats N] [--workload train|wide]
                                         [--tables N] [--device cpu|cuda]
 
-The step of W-train (/work/shared/WORKLOADS.md; sizes and ids from train_workloads.py):
+The step of W-train (benchmark/README.md; sizes and ids from train_workloads.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
 pooling factor 16, SUM, ``loss = sum of the pooled outputs``, fused optimizer.
 Every process draws its own Zipf batches (seed ``rank``), the same for both models.

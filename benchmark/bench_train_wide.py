@@ -6,7 +6,7 @@ Usage::
                                          [--world-sizes 1] [--steps N] [--repeats N]
                                          [--plot PATH] [--device cpu|cuda]
 
-Each point is W-train-wide's step (/work/shared/WORKLOADS.md; train_workloads.py: one
+Each point is W-train-wide's step (benchmark/README.md; train_workloads.py: one
 table per feature of 100,000 ids, dim 16, pooling factor 4, batch 4096, Zipf(s=1.05))
 with N tables, trained through DistributedModelParallel exactly as bench_train_dmp.py
 trains it (its ``run_world``: fresh processes per point, the TorchRec peer FUSED and
@@ -17,7 +17,7 @@ optimizer, 1 and 2 processes) is ``bench_train_dmp.py --workload wide``.
 Reported: at each point, each one's median step time in ms (dynemb's ratio to the peer
 > 1 means slower); then each one's growth of the step time with the tables, the slope
 of a least-squares line through the points (ms per table), dynemb's beside the peer's:
-WORKLOADS.md asks that a step's cost grow no faster with the tables than the peer's.
+benchmark/README.md asks that a step's cost grow no faster with the tables than the peer's.
 The plot (step time vs tables, both implementations) goes to
 ``benchmark/out/train_wide_tables.png`` or ``--plot``.
 
@@ -48,7 +48,7 @@ from host import record_host
 from train_workloads import workload_config
 
 WORKLOAD = "W-train-wide"
-SWEEP = "8,32,64,128"  # tables, WORKLOADS.md
+SWEEP = "8,32,64,128"  # tables, benchmark/README.md
 QUICK_SWEEP = "2,8"
 DEFAULT_PLOT = REPO_ROOT / "benchmark" / "out" / "train_wide_tables.png"
 IMPLS = {"torchrec": PEER_IMPL, "dynemb": DYNEMB_IMPL}

@@ -1,6 +1,6 @@
 """Helpers shared by the benchmarks: records, commit, threads, device, timing, progress.
 
-Every benchmark follows /work/shared/WORKLOADS.md: each figure is printed as one
+Every benchmark follows benchmark/README.md: each figure is printed as one
 JSON object per line on stdout, next to the peer measured in the same run, then
 a short human table goes to stderr (so stdout stays pure JSON lines).
 
@@ -218,7 +218,7 @@ def median_run(
     did not run) are left out; None when no run is left.
 
     The median, not the best run: a best run flatters whichever implementation a noisy
-    neighbour happened to spare, and the targets of WORKLOADS.md are medians of
+    neighbour happened to spare, and the targets of benchmark/README.md are medians of
     interleaved runs.
     """
     done = [r for r in results if r is not None]

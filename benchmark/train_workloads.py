@@ -1,4 +1,4 @@
-"""The training workloads of /work/shared/WORKLOADS.md: their sizes, ids and step timing.
+"""The training workloads of benchmark/README.md: their sizes, ids and step timing.
 
 W-train (8 tables, dim 64, pooling factor 16, 1,000,000 ids per table) and W-train-wide
 (64 tables, dim 16, pooling factor 4, 100,000 ids per table) share everything else:
@@ -32,10 +32,10 @@ KEY_MASK = 0x7FFFFFFFFFFFFFFF
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One training configuration; the defaults are WORKLOADS.md's W-train sizes."""
+    """One training configuration; the defaults are benchmark/README.md's W-train sizes."""
 
     optimizer: str = "EXACT_ROWWISE_ADAGRAD"
-    workload: str = "W-train"  # the name in WORKLOADS.md and in the JSON lines
+    workload: str = "W-train"  # the name in benchmark/README.md and in the JSON lines
     num_tables: int = 8
     num_ids: int = 1_000_000
     dim: int = 64
