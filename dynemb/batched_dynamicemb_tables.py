@@ -28,7 +28,7 @@ class BatchedDynamicEmbeddingTablesV2(BatchedDynamicEmbeddingTables):
     Args:
         table_options: one DynamicEmbTableOptions per table (``dim`` and
             ``max_capacity`` set).
-        table_names: one name per table (default ``table_0``, ...).
+        table_names: one name per table, each used once (default ``table_0``, ...).
         feature_table_map: the table of each feature (default: one feature per table,
             ``[0, 1, ..., T - 1]``).
         use_index_dedup: accepted; lookups always de-duplicate keys per table.

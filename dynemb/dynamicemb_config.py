@@ -62,6 +62,13 @@ def check_float32(name: str, value) -> None:
         )
 
 
+def _float32_difference(a: float, b: float) -> float:
+    """``a - b`` computed as the ops compute it: both rounded to float32, then subtracted
+    in float32 (``inf`` when the difference overflows)."""
+    pair = torch.tensor([a, b], dtype=torch.float32)
+    return float(pair[0] - pair[1])
+
+
 def init_mode_code(mode: DynamicEmbInitializerMode) -> int:
     """The op code (``InitMode`` of csrc/core/initializer.h) of an initializer mode."""
     return _INIT_MODE_CODE[mode]
@@ -79,7 +86,8 @@ class DynamicEmbInitializerArgs:
             ``-sqrt(1 / capacity)`` of the table it initialises (the planner fills it
             from ``num_embeddings``); for TRUNCATED_NORMAL, ``mean - 2 * std_dev``.
         upper: the matching upper bound (``None``: ``+sqrt(1 / capacity)``, or
-            ``mean + 2 * std_dev``).
+            ``mean + 2 * std_dev``). For UNIFORM, ``upper - lower`` must be a finite
+            float32 number too.
         value: CONSTANT value.
 
     Example::
@@ -127,6 +135,17 @@ class DynamicEmbInitializerArgs:
             raise ValueError(
                 f"DynamicEmbInitializerArgs needs lower < upper, got lower={self.lower}, upper={self.upper}"
             )
+        if self.mode == DynamicEmbInitializerMode.UNIFORM:
+            # Rows are drawn as lower + (upper - lower) * u in float32; the default bounds
+            # are widest for capacity 1 (-+1).
+            _, _, _, lo, hi = self.resolved(1)
+            span = _float32_difference(hi, lo)
+            if not math.isfinite(span):
+                raise ValueError(
+                    "DynamicEmbInitializerArgs.upper - lower must be a finite float32 number "
+                    f"(<= {FLOAT32_MAX:.7g}: UNIFORM draws lower + (upper - lower) * u), got "
+                    f"{span} for lower={lo!r}, upper={hi!r}; narrow the bounds"
+                )
         if self.mode == DynamicEmbInitializerMode.TRUNCATED_NORMAL:
             # The default cuts mean -+ 2 * std_dev must be float32 numbers too.
             _, _, _, lo, hi = self.resolved(1)

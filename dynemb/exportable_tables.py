@@ -33,7 +33,7 @@ from dynemb.inference_arguments import (
     pooling_mode_of,
 )
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
-from dynemb.kernel.table_options import check_options, init_list
+from dynemb.kernel.table_options import check_options, init_list, table_names_of
 from dynemb.table.placement import BUFFERS, canonical_device
 from dynemb.types import DynamicEmbPoolingMode
 
@@ -70,8 +70,8 @@ class InferenceEmbeddingCollection(nn.Module):
         use_dynamic_hash: must be True (dynemb's tables are hash tables).
         pooling_mode: DynamicEmb's code (-1 none: one row per key; 1 sum; 2 mean) or
             a DynamicEmbPoolingMode. Default none (a sequence collection).
-        table_names: names of the tables (default ``table_0``, ...): a load finds the
-            trained tables (or the saved ones) by these names.
+        table_names: names of the tables, each used once (default ``table_0``, ...): a
+            load finds the trained tables (or the saved ones) by these names.
         feature_names: names of the features (default ``feature_0``, ...).
         feature_table_map: the table of each feature (default: feature i -> table i).
         output_dtype: float32, float16 or bfloat16.
@@ -117,15 +117,7 @@ class InferenceEmbeddingCollection(nn.Module):
             raise ValueError(
                 f"use_dynamic_hash must be True (dynemb's tables are hash tables), got {use_dynamic_hash!r}"
             )
-        names = (
-            list(table_names)
-            if table_names is not None
-            else [f"table_{i}" for i in range(len(options))]
-        )
-        if len(names) != len(options) or len(set(names)) != len(names):
-            raise ValueError(
-                f"table_names must name the {len(options)} tables once each, got {names}"
-            )
+        names = table_names_of(table_names, len(options))
         for name, o in zip(names, options):
             check_options(name, o)
         fmap = feature_map(feature_names, feature_table_map, len(options))

@@ -31,7 +31,12 @@ from dynemb.kernel.batch_layout import (
 )
 from dynemb.kernel.grouped_calls import backward_grouped, pool_grouped
 from dynemb.kernel.lookup_function import LookupFunction
-from dynemb.kernel.table_options import admission_missing, check_options, init_list
+from dynemb.kernel.table_options import (
+    admission_missing,
+    check_options,
+    init_list,
+    table_names_of,
+)
 from dynemb.kernel.table_slots import TableSlots
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
@@ -63,8 +68,13 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         learning_rate, eps, beta1, beta2, weight_decay: optimizer hyper-parameters
             (see dynemb.optimizer.OptimizerConfig); change them between steps with
             ``set_learning_rate`` or ``optimizer_config``.
-        table_names: names used in messages (default ``table_0``, ...).
+        table_names: one name per table, each used once (default ``table_0``, ...):
+            messages, checkpoints and loads find a table by its name.
         device: where the tables live (default CPU).
+
+    Raises:
+        TypeError / ValueError: a bad argument, naming it and the value, before any table
+            is built (e.g. ``table_names`` holding a name twice, with its positions).
 
     Admission: a table whose options set ``admit_strategy`` and ``admission_counter``
     stores a new key only once the strategy admits it (see dynemb.admission); its
@@ -113,13 +123,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             raise TypeError(f"pooling_mode must be a DynamicEmbPoolingMode, got {pooling_mode!r}")
         config = OptimizerConfig(optimizer, learning_rate, eps, beta1, beta2, weight_decay)
         config.validate()
-        names = (
-            list(table_names)
-            if table_names is not None
-            else [f"table_{i}" for i in range(len(options))]
-        )
-        if len(names) != len(options):
-            raise ValueError(f"table_names has {len(names)} names for {len(options)} tables")
+        names = table_names_of(table_names, len(options))
         for name, o in zip(names, options):
             check_options(name, o)
         options = [with_kernel_defaults(name, o) for name, o in zip(names, options)]

@@ -1,6 +1,7 @@
 """Checks of a kernel's per-table options, and the initializer lists it derives."""
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -10,6 +11,38 @@ from dynemb.table.protocol import Table
 from dynemb.types import DynamicEmbCheckMode
 
 _INT64_MAX = 2**63 - 1
+
+
+def table_names_of(table_names: Sequence[str] | None, count: int) -> list[str]:
+    """The names of ``count`` tables: ``table_names``, or ``table_0``, ... when ``None``.
+
+    Args:
+        table_names: one name per table, each used once, or ``None``.
+        count: the number of tables.
+
+    Returns:
+        The names, in table order.
+
+    Raises:
+        ValueError: ``table_names`` does not hold ``count`` names, or holds a name more
+            than once (checkpoints and loads find a table by its name: two tables of one
+            name would be saved as one, and one would be loaded into both).
+    """
+    if table_names is None:
+        return [f"table_{i}" for i in range(count)]
+    names = list(table_names)
+    if len(names) != count:
+        raise ValueError(f"table_names has {len(names)} names for {count} tables, got {names}")
+    positions: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        positions.setdefault(name, []).append(i)
+    for name, at in positions.items():
+        if len(at) > 1:
+            raise ValueError(
+                f"table_names must name each table once: {name!r} is at positions {at} "
+                f"(got {names}); give every table its own name"
+            )
+    return names
 
 
 def init_list(args: DynamicEmbInitializerArgs, table: Table) -> list:
@@ -68,4 +101,4 @@ def check_admission(name: str, o: DynamicEmbTableOptions) -> None:
         )
 
 
-__all__ = ["admission_missing", "check_admission", "check_options", "init_list"]
+__all__ = ["admission_missing", "check_admission", "check_options", "init_list", "table_names_of"]
