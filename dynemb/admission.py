@@ -12,6 +12,7 @@ BatchedDynamicEmbeddingTables does the counting (see DynamicEmb_APIs.md, "Admiss
 """
 
 import abc
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -88,6 +89,11 @@ class KVCounter(Counter):
     use, and ``create`` builds each sharded table's own counter. Pickling keeps the
     counts.
 
+    Thread-safe, like the tables: every op that reads or changes the counts (``add``,
+    ``erase``, ``dump``, ``load``, ``size``, ``memory_usage``, pickling) holds the
+    counter's lock, so an ``add`` is one read-add-store that no other op interleaves
+    with. A copy (``copy.deepcopy``, pickle) gets a lock of its own.
+
     Args:
         capacity: keys it can hold per rank (rounded up to whole buckets; a capacity
             below ``bucket_capacity`` gives one bucket).
@@ -127,10 +133,12 @@ class KVCounter(Counter):
         self.capacity = -(-capacity // self.bucket_capacity) * self.bucket_capacity
         self.key_type = key_type
         self._device = canonical_device(device if device is not None else "cpu")
+        self._lock = threading.Lock()
         self._table_or_none: ScoredHashTable | None = None
 
     @property
     def _table(self) -> ScoredHashTable:
+        """The table, built on first use (read under ``_lock``)."""
         if self._table_or_none is None:
             # CUSTOMIZED with the count as score (not LFU): the count is then exactly
             # the score we set, load() can restore any count, and a newcomer never
@@ -146,13 +154,15 @@ class KVCounter(Counter):
         return self._table_or_none
 
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k != "_table_or_none"}
-        state["counts"] = self.dump() if self._table_or_none is not None else None
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_table_or_none")}
+        with self._lock:
+            state["counts"] = self._dump() if self._table_or_none is not None else None
         return state
 
     def __setstate__(self, state: dict) -> None:
         counts = state.pop("counts")
         self.__dict__.update(state)
+        self._lock = threading.Lock()
         self._table_or_none = None
         if counts is not None and counts[0].numel():
             self.load(*counts)
@@ -163,7 +173,8 @@ class KVCounter(Counter):
 
     def size(self) -> int:
         """Number of remembered keys."""
-        return self._table.size() if self._table_or_none is not None else 0
+        with self._lock:
+            return self._table.size() if self._table_or_none is not None else 0
 
     def add(self, keys: torch.Tensor, frequency: torch.Tensor | None = None) -> torch.Tensor:
         keys = self._check_keys(keys)
@@ -174,22 +185,26 @@ class KVCounter(Counter):
             return torch.zeros_like(keys)
         unique, inverse, _ = _ops.unique_keys(keys)
         added = _saturating_sum(frequency, inverse, unique.numel())
-        # Scores are 0 for absent keys, so old + added is the exact new count; like the
-        # tables' LFU counts (core/score_policy.h) it saturates at MAX_SCORE.
-        old = self._table.get_scores(unique)
-        counts = old + torch.minimum(added, _ops.MAX_SCORE - old)
-        self._store(unique, counts)
+        with self._lock:  # the read-add-store is one step for other threads
+            # Scores are 0 for absent keys, so old + added is the exact new count; like
+            # the tables' LFU counts (core/score_policy.h) it saturates at MAX_SCORE.
+            old = self._table.get_scores(unique)
+            counts = old + torch.minimum(added, _ops.MAX_SCORE - old)
+            self._store(unique, counts)
         return counts[inverse]
 
     def erase(self, keys: torch.Tensor) -> None:
-        self._table.erase(self._check_keys(keys))
+        keys = self._check_keys(keys)
+        with self._lock:
+            self._table.erase(keys)
 
     def memory_usage(self) -> int:
-        return self._table.memory_usage() if self._table_or_none is not None else 0
+        with self._lock:
+            return self._table.memory_usage() if self._table_or_none is not None else 0
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, _, counts, _ = self._table.export_batch(0, self._table.capacity())
-        return keys, counts
+        with self._lock:
+            return self._dump()
 
     def load(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
         keys = self._check_keys(keys)
@@ -197,7 +212,8 @@ class KVCounter(Counter):
         if keys.numel() and _ops.unique_keys(keys)[0].numel() != keys.numel():
             raise ValueError("KVCounter.load: keys must be distinct")
         if keys.numel():
-            self._store(keys, counts)
+            with self._lock:
+                self._store(keys, counts)
 
     def create(self, device: str | torch.device | None = None) -> "KVCounter":
         return KVCounter(
@@ -207,7 +223,11 @@ class KVCounter(Counter):
             device=device if device is not None else self.device,
         )
 
-    def _store(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+    def _dump(self) -> tuple[torch.Tensor, torch.Tensor]:  # under _lock
+        keys, _, counts, _ = self._table.export_batch(0, self._table.capacity())
+        return keys, counts
+
+    def _store(self, keys: torch.Tensor, counts: torch.Tensor) -> None:  # under _lock
         values = torch.zeros((keys.numel(), 1), dtype=torch.float16, device=self.device)
         self._table.insert_or_assign(keys, values, scores=counts)
 

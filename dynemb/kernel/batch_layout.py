@@ -78,6 +78,14 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
     return (offsets.numel() - 1) // num_features
 
 
+def contiguous_batch(*tensors) -> tuple:
+    """The batch's tensors (indices, offsets, weights, access counts; ``None`` stays
+    ``None``), each in contiguous memory: the ops read them as flat arrays, so a
+    strided view (e.g. ``big[::2]``) is copied and a contiguous tensor is kept as is.
+    Called where the module receives a batch, after its checks."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def split_by_table(
     indices, offsets, weights, feature_table_map, num_tables, batch_size, copy_keys=True
 ):

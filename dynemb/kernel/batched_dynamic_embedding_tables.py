@@ -25,6 +25,7 @@ from dynemb.kernel.batch_layout import (
     TableBatch,
     check_access_counts,
     check_batch,
+    contiguous_batch,
     count_accesses,
     distinct_keys,
     split_by_table,
@@ -225,6 +226,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             indices: (n,) int64 keys, feature-major.
             offsets: (B * T + 1,) int64 bag boundaries.
             per_sample_weights: (n,) float weights (SUM and MEAN pooling).
+                Each of these tensors (and ``access_counts``) may be a strided view: it
+                is read through a contiguous copy.
             access_counts: (n,) int64 >= 1, or None (one access per index): the
                 accesses each index stands for, when the caller has de-duplicated keys
                 (a sharded EC with ``use_index_dedup`` sends each distinct id once with
@@ -252,6 +255,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         for name, t in (("indices", indices), ("offsets", offsets)):
             if t.device != self.device:
                 raise ValueError(f"{name} are on {t.device}, the tables are on {self.device}")
+        indices, offsets, per_sample_weights, access_counts = contiguous_batch(
+            indices, offsets, per_sample_weights, access_counts
+        )
         lookup = self._lookup
         if access_counts is not None:
             lookup = functools.partial(lookup, access_counts=access_counts.to(torch.int64))
@@ -279,6 +285,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             indices, offsets, per_sample_weights: the future batch, as in forward.
         """
         batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
+        indices, offsets, per_sample_weights = contiguous_batch(
+            indices, offsets, per_sample_weights
+        )
         batches = split_by_table(
             indices, offsets, per_sample_weights, self.feature_table_map, len(self.tables),
             batch_size,
