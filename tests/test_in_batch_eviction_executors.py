@@ -7,6 +7,7 @@ Before pins, keys evicted by their own batch trained on their evictor's row, and
 order of that parallel sum changed from run to run on the CUDA kernels.
 """
 
+import os
 import subprocess
 import sys
 
@@ -49,7 +50,7 @@ def train_and_save(optimizer: str, pooling: str, hot: bool, path: str) -> None:
 
 
 def _run(executor: str, case, path) -> dict:
-    env = {**__import__("os").environ, "DYNEMB_EXECUTOR": executor}
+    env = {**os.environ, "DYNEMB_EXECUTOR": executor}
     code = (
         "import sys; from tests.test_in_batch_eviction_executors import train_and_save; "
         f"train_and_save(*{case!r}, {str(path)!r})"
