@@ -107,8 +107,11 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
   ASAN_OPTIONS=detect_leaks=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
-TSAN_SOURCES := tests/native/tsan_tables.cpp csrc/emulated/launch.cpp \
+# The emulated executor's runtime: grid pool, lockstep blocks, fibers.
+EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp csrc/emulated/fiber.cpp
+TSAN_SOURCES := tests/native/tsan_tables.cpp $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
+TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels
 
 sanitize: sanitize-asan sanitize-tsan
 
@@ -130,8 +133,15 @@ $(TSAN_DRIVER): $(TSAN_SOURCES) $(EXT_SOURCES) $(STAMP)
 	  -Wno-unused-function -Wno-unknown-pragmas -Icsrc -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; \
 	  print(c.include_paths()[0])') $(filter-out %/ops_emulated.cpp,$(TSAN_SOURCES)) -o $@
 
-sanitize-tsan: $(TSAN_DRIVER)
+# The lockstep primitives under TSan too: its fiber switches are announced to it.
+$(TSAN_LOCKSTEP): tests/native/lockstep_kernels.cpp $(EXT_SOURCES) $(STAMP)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wall -Icsrc -isystem $$($(PY) -c 'import \
+	  torch.utils.cpp_extension as c; print(c.include_paths()[0])') $< $(EMULATION_RUNTIME) -o $@
+
+sanitize-tsan: $(TSAN_DRIVER) $(TSAN_LOCKSTEP)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(TSAN_DRIVER)
+	TSAN_OPTIONS=halt_on_error=1 $(TSAN_LOCKSTEP) $$($(TSAN_LOCKSTEP) list)
 
 BENCHMARKS := $(wildcard benchmark/bench_*.py)
 

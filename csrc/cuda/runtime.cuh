@@ -3,8 +3,10 @@
 // The csrc/cuda sources build twice from the same text: by nvcc for a GPU, and by
 // the host compiler with DYNEMB_CUDA_EMULATION defined (csrc/emulated/), where a
 // small shim stands in for the runtime: grid and block indices, atomics over
-// std::atomic_ref, fences, memset, and kernel launches that run blocks on several
-// OS threads. What differs between the two is below; nothing in it decides.
+// std::atomic_ref, fences, memset, warp collectives, barriers and shared memory, and
+// kernel launches that run blocks on several OS threads, each block's threads in
+// lockstep (emulated/lockstep.h). What differs between the two is below; nothing in
+// it decides.
 //
 //   DYNEMB_CUDA_NS            the executor's namespace (dynemb::cuda, or
 //                             dynemb::cuda_emulated: both can live in one library)
@@ -19,10 +21,11 @@
 #define DYNEMB_CUDA_NS cuda_emulated
 #define DYNEMB_CUDA_DEVICE_CODE 1
 #define DYNEMB_LAUNCH(grid, block, stream, ...) \
-  ::dynemb::emulation::Launch{(grid), (block), (stream)}.of(__VA_ARGS__)
+  ::dynemb::emulation::Launch{(grid), (block), (stream), #__VA_ARGS__}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE() ::dynemb::emulation::spin_pause()
 #else
 #if defined(__CUDACC__)  // libcu++ (cccl): nvcc's include path only; host .cpp files never use it
+#include <cooperative_groups.h>
 #include <cuda/atomic>
 #endif
 #include <cuda_bf16.h>

@@ -1,14 +1,17 @@
 // dynemb emulated CUDA executor: a host stand-in for the CUDA runtime, so that the
 // csrc/cuda sources build with the host compiler and run on CPU threads.
 //
-// Kernels run on a small pool of OS threads (launch.cpp): each takes warps (32
-// consecutive threads of a block) from a shared counter and runs their threads one
-// after another, so keys of one batch really race between OS threads, as blocks
-// do on a GPU. Supported: everything the dynemb kernels use (1-D grids, global
-// memory atomics, fences, memset); not __syncthreads or shared memory, which no
-// dynemb kernel uses. Launches are synchronous: a launch returns when its grid has
-// run, which keeps the stream order of the real device. What emulation cannot
-// show: the GPU memory model, warp scheduling, speed.
+// Kernels run on a small pool of OS threads (launch.cpp): each takes blocks from a
+// shared counter, so keys of one batch really race between OS threads, as blocks do
+// on a GPU. Within a block the threads run in lockstep (lockstep.h): each on a fiber,
+// meeting at every warp collective and block barrier, in a drawn order between them.
+// Supported: 1-D grids, global memory atomics, fences, memset, the warp collectives
+// (__syncwarp, __shfl*_sync, __ballot_sync, __any/__all_sync, __match_*_sync,
+// __reduce_*_sync, __activemask), __syncthreads, static __shared__ memory, and the
+// cooperative-groups tiles of a block (cooperative_groups::tiled_partition<N>). Not
+// supported: dynamic (extern) shared memory, grid-wide sync. Launches are synchronous:
+// a launch returns when its grid has run, which keeps the stream order of the real
+// device. What emulation cannot show: the GPU memory model, warp scheduling, speed.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -18,11 +21,18 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <source_location>
+#include <type_traits>
+
+#include "emulated/lockstep.h"
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// A block runs on one OS thread (its threads are that thread's fibers): a static
+// thread_local is the block's shared memory. Like CUDA's, it starts undefined.
+#define __shared__ static thread_local
 
 /// A 1-D stand-in for CUDA's dim3 (the y and z extents are always 1 here).
 struct dim3 {
@@ -77,22 +87,185 @@ inline int32_t load_acquire32(int32_t* p) {
 
 namespace dynemb::emulation {
 
-/// Runs thread(t) for every thread t of a grid of grid x block threads, warps on a
-/// pool of OS threads (blockIdx / threadIdx set for each). Returns when all ran.
-void run_grid(unsigned grid, unsigned block, const std::function<void()>& thread);
+/// A collective's value as bits (types of at most 8 bytes, as CUDA's shuffles take).
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "at most 8-byte values");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return bits;
+}
+template <class T>
+T from_bits(uint64_t bits) {
+  T v;
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+template <class T>
+T shuffle(Collective kind, unsigned mask, T v, int arg, int width, std::source_location where) {
+  return from_bits<T>(warp_collective({kind, mask, to_bits(v), arg, width}, where));
+}
 
-/// Yields the OS thread (called in spin loops: the lock holder may be descheduled).
+}  // namespace dynemb::emulation
+
+using std::source_location;
+
+inline void __syncthreads(source_location w = source_location::current()) {
+  dynemb::emulation::block_barrier(w);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, source_location w = source_location::current()) {
+  dynemb::emulation::warp_collective({dynemb::emulation::Collective::kSyncWarp, mask, 0}, w);
+}
+inline unsigned __activemask() { return dynemb::emulation::active_lanes(); }
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32, source_location w = source_location::current()) {
+  return dynemb::emulation::shuffle(dynemb::emulation::Collective::kShflIdx, mask, v, src, width, w);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                 source_location w = source_location::current()) {
+  return dynemb::emulation::shuffle(dynemb::emulation::Collective::kShflUp, mask, v,
+                                    static_cast<int>(delta), width, w);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                   source_location w = source_location::current()) {
+  return dynemb::emulation::shuffle(dynemb::emulation::Collective::kShflDown, mask, v,
+                                    static_cast<int>(delta), width, w);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
+                  source_location w = source_location::current()) {
+  return dynemb::emulation::shuffle(dynemb::emulation::Collective::kShflXor, mask, v, lane_mask, width, w);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, source_location w = source_location::current()) {
+  return static_cast<unsigned>(dynemb::emulation::warp_collective(
+      {dynemb::emulation::Collective::kBallot, mask, pred != 0}, w));
+}
+inline int __any_sync(unsigned mask, int pred, source_location w = source_location::current()) {
+  return static_cast<int>(
+      dynemb::emulation::warp_collective({dynemb::emulation::Collective::kAny, mask, pred != 0}, w));
+}
+inline int __all_sync(unsigned mask, int pred, source_location w = source_location::current()) {
+  return static_cast<int>(
+      dynemb::emulation::warp_collective({dynemb::emulation::Collective::kAll, mask, pred != 0}, w));
+}
+template <class T>
+unsigned __match_any_sync(unsigned mask, T v, source_location w = source_location::current()) {
+  return static_cast<unsigned>(dynemb::emulation::warp_collective(
+      {dynemb::emulation::Collective::kMatchAny, mask, dynemb::emulation::to_bits(v)}, w));
+}
+template <class T>
+unsigned __match_all_sync(unsigned mask, T v, int* pred, source_location w = source_location::current()) {
+  const uint64_t r = dynemb::emulation::warp_collective(
+      {dynemb::emulation::Collective::kMatchAll, mask, dynemb::emulation::to_bits(v)}, w);
+  *pred = static_cast<int>(r >> 32);
+  return static_cast<unsigned>(r);
+}
+#define DYNEMB_SHIM_REDUCE(name, type, kind)                                                      \
+  inline type name(unsigned mask, type v, source_location w = source_location::current()) {      \
+    return static_cast<type>(dynemb::emulation::warp_collective(                                  \
+        {dynemb::emulation::Collective::kind, mask, static_cast<uint32_t>(v)}, w));               \
+  }
+DYNEMB_SHIM_REDUCE(__reduce_add_sync, unsigned, kReduceAdd)
+DYNEMB_SHIM_REDUCE(__reduce_add_sync, int, kReduceAdd)
+DYNEMB_SHIM_REDUCE(__reduce_min_sync, unsigned, kReduceMinUnsigned)
+DYNEMB_SHIM_REDUCE(__reduce_min_sync, int, kReduceMinSigned)
+DYNEMB_SHIM_REDUCE(__reduce_max_sync, unsigned, kReduceMaxUnsigned)
+DYNEMB_SHIM_REDUCE(__reduce_max_sync, int, kReduceMaxSigned)
+DYNEMB_SHIM_REDUCE(__reduce_and_sync, unsigned, kReduceAnd)
+DYNEMB_SHIM_REDUCE(__reduce_or_sync, unsigned, kReduceOr)
+DYNEMB_SHIM_REDUCE(__reduce_xor_sync, unsigned, kReduceXor)
+#undef DYNEMB_SHIM_REDUCE
+
+/// The cooperative-groups subset the kernels may use: a block, and its static tiles of
+/// N = 1, 2, 4, 8, 16 or 32 threads (each a slice of a warp).
+namespace cooperative_groups {
+
+struct thread_block {
+  void sync() const { __syncthreads(); }
+  unsigned thread_rank() const { return threadIdx.x; }
+  unsigned size() const { return blockDim.x; }
+};
+inline thread_block this_thread_block() { return {}; }
+
+template <unsigned N>
+struct thread_block_tile {
+  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "tiles of 1, 2, 4, ..., 32 threads");
+  static constexpr unsigned kMask = N == 32 ? 0xffffffffu : ((1u << N) - 1u);
+  unsigned lane_base() const { return threadIdx.x % 32 / N * N; }
+  unsigned mask() const { return kMask << lane_base(); }
+  static constexpr unsigned size() { return N; }
+  static constexpr unsigned num_threads() { return N; }
+  unsigned thread_rank() const { return threadIdx.x % N; }
+  unsigned meta_group_rank() const { return threadIdx.x / N; }
+  unsigned meta_group_size() const { return (blockDim.x + N - 1) / N; }
+  void sync(source_location w = source_location::current()) const { __syncwarp(mask(), w); }
+  template <class T>
+  T shfl(T v, int src, source_location w = source_location::current()) const {
+    return __shfl_sync(mask(), v, src, static_cast<int>(N), w);
+  }
+  template <class T>
+  T shfl_up(T v, unsigned d, source_location w = source_location::current()) const {
+    return __shfl_up_sync(mask(), v, d, static_cast<int>(N), w);
+  }
+  template <class T>
+  T shfl_down(T v, unsigned d, source_location w = source_location::current()) const {
+    return __shfl_down_sync(mask(), v, d, static_cast<int>(N), w);
+  }
+  template <class T>
+  T shfl_xor(T v, int m, source_location w = source_location::current()) const {
+    return __shfl_xor_sync(mask(), v, m, static_cast<int>(N), w);
+  }
+  /// Bit k: the tile's thread k voted (CUDA's tiles number their own lanes).
+  unsigned ballot(int pred, source_location w = source_location::current()) const {
+    return (__ballot_sync(mask(), pred, w) >> lane_base()) & kMask;
+  }
+  int any(int pred, source_location w = source_location::current()) const {
+    return __any_sync(mask(), pred, w);
+  }
+  int all(int pred, source_location w = source_location::current()) const {
+    return __all_sync(mask(), pred, w);
+  }
+  template <class T>
+  unsigned match_any(T v, source_location w = source_location::current()) const {
+    return (__match_any_sync(mask(), v, w) >> lane_base()) & kMask;
+  }
+};
+
+template <unsigned N>
+thread_block_tile<N> tiled_partition(const thread_block&) {
+  return {};
+}
+
+}  // namespace cooperative_groups
+
+namespace dynemb::emulation {
+
+/// Runs thread(t) for every thread t of a grid of grid x block threads: blocks on a
+/// pool of OS threads, each block's threads in lockstep (lockstep.h), blockIdx /
+/// threadIdx set for each. Returns when all ran; rethrows the first block's error
+/// (a collective or barrier that cannot complete), naming `kernel`.
+void run_grid(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread);
+
+/// In spin loops: lets the block's other threads run (the lock holder may be one of
+/// them, stopped at a collective) and yields the OS thread.
 void spin_pause();
+
+/// The seed of the lane orders (DYNEMB_EMULATION_SEED, or drawn at start-up).
+uint64_t lane_order_seed();
 
 /// DYNEMB_LAUNCH(grid, block, stream, kernel)(args...) in emulation.
 struct Launch {
   unsigned grid;
   unsigned block;
   cudaStream_t stream;
+  const char* name;
   template <class Kernel>
   auto of(Kernel* kernel) const {
     const unsigned g = grid, b = block;
-    return [kernel, g, b](auto... args) { run_grid(g, b, [&] { kernel(args...); }); };
+    const char* n = name;
+    return [kernel, g, b, n](auto... args) { run_grid(g, b, n, [&] { kernel(args...); }); };
   }
 };
 

@@ -3,7 +3,11 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
+#include <exception>
 #include <mutex>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,13 +21,22 @@ thread_local dim3 gridDim;
 namespace dynemb::emulation {
 namespace {
 
-constexpr unsigned kWarp = 32;
-
-/// At least 4 OS threads, so that emulated threads interleave even on 2 cores.
+/// At least 4 OS threads, so that emulated blocks interleave even on 2 cores.
 int pool_size() { return std::max(4, static_cast<int>(std::thread::hardware_concurrency())); }
 
+uint64_t read_seed() {
+  if (const char* text = std::getenv("DYNEMB_EMULATION_SEED"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const unsigned long long seed = std::strtoull(text, &end, 10);
+    if (*end == '\0') return seed;
+    throw std::runtime_error(std::string("DYNEMB_EMULATION_SEED must be a decimal integer, got '") +
+                             text + "'");
+  }
+  return std::random_device{}();
+}
+
 /// A persistent pool; one grid at a time (launches from several host threads queue,
-/// as launches on one stream do).
+/// as launches on one stream do). A unit of work is a block.
 class GridPool {
  public:
   GridPool() {
@@ -38,48 +51,53 @@ class GridPool {
     for (std::thread& w : workers_) w.join();
   }
 
-  void run(unsigned grid, unsigned block, const std::function<void()>& thread) {
+  void run(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {
     std::lock_guard<std::mutex> one_grid(launch_mutex_);
-    const uint64_t warps_per_block = (block + kWarp - 1) / kWarp;
-    const uint64_t units = static_cast<uint64_t>(grid) * warps_per_block;
-    if (units <= 1 || workers_.empty()) {  // one warp: nothing to race with
-      run_units(grid, block, thread, units, nullptr);
-      return;
+    const LaunchInfo launch{kernel, launches_++, lane_order_seed()};
+    Job job{grid, block, &thread, &launch};
+    if (grid <= 1 || workers_.empty()) {  // one block: nothing to race with
+      run_blocks(job);
+    } else {
+      std::atomic<uint64_t> next{0};
+      job.next = &next;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        job_ = job;
+        busy_ = static_cast<int>(workers_.size());
+        ++generation_;
+      }
+      wake_.notify_all();
+      run_blocks(job);
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return busy_ == 0; });
     }
-    std::atomic<uint64_t> next{0};
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_ = Job{grid, block, &thread, units, &next};
-      busy_ = static_cast<int>(workers_.size());
-      ++generation_;
+    if (job_error_) {
+      std::exception_ptr error = job_error_;
+      job_error_ = nullptr;
+      std::rethrow_exception(error);
     }
-    wake_.notify_all();
-    run_units(grid, block, thread, units, &next);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return busy_ == 0; });
   }
 
  private:
   struct Job {
     unsigned grid = 0, block = 0;
     const std::function<void()>* thread = nullptr;
-    uint64_t units = 0;
-    std::atomic<uint64_t>* next = nullptr;
+    const LaunchInfo* launch = nullptr;
+    std::atomic<uint64_t>* next = nullptr;  // null: the caller runs every block
   };
 
-  static void run_units(unsigned grid, unsigned block, const std::function<void()>& thread,
-                        uint64_t units, std::atomic<uint64_t>* next) {
-    gridDim = dim3(grid);
-    blockDim = dim3(block);
-    const uint64_t warps_per_block = (block + kWarp - 1) / kWarp;
-    for (uint64_t u = next ? next->fetch_add(1) : 0; u < units;
-         u = next ? next->fetch_add(1) : u + 1) {
-      blockIdx = dim3(static_cast<unsigned>(u / warps_per_block));
-      const unsigned first = static_cast<unsigned>(u % warps_per_block) * kWarp;
-      const unsigned last = std::min(block, first + kWarp);
-      for (unsigned t = first; t < last; ++t) {
-        threadIdx = dim3(t);
-        thread();
+  void run_blocks(const Job& job) {
+    gridDim = dim3(job.grid);
+    blockDim = dim3(job.block);
+    for (uint64_t b = job.next ? job.next->fetch_add(1) : 0; b < job.grid;
+         b = job.next ? job.next->fetch_add(1) : b + 1) {
+      try {
+        run_block(*job.launch, static_cast<unsigned>(b), job.block, *job.thread);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!job_error_) job_error_ = std::current_exception();
+        if (job.next) job.next->store(job.grid);  // the other workers stop taking blocks
+        return;
       }
     }
   }
@@ -95,7 +113,7 @@ class GridPool {
         seen = generation_;
         job = job_;
       }
-      run_units(job.grid, job.block, *job.thread, job.units, job.next);
+      run_blocks(job);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         --busy_;
@@ -105,10 +123,12 @@ class GridPool {
   }
 
   std::mutex launch_mutex_;
-  std::mutex mutex_;
+  std::mutex mutex_, error_mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
   Job job_;
+  std::exception_ptr job_error_;
+  uint64_t launches_ = 0;
   uint64_t generation_ = 0;
   int busy_ = 0;
   bool stopping_ = false;
@@ -128,11 +148,16 @@ GridPool& pool() {
 
 }  // namespace
 
-void run_grid(unsigned grid, unsigned block, const std::function<void()>& thread) {
-  if (grid == 0 || block == 0) return;
-  pool().run(grid, block, thread);
+uint64_t lane_order_seed() {
+  static const uint64_t seed = read_seed();
+  return seed;
 }
 
-void spin_pause() { std::this_thread::yield(); }
+void run_grid(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {
+  if (grid == 0 || block == 0) return;
+  pool().run(grid, block, kernel, thread);
+}
+
+void spin_pause() { lane_yield(); }
 
 }  // namespace dynemb::emulation

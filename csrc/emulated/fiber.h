@@ -1,0 +1,50 @@
+// dynemb emulated CUDA executor: fibers, the stackful coroutines that the lanes of an
+// emulated block run on (lockstep.cpp), so that a lane can stop at a warp collective or
+// a block barrier and resume there once its partners have arrived.
+//
+// A Fiber owns a stack (mmap'd, with a guard page below it) and switches with a few
+// instructions on x86-64 (the callee-saved registers and the stack pointer; the
+// fibers of an OS thread share its floating-point control words) and with
+// <ucontext.h> elsewhere. The switches are announced to
+// AddressSanitizer and ThreadSanitizer, which otherwise take a fiber's stack for a
+// corrupted thread stack.
+#pragma once
+
+#include <cstddef>
+
+namespace dynemb::emulation {
+
+class Fiber {
+ public:
+  using Entry = void (*)(void* arg);
+
+  explicit Fiber(size_t stack_bytes);
+  ~Fiber();
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+
+  /// Makes the next resume() run entry(arg) from the top of the stack. The entry never
+  /// returns: it ends with finish(), and the fiber may then be reset again.
+  void reset(Entry entry, void* arg);
+
+  /// Runs this fiber from the calling (scheduler) context until it calls suspend() or
+  /// finish(). Only one fiber runs at a time per OS thread.
+  void resume();
+
+  /// From inside the fiber: back to the scheduler; the next resume() continues here.
+  void suspend();
+
+  /// From inside the fiber: back to the scheduler for good (until the next reset()).
+  [[noreturn]] void finish();
+
+  struct Context;  // the saved registers or ucontext, and the sanitizers' fiber state
+
+ private:
+  void switch_out(bool dying);
+
+  void* stack_ = nullptr;  // the mapping, guard page included
+  size_t mapped_bytes_ = 0;
+  Context* context_ = nullptr;
+};
+
+}  // namespace dynemb::emulation

@@ -1,0 +1,536 @@
+// dynemb emulated CUDA executor: the lockstep block runner of lockstep.h.
+#include "emulated/lockstep.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "emulated/cuda_shim.h"
+#include "emulated/fiber.h"
+
+namespace dynemb::emulation {
+
+const char* collective_name(Collective kind) {
+  switch (kind) {
+    case Collective::kSyncWarp: return "__syncwarp";
+    case Collective::kShflIdx: return "__shfl_sync";
+    case Collective::kShflUp: return "__shfl_up_sync";
+    case Collective::kShflDown: return "__shfl_down_sync";
+    case Collective::kShflXor: return "__shfl_xor_sync";
+    case Collective::kBallot: return "__ballot_sync";
+    case Collective::kAny: return "__any_sync";
+    case Collective::kAll: return "__all_sync";
+    case Collective::kMatchAny: return "__match_any_sync";
+    case Collective::kMatchAll: return "__match_all_sync";
+    case Collective::kReduceAdd: return "__reduce_add_sync";
+    case Collective::kReduceMinUnsigned:
+    case Collective::kReduceMinSigned: return "__reduce_min_sync";
+    case Collective::kReduceMaxUnsigned:
+    case Collective::kReduceMaxSigned: return "__reduce_max_sync";
+    case Collective::kReduceAnd: return "__reduce_and_sync";
+    case Collective::kReduceOr: return "__reduce_or_sync";
+    case Collective::kReduceXor: return "__reduce_xor_sync";
+  }
+  return "a warp collective";
+}
+
+namespace {
+
+constexpr unsigned kWarp = 32;
+// Kernels keep rows and a few indices on their stacks; ASan's redzones need more.
+constexpr size_t kFiberStack = 256 * 1024;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string hex(unsigned mask) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", mask);
+  return text;
+}
+
+std::string site(std::source_location where) {
+  const char* file = where.file_name();
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(where.line());
+}
+
+enum class LaneState : uint8_t { kReady, kAtWarp, kAtBarrier, kAtActiveMask, kExited };
+
+struct Lane {
+  Fiber* fiber = nullptr;  // from the first run to the exit; then back to the free list
+  LaneState state = LaneState::kReady;
+  CollectiveCall call{Collective::kSyncWarp, 0, 0};
+  std::source_location where;
+  uint64_t result = 0;
+  unsigned rank = 0;  // the lane's place in this block's drawn order
+};
+
+/// One per OS thread: runs the blocks that thread takes, one at a time.
+class BlockRunner {
+ public:
+  void run(const LaunchInfo& launch, unsigned block_index, unsigned block_size,
+           const std::function<void()>& thread);
+
+  bool in_lane() const { return current_ != kNone; }
+  uint64_t collective(const CollectiveCall& call, std::source_location where);
+  void barrier(std::source_location where);
+  unsigned active_mask();
+  void yield();
+
+ private:
+  static constexpr unsigned kNone = ~0u;
+  static void lane_main(void* runner);
+  Fiber* take_fiber();
+
+  void push_ready(unsigned t) { ready_.push_back(t); }
+  void release_in_order(std::vector<unsigned>& lanes);
+  void try_complete_warp(unsigned t);
+  void try_complete_barrier();
+  bool release_active_masks();
+  void compute_results(unsigned warp, const CollectiveCall& call);
+  std::string call_error(const CollectiveCall& call, std::source_location where) const;
+  [[noreturn]] void abandon_lane();
+  [[noreturn]] void fail(const std::string& what);
+  std::string stall_report() const;
+  std::string describe_wait(unsigned t) const;
+
+  std::vector<Lane> lanes_;
+  // Stacks: a lane takes one when it first runs and gives it back when it exits, so a
+  // block whose threads never wait runs them all on one stack that stays in cache.
+  std::vector<std::unique_ptr<Fiber>> fibers_;
+  std::vector<Fiber*> free_fibers_;
+  std::vector<unsigned> order_;
+  std::vector<unsigned> ready_;  // a FIFO: ready_[head_ ..)
+  size_t head_ = 0;
+  unsigned block_size_ = 0, block_index_ = 0;
+  unsigned at_barrier_ = 0, exited_ = 0;
+  unsigned current_ = kNone;
+  const LaunchInfo* launch_ = nullptr;
+  const std::function<void()>* thread_ = nullptr;
+  std::string lane_error_;
+};
+
+thread_local BlockRunner runner;
+
+void BlockRunner::lane_main(void* self) {
+  auto* r = static_cast<BlockRunner*>(self);
+  const unsigned t = r->current_;
+  (*r->thread_)();
+  r->lanes_[t].state = LaneState::kExited;
+  r->lanes_[t].fiber->finish();
+}
+
+Fiber* BlockRunner::take_fiber() {
+  if (free_fibers_.empty()) {
+    fibers_.push_back(std::make_unique<Fiber>(kFiberStack));
+    return fibers_.back().get();
+  }
+  Fiber* fiber = free_fibers_.back();
+  free_fibers_.pop_back();
+  return fiber;
+}
+
+void BlockRunner::run(const LaunchInfo& launch, unsigned block_index, unsigned block_size,
+                      const std::function<void()>& thread) {
+  if (lanes_.size() < block_size) lanes_.resize(block_size);
+  free_fibers_.clear();  // every stack is free at a block's start (even after an error)
+  for (const auto& fiber : fibers_) free_fibers_.push_back(fiber.get());
+  launch_ = &launch;
+  thread_ = &thread;
+  block_index_ = block_index;
+  block_size_ = block_size;
+  at_barrier_ = exited_ = 0;
+  lane_error_.clear();
+  // The drawn order: a Fisher-Yates shuffle seeded by (seed, launch, block).
+  std::vector<unsigned>& order = order_;
+  order.resize(block_size);
+  for (unsigned t = 0; t < block_size; ++t) order[t] = t;
+  uint64_t state = splitmix64(launch.seed ^ splitmix64(launch.number) ^ (uint64_t{block_index} << 32));
+  for (unsigned t = block_size; t > 1; --t) {
+    state = splitmix64(state);
+    std::swap(order[t - 1], order[state % t]);
+  }
+  ready_.clear();
+  head_ = 0;
+  for (unsigned k = 0; k < block_size; ++k) {
+    Lane& lane = lanes_[order[k]];
+    lane.state = LaneState::kReady;
+    lane.rank = k;
+    lane.fiber = nullptr;
+    push_ready(order[k]);
+  }
+  while (exited_ < block_size_) {
+    if (head_ == ready_.size() && !release_active_masks()) fail(stall_report());
+    const unsigned t = ready_[head_++];
+    current_ = t;
+    threadIdx = dim3(t);
+    if (lanes_[t].fiber == nullptr) {
+      lanes_[t].fiber = take_fiber();
+      lanes_[t].fiber->reset(&BlockRunner::lane_main, this);
+    }
+    lanes_[t].fiber->resume();
+    current_ = kNone;
+    if (!lane_error_.empty()) fail(lane_error_);
+    switch (lanes_[t].state) {
+      case LaneState::kExited:
+        free_fibers_.push_back(lanes_[t].fiber);
+        ++exited_;
+        if (at_barrier_ > 0) fail(stall_report());
+        break;
+      case LaneState::kAtWarp: try_complete_warp(t); break;
+      case LaneState::kAtActiveMask: break;  // released when no lane can run
+      case LaneState::kAtBarrier:
+        ++at_barrier_;
+        try_complete_barrier();
+        break;
+      case LaneState::kReady:  // yielded in a spin loop
+        if (head_ == ready_.size()) std::this_thread::yield();
+        push_ready(t);
+        break;
+    }
+    if (head_ > 4096 && head_ * 2 > ready_.size()) {  // keep the FIFO small
+      ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+}
+
+void BlockRunner::release_in_order(std::vector<unsigned>& lanes) {
+  std::sort(lanes.begin(), lanes.end(),
+            [this](unsigned a, unsigned b) { return lanes_[a].rank < lanes_[b].rank; });
+  for (unsigned t : lanes) {
+    lanes_[t].state = LaneState::kReady;
+    push_ready(t);
+  }
+}
+
+void BlockRunner::try_complete_warp(unsigned t) {
+  const CollectiveCall& call = lanes_[t].call;
+  const unsigned warp = t / kWarp;
+  for (unsigned bit = 0; bit < kWarp; ++bit) {
+    if (!(call.mask >> bit & 1u)) continue;
+    const Lane& other = lanes_[warp * kWarp + bit];
+    if (other.state != LaneState::kAtWarp) return;  // not there yet (or never: a stall)
+    if (other.call.kind != call.kind || other.call.mask != call.mask ||
+        other.call.width != call.width) {
+      return;  // another collective: the stall report says which
+    }
+  }
+  compute_results(warp, call);
+  std::vector<unsigned> members;
+  for (unsigned bit = 0; bit < kWarp; ++bit) {
+    if (call.mask >> bit & 1u) members.push_back(warp * kWarp + bit);
+  }
+  release_in_order(members);
+}
+
+void BlockRunner::try_complete_barrier() {
+  if (at_barrier_ + exited_ < block_size_) return;
+  if (exited_ > 0) fail(stall_report());
+  std::vector<unsigned> all;
+  for (unsigned t = 0; t < block_size_; ++t) {
+    if (lanes_[t].where.line() != lanes_[0].where.line() ||
+        std::strcmp(lanes_[t].where.file_name(), lanes_[0].where.file_name()) != 0) {
+      fail("__syncthreads reached at different call sites: thread 0 at " + site(lanes_[0].where) +
+           ", thread " + std::to_string(t) + " at " + site(lanes_[t].where) +
+           " (a barrier inside divergent code)");
+    }
+    all.push_back(t);
+  }
+  at_barrier_ = 0;
+  release_in_order(all);
+}
+
+/// The source lane of a shuffle (PTX shfl.sync: segmask and the clamp from the width),
+/// or the lane itself where PTX copies the lane's own value.
+unsigned shuffle_source(const CollectiveCall& call, unsigned lane) {
+  const unsigned segmask = ~static_cast<unsigned>(call.width - 1) & 0x1fu;
+  const unsigned b = static_cast<unsigned>(call.arg) & 0x1fu;
+  const int min_lane = static_cast<int>(lane & segmask);
+  const int max_lane = static_cast<int>((lane & segmask) | (0x1fu & ~segmask));
+  int j = static_cast<int>(lane);
+  bool in_range = true;
+  switch (call.kind) {
+    case Collective::kShflIdx: j = min_lane | static_cast<int>(b & ~segmask); break;
+    case Collective::kShflUp:
+      j = static_cast<int>(lane) - static_cast<int>(b);
+      in_range = j >= min_lane;
+      break;
+    case Collective::kShflDown:
+      j = static_cast<int>(lane + b);
+      in_range = j <= max_lane;
+      break;
+    case Collective::kShflXor:
+      j = static_cast<int>(lane ^ b);
+      in_range = j <= max_lane;
+      break;
+    default: break;
+  }
+  return in_range ? static_cast<unsigned>(j) : lane;
+}
+
+void BlockRunner::compute_results(unsigned warp, const CollectiveCall& call) {
+  Lane* lanes = &lanes_[warp * kWarp];
+  const unsigned mask = call.mask;
+  auto value32 = [&](unsigned bit) { return static_cast<uint32_t>(lanes[bit].call.value); };
+  uint64_t common = 0;  // the result every lane shares, where there is one
+  switch (call.kind) {
+    case Collective::kBallot:
+    case Collective::kAny:
+    case Collective::kAll: {
+      uint32_t votes = 0;
+      for (unsigned bit = 0; bit < kWarp; ++bit) {
+        if ((mask >> bit & 1u) && lanes[bit].call.value != 0) votes |= 1u << bit;
+      }
+      common = call.kind == Collective::kBallot ? votes
+               : call.kind == Collective::kAny  ? (votes != 0)
+                                                : (votes == mask);
+      break;
+    }
+    case Collective::kReduceAdd:
+    case Collective::kReduceMinUnsigned:
+    case Collective::kReduceMaxUnsigned:
+    case Collective::kReduceMinSigned:
+    case Collective::kReduceMaxSigned:
+    case Collective::kReduceAnd:
+    case Collective::kReduceOr:
+    case Collective::kReduceXor: {
+      bool first = true;
+      uint32_t acc = 0;
+      for (unsigned bit = 0; bit < kWarp; ++bit) {
+        if (!(mask >> bit & 1u)) continue;
+        const uint32_t v = value32(bit);
+        if (first) {
+          acc = v;
+          first = false;
+          continue;
+        }
+        switch (call.kind) {
+          case Collective::kReduceAdd: acc += v; break;
+          case Collective::kReduceMinUnsigned: acc = std::min(acc, v); break;
+          case Collective::kReduceMaxUnsigned: acc = std::max(acc, v); break;
+          case Collective::kReduceMinSigned:
+            acc = static_cast<uint32_t>(std::min(static_cast<int32_t>(acc), static_cast<int32_t>(v)));
+            break;
+          case Collective::kReduceMaxSigned:
+            acc = static_cast<uint32_t>(std::max(static_cast<int32_t>(acc), static_cast<int32_t>(v)));
+            break;
+          case Collective::kReduceAnd: acc &= v; break;
+          case Collective::kReduceOr: acc |= v; break;
+          default: acc ^= v; break;
+        }
+      }
+      common = acc;
+      break;
+    }
+    default: break;
+  }
+  for (unsigned bit = 0; bit < kWarp; ++bit) {
+    if (!(mask >> bit & 1u)) continue;
+    Lane& lane = lanes[bit];
+    switch (call.kind) {
+      case Collective::kShflIdx:
+      case Collective::kShflUp:
+      case Collective::kShflDown:
+      case Collective::kShflXor: {
+        const unsigned source = shuffle_source(lane.call, bit);
+        if (!(mask >> source & 1u)) {
+          fail(std::string(collective_name(call.kind)) + " at " + site(lane.where) + ": lane " +
+               std::to_string(bit) + " of warp " + std::to_string(warp) + " reads lane " +
+               std::to_string(source) + ", which mask " + hex(mask) +
+               " leaves out (CUDA leaves the value undefined)");
+        }
+        lane.result = lanes[source].call.value;
+        break;
+      }
+      case Collective::kMatchAny:
+      case Collective::kMatchAll: {
+        uint32_t same = 0;
+        for (unsigned other = 0; other < kWarp; ++other) {
+          if ((mask >> other & 1u) && lanes[other].call.value == lane.call.value) same |= 1u << other;
+        }
+        lane.result = call.kind == Collective::kMatchAny ? same
+                      : same == mask                     ? (uint64_t{1} << 32) | mask
+                                                         : 0;
+        break;
+      }
+      default: lane.result = common; break;
+    }
+  }
+}
+
+std::string BlockRunner::call_error(const CollectiveCall& call, std::source_location where) const {
+  const unsigned t = current_;
+  const unsigned lane_bit = t % kWarp;
+  const std::string name = collective_name(call.kind);
+  if (!(call.mask >> lane_bit & 1u)) {
+    return name + " at " + site(where) + ": lane " + std::to_string(lane_bit) + " of warp " +
+           std::to_string(t / kWarp) + " calls it with mask " + hex(call.mask) +
+           ", which leaves the lane itself out";
+  }
+  const unsigned lanes_here = std::min(kWarp, block_size_ - (t - lane_bit));
+  if (lanes_here < kWarp && (call.mask >> lanes_here) != 0) {
+    return name + " at " + site(where) + ": mask " + hex(call.mask) + " names lanes beyond the " +
+           std::to_string(lanes_here) + " threads of warp " + std::to_string(t / kWarp) +
+           " (block of " + std::to_string(block_size_) + ")";
+  }
+  const bool shuffle = call.kind == Collective::kShflIdx || call.kind == Collective::kShflUp ||
+                       call.kind == Collective::kShflDown || call.kind == Collective::kShflXor;
+  if (shuffle && (call.width < 1 || call.width > 32 || (call.width & (call.width - 1)) != 0)) {
+    return name + " at " + site(where) + ": width " + std::to_string(call.width) +
+           " is not a power of two in [1, 32]";
+  }
+  return {};
+}
+
+uint64_t BlockRunner::collective(const CollectiveCall& call, std::source_location where) {
+  lane_error_ = call_error(call, where);
+  if (!lane_error_.empty()) abandon_lane();
+  Lane& lane = lanes_[current_];
+  lane.call = call;
+  lane.where = where;
+  lane.state = LaneState::kAtWarp;
+  lane.fiber->suspend();
+  return lane.result;
+}
+
+void BlockRunner::barrier(std::source_location where) {
+  Lane& lane = lanes_[current_];
+  lane.where = where;
+  lane.state = LaneState::kAtBarrier;
+  lane.fiber->suspend();
+}
+
+unsigned BlockRunner::active_mask() {
+  Lane& lane = lanes_[current_];
+  lane.state = LaneState::kAtActiveMask;
+  lane.fiber->suspend();
+  return static_cast<unsigned>(lane.result);
+}
+
+/// __activemask(): once no thread of the block can run, the lanes of each warp that
+/// wait at __activemask are the ones that reached it together; each gets that set.
+bool BlockRunner::release_active_masks() {
+  std::vector<unsigned> released;
+  for (unsigned first = 0; first < block_size_; first += kWarp) {
+    unsigned mask = 0;
+    for (unsigned bit = 0; bit < kWarp && first + bit < block_size_; ++bit) {
+      if (lanes_[first + bit].state == LaneState::kAtActiveMask) mask |= 1u << bit;
+    }
+    for (unsigned bit = 0; bit < kWarp; ++bit) {
+      if (!(mask >> bit & 1u)) continue;
+      lanes_[first + bit].result = mask;
+      released.push_back(first + bit);
+    }
+  }
+  release_in_order(released);
+  return !released.empty();
+}
+
+void BlockRunner::yield() {
+  lanes_[current_].state = LaneState::kReady;
+  lanes_[current_].fiber->suspend();
+}
+
+void BlockRunner::abandon_lane() {
+  // No object of this frame owns memory: the fiber is never resumed (run() raises
+  // lane_error_), so nothing here would be freed.
+  lanes_[current_].fiber->suspend();
+  __builtin_trap();
+}
+
+void BlockRunner::fail(const std::string& what) {
+  current_ = kNone;
+  throw std::runtime_error("dynemb emulation: kernel " + std::string(launch_->kernel) + ", block " +
+                           std::to_string(block_index_) + ": " + what + " (DYNEMB_EMULATION_SEED=" +
+                           std::to_string(launch_->seed) + " replays this lane order)");
+}
+
+std::string BlockRunner::describe_wait(unsigned t) const {
+  const Lane& lane = lanes_[t];
+  switch (lane.state) {
+    case LaneState::kExited: return "it exited";
+    case LaneState::kAtBarrier: return "it waits at __syncthreads at " + site(lane.where);
+    case LaneState::kAtWarp:
+      return std::string("it waits at ") + collective_name(lane.call.kind) + " (mask " +
+             hex(lane.call.mask) + ") at " + site(lane.where);
+    case LaneState::kAtActiveMask: return "it waits at __activemask";
+    case LaneState::kReady: break;
+  }
+  return "it is ready";
+}
+
+std::string BlockRunner::stall_report() const {
+  // A warp collective that some lane of its mask cannot reach.
+  for (unsigned t = 0; t < block_size_; ++t) {
+    const Lane& lane = lanes_[t];
+    if (lane.state != LaneState::kAtWarp) continue;
+    const unsigned warp_first = t - t % kWarp;
+    for (unsigned bit = 0; bit < kWarp; ++bit) {
+      if (!(lane.call.mask >> bit & 1u)) continue;
+      const Lane& other = lanes_[warp_first + bit];
+      const bool same = other.state == LaneState::kAtWarp && other.call.kind == lane.call.kind &&
+                        other.call.mask == lane.call.mask && other.call.width == lane.call.width;
+      if (!same) {
+        return "lane " + std::to_string(bit) + " of warp " + std::to_string(t / kWarp) +
+               " never reaches " + collective_name(lane.call.kind) + " (mask " +
+               hex(lane.call.mask) + ") at " + site(lane.where) + " where lane " +
+               std::to_string(t % kWarp) + " waits: " + describe_wait(warp_first + bit);
+      }
+    }
+  }
+  // A barrier that some thread skips.
+  for (unsigned t = 0; t < block_size_; ++t) {
+    if (lanes_[t].state != LaneState::kAtBarrier) continue;
+    for (unsigned other = 0; other < block_size_; ++other) {
+      if (lanes_[other].state == LaneState::kAtBarrier) continue;
+      return "thread " + std::to_string(other) + " never reaches __syncthreads at " +
+             site(lanes_[t].where) + " where thread " + std::to_string(t) +
+             " waits: " + describe_wait(other) + " (a barrier inside divergent code)";
+    }
+  }
+  return "no thread can run, none waits at a collective";
+}
+
+}  // namespace
+
+uint64_t warp_collective(const CollectiveCall& call, std::source_location where) {
+  if (!runner.in_lane()) {
+    throw std::runtime_error(std::string("dynemb emulation: ") + collective_name(call.kind) +
+                             " called outside a kernel");
+  }
+  return runner.collective(call, where);
+}
+
+void block_barrier(std::source_location where) {
+  if (!runner.in_lane()) throw std::runtime_error("dynemb emulation: __syncthreads outside a kernel");
+  runner.barrier(where);
+}
+
+unsigned active_lanes() { return runner.in_lane() ? runner.active_mask() : 0u; }
+
+void lane_yield() {
+  if (runner.in_lane()) {
+    runner.yield();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
+void run_block(const LaunchInfo& launch, unsigned block_index, unsigned block_size,
+               const std::function<void()>& thread) {
+  blockIdx = dim3(block_index);
+  runner.run(launch, block_index, block_size, thread);
+}
+
+}  // namespace dynemb::emulation
