@@ -29,22 +29,24 @@ from torch import nn
 from torch.export import Dim
 from torchrec.datasets.utils import Batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # example.py's directory
-
-import example  # noqa: E402
-from dynemb.datasets import roc_auc  # noqa: E402
-from dynemb.deltas import delta_path  # noqa: E402
-from dynemb.exportable_tables import (  # noqa: E402
-    InferenceEmbeddingBagCollection,
-    InferenceEmbeddingCollection,
-)
-from dynemb.models import mean_of_rows  # noqa: E402
-from examples.publishing import (  # noqa: E402
+from dynemb.datasets import roc_auc
+from dynemb.deltas import delta_path
+from dynemb.example import silence_known_notices
+from dynemb.example.data import dynamic_features, id_views, make_dataset
+from dynemb.example.model import dynamic_table_options, table_configs, unsharded_model
+from dynemb.example.publishing import (
     CONFIG,
     published_versions,
     read_config,
     read_version,
 )
+from dynemb.exportable_tables import (
+    InferenceEmbeddingBagCollection,
+    InferenceEmbeddingCollection,
+)
+from dynemb.models import mean_of_rows
+
+silence_known_notices()
 
 MEAN = 2  # DynamicEmb's pooling code: the example's pooled tables average their rows
 
@@ -87,9 +89,9 @@ class ServingDLRM(nn.Module):
 
     def __init__(self, args: argparse.Namespace, num_dense: int, device: torch.device) -> None:
         super().__init__()
-        pooled, sequence = example.table_configs(args)
-        dynamic = example.dynamic_features(args)
-        dlrm = example.unsharded_model(args, num_dense)  # the layers, and their order
+        pooled, sequence = table_configs(args)
+        dynamic = dynamic_features(args)
+        dlrm = unsharded_model(args, num_dense)  # the layers, and their order
         self.dim = args.embedding_dim
         self.pooled_features = list(dlrm.pooled_features)
         self.sequence_features = list(dlrm.sequence_features)
@@ -190,7 +192,7 @@ class ServingDLRM(nn.Module):
 
 def _options(args: argparse.Namespace):
     """A dynamic table's options as trained (one process: all rows, all capacity)."""
-    options = example.dynamic_table_options(args)
+    options = dynamic_table_options(args)
     options.dim, options.max_capacity = args.embedding_dim, args.capacity
     return options
 
@@ -223,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     trained = argparse.Namespace(**read_config(directory))
-    data = example.make_dataset(trained)
+    data = make_dataset(trained)
     # The device example.py trains on (its logits are that device's arithmetic).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = ServingDLRM(trained, data.num_dense, device).eval()
     model.load(directory, version)
-    views = example.id_views(trained)
+    views = id_views(trained)
     batches = list(
         data.batches("eval", batch_size=trained.batch_size, rank=0, world_size=1, id_view=views)
     )
