@@ -6,6 +6,10 @@ Usage::
     python examples/serve.py                               # the latest version: the same AUC
     python examples/serve.py --version 2                   # base + deltas 1..2
 
+Serves exactly the version asked for (the latest: the highest committed delta) or
+refuses, naming every missing file (``base/``, ``delta-<N>/``, ``dense-<N>.pt``) or the
+damaged one: never an older version in its place.
+
 What it does: rebuilds example.py's DLRM from the arguments the example saved
 (``example.json``) with its dynamic tables replaced by dynemb's inference modules
 (``InferenceEmbeddingBagCollection`` for the pooled features,
@@ -36,7 +40,8 @@ from dynemb.example.data import dynamic_features, id_views, make_dataset
 from dynemb.example.model import dynamic_table_options, table_configs, unsharded_model
 from dynemb.example.publishing import (
     CONFIG,
-    published_versions,
+    latest_version,
+    missing_files,
     read_config,
     read_version,
 )
@@ -213,14 +218,24 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    versions = published_versions(directory)
-    if not versions:
+    latest = latest_version(directory)
+    if latest is None:
         print(f"--publish_dir {directory}: no complete version yet", file=sys.stderr)
         return 2
-    version = versions[-1] if args.version is None else args.version
-    if version not in versions:
+    version = latest if args.version is None else args.version
+    asked = (
+        f"--version {version}" if args.version is not None else f"the latest version ({version})"
+    )
+    if not 0 <= version <= latest:
         print(
-            f"--version {args.version}: {directory} holds versions 0..{versions[-1]}",
+            f"{asked}: {directory} holds no such version (the latest is {latest})", file=sys.stderr
+        )
+        return 2
+    # Exactly the version asked for, or nothing: never an older one in its place.
+    missing = missing_files(directory, version)
+    if missing:
+        print(
+            f"{asked}: cannot serve version {version} of {directory}: {', '.join(missing)} missing",
             file=sys.stderr,
         )
         return 2
@@ -229,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     # The device example.py trains on (its logits are that device's arithmetic).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = ServingDLRM(trained, data.num_dense, device).eval()
-    model.load(directory, version)
+    try:
+        model.load(directory, version)
+    except (ValueError, OSError) as e:  # a damaged file, named by the error
+        print(f"{asked}: cannot serve version {version} of {directory}: {e}", file=sys.stderr)
+        return 2
     views = id_views(trained)
     batches = list(
         data.batches("eval", batch_size=trained.batch_size, rank=0, world_size=1, id_view=views)
