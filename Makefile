@@ -150,7 +150,7 @@ bench-quick: build
 	@for b in $(BENCHMARKS); do echo "== $$b --quick"; $(PY) $$b --quick > /dev/null || exit 1; done
 
 # ---------------------------------------------------------------- the GPU run-book
-# On a machine with a GPU, nvcc 13 and network (README, "Run it on a GPU machine"):
+# On a machine with a GPU, nvcc 13 and network (docs/gpu.md, "Run it on a GPU machine"):
 #   make gpu-test    .venv-cuda with the CUDA builds of torch/fbgemm-gpu, dynemb built with
 #                    DYNEMB_WITH_CUDA=1, then the whole suite with the cuda executor and the
 #                    cuda test device (tests/devices.py)

@@ -8,8 +8,9 @@ Usage::
 
 The data is ``dynemb.datasets.SyntheticClicks`` at its defaults (8 one-hot features
 with Zipf(1.05) ids over 1M ids each, a hidden vector per id, 1M training rows, 100k
-held-out rows, seed 0). The model and the training code are ``example.py``'s (imported,
-so that the benchmark measures exactly what the example runs): ``SequenceDLRM`` with 7
+held-out rows, seed 0). The model and the training code are ``example.py``'s (its builders,
+``dynemb.example``, imported so that the benchmark measures exactly what the example
+runs): ``SequenceDLRM`` with 7
 pooled tables and 1 sequence table of dim 16, trained for one epoch, batch 1024, with
 the embedding optimizer fused into backward (default EXACT_ROWWISE_ADAGRAD, LR 0.05)
 and Adam (LR 1e-3) on the dense part, world size 1 through
@@ -43,12 +44,13 @@ import time
 
 import numpy as np
 import torch
-from common import REPO_ROOT, Recorder, available_threads, commit_hash, set_threads
+from common import Recorder, available_threads, commit_hash, set_threads
 from dmp_setup import single_process_group
 
-sys.path.insert(0, str(REPO_ROOT))  # example.py lives at the top of the repository
-
-import example  # noqa: E402
+from dynemb.example import arguments as example_arguments
+from dynemb.example import data as example_data
+from dynemb.example import loops as example_loops
+from dynemb.example import model as example_model
 
 WORKLOAD = "W-quality"
 PEER_IMPL = "torchrec.static"
@@ -85,22 +87,24 @@ QUICK = [
 
 def example_args(sizes: list[str], optimizer: str, static: bool) -> argparse.Namespace:
     flags = ["--train", "--eval", "--epochs", "1", "--optimizer", optimizer, *sizes]
-    return example.parse_args(flags + (["--static"] if static else []))
+    return example_arguments.parse_args(flags + (["--static"] if static else []))
 
 
 def train_and_evaluate(args: argparse.Namespace, data, label: str) -> dict:
     """One epoch of example.py's training on ``data``; returns loss, AUC and throughput."""
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
-    model = example.build_model(args, data.num_dense, torch.distributed.group.WORLD, device)
-    optimizer = example.dense_optimizer(model, args)
-    batches = dict(batch_size=args.batch_size, id_view=example.id_views(args))
+    model = example_model.build_model(args, data.num_dense, torch.distributed.group.WORLD, device)
+    optimizer = example_model.dense_optimizer(model, args)
+    batches = dict(batch_size=args.batch_size, id_view=example_data.id_views(args))
     start = time.perf_counter()
-    loss = example.train_epoch(
+    loss = example_loops.train_epoch(
         model, optimizer, data.batches("train", **batches), device, f"{label} train", True
     )
     seconds = time.perf_counter() - start
-    auc = example.evaluate(model, data.batches("eval", **batches), device, f"{label} eval", True)
+    auc = example_loops.evaluate(
+        model, data.batches("eval", **batches), device, f"{label} eval", True
+    )
     return {"auc": auc, "train_loss": loss, "samples_per_s": data.num_rows["train"] / seconds}
 
 
@@ -118,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=("torchrec", "dynemb"), help="run one side only")
     parser.add_argument(
         "--score_strategy",
-        choices=example.SCORE_STRATEGIES,
+        choices=example_arguments.SCORE_STRATEGIES,
         default="TIMESTAMP",
         help="the dynamic tables' eviction strategy",
     )
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = QUICK if args.quick else FULL
     peer_args = example_args(sizes, args.optimizer, static=True)
     dyn_args = example_args(sizes, args.optimizer, static=False)
-    data = example.make_dataset(peer_args)  # the same rows for both; views differ
+    data = example_data.make_dataset(peer_args)  # the same rows for both; views differ
     rec = Recorder(commit_hash())
     if args.capacity_ratio is not None:
         dyn_args.capacity = capacity_of(data, args.capacity_ratio)

@@ -7,10 +7,10 @@ Usage::
                                      [--optimizer NAME] [--only torchrec|dynemb]
                                      [--steps N] [--threads N]
 
-Why: wall time on this project's 2-core virtual machines moves by 2x within an hour
-and hosts of one machine kind differ several-fold (benchmark/host.py), but the
+Why: wall time on a shared 2-core virtual machine can move by 2x within an hour and
+hosts of one machine kind differ several-fold (benchmark/host.py), but the
 instructions a step retires do not depend on the host, and on a host with fast memory
-dynemb's step is bound by them (DynamicEmb_APIs.md, "Session 18"). Cycles are printed
+dynemb's step is bound by them. Cycles are printed
 beside them: their ratio says whether a phase waits on memory on this host.
 
 For each (implementation, phase) a child process runs under ``perf stat`` with its

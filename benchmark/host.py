@@ -1,10 +1,10 @@
 """What the host of a run can do: a few one-thread probes, recorded beside the figures.
 
 Same-run ratios compare two implementations on one host, but hosts of one machine kind
-differ, and not by one factor: on 2026-11-25 TorchRec's fused CPU backward of a W-train
-step took 19.9 ms, on 2026-11-26 (same kind, idle; a nested micro-VM) 133 ms, while
-dynemb's took 22.7 and 65.5 ms. These probes say which kind of host a line of figures
-came from:
+differ, and not by one factor: TorchRec's fused CPU backward of a W-train step has taken
+19.9 ms on one 2-vCPU host and 133 ms on another of the same kind (a nested micro-VM),
+while dynemb's took 22.7 and 65.5 ms. These probes say which kind of host a line of
+figures came from:
 
 - ``random_row_gather_ns``: ``index_select`` of random 256-byte rows from a 2 GiB table
   (W-train's TorchRec tables: 8 x 1,000,000 x 256 bytes), far beyond any cache: memory

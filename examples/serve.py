@@ -6,6 +6,10 @@ Usage::
     python examples/serve.py                               # the latest version: the same AUC
     python examples/serve.py --version 2                   # base + deltas 1..2
 
+Serves exactly the version asked for (the latest: the highest committed delta) or
+refuses, naming every missing file (``base/``, ``delta-<N>/``, ``dense-<N>.pt``) or the
+damaged one: never an older version in its place.
+
 What it does: rebuilds example.py's DLRM from the arguments the example saved
 (``example.json``) with its dynamic tables replaced by dynemb's inference modules
 (``InferenceEmbeddingBagCollection`` for the pooled features,
@@ -29,22 +33,25 @@ from torch import nn
 from torch.export import Dim
 from torchrec.datasets.utils import Batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # example.py's directory
-
-import example  # noqa: E402
-from dynemb.datasets import roc_auc  # noqa: E402
-from dynemb.deltas import delta_path  # noqa: E402
-from dynemb.exportable_tables import (  # noqa: E402
-    InferenceEmbeddingBagCollection,
-    InferenceEmbeddingCollection,
-)
-from dynemb.models import mean_of_rows  # noqa: E402
-from examples.publishing import (  # noqa: E402
+from dynemb.datasets import roc_auc
+from dynemb.deltas import delta_path
+from dynemb.example import silence_known_notices
+from dynemb.example.data import dynamic_features, id_views, make_dataset
+from dynemb.example.model import dynamic_table_options, table_configs, unsharded_model
+from dynemb.example.publishing import (
     CONFIG,
-    published_versions,
+    latest_version,
+    missing_files,
     read_config,
     read_version,
 )
+from dynemb.exportable_tables import (
+    InferenceEmbeddingBagCollection,
+    InferenceEmbeddingCollection,
+)
+from dynemb.models import mean_of_rows
+
+silence_known_notices()
 
 MEAN = 2  # DynamicEmb's pooling code: the example's pooled tables average their rows
 
@@ -87,9 +94,9 @@ class ServingDLRM(nn.Module):
 
     def __init__(self, args: argparse.Namespace, num_dense: int, device: torch.device) -> None:
         super().__init__()
-        pooled, sequence = example.table_configs(args)
-        dynamic = example.dynamic_features(args)
-        dlrm = example.unsharded_model(args, num_dense)  # the layers, and their order
+        pooled, sequence = table_configs(args)
+        dynamic = dynamic_features(args)
+        dlrm = unsharded_model(args, num_dense)  # the layers, and their order
         self.dim = args.embedding_dim
         self.pooled_features = list(dlrm.pooled_features)
         self.sequence_features = list(dlrm.sequence_features)
@@ -190,7 +197,7 @@ class ServingDLRM(nn.Module):
 
 def _options(args: argparse.Namespace):
     """A dynamic table's options as trained (one process: all rows, all capacity)."""
-    options = example.dynamic_table_options(args)
+    options = dynamic_table_options(args)
     options.dim, options.max_capacity = args.embedding_dim, args.capacity
     return options
 
@@ -211,24 +218,38 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    versions = published_versions(directory)
-    if not versions:
+    latest = latest_version(directory)
+    if latest is None:
         print(f"--publish_dir {directory}: no complete version yet", file=sys.stderr)
         return 2
-    version = versions[-1] if args.version is None else args.version
-    if version not in versions:
+    version = latest if args.version is None else args.version
+    asked = (
+        f"--version {version}" if args.version is not None else f"the latest version ({version})"
+    )
+    if not 0 <= version <= latest:
         print(
-            f"--version {args.version}: {directory} holds versions 0..{versions[-1]}",
+            f"{asked}: {directory} holds no such version (the latest is {latest})", file=sys.stderr
+        )
+        return 2
+    # Exactly the version asked for, or nothing: never an older one in its place.
+    missing = missing_files(directory, version)
+    if missing:
+        print(
+            f"{asked}: cannot serve version {version} of {directory}: {', '.join(missing)} missing",
             file=sys.stderr,
         )
         return 2
     trained = argparse.Namespace(**read_config(directory))
-    data = example.make_dataset(trained)
+    data = make_dataset(trained)
     # The device example.py trains on (its logits are that device's arithmetic).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = ServingDLRM(trained, data.num_dense, device).eval()
-    model.load(directory, version)
-    views = example.id_views(trained)
+    try:
+        model.load(directory, version)
+    except (ValueError, OSError) as e:  # a damaged file, named by the error
+        print(f"{asked}: cannot serve version {version} of {directory}: {e}", file=sys.stderr)
+        return 2
+    views = id_views(trained)
     batches = list(
         data.batches("eval", batch_size=trained.batch_size, rank=0, world_size=1, id_view=views)
     )

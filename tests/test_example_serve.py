@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from dynemb.deltas import delta_path, read_delta
-from examples import publishing, serve
+from dynemb.example import publishing
+from examples import serve
 from tests.multiprocess import free_port
 
 REPO = Path(__file__).resolve().parent.parent

@@ -37,6 +37,11 @@ from dynemb.deltas import DeltaPublisher, delta_path
 
 CONFIG = "example.json"
 _DENSE = re.compile(r"^dense-(\d{8})\.pt$")
+_DELTA = re.compile(r"^delta-(\d{8})$")
+
+
+class PublishedFileError(ValueError):
+    """A file of a published version is missing or cannot be read; the message names it."""
 
 
 def dense_path(directory: str | Path, version: int) -> Path:
@@ -61,6 +66,30 @@ def published_versions(directory: str | Path) -> list[int]:
             break
         versions.append(v)
     return versions
+
+
+def latest_version(directory: str | Path) -> int | None:
+    """The last version committed to ``directory``: its highest delta (0: the base
+    alone), whether or not every version before it is whole (``missing_files``); None
+    when neither the base nor a delta exists. A ``dense-N.pt`` without its delta is a
+    publication in progress, not a version."""
+    directory = Path(directory)
+    deltas = [int(m.group(1)) for p in directory.iterdir() if (m := _DELTA.match(p.name))]
+    deltas = [v for v in deltas if delta_path(directory, v).is_dir()]
+    if deltas:
+        return max(deltas)
+    return 0 if (directory / "base").is_dir() else None
+
+
+def missing_files(directory: str | Path, version: int) -> list[str]:
+    """The files that version ``version`` of ``directory`` needs and that are absent, by
+    name (``base/``, ``delta-<N>/``, ``dense-<N>.pt``): the base, deltas 1..version and
+    dense files 0..version. Empty when the version is whole."""
+    directory = Path(directory)
+    needed = [directory / "base"] + [delta_path(directory, v) for v in range(1, version + 1)]
+    missing = [f"{path.name}/" for path in needed if not path.is_dir()]
+    dense = [dense_path(directory, v) for v in range(version + 1)]
+    return missing + [path.name for path in dense if not path.is_file()]
 
 
 TABLES = ("embedding_bag_collection.", "embedding_collection.")  # SequenceDLRM's collections
@@ -134,16 +163,28 @@ def changed_rows(previous: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
 
 def read_version(directory: str | Path, version: int) -> State:
     """(dense layers, ordinary tables) of ``version``: ``dense-N``'s dense layers, and
-    the tables of ``dense-0`` patched with the changed rows of ``dense-1`` .. ``dense-N``."""
+    the tables of ``dense-0`` patched with the changed rows of ``dense-1`` .. ``dense-N``.
+
+    Raises:
+        PublishedFileError: one of these files is missing or cannot be read, naming it.
+    """
     dense, tables = {}, {}
     for v in range(version + 1):
-        saved = torch.load(dense_path(directory, v), weights_only=True)
-        dense = saved["dense"]
-        for name, (rows, values) in saved["tables"].items():
-            if rows is None:
-                tables[name] = values
-            else:
-                tables[name][rows] = values
+        path = dense_path(directory, v)
+        try:
+            saved = torch.load(path, weights_only=True)
+            dense = saved["dense"]
+            for name, (rows, values) in saved["tables"].items():
+                if rows is None:
+                    tables[name] = values
+                else:
+                    tables[name][rows] = values
+        except Exception as e:  # any damage: a truncated zip, a bad pickle, another layout
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise PublishedFileError(
+                f"{path}: cannot read version {v}'s dense state ({reason}); the file is "
+                "missing or damaged"
+            ) from e
     return dense, tables
 
 
