@@ -60,6 +60,14 @@ def executor() -> str:
     return "cuda" if _C.with_cuda and torch.cuda.is_available() else "cpu"
 
 
+def emulation_counters() -> dict[str, int]:
+    """What the emulated CUDA executor ran since the process started: ``launches``
+    (kernels), ``memsets``, ``blocks`` and ``threads``: what the same ops launch on a
+    GPU. Counts only ops run with ``DYNEMB_EXECUTOR=cuda-emulated``."""
+    names = ("launches", "memsets", "blocks", "threads")
+    return dict(zip(names, torch.ops.dynemb_cuda_emulated.emulation_counters(), strict=True))
+
+
 # The op contract's codes, read from csrc/core (csrc/torch/core_constants.h); nothing
 # here restates them. The public enums (dynemb.types) are checked against them by
 # tests/test_core_constants.py.

@@ -43,7 +43,9 @@ def run(program, *args, seed=None):
     env = dict(os.environ)
     if seed is not None:
         env["DYNEMB_EMULATION_SEED"] = str(seed)
-    return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [str(program), *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def case_names():

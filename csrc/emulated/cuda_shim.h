@@ -53,7 +53,11 @@ enum cudaError_t { cudaSuccess = 0 };
 using __half = c10::Half;
 using __nv_bfloat16 = c10::BFloat16;
 
+namespace dynemb::emulation {
+void count_memset();  // launch.cpp: counters()
+}
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  dynemb::emulation::count_memset();
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -254,6 +258,13 @@ void spin_pause();
 
 /// The seed of the lane orders (DYNEMB_EMULATION_SEED, or drawn at start-up).
 uint64_t lane_order_seed();
+
+/// What the executor did since the process started: kernel launches, cudaMemsetAsync
+/// calls, blocks and threads run (what a GPU would launch for the same ops).
+struct Counters {
+  uint64_t launches, memsets, blocks, threads;
+};
+Counters counters();
 
 /// DYNEMB_LAUNCH(grid, block, stream, kernel)(args...) in emulation.
 struct Launch {

@@ -37,7 +37,7 @@
 // stack, stores the stack pointer in *save, and pops the same from next. The SSE and
 // x87 control words are not switched (saving them was most of a switch's cost): every
 // fiber of an OS thread shares them, and no kernel changes them. dynemb_fiber_start is where a fresh stack "returns" to: it calls
-// r13(r12) (Fiber::trampoline(fiber)), which never returns.
+// r13(r12) (dynemb_fiber_enter(context)), which never returns.
 extern "C" void dynemb_fiber_switch(void** save, void* next);
 extern "C" void dynemb_fiber_start();
 asm(R"(
@@ -79,8 +79,11 @@ dynemb_fiber_start:
 namespace dynemb::emulation {
 
 struct Fiber::Context {
+  Fiber* fiber = nullptr;
   Entry entry = nullptr;
   void* arg = nullptr;
+  bool parked = false;   // the last entry returned: the fiber waits in run_entries
+  bool started = false;  // the stack holds frames (of a parked or an abandoned fiber)
 #if defined(__x86_64__)
   void* fiber_sp = nullptr;
   void* scheduler_sp = nullptr;
@@ -107,6 +110,7 @@ size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 }  // namespace
 
 Fiber::Fiber(size_t stack_bytes) : context_(new Context()) {
+  context_->fiber = this;
   const size_t page = page_size();
   mapped_bytes_ = (stack_bytes + page - 1) / page * page + page;  // + the guard page
   stack_ = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE,
@@ -132,13 +136,20 @@ Fiber::~Fiber() {
 
 namespace {
 
-/// The first code a fiber runs (on its own stack).
-[[noreturn]] void trampoline(Fiber::Entry entry, void* arg) {
-  entry(arg);
-  __builtin_trap();  // an entry ends with finish()
-}
-
 }  // namespace
+
+/// The first code a fiber runs (on its own stack): the entries reset() gives it, one
+/// per resume, parking in between. Entries return here, so the sanitizers see every
+/// frame popped (TSan's shadow stack of a fiber whose entries never returned grew until
+/// it overflowed) and the next entry needs no fresh stack.
+[[noreturn]] void Fiber::run_entries(Context* c) {
+  for (;;) {
+    c->parked = false;
+    c->entry(c->arg);
+    c->parked = true;
+    c->fiber->switch_out();
+  }
+}
 
 #if defined(__x86_64__)
 // Called by dynemb_fiber_start with the Context in rdi.
@@ -147,7 +158,7 @@ extern "C" [[noreturn]] void dynemb_fiber_enter(void* context) {
 #if defined(DYNEMB_FIBER_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &c->scheduler_bottom, &c->scheduler_size);
 #endif
-  trampoline(c->entry, c->arg);
+  Fiber::run_entries(c);
 }
 #else
 static void dynemb_fiber_enter_uc(unsigned hi, unsigned lo) {
@@ -155,13 +166,21 @@ static void dynemb_fiber_enter_uc(unsigned hi, unsigned lo) {
 #if defined(DYNEMB_FIBER_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &c->scheduler_bottom, &c->scheduler_size);
 #endif
-  trampoline(c->entry, c->arg);
+  Fiber::run_entries(c);
 }
 #endif
 
 void Fiber::reset(Entry entry, void* arg) {
   context_->entry = entry;
   context_->arg = arg;
+  if (context_->parked) return;  // run_entries calls the new entry on the next resume
+#if defined(DYNEMB_FIBER_TSAN)
+  if (context_->started) {  // abandoned mid-entry: its frames stay on TSan's shadow stack
+    __tsan_destroy_fiber(context_->tsan_fiber);
+    context_->tsan_fiber = __tsan_create_fiber(0);
+  }
+#endif
+  context_->started = true;
 #if defined(DYNEMB_FIBER_ASAN)
   context_->fiber_fake_stack = nullptr;
   // A fiber left at an error keeps its frames' redzones: the stack starts clean again.
@@ -213,13 +232,10 @@ void Fiber::resume() {
 #endif
 }
 
-void Fiber::switch_out(bool dying) {
+void Fiber::switch_out() {
   Context* c = context_;
 #if defined(DYNEMB_FIBER_ASAN)
-  __sanitizer_start_switch_fiber(dying ? nullptr : &c->fiber_fake_stack, c->scheduler_bottom,
-                                 c->scheduler_size);
-#else
-  (void)dying;
+  __sanitizer_start_switch_fiber(&c->fiber_fake_stack, c->scheduler_bottom, c->scheduler_size);
 #endif
 #if defined(DYNEMB_FIBER_TSAN)
   __tsan_switch_to_fiber(c->tsan_scheduler, 0);
@@ -234,11 +250,6 @@ void Fiber::switch_out(bool dying) {
 #endif
 }
 
-void Fiber::suspend() { switch_out(false); }
-
-void Fiber::finish() {
-  switch_out(true);
-  __builtin_trap();  // a finished fiber is never resumed before reset()
-}
+void Fiber::suspend() { switch_out(); }
 
 }  // namespace dynemb::emulation

@@ -23,24 +23,22 @@ class Fiber {
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
 
-  /// Makes the next resume() run entry(arg) from the top of the stack. The entry never
-  /// returns: it ends with finish(), and the fiber may then be reset again.
+  /// Makes the next resume() run entry(arg): after the last entry returned, or from the
+  /// top of a clean stack when the fiber is new or was left inside an entry.
   void reset(Entry entry, void* arg);
 
   /// Runs this fiber from the calling (scheduler) context until it calls suspend() or
-  /// finish(). Only one fiber runs at a time per OS thread.
+  /// its entry returns. Only one fiber runs at a time per OS thread.
   void resume();
 
   /// From inside the fiber: back to the scheduler; the next resume() continues here.
   void suspend();
 
-  /// From inside the fiber: back to the scheduler for good (until the next reset()).
-  [[noreturn]] void finish();
-
   struct Context;  // the saved registers or ucontext, and the sanitizers' fiber state
+  [[noreturn]] static void run_entries(Context* c);
 
  private:
-  void switch_out(bool dying);
+  void switch_out();
 
   void* stack_ = nullptr;  // the mapping, guard page included
   size_t mapped_bytes_ = 0;

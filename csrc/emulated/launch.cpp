@@ -134,6 +134,8 @@ class GridPool {
   bool stopping_ = false;
 };
 
+std::atomic<uint64_t> launch_count{0}, memset_count{0}, block_count{0}, thread_count{0};
+
 GridPool* the_pool = nullptr;  // never destroyed: workers may outlive statics
 std::once_flag fork_handler;
 
@@ -153,7 +155,16 @@ uint64_t lane_order_seed() {
   return seed;
 }
 
+void count_memset() { memset_count.fetch_add(1, std::memory_order_relaxed); }
+
+Counters counters() {
+  return {launch_count.load(), memset_count.load(), block_count.load(), thread_count.load()};
+}
+
 void run_grid(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {
+  launch_count.fetch_add(1, std::memory_order_relaxed);
+  block_count.fetch_add(grid, std::memory_order_relaxed);
+  thread_count.fetch_add(uint64_t{grid} * block, std::memory_order_relaxed);
   if (grid == 0 || block == 0) return;
   pool().run(grid, block, kernel, thread);
 }

@@ -127,7 +127,6 @@ void BlockRunner::lane_main(void* self) {
   const unsigned t = r->current_;
   (*r->thread_)();
   r->lanes_[t].state = LaneState::kExited;
-  r->lanes_[t].fiber->finish();
 }
 
 Fiber* BlockRunner::take_fiber() {

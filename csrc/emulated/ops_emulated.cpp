@@ -22,7 +22,18 @@ struct EmulatedRuntime {
 
 }  // namespace
 
-TORCH_LIBRARY(dynemb_cuda_emulated, m) { DYNEMB_DEFINE_OPS(m); }
+/// [launches, memsets, blocks, threads] since the process started (cuda_shim.h Counters):
+/// how many kernels and memsets the ops called would launch on a GPU.
+std::vector<int64_t> emulation_counters() {
+  const emulation::Counters c = emulation::counters();
+  return {static_cast<int64_t>(c.launches), static_cast<int64_t>(c.memsets),
+          static_cast<int64_t>(c.blocks), static_cast<int64_t>(c.threads)};
+}
+
+TORCH_LIBRARY(dynemb_cuda_emulated, m) {
+  DYNEMB_DEFINE_OPS(m);
+  m.def("emulation_counters() -> int[]", &emulation_counters);
+}
 
 TORCH_LIBRARY_IMPL(dynemb_cuda_emulated, CPU, m) {
   DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend<EmulatedRuntime>);
