@@ -18,12 +18,16 @@ the whole table holds for its ``world_size`` shards of ``capacity / world_size``
 Limits:
 
 - The scaled table needs enough buckets to average over (the search keeps at least
-  ``_MIN_BUCKETS`` at the answer by lowering ``scale``), and the estimate is no better
+  32 at the answer by lowering ``scale``), and the estimate is no better
   than the sample: ``scale`` multiplies the noise of the kept ids.
 - Rates are those of the sample replayed from an empty table (after
   ``warmup_batches``). A capacity that the sample does not fill shows fewer
   evictions than a longer run would: the sample must be long enough to fill the
   recommended table, or the recommendation is for a run as long as the sample.
+- Eviction is the real table's, bucket-local (a full bucket evicts its own lowest
+  score, not the table's): the replay reproduces it only for the table's own
+  ``bucket_capacity``, and a bucket a batch fills with its own new ids refuses the
+  rest (counted in ``eviction_rate`` and ``failure_rate``).
 - The sample stands for the future stream: drift in the ids is not modelled.
 - CUSTOMIZED scores (the user's) and NO_EVICTION (no eviction) cannot be replayed.
 - Capacities are multiples of ``scale * bucket_capacity`` rows, found to within 1%.
@@ -34,6 +38,7 @@ import dataclasses
 import torch
 
 from dynemb.planner.id_sample import IdSample, check_id_sample, keep_ids
+from dynemb.table.batch_arguments import ScoreStrategyArg
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -128,7 +133,7 @@ def _rates(batches, kept, buckets, scale, bucket_capacity, score_strategy, warmu
 def measure_traffic_rates(
     sample: IdSample,
     capacity: int,
-    score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
+    score_strategy: ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
     bucket_capacity: int = 128,
     scale: int = 1,
     warmup_batches: int = 0,
@@ -239,7 +244,7 @@ def recommend_capacity(
     sample: IdSample,
     target_eviction_rate: float | None = None,
     target_hit_rate: float | None = None,
-    score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
+    score_strategy: ScoreStrategyArg = DynamicEmbScoreStrategy.TIMESTAMP,
     bucket_capacity: int = 128,
     scale: int | None = None,
     warmup_batches: int = 0,
