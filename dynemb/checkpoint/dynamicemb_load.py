@@ -22,6 +22,7 @@ from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     op_threads,
     prepare_tables,
+    report_dropped,
     restore_rows,
     restored_step,
     route_rows,
@@ -118,6 +119,7 @@ def load_dynamicemb_layout(
     pg,
     allow_optimizer_mismatch: bool,
     merge: bool = False,
+    strict: bool = False,
 ) -> None:
     """DynamicEmbLoad of a directory in DynamicEmb's layout (arguments as DynamicEmbLoad)."""
     rank, world_size = rank_and_size(pg)
@@ -141,9 +143,7 @@ def load_dynamicemb_layout(
                 t.table.score_step = restored_step(t.table.score_step, args["step_score"], merge)
             if with_optim:
                 _load_hyper_parameters(t, args, merge)
-    lost = {name: n for name, n in failed.items() if n}
-    if lost:
-        raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
+    report_dropped(failed, [t for t, _, _, _ in plans], strict, pg)
 
 
 def _load_hyper_parameters(t: NamedTable, args: dict, merge: bool) -> None:
@@ -172,7 +172,7 @@ class _KeyConversion:
 
 def _load_rows(t, share: list, keys_of, with_optim: bool, pg, world_size: int) -> int:
     """Reads this rank's share of the files chunk by chunk, routes and restores; returns
-    the keys that failed. Every rank joins every exchange, with an empty chunk if need be."""
+    the rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk if need be."""
     table = t.table
     state = t.group.optimizer_config.state_columns(table.dim) if with_optim else 0
     columns = score_columns(table.score_strategy)
