@@ -62,6 +62,8 @@ class SlotAccess:
     @custom_score.setter
     def custom_score(self, score: int) -> None:
         args.check_int("custom_score", score, 0)
+        if score > args.INT64_MAX:
+            raise ValueError(f"custom_score must be <= {args.INT64_MAX} (int64), got {score}")
         self._custom_score = score
 
     @property
