@@ -25,7 +25,6 @@ complete delta or none.
 """
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -46,6 +45,7 @@ from dynemb.checkpoint.format import (
     fsync_dir,
     read_rows,
 )
+from dynemb.checkpoint.json_files import parse_json
 from dynemb.checkpoint.manifest import INT64_MAX, MANIFEST, checksum, write_manifest
 
 FORMAT = "dynemb-delta"
@@ -230,9 +230,10 @@ def _read_manifest(path: Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{file}: no manifest; {path} is not a delta")
     try:
-        manifest = json.loads(file.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = file.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file}: unreadable manifest ({e})") from e
+    manifest = parse_json(text, file, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{file}: not a dynemb delta manifest")
     if manifest.get("version") != VERSION:
