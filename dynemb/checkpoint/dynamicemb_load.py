@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
+from dynemb.checkpoint.dynamicemb_content import content_errors
 from dynemb.checkpoint.dynamicemb_layout import (
     OPT_ARGS,
     SavedShard,
@@ -105,6 +106,8 @@ def _validate(path: Path, tables: list[NamedTable], table_names, optim, counter,
             directory, t.table_name, t.table.dim, width, state, counter
         )
         errors.extend(table_errors)
+        if saved is not None and not opt_errors:
+            errors.extend(content_errors(saved, _KeyConversion(t, saved, args), width, counter))
         if saved is not None:
             plans.append((t, saved, args, with_optim))
     return errors, plans
