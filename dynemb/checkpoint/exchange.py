@@ -173,7 +173,8 @@ def report_dropped(dropped: dict, tables: list[NamedTable], strict: bool, pg) ->
         return
     message = (
         f"DynamicEmbLoad: rows did not fit in evicting tables and were dropped "
-        f"(table: rows): {evicted}; each bucket kept its highest (score, digest, key) entries"
+        f"(table: rows): {evicted}; a full bucket evicts its lowest (score, digest, key) "
+        "entry (see DynamicEmbLoad for which rows stay)"
     )
     if strict:
         raise RowsDroppedError(message + " (strict=True)")

@@ -20,7 +20,7 @@ _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 class CacheFill:
     """Cache fills and write-backs (a mixin of CachedTable)."""
 
-    def storage_find(self, keys: torch.Tensor):
+    def _storage_find(self, keys: torch.Tensor):
         """``storage.find(keys)`` with its results checked (storage_results.py); the
         caller holds the storage lock."""
         width = self.dim + self.extra_columns
@@ -120,7 +120,7 @@ class CacheFill:
         """Rows and scores of keys from the storage; keys it lacks get the initial
         row (a pure function of (seed, key), as an uncached table's insert) and 0."""
         with self._storage_lock:
-            rows, scores, found = self.storage_find(keys)
+            rows, scores, found = self._storage_find(keys)
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.fetched += keys.numel() - new.numel()
         if new.numel():

@@ -350,7 +350,7 @@ class CachedTable(CacheFill):
                 miss = miss[~staged]
             if miss.numel():
                 with self._storage_lock:
-                    slow_rows, _, slow_found = self.storage_find(keys[miss])
+                    slow_rows, _, slow_found = self._storage_find(keys[miss])
                 rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
                 found[miss] = slow_found
         return rows, found
@@ -420,7 +420,7 @@ class CachedTable(CacheFill):
         with self.lock.write():  # (a lookup stages under it)
             staged = self._staging.forget(keys)  # their batches train them; nothing goes home
         with self._storage_lock:
-            _, _, found = self.storage_find(keys)
+            _, _, found = self._storage_find(keys)
             self.storage.erase(keys[found])
         return int((in_cache | staged | found).sum())
 
