@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from dynemb import _ops
+from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.deltas import read_delta
 from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
@@ -156,6 +157,8 @@ class InferenceEmbeddingCollection(nn.Module):
         # (None: not loaded from a dynemb checkpoint, no delta applies).
         self.base_dump_id: str | None = None
         self.delta_version: int | None = None
+        # The base checkpoint's tables (``<collection>.<table>``): a delta names no other.
+        self.base_tables: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ loads
 
@@ -182,9 +185,13 @@ class InferenceEmbeddingCollection(nn.Module):
         names = self._names(table_names)
         options = {n: self.table_options[self.table_names.index(n)] for n in names}
         rows = checkpoint_rows(save_dir, options, collection)
-        manifest = Path(save_dir) / MANIFEST
-        base = read_manifest(Path(save_dir))["dump_id"] if manifest.is_file() else None
-        self._set_rows(rows, base, 0 if base is not None else None)
+        manifest = read_manifest(Path(save_dir)) if (Path(save_dir) / MANIFEST).is_file() else None
+        base = manifest["dump_id"] if manifest is not None else None
+        with _WRITERS:
+            self._swap_rows(rows, base, 0 if base is not None else None)
+            self.base_tables = (
+                frozenset(manifest["tables"]) if manifest is not None else frozenset()
+            )
 
     def load_from_model(
         self,
@@ -229,7 +236,9 @@ class InferenceEmbeddingCollection(nn.Module):
             The delta's version, now ``delta_version``.
 
         Raises:
-            CheckpointError: a missing or damaged delta file or manifest, naming it.
+            CheckpointError: a missing or damaged delta file or manifest, naming it; a
+                delta naming a table its base checkpoint does not hold, or whose content
+                contradicts itself (see ``read_delta``).
             DeltaVersionError (a ValueError): the delta is not the next of the chain (a
                 gap or a duplicate, naming both versions), or follows another base.
             ValueError: a table's dim or dtype is not this module's, or no collection
@@ -244,6 +253,13 @@ class InferenceEmbeddingCollection(nn.Module):
         with _WRITERS:
             delta = read_delta(path)
             check_order(delta, self.delta_version, self.base_dump_id)
+            unknown = sorted(set(delta.tables) - self.base_tables)
+            if unknown:
+                raise CheckpointError(
+                    f"{delta.path}: tables {unknown} are not tables of its base checkpoint "
+                    f"{self.base_dump_id!r} (which holds {sorted(self.base_tables)}); the delta "
+                    "is not this chain's"
+                )
             changes = served_tables(delta, self.table_names, collection)
             for name, change in changes.items():
                 o = self.table_options[self.table_names.index(name)]

@@ -95,11 +95,12 @@ def set_score(model: nn.Module, table_score: int | Mapping[str, Mapping[str, int
         table_score: one int for every dynamic table, or ``{collection: {table name:
             score}}`` with the collection named by its path (``"model.ebc"``) or, as in
             DynamicEmb, by its last attribute name (``"ebc"``; ``"model"`` for the
-            model itself); scores are ints >= 0; tables not named keep their score.
+            model itself); scores are ints in [0, 2**63 - 1]; tables not named keep
+            their score.
 
     Raises:
         ValueError: an unknown collection or table name, a table whose strategy is not
-            CUSTOMIZED, or a negative score (nothing is changed then).
+            CUSTOMIZED, or a score outside [0, 2**63 - 1] (nothing is changed then).
         TypeError: a score that is not an int.
 
     Warns:
@@ -120,8 +121,11 @@ def set_score(model: nn.Module, table_score: int | Mapping[str, Mapping[str, int
                 f"set_score: table {coll!r}/{name!r} uses "
                 f"{table.score_strategy}; only CUSTOMIZED tables take a score"
             )
-        if score < 0:
-            raise ValueError(f"set_score: scores must be >= 0, got {score}")
+        if not 0 <= score <= _ops.MAX_SCORE:
+            raise ValueError(
+                f"set_score: the score of table {coll!r}/{name!r} must be "
+                f">= 0 and <= {_ops.MAX_SCORE} (an int64 score), got {score}"
+            )
         chosen.append((coll, name, table, score))
     for coll, name, table, score in chosen:
         old = _reference(table)

@@ -13,6 +13,7 @@ from torch import nn
 
 from dynemb.checkpoint.collectives import all_gather, process_group
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout, saved_tables
+from dynemb.checkpoint.exchange import RowsDroppedError
 from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import CollectionGroups, named_tables
@@ -104,13 +105,23 @@ def checkpoint_rows(
     path = Path(path)
     names = list(options)
     inner = _collection(path, names, collection)
-    group = BatchedDynamicEmbeddingTables(
-        [dataclasses.replace(o, training=False) for o in options.values()],
-        feature_table_map=list(range(len(names))),
-        table_names=names,
-    )
-    DynamicEmbLoad(path, CollectionGroups({inner: group}), table_names=_qualified(inner, names))
-    return {t.table_name: table_rows(t.table) for t in named_tables(group)}
+    capacities = [o.max_capacity for o in options.values()]
+    while True:  # a table too small for the checkpoint: load again, twice as roomy
+        group = BatchedDynamicEmbeddingTables(
+            [
+                dataclasses.replace(o, training=False, max_capacity=c)
+                for o, c in zip(options.values(), capacities, strict=True)
+            ],
+            feature_table_map=list(range(len(names))),
+            table_names=names,
+        )
+        groups = CollectionGroups({inner: group})
+        try:
+            DynamicEmbLoad(path, groups, table_names=_qualified(inner, names), strict=True)
+        except RowsDroppedError:
+            capacities = [2 * c for c in capacities]
+            continue
+        return {t.table_name: table_rows(t.table) for t in named_tables(group)}
 
 
 def _qualified(inner: str, names: Sequence[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """``DynamicEmbDump``: every rank writes its shard of every dynamic table, then one atomic commit."""
 
 import contextlib
+import errno
 import shutil
 import time
 import uuid
@@ -195,10 +196,11 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     tables = named_tables(model, table_names)
     if format == "dynamicemb":
         with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
-            occupied = all_gather(holds_checkpoint(path), pg)[0]
+            # Rank 0 resolves the path once; every rank writes inside that directory.
+            occupied, resolved = all_gather((holds_checkpoint(path), str(path.resolve())), pg)[0]
             if occupied and not allow_overwrite:
                 raise FileExistsError(_occupied_message(path))
-            _dump_dynamicemb_layout(path, tables, optim, counter, pg)
+            _dump_dynamicemb_layout(Path(resolved), tables, optim, counter, pg)
         return path
     with RankAgreement(pg, "DynamicEmbDump", fault_timeout) as ranks:
         with contextlib.ExitStack() as rank0:  # rank 0: the lock, held to the end
@@ -208,6 +210,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
                 raise FileExistsError(started["error"])
             if started["error"]:
                 raise OSError(started["errno"], started["error"])
+            given, path = path, Path(started["directory"])  # resolved once, by rank 0
             directory = path / started["dump_id"]
             if rank == 0:
                 rank0.callback(_remove_unless_committed, path, started["dump_id"])
@@ -243,7 +246,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
                     0,
                     committed["error"],
                 )
-    return path
+    return given
 
 
 def _occupied_message(path: Path) -> str:
@@ -254,10 +257,15 @@ def _occupied_message(path: Path) -> str:
 
 
 def _start(path: Path, allow_overwrite: bool, stack: contextlib.ExitStack) -> dict:
-    """Rank 0: takes the lock (kept by ``stack``), checks ``path``, removes what failed
-    dumps left, and makes the dump directory; returns ``{"dump_id", "error", "kind",
-    "errno"}``."""
+    """Rank 0: resolves ``path`` (a symbolic link, or one on its way, is followed once
+    here: every write goes inside the directory it leads to now), takes the lock (kept
+    by ``stack``), checks the directory, removes what failed dumps left, and makes the
+    dump directory; returns ``{"directory", "dump_id", "error", "kind", "errno"}``."""
     try:
+        try:
+            path = path.resolve()
+        except RuntimeError as e:  # a loop of symbolic links
+            raise OSError(errno.ELOOP, f"DynamicEmbDump: cannot resolve {path}: {e}") from e
         stack.enter_context(dump_lock(path))
         if holds_checkpoint(path) and not allow_overwrite:
             return {"error": _occupied_message(path), "kind": "FileExistsError"}
@@ -271,7 +279,7 @@ def _start(path: Path, allow_overwrite: bool, stack: contextlib.ExitStack) -> di
             ) from e
     except OSError as e:
         return {"error": str(e), "kind": "OSError", "errno": e.errno}
-    return {"dump_id": dump_id, "error": None, "kind": None}
+    return {"directory": str(path), "dump_id": dump_id, "error": None, "kind": None}
 
 
 def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:

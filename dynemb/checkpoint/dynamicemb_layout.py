@@ -18,13 +18,13 @@ validation returns the errors of a table's file set without changing anything.
 """
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import torch
 
 from dynemb.checkpoint.format import CheckpointError
+from dynemb.checkpoint.json_files import parse_json
 from dynemb.optimizer import EmbOptimType
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -180,8 +180,10 @@ def read_opt_args(directory: Path, table: str) -> tuple[dict | None, list[str]]:
     if problem := file_problem(file):
         return None, [problem]
     try:
-        args = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
+        args = parse_json(file.read_text(), file)
+    except CheckpointError as e:
+        return None, [str(e)]
+    except (OSError, ValueError) as e:  # ValueError: text that is not UTF-8
         return None, [f"{file}: unreadable JSON ({e})"]
     if not isinstance(args, dict):
         return None, [f"{file}: expected a JSON object, got {type(args).__name__}"]

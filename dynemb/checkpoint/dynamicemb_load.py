@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
+from dynemb.checkpoint.dynamicemb_content import content_errors
 from dynemb.checkpoint.dynamicemb_layout import (
     OPT_ARGS,
     SavedShard,
@@ -22,6 +23,7 @@ from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     op_threads,
     prepare_tables,
+    report_dropped,
     restore_rows,
     restored_step,
     route_rows,
@@ -104,6 +106,8 @@ def _validate(path: Path, tables: list[NamedTable], table_names, optim, counter,
             directory, t.table_name, t.table.dim, width, state, counter
         )
         errors.extend(table_errors)
+        if saved is not None and not opt_errors:
+            errors.extend(content_errors(saved, _KeyConversion(t, saved, args), width, counter))
         if saved is not None:
             plans.append((t, saved, args, with_optim))
     return errors, plans
@@ -118,6 +122,7 @@ def load_dynamicemb_layout(
     pg,
     allow_optimizer_mismatch: bool,
     merge: bool = False,
+    strict: bool = False,
 ) -> None:
     """DynamicEmbLoad of a directory in DynamicEmb's layout (arguments as DynamicEmbLoad)."""
     rank, world_size = rank_and_size(pg)
@@ -141,9 +146,7 @@ def load_dynamicemb_layout(
                 t.table.score_step = restored_step(t.table.score_step, args["step_score"], merge)
             if with_optim:
                 _load_hyper_parameters(t, args, merge)
-    lost = {name: n for name, n in failed.items() if n}
-    if lost:
-        raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
+    report_dropped(failed, [t for t, _, _, _ in plans], strict, pg)
 
 
 def _load_hyper_parameters(t: NamedTable, args: dict, merge: bool) -> None:
@@ -172,7 +175,7 @@ class _KeyConversion:
 
 def _load_rows(t, share: list, keys_of, with_optim: bool, pg, world_size: int) -> int:
     """Reads this rank's share of the files chunk by chunk, routes and restores; returns
-    the keys that failed. Every rank joins every exchange, with an empty chunk if need be."""
+    the rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk if need be."""
     table = t.table
     state = t.group.optimizer_config.state_columns(table.dim) if with_optim else 0
     columns = score_columns(table.score_strategy)

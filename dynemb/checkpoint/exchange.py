@@ -2,11 +2,13 @@
 that owns it under the model's current routing, and restore it there exactly."""
 
 import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
 
-from dynemb.checkpoint.collectives import admission_counter
+from dynemb import _ops
+from dynemb.checkpoint.collectives import admission_counter, all_gather
 from dynemb.checkpoint.tables import NamedTable
 from dynemb.rank_faults import collective
 from dynemb.shard.routing import route_keys
@@ -96,11 +98,23 @@ def restored_step(current: int, saved: int, merge: bool) -> int:
 
 def restore_rows(t: NamedTable, fields: dict, rows: dict) -> int:
     """Stores the received entries exactly (rows, state, scores, timestamps) in one
-    pass of the table op; returns the keys that failed."""
+    pass of the table op; returns the rows it dropped: saved keys that failed, and,
+    in an evicting table, entries evicted to make room (a saved row or, with
+    ``merge``, a stored one).
+
+    An evicting table that cannot hold them all (its size plus the entries exceeds its
+    max capacity) gets them in ascending (score, digest, key) order: a full bucket
+    evicts its lowest (score, digest, key) resident, so of the entries one call brings,
+    each bucket keeps the highest. Otherwise they go in as received, so that a table
+    loaded from its own dump lays its slots out as before.
+    """
     table = t.table
     keys = rows["keys"]
     if keys.numel() == 0:
         return 0
+    if table.keeps_scores and table.size() + keys.numel() > table.max_capacity():
+        rows = {f: v[_ascending(keys, rows["scores"])] for f, v in rows.items()}
+        keys = rows["keys"]
     stats = table.restore(
         keys,
         rows["values"],
@@ -108,13 +122,72 @@ def restore_rows(t: NamedTable, fields: dict, rows: dict) -> int:
         rows["scores"] if table.keeps_scores else None,
         rows.get("timestamps"),
     )
-    return stats.failed
+    return stats.failed + stats.evicted
+
+
+def _ascending(keys: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """(n,) int64 positions that sort the entries by (score, digest, key), the order
+    in which a bucket chooses its victim (lowest first)."""
+    digests = _ops.hash_keys(keys, 1)[1]
+    order = torch.argsort(keys, stable=True)
+    order = order[torch.argsort(digests[order], stable=True)]
+    return order[torch.argsort(scores[order], stable=True)]
+
+
+class CheckpointWarning(UserWarning):
+    """A load that dropped saved rows of an evicting table (they did not fit)."""
+
+
+class RowsDroppedError(RuntimeError):
+    """A load that dropped saved rows: a NO_EVICTION table's, or (``strict``) an
+    evicting table's. The other rows were loaded."""
+
+
+def report_dropped(dropped: dict, tables: list[NamedTable], strict: bool, pg) -> None:
+    """After a load (every rank calls it): the rows each table dropped, summed over the
+    ranks. A NO_EVICTION table that dropped any raises; an evicting table warns
+    (CheckpointWarning), or raises with ``strict``.
+
+    Args:
+        dropped: table name -> rows this rank dropped (restore_rows' counts).
+        tables: the loaded tables.
+        strict: raise for evicting tables too.
+        pg: the process group of the load.
+
+    Raises:
+        RowsDroppedError (a RuntimeError): naming each table and its count (after every
+            row was loaded).
+    """
+    totals: dict[str, int] = {}
+    for rank_dropped in all_gather(dropped, pg):
+        for name, n in rank_dropped.items():
+            totals[name] = totals.get(name, 0) + n
+    evicting = {t.name for t in tables if t.table.keeps_scores}
+    failed = {name: n for name, n in totals.items() if n and name not in evicting}
+    if failed:
+        raise RowsDroppedError(
+            f"DynamicEmbLoad: keys did not fit in their tables (capacity): {failed}"
+        )
+    evicted = {name: n for name, n in totals.items() if n and name in evicting}
+    if not evicted:
+        return
+    message = (
+        f"DynamicEmbLoad: rows did not fit in evicting tables and were dropped "
+        f"(table: rows): {evicted}; a full bucket evicts its lowest (score, digest, key) "
+        "entry (see DynamicEmbLoad for which rows stay)"
+    )
+    if strict:
+        raise RowsDroppedError(message + " (strict=True)")
+    warnings.warn(message + "; pass strict=True to make this an error", CheckpointWarning, 3)
 
 
 __all__ = [
     "RESTORE_THREADS",
+    "CheckpointWarning",
+    "RowsDroppedError",
     "op_threads",
     "prepare_tables",
+    "report_dropped",
     "restore_rows",
     "restored_step",
     "route_rows",

@@ -22,6 +22,7 @@ from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     op_threads,
     prepare_tables,
+    report_dropped,
     restore_rows,
     restored_step,
     route_rows,
@@ -95,6 +96,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
     allow_optimizer_mismatch: bool = False,
     merge: bool = False,
     fault_timeout: float = DEFAULT_TIMEOUT_S,
+    strict: bool = False,
 ) -> None:
     """Loads a checkpoint written by DynamicEmbDump, or by NVIDIA DynamicEmb, at any world
     size and dist_type.
@@ -142,6 +144,17 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         fault_timeout: (several ranks) seconds after which a rank that stopped
             responding counts as dead, as in DynamicEmbDump: every other rank raises
             RankFailure naming it; a rank that raises is reported to the others at once.
+        strict: raise (RuntimeError) when an evicting table dropped saved rows,
+            instead of warning (CheckpointWarning).
+
+    Rows that do not fit: a NO_EVICTION table stores what fits and the load raises
+    RuntimeError naming each table and the count. An evicting table evicts: each
+    rank restores its rows in batches of up to 65,536 in ascending (score, digest,
+    key) order, a full bucket evicting its lowest (score, digest, key) entry, so
+    each bucket keeps the highest of a batch (of the whole table when it comes in
+    one batch); the load then warns (CheckpointWarning) naming each table and the
+    count of rows dropped (with ``merge``, stored rows evicted count too), or, with
+    ``strict=True``, raises RuntimeError. Either way the other rows are loaded.
 
     Raises:
         CheckpointError (a ValueError): no manifest (not a checkpoint, or never
@@ -150,7 +163,8 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
             optimizer, a missing, truncated, corrupted or out-of-checkpoint file. The
             message names the table or the file, the value and what was expected.
             The tables are unchanged.
-        RuntimeError: keys that did not fit in the tables (after loading the rest).
+        RuntimeError: keys that did not fit in a NO_EVICTION table, or (``strict``)
+            rows an evicting table dropped; raised after loading the rest.
         RankFailure (a RuntimeError): another rank failed or died; names it and its error.
         ValueError: a ``fault_timeout`` that is not a positive number.
 
@@ -158,18 +172,23 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
 
         DynamicEmbLoad("/ckpt/step_1000", model, optim=True)
     """
+    if not isinstance(strict, bool):
+        raise TypeError(f"DynamicEmbLoad: `strict` must be a bool, got {strict!r}")
     pg = process_group(pg)
     path = Path(path)
     with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             load_dynamicemb_layout(
-                path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge
-            )
+                path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge,
+                strict,
+            )  # fmt: skip
             return
-        _load(path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge)
+        _load(path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge, strict)
 
 
-def _load(path: Path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge):
+def _load(
+    path: Path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge, strict
+):
     """DynamicEmbLoad of a checkpoint in dynemb's format (arguments as DynamicEmbLoad)."""
     rank, world_size = rank_and_size(pg)
     manifest = read_manifest(path)
@@ -215,14 +234,12 @@ def _load(path: Path, model, table_names, optim, counter, pg, allow_optimizer_mi
             t.table.score_step = restored_step(t.table.score_step, meta["table_step"], merge)
             if t.name in loads_state:
                 t.group.step = restored_step(t.group.step, meta["optimizer_step"], merge)
-    lost = {name: n for name, n in failed.items() if n}
-    if lost:
-        raise RuntimeError(f"DynamicEmbLoad: keys did not fit in their tables (capacity): {lost}")
+    report_dropped(failed, tables, strict, pg)
 
 
 def _load_chunks(directory: Path, t: NamedTable, fields: dict, entries: list, pg) -> int:
     """Routes and restores this rank's share of one table, chunk by chunk; returns the
-    keys that failed. Every rank joins every exchange, with an empty chunk if need be."""
+    rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk if need be."""
     world_size = rank_and_size(pg)[1]
     chunks = [
         (i, begin, min(begin + CHUNK_ROWS, e["rows"]))

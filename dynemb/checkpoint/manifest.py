@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 
 from dynemb.checkpoint.format import CheckpointError, dtype_of, fsync_dir
+from dynemb.checkpoint.json_files import parse_json
 from dynemb.optimizer import EmbOptimType
 
 FORMAT = "dynemb-checkpoint"
@@ -96,11 +97,11 @@ def read_manifest(path: Path) -> dict:
         )
     try:
         text = file.read_bytes().decode("utf-8")
-        manifest = json.loads(text)
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{file}: not UTF-8 text ({e}); the manifest is damaged") from e
-    except (OSError, json.JSONDecodeError) as e:
+    except OSError as e:
         raise CheckpointError(f"{file}: unreadable manifest ({e})") from e
+    manifest = parse_json(text, file, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{file}: not a dynemb checkpoint manifest")
     version = manifest.get("version")

@@ -25,7 +25,6 @@ complete delta or none.
 """
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -46,6 +45,7 @@ from dynemb.checkpoint.format import (
     fsync_dir,
     read_rows,
 )
+from dynemb.checkpoint.json_files import parse_json
 from dynemb.checkpoint.manifest import INT64_MAX, MANIFEST, checksum, write_manifest
 
 FORMAT = "dynemb-delta"
@@ -178,7 +178,9 @@ def read_delta(path: str | Path) -> Delta:
     file (size and CRC-32), before returning anything.
 
     Raises:
-        CheckpointError: naming the file that is missing, damaged or inconsistent.
+        CheckpointError: naming the file that is missing, damaged or inconsistent, or
+            the delta and table whose content contradicts itself (a key upserted or
+            tombstoned twice, or both; a negative score or timestamp).
     """
     path = Path(path)
     manifest = _read_manifest(path)
@@ -201,6 +203,7 @@ def read_delta(path: str | Path) -> Delta:
             f: read_rows(path, e, 0, rows[f], widths[f][1], widths[f][0])
             for f, e in meta["fields"].items()
         }
+        _check_content(path, name, loaded)
         tables[name] = TableDelta(
             keys=loaded["keys"],
             values=loaded["values"],
@@ -211,6 +214,39 @@ def read_delta(path: str | Path) -> Delta:
             score_strategy=meta["score_strategy"],
         )
     return Delta(manifest["delta_version"], manifest["base_dump_id"], tables, path)
+
+
+def _check_content(path: Path, name: str, loaded: dict) -> None:
+    """What the checksums cannot vouch for (whoever wrote the files may have recomputed
+    them): a key is upserted or tombstoned at most once, never both, and scores and
+    timestamps are >= 0.
+
+    Raises:
+        CheckpointError: naming the delta, the table and the offending key.
+    """
+    keys, tombstones = loaded["keys"], loaded["tombstones"]
+    for what, k in (("upserted", keys), ("tombstoned", tombstones)):
+        ordered = torch.sort(k).values
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if twice.numel():
+            raise CheckpointError(
+                f"{path}: table {name!r} has key {int(twice[0])} {what} twice; the delta is "
+                "damaged or forged"
+            )
+    both = keys[torch.isin(keys, tombstones)]
+    if both.numel():
+        raise CheckpointError(
+            f"{path}: table {name!r} both upserts and tombstones key {int(both[0])}; the "
+            "delta is damaged or forged"
+        )
+    for field in ("scores", "timestamps"):
+        values = loaded.get(field)
+        if values is not None and values.numel() and int(values.min()) < 0:
+            at = int(torch.argmin(values))
+            raise CheckpointError(
+                f"{path}: table {name!r} has {field[:-1]} {int(values[at])} < 0 for key "
+                f"{int(keys[at])}; the delta is damaged or forged"
+            )
 
 
 def _widths(meta: dict, dtype: torch.dtype) -> dict:
@@ -230,9 +266,10 @@ def _read_manifest(path: Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{file}: no manifest; {path} is not a delta")
     try:
-        manifest = json.loads(file.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = file.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file}: unreadable manifest ({e})") from e
+    manifest = parse_json(text, file, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{file}: not a dynemb delta manifest")
     if manifest.get("version") != VERSION:

@@ -334,7 +334,6 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             )
         else:
             out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
-        columns = _feature_columns(self.feature_dims)
         saved = []
         grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
         distincts = self._distinct(batches, access_counts)
@@ -375,20 +374,14 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
                 missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
                 if into is not None and not cached:
                     grouped.append((t, tb, unique_slots, inverse, missing))
+                elif staged is not None:  # some rows in the cache, the rest staged:
+                    with table.lock.read():  # pooled together, in one pass
+                        rows_of = staged.batch_rows(table.buffers, unique_slots)
+                    rows = self._read_rows(t, tb, inverse, _ZEROS, batch_size, rows_of, into)
                 else:
                     slots = unique_slots[inverse]
                     with table.lock.read():
                         rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
-                if staged is not None:  # their rows, from the batch's private table
-                    extra = self._read_rows(
-                        t, tb, staged.unique_slots[inverse], _ZEROS, batch_size, staged.storage
-                    )
-                    if sequence:
-                        rows += extra
-                    else:
-                        for k, f in enumerate(tb.features):
-                            c0, c1 = columns[f]
-                            out[:, c0:c1] += extra[k * batch_size : (k + 1) * batch_size]
             if sequence:
                 start = 0
                 for a, b in tb.index_ranges:

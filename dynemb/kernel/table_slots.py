@@ -77,12 +77,21 @@ class TableSlots:
             new_keys = keys[new]
             counts = counter.add(new_keys, accesses[new])
             admit = self.table_options[t].admit_strategy.admit(new_keys, counts)
-            if not isinstance(admit, torch.Tensor) or admit.shape != new_keys.shape:
+            if (
+                not isinstance(admit, torch.Tensor)
+                or admit.dtype != torch.bool
+                or admit.shape != new_keys.shape
+            ):
+                got = (
+                    f"a {tuple(admit.shape)} {admit.dtype} tensor"
+                    if isinstance(admit, torch.Tensor)
+                    else repr(admit)
+                )
                 raise TypeError(
                     f"table {self.table_names[t]!r}: admit_strategy.admit must return a "
-                    f"({new_keys.numel()},) bool tensor, got {admit!r}"
+                    f"({new_keys.numel()},) torch.bool tensor, got {got}"
                 )
-            upsert[new[admit.to(device=keys.device, dtype=torch.bool)]] = True
+            upsert[new[admit.to(keys.device)]] = True
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():

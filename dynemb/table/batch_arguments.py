@@ -56,6 +56,21 @@ def check_keys(keys, device: torch.device) -> torch.Tensor:
     return keys.contiguous()
 
 
+def check_distinct(op: str, keys: torch.Tensor) -> None:
+    """keys: (n,) int64 that must not repeat (``op`` names the caller)."""
+    if keys.numel() < 2:
+        return
+    ordered = torch.sort(keys).values
+    same = torch.nonzero(ordered[1:] == ordered[:-1], as_tuple=True)[0]
+    if same.numel():
+        key = int(ordered[same[0]])
+        positions = torch.nonzero(keys == key, as_tuple=True)[0].tolist()
+        raise ValueError(
+            f"{op}: `keys` must be distinct, got key {key} at positions {positions}; "
+            "de-duplicate the entries first"
+        )
+
+
 def check_scores(scores, keys, customized: bool, strategy, device) -> torch.Tensor | None:
     """scores: (n,) int64 >= 0, required under CUSTOMIZED and refused otherwise."""
     if scores is None:

@@ -77,14 +77,16 @@ class EntryTransfer:
             The batch's BatchStats (also in ``last_stats``).
 
         Raises:
-            ValueError: a negative score or timestamp (naming it and its key), or
-                another bad argument; nothing is stored then.
+            ValueError: a key given twice (naming it and its positions), a negative
+                score or timestamp (naming it and its key), or another bad argument;
+                nothing is stored then.
 
         Example::
 
             >>> t.restore(torch.tensor([5, 9]), torch.zeros(2, t.dim), scores=torch.tensor([3, 1]))
         """
         keys = self._check_keys(keys)
+        args.check_distinct("restore", keys)
         n = keys.numel()
         values = args.check_values(values, keys, self.dim, self.dim, self.value_dtype, self.device)
         if state is not None:

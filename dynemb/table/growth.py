@@ -103,7 +103,9 @@ class GrowingUpserts:
             if counts[_ops.Status.EVICTED]:
                 log.removed(evicted[0][status == _ops.Status.EVICTED])
         failed = counts[_ops.Status.FAILED]
-        failed_keys = keys[status == _ops.Status.FAILED] if failed else keys[:0]
+        # A copy either way: the stats outlive the batch and must not pin its keys
+        # (a checkpoint load passes views of mapped files).
+        failed_keys = keys[status == _ops.Status.FAILED] if failed else keys.new_empty(0)
         stats = BatchStats(*counts, failed_keys=failed_keys)
         self.last_stats = stats
         return status, stats

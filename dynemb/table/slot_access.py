@@ -25,12 +25,15 @@ MARK_RATIO = 8
 
 @dataclasses.dataclass(frozen=True)
 class TableSnapshot:
-    """A copy of a table's buffers and counters (``ScoredHashTable.snapshot``)."""
+    """A copy of a table's buffers and counters (``ScoredHashTable.snapshot``);
+    ``owner`` is the token of the table it was taken from (only that table takes it
+    back)."""
 
     generation: int
     buffers: list
     size: int
     step: int
+    owner: object = None
 
 
 def slot_upsert(table, policy, init, keys, scores, out, evicted, per_key=None):
@@ -62,6 +65,8 @@ class SlotAccess:
     @custom_score.setter
     def custom_score(self, score: int) -> None:
         args.check_int("custom_score", score, 0)
+        if score > args.INT64_MAX:
+            raise ValueError(f"custom_score must be <= {args.INT64_MAX} (int64), got {score}")
         self._custom_score = score
 
     @property
@@ -251,14 +256,36 @@ class SlotAccess:
         op from one state, or undo a batch). Costs the table's memory once more."""
         with self._lock.read():
             buffers = [b.clone() for b in self._storage.tensors()]
-            return TableSnapshot(self._generation, buffers, self._size, self._step)
+            return TableSnapshot(
+                self._generation, buffers, self._size, self._step, self._snapshot_owner()
+            )
+
+    def _snapshot_owner(self) -> object:
+        """This table's token in its snapshots: an object of its own, so a snapshot
+        names the table that took it."""
+        token = self.__dict__.get("_snapshot_token")
+        if token is None:
+            token = self.__dict__.setdefault("_snapshot_token", object())
+        return token
 
     def rollback(self, snapshot: TableSnapshot) -> None:
         """Restores the table in place to ``snapshot`` (its buffers are reused).
 
         Raises:
-            ValueError: the table grew since the snapshot (its buffers were replaced).
+            TypeError: ``snapshot`` is not a TableSnapshot.
+            ValueError: the snapshot was taken from another table, or the table grew since the snapshot (its buffers were replaced).
+                Nothing changes then.
         """
+        if not isinstance(snapshot, TableSnapshot):
+            raise TypeError(
+                f"rollback: `snapshot` must be a TableSnapshot of this table's snapshot(), "
+                f"got {type(snapshot).__name__}"
+            )
+        if snapshot.owner is not self._snapshot_owner():
+            raise ValueError(
+                "rollback: `snapshot` was taken from another table; a table rolls back "
+                "only to its own snapshot()"
+            )
         with self._lock.write():
             if snapshot.generation != self._generation:
                 raise ValueError(

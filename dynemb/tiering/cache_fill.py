@@ -11,6 +11,7 @@ import torch
 from dynemb import _ops
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged
+from dynemb.tiering.storage_results import checked_find, checked_insert
 from dynemb.types import DynamicEmbScoreStrategy
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
@@ -18,6 +19,12 @@ _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 class CacheFill:
     """Cache fills and write-backs (a mixin of CachedTable)."""
+
+    def _storage_find(self, keys: torch.Tensor):
+        """``storage.find(keys)`` with its results checked (storage_results.py); the
+        caller holds the storage lock."""
+        width = self.dim + self.extra_columns
+        return checked_find(self.storage, keys, width, self.cache.value_dtype, self.name)
 
     def _fill(self, keys: torch.Tensor, batch: int, stage: bool):
         """Steps 1-3 under the cache's write lock.
@@ -113,7 +120,7 @@ class CacheFill:
         """Rows and scores of keys from the storage; keys it lacks get the initial
         row (a pure function of (seed, key), as an uncached table's insert) and 0."""
         with self._storage_lock:
-            rows, scores, found = self.storage.find(keys)
+            rows, scores, found = self._storage_find(keys)
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.fetched += keys.numel() - new.numel()
         if new.numel():
@@ -175,7 +182,7 @@ class CacheFill:
         if not keys.numel():
             return
         with self._storage_lock:
-            dropped = self.storage.insert(keys, rows, scores)[0]
+            dropped = checked_insert(self.storage, keys, rows, scores, self.name)
         self.stats.written_back += keys.numel()
         self.stats.storage_drops += int(dropped.numel())
 

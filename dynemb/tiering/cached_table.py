@@ -116,6 +116,7 @@ class CachedTable(CacheFill):
         score_strategy: the table's score strategy (``user_scores`` rule); not
             (TIMESTAMP, LFU).
         capacity: the table's configured ``max_capacity`` (initializer bounds).
+        name: the table's name, for messages about its storage.
 
     It is a ``dynemb.table.Table`` (the cache's buffers, lock and initializer; a
     ``mutations`` count of its own), plus ``begin_batch`` / ``end_batch`` /
@@ -128,11 +129,13 @@ class CachedTable(CacheFill):
         storage: Storage,
         score_strategy,
         capacity: int,
+        name: str = "",
     ) -> None:
         if cache.strategy_code != _STEP or cache.capacity() != cache.max_capacity():
             raise ValueError("the cache must be a STEP table allocated at full capacity")
         self.cache = cache
         self.storage = storage
+        self.name = name
         self.score_strategy = score_strategy
         self._strategy = (
             score_strategy.value
@@ -347,7 +350,7 @@ class CachedTable(CacheFill):
                 miss = miss[~staged]
             if miss.numel():
                 with self._storage_lock:
-                    slow_rows, _, slow_found = self.storage.find(keys[miss])
+                    slow_rows, _, slow_found = self._storage_find(keys[miss])
                 rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
                 found[miss] = slow_found
         return rows, found
@@ -417,7 +420,7 @@ class CachedTable(CacheFill):
         with self.lock.write():  # (a lookup stages under it)
             staged = self._staging.forget(keys)  # their batches train them; nothing goes home
         with self._storage_lock:
-            _, _, found = self.storage.find(keys)
+            _, _, found = self._storage_find(keys)
             self.storage.erase(keys[found])
         return int((in_cache | staged | found).sum())
 

@@ -144,7 +144,7 @@ def make_table(
         table_name=name,
     )
     storage = make_backing_storage(o, spec, spill_directory=spill_directory)
-    return CachedTable(cache, storage, o.score_strategy, o.max_capacity)
+    return CachedTable(cache, storage, o.score_strategy, o.max_capacity, name)
 
 
 __all__ = ["CACHE_BUCKET_CAPACITY", "cache_rows", "check_tiering_options", "make_table"]

@@ -58,6 +58,28 @@ class Staged:
         """The area's rows, as the ops read them (the area may have grown)."""
         return self.area.storage
 
+    def batch_rows(self, cache: TableStorage, cache_slots: torch.Tensor) -> TableStorage:
+        """The batch's distinct rows gathered in one storage, slot i holding distinct key
+        i's row: from the cache where ``cache_slots[i] >= 0``, else from the area. A
+        forward pools them in one pass, in the batch's order, so that its bags are
+        summed as without caching (pooling the cached and the staged rows apart and
+        adding the two results rounds differently).
+
+        Args:
+            cache: the cache's storage (the caller holds its read lock).
+            cache_slots: (U,) int64, each distinct key's cache slot, -1 for staged keys.
+        """
+        width = cache.layout.row_width
+        out = TableStorage(
+            _layout(width, cache.values.dtype, cache.values.device), _buckets(len(cache_slots))
+        )
+        cached = torch.nonzero(cache_slots >= 0, as_tuple=True)[0]
+        staged = torch.nonzero(cache_slots < 0, as_tuple=True)[0]
+        out.values[cached] = cache.rows(cache_slots[cached], width)
+        area = self.storage
+        out.values[staged] = area.rows(self.unique_slots[staged], width)
+        return out
+
 
 class StagingArea:
     """Staged rows of one cached table, shared by its batches in flight (thread-safe).
