@@ -2,7 +2,8 @@
 ``BatchedDynamicEmbeddingTablesV2``.
 
 dynemb caches per table (a ``dynemb.tiering.CachedTable`` in ``tables``); these members
-act on the cached tables and do nothing harmful on the others.
+act on the cached tables and do nothing harmful on the others. dynemb.checkpoint is
+imported where it is used: it imports the sharded modules, which build this class.
 """
 
 import math
@@ -73,10 +74,9 @@ class CachingMembers:
                 f"reset_cache_states: tables {busy} have batches in flight (prefetched or "
                 "forwarded, not yet backwarded); call it between batches"
             )
-        for t, table in cached:
+        for _, table in cached:
             table.empty_cache()
             table.stats = CacheStats()
-            self._prefetched[t].clear()
 
     def split_embedding_weights(self) -> list[torch.Tensor]:
         """One placeholder per table, ``(0, dim)``: the rows live in the hash tables

@@ -3,7 +3,8 @@
 Each is the model-level function of dynemb applied to this module alone (its tables
 form the collection ``"model"``): ``dump`` / ``load`` are DynamicEmbDump /
 DynamicEmbLoad, ``get_score`` / ``set_score`` / ``incremental_dump`` those of
-dynemb.incremental_dump, so they write, read and return the same things.
+dynemb.incremental_dump, so they write, read and return the same things. Those modules are imported where they
+are used: they import the sharded modules, which build this class.
 """
 
 import torch
