@@ -23,6 +23,11 @@ from dynemb.converters import (
     string_to_evict_strategy,
     torch_to_dyn_emb,
 )
+from dynemb.score_strategies import (
+    ScoreStrategy,
+    normalize_score_strategy,
+    score_strategy_has_timestamp_column,
+)
 from dynemb.types import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -88,9 +93,6 @@ def dtype_to_bytes(dtype: torch.dtype) -> int:
         raise TypeError(f"dtype_to_bytes: `dtype` must be a torch.dtype, got {dtype!r}")
     return dtype.itemsize
 
-
-ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
-"""A score strategy, or the compound ``(TIMESTAMP, LFU)`` (DynamicEmb's typing alias)."""
 
 # DynamicEmbInitializerMode -> InitMode code of csrc/core/initializer.h.
 _INIT_MODE_CODE = {mode: _ops.INIT_MODE_CODES[mode.name] for mode in DynamicEmbInitializerMode}
@@ -352,53 +354,6 @@ DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 
 SUPPORTED_DIST_TYPES = DIST_TYPES
 """DynamicEmb's name of ``DIST_TYPES``."""
-
-
-def score_strategy_has_timestamp_column(score_strategy: ScoreStrategy | None) -> bool:
-    """Whether the strategy keeps a last-access time per row: TIMESTAMP, or a compound
-    holding it (``(TIMESTAMP, LFU)``). Such tables dump incrementally by time (rows
-    touched since the threshold time); the others by score >= threshold.
-
-    Example::
-
-        score_strategy_has_timestamp_column((DynamicEmbScoreStrategy.TIMESTAMP,
-                                             DynamicEmbScoreStrategy.LFU))  # True
-    """
-    if isinstance(score_strategy, tuple):
-        return DynamicEmbScoreStrategy.TIMESTAMP in score_strategy
-    return score_strategy == DynamicEmbScoreStrategy.TIMESTAMP
-
-
-def normalize_score_strategy(strategy):
-    """DynamicEmb's normalisation: None kept, a 1-tuple unwrapped, a longer tuple must be
-    exactly {TIMESTAMP, LFU} (order kept).
-
-    Raises:
-        NotImplementedError: a tuple other than (TIMESTAMP, LFU).
-        TypeError: a value that is not a DynamicEmbScoreStrategy (or a tuple of them).
-    """
-    if strategy is None or isinstance(strategy, DynamicEmbScoreStrategy):
-        return strategy
-    if isinstance(strategy, tuple):
-        for s in strategy:
-            if not isinstance(s, DynamicEmbScoreStrategy):
-                raise TypeError(
-                    "DynamicEmbTableOptions.score_strategy must hold DynamicEmbScoreStrategy "
-                    f"members, got {s!r} in {strategy!r}"
-                )
-        if len(strategy) == 1:
-            return strategy[0]
-        compound = {DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU}
-        if len(strategy) != 2 or set(strategy) != compound:
-            raise NotImplementedError(
-                "DynamicEmbTableOptions.score_strategy: the only compound strategy is "
-                f"(TIMESTAMP, LFU), got {strategy!r}"
-            )
-        return strategy
-    raise TypeError(
-        "DynamicEmbTableOptions.score_strategy must be a DynamicEmbScoreStrategy or a tuple "
-        f"of them, got {strategy!r}"
-    )
 
 
 def evict_strategy_of(score_strategy: ScoreStrategy | None) -> DynamicEmbEvictStrategy:
