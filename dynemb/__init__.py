@@ -15,6 +15,7 @@ from dynemb.converters import (
     torch_to_dyn_emb,
 )
 from dynemb.dynamicemb_config import (
+    BATCH_SIZE_PER_DUMP,
     DynamicEmbInitializerArgs,
     DynamicEmbTableOptions,
     ScoreStrategy,
@@ -38,9 +39,6 @@ from dynemb.types import (
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
-
-BATCH_SIZE_PER_DUMP = 65536
-"""Rows DynamicEmb's checkpoint code handles at once (dynemb streams chunks of this size)."""
 
 __all__ = [
     "BATCH_SIZE_PER_DUMP",

@@ -14,6 +14,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMo
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.kernel.v2_caching import CachingMembers
+from dynemb.kernel.v2_checkpoint import CheckpointMembers
 from dynemb.optimizer import EmbOptimType
 from dynemb.types import DynamicEmbPoolingMode
 
@@ -22,8 +24,16 @@ __all__ = ["BatchedDynamicEmbeddingTablesV2"]
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-class BatchedDynamicEmbeddingTablesV2(BatchedDynamicEmbeddingTables):
-    """DynamicEmb's constructor over dynemb's ``BatchedDynamicEmbeddingTables``.
+class BatchedDynamicEmbeddingTablesV2(
+    CheckpointMembers, CachingMembers, BatchedDynamicEmbeddingTables
+):
+    """DynamicEmb's constructor over dynemb's ``BatchedDynamicEmbeddingTables``, with
+    DynamicEmb's public members: ``dump`` / ``load`` / ``export_keys_values`` /
+    ``get_score`` / ``set_score`` / ``incremental_dump`` (dynemb.kernel.v2_checkpoint),
+    ``optimizer`` / ``cache`` / ``enable_prefetch`` / ``set_record_cache_metrics`` /
+    ``reset_cache_states`` / ``split_embedding_weights`` / ``fill_tables``
+    (dynemb.kernel.v2_caching); ``flush``, ``set_learning_rate``, ``table_names``,
+    ``tables`` as in BatchedDynamicEmbeddingTables.
 
     Args:
         table_options: one DynamicEmbTableOptions per table (``dim`` and
@@ -32,7 +42,8 @@ class BatchedDynamicEmbeddingTablesV2(BatchedDynamicEmbeddingTables):
         feature_table_map: the table of each feature (default: one feature per table,
             ``[0, 1, ..., T - 1]``).
         use_index_dedup: accepted; lookups always de-duplicate keys per table.
-        prefetch_pipeline: accepted; caching tables prefetch through ``prefetch``.
+        prefetch_pipeline: the initial ``enable_prefetch``; caching tables prefetch
+            through ``prefetch``.
         pooling_mode: SUM, MEAN or NONE.
         output_dtype: dtype of the forward output: float32, float16 or bfloat16 (rows
             are pooled in float32, then cast).
@@ -120,13 +131,15 @@ class BatchedDynamicEmbeddingTablesV2(BatchedDynamicEmbeddingTables):
         self.output_dtype = output_dtype
         self.use_index_dedup = use_index_dedup
         self.prefetch_pipeline = prefetch_pipeline
+        self.enable_prefetch = bool(prefetch_pipeline)
 
     def forward(
         self,
         indices: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
+        access_counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As ``BatchedDynamicEmbeddingTables.forward``, cast to ``output_dtype``."""
-        out = super().forward(indices, offsets, per_sample_weights)
+        out = super().forward(indices, offsets, per_sample_weights, access_counts)
         return out if out.dtype == self.output_dtype else out.to(self.output_dtype)

@@ -1,6 +1,13 @@
-"""Option dataclasses of the public API, with validation (names mirror DynamicEmb)."""
+"""Option dataclasses of the public API, with validation (names mirror DynamicEmb).
+
+As ``dynamicemb.dynamicemb_config`` does, this module also names the enums, the
+sizing helpers (``get_table_value_bytes``, ``get_sharded_table_capacity``,
+``align_to_table_size``: dynemb.planner.capacity's, imported on first use) and the dtype
+converters.
+"""
 
 import dataclasses
+import importlib
 import math
 import numbers
 import warnings
@@ -9,14 +16,42 @@ from typing import Any
 import torch
 
 from dynemb import _ops
+from dynemb.converters import (
+    data_type_to_dtype,
+    data_type_to_dyn_emb,
+    dyn_emb_to_torch,
+    string_to_evict_strategy,
+    torch_to_dyn_emb,
+)
+from dynemb.score_strategies import (
+    ScoreStrategy,
+    normalize_score_strategy,
+    score_strategy_has_timestamp_column,
+)
 from dynemb.types import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
     DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
 
 __all__ = [
+    "BATCH_SIZE_PER_DUMP",
+    "DEFAULT_BUCKET_CAPACITY",
+    "SUPPORTED_DIST_TYPES",
+    "DynamicEmbCheckMode",
+    "DynamicEmbEvictStrategy",
+    "DynamicEmbPoolingMode",
+    "DynamicEmbScoreStrategy",
+    "data_type_to_dtype",
+    "data_type_to_dyn_emb",
+    "dtype_to_bytes",
+    "dyn_emb_to_torch",
+    "normalize_score_strategy",
+    "score_strategy_has_timestamp_column",
+    "string_to_evict_strategy",
+    "torch_to_dyn_emb",
     "DynamicEmbInitializerArgs",
     "DynamicEmbTableOptions",
     "DIST_TYPES",
@@ -27,10 +62,37 @@ __all__ = [
     "init_mode_code",
     "resolved_evict_strategy",
     "with_kernel_defaults",
+    *("align_to_table_size", "get_sharded_table_capacity", "get_table_value_bytes"),
 ]
 
-ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
-"""A score strategy, or the compound ``(TIMESTAMP, LFU)`` (DynamicEmb's typing alias)."""
+BATCH_SIZE_PER_DUMP = 65536
+"""Rows DynamicEmb's checkpoint code handles at once (dynemb streams chunks of this size)."""
+
+DEFAULT_BUCKET_CAPACITY = 128
+"""``DynamicEmbTableOptions.bucket_capacity``'s default: slots per bucket."""
+
+# Sizing helpers of dynemb.planner.capacity (which imports this module): resolved on use.
+_SIZING = ("align_to_table_size", "get_sharded_table_capacity", "get_table_value_bytes")
+
+
+def __getattr__(name: str):
+    """``get_table_value_bytes``, ``get_sharded_table_capacity``, ``align_to_table_size``:
+    the functions of dynemb.planner.capacity."""
+    if name in _SIZING:
+        return getattr(importlib.import_module("dynemb.planner.capacity"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def dtype_to_bytes(dtype: torch.dtype) -> int:
+    """Bytes of one element of ``dtype`` (``torch.bfloat16`` -> 2).
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype``.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype_to_bytes: `dtype` must be a torch.dtype, got {dtype!r}")
+    return dtype.itemsize
+
 
 # DynamicEmbInitializerMode -> InitMode code of csrc/core/initializer.h.
 _INIT_MODE_CODE = {mode: _ops.INIT_MODE_CODES[mode.name] for mode in DynamicEmbInitializerMode}
@@ -265,7 +327,7 @@ class DynamicEmbTableOptions:
                 f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
                 f"got {self.dist_type!r}"
             )
-        self.score_strategy = _normalised_score_strategy(self.score_strategy)
+        self.score_strategy = normalize_score_strategy(self.score_strategy)
 
     def _key(self) -> tuple:
         return (
@@ -290,32 +352,8 @@ class DynamicEmbTableOptions:
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 """The ``dist_type`` values: how a sharded table routes raw keys to ranks."""
 
-
-def _normalised_score_strategy(strategy):
-    """DynamicEmb's normalisation: None kept, a 1-tuple unwrapped, a longer tuple must be
-    exactly {TIMESTAMP, LFU} (order kept)."""
-    if strategy is None or isinstance(strategy, DynamicEmbScoreStrategy):
-        return strategy
-    if isinstance(strategy, tuple):
-        for s in strategy:
-            if not isinstance(s, DynamicEmbScoreStrategy):
-                raise TypeError(
-                    "DynamicEmbTableOptions.score_strategy must hold DynamicEmbScoreStrategy "
-                    f"members, got {s!r} in {strategy!r}"
-                )
-        if len(strategy) == 1:
-            return strategy[0]
-        compound = {DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU}
-        if len(strategy) != 2 or set(strategy) != compound:
-            raise NotImplementedError(
-                "DynamicEmbTableOptions.score_strategy: the only compound strategy is "
-                f"(TIMESTAMP, LFU), got {strategy!r}"
-            )
-        return strategy
-    raise TypeError(
-        "DynamicEmbTableOptions.score_strategy must be a DynamicEmbScoreStrategy or a tuple "
-        f"of them, got {strategy!r}"
-    )
+SUPPORTED_DIST_TYPES = DIST_TYPES
+"""DynamicEmb's name of ``DIST_TYPES``."""
 
 
 def evict_strategy_of(score_strategy: ScoreStrategy | None) -> DynamicEmbEvictStrategy:

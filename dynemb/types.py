@@ -4,11 +4,62 @@
 ``IntEnum``s (``DynamicEmbPoolingMode.SUM == 0``); ``DynamicEmbInitializerMode``,
 ``DynamicEmbEvictStrategy`` and ``MemoryType`` are plain ``Enum``s, with DynamicEmb's
 values.
+
+As ``dynamicemb.types`` does, this module also names the element types of a table
+(``KEY_TYPE`` ...), the alignment constants, ``CopyMode`` and the abstract ``Storage``,
+``Cache``, ``Counter`` and ``AdmissionStrategy``; those classes, the constants and
+``DynamicEmbInitializerArgs`` are the objects defined elsewhere in dynemb, imported on
+first use (they import this module).
 """
 
 import enum
+import importlib
+
+import torch
+
+KEY_TYPE = torch.int64
+"""dtype of a key."""
+EMBEDDING_TYPE = torch.float32
+"""dtype of an embedding row in DynamicEmb's checkpoints (the default storage dtype)."""
+SCORE_TYPE = torch.int64
+"""dtype of a score."""
+OPT_STATE_TYPE = torch.float32
+"""dtype of an optimizer state column in DynamicEmb's checkpoints."""
+COUNTER_TYPE = torch.int64
+"""dtype of an admission count."""
+
+# Names of this module defined in modules that import it: resolved on first use.
+_ELSEWHERE = {
+    "DynamicEmbInitializerArgs": "dynemb.dynamicemb_config",
+    "DEMB_TABLE_ALIGN_SIZE": "dynemb.planner.capacity",
+    "BUCKET_ALIGNMENT": "dynemb.planner.capacity",
+    "MAX_BUCKET_CAPACITY": "dynemb.planner.capacity",
+    "Storage": "dynemb.tiering.storage",
+    "Cache": "dynemb.tiering.cache",
+    "Counter": "dynemb.admission",
+    "AdmissionStrategy": "dynemb.admission",
+}
+
+
+def __getattr__(name: str):
+    """The names of ``_ELSEWHERE``: the very objects of the modules that define them."""
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ELSEWHERE))
+
 
 __all__ = [
+    "COUNTER_TYPE",
+    "EMBEDDING_TYPE",
+    "KEY_TYPE",
+    "OPT_STATE_TYPE",
+    "SCORE_TYPE",
+    "CopyMode",
     "DynamicEmbCheckMode",
     "DynamicEmbDataType",
     "DynamicEmbEvictStrategy",
@@ -17,7 +68,7 @@ __all__ = [
     "DynamicEmbScoreStrategy",
     "EvictStrategy",
     "MemoryType",
-]
+] + sorted(_ELSEWHERE)
 
 
 class DynamicEmbInitializerMode(enum.Enum):
@@ -119,3 +170,11 @@ class DynamicEmbDataType(enum.Enum):
     UInt64 = "uint64"
     Int32 = "int32"
     UInt32 = "uint32"
+
+
+class CopyMode(enum.Enum):
+    """What a row copy moves: the embedding columns only, or the whole value (embedding
+    and optimizer state), as DynamicEmb's ``CopyMode``."""
+
+    EMBEDDING = 0
+    VALUE = 1

@@ -18,6 +18,7 @@ from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.optimizer import EmbOptimType
@@ -94,12 +95,14 @@ def _build_tables(
         options.append(opts)
         names.append(table.name)
         feature_table_map.extend([index] * table.num_features())
-    tables = BatchedDynamicEmbeddingTables(
+    # DynamicEmb's class, so that its members (dump, get_score, ...) are there for users
+    # who reach the tables through dynemb.dump_load.get_dynamic_emb_module.
+    tables = BatchedDynamicEmbeddingTablesV2(
         options,
-        feature_table_map,
+        table_names=names,
+        feature_table_map=feature_table_map,
         pooling_mode=pooling,
         optimizer=optimizer,
-        table_names=names,
         device=device,
         **kwargs,
     )

@@ -3,10 +3,9 @@
 ``DynamicEmbTableOptions.dist_type`` picks the rule of a dynamic table:
 
 - ``roundrobin`` (default): ``rank = key mod world_size`` (floored: negative keys too).
-- ``hash_roundrobin``: ``rank = hash(key) mod world_size``, with a salted murmur3 mix,
-  so patterned ids (e.g. all multiples of world_size) spread evenly. The salt makes
-  the routing hash independent of the table's own bucket hash: otherwise every key of
-  a rank would fall in the same 1/world_size of that rank's buckets.
+- ``hash_roundrobin``: ``rank = fmix64(uint64(key)) mod world_size``, DynamicEmb's rule
+  (MurmurHash3's finaliser, unsalted; see hash_routing.py), so patterned ids (e.g. all
+  multiples of world_size) spread evenly and a rank's keys spread over all its buckets.
 - ``continuous``: blocks of ``ceil(num_embeddings / world_size)`` consecutive ids per
   rank, as TorchRec's row-wise sharding; keys outside ``[0, num_embeddings)`` are not
   dropped, they go to ``key mod world_size`` (what fbgemm's block bucketizer does).
@@ -29,11 +28,10 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dynemb import _ops
+from dynemb.shard.hash_routing import hash_roundrobin_ranks
 
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 STATIC = "static"  # an ordinary TorchRec table: block routing, keys become local rows
-_ROUTING_SALT = 0x5BD1E9955BD1E995  # any odd constant unrelated to the table hash
 
 
 def check_dist_type(table: str, dist_type: str) -> None:
@@ -77,8 +75,7 @@ def route_keys(
     if dist_type == "roundrobin":
         return torch.remainder(keys, world_size), keys
     if dist_type == "hash_roundrobin":
-        salted = torch.bitwise_xor(keys, _as_int64(_ROUTING_SALT)).contiguous()
-        return _ops.hash_keys(salted, world_size)[0], keys
+        return hash_roundrobin_ranks(keys, world_size), keys
     block = block_rows(num_embeddings, world_size)
     in_range = (keys >= 0) & (keys < block * world_size)
     if dist_type == "continuous":
@@ -96,10 +93,6 @@ def route_keys(
         )
         return rank, local
     raise ValueError(f"unknown dist_type {dist_type!r}")
-
-
-def _as_int64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):

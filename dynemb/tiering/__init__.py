@@ -1,6 +1,7 @@
 """Caching mode: a fast cache table in front of a slow ``Storage`` (see DynamicEmb_APIs.md)."""
 
 from dynemb.tiering.backing import HashTableStorage, make_backing_storage
+from dynemb.tiering.cache import Cache
 from dynemb.tiering.cached_table import CachedTable, CacheStats
 from dynemb.tiering.pipeline import (
     DistributedInput,
@@ -11,6 +12,7 @@ from dynemb.tiering.pipeline import (
 from dynemb.tiering.storage import Storage, StorageSpec
 
 __all__ = [
+    "Cache",
     "CacheStats",
     "CachedTable",
     "DistributedInput",

@@ -57,6 +57,7 @@ from dynemb import _ops
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage
 from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
+from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_fill import CacheFill
 from dynemb.tiering.staging import Staged, StagingArea
 from dynemb.tiering.storage import Storage
@@ -107,7 +108,7 @@ class _ScoreContext:
         self.custom_score: int | None = None
 
 
-class CachedTable(CacheFill):
+class CachedTable(CacheFill, Cache):
     """A cache (ScoredHashTable) in front of a Storage; see the module docstring.
 
     Args:
