@@ -13,7 +13,6 @@ costs time and space in proportion to the keys touched, not to the table.
 """
 
 import collections
-import dataclasses
 import time
 from pathlib import Path
 
@@ -26,16 +25,11 @@ from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.capture import Capture, delta_bytes, entries, restore, table_meta
+from dynemb.deltas.commit import DeltaCommit, failed_write_error
 from dynemb.deltas.format import delta_path, write_delta
 from dynemb.deltas.precapture import PreCapture
 from dynemb.deltas.precapture import merge as merge_entries
-from dynemb.deltas.ranks import (
-    agree_on_tables,
-    gather_to_rank0,
-    merge,
-    outcome_of,
-    raise_outcome,
-)
+from dynemb.deltas.ranks import agree_on_tables, publish_collective
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.scored_hash_table import ScoredHashTable
@@ -43,26 +37,6 @@ from dynemb.table.scored_hash_table import ScoredHashTable
 BASE = "base"
 COMMITS_KEPT = 1024  # DeltaPublisher.commits: the latest commits
 COMPACT_PARTS = 16  # a change log is compacted once it holds this many tensors
-
-
-@dataclasses.dataclass(frozen=True)
-class DeltaCommit:
-    """A committed delta: its ``version`` and ``path``, the ``bytes`` of its arrays,
-    ``capture_seconds`` (reading the tables, on the training thread; over several
-    processes, gathering them to rank 0 too) and ``write_seconds`` (writing,
-    checksumming, fsync and commit; on the writer thread for a background delta).
-    Over several processes ``bytes`` and ``write_seconds`` are rank 0's (0 on the
-    others). ``entries_before``: entries read between deltas by the writer thread
-    (pre-capture, single process; a key read twice counts twice), ``entries_at_boundary``:
-    read at the boundary (this rank's)."""
-
-    version: int
-    path: Path
-    bytes: int
-    capture_seconds: float
-    write_seconds: float
-    entries_before: int = 0
-    entries_at_boundary: int = 0
 
 
 class DeltaPublisher:
@@ -324,48 +298,22 @@ class DeltaPublisher:
         return version
 
     def _publish_collective(self) -> int:
-        """``publish`` over several processes: every rank captures its shard's changes,
-        rank 0 gathers and writes them, its outcome reaches every rank."""
-        with RankAgreement(self.pg, "DeltaPublisher.publish", self.fault_timeout) as ranks:
-            self._raise_failure()  # a compaction error, inside: the other ranks learn it
-            start = time.perf_counter()
-            taken = [(t, *t.table.change_log.take()) for t in self._tables]
-            mine = {}
-            try:
-                for t, touched, removed in taken:
-                    mine[t.name] = self._capture.table(t, touched, removed)
-                everyone = gather_to_rank0(ranks, self.pg, mine)
-                boundary = entries(d for _, d in mine.values())
-                self._capture.give_back(mine)  # sent (rank 0's own: merged into new tensors below)
-                mine = {}
-                capture = time.perf_counter() - start
-                version = self.version + 1
-                error = None
-                if ranks.rank == 0:
-                    begin = time.perf_counter()
-                    tables = merge(everyone)
-                    del everyone  # rank 0 holds the gathered deltas until written
-                    try:
-                        path = write_delta(
-                            self.directory, version, self.base_dump_id, self.optim, tables
-                        )
-                    except Exception as e:  # noqa: BLE001 - posted to every rank, then raised
-                        error = e
-                outcome = ranks.post("written", outcome_of(error), root=0)[0]
-                if error is not None:
-                    raise error
-                raise_outcome(outcome, ranks.world_size)
-            except BaseException:
-                self._capture.give_back(mine)
-                restore((taken, {}))
-                raise
+        """``publish`` over several processes (ranks.publish_collective)."""
+        version = self.version + 1
+        commit = publish_collective(
+            self.pg,
+            self.fault_timeout,
+            self._tables,
+            self._capture,
+            self._raise_failure,
+            version,
+            lambda tables: write_delta(
+                self.directory, version, self.base_dump_id, self.optim, tables
+            ),
+            delta_path(self.directory, version),
+        )
         self.version = self._committed = version
-        if ranks.rank == 0:
-            size = sum(delta_bytes(d) for _, d in tables.values())
-            write = time.perf_counter() - begin
-        else:
-            path, size, write = delta_path(self.directory, version), 0, 0.0
-        self.commits.append(DeltaCommit(version, path, size, capture, write, 0, boundary))
+        self.commits.append(commit)
         return version
 
     def wait(self) -> None:
@@ -428,16 +376,9 @@ class DeltaPublisher:
                 "lost (the logs are as they were)"
             ) from error
         version = failure.job.tag[0]
-        path = delta_path(self.directory, version)
-        later = f" and the {len(failure.cancelled)} pending after it" if failure.cancelled else ""
-        message = (
-            f"DeltaPublisher: the background write of {path} failed ({error}); nothing of it"
-            f"{later} is committed: their changes go into the next delta (version {version})"
-        )
-        if isinstance(error, OSError):  # the same class and errno, the message naming the file
-            args = (message,) if error.errno is None else (error.errno, message)
-            raise type(error)(*args) from error
-        raise RuntimeError(message) from error
+        raise failed_write_error(
+            error, delta_path(self.directory, version), version, len(failure.cancelled)
+        ) from error
 
 
 def _check_tables(tables: list) -> str | None:

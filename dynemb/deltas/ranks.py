@@ -9,10 +9,15 @@ store (dynemb/rank_faults.py), so every rank returns the same version or raises.
 """
 
 import builtins
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from dynemb.deltas.capture import Capture, delta_bytes, entries, restore
+from dynemb.deltas.commit import DeltaCommit
 from dynemb.deltas.format import TableDelta
 from dynemb.rank_faults import RankAgreement, RankFailure
 
@@ -94,3 +99,55 @@ def _cat(parts: list):
 
 
 __all__ = ["agree_on_tables", "gather_to_rank0", "merge", "outcome_of", "raise_outcome"]
+
+
+def publish_collective(
+    pg,
+    fault_timeout: float,
+    tables: list,
+    capture: Capture,
+    raise_failure: Callable[[], None],
+    version: int,
+    write: Callable[[dict], Path],
+    path: Path,
+) -> DeltaCommit:
+    """One delta of a model sharded over the ranks of ``pg`` (DeltaPublisher.publish):
+    every rank captures its shard's changes, rank 0 gathers them and ``write``s the
+    merged ``{name: (meta, TableDelta)}``, and its outcome reaches every rank. On any
+    failure the changes go back into the change logs on every rank. Returns the
+    commit record of ``version``; ``path`` is where rank 0 writes, named on the
+    other ranks."""
+    with RankAgreement(pg, "DeltaPublisher.publish", fault_timeout) as ranks:
+        raise_failure()  # a compaction error, inside: the other ranks learn it
+        start = time.perf_counter()
+        taken = [(t, *t.table.change_log.take()) for t in tables]
+        mine = {}
+        try:
+            for t, touched, removed in taken:
+                mine[t.name] = capture.table(t, touched, removed)
+            everyone = gather_to_rank0(ranks, pg, mine)
+            boundary = entries(d for _, d in mine.values())
+            capture.give_back(mine)  # sent (rank 0's own: merged into new tensors below)
+            mine = {}
+            seconds = time.perf_counter() - start
+            error = None
+            if ranks.rank == 0:
+                begin = time.perf_counter()
+                merged = merge(everyone)
+                del everyone  # rank 0 holds the gathered deltas until written
+                try:
+                    path = write(merged)
+                except Exception as e:  # noqa: BLE001 - posted to every rank, then raised
+                    error = e
+            outcome = ranks.post("written", outcome_of(error), root=0)[0]
+            if error is not None:
+                raise error
+            raise_outcome(outcome, ranks.world_size)
+        except BaseException:
+            capture.give_back(mine)
+            restore((taken, {}))
+            raise
+    if ranks.rank == 0:
+        size = sum(delta_bytes(d) for _, d in merged.values())
+        return DeltaCommit(version, path, size, seconds, time.perf_counter() - begin, 0, boundary)
+    return DeltaCommit(version, path, 0, seconds, 0.0, 0, boundary)
