@@ -108,7 +108,8 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
 # The emulated executor's runtime: grid pool, lockstep blocks, fibers.
-EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp csrc/emulated/fiber.cpp
+EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp \
+  csrc/emulated/warp_results.cpp csrc/emulated/fiber.cpp
 TSAN_SOURCES := tests/native/tsan_tables.cpp $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
 TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels
