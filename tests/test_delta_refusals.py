@@ -6,50 +6,28 @@ import json
 import pytest
 import torch
 
-from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynemb import BatchedDynamicEmbeddingTables
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.manifest import checksum
 from dynemb.deltas import DeltaPublisher, DeltaVersionError, delta_path
 from dynemb.deltas.format import write_delta
 from dynemb.exportable_tables import InferenceEmbeddingCollection
+from tests.delta_chains import OPTIONS, lookup, one_table_chain, serving_base
 
-OPTIONS = [DynamicEmbTableOptions(dim=4, max_capacity=64, bucket_capacity=16)]
 KEYS = torch.arange(-5, 40)
-
-
-def _step(model, keys) -> None:
-    model(keys, torch.arange(keys.numel() + 1)).sum().backward()
 
 
 @pytest.fixture
 def chain(tmp_path):
     """A base and deltas 1..3 of one table ``t``."""
-    model = BatchedDynamicEmbeddingTables(
-        OPTIONS, [0], pooling_mode=DynamicEmbPoolingMode.NONE, table_names=["t"]
+    return one_table_chain(
+        tmp_path / "chain", [(torch.arange(5 * v, 5 * v + 12), 5 * v) for v in range(3)]
     )
-    publisher = DeltaPublisher(model, tmp_path / "chain")
-    _step(model, torch.arange(10))
-    publisher.publish_base()
-    for v in range(3):
-        _step(model, torch.arange(5 * v, 5 * v + 12))
-        model.tables[0].erase(torch.tensor([5 * v]))
-        publisher.publish()
-    return publisher
-
-
-def _serving(publisher) -> InferenceEmbeddingCollection:
-    serving = InferenceEmbeddingCollection(OPTIONS, table_names=["t"])
-    serving.load_from_dynamicemb_file(publisher.base_path)
-    return serving
-
-
-def _lookup(serving) -> torch.Tensor:
-    return serving(KEYS, torch.arange(KEYS.numel() + 1))
 
 
 def test_a_gap_is_refused_naming_the_versions(chain):
-    serving = _serving(chain)
-    before = _lookup(serving)
+    serving = serving_base(chain)
+    before = lookup(serving, KEYS)
     with pytest.raises(
         DeltaVersionError, match=r"version 2 leaves a gap.*at version 0, version 1 is missing"
     ):
@@ -58,17 +36,17 @@ def test_a_gap_is_refused_naming_the_versions(chain):
         DeltaVersionError, match=r"version 3 leaves a gap.*versions 1\.\.2 are missing"
     ):
         serving.apply_delta(delta_path(chain.directory, 3))
-    assert serving.delta_version == 0 and torch.equal(_lookup(serving), before)
+    assert serving.delta_version == 0 and torch.equal(lookup(serving, KEYS), before)
 
 
 def test_a_duplicate_is_refused_naming_the_versions(chain):
-    serving = _serving(chain)
+    serving = serving_base(chain)
     serving.apply_delta(delta_path(chain.directory, 1))
     serving.apply_delta(delta_path(chain.directory, 2))
-    after = _lookup(serving)
+    after = lookup(serving, KEYS)
     with pytest.raises(DeltaVersionError, match="version 1 is applied already.*at version 2"):
         serving.apply_delta(delta_path(chain.directory, 1))
-    assert serving.delta_version == 2 and torch.equal(_lookup(serving), after)
+    assert serving.delta_version == 2 and torch.equal(lookup(serving, KEYS), after)
 
 
 def test_a_delta_of_another_base_is_refused(chain, tmp_path):
@@ -87,9 +65,9 @@ def test_a_delta_of_another_base_is_refused(chain, tmp_path):
 
 @pytest.mark.parametrize("damage", ["values", "truncated", "manifest", "missing"])
 def test_a_damaged_delta_raises_naming_the_file_and_changes_nothing(chain, damage):
-    serving = _serving(chain)
+    serving = serving_base(chain)
     serving.apply_delta(delta_path(chain.directory, 1))
-    before = _lookup(serving)
+    before = lookup(serving, KEYS)
     path = delta_path(chain.directory, 2)
     file = path / ("manifest.json" if damage == "manifest" else "t.values")
     if damage == "values":
@@ -106,11 +84,11 @@ def test_a_damaged_delta_raises_naming_the_file_and_changes_nothing(chain, damag
         file.unlink()
     with pytest.raises(CheckpointError, match=str(file)):
         serving.apply_delta(path)
-    assert serving.delta_version == 1 and torch.equal(_lookup(serving), before)
+    assert serving.delta_version == 1 and torch.equal(lookup(serving, KEYS), before)
 
 
 def test_a_hostile_manifest_with_a_recomputed_checksum_is_still_checked(chain):
-    serving = _serving(chain)
+    serving = serving_base(chain)
     path = delta_path(chain.directory, 1)
     file = path / "manifest.json"
     manifest = json.loads(file.read_text())

@@ -9,33 +9,18 @@ import shutil
 import pytest
 import torch
 
-from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.checkpoint.format import CheckpointError
-from dynemb.deltas import DeltaPublisher, delta_path
+from dynemb.deltas import delta_path
 from dynemb.deltas.format import read_delta, table_delta_meta, write_delta
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from tests.delta_chains import lookup, one_table_chain, serving_base
 
-OPTIONS = [DynamicEmbTableOptions(dim=4, max_capacity=64, bucket_capacity=16)]
 KEYS = torch.arange(-5, 30)
-
-
-def _step(model, keys) -> None:
-    model(keys, torch.arange(keys.numel() + 1)).sum().backward()
 
 
 @pytest.fixture
 def chain(tmp_path):
     """A base and delta 1 of one table ``t`` (keys 0..11 upserted, key 3 tombstoned)."""
-    model = BatchedDynamicEmbeddingTables(
-        OPTIONS, [0], pooling_mode=DynamicEmbPoolingMode.NONE, table_names=["t"]
-    )
-    publisher = DeltaPublisher(model, tmp_path / "chain")
-    _step(model, torch.arange(10))
-    publisher.publish_base()
-    _step(model, torch.arange(12))
-    model.tables[0].erase(torch.tensor([3]))
-    publisher.publish()
-    return publisher
+    return one_table_chain(tmp_path / "chain", [(torch.arange(12), 3)])
 
 
 def _forge(publisher, change) -> None:
@@ -98,18 +83,16 @@ FORGERIES = {
 def test_a_forged_delta_is_refused_naming_it_and_changes_nothing(chain, forgery):
     change, message = FORGERIES[forgery]
     _forge(chain, change)
-    serving = InferenceEmbeddingCollection(OPTIONS, table_names=["t"])
-    serving.load_from_dynamicemb_file(chain.base_path)
-    before = serving(KEYS, torch.arange(KEYS.numel() + 1))
+    serving = serving_base(chain)
+    before = lookup(serving, KEYS)
     path = delta_path(chain.directory, 1)
     with pytest.raises(CheckpointError, match=str(path) + ".*" + message):
         serving.apply_delta(path)
     assert serving.delta_version == 0
-    assert torch.equal(serving(KEYS, torch.arange(KEYS.numel() + 1)), before)
+    assert torch.equal(lookup(serving, KEYS), before)
 
 
 def test_the_published_delta_applies(chain):
-    serving = InferenceEmbeddingCollection(OPTIONS, table_names=["t"])
-    serving.load_from_dynamicemb_file(chain.base_path)
+    serving = serving_base(chain)
     assert serving.apply_delta(delta_path(chain.directory, 1)) == 1
     assert serving.sizes == [11]
