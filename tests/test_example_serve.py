@@ -3,9 +3,6 @@ replayed into inference modules, exported with torch.export, saved and loaded) s
 the held-out set with the trained model's logits bit for bit, at the last version and
 at an intermediate one (the model evaluated after epoch 1 of 2)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +11,9 @@ import torch
 from dynemb.deltas import delta_path, read_delta
 from dynemb.example import publishing
 from examples import serve
+from tests.example_runs import run_example
 from tests.multiprocess import free_port
 
-REPO = Path(__file__).resolve().parent.parent
 # 8 steps per epoch; tables of 256 rows for 1,000 ids per feature (rows are evicted).
 SIZES = "--num_train 2048 --num_eval 600 --vocab_size 1000 --capacity 256 --batch_size 256"
 EVERY = 3  # versions 1, 2 at steps 3, 6, 3 at the end of epoch 1; 4, 5, 6 in epoch 2
@@ -36,16 +33,10 @@ def published(request, tmp_path_factory):
     """(publish directory, the trained model's evaluations); ADAM on CPU makes every
     table dynamic, the default optimizer keeps one ordinary TorchRec table."""
     root = tmp_path_factory.mktemp(request.param)
-    command = [sys.executable, "example.py", "--train", "--eval", "--epochs", "2"]
-    command += SIZES.split() + ["--optimizer", request.param]
-    command += ["--publish-every", str(EVERY), "--publish_dir", str(root / "pub")]
-    command += ["--scores_out", str(root / "trained.pt")]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"published versions 0..{EPOCH_VERSIONS[-1]}" in done.stdout
+    args = ["--train", "--eval", "--epochs", "2", *SIZES.split(), "--optimizer", request.param]
+    args += ["--publish-every", str(EVERY), "--publish_dir", str(root / "pub")]
+    args += ["--scores_out", str(root / "trained.pt")]
+    assert f"published versions 0..{EPOCH_VERSIONS[-1]}" in run_example(args)
     return root / "pub", torch.load(root / "trained.pt", weights_only=False)
 
 
@@ -114,16 +105,11 @@ def test_two_processes_publish_what_one_serves(tmp_path, capsys):
     scores the held-out rows with the trained logits (training lists them rank after
     rank, serve.py in row order: compared sorted) and the same AUC."""
     pub = tmp_path / "pub"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    command += ["--master_port", str(free_port()), "example.py", "--train", "--eval"]
-    command += SIZES.split() + ["--publish_every", str(EVERY), "--publish_dir", str(pub)]
-    command += ["--scores_out", str(tmp_path / "trained.pt")]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 rank(s)" in done.stdout
+    torchrun = ("-m", "torch.distributed.run", "--nproc_per_node=2")
+    torchrun += ("--master_port", str(free_port()))
+    args = ["--train", "--eval", *SIZES.split(), "--publish_every", str(EVERY)]
+    args += ["--publish_dir", str(pub), "--scores_out", str(tmp_path / "trained.pt")]
+    assert "2 rank(s)" in run_example(args, torchrun, OMP_NUM_THREADS="1")
     trained = torch.load(tmp_path / "trained.pt", weights_only=False)[-1]
     assert publishing.published_versions(pub) == list(range(trained["version"] + 1))
     assert len(torch.load(publishing.dense_path(pub, 0))["tables"]) == 1  # f6, gathered

@@ -4,10 +4,7 @@ dense file is never skipped by serving an older version, and a damaged file is n
 A dense file of a version whose delta is not committed yet (a publication in
 progress) is not a version."""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +13,12 @@ import torch
 from dynemb.deltas import delta_path
 from dynemb.example import publishing
 from examples import serve
+from tests.example_runs import run_example
 
 pytestmark = pytest.mark.no_emulated_pass(
     "the files of a publish directory; the executor's ops are those of test_example_serve.py"
 )
 
-REPO = Path(__file__).resolve().parent.parent.parent
 # 4 steps of one epoch, a version after each: versions 0..4.
 SIZES = "--num_train 1024 --num_eval 256 --vocab_size 500 --capacity 256 --batch_size 256"
 LATEST = 4
@@ -30,14 +27,10 @@ LATEST = 4
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("published")
-    command = [sys.executable, "example.py", "--train", *SIZES.split(), "--publish_every", "1"]
-    command += ["--publish_dir", str(root / "pub")]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"published versions 0..{LATEST}" in done.stdout
+    stdout = run_example(
+        ["--train", *SIZES.split(), "--publish_every", "1", "--publish_dir", str(root / "pub")]
+    )
+    assert f"published versions 0..{LATEST}" in stdout
     return root / "pub"
 
 
