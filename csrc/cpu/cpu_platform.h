@@ -121,8 +121,8 @@ struct CpuPlatform {
 
 /// CpuPlatform for a batch loop whose thread alone touches the buckets it changes:
 /// bucket locks are not needed, so they cost nothing (no locked instruction, which
-/// would also drain the store buffer on every key). See executor_cpu.cpp for when
-/// the executor may use it.
+/// would also drain the store buffer on every key). See executor_cpu.cpp and
+/// entry_moves_cpu.cpp for when the executor may use it.
 struct CpuExclusivePlatform : CpuPlatform {
   static void lock(uint32_t*) {}
   static void unlock(uint32_t*) {}
