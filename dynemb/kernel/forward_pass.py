@@ -59,15 +59,15 @@ class ForwardPass:
         None)). ``trains``: this forward's module mode, which decides what its backward
         does. ``access_counts``: (n,) int64 or None, as in ``forward``."""
         self._start_forward()
-        # The keys are read during this forward only (its backward reads the offsets and
-        # weights): a copy of them would cost a pass over the batch for nothing.
+        # 1. The keys are read during this forward only (its backward reads the offsets
+        # and weights): a copy of them would cost a pass over the batch for nothing.
         batches = split_by_table(
             indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size,
             copy_keys=False,
         )  # fmt: skip
         distincts = self._distinct(batches, access_counts)
-        holds = self._begin_batches(batches)
-        try:
+        holds = self._begin_batches(batches)  # 2.
+        try:  # 3. and 4.
             slots = self._slots(batches, distincts, holds)
             reads = [
                 None if s is None else self._rows_read(t, distincts[t][0], s[0], holds[t])
