@@ -37,7 +37,6 @@ from torch import nn
 
 from dynemb import _ops
 from dynemb.checkpoint.collectives import all_gather
-from dynemb.checkpoint.tables import persistent
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.shard import dynamic_embedding_tables
@@ -224,7 +223,7 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
             continue
         seen.add(id(group))
         # Caching mode: the slow tier, after the cache wrote its rows back.
-        tables = [persistent(t) for t in group.tables]
+        tables = [t.persistent_table() for t in group.tables]
         found.setdefault(path, {}).update(zip(group.table_names, tables))
     return found
 

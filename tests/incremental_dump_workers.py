@@ -51,7 +51,7 @@ def dump_after_training(rank: int, world_size: int) -> dict:
     model = build_model(Case("EXACT_SGD", "roundrobin"), world_size)
     tables = dynamic_tables(model)
     for table in tables.values():
-        table._clock = clock
+        table.state.clock = clock
     batch = 2
     for step in range(3):
         clock.now += 10

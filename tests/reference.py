@@ -255,7 +255,7 @@ class ReferenceTable:
 
 def window_full(table, key: int) -> bool:
     """True when every bucket of key's NO_EVICTION spill window is full in `table`."""
-    s = table._storage
+    s = table.buffers
     nb, bc = s.num_buckets, s.layout.bucket_capacity
     home = bucket_of(key, nb)
     window = min(MAX_PROBE_BUCKETS, nb)

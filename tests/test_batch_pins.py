@@ -157,7 +157,7 @@ def test_forwards_before_one_backward_keep_their_rows():
 
 def test_pins_end_with_the_backward_or_the_dropped_graph():
     module = _module(S.LFU, 32, 16)
-    ledger = module.tables[0]._pins
+    ledger = module.tables[0].state.pins
     out = _lookup(module, torch.arange(8))
     assert ledger.in_flight() == 1
     out.sum().backward()

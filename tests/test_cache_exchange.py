@@ -34,7 +34,7 @@ def _tables(slots: int, dtype=torch.float32):
 def test_victims_out_then_entries_in(n):
     rng = np.random.default_rng(n)
     cache, slow = _tables(2 * n)
-    c = cache._storage
+    c = cache.buffers
     c.values.copy_(torch.from_numpy(rng.standard_normal(tuple(c.values.shape)).astype(np.float32)))
     user_scores = torch.from_numpy(rng.integers(1, 10**9, c.values.shape[0]))
     keys = torch.from_numpy(rng.choice(2**62, size=n, replace=False)).to(torch.int64) - 2**61
@@ -52,7 +52,7 @@ def test_victims_out_then_entries_in(n):
     rows_before, scores_before = c.values.clone(), user_scores.clone()
 
     victim_keys, victim_rows, victim_scores, found = _ops.table_cache_exchange(
-        c.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        c.tensors(), slow.buffers.tensors(), cache.state.init, cache.seed, DIM,
         user_scores, keys, slots, status, evicted_keys,
     )  # fmt: skip
 
@@ -66,7 +66,12 @@ def test_victims_out_then_entries_in(n):
     fresh = ~stored & moved
     new = slots[fresh]
     initial = _ops.embedding_gather(
-        c.tensors(), torch.full_like(keys[fresh], -1), keys[fresh], cache._init, cache.seed, DIM
+        c.tensors(),
+        torch.full_like(keys[fresh], -1),
+        keys[fresh],
+        cache.state.init,
+        cache.seed,
+        DIM,
     )
     assert torch.equal(c.values[new, :DIM], initial)
     assert bool((c.values[new, DIM:] == 0.25).all())
@@ -83,22 +88,22 @@ def test_half_precision_rows_move_bit_for_bit():
     rows = torch.randn(32, DIM + EXTRA).half()
     slow.insert_or_assign(keys, rows, scores=torch.arange(32, dtype=torch.int64) + 1)
     slots = torch.arange(32, dtype=torch.int64) * 2
-    user_scores = torch.zeros(cache._storage.values.shape[0], dtype=torch.int64)
+    user_scores = torch.zeros(cache.buffers.values.shape[0], dtype=torch.int64)
     status = torch.full((32,), _ops.Status.INSERTED, dtype=torch.int8)
     victim_keys, _, _, found = _ops.table_cache_exchange(
-        cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        cache.buffers.tensors(), slow.buffers.tensors(), cache.state.init, cache.seed, DIM,
         user_scores, keys, slots, status, keys,
     )  # fmt: skip
     assert bool(found.all()) and victim_keys.numel() == 0
-    assert torch.equal(cache._storage.values[slots], rows)
+    assert torch.equal(cache.buffers.values[slots], rows)
 
 
 def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None):
-    n = cache._storage.values.shape[0]
+    n = cache.buffers.values.shape[0]
     keys = torch.tensor([5, 6]) if keys is None else keys
     S = _ops.Status
     return _ops.table_cache_exchange(
-        cache._storage.tensors(), slow._storage.tensors(), cache._init, cache.seed, DIM,
+        cache.buffers.tensors(), slow.buffers.tensors(), cache.state.init, cache.seed, DIM,
         torch.zeros(n, dtype=torch.int64) if user_scores is None else user_scores,
         keys, torch.tensor([0, 1]) if slots is None else slots,
         torch.tensor([S.EVICTED, S.INSERTED], dtype=torch.int8) if status is None else status,
@@ -108,8 +113,8 @@ def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None):
 
 def test_bad_arguments_are_named_and_change_nothing():
     cache, slow = _tables(64)
-    n = cache._storage.values.shape[0]
-    before = cache._storage.values.clone()
+    n = cache.buffers.values.shape[0]
+    before = cache.buffers.values.clone()
     with pytest.raises(ValueError, match="`slots` must hold slots in \\[-1, "):
         _call(cache, slow, slots=torch.tensor([0, n]))
     with pytest.raises(ValueError, match="`slots` must hold slots in \\[-1, .*got values in \\[-2"):
@@ -128,4 +133,4 @@ def test_bad_arguments_are_named_and_change_nothing():
     )  # fmt: skip
     with pytest.raises(ValueError, match="same row layout"):
         _call(cache, other)
-    assert torch.equal(cache._storage.values, before)
+    assert torch.equal(cache.buffers.values, before)

@@ -24,7 +24,6 @@ from dynemb import (
 )
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.dump import committed_dump
-from dynemb.checkpoint.tables import persistent
 from dynemb.optimizer import EmbOptimType
 from dynemb.table import placement
 from dynemb.tiering import CachedTable
@@ -87,16 +86,18 @@ def fill(module, state: str) -> None:
         return
     train(module, 6, seed=1, vocab=700)
     for t in module.tables:  # grown past the initial capacity
-        assert persistent(t).capacity() > INIT_ROWS and persistent(t).size() > INIT_ROWS
+        table = t.persistent_table()
+        assert table.capacity() > INIT_ROWS and table.size() > INIT_ROWS
     if state == "trained":
         return
     for t in module.tables:
-        table = persistent(t)
+        table = t.persistent_table()
         keys, _, _, _ = table.export_batch(0, table.capacity())
         assert t.erase(keys[::2]) == keys[::2].numel()
     train(module, 14, seed=2, vocab=1 << 30, max_bag=9)
     for t in module.tables:  # full: new keys evicted old ones
-        assert persistent(t).capacity() == MAX_ROWS and persistent(t).size() > 0.95 * MAX_ROWS
+        table = t.persistent_table()
+        assert table.capacity() == MAX_ROWS and table.size() > 0.95 * MAX_ROWS
 
 
 def dump_load_dump(tmp_path, tier: str, state: str, strategies=STRATEGIES):

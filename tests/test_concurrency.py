@@ -129,7 +129,7 @@ def test_erase_on_all_threads_reports_each_key_like_one_thread(strategy):
         torch.set_num_threads(threads)
         t = _table(strategy, capacity=2**16, init_capacity=2**16)
         t.find_or_insert(stored)
-        erased[threads] = _ops.table_erase(t._storage.tensors(), batch)
+        erased[threads] = _ops.table_erase(t.buffers.tensors(), batch)
         remaining[threads] = t.contains(stored)
     first = torch.zeros(batch.numel(), dtype=torch.bool)
     seen = set()

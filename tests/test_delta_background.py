@@ -84,7 +84,7 @@ def _twin(model, publisher, directory) -> DeltaPublisher:
     # The logs are not copied (the twin's publisher attaches its own); a lock cannot
     # be: the twin gets fresh ones.
     memo = {id(log): None for log in logs}
-    memo.update({id(t._lock): RWLock() for t in model.tables})  # noqa: SLF001
+    memo.update({id(t.lock): RWLock() for t in model.tables})
     twin = copy.deepcopy(model, memo=memo)
     twin_publisher = DeltaPublisher(twin, directory, optim=publisher.optim)
     for log, twin_table in zip(logs, twin.tables, strict=True):

@@ -42,7 +42,7 @@ def test_floor_matches_oracle(seed):
             torch.empty(40, dtype=torch.int64),
         ]
         status, _ = _ops.table_insert_or_assign(
-            table._storage.tensors(), policy, table._init, keys, None, values, evicted
+            table.buffers.tensors(), policy, table.state.init, keys, None, values, evicted
         )
         want, want_evicted = oracle.upsert(
             keys.tolist(), None, values.numpy(), evict_below=None if floor < 0 else floor
@@ -56,9 +56,9 @@ def test_floor_matches_oracle(seed):
         if floor == 0:
             assert ref.EVICTED not in want  # floor 0 never evicts
     assert failures > 0 and evictions > 0  # both branches were exercised
-    slots = _ops.table_find_slots(table._storage.tensors(), torch.tensor(sorted(oracle.entries)))
+    slots = _ops.table_find_slots(table.buffers.tensors(), torch.tensor(sorted(oracle.entries)))
     assert bool((slots >= 0).all())
-    assert int((table._storage.digests.view(-1) != 0).sum()) == len(oracle.entries)
+    assert int((table.buffers.digests.view(-1) != 0).sum()) == len(oracle.entries)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -80,8 +80,8 @@ def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
         before = {k: e[1] for k, e in oracle.entries.items()}
         evicted = [torch.empty(12, dtype=torch.int64), torch.empty(12, dim), torch.empty(12, dtype=torch.int64)]  # fmt: skip
         status, _ = _ops.table_insert_or_assign(
-            table._storage.tensors(), _ops.Policy(ref.CACHE, batch, 0, floor, dim, batch, batch),
-            table._init, keys, None, values, evicted,
+            table.buffers.tensors(), _ops.Policy(ref.CACHE, batch, 0, floor, dim, batch, batch),
+            table.state.init, keys, None, values, evicted,
         )  # fmt: skip
         want, want_evicted = oracle.upsert(
             keys.tolist(), None, values.numpy(), batch_value=batch,
@@ -101,14 +101,14 @@ def test_cache_scores_evict_the_least_used_unpinned_resident(seed):
         evictions += want.count(ref.EVICTED)
     assert failures > 0 and evictions > 0 and pinned_skips > 0  # every branch exercised
     keys = torch.tensor(sorted(oracle.entries))
-    slots = _ops.table_find_slots(table._storage.tensors(), keys)
+    slots = _ops.table_find_slots(table.buffers.tensors(), keys)
     assert bool((slots >= 0).all())
-    stored = table._storage.scores.view(-1)[slots].tolist()
+    stored = table.buffers.scores.view(-1)[slots].tolist()
     assert stored == [oracle.entries[k][1] for k in keys.tolist()]
     assert max(s >> 32 for s in stored) > 1  # some keys counted several batches
     with pytest.raises(ValueError, match="batch number and floor must be in \\[0, 2\\^32\\)"):
         _ops.table_insert_or_assign(
-            table._storage.tensors(), _ops.Policy(ref.CACHE, 2**32, 0, 1, dim), table._init, keys, None,
+            table.buffers.tensors(), _ops.Policy(ref.CACHE, 2**32, 0, 1, dim), table.state.init, keys, None,
             torch.zeros(keys.numel(), dim), [],
         )  # fmt: skip
 
@@ -120,7 +120,7 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
     rng = np.random.default_rng(seed)
     dim = 4
     table, oracle = _step_table_and_oracle(dim)
-    s = table._storage
+    s = table.buffers
     evictions = 0
     for batch in range(1, 10):
         keys = torch.from_numpy(rng.choice(2**40, size=40, replace=False)).to(torch.int64)
@@ -132,7 +132,7 @@ def test_slot_claims_leave_rows_and_report_victims(seed):
         }
         evicted_keys = torch.full_like(keys, -7)
         slots, status, _ = _ops.table_find_or_insert_slots(
-            s.tensors(), policy, table._init, keys, None, None,
+            s.tensors(), policy, table.state.init, keys, None, None,
             init_rows=False, evicted_keys=evicted_keys,
         )  # fmt: skip
         want, want_evicted = oracle.upsert(
@@ -163,10 +163,10 @@ def test_hits_first_keeps_the_batch_own_keys(pin):
     table = dynemb.ScoredHashTable(
         dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.STEP
     )
-    s = table._storage
+    s = table.buffers
     residents = torch.arange(100, 116, dtype=torch.int64)
     policy = _ops.Policy(DynamicEmbScoreStrategy.STEP.value, 1, 0, _ops.EVICT_ANY, 2)
-    _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
+    _ops.table_find_or_insert_slots(s.tensors(), policy, table.state.init, residents, None)
     # All scored 1: the smallest (digest, key) goes first, then the next.
     victim, second = sorted(residents.tolist(), key=lambda k: (ref.digest_of(k), k))[:2]
     batch = torch.tensor([7, victim])
@@ -174,7 +174,7 @@ def test_hits_first_keeps_the_batch_own_keys(pin):
     floor = pin if pin else _ops.NO_PINS
     policy = policy._replace(batch_value=2, pin=pin, pin_floor=floor)
     _, status, counts = _ops.table_find_or_insert_slots(
-        s.tensors(), policy, table._init, batch, None, None, evicted_keys=evicted
+        s.tensors(), policy, table.state.init, batch, None, None, evicted_keys=evicted
     )  # fmt: skip
     assert status.tolist() == [_ops.Status.EVICTED, _ops.Status.HIT]
     assert evicted.tolist() == [second, -1]
@@ -187,20 +187,20 @@ def test_pinned_bucket_fails_new_keys():
     table = dynemb.ScoredHashTable(
         dim=2, capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.LFU
     )
-    s = table._storage
+    s = table.buffers
     residents = torch.arange(100, 116, dtype=torch.int64)
     policy = _ops.Policy(DynamicEmbScoreStrategy.LFU.value, 0, 0, _ops.EVICT_ANY, 2, 3, 3)
-    _ops.table_find_or_insert_slots(s.tensors(), policy, table._init, residents, None)
+    _ops.table_find_or_insert_slots(s.tensors(), policy, table.state.init, residents, None)
     assert s.pins.tolist() == [3] * 16
     evicted = torch.full((2,), -1)
     _, status, _ = _ops.table_find_or_insert_slots(
-        s.tensors(), policy._replace(pin=4), table._init, torch.tensor([7, 8]), None, None,
+        s.tensors(), policy._replace(pin=4), table.state.init, torch.tensor([7, 8]), None, None,
         evicted_keys=evicted,
     )  # fmt: skip
     assert status.tolist() == [_ops.Status.FAILED] * 2 and evicted.tolist() == [-1, -1]
     # The floor past the residents' pin: they may go again.
     _, status, _ = _ops.table_find_or_insert_slots(
-        s.tensors(), policy._replace(pin=5, pin_floor=4), table._init, torch.tensor([7]), None,
+        s.tensors(), policy._replace(pin=5, pin_floor=4), table.state.init, torch.tensor([7]), None,
         None, evicted_keys=evicted[:1],
     )  # fmt: skip
     assert status.tolist() == [_ops.Status.EVICTED] and int(evicted[0]) in residents.tolist()

@@ -25,7 +25,7 @@ def _tie(key):
 def _table(strategy):
     t = dynemb.ScoredHashTable(dim=2, capacity=BC, bucket_capacity=BC, score_strategy=strategy)
     clock = itertools.count(100, 10)
-    t._clock = lambda: next(clock)
+    t.state.clock = lambda: next(clock)
     return t
 
 

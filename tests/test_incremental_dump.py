@@ -120,7 +120,7 @@ def test_timestamp_dump_filters_by_last_access_time(strategy):
     tables = _tables(strategy)
     clock = FakeClock(100)
     for t in tables.tables:
-        t._clock = clock
+        t.state.clock = clock
     _train(tables, [1, 2, 3], [10, 11])
     clock.now = 200
     before = get_score(tables)

@@ -226,11 +226,11 @@ def test_op_level_checks_name_the_argument():
 
     t = dynemb.ScoredHashTable(dim=4, capacity=1024)
     with pytest.raises(ValueError, match="`values` must be a contiguous"):
-        _ops.table_find(t._storage.tensors(), KEYS, torch.zeros(2, 4))
+        _ops.table_find(t.buffers.tensors(), KEYS, torch.zeros(2, 4))
     with pytest.raises(TypeError, match="`keys` must have dtype Long"):
-        _ops.table_find_slots(t._storage.tensors(), KEYS.int())
+        _ops.table_find_slots(t.buffers.tensors(), KEYS.int())
     with pytest.raises(ValueError, match="`table` must hold 9 tensors"):
-        _ops.table_erase(t._storage.tensors()[:3], KEYS)
+        _ops.table_erase(t.buffers.tensors()[:3], KEYS)
 
 
 def test_find_into_out():

@@ -58,7 +58,7 @@ class Harness:
             self.last_time = next(self.clock)
             return self.last_time
 
-        self.table._clock = tick
+        self.table.state.clock = tick
         mode = (4, 0.0, 0.0) if debug_init else (2, -0.1, 0.1)
         self.oracle = ref.ReferenceTable(
             dim, capacity, init_capacity, bc, code, extra_columns=extra, seed=seed, init=mode,
@@ -229,7 +229,7 @@ def test_random_operation_sequences_in_tiers(strategy, tier, tmp_path):
     rng = np.random.default_rng(5)
     h = Harness(strategy, **_tiers(tier, tmp_path))
     _mixed_operations(h, rng, rounds=30, max_keys=90)
-    storage = h.table._storage
+    storage = h.table.buffers
     if "fast_rows" in _tiers(tier, tmp_path):  # both tiers really hold rows
         occupied = storage.digests.view(-1) != 0
         assert bool(occupied[: storage.fast_slots].any())

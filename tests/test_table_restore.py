@@ -28,7 +28,7 @@ def _table(
         device=device,
         fast_rows=fast_rows,
     )
-    t._clock = iter(range(10**6, 10**9, 1000)).__next__
+    t.state.clock = iter(range(10**6, 10**9, 1000)).__next__
     return t
 
 
@@ -48,12 +48,12 @@ def _oracle_restore(t, keys, values, state, scores, stamps):
     customized = t.score_strategy == S.CUSTOMIZED
     rows = values if state is None else torch.cat([values, state], 1)
     stats = t.insert_or_assign(keys, rows, scores if customized else None)
-    slots = _ops.table_find_slots(t._storage.tensors(), keys)
+    slots = _ops.table_find_slots(t.buffers.tensors(), keys)
     ok = slots >= 0
-    if t._layout.keeps_scores:
-        t._storage.scores[slots[ok]] = scores[ok]
-    if t._layout.keeps_timestamps:
-        t._storage.timestamps[slots[ok]] = stamps[ok]
+    if t.state.layout.keeps_scores:
+        t.buffers.scores[slots[ok]] = scores[ok]
+    if t.state.layout.keeps_timestamps:
+        t.buffers.timestamps[slots[ok]] = stamps[ok]
     return stats
 
 
@@ -62,8 +62,8 @@ def _restore(t, keys, values, state, scores, stamps):
         keys,
         values,
         state,
-        scores if t._layout.keeps_scores else None,
-        stamps if t._layout.keeps_timestamps else None,
+        scores if t.state.layout.keeps_scores else None,
+        stamps if t.state.layout.keeps_timestamps else None,
     )
 
 
@@ -71,7 +71,7 @@ def _contents(t):
     keys, rows, scores, _ = t.export_batch(0, t.capacity(), include_extra=True)
     order = torch.argsort(keys)
     keys = keys[order]
-    stamps = t.get_timestamps(keys) if t._layout.keeps_timestamps else None
+    stamps = t.get_timestamps(keys) if t.state.layout.keeps_timestamps else None
     return keys, rows[order], scores[order], stamps
 
 

@@ -79,7 +79,7 @@ def test_training_in_tiers_equals_training_in_memory(optimizer, tier, tmp_path):
     for a, b in zip(train(memory, 12), train(tiered, 12)):
         assert torch.equal(a, b)
     assert_same_contents(memory, tiered)
-    storage = tiered.tables[0]._storage
+    storage = tiered.tables[0].buffers
     assert storage.num_slots > 300 and storage.slow_values.shape[0] == storage.num_slots - (
         fast or 0
     )
@@ -92,9 +92,9 @@ def test_a_flushed_spill_directory_reopens_as_the_same_table(fast_rows, tmp_path
     first = make(EmbOptimType.ADAM, tmp_path, fast_rows=fast_rows)
     train(first, 8)
     first.flush()
-    assert first.tables[0]._storage.generation > 0  # it grew: files of a later generation
+    assert first.tables[0].buffers.generation > 0  # it grew: files of a later generation
     generations = [e for e in os.listdir(tmp_path / "t.rank0") if e.startswith("g")]
-    assert generations == [f"g{first.tables[0]._storage.generation}"]
+    assert generations == [f"g{first.tables[0].buffers.generation}"]
     with pytest.raises(ValueError, match="is in use by another live table"):
         make(EmbOptimType.ADAM, tmp_path, fast_rows=fast_rows)
     memory = make(EmbOptimType.ADAM)  # the same training, in memory

@@ -12,7 +12,6 @@ from dynemb.shard.sharded_modules import (
     public_collection_path,
 )
 from dynemb.table.scored_hash_table import ScoredHashTable
-from dynemb.tiering.cached_table import CachedTable
 
 TableNames = Mapping[str, Sequence[str]] | Sequence[str] | None
 """``table_names`` of DynamicEmbDump / DynamicEmbLoad: DynamicEmb's ``{collection path:
@@ -43,13 +42,11 @@ class NamedTable:
     def table(self) -> ScoredHashTable:
         """The table to dump or load: in caching mode its slow tier, after the cache
         wrote its rows back (so it holds the whole table)."""
-        return persistent(self.group.tables[self.index])
+        return self.group.tables[self.index].persistent_table()
 
     def prepare_load(self) -> None:
         """Caching mode: empties the cache into the slow tier, which the load fills."""
-        table = self.group.tables[self.index]
-        if isinstance(table, CachedTable):
-            table.empty_cache()
+        self.group.tables[self.index].empty_cache()
 
 
 class CollectionGroups(nn.Module):
@@ -61,11 +58,6 @@ class CollectionGroups(nn.Module):
     def __init__(self, groups: Mapping[str, BatchedDynamicEmbeddingTables]) -> None:
         super().__init__()
         self.groups = dict(groups)  # not submodules: the groups belong to the caller
-
-
-def persistent(table) -> ScoredHashTable:
-    """``table``, or the slow tier of a CachedTable after a sync."""
-    return table.persistent_table() if isinstance(table, CachedTable) else table
 
 
 def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:

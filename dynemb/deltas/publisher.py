@@ -32,7 +32,6 @@ from dynemb.deltas.precapture import merge as merge_entries
 from dynemb.deltas.ranks import agree_on_tables, publish_collective
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.change_log import ChangeLog
-from dynemb.table.scored_hash_table import ScoredHashTable
 
 BASE = "base"
 COMMITS_KEPT = 1024  # DeltaPublisher.commits: the latest commits
@@ -387,7 +386,7 @@ def _check_tables(tables: list) -> str | None:
         return "DeltaPublisher: the model has no dynamic embedding table"
     for t in tables:
         table = t.group.tables[t.index]
-        if not isinstance(table, ScoredHashTable):
+        if table.has_cache:
             return (
                 f"DeltaPublisher: table {t.name!r} is in caching mode "
                 f"({type(table).__name__}); deltas need tables without a cache"

@@ -1,11 +1,12 @@
 """``BatchedDynamicEmbeddingTables``: the dynamic counterpart of fbgemm's TBE.
 
 Forward looks each table's keys up (inserting new keys in training), pools them
-(SUM / MEAN) or returns one row per index (NONE). Backward reduces the output
-gradient to one gradient per distinct key of each table and applies the fused
-optimizer to those rows in place: no dense gradient and no autograd leaf exist
-for the tables. The per-element maths is in csrc/core (pooling.h,
-optimizer_rules.h).
+(SUM / MEAN) or returns one row per index (NONE): forward_pass.py. Backward reduces
+the output gradient to one gradient per distinct key of each table and applies the
+fused optimizer to those rows in place (backward_pass.py): no dense gradient and no
+autograd leaf exist for the tables. The per-element maths is in csrc/core
+(pooling.h, optimizer_rules.h). Tables are used through the Table protocol only
+(dynemb/table/protocol.py).
 """
 
 import functools
@@ -14,23 +15,21 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from dynemb import _ops
 from dynemb.admission import Counter
 from dynemb.dynamicemb_config import (
     DynamicEmbTableOptions,
-    init_mode_code,
     with_kernel_defaults,
 )
+from dynemb.kernel.backward_pass import BackwardPass
 from dynemb.kernel.batch_layout import (
     TableBatch,
     check_access_counts,
     check_batch,
     contiguous_batch,
-    count_accesses,
     distinct_keys,
     split_by_table,
 )
-from dynemb.kernel.grouped_calls import backward_grouped, pool_grouped
+from dynemb.kernel.forward_pass import ForwardPass
 from dynemb.kernel.lookup_function import LookupFunction
 from dynemb.kernel.table_options import (
     admission_missing,
@@ -43,19 +42,11 @@ from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
 from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
-from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.factory import check_tiering_options, make_table
-from dynemb.tiering.staging import private_table
-from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode
-
-_ZEROS = [float(init_mode_code(DynamicEmbInitializerMode.CONSTANT)), 0.0, 0.0, 0.0, 0.0, 0.0]
-_POOLING_CODE = {
-    mode: _ops.POOLING_CODES[mode.name]
-    for mode in (DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN)
-}
+from dynemb.types import DynamicEmbPoolingMode
 
 
-class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
+class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Module):
     """Several dynamic tables looked up in one call, with a fused optimizer.
 
     Args:
@@ -152,7 +143,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             for t in range(len(options))
         ]  # fmt: skip
         # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering): the
-        # kernel uses them through the Table protocol only.
+        # kernel uses them through the Table protocol only (never by their class).
         self.tables: list[Table] = [
             make_table(name, o, config.state_columns(o.dim), self.device)
             for name, o in zip(names, options)
@@ -293,7 +284,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
             batch_size,
         )  # fmt: skip
         cached = [
-            tb if isinstance(table, CachedTable) and self._inserts(t) else None
+            tb if table.has_cache and self._inserts(t) else None
             for t, (table, tb) in enumerate(zip(self.tables, batches, strict=True))
         ]
         # Last table first: the forward then starts with the tables whose fills are
@@ -301,7 +292,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
         work = list(enumerate(zip(cached, distinct_keys(cached), strict=True)))
         for t, (tb, distinct) in reversed(work):
             table = self.tables[t]
-            if not isinstance(table, CachedTable) or not self._inserts(t):
+            if not table.has_cache or not self._inserts(t):
                 continue
             b = table.prefetch(distinct[0] if tb is not None else indices[:0])
             if tb is not None:
@@ -312,221 +303,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, nn.Module):
 
     def cache_stats(self) -> list:
         """Per table: its dynemb.tiering.CacheStats (caching mode), else None."""
-        return [t.stats if isinstance(t, CachedTable) else None for t in self.tables]
+        return [t.cache_stats for t in self.tables]
 
     # -------------------------------------------------------------- internals
 
-    def _lookup(self, indices, offsets, weights, batch_size, access_counts=None):
-        """Forward without autograd: returns (output, (trains, per-table saved state)).
-        ``trains``: this forward's module mode, which decides what its backward does.
-        ``access_counts``: (n,) int64 or None, as in ``forward``."""
-        self._start_forward()
-        # The keys are read during this forward only (its backward reads the offsets and
-        # weights): a copy of them would cost a pass over the batch for nothing.
-        batches = split_by_table(
-            indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size,
-            copy_keys=False,
-        )  # fmt: skip
-        sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
-        if sequence:
-            out = torch.empty(
-                (indices.numel(), self.dims[self.feature_table_map[0]]), device=self.device
-            )
-        else:
-            out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
-        saved = []
-        grouped = []  # (t, batch, unique_slots, inverse, missing): pooled in one call, below
-        distincts = self._distinct(batches, access_counts)
-        # Each table in memory that this forward trains pins the keys it looks up until
-        # the backward has written their rows (released then, or when the graph is
-        # dropped unused): no other batch may evict them meanwhile.
-        holds = [
-            self.tables[t].hold_pins() if tb is not None and self._pins_keys(t) else None
-            for t, tb in enumerate(batches)
-        ]
-        # The training lookups of the tables in memory: one op call for all of them.
-        present = [t for t, tb in enumerate(batches) if tb is not None]
-        found = self._grouped_slots(present, distincts, holds) if self.training else {}
-        for t, (tb, distinct) in enumerate(zip(batches, distincts, strict=True)):
-            table = self.tables[t]
-            cached = isinstance(table, CachedTable)
-            if tb is None:
-                if cached and self._inserts(t):  # keep batch numbers in step with prefetch
-                    table.end_batch(table.begin_batch())
-                saved.append(None)
-                continue
-            unique, inverse, counts = distinct
-            into = None if sequence else (out, self._table_columns[t])  # pooled: in place
-            if cached and not self._inserts(t):
-                rows = self._cached_eval_rows(t, tb, unique, inverse, batch_size, into)
-                batch = None
-            else:
-                batch = staged = None
-                if cached:  # training: cache slots, and the keys it could not take; the
-                    # batch stays in flight until this forward's backward (or dropped graph)
-                    batch = table.begin_batch()
-                    unique_slots, staged = table.lookup(unique, counts, batch)
-                    token = table.mutations
-                elif t in found:
-                    unique_slots, token = found[t]
-                else:
-                    unique_slots, token = self._training_slots(t, unique, counts, holds[t])
-                missing = self._train_missing[t] if self._inserts(t) else self._eval_missing[t]
-                if into is not None and not cached:
-                    grouped.append((t, tb, unique_slots, inverse, missing))
-                elif staged is not None:  # some rows in the cache, the rest staged:
-                    with table.lock.read():  # pooled together, in one pass
-                        rows_of = staged.batch_rows(table.buffers, unique_slots)
-                    rows = self._read_rows(t, tb, inverse, _ZEROS, batch_size, rows_of, into)
-                else:
-                    slots = unique_slots[inverse]
-                    with table.lock.read():
-                        rows = self._read_rows(t, tb, slots, missing, batch_size, into=into)
-            if sequence:
-                start = 0
-                for a, b in tb.index_ranges:
-                    out[a:b] = rows[start : start + b - a]
-                    start += b - a
-            saved.append(None if not self._inserts(t) else
-                         (tb, unique, unique_slots, inverse, token, batch, staged, holds[t]))  # fmt: skip
-        pool_grouped(self, self._table_columns, grouped, _POOLING_CODE.get(self.pooling_mode), out)
-        return out, (self.training, saved)
-
-    def _distinct(self, batches: list, access_counts: torch.Tensor | None = None) -> list:
-        """``unique_keys`` of each table's keys (None for absent tables); a cached
-        table's batch whose keys were prefetched reuses the prefetch's result. With
-        ``access_counts``, each distinct key's count is the sum of its indices' counts."""
-        reused = [None] * len(batches)
-        for t, tb in enumerate(batches):
-            table = self.tables[t]
-            if tb is None or not isinstance(table, CachedTable) or not self._inserts(t):
-                continue
-            b = table.upcoming_batch()
-            entry = self._prefetched[t].pop(b, None) if b is not None else None
-            if entry is not None and torch.equal(entry[0], tb.keys):
-                reused[t] = entry[1]
-        fresh = distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
-        distincts = [r if r is not None else f for r, f in zip(reused, fresh)]
-        if access_counts is None:
-            return distincts
-        return [
-            None if d is None else count_accesses(d, tb, access_counts)
-            for d, tb in zip(distincts, batches, strict=True)
-        ]
-
-    def _cached_eval_rows(self, t, tb, unique, inverse, batch_size, into=None):
-        """Eval lookup of a cached table: rows from the cache, else its slow tier, else
-        the eval initializer, pooled by the same op as every lookup (core/pooling.h);
-        nothing is inserted. The stored rows go to a private table for the op."""
-        stored, found = self.tables[t].read_rows(unique)
-        at = torch.nonzero(found, as_tuple=True)[0]
-        unique_slots = torch.full_like(unique, -1)
-        unique_slots[at] = torch.arange(at.numel(), device=unique.device)
-        storage = private_table(stored[at])
-        missing = self._eval_missing[t]
-        return self._read_rows(t, tb, unique_slots[inverse], missing, batch_size, storage, into)
-
-    def _read_rows(self, t, tb, slots, missing, batch_size, storage=None, into=None):
-        """Pooled bags (len(features) * B, dim), or one row per index for NONE.
-        ``storage``: the TableStorage to read (default: table t's). ``into``: (out,
-        columns): the pooled bags are written in the features' columns of ``out``
-        (embedding_pool_into) and None is returned."""
-        table, opts = self.tables[t], self.table_options[t]
-        storage = (storage or table.buffers).tensors()
-        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            return _ops.embedding_gather(storage, slots, tb.keys, missing, opts.seed, table.dim)
-        if into is not None:
-            _ops.embedding_pool_into(
-                storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
-                missing, opts.seed, table.dim, *into,
-            )  # fmt: skip
-            return None
-        return _ops.embedding_pool(
-            storage, slots, tb.keys, tb.offsets, tb.weights, _POOLING_CODE[self.pooling_mode],
-            missing, opts.seed, table.dim,
-        )  # fmt: skip
-
-    def _training_slots(self, t: int, unique: torch.Tensor, counts: torch.Tensor, hold=None):
-        """``_table_slots``, announced to the table's change log first when the backward
-        will write the rows: a delta's pre-capture may seal the log's keys at the
-        announcement, never between the lookup's records (it records the keys, then the
-        residents it evicted) nor between them and the backward's writes."""
-        log = self.tables[t].change_log if self._inserts(t) else None
-        if log is None:
-            return self._table_slots(t, unique, counts, hold)
-        log.begin_writes()
-        try:
-            return self._table_slots(t, unique, counts, hold)
-        except BaseException:
-            log.end_writes()  # no backward will write them
-            raise
-
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
-
-    def _pins_keys(self, t: int) -> bool:
-        """Whether this forward holds pins in table t until its backward: a table in
-        memory that it trains (a cache pins by its own batch numbers)."""
-        return self._inserts(t) and not isinstance(self.tables[t], CachedTable)
-
-    def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> bool:
-        """Backward: one fused optimizer update per distinct key of each table the
-        forward trained (its mode then, not now); returns whether it was a training
-        forward (then the step advanced)."""
-        trains, saved = saved
-        if not trains:
-            return False
-        try:
-            self._update_rows(saved, grad_out)
-        finally:
-            for t, entry in enumerate(saved):  # the rows its lookups recorded are written
-                if entry is not None and entry[5] is None:  # not cached: a ScoredHashTable
-                    log = self.tables[t].change_log
-                    if log is not None:
-                        log.end_writes()
-                if entry is not None and entry[7] is not None:
-                    entry[7].release()  # its keys may be evicted again
-        return True
-
-    def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
-        """``_apply_gradients``' updates of the tables ``saved`` (a training forward's)."""
-        optimizer = self.optimizer_config.kernel_args()  # validates: raises before any change
-        grad_out = grad_out.to(torch.float32)
-        self.step += 1
-        sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
-        if not sequence:  # tables in memory (no cache batch): one op call for all
-            in_memory = {t for t, e in enumerate(saved) if e is not None and e[5] is None}
-            entries = [(t, *saved[t][:5]) for t in sorted(in_memory)]
-            pooling = _POOLING_CODE[self.pooling_mode]
-            backward_grouped(self, self._table_columns, entries, pooling, grad_out, optimizer)
-            saved = [None if t in in_memory else e for t, e in enumerate(saved)]
-        for t, entry in enumerate(saved):
-            if entry is None:
-                continue
-            tb, unique, unique_slots, inverse, token, batch, staged, _ = entry
-            table = self.tables[t]
-            if sequence:
-                grad = torch.cat([grad_out[a:b] for a, b in tb.index_ranges]).contiguous()
-                offsets = torch.arange(tb.keys.numel() + 1, device=self.device)
-                weights, mode, grad_columns = None, 0, None
-            else:  # the op reads each feature's gradient in place in grad_out's columns
-                grad, grad_columns = grad_out, self._table_columns[t]
-                offsets, weights = tb.offsets, tb.weights
-                mode = _POOLING_CODE[self.pooling_mode]
-            with table.lock.write():
-                if table.mutations != token:  # keys moved since forward: find them again
-                    unique_slots = _ops.table_find_slots(table.buffers.tensors(), unique)
-                _ops.embedding_backward(
-                    table.buffers.tensors(), unique_slots, inverse, offsets, weights, mode,
-                    grad, optimizer, self.step, table.dim, grad_columns,
-                )  # fmt: skip
-            if staged is not None:  # keys the cache could not take: the same update
-                _ops.embedding_backward(
-                    staged.storage.tensors(), staged.unique_slots, inverse, offsets, weights,
-                    mode, grad, optimizer, self.step, table.dim, grad_columns,
-                )  # fmt: skip
-            if batch is not None:  # its rows may leave the cache, its staged rows go home
-                table.end_batch(batch)
 
 
 def _feature_columns(dims):

@@ -1,6 +1,7 @@
-"""The kernel's grouped op calls: the pooling and the backward of every table held in
-memory in one executor call (one per value dtype, usually one in all), under all
-their locks, taken in table order (two modules sharing tables take them alike).
+"""The kernel's grouped op calls: the pooling and the backward of every table of a
+batch in one executor call (one per value dtype, usually one in all), under the
+locks of the tables whose buffers they address, taken in table order (two modules
+sharing tables take them alike).
 
 Functions of a BatchedDynamicEmbeddingTables ``module`` (they use its ``tables``,
 ``table_options`` and ``step``); ``columns[t]``: table t's features' output columns.
@@ -14,16 +15,18 @@ from dynemb import _ops
 
 
 def pool_grouped(module, columns, grouped: list, pooling: int, out: torch.Tensor) -> None:
-    """Pools the bags of the tables of ``grouped``, (t, TableBatch, unique_slots,
+    """Pools the bags of the tables of ``grouped``, (t, TableBatch, storage, unique_slots,
     inverse, missing) each, into their features' columns of ``out`` (pooling: the op's
-    mode code); index i of a table pools the row of ``unique_slots[inverse[i]]``."""
-    for group in _by_value_dtype(grouped, module.tables):
-        ts, batches, unique_slots, inverse, missing = zip(*group, strict=True)
+    mode code); index i of a table pools the row of ``unique_slots[inverse[i]]`` in
+    ``storage`` (None: the table's ``buffers``, read under its lock)."""
+    for group in _by_value_dtype(grouped, module.tables, lambda item: item[2]):
+        ts, batches, storages, unique_slots, inverse, missing = zip(*group, strict=True)
         tables = [module.tables[t] for t in ts]
-        with _all_locked([table.lock.read for table in tables]):
+        locks = [table.lock.read for table, s in zip(tables, storages) if s is None]
+        with _all_locked(locks):
+            read = [table.buffers if s is None else s for table, s in zip(tables, storages)]
             _ops.embedding_pool_into_grouped(
-                [table.buffers.tensors() for table in tables], list(unique_slots),
-                [tb.keys for tb in batches], [tb.offsets for tb in batches],
+                [s.tensors() for s in read], list(unique_slots), [tb.keys for tb in batches], [tb.offsets for tb in batches],
                 _weights(batches), pooling, list(missing),
                 [module.table_options[t].seed for t in ts], [table.dim for table in tables],
                 out, [columns[t] for t in ts], inverse=list(inverse),
@@ -56,12 +59,23 @@ def _weights(batches) -> list | None:
     return None if batches[0].weights is None else [tb.weights for tb in batches]
 
 
-def _by_value_dtype(items: list, tables: list) -> list:
-    """``items`` (tuples starting with a table index) split by their table's value dtype,
-    in table order within each part: a grouped op takes tables of one dtype."""
+def table_locked(table, storage, write: bool):
+    """``table``'s lock (write or read) when ``storage`` is None (the op addresses the
+    table's ``buffers``), else nothing (a private storage)."""
+    if storage is not None:
+        return contextlib.nullcontext()
+    return table.lock.write() if write else table.lock.read()
+
+
+def _by_value_dtype(items: list, tables: list, storage_of=lambda item: None) -> list:
+    """``items`` (tuples starting with a table index) split by the value dtype of the
+    storage each addresses (``storage_of(item)``, None: its table's buffers), in table
+    order within each part: a grouped op takes tables of one dtype."""
     parts: dict = {}
     for item in items:
-        parts.setdefault(tables[item[0]].buffers.values.dtype, []).append(item)
+        storage = storage_of(item)
+        storage = tables[item[0]].buffers if storage is None else storage
+        parts.setdefault(storage.values.dtype, []).append(item)
     return list(parts.values())
 
 

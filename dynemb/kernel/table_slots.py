@@ -1,6 +1,7 @@
-"""How the kernel gets the slots of a batch's distinct keys: a find in eval, a
-training lookup (inserting new keys), or, under admission, a lookup of the keys
-admitted; keys that could not be stored are reported by the table's safe-check mode.
+"""How the kernel gets the training slots of a batch's distinct keys: a training lookup
+(inserting new keys, grouped over the tables that allow it), or, under admission, a
+lookup of the keys admitted; keys that could not be stored are reported by the
+table's safe-check mode.
 
 ``TableSlots`` is a part of BatchedDynamicEmbeddingTables (it uses its ``tables``,
 ``table_options``, ``table_names``, ``admission_counters``, ``safe_check_failures``
@@ -12,8 +13,7 @@ import warnings
 import torch
 
 from dynemb.table import lookup_undo
-from dynemb.table.growth import find_or_insert_slots_grouped, joins_grouped_lookups
-from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.table.growth import find_or_insert_slots_grouped
 from dynemb.types import DynamicEmbCheckMode
 
 
@@ -21,12 +21,10 @@ class TableSlots:
     """Slots of distinct keys per table (a mixin of BatchedDynamicEmbeddingTables)."""
 
     def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
-        """Slots of the distinct keys of table t (inserting them in training, pinned
-        under ``hold``), and the table's mutation count (backward finds the keys again
-        if it changed)."""
+        """Training slots of the distinct keys of table t (inserted, held by ``hold``,
+        the table's ``begin_batch``), and the table's mutation count (backward finds
+        the keys again if it changed)."""
         table = self.tables[t]
-        if not self._inserts(t):
-            return table.find_slots(keys), table.mutations
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses, hold), table.mutations
         slots = self._checked_lookup(t, keys, accesses, hold)
@@ -54,13 +52,13 @@ class TableSlots:
 
     def _groups_lookup(self, t: int) -> bool:
         """Whether table t's training lookup of this forward joins the grouped call: a
-        table in memory (not a cache) that inserts, without admission, whose lookups
-        need no undo record (no table in ERROR mode) and no change log."""
+        table whose lookups may (``groups_lookups``) that inserts, without admission,
+        whose lookups need no undo record (no table in ERROR mode)."""
         return (
             self._inserts(t)
             and self.admission_counters[t] is None
             and getattr(self, "_forward_lookups", None) is None
-            and joins_grouped_lookups(self.tables[t])
+            and self.tables[t].groups_lookups
         )
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
@@ -115,8 +113,8 @@ class TableSlots:
         lookups before it raises, so the batch stores nothing."""
         table = self.tables[t]
         log = getattr(self, "_forward_lookups", None)
-        undoable = log is not None and isinstance(table, ScoredHashTable)
-        before = lookup_undo.record(table, keys) if undoable else None
+        before = table.record_lookup(keys) if log is not None else None
+        undoable = before is not None
         slots, stats = table.find_or_insert_slots(keys, accesses, hold)
         if undoable:
             log.append((t, before, slots, stats))

@@ -1,9 +1,9 @@
 """DynamicEmb's caching, optimizer and benchmarking members of
 ``BatchedDynamicEmbeddingTablesV2``.
 
-dynemb caches per table (a ``dynemb.tiering.CachedTable`` in ``tables``); these members
-act on the cached tables and do nothing harmful on the others. dynemb.checkpoint is
-imported where it is used: it imports the sharded modules, which build this class.
+dynemb caches per table (a ``dynemb.tiering.CachedTable`` in ``tables``, whose
+``has_cache`` is set); these members act on the cached tables and do nothing harmful
+on the others.
 """
 
 import math
@@ -12,7 +12,7 @@ import torch
 
 from dynemb.optimizer import OptimizerConfig
 from dynemb.tiering.cache import Cache
-from dynemb.tiering.cached_table import CachedTable, CacheStats
+from dynemb.tiering.cache_stats import CacheStats
 from dynemb.types import DynamicEmbScoreStrategy
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
@@ -34,7 +34,7 @@ class CachingMembers:
     @property
     def cache(self) -> list[Cache | None] | None:
         """Per table its ``Cache`` (caching tables) or None; None when no table caches."""
-        caches = [t if isinstance(t, Cache) else None for t in self.tables]
+        caches = [t if t.has_cache else None for t in self.tables]
         return caches if any(c is not None for c in caches) else None
 
     @property
@@ -65,9 +65,7 @@ class CachingMembers:
             RuntimeError: a batch is in flight (a prefetch or forward before its
                 backward): call it between batches.
         """
-        cached = [
-            (t, table) for t, table in enumerate(self.tables) if isinstance(table, CachedTable)
-        ]
+        cached = [(t, table) for t, table in enumerate(self.tables) if table.has_cache]
         busy = [self.table_names[t] for t, table in cached if table.batches_in_flight()]
         if busy:
             raise RuntimeError(
@@ -91,8 +89,6 @@ class CachingMembers:
         Raises:
             ValueError: ``load_factor`` outside (0, 1] or ``tolerance`` outside [0, 1).
         """
-        from dynemb.checkpoint.tables import persistent
-
         if (
             isinstance(load_factor, bool)
             or not isinstance(load_factor, (int, float))
@@ -107,7 +103,7 @@ class CachingMembers:
             raise ValueError(f"fill_tables: `tolerance` must be in [0, 1), got {tolerance!r}")
         generator = torch.Generator().manual_seed(0)
         for table in self.tables:
-            _fill(persistent(table), load_factor - tolerance, generator)
+            _fill(table.persistent_table(), load_factor - tolerance, generator)
 
 
 def _fill(table, fraction: float, generator: torch.Generator) -> None:

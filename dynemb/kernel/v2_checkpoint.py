@@ -83,8 +83,6 @@ class CheckpointMembers:
         Raises:
             ValueError: an unknown ``table_name`` or a ``batch_size`` below 1.
         """
-        from dynemb.checkpoint.tables import persistent
-
         if table_name not in self.table_names:
             raise ValueError(
                 f"export_keys_values: `table_name` {table_name!r} is not a table of this "
@@ -94,7 +92,7 @@ class CheckpointMembers:
             raise ValueError(
                 f"export_keys_values: `batch_size` must be an int >= 1, got {batch_size!r}"
             )
-        table = persistent(self.tables[self.table_names.index(table_name)])
+        table = self.tables[self.table_names.index(table_name)].persistent_table()
         keys, rows, offset = [], [], 0
         while offset < table.capacity():
             k, v, _, offset = table.export_batch(offset, batch_size)

@@ -1,8 +1,8 @@
 """Saved entries out of and into a ScoredHashTable: ``export_batch`` (scans slots) and
 ``restore`` (stores entries exactly as saved), for checkpoints and exports.
 
-``EntryTransfer`` is a part of ScoredHashTable (it uses the table's private state, see
-growth.py).
+``EntryTransfer`` is a part of ScoredHashTable's API: it reads and changes the table's
+TableState (``_state``, table_state.py) only, through the helpers of growth.py.
 """
 
 import torch
@@ -10,11 +10,15 @@ import torch
 from dynemb import _ops
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
+from dynemb.table.growth import upsert
+from dynemb.table.table_state import TableState
 from dynemb.types import DynamicEmbScoreStrategy
 
 
 class EntryTransfer:
-    """Export and restore of saved entries (a mixin of ScoredHashTable)."""
+    """Export and restore of saved entries (a part of ScoredHashTable, over ``_state``)."""
+
+    _state: TableState
 
     def export_batch(
         self, offset: int, n: int, include_extra: bool = False
@@ -35,17 +39,17 @@ class EntryTransfer:
             (m,) int64, and the slot to continue from.
         """
         args.check_int("n", n, 1)
-        with self._lock.read():
+        with self._state.lock.read():
             cap = self.capacity()
             if not isinstance(offset, int) or not 0 <= offset <= cap:
                 raise ValueError(f"offset must be an int in [0, capacity()={cap}], got {offset!r}")
             end = min(cap, offset + n)
-            s = self._storage
+            s = self._state.storage
             slots = s.occupied(offset, end)
-            width = self._layout.row_width if include_extra else self.dim
+            width = self._state.layout.row_width if include_extra else self.dim
             keys = s.keys[slots]
             values = s.rows(slots, width)
-            scores = s.scores[slots] if self._layout.keeps_scores else torch.zeros_like(keys)
+            scores = s.scores[slots] if self._state.layout.keeps_scores else torch.zeros_like(keys)
         return keys, values, scores, end
 
     def restore(
@@ -92,11 +96,11 @@ class EntryTransfer:
         if state is not None:
             width = self.extra_columns
             state = args.check_values(state, keys, width, width, self.value_dtype, self.device)
-        if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value and scores is None:
+        if self._state.strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value and scores is None:
             raise ValueError("restore: `scores` are required under the CUSTOMIZED strategy")
         for name, meta, kept in (
-            ("scores", scores, self._layout.keeps_scores),
-            ("timestamps", timestamps, self._layout.keeps_timestamps),
+            ("scores", scores, self._state.layout.keeps_scores),
+            ("timestamps", timestamps, self._state.layout.keeps_timestamps),
         ):
             if meta is not None and not kept:
                 raise ValueError(
@@ -115,7 +119,9 @@ class EntryTransfer:
         # `positions` stands in for the row buffer too: op gathers its own inputs.
         # pins=False: the saved keys compete by score (the highest stay), keys of a
         # training batch in flight excepted.
-        return self._upsert(op, keys, None, positions, evicted=None, per_key=positions, pins=False)
+        return upsert(
+            self._state, op, keys, None, positions, evicted=None, per_key=positions, pins=False
+        )
 
 
 def _subset(t: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:

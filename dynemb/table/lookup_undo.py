@@ -15,11 +15,14 @@ ValueError instead of guessing.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
 from dynemb.table.batch_stats import BatchStats
-from dynemb.table.scored_hash_table import ScoredHashTable
+
+if TYPE_CHECKING:  # the table's methods call these functions
+    from dynemb.table.scored_hash_table import ScoredHashTable
 
 
 @dataclasses.dataclass
@@ -45,7 +48,7 @@ class LookupRecord:
     size: int
 
 
-def record(table: ScoredHashTable, keys: torch.Tensor) -> LookupRecord:
+def record(table: "ScoredHashTable", keys: torch.Tensor) -> LookupRecord:
     """Notes the state a lookup of distinct ``keys`` (n,) int64 may change."""
     return LookupRecord(
         keys=keys,
@@ -59,7 +62,7 @@ def record(table: ScoredHashTable, keys: torch.Tensor) -> LookupRecord:
 
 
 def undo(
-    table: ScoredHashTable, before: LookupRecord, slots: torch.Tensor, stats: BatchStats
+    table: "ScoredHashTable", before: LookupRecord, slots: torch.Tensor, stats: BatchStats
 ) -> int:
     """Undoes the lookup that gave ``slots`` (n,) and ``stats``; returns the number of
     residents it evicted, which are lost (the rest of the table is as before).

@@ -2,13 +2,14 @@
 
 The algorithm (probe, digest match, victim choice, score update) lives in
 csrc/core and runs on the table's device through ``dynemb._ops``; this class
-validates arguments, owns the buffers, drives growth and keeps the accounting.
-Its parts: growth.py (batch upserts and growth), spill_persistence.py (the spill
-directory), slot_access.py (the slot-level Table protocol and snapshots), entry_transfer.py
-(export_batch and restore).
+validates arguments and owns the table's state (a TableState: buffers, counters,
+lock, logs), which it hands to the helpers that implement its ops: growth.py (batch
+upserts and growth), spill_persistence.py (the spill directory). Its API's other
+parts, over the same state: slot_access.py (the slot-level Table protocol and
+snapshots), memory_batches.py (the Table members a cache implements further),
+entry_transfer.py (export_batch and restore).
 """
 
-import time
 from collections.abc import Sequence
 
 import torch
@@ -18,22 +19,21 @@ from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
-from dynemb.table.change_log import ChangeLog
 from dynemb.table.entry_transfer import EntryTransfer
-from dynemb.table.growth import GrowingUpserts
-from dynemb.table.pin_ledger import PinLedger
+from dynemb.table.growth import upsert
+from dynemb.table.memory_batches import MemoryBatches
 from dynemb.table.placement import canonical_device
-from dynemb.table.rw_lock import RWLock
 from dynemb.table.slot_access import SlotAccess
 from dynemb.table.spill_files import SpillDirectory
-from dynemb.table.spill_persistence import SpillPersistence
+from dynemb.table.spill_persistence import commit_spill, reopen, spill_meta
+from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableLayout, TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
 
 _VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistence):
+class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
     """A dynamic embedding table: int64 key -> value row + score, with eviction or growth.
 
     Every int64 is a legal key (emptiness is kept in a per-slot digest byte, no key
@@ -146,91 +146,83 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         self.score_strategy = score_strategy
         self.initializer = initializer
         self.seed = seed
-        self._strategy = code
-        self._layout = layout
-        init_buckets, self._max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
+        init_buckets, max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         bounds_for = initializer_capacity or capacity
-        self._init = [float(v) for v in initializer.resolved(bounds_for)] + [float(extra_init)]
-        self._size = 0
-        self._step = 0
-        self._spill = spill
+        init = [float(v) for v in initializer.resolved(bounds_for)] + [float(extra_init)]
         meta = spill.read_meta() if spill is not None else None
+        size = step = 0
         if meta is None:
-            self._storage = TableStorage(self._layout, init_buckets, spill)
-            if spill is not None:
-                self._commit_spill()
+            storage = TableStorage(layout, init_buckets, spill)
         else:
-            self._reopen(meta)
-        self._lock = RWLock()
-        self._clock = time.monotonic_ns  # tests replace it to make timestamps predictable
-        # CUSTOMIZED: the score training lookups give the keys they touch (set by
-        # dynemb.incremental_dump.set_score; None: never set, keys get 0).
-        self._custom_score: int | None = None
-        self._mutations = 0  # bumped by every op that may move or drop a key
-        self._generation = 0  # bumped when growth replaces the storage
-        self._change_log: ChangeLog | None = None  # keys changed, for deltas (off: None)
-        self._pins = PinLedger()  # pin numbers of the batches in flight (growth.py)
-        self.last_stats: BatchStats | None = None
+            want = spill_meta(dim, layout, code, max_buckets)
+            storage, size, step = reopen(spill, meta, want, layout)
+        # Everything the ops change or share (see table_state.py); the clock is
+        # ``state.clock`` (tests replace it to make timestamps predictable).
+        self._state = TableState(
+            dim, seed, layout, code, max_buckets, init, spill, storage, size=size, step=step
+        )
+        if spill is not None and meta is None:
+            commit_spill(self._state)
 
     # ------------------------------------------------------------------ sizes
 
     @property
     def bucket_capacity(self) -> int:
-        return self._layout.bucket_capacity
+        return self._state.layout.bucket_capacity
 
     @property
     def num_buckets(self) -> int:
-        return self._storage.num_buckets
+        return self._state.storage.num_buckets
 
     @property
     def device(self) -> torch.device:
-        return self._layout.device
+        return self._state.layout.device
 
     @property
     def value_dtype(self) -> torch.dtype:
-        return self._layout.value_dtype
+        return self._state.layout.value_dtype
 
     def size(self) -> int:
         """Number of stored keys."""
-        return self._size
+        return self._state.size
 
     def capacity(self) -> int:
         """Slots currently allocated (grows up to ``max_capacity()``)."""
-        return self._storage.num_slots
+        return self._state.storage.num_slots
 
     def max_capacity(self) -> int:
-        return self._max_buckets * self.bucket_capacity
+        return self._state.max_buckets * self.bucket_capacity
 
     @property
     def keeps_scores(self) -> bool:
         """Whether a score is kept per slot (every strategy but NO_EVICTION)."""
-        return self._layout.keeps_scores
+        return self._state.layout.keeps_scores
 
     @property
     def keeps_timestamps(self) -> bool:
         """Whether a last-access time is kept per slot (the (TIMESTAMP, LFU) compound)."""
-        return self._layout.keeps_timestamps
+        return self._state.layout.keeps_timestamps
 
     @property
     def score_step(self) -> int:
         """Training lookups counted so far (the STEP strategy's score of the last batch)."""
-        return self._step
+        return self._state.step
 
     @score_step.setter
     def score_step(self, step: int) -> None:
         args.check_int("score_step", step, 0)
-        self._step = step
+        self._state.step = step
 
     def now(self) -> int:
         """The clock of TIMESTAMP scores: host monotonic nanoseconds."""
-        return self._clock()
+        return self._state.clock()
 
     def load_factor(self) -> float:
-        return self._size / self.capacity()
+        return self._state.size / self.capacity()
 
     def memory_usage(self) -> int:
         """Bytes of every buffer the table holds."""
-        return self._storage.memory_bytes()
+        return self._state.storage.memory_bytes()
 
     # ------------------------------------------------------------ read-only ops
 
@@ -250,8 +242,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         """
         keys = self._check_keys(keys)
         out = self._output_rows(out, keys.numel())
-        with self._lock.read():
-            found = _ops.table_find(self._storage.tensors(), keys, out)
+        with self._state.lock.read():
+            found = _ops.table_find(self._state.storage.tensors(), keys, out)
         return out, found
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
@@ -267,7 +259,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
 
     def get_timestamps(self, keys: torch.Tensor) -> torch.Tensor:
         """Returns (n,) int64 last-access times of the (TIMESTAMP, LFU) compound, 0 where not stored."""
-        if not self._layout.keeps_timestamps:
+        if not self._state.layout.keeps_timestamps:
             raise ValueError(
                 f"get_timestamps needs the (TIMESTAMP, LFU) strategy, this table uses {self.score_strategy}"
             )
@@ -298,7 +290,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
         values = self._output_rows(out, keys.numel())
-        self._upsert(_ops.table_find_or_insert, keys, scores, values, evicted=None)
+        upsert(self._state, _ops.table_find_or_insert, keys, scores, values, evicted=None)
         return values
 
     def insert_or_assign(
@@ -318,7 +310,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
         values = self._check_values(values, keys)
-        return self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted=None)
+        return upsert(self._state, _ops.table_insert_or_assign, keys, scores, values, evicted=None)
 
     def insert_and_evict(
         self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor | None = None
@@ -332,8 +324,10 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
         values = self._check_values(values, keys)
-        evicted = self._evicted_buffers(keys.numel())
-        status = self._upsert(_ops.table_insert_or_assign, keys, scores, values, evicted, True)
+        evicted = self._state.evicted_buffers(keys.numel())
+        status = upsert(
+            self._state, _ops.table_insert_or_assign, keys, scores, values, evicted, True
+        )
         mask = status == _ops.Status.EVICTED
         return evicted[0][mask], evicted[1][mask], evicted[2][mask]
 
@@ -344,31 +338,31 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
     def erase_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Removes keys; returns (n,) bool: whether each was stored."""
         keys = self._check_keys(keys)
-        with self._lock.write():
-            self._mutations += 1
-            erased = _ops.table_erase(self._storage.tensors(), keys)
-            self._size -= int(erased.sum())
-            if self._change_log is not None:
-                self._change_log.removed(keys[erased])
+        with self._state.lock.write():
+            self._state.mutations += 1
+            erased = _ops.table_erase(self._state.storage.tensors(), keys)
+            self._state.size -= int(erased.sum())
+            if self._state.change_log is not None:
+                self._state.change_log.removed(keys[erased])
         return erased
 
     def clear(self) -> None:
         """Removes every key (capacity is kept)."""
-        with self._lock.write():
-            self._mutations += 1
-            if self._change_log is not None:
-                self._change_log.removed(self._stored_keys())
-            self._storage.clear()
-            self._size = 0
+        with self._state.lock.write():
+            self._state.mutations += 1
+            if self._state.change_log is not None:
+                self._state.change_log.removed(self._state.stored_keys())
+            self._state.storage.clear()
+            self._state.size = 0
 
     def flush(self) -> None:
         """Spilled tables: makes the spill directory hold this exact table (rows,
         scores, sizes), so that a new ScoredHashTable with the same arguments and
         ``spill_directory`` reopens it. A no-op for a table in memory."""
-        if self._spill is None:
+        if self._state.spill is None:
             return
-        with self._lock.write():
-            self._commit_spill()
+        with self._state.lock.write():
+            commit_spill(self._state)
 
     # -------------------------------------------------------------- internals
 
@@ -376,9 +370,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         return args.output_rows(out, n, self.dim, self.value_dtype, self.device)
 
     def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:
-        with self._lock.read():
-            slots = _ops.table_find_slots(self._storage.tensors(), keys)
-            buf = getattr(self._storage, name)
+        with self._state.lock.read():
+            slots = _ops.table_find_slots(self._state.storage.tensors(), keys)
+            buf = getattr(self._state.storage, name)
             if buf.numel() == 0:
                 return torch.zeros_like(keys)
             return torch.where(slots >= 0, buf[slots.clamp(min=0)], 0)
@@ -387,12 +381,12 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         return args.check_keys(keys, self.device)
 
     def _check_scores(self, scores, keys) -> torch.Tensor | None:
-        customized = self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
+        customized = self._state.strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value
         return args.check_scores(scores, keys, customized, self.score_strategy, self.device)
 
     def _check_values(self, values, keys) -> torch.Tensor:
         return args.check_values(
-            values, keys, self.dim, self._layout.row_width, self.value_dtype, self.device
+            values, keys, self.dim, self._state.layout.row_width, self.value_dtype, self.device
         )
 
 

@@ -1,8 +1,9 @@
 """The slot-level side of ScoredHashTable: the ``dynemb.table.Table`` protocol that the
 embedding kernel, the cache tier and incremental dumps use, and in-place snapshots.
 
-``SlotAccess`` is a part of ScoredHashTable (it uses the table's private state, see
-growth.py).
+``SlotAccess`` is a part of ScoredHashTable's API: its methods read and change the
+table's TableState (``_state``, table_state.py) only, through the helpers of
+growth.py.
 """
 
 import dataclasses
@@ -14,7 +15,9 @@ from dynemb import _ops
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.change_log import ChangeLog
+from dynemb.table.growth import slot_upsert, upsert
 from dynemb.table.rw_lock import RWLock
+from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -36,79 +39,85 @@ class TableSnapshot:
     owner: object = None
 
 
-def slot_upsert(table, policy, init, keys, scores, out, evicted, per_key=None):
-    """The op of a training lookup for ``GrowingUpserts._upsert`` (its ``values`` are the
-    slots: ``out`` takes the storage of the op's slots, no copy)."""
-    found, status, counts = _ops.table_find_or_insert_slots(
-        table, policy, init, keys, scores, per_key,
-        evicted_keys=evicted[0] if evicted else None,
-    )  # fmt: skip
-    out.set_(found)
-    return _ops.UpsertResult(status, counts)
-
-
 class SlotAccess:
-    """The Table protocol and snapshots (a mixin of ScoredHashTable)."""
+    """The Table protocol and snapshots (a part of ScoredHashTable, over ``_state``)."""
+
+    _state: TableState
+
+    @property
+    def state(self) -> TableState:
+        """The table's TableState, which the helpers of dynemb.table (growth, spill,
+        transfer, slots) work on; other code uses the Table protocol."""
+        return self._state
 
     @property
     def strategy_code(self) -> int:
         """The score strategy's code (``DynamicEmbScoreStrategy`` value, or
         ``TIMESTAMP_LFU`` for the compound)."""
-        return self._strategy
+        return self._state.strategy
 
     @property
     def custom_score(self) -> int | None:
         """CUSTOMIZED: the score training lookups give the keys they touch (set by
         ``dynemb.incremental_dump.set_score``; None: never set, keys get 0)."""
-        return self._custom_score
+        return self._state.custom_score
 
     @custom_score.setter
     def custom_score(self, score: int) -> None:
         args.check_int("custom_score", score, 0)
         if score > args.INT64_MAX:
             raise ValueError(f"custom_score must be <= {args.INT64_MAX} (int64), got {score}")
-        self._custom_score = score
+        self._state.custom_score = score
 
     @property
     def change_log(self) -> ChangeLog | None:
         """The log recording the keys this table touches and removes (dynemb.deltas),
         or None (the default: nothing is recorded)."""
-        return self._change_log
+        return self._state.change_log
 
     @change_log.setter
     def change_log(self, log: ChangeLog | None) -> None:
         if log is not None and not isinstance(log, ChangeLog):
             raise TypeError(f"change_log must be a ChangeLog or None, got {log!r}")
-        with self._lock.write():  # no batch half recorded
-            self._change_log = log
+        with self._state.lock.write():  # no batch half recorded
+            self._state.change_log = log
+
+    @property
+    def last_stats(self) -> BatchStats | None:
+        """The BatchStats of the latest batch upsert (None before the first)."""
+        return self._state.last_stats
+
+    @last_stats.setter
+    def last_stats(self, stats: BatchStats | None) -> None:
+        self._state.last_stats = stats
 
     @property
     def lock(self) -> RWLock:
         """Readers of ``buffers`` hold ``lock.read()``; every op that moves a key holds
         ``lock.write()``."""
-        return self._lock
+        return self._state.lock
 
     @property
     def mutations(self) -> int:
         """Bumped by every op that may move or drop a stored key: slots read under an
         older count must be found again."""
-        return self._mutations
+        return self._state.mutations
 
     @property
     def buffers(self) -> TableStorage:
         """The buffers rows are read and written in by slot (valid under ``lock``;
         growth replaces them)."""
-        return self._storage
+        return self._state.storage
 
     @property
     def init_values(self) -> list[float]:
         """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init]``)."""
-        return list(self._init)
+        return list(self._state.init)
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:
         """Slots of keys ((n,) int64, -1 where not stored); changes nothing."""
-        with self._lock.read():
-            return _ops.table_find_slots(self._storage.tensors(), keys)
+        with self._state.lock.read():
+            return _ops.table_find_slots(self._state.storage.tensors(), keys)
 
     def find_or_insert_slots(
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold=None
@@ -122,12 +131,12 @@ class SlotAccess:
         """
         slots = keys.new_empty(0)  # the op's output becomes its storage (set_ below)
         scores = None
-        if self._strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
-            scores = torch.full_like(keys, self._custom_score or 0)
+        if self._state.strategy == DynamicEmbScoreStrategy.CUSTOMIZED.value:
+            scores = torch.full_like(keys, self._state.custom_score or 0)
 
-        stats = self._upsert(
-            slot_upsert, keys, scores, slots, evicted=None, slots=slots, per_key=accesses,
-            hold=hold,
+        stats = upsert(
+            self._state, slot_upsert, keys, scores, slots, evicted=None, slots=slots,
+            per_key=accesses, hold=hold,
         )  # fmt: skip
         return slots, stats
 
@@ -142,26 +151,26 @@ class SlotAccess:
         are written to ``evicted_keys``."""
         policy = _ops.Policy(_ops.CACHE_SCORES, batch, self.seed, floor, self.dim)
         slots, status, counts = _ops.table_find_or_insert_slots(
-            self._storage.tensors(), policy, self._init, keys, None, None,
+            self._state.storage.tensors(), policy, self._state.init, keys, None, None,
             init_rows=False, evicted_keys=evicted_keys,
         )  # fmt: skip
         counts = counts.tolist()
-        self._size += counts[_ops.Status.INSERTED]
+        self._state.size += counts[_ops.Status.INSERTED]
         return slots, status, counts
 
     def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Whole rows (embedding + extra columns) and scores of keys: ``(rows (n,
         row_width), scores (n,), found (n,) bool)``, zeros where not stored."""
-        with self._lock.read():
-            s = self._storage
+        with self._state.lock.read():
+            s = self._state.storage
             # One probe per key, then whole-batch gathers by slot (absent keys read
             # slot 0, then get zeros): probing twice, for rows and for scores, cost
             # more than the gathers.
             slots = _ops.table_find_slots(s.tensors(), keys)
             found = slots >= 0
             at = slots.clamp(min=0)
-            rows = s.rows(at, self._layout.row_width)
-            scores = s.scores[at] if self._layout.keeps_scores else torch.zeros_like(keys)
+            rows = s.rows(at, self._state.layout.row_width)
+            scores = s.scores[at] if self._state.layout.keeps_scores else torch.zeros_like(keys)
         missing = ~found
         rows.index_fill_(0, torch.nonzero(missing, as_tuple=True)[0], 0)  # those rows only
         return rows, scores.masked_fill_(missing, 0), found
@@ -179,8 +188,8 @@ class SlotAccess:
         and scores are written into ``out("rows", m, row_width, dtype)`` and
         ``out("scores", m, 0, torch.int64)`` (a publisher's reused buffers); on a GPU
         they stay on it."""
-        with self._lock.read():
-            s = self._storage
+        with self._state.lock.read():
+            s = self._state.storage
             slots = _ops.table_find_slots(s.tensors(), keys)
             found = slots >= 0
             # Every key stored (the common case): two masked selects saved (111 -> 99 ms).
@@ -189,12 +198,12 @@ class SlotAccess:
             else:
                 missing, slots = keys[~found], slots[found]
             slots = _distinct_ascending(slots, s.num_slots)
-            m, width = slots.numel(), self._layout.row_width
+            m, width = slots.numel(), self._state.layout.row_width
             host = self.device.type == "cpu"
             stored = torch.index_select(s.keys, 0, slots)
             rows = s.rows(slots, width, out=out("rows", m, width, s.values.dtype) if host else None)
             scores = out("scores", m, 0, torch.int64) if host else None
-            if self._layout.keeps_scores:
+            if self._state.layout.keeps_scores:
                 scores = torch.index_select(s.scores, 0, slots, out=scores)
             else:
                 scores = torch.zeros_like(slots) if scores is None else scores.zero_()
@@ -209,14 +218,10 @@ class SlotAccess:
         Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
         the residents evicted, then the given keys that could not be stored.
         """
-        n, width = keys.numel(), self._layout.row_width
+        n, width = keys.numel(), self._state.layout.row_width
         rows = rows.contiguous()
-        saved_scores = scores.contiguous() if self._layout.keeps_scores else None
-        evicted = [
-            torch.empty(n, dtype=torch.int64, device=self.device),
-            torch.empty((n, width), dtype=self.value_dtype, device=self.device),
-            torch.empty(n, dtype=torch.int64, device=self.device),
-        ]
+        saved_scores = scores.contiguous() if self._state.layout.keeps_scores else None
+        evicted = self._state.evicted_buffers(n)
 
         def op(table, policy, init, k, _scores, _values, ev, per_key):
             # One pass: whole rows (policy dim = row width) and their scores exactly as
@@ -227,13 +232,13 @@ class SlotAccess:
             policy = policy._replace(dim=width)
             return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
 
-        step = self._step  # a write-back is not a training step (STEP scores count those)
+        step = self._state.step  # a write-back is not a training step (STEP scores count those)
         positions = torch.arange(n, device=self.device)
-        status = self._upsert(
-            op, keys, None, positions, evicted, return_status=True, per_key=positions
+        status = upsert(
+            self._state, op, keys, None, positions, evicted, return_status=True, per_key=positions
         )
-        self._step = step
-        stats = self.last_stats
+        self._state.step = step
+        stats = self._state.last_stats
         if not stats.evicted and not stats.failed:  # the common case: nothing to report
             return evicted[0][:0], evicted[1][:0], evicted[2][:0]
         out = status == _ops.Status.EVICTED
@@ -246,27 +251,13 @@ class SlotAccess:
             torch.cat([evicted[2][out], scores[lost]]),
         )
 
-    def _stored_keys(self) -> torch.Tensor:
-        """(size,) int64: every stored key (the caller holds the lock)."""
-        s = self._storage
-        return s.keys.view(-1)[s.occupied(0, s.num_slots)]
-
     def snapshot(self) -> TableSnapshot:
         """A copy of every buffer and counter, for ``rollback`` (e.g. to rerun a batch
         op from one state, or undo a batch). Costs the table's memory once more."""
-        with self._lock.read():
-            buffers = [b.clone() for b in self._storage.tensors()]
-            return TableSnapshot(
-                self._generation, buffers, self._size, self._step, self._snapshot_owner()
-            )
-
-    def _snapshot_owner(self) -> object:
-        """This table's token in its snapshots: an object of its own, so a snapshot
-        names the table that took it."""
-        token = self.__dict__.get("_snapshot_token")
-        if token is None:
-            token = self.__dict__.setdefault("_snapshot_token", object())
-        return token
+        st = self._state
+        with st.lock.read():
+            buffers = [b.clone() for b in st.storage.tensors()]
+            return TableSnapshot(st.generation, buffers, st.size, st.step, st.token)
 
     def rollback(self, snapshot: TableSnapshot) -> None:
         """Restores the table in place to ``snapshot`` (its buffers are reused).
@@ -281,26 +272,27 @@ class SlotAccess:
                 f"rollback: `snapshot` must be a TableSnapshot of this table's snapshot(), "
                 f"got {type(snapshot).__name__}"
             )
-        if snapshot.owner is not self._snapshot_owner():
+        if snapshot.owner is not self._state.token:
             raise ValueError(
                 "rollback: `snapshot` was taken from another table; a table rolls back "
                 "only to its own snapshot()"
             )
-        with self._lock.write():
-            if snapshot.generation != self._generation:
+        st = self._state
+        with st.lock.write():
+            if snapshot.generation != st.generation:
                 raise ValueError(
                     f"rollback: the table grew since the snapshot (storage generation "
-                    f"{snapshot.generation} -> {self._generation}); take a new snapshot"
+                    f"{snapshot.generation} -> {st.generation}); take a new snapshot"
                 )
-            log = self._change_log
+            log = st.change_log
             if log is not None:  # any key may come back or go: all of them, both ways
-                log.removed(self._stored_keys())
-            for dst, src in zip(self._storage.tensors(), snapshot.buffers, strict=True):
+                log.removed(st.stored_keys())
+            for dst, src in zip(st.storage.tensors(), snapshot.buffers, strict=True):
                 dst.copy_(src)
             if log is not None:
-                log.touched(self._stored_keys())
-            self._size, self._step = snapshot.size, snapshot.step
-            self._mutations += 1
+                log.touched(st.stored_keys())
+            st.size, st.step = snapshot.size, snapshot.step
+            st.mutations += 1
 
 
 def _distinct_ascending(slots: torch.Tensor, num_slots: int) -> torch.Tensor:

@@ -1,49 +1,54 @@
 """How a spilled ScoredHashTable commits and reopens its spill directory (see
-spill_files.py for the files).
-
-``SpillPersistence`` is a part of ScoredHashTable (it uses the table's ``_storage``,
-``_layout``, ``_spill``, ``_step``, ``_size``, ``_strategy``, ``_max_buckets``).
-"""
+spill_files.py for the files): functions over the table's TableState
+(table_state.py) and its layout."""
 
 import torch
 
-from dynemb.table.table_storage import TableStorage
+from dynemb.table.spill_files import SpillDirectory
+from dynemb.table.table_state import TableState
+from dynemb.table.table_storage import TableLayout, TableStorage
 
 
-class SpillPersistence:
-    """Spill-directory commits and reopening (a mixin of ScoredHashTable)."""
+def spill_meta(dim: int, layout: TableLayout, strategy: int, max_buckets: int) -> dict:
+    """What a spill directory records of the table's arguments (reopening checks them)."""
+    return {
+        "dim": dim,
+        "row_width": layout.row_width,
+        "bucket_capacity": layout.bucket_capacity,
+        "value_dtype": str(layout.value_dtype),
+        "strategy": strategy,
+        "max_buckets": max_buckets,
+        "fast_rows": layout.fast_rows,
+    }
 
-    def _spill_meta(self) -> dict:
-        layout = self._layout
-        return {
-            "dim": self.dim,
-            "row_width": layout.row_width,
-            "bucket_capacity": layout.bucket_capacity,
-            "value_dtype": str(layout.value_dtype),
-            "strategy": self._strategy,
-            "max_buckets": self._max_buckets,
-            "fast_rows": layout.fast_rows,
-        }
 
-    def _commit_spill(self) -> None:
-        storage = self._storage
-        storage.sync()
-        state = {"num_buckets": storage.num_buckets, "generation": storage.generation}
-        state["step"] = self._step
-        self._spill.write_meta({"layout": self._spill_meta(), "state": state})
-        self._spill.remove_generations_except(storage.generation)
+def commit_spill(state: TableState) -> None:
+    """Makes the spill directory hold the table as it is (the caller holds the write
+    lock, or owns the table alone)."""
+    storage = state.storage
+    storage.sync()
+    meta = {"num_buckets": storage.num_buckets, "generation": storage.generation}
+    meta["step"] = state.step
+    layout = spill_meta(state.dim, state.layout, state.strategy, state.max_buckets)
+    state.spill.write_meta({"layout": layout, "state": meta})
+    state.spill.remove_generations_except(storage.generation)
 
-    def _reopen(self, meta: dict) -> None:
-        want = self._spill_meta()
-        for name, value in want.items():
-            if meta["layout"].get(name) != value:
-                raise ValueError(
-                    f"spill directory {self._spill.path!r} holds a table with {name}="
-                    f"{meta['layout'].get(name)!r}, these arguments give {name}={value!r}"
-                )
-        state = meta["state"]
-        self._storage = TableStorage(
-            self._layout, state["num_buckets"], self._spill, state["generation"], reopen=True
-        )
-        self._size = int(torch.count_nonzero(self._storage.digests))
-        self._step = state["step"]
+
+def reopen(
+    spill: SpillDirectory, meta: dict, want: dict, layout: TableLayout
+) -> tuple[TableStorage, int, int]:
+    """The storage a spill directory holds (``meta``, read from it), with its size and
+    step. ``want``: ``spill_meta`` of the table's arguments, which must match.
+
+    Raises:
+        ValueError: the directory holds a table of other arguments (naming the first).
+    """
+    for name, value in want.items():
+        if meta["layout"].get(name) != value:
+            raise ValueError(
+                f"spill directory {spill.path!r} holds a table with {name}="
+                f"{meta['layout'].get(name)!r}, these arguments give {name}={value!r}"
+            )
+    saved = meta["state"]
+    storage = TableStorage(layout, saved["num_buckets"], spill, saved["generation"], reopen=True)
+    return storage, int(torch.count_nonzero(storage.digests)), saved["step"]

@@ -47,7 +47,6 @@ A batch prefetched whole skips all this in its forward: the prefetch did it.
 Eval lookups read the cache, then the storage, and insert nothing.
 """
 
-import dataclasses
 import threading
 import time
 
@@ -59,43 +58,13 @@ from dynemb.tiering.backing import HashTableStorage
 from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_fill import CacheFill
+from dynemb.tiering.cache_reads import CacheReads
+from dynemb.tiering.cache_stats import CacheStats
 from dynemb.tiering.staging import Staged, StagingArea
 from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
-
-
-@dataclasses.dataclass
-class CacheStats:
-    """Cumulative counters of one cached table (distinct keys per batch).
-
-    Attributes:
-        lookup_keys / lookup_hits: keys of training lookups, and those found in
-            the cache (the forward's hit rate is their ratio).
-        prefetch_keys / prefetch_hits: the same for prefetches.
-        fetched: keys read from the storage into the cache.
-        written_back: rows written back to the storage (cache evictions and syncs).
-        storage_drops: rows the storage dropped (slow-tier evictions): lost.
-        not_cached: keys that could not enter the cache (bucket fully pinned);
-            a training lookup stages them (served and updated outside the cache).
-        staged: keys of training lookups served that way (staged by the lookup,
-            or already staged by a batch in flight).
-    """
-
-    lookup_keys: int = 0
-    lookup_hits: int = 0
-    prefetch_keys: int = 0
-    prefetch_hits: int = 0
-    fetched: int = 0
-    written_back: int = 0
-    storage_drops: int = 0
-    not_cached: int = 0
-    staged: int = 0
-
-    def hit_rate(self) -> float:
-        """Cache hit rate of training lookups (1.0 before any lookup)."""
-        return self.lookup_hits / self.lookup_keys if self.lookup_keys else 1.0
 
 
 class _ScoreContext:
@@ -108,7 +77,7 @@ class _ScoreContext:
         self.custom_score: int | None = None
 
 
-class CachedTable(CacheFill, Cache):
+class CachedTable(CacheFill, CacheReads, Cache):
     """A cache (ScoredHashTable) in front of a Storage; see the module docstring.
 
     Args:
@@ -120,8 +89,8 @@ class CachedTable(CacheFill, Cache):
         name: the table's name, for messages about its storage.
 
     It is a ``dynemb.table.Table`` (the cache's buffers, lock and initializer; a
-    ``mutations`` count of its own), plus ``begin_batch`` / ``end_batch`` /
-    ``prefetch`` / ``read_rows`` for the kernel.
+    ``mutations`` count of its own) whose batches, prefetches, eval reads and
+    checkpoint content involve both tiers.
     """
 
     def __init__(
@@ -243,6 +212,28 @@ class CachedTable(CacheFill, Cache):
         """The number the next ``begin_batch`` takes from a prefetch, or None."""
         return self._batches.upcoming()
 
+    def skip_batch(self) -> None:
+        """A training forward without keys of this table takes a batch number too, so
+        that the numbers stay in step with the prefetches."""
+        self.end_batch(self.begin_batch())
+
+    has_cache = True  # prefetch, cache_stats and empty_cache act on the cache
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """The cache's counters (``stats``)."""
+        return self.stats
+
+    @property
+    def groups_lookups(self) -> bool:
+        """False: its lookups claim cache slots, one table at a time."""
+        return False
+
+    def record_lookup(self, keys: torch.Tensor) -> None:
+        """None: a cache's training lookups never fail (keys it cannot take are staged),
+        so none is undone."""
+        return None
+
     # ---------------------------------------------------------------- lookups
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:
@@ -290,17 +281,22 @@ class CachedTable(CacheFill, Cache):
         return slots, staged
 
     def find_or_insert_slots(
-        self, keys: torch.Tensor, accesses: torch.Tensor | None = None
+        self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold=None
     ) -> tuple[torch.Tensor, BatchStats]:
-        """ScoredHashTable's training lookup: a lookup that ends at once (no backward);
-        keys the cache cannot take (or that a batch in flight staged) are reported
-        failed, their rows back in the storage once no batch in flight holds them. Its
-        BatchStats (also ``cache.last_stats``) count cache hits, keys brought into the
-        cache (``inserted``) and keys it could not take (``failed``)."""
-        batch = self.begin_batch()
-        hits_before = self.stats.lookup_hits
+        """ScoredHashTable's training lookup. With ``hold`` (a ``begin_batch``'s): the
+        ``lookup`` of that batch, whose staged keys (slot -1) are served by
+        ``batch_rows`` and ``staged_rows``, so none fails. Without: a lookup that ends
+        at once (no backward); keys the cache cannot take (or that a batch in flight
+        staged) are reported failed, their rows back in the storage once no batch in
+        flight holds them. Its BatchStats (also ``cache.last_stats``) count cache hits,
+        keys brought into the cache (``inserted``) and keys it could not take."""
+        hits_before, staged_before = self.stats.lookup_hits, self.stats.staged
+        batch = self.begin_batch() if hold is None else hold
         slots, _ = self.lookup(keys, accesses, batch)
         hits = self.stats.lookup_hits - hits_before  # keys already in the cache
+        if hold is not None:
+            staged = self.stats.staged - staged_before
+            return slots, BatchStats(hits, keys.numel() - staged - hits, 0, 0, keys[:0])
         self.end_batch(batch)
         failed = slots < 0
         n_failed = int(failed.sum())
@@ -326,35 +322,6 @@ class CachedTable(CacheFill, Cache):
                 if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
                     self._prefetched[b] = (keys, slots, self._moves)
         return b
-
-    def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
-        zero rows where not found; changes nothing."""
-        values, found = self.read_rows(keys.contiguous())
-        values[~found] = 0
-        return values, found
-
-    def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eval lookup: rows ((n, dim), value dtype) from the cache, else the staging
-        area, else the storage; found (n,) bool. Inserts nothing, changes no score."""
-        self._settle()
-        with self.lock.read():
-            s = self.buffers
-            slots = _ops.table_find_slots(s.tensors(), keys)
-            rows = s.values[slots.clamp(min=0), : self.dim].clone()
-            found = slots >= 0
-            miss = torch.nonzero(~found, as_tuple=True)[0]
-            if miss.numel() and len(self._staging):
-                staged_rows, staged = self._staging.rows(keys[miss])
-                rows[miss[staged]] = staged_rows[staged, : self.dim]
-                found[miss[staged]] = True
-                miss = miss[~staged]
-            if miss.numel():
-                with self._storage_lock:
-                    slow_rows, _, slow_found = self._storage_find(keys[miss])
-                rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
-                found[miss] = slow_found
-        return rows, found
 
     # ------------------------------------------------------------ whole table
 

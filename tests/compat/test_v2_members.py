@@ -130,7 +130,7 @@ def test_get_score_and_set_score():
 def test_get_score_of_timestamp_tables_is_the_time():
     m = module(S.TIMESTAMP)
     clock = Clock()
-    m.tables[0]._clock = clock
+    m.tables[0].state.clock = clock
     clock.now = 123_456
     assert m.get_score() == {"t0": 123_456}
 
@@ -139,7 +139,7 @@ def test_incremental_dump_timestamp_rows_touched_since_the_threshold():
     m = module(S.TIMESTAMP, (S.TIMESTAMP, S.LFU))
     clock = Clock()
     for t in m.tables:
-        t._clock = clock
+        t.state.clock = clock
     train(m, [1, 2])
     clock.now += 10
     ref = m.get_score()
