@@ -110,7 +110,7 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
 # The emulated executor's runtime: grid pool, lockstep blocks, fibers.
 EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp \
   csrc/emulated/warp_results.cpp csrc/emulated/fiber.cpp
-TSAN_SOURCES := tests/native/tsan_tables.cpp $(EMULATION_RUNTIME) \
+TSAN_SOURCES := $(wildcard tests/native/tsan_*.cpp) $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
 TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels
 
@@ -128,7 +128,7 @@ sanitize-asan: $(SANITIZE_STAMP)
 	  -p no:cacheprovider || [ $$? -eq 5 ]
 
 # ops_emulated.cpp is the torch registration: the driver calls the launchers directly.
-$(TSAN_DRIVER): $(TSAN_SOURCES) $(EXT_SOURCES) $(STAMP)
+$(TSAN_DRIVER): $(TSAN_SOURCES) tests/native/tsan_common.h $(EXT_SOURCES) $(STAMP)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wno-tsan -ffp-contract=off -Wall \
 	  -Wno-unused-function -Wno-unknown-pragmas -Icsrc -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; \

@@ -1,0 +1,109 @@
+// ThreadSanitizer cases of the CPU executor's platform (tsan_tables.cpp).
+#include "tsan_common.h"
+
+namespace dynemb::tsan {
+
+/// Threads upsert (AssignSink) and erase keys of shared buckets under the bucket locks,
+/// then all read every key without locks; each key's presence and row must match.
+void cpu_locked_upsert_erase_find() {
+  Table table(64, 128, false);  // 8192 slots, ~4000 keys: some spill (upsert_spill)
+  const TableRef<float> t = table.ref();
+  constexpr int64_t kKeys = 6000;
+  std::barrier sync(kThreads);
+  run_threads(kThreads, [&](int me) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int64_t> mine;
+      for (int64_t k = me; k < kKeys; k += kThreads) mine.push_back(k * 1000003 + round);
+      std::vector<float> rows(mine.size() * kDim);
+      for (size_t i = 0; i < mine.size(); ++i)
+        for (int64_t j = 0; j < kDim; ++j) rows[i * kDim + j] = row_value(mine[i], j);
+      AssignSink<float> sink{t, uniform_init(), kDim, rows.data(), kDim, {}};
+      const UpsertArgs u = args_for(ScoreStrategy::kNoEviction, round);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        Status s;
+        const auto ii = static_cast<int64_t>(i);
+        if (!upsert_home<CpuPlatform>(t, ii, ii, mine[i], u, sink, &s))
+          s = upsert_spill<CpuPlatform>(t, ii, ii, mine[i], u, sink);
+        CHECK(s != Status::kFailed, "key %lld not stored", static_cast<long long>(mine[i]));
+      }
+      for (size_t i = 0; i < mine.size(); i += 3) {
+        CHECK(erase_key<CpuPlatform>(t, mine[i]), "erase of a stored key reported absent");
+      }
+      sync.arrive_and_wait();  // readers never run beside writers (platform.h)
+      for (int64_t k = 0; k < kKeys; ++k) {
+        const int64_t key = k * 1000003 + round;
+        const int64_t slot = find_slot<CpuPlatform>(t, key);
+        const bool erased = (k / kThreads) % 3 == 0;
+        CHECK((slot >= 0) == !erased, "key %lld: found %d, erased %d", static_cast<long long>(key),
+              slot >= 0, erased);
+        if (slot >= 0) CHECK(t.row(slot)[1] == row_value(key, 1), "key %lld: wrong row",
+                             static_cast<long long>(key));
+      }
+      sync.arrive_and_wait();
+      for (size_t i = 0; i < mine.size(); ++i) erase_key<CpuPlatform>(t, mine[i]);
+      sync.arrive_and_wait();
+    }
+  });
+}
+
+/// Pass 1 partitioned by home-bucket range without locks (executor_cpu.cpp), on an evicting
+/// table that overflows; then every stored key appears once with its initial row.
+void cpu_partitioned_evicting() {
+  Table table(32, 16, true);  // 512 slots for 4096 keys: evictions in every bucket
+  const TableRef<float> t = table.ref();
+  constexpr int64_t kKeys = 4096;
+  std::vector<int64_t> keys(kKeys);
+  for (int64_t i = 0; i < kKeys; ++i) keys[i] = (i * 2654435761LL) ^ (i << 40);
+  std::vector<float> out(kKeys * kDim);
+  std::vector<int64_t> evicted(kKeys, -1);
+  FindOrInsertSink<float> sink{t, uniform_init(), kDim, out.data(), kDim,
+                               EvictedOut<float>{evicted.data(), nullptr, nullptr}};
+  for (uint64_t batch = 1; batch <= 4; ++batch) {
+    const UpsertArgs u = args_for(ScoreStrategy::kStep, batch);
+    run_threads(kThreads, [&](int me) {
+      for (int64_t i = 0; i < kKeys; ++i) {
+        const int64_t home = bucket_of(hash_key(keys[i]), t.num_buckets);
+        if (home * kThreads / t.num_buckets != me) continue;
+        Status s;
+        CHECK(upsert_home<CpuExclusivePlatform>(t, i, i, keys[i], u, sink, &s),
+              "an evicting upsert left its home bucket");
+      }
+    });
+  }
+  std::map<int64_t, int> seen;
+  std::vector<float> own(kDim);
+  for (int64_t s = 0; s < t.num_slots(); ++s) {
+    if (t.digests[s] == kEmptyDigest) continue;
+    CHECK(++seen[t.keys[s]] == 1, "key %lld stored twice", static_cast<long long>(t.keys[s]));
+    init_row(uniform_init(), t.keys[s], own.data(), kDim, kDim);
+    CHECK(std::equal(own.begin(), own.end(), t.row(s)), "slot %lld: not its key's row",
+          static_cast<long long>(s));
+  }
+  CHECK(static_cast<int64_t>(seen.size()) == t.num_slots(), "a full table has free slots");
+}
+
+/// All threads fill one dedup set (core/dedup.h) with overlapping keys: one cell per key.
+void cpu_dedup_shared_set() {
+  constexpr int64_t kKeys = 1 << 14;
+  const int64_t capacity = dedup_capacity(kKeys);
+  std::vector<int64_t> cell_keys(capacity);
+  std::vector<int32_t> states(capacity, kEmptyCell);
+  const DedupSetRef set{cell_keys.data(), states.data(), capacity};
+  std::vector<int64_t> cell_of(kKeys * kThreads);
+  run_threads(kThreads, [&](int me) {
+    for (int64_t i = 0; i < kKeys; ++i) {
+      bool is_new = false;
+      const int64_t k = (i * 31 + me * 7) % kKeys;  // every thread meets every key
+      cell_of[me * kKeys + k] = dedup_cell<CpuPlatform>(set, k * 977, &is_new);
+    }
+  });
+  for (int64_t k = 0; k < kKeys; ++k) {
+    for (int me = 1; me < kThreads; ++me)
+      CHECK(cell_of[me * kKeys + k] == cell_of[k], "key %lld got two cells",
+            static_cast<long long>(k));
+    CHECK(cell_keys[cell_of[k]] == k * 977, "cell of key %lld holds another key",
+          static_cast<long long>(k));
+  }
+}
+
+}  // namespace dynemb::tsan
