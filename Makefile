@@ -109,7 +109,7 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
   $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
 # The emulated executor's runtime: grid pool, lockstep blocks, fibers.
 EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp \
-  csrc/emulated/warp_results.cpp csrc/emulated/fiber.cpp
+  csrc/emulated/lockstep_rules.cpp csrc/emulated/fiber.cpp
 TSAN_SOURCES := $(wildcard tests/native/tsan_*.cpp) $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
 TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels

@@ -21,7 +21,7 @@ SOURCES = [
     ROOT / "tests/native/lockstep_kernels.cpp",
     ROOT / "csrc/emulated/launch.cpp",
     ROOT / "csrc/emulated/lockstep.cpp",
-    ROOT / "csrc/emulated/warp_results.cpp",
+    ROOT / "csrc/emulated/lockstep_rules.cpp",
     ROOT / "csrc/emulated/fiber.cpp",
 ]
 

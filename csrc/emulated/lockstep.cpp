@@ -12,7 +12,7 @@
 
 #include "emulated/cuda_shim.h"
 #include "emulated/fiber.h"
-#include "emulated/warp_results.h"
+#include "emulated/lockstep_rules.h"
 
 namespace dynemb::emulation {
 
@@ -21,13 +21,6 @@ namespace {
 constexpr unsigned kWarp = 32;
 // Kernels keep rows and a few indices on their stacks; ASan's redzones need more.
 constexpr size_t kFiberStack = 256 * 1024;
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::string hex(unsigned mask) {
   char text[16];
@@ -127,15 +120,8 @@ void BlockRunner::run(const LaunchInfo& launch, unsigned block_index, unsigned b
   block_size_ = block_size;
   at_barrier_ = exited_ = 0;
   lane_error_.clear();
-  // The drawn order: a Fisher-Yates shuffle seeded by (seed, launch, block).
   std::vector<unsigned>& order = order_;
-  order.resize(block_size);
-  for (unsigned t = 0; t < block_size; ++t) order[t] = t;
-  uint64_t state = splitmix64(launch.seed ^ splitmix64(launch.number) ^ (uint64_t{block_index} << 32));
-  for (unsigned t = block_size; t > 1; --t) {
-    state = splitmix64(state);
-    std::swap(order[t - 1], order[state % t]);
-  }
+  draw_lane_order(launch.seed, launch.number, block_index, block_size, order);
   ready_.clear();
   head_ = 0;
   for (unsigned k = 0; k < block_size; ++k) {

@@ -1,12 +1,18 @@
-// dynemb emulated CUDA executor: the results of a warp collective (warp_results.cpp),
-// computed once every lane of its mask has arrived (lockstep.cpp).
+// dynemb emulated CUDA executor: the rules of a lockstep block that need no runner state
+// (lockstep_rules.cpp, used by lockstep.cpp).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "emulated/lockstep.h"
 
 namespace dynemb::emulation {
+
+/// The order in which a block's threads first run (and are released from collectives):
+/// a permutation of [0, block_size) drawn from (seed, launch number, block index).
+void draw_lane_order(uint64_t seed, uint64_t launch, unsigned block, unsigned block_size,
+                     std::vector<unsigned>& order);
 
 /// The source lane of a shuffle (PTX shfl.sync: segmask and the clamp from the width),
 /// or the lane itself where PTX copies the lane's own value.

@@ -1,14 +1,37 @@
-// dynemb emulated CUDA executor: what each lane of a warp collective gets back, from
-// the values its lanes passed (CUDA's documented semantics; shuffles as PTX shfl.sync).
-#include "emulated/warp_results.h"
+// dynemb emulated CUDA executor: the rules of a lockstep block that need no runner state
+// (lockstep.cpp): the order its lanes run in, and what each lane of a warp collective
+// gets back from the values its lanes passed (CUDA's documented semantics; shuffles as
+// PTX shfl.sync).
+#include "emulated/lockstep_rules.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dynemb::emulation {
 
 namespace {
+
 constexpr unsigned kWarp = 32;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
+
+void draw_lane_order(uint64_t seed, uint64_t launch, unsigned block, unsigned block_size,
+                     std::vector<unsigned>& order) {
+  order.resize(block_size);
+  for (unsigned t = 0; t < block_size; ++t) order[t] = t;
+  uint64_t state = splitmix64(seed ^ splitmix64(launch) ^ (uint64_t{block} << 32));
+  for (unsigned t = block_size; t > 1; --t) {  // Fisher-Yates
+    state = splitmix64(state);
+    std::swap(order[t - 1], order[state % t]);
+  }
+}
 
 const char* collective_name(Collective kind) {
   switch (kind) {
