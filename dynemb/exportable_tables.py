@@ -18,7 +18,6 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm (TorchRec's mean divisor)
 import torch
 from torch import nn
 
@@ -33,6 +32,7 @@ from dynemb.inference_arguments import (
     feature_map,
     pooling_mode_of,
 )
+from dynemb.inference_lookup import TableLookups
 from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
 from dynemb.kernel.table_options import check_options, init_list, table_names_of
 from dynemb.table.placement import BUFFERS, canonical_device
@@ -315,59 +315,17 @@ class InferenceEmbeddingCollection(nn.Module):
         current = self.tables  # one state for the whole batch (apply_delta swaps it)
         tables = {t: current[t].tensors() for t in used}
         slots = {t: _ops.table_find_slots(tables[t], keys) for t in used}
+        looked_up = TableLookups(
+            tables, slots, self.feature_table_map, self.missing, self.table_options, batch
+        )
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            out = self._sequence(keys, offsets, batch, tables, slots)
+            out = looked_up.sequence(keys, offsets)
         else:
-            out = self._pooled(keys, offsets, per_sample_weights, batch, tables, slots)
+            mean = self.pooling_mode == DynamicEmbPoolingMode.MEAN
+            out = looked_up.pooled(keys, offsets, per_sample_weights, mean)
         return out.to(self.output_dtype)
 
     # ------------------------------------------------------------- internals
-
-    def _pooled(self, keys, offsets, weights, batch, tables, slots) -> torch.Tensor:
-        """(B, sum of feature dims): bags summed by the op, divided by the bags' sizes
-        for mean pooling as a row-wise sharded TorchRec EBC does (its kernels sum)."""
-        weights = weights.to(torch.float32) if weights is not None else None
-        code = _ops.POOLING_CODES[DynamicEmbPoolingMode.SUM.name]
-        pooled = {
-            t: _ops.embedding_pool(
-                tables[t],
-                slots[t],
-                keys,
-                offsets,
-                weights,
-                code,
-                self.missing[t],
-                self.table_options[t].seed,
-                self.table_options[t].dim,
-            )  # fmt: skip
-            for t in tables
-        }
-        # Every table pooled every bag; feature f's are bags [f * B, (f + 1) * B).
-        columns = [
-            pooled[t][f * batch : (f + 1) * batch] for f, t in enumerate(self.feature_table_map)
-        ]
-        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
-            divisor = _mean_divisor(offsets, weights).unsqueeze(1)
-            columns = [c / divisor[f * batch : (f + 1) * batch] for f, c in enumerate(columns)]
-        return torch.cat(columns, dim=1)
-
-    def _sequence(self, keys, offsets, batch, tables, slots) -> torch.Tensor:
-        """One row per key, each from the table of its feature."""
-        out = None
-        table_of_key = None
-        if len(tables) > 1:
-            positions = torch.arange(keys.shape[0], device=keys.device)
-            bag = torch.searchsorted(offsets, positions, right=True) - 1
-            feature = torch.div(bag, max(batch, 1), rounding_mode="floor")
-            fmap = torch.tensor(self.feature_table_map, device=keys.device)
-            table_of_key = fmap[feature].unsqueeze(1)
-        for t, table in tables.items():
-            rows = _ops.embedding_gather(
-                table, slots[t], keys, self.missing[t], self.table_options[t].seed,
-                self.table_options[t].dim,
-            )  # fmt: skip
-            out = rows if out is None else torch.where(table_of_key == t, rows, out)
-        return out
 
     def _set_rows(self, rows: dict[str, Rows], base: str | None, version: int | None) -> None:
         with _WRITERS:
@@ -417,17 +375,6 @@ class InferenceEmbeddingBagCollection(InferenceEmbeddingCollection):
             raise ValueError(
                 "pooling_mode must be sum (1) or mean (2) for a bag collection, got none (-1)"
             )
-
-
-def _mean_divisor(offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """Each bag's mean divisor, TorchRec's (torchrec/distributed/embeddingbag.py
-    ``_create_mean_pooling_divisor``): its length, or with weights the sum of its
-    weights (fbgemm's segment_sum_csr, as TorchRec), plus 1e-6."""
-    if weights is None:
-        sizes = offsets[1:] - offsets[:-1]
-    else:
-        sizes = torch.ops.fbgemm.segment_sum_csr(1, offsets.int(), weights)
-    return sizes + 1e-6
 
 
 __all__ = ["InferenceEmbeddingBagCollection", "InferenceEmbeddingCollection"]
