@@ -1,7 +1,8 @@
 """ShardedEmbeddingBagCollection / ShardedEmbeddingCollection whose dynamic tables are ours.
 
-Only two things change from TorchRec's modules: the ROW_WISE sharding that holds
-dynamic tables is ours (routing + kernels), and each dynamic table shows a small
+Only two things change from TorchRec's modules: the ROW_WISE and TABLE_WISE
+shardings that hold dynamic tables are ours (row-wise: routing + kernels; table-wise:
+kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
@@ -14,6 +15,8 @@ from torch import nn
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel, KJTList
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
@@ -25,6 +28,12 @@ from dynemb.shard.rw_sharding import (
     DynamicEmbRwSequenceEmbeddingSharding,
     check_sharding_type,
 )
+from dynemb.shard.tw_sharding import (
+    DynamicEmbTwPooledEmbeddingSharding,
+    DynamicEmbTwSequenceEmbeddingSharding,
+)
+
+_TABLE_WISE = ShardingType.TABLE_WISE.value
 
 
 def _skipping_dynamic(module, configs_attr: str, run):
@@ -151,15 +160,31 @@ def _empty_bags(features: KeyedJaggedTensor, stride: int) -> KeyedJaggedTensor:
 class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC with dynamic tables (built by DynamicEmbeddingBagCollectionSharder)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # TorchRec's MEAN callback (present when a row-wise table pools MEAN) divides
+        # every feature but the row-wise SUM ones by its length, so a table-wise MEAN
+        # table, already averaged by its kernel, would be divided twice. Features
+        # pooled whole on one rank are listed with the SUM ones: their divisor is 1.
+        if self._has_mean_pooling_callback:
+            split = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
+            sum_features = self._pooling_type_to_rs_features[PoolingType.SUM.value]
+            for config in self._embedding_bag_configs:
+                if self.module_sharding_plan[config.name].sharding_type not in split:
+                    sum_features.extend(config.feature_names)
+
     @classmethod
     def create_embedding_bag_sharding(
         cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None
     ):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         if check_sharding_type(sharding_type, sharding_infos):
-            return DynamicEmbRwPooledEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            cls_ = (
+                DynamicEmbTwPooledEmbeddingSharding
+                if sharding_type == _TABLE_WISE
+                else DynamicEmbRwPooledEmbeddingSharding
             )
+            return cls_(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_bag_sharding(
             sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
         )
@@ -208,9 +233,12 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None
     ):
         if check_sharding_type(sharding_type, sharding_infos):
-            return DynamicEmbRwSequenceEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            cls_ = (
+                DynamicEmbTwSequenceEmbeddingSharding
+                if sharding_type == _TABLE_WISE
+                else DynamicEmbRwSequenceEmbeddingSharding
             )
+            return cls_(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry
         )
@@ -275,7 +303,10 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
                 position += count
                 base += unique.numel()
             weights = None
-            if isinstance(sharding, DynamicEmbRwSequenceEmbeddingSharding):
+            if isinstance(
+                sharding,
+                (DynamicEmbRwSequenceEmbeddingSharding, DynamicEmbTwSequenceEmbeddingSharding),
+            ):
                 weights = (torch.cat(counts) if counts else values[:0]).to(torch.float32)
             deduped.append(
                 KeyedJaggedTensor(

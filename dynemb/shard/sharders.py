@@ -1,4 +1,5 @@
-"""The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel."""
+"""The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel
+(row-wise and table-wise)."""
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -7,7 +8,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,
@@ -53,7 +54,7 @@ def _sharding_types(types: list[str]) -> list[str]:
 
 
 def _compute_kernels(kernels: list[str], sharding_type: str) -> list[str]:
-    if sharding_type == ShardingType.ROW_WISE.value:
+    if sharding_type in DYNAMIC_SHARDING_TYPES:
         return kernels + [DYNAMIC_KERNEL_NAME]
     return kernels
 

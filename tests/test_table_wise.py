@@ -1,0 +1,77 @@
+"""Dynamic tables sharded table-wise beside row-wise dynamic tables and an ordinary
+TorchRec table, on 2 real gloo ranks, equal one unsharded BatchedDynamicEmbeddingTables
+over 10 training steps with evictions: outputs, and every table's keys, rows, optimizer
+state and scores."""
+
+import pytest
+import torch
+
+from tests.multiprocess import run_ranks
+from tests.table_wise_workers import (
+    SMALL,
+    STEPS,
+    Case,
+    entries,
+    global_batch,
+    train_reference,
+    train_table_wise,
+)
+
+pytestmark = pytest.mark.no_emulated_pass(
+    "TorchRec's table-wise plumbing on gloo ranks: the table ops are the emulated pass's elsewhere"
+)
+
+WORLD = 2
+ATOL = 1e-6
+CASES = [
+    Case(optimizer, pooling)
+    for optimizer in ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
+    for pooling in ("SUM", "MEAN")
+]
+
+
+def _close(got, want, what: str, rtol: float = 0.0) -> None:
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+def test_table_wise_beside_row_wise_equals_unsharded():
+    results = run_ranks(train_table_wise, WORLD, CASES)
+    for c, case in enumerate(CASES):
+        reference, want_outputs = train_reference(case, WORLD)
+        for rank in range(WORLD):
+            outputs, tables, _ = results[rank][c]
+            for step in range(STEPS):
+                want = want_outputs[step][rank * 4 : (rank + 1) * 4]
+                _close(outputs[step], want, f"{case} rank {rank} step {step}")
+            # The table-wise table is on its rank only, whole.
+            assert ("tw" in tables) == (rank == case.tw_rank), (case, rank, sorted(tables))
+        want = {n: entries(t) for n, t in zip(reference.table_names, reference.tables)}
+        tw = results[case.tw_rank][c][1]["tw"]
+        seen = torch.cat([global_batch(s, 4 * WORLD, 2)[1][: _first(s)] for s in range(STEPS)])
+        assert want["tw"]["keys"].numel() == SMALL < seen.unique().numel(), "no eviction"
+        _check_entries(tw, want["tw"], f"{case} tw")
+        rw = _union([results[r][c][1]["rw"] for r in range(WORLD)])
+        # Row-wise MEAN: TorchRec divides by (length + 1e-6), so the row-wise table's
+        # gradients, and its accumulated optimizer state, are off by ~1e-6 relative.
+        _check_entries(rw, want["rw"], f"{case} rw", 2e-6 if case.pooling == "MEAN" else 0.0)
+        if case.ordinary:
+            rows = results[0][c][2]  # table-wise on rank 0: the whole table
+            _close(rows, want["ord"]["values"][:, : rows.shape[1]], f"{case} ordinary rows")
+
+
+def _first(step: int) -> int:
+    """Keys of the first feature (the table-wise table's) in step ``step``'s batch."""
+    return int(global_batch(step, 4 * WORLD, 2)[0][0].sum())
+
+
+def _check_entries(got: dict, want: dict, what: str, rtol: float = 0.0) -> None:
+    assert torch.equal(got["keys"], want["keys"]), f"{what}: keys differ"
+    assert torch.equal(got["scores"], want["scores"]), f"{what}: scores differ"
+    _close(got["values"], want["values"], f"{what}: rows and optimizer state", rtol)
+
+
+def _union(parts: list[dict]) -> dict:
+    keys = torch.cat([p["keys"] for p in parts])
+    assert keys.unique().numel() == keys.numel(), "a key on two ranks"
+    order = torch.argsort(keys)
+    return {f: torch.cat([p[f] for p in parts])[order] for f in parts[0]}
