@@ -86,7 +86,7 @@ def _configs(case: Case) -> list[EmbeddingBagConfig]:
 def dynamic_options(name: str, sharding_type: str):
     """Options of a dynamic table on each rank holding it: the table-wise one small
     (it evicts) and as the unsharded reference's, the row-wise one large."""
-    capacity = SMALL if sharding_type == "table_wise" else LARGE
+    capacity = SMALL if (name, sharding_type) == ("tw", "table_wise") else LARGE
     options = table_options(DIMS[name], "hash_roundrobin", capacity)
     options.bucket_capacity = SMALL
     options.score_strategy = DynamicEmbScoreStrategy.STEP  # scores comparable across runs
@@ -219,3 +219,48 @@ def train_reference(case: Case, world_size: int):
         (out * out_grad(step, BATCH * world_size, sum(widths))).sum().mul(scale).backward()
         outputs.append(out.detach().clone())
     return tables, outputs
+
+
+def all_entries(model) -> dict[str, dict[str, torch.Tensor]]:
+    """Every dynamic table's entries over all ranks, by ascending key."""
+    mine = {name: entries(t) for name, t in dynamic_tables(model).items()}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    union = {}
+    for name in sorted({n for rank in gathered for n in rank}):
+        parts = [rank[name] for rank in gathered if name in rank]
+        keys = torch.cat([p["keys"] for p in parts])
+        order = torch.argsort(keys)
+        union[name] = {f: torch.cat([p[f] for p in parts])[order] for f in parts[0]}
+    return union
+
+
+def checkpoint_between_plans(rank: int, world_size: int, case: Case, path: str):
+    """Trains under plan A (tw table-wise, rw row-wise), dumps, loads into plan B (tw
+    row-wise, rw table-wise on rank 0), dumps that, loads into a fresh plan A. Returns
+    the entries after each step and the outputs of two more steps of each model."""
+    from dynemb.dump_load import DynamicEmbDump, DynamicEmbLoad
+    from dynemb.incremental_dump import incremental_dump
+
+    swapped = {"tw": "row_wise", "rw": "table_wise"}
+    first = build_model(case, world_size)
+    train(first, case, rank, world_size, range(STEPS))
+    DynamicEmbDump(f"{path}/a", first, optim=True)
+    try:  # DynamicEmb's layout has row-wise tables only: every rank refuses
+        DynamicEmbDump(f"{path}/c", first, format="dynamicemb")
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    second = build_model(dataclasses.replace(case, tw_rank=0), world_size, swapped)
+    DynamicEmbLoad(f"{path}/a", second, optim=True)
+    DynamicEmbDump(f"{path}/b", second, optim=True)
+    third = build_model(case, world_size)
+    DynamicEmbLoad(f"{path}/b", third, optim=True)
+    saved = [all_entries(m) for m in (first, second, third)]
+    # incremental_dump over the group gathers a table-wise table from its one rank.
+    dumped, _ = incremental_dump(first, 0, dist.group.WORLD)
+    increments = {name: torch.sort(keys).values for name, (keys, _) in dumped["model"].items()}
+    more = range(STEPS, STEPS + 2)
+    outputs = [train(m, case, rank, world_size, more) for m in (first, second, third)]
+    held = [sorted(dynamic_tables(m)) for m in (first, second, third)]
+    return saved, outputs, held, refused, increments

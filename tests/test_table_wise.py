@@ -11,6 +11,7 @@ from tests.table_wise_workers import (
     SMALL,
     STEPS,
     Case,
+    checkpoint_between_plans,
     entries,
     global_batch,
     train_reference,
@@ -75,3 +76,28 @@ def _union(parts: list[dict]) -> dict:
     assert keys.unique().numel() == keys.numel(), "a key on two ranks"
     order = torch.argsort(keys)
     return {f: torch.cat([p[f] for p in parts])[order] for f in parts[0]}
+
+
+def test_checkpoints_move_between_row_wise_and_table_wise_plans(tmp_path):
+    case = Case("ADAM", "SUM")
+    results = run_ranks(checkpoint_between_plans, WORLD, case, str(tmp_path))
+    saved, outputs, held, _, increments = results[0]
+    for rank in range(WORLD):
+        assert "tables ['tw'] are sharded table-wise" in results[rank][3], rank
+    # Plan A holds tw on rank 1 only; plan B holds rw on rank 0 only.
+    assert held == [["rw"], ["rw", "tw"], ["rw"]]
+    assert results[1][2] == [["rw", "tw"], ["tw"], ["rw", "tw"]]
+    trained, moved, back = saved
+    assert trained["tw"]["keys"].numel() == SMALL
+    for name in ("tw", "rw"):  # score >= 0: every entry, gathered from its ranks
+        assert torch.equal(increments[name], trained[name]["keys"]), name
+    for copy in (moved, back):  # every entry exactly: rows, optimizer state, scores
+        for name in ("tw", "rw"):
+            for field in ("keys", "values", "scores"):
+                assert torch.equal(copy[name][field], trained[name][field]), (name, field)
+    for rank in range(WORLD):  # and training goes on the same (Adam's step restored)
+        first, second, third = results[rank][1]
+        assert all(torch.equal(a, c) for a, c in zip(first, third)), rank
+        # Plan B's row-wise tw table is larger: it evicts nothing, so only the first
+        # step after the load is the same in both plans.
+        assert torch.equal(first[0], second[0]), rank
