@@ -25,7 +25,7 @@ from dynemb.checkpoint.dump_lock import (
     remove_superseded_dumps,
 )
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
-from dynemb.checkpoint.exchange import check_held_everywhere
+from dynemb.checkpoint.exchange import check_held_everywhere, check_no_column_slices
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
 from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
@@ -195,6 +195,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     rank, world_size = rank_and_size(pg)
     path = Path(path)
     tables = named_tables(model, table_names)
+    check_no_column_slices(tables, "DynamicEmbDump")
     if format == "dynamicemb":
         with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
             # Rank 0 resolves the path once; every rank writes inside that directory.

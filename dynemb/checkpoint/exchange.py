@@ -10,6 +10,7 @@ import torch.distributed as dist
 from dynemb import _ops
 from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.kernel_names import COLUMN_SLICES
 from dynemb.rank_faults import collective
 from dynemb.shard.routing import route_keys
 
@@ -52,6 +53,17 @@ def check_held_everywhere(tables: list[NamedTable], pg, what: str) -> None:
         raise ValueError(
             f"{what}: tables {whole} are sharded table-wise (each on one rank); DynamicEmb's "
             "layout holds row-wise tables only: use format='dynemb'"
+        )
+
+
+def check_no_column_slices(tables: list[NamedTable], what: str) -> None:
+    """Raises ValueError naming the column-wise tables among ``tables`` (a slice holds
+    some columns of every row: ``what`` saves and restores whole rows)."""
+    sliced = sorted(t.name for t in tables if t.group.table_routing(t.index)[0] == COLUMN_SLICES)
+    if sliced:
+        raise ValueError(
+            f"{what}: tables {sliced} are sharded column-wise; checkpoints hold whole rows "
+            "of row-wise and table-wise tables only"
         )
 
 
@@ -244,6 +256,7 @@ __all__ = [
     "restore_rows",
     "restored_step",
     "check_held_everywhere",
+    "check_no_column_slices",
     "route_rows",
     "sole_holder",
     "table_holders",

@@ -19,6 +19,7 @@ from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     check_held_everywhere,
+    check_no_column_slices,
     op_threads,
     prepare_tables,
     report_dropped,
@@ -170,6 +171,7 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         raise TypeError(f"DynamicEmbLoad: `strict` must be a bool, got {strict!r}")
     pg = process_group(pg)
     path = Path(path)
+    check_no_column_slices(named_tables(model, table_names), "DynamicEmbLoad")
     with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             what = "DynamicEmbLoad of DynamicEmb's layout"

@@ -6,8 +6,8 @@ sharder offers and the constraints allow, then asks its estimators for each
 option's perf and storage. Two things change here:
 
 - *Filtering*: a dynamic table gets CUSTOMIZED_KERNEL under each sharding type its
-  constraints' ``sharding_types`` list (ROW_WISE and / or TABLE_WISE; ROW_WISE alone
-  when unset), so that TorchRec's proposers pick among them by cost; other tables
+  constraints' ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE
+  alone when unset), so that TorchRec's proposers pick among them by cost; other tables
   never get CUSTOMIZED_KERNEL and, on cpu, only the kernels TorchRec's cpu estimators
   know (DENSE, FUSED, QUANT) unless their constraints name kernels.
 - *Estimates*: TorchRec's estimators do not know CUSTOMIZED_KERNEL. A dynamic option
@@ -15,15 +15,17 @@ option's perf and storage. Two things change here:
   read per lookup from the tier holding it): FUSED when its values are all in fast
   memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
   load factor ``hbm / total`` in between. Its storage is then replaced by the real
-  one: ``rank_value_bytes`` (one rank's share of ``get_table_value_bytes``: of
-  ``world_size`` ranks row-wise, of one rank table-wise, the whole table) split
+  one, shard by shard: ``rank_value_bytes`` (one rank's share of
+  ``get_table_value_bytes``: of ``world_size`` ranks row-wise; table-wise the whole
+  table; column-wise every row at the shard's width) split
   between HBM and DDR by ``memory_budget.dynamic_rank_storage``; a rank whose budget
   cannot hold its row-wise dynamic shards fails here, naming the rank and the tables
-  (a table-wise table's rank is chosen by TorchRec's partitioner, which fails when no
-  rank can hold it).
+  (table-wise and column-wise shards' ranks are chosen by TorchRec's partitioner,
+  which fails when no rank can hold them).
 """
 
 import copy
+import dataclasses
 import logging
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -165,31 +167,36 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             if c is None or so.compute_kernel != DYNAMIC_KERNEL_NAME:
                 proxies.append(so)
                 continue
-            storage = self._dynamic_storage(so, c)
+            storages = [self._dynamic_storage(so, c, shard.size[1]) for shard in so.shards]
             proxy = copy.copy(so)
             proxy.compute_kernel, proxy.cache_params = _stand_in_kernel(
-                self._compute_device, storage, so.cache_params
+                self._compute_device, storages[0], so.cache_params
             )
             proxies.append(proxy)
-            dynamic.append((so, proxy, storage))
+            dynamic.append((so, proxy, storages))
         super().populate_estimates(proxies)
         for so, proxy, storage in dynamic:
             # Keep what the estimators derived (e.g. is_weighted), not the stand-in kernel.
             for key, value in vars(proxy).items():
                 if key not in ("compute_kernel", "cache_params"):
                     setattr(so, key, value)
-            for shard in so.shards:
-                shard.storage = copy.copy(storage)
-        # Row-wise shards are on every rank; a table-wise one's rank is the partitioner's.
+            for shard, storage in zip(so.shards, storages, strict=True):
+                shard.storage = storage
+        # Row-wise shards are on every rank; the others' ranks are the partitioner's.
         check_rank_budgets(
             self._budget_topology,
-            [(so.name, s) for so, _, s in dynamic if so.sharding_type == DYNAMIC_SHARDING_TYPE],
+            [(so.name, s[0]) for so, _, s in dynamic if so.sharding_type == DYNAMIC_SHARDING_TYPE],
         )
 
-    def _dynamic_storage(self, so: ShardingOption, c: DynamicEmbParameterConstraints) -> Storage:
-        """Per-rank storage of a dynamic table's values and optimizer state."""
+    def _dynamic_storage(
+        self, so: ShardingOption, c: DynamicEmbParameterConstraints, dim: int
+    ) -> Storage:
+        """Storage of one shard (``dim`` columns) of a dynamic table's values and
+        optimizer state on the rank holding it."""
         o = c.dynamicemb_options
-        rows, dim = so.tensor.shape
+        rows, full = so.tensor.shape
+        if dim != full:  # a column slice gets its columns' share of the HBM budget
+            o = dataclasses.replace(o, global_hbm_for_values=o.global_hbm_for_values * dim // full)
         # A stand-in config from the module's parameter: the planner checks that it
         # agrees with eb_configs.
         config = EmbeddingBagConfig(

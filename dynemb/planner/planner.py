@@ -24,6 +24,7 @@ from torchrec.distributed.types import (
     ParameterSharding,
     ShardingPlan,
     ShardingPlanner,
+    ShardingType,
 )
 from torchrec.distributed.utils import get_device_type
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
@@ -232,6 +233,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         shards = ps.sharding_spec.shards if ps.sharding_spec else []
         rows = sum(s.shard_sizes[0] for s in shards)
         dims = {s.shard_sizes[1] for s in shards}
+        if ps.sharding_type == ShardingType.COLUMN_WISE.value:  # every row, a slice each
+            rows = max((s.shard_sizes[0] for s in shards), default=0)
+            dims = {sum(s.shard_sizes[1] for s in shards)}
         if rows != config.num_embeddings or dims != {config.embedding_dim}:
             raise ValueError(
                 f"table {name!r}: the module's parameter ({rows} rows, dims {sorted(dims)}) "

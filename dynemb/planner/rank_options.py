@@ -21,13 +21,14 @@ __all__ = ["fill_rank_options", "local_hbm_bytes", "table_ranks"]
 
 def table_ranks(sharding_type: str, world_size: int) -> int:
     """Ranks a dynamic table's keys are spread over: ``world_size`` row-wise, one
-    table-wise (every key on the rank holding the table).
+    table-wise (every key on the rank holding the table) and column-wise (every key on
+    every rank holding a slice).
 
     Example::
 
         table_ranks("table_wise", 8)  # 1
     """
-    return 1 if sharding_type == ShardingType.TABLE_WISE.value else world_size
+    return world_size if sharding_type == ShardingType.ROW_WISE.value else 1
 
 
 def local_hbm_bytes(options: DynamicEmbTableOptions, world_size: int) -> int:

@@ -20,7 +20,9 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.cw_sharding import DynamicEmbCwPooledEmbeddingSharding
 from dynemb.shard.kernel import _DynamicKernel
+from dynemb.shard.mean_divisor import divided_columns, exact_divisor
 from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
 from dynemb.shard.rw_sharding import (
@@ -162,16 +164,15 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # TorchRec's MEAN callback (present when a row-wise table pools MEAN) divides
-        # every feature but the row-wise SUM ones by its length, so a table-wise MEAN
-        # table, already averaged by its kernel, would be divided twice. Features
-        # pooled whole on one rank are listed with the SUM ones: their divisor is 1.
+        # TorchRec's MEAN callback divides only the row-wise MEAN columns exactly
+        # (mean_divisor.py): table-wise and column-wise MEAN tables pool in their kernel.
+        self._divided_columns = None
         if self._has_mean_pooling_callback:
-            split = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
-            sum_features = self._pooling_type_to_rs_features[PoolingType.SUM.value]
-            for config in self._embedding_bag_configs:
-                if self.module_sharding_plan[config.name].sharding_type not in split:
-                    sum_features.extend(config.feature_names)
+            self._divided_columns = divided_columns(
+                self._embedding_names,
+                self._embedding_dims,
+                self._pooling_type_to_rs_features[PoolingType.MEAN.value],
+            )
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -179,6 +180,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     ):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         if check_sharding_type(sharding_type, sharding_infos):
+            if sharding_type == ShardingType.COLUMN_WISE.value:
+                return DynamicEmbCwPooledEmbeddingSharding(
+                    sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+                )
             cls_ = (
                 DynamicEmbTwPooledEmbeddingSharding
                 if sharding_type == _TABLE_WISE
@@ -212,7 +217,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         # TorchRec's MEAN callback reshapes lengths by stride() and fails on an empty
         # batch; an empty batch has nothing to divide, so the divisor is 1.
         if not self._has_mean_pooling_callback or features.stride() != 0:
-            return super().input_dist(ctx, features)
+            awaitable = super().input_dist(ctx, features)
+            if self._divided_columns is not None:
+                ctx.divisor = exact_divisor(ctx.divisor, self._divided_columns)
+            return awaitable
         first = self._has_uninitialized_input_dist
         self._has_mean_pooling_callback = False
         try:
@@ -233,6 +241,12 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None
     ):
         if check_sharding_type(sharding_type, sharding_infos):
+            if sharding_type == ShardingType.COLUMN_WISE.value:
+                raise ValueError(
+                    f"tables {[i.embedding_config.name for i in sharding_infos]}: column-wise "
+                    "dynamic tables are pooled (EmbeddingBagCollection) only; shard the "
+                    "EmbeddingCollection's dynamic tables row_wise or table_wise"
+                )
             cls_ = (
                 DynamicEmbTwSequenceEmbeddingSharding
                 if sharding_type == _TABLE_WISE
