@@ -34,7 +34,8 @@ def make_planner(constraints, configs=None):
     [
         (
             DynamicEmbParameterConstraints(use_dynamicemb=True, sharding_types=["data_parallel"]),
-            r"table 'user': a dynamic table is sharded one of \['row_wise', 'table_wise'\].*"
+            r"table 'user': a dynamic table is sharded one of "
+            r"\['row_wise', 'table_wise', 'column_wise'\].*"
             r"\['data_parallel'\] unsupported",
         ),
         (

@@ -103,3 +103,28 @@ def test_table_wise_table_too_large_for_any_rank_fails_planning():
     topology = Topology(world_size=WORLD, compute_device="cpu", ddr_cap=50_000)
     with pytest.raises(PlannerError):
         _plan(_constraints(sharding_types=[TABLE_WISE]), topology)
+
+
+def test_column_wise_constraint_gives_each_slice_every_row():
+    constraints = _constraints(sharding_types=["column_wise"])
+    options = DynamicEmbeddingEnumerator(
+        topology=Topology(world_size=WORLD, compute_device="cpu"),
+        batch_size=128,
+        constraints=constraints,
+    ).enumerate(Model(), _sharders())
+    (user,) = [so for so in options if so.name == "user"]
+    assert (user.sharding_type, user.compute_kernel) == ("column_wise", DYNAMIC_KERNEL)
+    config = next(c for c in all_configs() if c.name == "user")
+    for shard in user.shards:  # every row (1024 slots) at the shard's width, Adam's state too
+        assert shard.storage.ddr == 1024 * 3 * shard.size[1] * 4
+    assert sum(s.size[1] for s in user.shards) == config.embedding_dim
+    ps = _plan(constraints)["user"]
+    assert ps.sharding_type == "column_wise"
+    assert ps.dynamicemb_options.max_capacity == 1024  # sliced by columns at build time
+
+
+def test_sequence_tables_are_not_offered_column_wise():
+    constraints = make_constraints()
+    constraints["query"] = dataclasses.replace(constraints["query"], sharding_types=["column_wise"])
+    with pytest.raises(ValueError, match="table 'query'.*column_wise"):
+        _plan(constraints)

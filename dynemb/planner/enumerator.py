@@ -1,5 +1,5 @@
-"""TorchRec's EmbeddingEnumerator, offering ROW_WISE / TABLE_WISE + CUSTOMIZED_KERNEL to
-dynamic tables.
+"""TorchRec's EmbeddingEnumerator, offering ROW_WISE / TABLE_WISE / COLUMN_WISE +
+CUSTOMIZED_KERNEL to dynamic tables.
 
 TorchRec's enumerator lists, per table, every (sharding type, compute kernel) the
 sharder offers and the constraints allow, then asks its estimators for each
@@ -167,25 +167,29 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             if c is None or so.compute_kernel != DYNAMIC_KERNEL_NAME:
                 proxies.append(so)
                 continue
-            storages = [self._dynamic_storage(so, c, shard.size[1]) for shard in so.shards]
+            storage = self._dynamic_storage(so, c, so.shards[0].size[1])
             proxy = copy.copy(so)
             proxy.compute_kernel, proxy.cache_params = _stand_in_kernel(
-                self._compute_device, storages[0], so.cache_params
+                self._compute_device, storage, so.cache_params
             )
             proxies.append(proxy)
-            dynamic.append((so, proxy, storages))
+            dynamic.append((so, proxy, c))
         super().populate_estimates(proxies)
-        for so, proxy, storage in dynamic:
+        for so, proxy, c in dynamic:
             # Keep what the estimators derived (e.g. is_weighted), not the stand-in kernel.
             for key, value in vars(proxy).items():
                 if key not in ("compute_kernel", "cache_params"):
                     setattr(so, key, value)
-            for shard, storage in zip(so.shards, storages, strict=True):
-                shard.storage = storage
+            for shard in so.shards:
+                shard.storage = self._dynamic_storage(so, c, shard.size[1])
         # Row-wise shards are on every rank; the others' ranks are the partitioner's.
         check_rank_budgets(
             self._budget_topology,
-            [(so.name, s[0]) for so, _, s in dynamic if so.sharding_type == DYNAMIC_SHARDING_TYPE],
+            [
+                (so.name, so.shards[0].storage)
+                for so, _, _ in dynamic
+                if so.sharding_type == DYNAMIC_SHARDING_TYPE
+            ],
         )
 
     def _dynamic_storage(

@@ -10,7 +10,7 @@ from dynemb.dynamicemb_config import DynamicEmbTableOptions
 
 @dataclasses.dataclass
 class DynamicEmbParameterSharding(ParameterSharding):
-    """A ROW_WISE or TABLE_WISE / CUSTOMIZED_KERNEL plan entry carrying the table's
+    """A ROW_WISE, TABLE_WISE or COLUMN_WISE / CUSTOMIZED_KERNEL plan entry carrying the table's
     per-rank options.
 
     ``dynamicemb_options`` is what every rank holding the table builds its shard from:

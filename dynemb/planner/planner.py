@@ -50,13 +50,14 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
     TorchRec's ``EmbeddingShardingPlanner`` does the planning with a
     ``DynamicEmbeddingEnumerator``; each dynamic table's plan entry then becomes a
     ``DynamicEmbParameterSharding`` (CUSTOMIZED_KERNEL; ROW_WISE with TorchRec's
-    row-wise ``sharding_spec`` over all ranks, or TABLE_WISE with one shard on the
-    rank TorchRec's partitioner chose; the spec's row counts are nominal: a dynamic
-    table holds any int64 key) carrying the table's per-rank options (table-wise: the
-    whole table's capacity and HBM budget on its rank). A dynamic table is planned
-    under the sharding types its constraints' ``sharding_types`` list (ROW_WISE and /
-    or TABLE_WISE; ROW_WISE alone when unset), TorchRec's proposers picking the
-    cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
+    row-wise ``sharding_spec`` over all ranks, TABLE_WISE with one shard on the rank
+    TorchRec's partitioner chose, or COLUMN_WISE with TorchRec's column shards; the
+    spec's row counts are nominal: a dynamic table holds any int64 key) carrying the
+    table's per-rank options (table-wise and column-wise: the whole table's capacity
+    and HBM budget; a column slice takes its share when it is built). A dynamic table
+    is planned under the sharding types its constraints' ``sharding_types`` list
+    (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE alone when unset), TorchRec's
+    proposers picking the cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
 
     Args:
         eb_configs: every ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of the model; a
@@ -64,8 +65,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         topology: the devices (default: TorchRec's, from the default process group).
         batch_size: batch size per rank (default: TorchRec's, 512).
         enumerator: default ``DynamicEmbeddingEnumerator(topology, batch_size,
-            constraints)``. Another enumerator must give dynamic tables ROW_WISE or
-            TABLE_WISE with CUSTOMIZED_KERNEL, or ``plan`` raises.
+            constraints)``. Another enumerator must give dynamic tables ROW_WISE,
+            TABLE_WISE or COLUMN_WISE with CUSTOMIZED_KERNEL, or ``plan`` raises.
         storage_reservation, proposer, partitioner, performance_model, stats, debug: as
             in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
         constraints: per-table constraints by table name: ``ParameterConstraints`` or

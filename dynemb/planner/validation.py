@@ -30,7 +30,7 @@ def check_planner_inputs(
             not a ``ParameterConstraints``, options that are not ``DynamicEmbTableOptions``.
         ValueError: duplicate table names; a constraint for a table not in ``eb_configs``;
             CUSTOMIZED_KERNEL on a table without ``use_dynamicemb``; a dynamic table
-            constrained to other sharding types than ROW_WISE / TABLE_WISE or to other
+            constrained to other sharding types than ROW_WISE / TABLE_WISE / COLUMN_WISE or to other
             kernels than CUSTOMIZED_KERNEL; options disagreeing with the config or out of range.
     """
     configs = _configs_by_name(eb_configs)

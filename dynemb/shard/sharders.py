@@ -1,5 +1,5 @@
 """The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel
-(row-wise and table-wise)."""
+(row-wise, table-wise and, pooled, column-wise)."""
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
