@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from tests.multiprocess import run_ranks
+from tests.sharded_workers import Case as SeqCase
+from tests.sharded_workers import train_reference as train_sequence_reference
+from tests.sharded_workers import train_sharded
 from tests.table_wise_workers import (
     SMALL,
     STEPS,
@@ -17,6 +20,7 @@ from tests.table_wise_workers import (
     train_reference,
     train_table_wise,
 )
+from tests.test_sharded_training import _sequence_slice
 
 pytestmark = pytest.mark.no_emulated_pass(
     "TorchRec's table-wise plumbing on gloo ranks: the table ops are the emulated pass's elsewhere"
@@ -101,3 +105,34 @@ def test_checkpoints_move_between_row_wise_and_table_wise_plans(tmp_path):
         # Plan B's row-wise tw table is larger: it evicts nothing, so only the first
         # step after the load is the same in both plans.
         assert torch.equal(first[0], second[0]), rank
+
+
+def test_table_wise_sequence_table_beside_row_wise_equals_unsharded():
+    """EmbeddingCollection: t1 whole on the last rank, t0 row-wise (shared by two
+    features), with and without use_index_dedup."""
+    cases = [
+        SeqCase("ADAM", "hash_roundrobin", "NONE", table_wise=True),
+        SeqCase("EXACT_ROWWISE_ADAGRAD", "roundrobin", "NONE", index_dedup=True, table_wise=True),
+    ]
+    batch_sizes = [3, 5]
+    results = run_ranks(train_sharded, WORLD, cases, batch_sizes)
+    for c, case in enumerate(cases):
+        reference, ref_outputs = train_sequence_reference(case, batch_sizes, WORLD)
+        for rank in range(WORLD):
+            outputs, keys, rows = results[rank][c]
+            a, b = sum(batch_sizes[:rank]), sum(batch_sizes[: rank + 1])
+            for step in range(STEPS):
+                want = _sequence_slice(case, step, ref_outputs[step], batch_sizes, a, b)
+                for got, wanted in zip(outputs[step], want, strict=True):
+                    _close(got, wanted, f"{case} rank {rank} step {step}")
+            assert ("t1" in rows) == (rank == WORLD - 1), (case, rank)
+        keys = results[0][c][1]
+        for t, name in enumerate(["t0", "t1"]):
+            want_rows, want_found = reference.tables[t].find(keys)
+            held = torch.zeros(keys.numel(), dtype=torch.int64)
+            for rank in range(WORLD):
+                if name in results[rank][c][2]:
+                    values, found = results[rank][c][2][name]
+                    held += found.long()
+                    _close(values[found], want_rows[found], f"{case} {name} rows")
+            assert torch.equal(held, want_found.long()), f"{case} {name}: keys lost or doubled"
