@@ -84,8 +84,11 @@ def build_model(case: Case, world_size: int):
     )
 
 
-def train_column_wise(rank: int, world_size: int, cases: list[Case]):
-    """Per case: this rank's outputs, and its dynamic tables' entries after training."""
+def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):
+    """Per case: this rank's outputs, and its dynamic tables' entries after training;
+    then what DynamicEmbDump says of the last model (it refuses column slices)."""
+    from dynemb.dump_load import DynamicEmbDump
+
     results = []
     for case in cases:
         model = build_model(case, world_size)
@@ -99,7 +102,12 @@ def train_column_wise(rank: int, world_size: int, cases: list[Case]):
             outputs.append(values.detach().clone())
         tables = {name: entries(t) for name, t in dynamic_tables(model).items()}
         results.append((outputs, tables))
-    return results
+    try:
+        DynamicEmbDump(path, model)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return results, refused
 
 
 def train_reference(case: Case, world_size: int):

@@ -27,8 +27,12 @@ def _close(got, want, what: str, rtol: float = 0.0) -> None:
     torch.testing.assert_close(got, want, atol=ATOL, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
-def test_column_slices_agree_and_equal_unsharded_slices():
-    results = run_ranks(train_column_wise, WORLD, CASES)
+def test_column_slices_agree_and_equal_unsharded_slices(tmp_path):
+    ranks = run_ranks(train_column_wise, WORLD, CASES, str(tmp_path / "ckpt"))
+    results = [r[0] for r in ranks]
+    for _, refused in ranks:  # checkpoints take whole rows: every rank refuses, naming cw
+        assert "tables ['cw'] are sharded column-wise" in refused
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
     width = CW_DIM // WORLD
     for c, case in enumerate(CASES):
         reference, want_outputs = train_reference(case, WORLD)
