@@ -5,6 +5,7 @@ Usage::
     python benchmark/bench_train_dmp.py [--quick] [--optimizer NAME] [--world-sizes 1,2]
                                         [--steps N] [--repeats N] [--workload train|wide]
                                         [--tables N] [--device cpu|cuda]
+                                        [--sharding row_wise|table_wise|column_wise]
 
 The step of W-train (benchmark/README.md; sizes and ids from train_workloads.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
@@ -21,6 +22,11 @@ count (bench_train_wide.py sweeps it).
   ``DynamicEmbeddingBagCollectionSharder`` (ROW_WISE, ``roundrobin``): raw ids spread
   over 63 bits, ``num_embeddings`` = the id count, so each rank holds
   ``1,000,000 / world_size`` rows, all allocated up front (no growth while timed).
+
+``--sharding TYPE``: every table of both models under that TorchRec sharding type
+(the planner's constraint ``sharding_types=[TYPE]``; JSON metric tag ``sharding=TYPE``):
+table-wise spreads whole tables over the ranks, column-wise cuts each into the
+planner's column shards.
 
 World size N runs N processes (gloo on localhost), each with ``threads / N``
 threads; each reports its median step time; the figure is per-process samples/s
@@ -122,8 +128,11 @@ def build_model(
     if impl == "dynemb":
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
         options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
+        types = [config.sharding] if config.sharding else None
         constraints = {
-            name: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
+            name: DynamicEmbParameterConstraints(
+                use_dynamicemb=True, dynamicemb_options=options, sharding_types=types
+            )
             for name in table_names(config)
         }
         planner = DynamicEmbeddingShardingPlanner(
@@ -134,7 +143,7 @@ def build_model(
         )
     else:
         sharder = _cpu_row_wise_sharder_class()(fused_params=fused)
-        sharding = "table_wise" if world_size == 1 else "row_wise"
+        sharding = config.sharding or ("table_wise" if world_size == 1 else "row_wise")
         constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
         constraints = {name: constraint for name in table_names(config)}
         planner = EmbeddingShardingPlanner(constraints=constraints, **planning)
@@ -307,6 +316,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
     add_world_arguments(parser, world_sizes="1,2")
     add_workload_arguments(parser)
+    parser.add_argument(
+        "--sharding", choices=["row_wise", "table_wise", "column_wise"],
+        help="every table of both models under this sharding type",
+    )  # fmt: skip
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
@@ -326,7 +339,10 @@ def main(argv: list[str] | None = None) -> None:
         record_host(rec, quick=args.quick)
     for ws, threads in world_sizes(args, device):
         for optimizer in optimizers:
-            config = workload_config(args, optimizer=optimizer, threads=threads, device=device.type)
+            config = workload_config(
+                args, optimizer=optimizer, threads=threads, device=device.type,
+                sharding=args.sharding,
+            )  # fmt: skip
             median = run_pair(config, ws, args.repeats)
             record(rec, config, ws, median["dynemb"], median["torchrec"])
     print(file=sys.stderr)

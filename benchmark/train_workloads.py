@@ -56,6 +56,9 @@ class Config:
     # with this cache_load_factor; dynemb: hybrid, or a cache with ``caching``.
     hbm_fraction: float | None = None
     caching: bool = False  # dynemb only, with hbm_fraction
+    # DMP only: every table's sharding type, for both (None: TorchRec table-wise on one
+    # process, row-wise on more; dynemb row-wise).
+    sharding: str | None = None
 
     @property
     def ids_per_batch(self) -> int:
@@ -112,10 +115,12 @@ def workload_config(args: argparse.Namespace, **fields) -> Config:
 
 
 def variant_tag(config: Config) -> str:
-    """``",tables=N"`` when ``config`` has another table count than its workload, else ''."""
+    """``",tables=N"`` when ``config`` has another table count than its workload, and
+    ``",sharding=TYPE"`` with a sharding type; else ''."""
     preset = next(w for w in WORKLOADS.values() if w["workload"] == config.workload)
     default = preset.get("num_tables", Config.num_tables)
-    return "" if config.num_tables == default else f",tables={config.num_tables}"
+    tag = "" if config.num_tables == default else f",tables={config.num_tables}"
+    return tag + (f",sharding={config.sharding}" if config.sharding else "")
 
 
 def table_names(config: Config) -> list[str]:

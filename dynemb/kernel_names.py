@@ -14,6 +14,25 @@ DYNAMIC_KERNEL_NAME = DYNAMIC_KERNEL.value
 """Its string, as in the planner's options and ParameterSharding."""
 
 DYNAMIC_SHARDING_TYPE = ShardingType.ROW_WISE.value
-"""A dynamic table's sharding type (string, as in ParameterSharding)."""
+"""A dynamic table's default sharding type (string, as in ParameterSharding)."""
 
-__all__ = ["DYNAMIC_KERNEL", "DYNAMIC_KERNEL_NAME", "DYNAMIC_SHARDING_TYPE"]
+DYNAMIC_SHARDING_TYPES = (
+    DYNAMIC_SHARDING_TYPE,
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+)
+"""Every sharding type a dynamic table can have: row-wise (keys routed to their owner
+over all ranks), table-wise (the whole table on one rank) and column-wise (a column
+slice of every row on each of its ranks; pooled tables only)."""
+
+COLUMN_SLICES = "column_wise"
+"""The routing (``table_routing``) that a column slice's tables report: every key of
+the table is on every rank holding a slice (checkpoints do not take them)."""
+
+__all__ = [
+    "COLUMN_SLICES",
+    "DYNAMIC_KERNEL",
+    "DYNAMIC_KERNEL_NAME",
+    "DYNAMIC_SHARDING_TYPE",
+    "DYNAMIC_SHARDING_TYPES",
+]

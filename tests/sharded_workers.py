@@ -15,7 +15,11 @@ from torchrec import (
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import Topology
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.sharding_plan import (
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
@@ -60,6 +64,7 @@ class Case:
     planner: bool = False  # plan with DynamicEmbeddingShardingPlanner instead of by hand
     cache_rows: int = 0  # > 0: caching mode, a cache of this many rows per rank
     prefetch: bool = False  # caching: train through dynemb.tiering.PrefetchPipeline
+    table_wise: bool = False  # t1 sharded table-wise, whole on the last rank
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
@@ -122,6 +127,8 @@ def out_grad(step: int, rows: int, width: int) -> torch.Tensor:
 def _plan(module, sharder, case: Case, world_size: int, dims_: list[int]) -> ShardingPlan:
     names = ["t0", "t1"]
     per_param = {n: row_wise(compute_kernel="customized_kernel") for n in names}
+    if case.table_wise:
+        per_param["t1"] = table_wise(rank=world_size - 1, compute_kernel="customized_kernel")
     mplan = construct_module_sharding_plan(
         module,
         per_param_sharding=per_param,

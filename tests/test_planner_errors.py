@@ -33,14 +33,16 @@ def make_planner(constraints, configs=None):
     "constraint, match",
     [
         (
-            DynamicEmbParameterConstraints(use_dynamicemb=True, sharding_types=["table_wise"]),
-            r"table 'user': a dynamic table is sharded 'row_wise' only.*table_wise",
+            DynamicEmbParameterConstraints(use_dynamicemb=True, sharding_types=["data_parallel"]),
+            r"table 'user': a dynamic table is sharded one of "
+            r"\['row_wise', 'table_wise', 'column_wise'\].*"
+            r"\['data_parallel'\] unsupported",
         ),
         (
             DynamicEmbParameterConstraints(
-                use_dynamicemb=True, sharding_types=["row_wise", "table_wise"]
+                use_dynamicemb=True, sharding_types=["row_wise", "table_row_wise"]
             ),
-            r"table 'user': .*'row_wise' only",
+            r"table 'user': .*\['table_row_wise'\] unsupported",
         ),
         (
             DynamicEmbParameterConstraints(use_dynamicemb=True, compute_kernels=["fused"]),

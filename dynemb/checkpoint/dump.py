@@ -25,6 +25,7 @@ from dynemb.checkpoint.dump_lock import (
     remove_superseded_dumps,
 )
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
+from dynemb.checkpoint.exchange import check_held_everywhere, check_no_column_slices
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
 from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
@@ -194,12 +195,14 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     rank, world_size = rank_and_size(pg)
     path = Path(path)
     tables = named_tables(model, table_names)
+    check_no_column_slices(tables, "DynamicEmbDump")
     if format == "dynamicemb":
         with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
             # Rank 0 resolves the path once; every rank writes inside that directory.
             occupied, resolved = all_gather((holds_checkpoint(path), str(path.resolve())), pg)[0]
             if occupied and not allow_overwrite:
                 raise FileExistsError(_occupied_message(path))
+            check_held_everywhere(tables, pg, "DynamicEmbDump(format='dynamicemb')")
             _dump_dynamicemb_layout(Path(resolved), tables, optim, counter, pg)
         return path
     with RankAgreement(pg, "DynamicEmbDump", fault_timeout) as ranks:
@@ -286,7 +289,6 @@ def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:
     """Rank 0, holding the lock, every rank's files written: writes the manifest (the
     commit point) and removes superseded dumps; returns ``{"error", "errno"}``."""
     directory = path / dump_id
-    mine = everyone[0]
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -294,9 +296,13 @@ def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:
         "optim": optim,
         "tables": {},
     }
-    for name in sorted(mine):
-        manifest["tables"][name] = dict(mine[name][0])
-        manifest["tables"][name]["files"] = [r[name][1] for r in everyone]
+    for name in sorted({name for tables in everyone for name in tables}):
+        # Every rank holds a row-wise table; one rank a table-wise table, which is saved
+        # as by a world of that rank alone (its files: that rank's).
+        held = [tables[name] for tables in everyone if name in tables]
+        meta = manifest["tables"][name] = dict(held[0][0])
+        meta["world_size"] = len(held)
+        meta["files"] = [dict(files, rank=i) for i, (_, files) in enumerate(held)]
     try:
         fsync_dir(directory)
         write_manifest(path, manifest)  # the commit point

@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 
 from dynemb import _ops
-from dynemb.checkpoint.collectives import admission_counter, all_gather
+from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.kernel_names import COLUMN_SLICES
 from dynemb.rank_faults import collective
 from dynemb.shard.routing import route_keys
 
@@ -31,17 +32,77 @@ def op_threads(n: int):
         torch.set_num_threads(before)
 
 
+def table_holders(tables: list[NamedTable], pg) -> dict[str, list[int]]:
+    """Every dynamic table of the model on any rank of ``pg``: name -> the ranks holding
+    it (all of them row-wise, one table-wise). Every rank calls it."""
+    holders: dict[str, list[int]] = {}
+    for rank, names in enumerate(all_gather([t.name for t in tables], pg)):
+        for name in names:
+            holders.setdefault(name, []).append(rank)
+    return holders
+
+
+def check_held_everywhere(tables: list[NamedTable], pg, what: str) -> None:
+    """Raises ValueError on every rank when a table is not held by every rank of ``pg``
+    (table-wise): ``what`` (DynamicEmb's file layout) has files per rank of a row-wise
+    table only. Every rank calls it."""
+    world_size = rank_and_size(pg)[1]
+    holders = table_holders(tables, pg)
+    whole = sorted(name for name, ranks in holders.items() if len(ranks) < world_size)
+    if whole:
+        raise ValueError(
+            f"{what}: tables {whole} are sharded table-wise (each on one rank); DynamicEmb's "
+            "layout holds row-wise tables only: use format='dynemb'"
+        )
+
+
+def check_no_column_slices(tables: list[NamedTable], what: str) -> None:
+    """Raises ValueError naming the column-wise tables among ``tables`` (a slice holds
+    some columns of every row: ``what`` saves and restores whole rows)."""
+    sliced = sorted(t.name for t in tables if t.group.table_routing(t.index)[0] == COLUMN_SLICES)
+    if sliced:
+        raise ValueError(
+            f"{what}: tables {sliced} are sharded column-wise; checkpoints hold whole rows "
+            "of row-wise and table-wise tables only"
+        )
+
+
+def sole_holder(name: str, ranks: list[int], world_size: int) -> int | None:
+    """The rank holding table ``name`` whole (table-wise), or None when every rank holds
+    a share of it (row-wise: its routing decides).
+
+    Raises:
+        ValueError: a table held by some ranks but not one nor all of them.
+    """
+    if len(ranks) == world_size:
+        return None
+    if len(ranks) == 1:
+        return ranks[0]
+    raise ValueError(
+        f"table {name!r} is held by ranks {ranks} of {world_size}: a dynamic table is "
+        "held by every rank (row-wise) or by one (table-wise)"
+    )
+
+
 def route_rows(
-    t: NamedTable, fields: dict, local: dict | None, pg, world_size: int, owner=None
+    t: NamedTable | None,
+    fields: dict,
+    local: dict | None,
+    pg,
+    world_size: int,
+    owner=None,
+    holder: int | None = None,
 ) -> dict:
     """Sends each key of ``local`` (and its fields) to the rank that owns it now.
 
     Args:
-        t: the table (its routing decides the owners).
+        t: the table (its routing decides the owners); None on a rank that does not
+            hold it (then ``holder`` is the rank that does).
         fields: field -> ``(dtype, width)`` (width 0: a 1-D field); ``keys`` among them.
         local: field -> (m,) or (m, width) tensor, or None for nothing to send.
         pg, world_size: the group every rank of which calls this.
         owner: (m,) int64 destination of each row, instead of the table's routing.
+        holder: the rank holding the table whole (table-wise): every row goes there.
 
     Returns:
         field -> the rows this rank received.
@@ -51,7 +112,9 @@ def route_rows(
         owner = None
     if world_size == 1:
         return local
-    if owner is None:
+    if holder is not None:
+        owner = torch.full_like(local["keys"], holder)
+    elif owner is None:
         dist_type, num_embeddings = t.group.table_routing(t.index)
         owner, _ = route_keys(local["keys"], dist_type, world_size, num_embeddings)
     return collective(_exchange, fields, local, owner, pg, world_size)
@@ -159,10 +222,12 @@ def report_dropped(dropped: dict, tables: list[NamedTable], strict: bool, pg) ->
             row was loaded).
     """
     totals: dict[str, int] = {}
-    for rank_dropped in all_gather(dropped, pg):
+    evicting: set[str] = set()  # of every rank: a table-wise table is on one
+    mine = {t.name for t in tables if t.table.keeps_scores}
+    for rank_dropped, rank_evicting in all_gather((dropped, mine), pg):
+        evicting |= rank_evicting
         for name, n in rank_dropped.items():
             totals[name] = totals.get(name, 0) + n
-    evicting = {t.name for t in tables if t.table.keeps_scores}
     failed = {name: n for name, n in totals.items() if n and name not in evicting}
     if failed:
         raise RowsDroppedError(
@@ -190,5 +255,9 @@ __all__ = [
     "report_dropped",
     "restore_rows",
     "restored_step",
+    "check_held_everywhere",
+    "check_no_column_slices",
     "route_rows",
+    "sole_holder",
+    "table_holders",
 ]

@@ -1,8 +1,6 @@
 """``DynamicEmbLoad``: validate everything, then route every saved key to its owner and restore it."""
 
 import mmap
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -20,26 +18,27 @@ from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
+    check_held_everywhere,
+    check_no_column_slices,
     op_threads,
     prepare_tables,
     report_dropped,
     restore_rows,
     restored_step,
     route_rows,
+    sole_holder,
+    table_holders,
 )
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
-    VERIFY_BLOCK,
     CheckpointError,
-    check_size,
-    crc32_combine,
-    crc32_of_range,
     dtype_name,
     dtype_of,
     read_rows,
 )
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
+from dynemb.checkpoint.verify import field_bytes, verify_all
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 
 
@@ -80,10 +79,6 @@ def _fields(meta: dict, with_state: bool, keeps_ts: bool) -> dict:
     if keeps_ts:
         fields["timestamps"] = (torch.int64, 0)
     return fields
-
-
-def _nbytes(dtype, width: int, rows: int) -> int:
-    return torch.empty((), dtype=dtype).element_size() * max(1, width) * rows
 
 
 def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
@@ -176,8 +171,11 @@ def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
         raise TypeError(f"DynamicEmbLoad: `strict` must be a bool, got {strict!r}")
     pg = process_group(pg)
     path = Path(path)
+    check_no_column_slices(named_tables(model, table_names), "DynamicEmbLoad")
     with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
+            what = "DynamicEmbLoad of DynamicEmb's layout"
+            check_held_everywhere(named_tables(model, table_names), pg, what)
             load_dynamicemb_layout(
                 path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge,
                 strict,
@@ -198,26 +196,29 @@ def _load(
     missing = [t.name for t in tables if t.name not in saved]
     if missing:
         raise CheckpointError(f"{path}: no saved table {missing} (it holds {sorted(saved)})")
+    holders = table_holders(tables, pg)
     if table_names is None:
-        extra = sorted(set(saved) - {t.name for t in tables})
+        extra = sorted(set(saved) - set(holders))
         if extra:
             raise CheckpointError(f"{path}: tables {extra} are not dynamic tables of the model")
     if optim and not manifest["optim"]:
         raise CheckpointError(f"{path}: dumped without optimizer state (optim=False)")
-    plans, loads_state = [], set()
+    local = {t.name: t for t in tables}
+    reads = {}  # name -> (loads the state, keeps timestamps), decided where the table is
     for t in tables:
-        meta = saved[t.name]
-        with_state = _check_table(t, meta, optim, allow_optimizer_mismatch)
-        plans.append((t, meta, _fields(meta, with_state, t.table.keeps_timestamps)))
-        if with_state:
-            loads_state.add(t.name)
+        with_state = _check_table(t, saved[t.name], optim, allow_optimizer_mismatch)
+        reads[t.name] = (with_state, t.table.keeps_timestamps)
+    for rank_reads in all_gather(reads, pg):  # ranks without a table read it for its holder
+        for name, read in rank_reads.items():
+            reads.setdefault(name, read)
+    plans = [(name, saved[name], _fields(saved[name], *reads[name])) for name in sorted(holders)]
 
     # Every file checked before any table changes; all ranks agree on the outcome.
-    entries = [(t.name, e) for t, meta, _ in plans for e in meta["files"]]
-    share: dict[str, list] = {t.name: [] for t, _, _ in plans}
+    entries = [(name, e) for name, meta, _ in plans for e in meta["files"]]
+    share: dict[str, list] = {name: [] for name, _, _ in plans}
     for name, entry in entries[rank::world_size]:
         share[name].append(entry)
-    errors = _verify_all(directory, plans, share)
+    errors = verify_all(directory, plans, share)
     errors = [e for rank_errors in all_gather(errors, pg) for e in rank_errors]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -227,19 +228,27 @@ def _load(
     for t in tables:
         prepare_tables(t, merge, counter)
     with op_threads(RESTORE_THREADS):
-        for t, meta, fields in plans:
-            failed[t.name] = _load_chunks(directory, t, fields, share[t.name], pg)
+        for name, meta, fields in plans:
+            t, holder = local.get(name), sole_holder(name, holders[name], world_size)
+            failed_rows = _load_chunks(directory, t, holder, fields, share[name], pg)
             if counter:
-                _load_counter(directory, t, share[t.name], pg, world_size)
+                _load_counter(directory, t, holder, share[name], pg, world_size)
+            if t is None:
+                continue
+            failed[name] = failed_rows
             t.table.score_step = restored_step(t.table.score_step, meta["table_step"], merge)
-            if t.name in loads_state:
+            if reads[name][0]:
                 t.group.step = restored_step(t.group.step, meta["optimizer_step"], merge)
     report_dropped(failed, tables, strict, pg)
 
 
-def _load_chunks(directory: Path, t: NamedTable, fields: dict, entries: list, pg) -> int:
+def _load_chunks(
+    directory: Path, t: NamedTable | None, holder: int | None, fields: dict, entries: list, pg
+) -> int:
     """Routes and restores this rank's share of one table, chunk by chunk; returns the
-    rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk if need be."""
+    rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk
+    if need be; ``t`` is None on a rank that does not hold the table (``holder``, the
+    rank holding it whole, receives every row)."""
     world_size = rank_and_size(pg)[1]
     chunks = [
         (i, begin, min(begin + CHUNK_ROWS, e["rows"]))
@@ -255,72 +264,17 @@ def _load_chunks(directory: Path, t: NamedTable, fields: dict, entries: list, pg
             if mapped is None or mapped.index != i:  # one shard's files mapped at a time
                 mapped = _MappedShard(directory, fields, entries[i], i)
             local = mapped.rows(begin, end)
-        failed += restore_rows(t, fields, route_rows(t, fields, local, pg, world_size))
+        received = route_rows(t, fields, local, pg, world_size, holder=holder)
+        if t is not None:
+            failed += restore_rows(t, fields, received)
     return failed
 
 
-_VERIFY_PIECE = 64 << 20  # bytes of a file checked by one job
-
-
-def _verify_all(directory: Path, plans: list, share: dict) -> list[str]:
-    """Checks this rank's share of the files (presence, size, CRC-32); returns the errors.
-
-    Files are cut into pieces checked on two threads (reads and CRC-32 release the
-    GIL), each reading into its own block reused from piece to piece; the pieces'
-    CRCs are combined per file.
-    """
-    errors, files = [], []
-    for t, _, fields in plans:
-        for entry in share[t.name]:
-            wanted = {f: _nbytes(d, w, entry["rows"]) for f, (d, w) in fields.items()}
-            for field in ("counter_keys", "counter_counts"):
-                if field in entry["fields"]:
-                    wanted[field] = 8 * entry["counter_rows"]
-            for field, nbytes in wanted.items():
-                if field not in entry["fields"]:
-                    errors.append(f"{directory}: table {t.name!r} has no {field} file")
-                    continue
-                try:
-                    check_size(directory, entry["fields"][field], nbytes)
-                    files.append(entry["fields"][field])
-                except CheckpointError as e:
-                    errors.append(str(e))
-    pieces = [
-        (f, begin, min(_VERIFY_PIECE, f["bytes"] - begin))
-        for f in files
-        for begin in range(0, f["bytes"], _VERIFY_PIECE)
-    ]
-    blocks = threading.local()
-
-    def crc_of(piece) -> int | str:
-        if not hasattr(blocks, "block"):
-            blocks.block = torch.empty(VERIFY_BLOCK, dtype=torch.uint8)
-        file, begin, length = piece
-        try:
-            return crc32_of_range(directory / file["file"], begin, length, blocks.block)
-        except OSError as e:  # reported like any bad file, so that every rank agrees
-            return f"{directory / file['file']}: unreadable ({e})"
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        crcs = iter(pool.map(crc_of, pieces))
-    for f in files:
-        starts = range(0, f["bytes"], _VERIFY_PIECE)
-        parts = [next(crcs) for _ in starts]
-        unreadable = [p for p in parts if isinstance(p, str)]
-        if unreadable:
-            errors.append(unreadable[0])
-            continue
-        crc = 0
-        for begin, part in zip(starts, parts, strict=True):
-            crc = crc32_combine(crc, part, min(_VERIFY_PIECE, f["bytes"] - begin))
-        if crc != f["crc32"]:
-            errors.append(f"{directory / f['file']}: checksum mismatch (corrupted)")
-    return errors
-
-
-def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size: int) -> None:
+def _load_counter(
+    directory: Path, t: NamedTable | None, holder: int | None, entries: list, pg, world_size: int
+) -> None:
     """Admission counts: each saved count goes to the owner of its key, like the rows."""
-    counter = admission_counter(t)
+    counter = admission_counter(t) if t is not None else None
     fields = {"keys": (torch.int64, 0), "counts": (torch.int64, 0)}
     local = {"keys": [], "counts": []}
     for e in entries:
@@ -336,7 +290,7 @@ def _load_counter(directory: Path, t: NamedTable, entries: list, pg, world_size:
     if not has_counter:
         return
     local = {f: torch.cat(v) if v else torch.empty(0, dtype=torch.int64) for f, v in local.items()}
-    received = route_rows(t, fields, local, pg, world_size)
+    received = route_rows(t, fields, local, pg, world_size, holder=holder)
     if counter is not None and received["keys"].numel():
         counter.load(received["keys"], received["counts"])
 
@@ -355,7 +309,7 @@ class _MappedShard:
         self._views = {}
         rows = entry["rows"]
         for field, (dtype, width) in fields.items():
-            nbytes = _nbytes(dtype, width, rows)
+            nbytes = field_bytes(dtype, width, rows)
             raw = torch.empty(0, dtype=torch.uint8)
             if nbytes:
                 with open(directory / entry["fields"][field]["file"], "rb") as f:

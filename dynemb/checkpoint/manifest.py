@@ -12,6 +12,9 @@
                                     {rank, rows, [counter_rows],
                                      fields: {<field>: {file, bytes, crc32}}}]}}}
 
+A table's ``world_size`` counts the ranks that held it: all of them row-wise; one for
+a table-wise table, whose files are that rank's (entry ``rank`` 0).
+
 A manifest is read in one pass that checks everything a load will trust: UTF-8, JSON,
 the checksum (which catches a damaged manifest; a hostile one can recompute it, so
 the schema is checked too), every field's type and range (steps fit in int64 and are

@@ -2,7 +2,8 @@
 
 Mark a table dynamic with ``DynamicEmbParameterConstraints(use_dynamicemb=True, ...)``
 and plan with ``DynamicEmbeddingShardingPlanner``: dynamic tables are sharded ROW_WISE
-with ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL`` and their plan entries
+(or TABLE_WISE or COLUMN_WISE, when their constraints' ``sharding_types`` ask for it) with
+``EmbeddingComputeKernel.CUSTOMIZED_KERNEL`` and their plan entries
 (``DynamicEmbParameterSharding``) carry each rank's filled ``DynamicEmbTableOptions``;
 every other table is planned by TorchRec as usual. ``recommend_capacities`` sizes
 dynamic tables from samples of their id streams (``configs_with_capacities`` hands the

@@ -14,9 +14,11 @@ class DynamicEmbParameterConstraints(ParameterConstraints):
     """Constraints of one table; ``use_dynamicemb=True`` makes it a dynamic table.
 
     Every field of TorchRec's ``ParameterConstraints`` keeps its meaning (pooling
-    factors, batch sizes, feature names, ...). A dynamic table is always sharded
-    ROW_WISE with ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``: leave
-    ``sharding_types`` / ``compute_kernels`` unset or give exactly those.
+    factors, batch sizes, feature names, ...). A dynamic table uses
+    ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL`` (leave ``compute_kernels`` unset or
+    give exactly it) and is sharded under the ``sharding_types`` listed, among
+    ``row_wise`` (keys routed to their owner over all ranks) and ``table_wise`` (the
+    whole table on one rank); unset, ``row_wise``.
 
     Args:
         use_dynamicemb: shard this table as a dynamic (hash) table.

@@ -1,10 +1,13 @@
-"""TorchRec's EmbeddingEnumerator, offering ROW_WISE + CUSTOMIZED_KERNEL to dynamic tables.
+"""TorchRec's EmbeddingEnumerator, offering ROW_WISE / TABLE_WISE / COLUMN_WISE +
+CUSTOMIZED_KERNEL to dynamic tables.
 
 TorchRec's enumerator lists, per table, every (sharding type, compute kernel) the
 sharder offers and the constraints allow, then asks its estimators for each
 option's perf and storage. Two things change here:
 
-- *Filtering*: a dynamic table gets exactly ROW_WISE / CUSTOMIZED_KERNEL; other tables
+- *Filtering*: a dynamic table gets CUSTOMIZED_KERNEL under each sharding type its
+  constraints' ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE
+  alone when unset), so that TorchRec's proposers pick among them by cost; other tables
   never get CUSTOMIZED_KERNEL and, on cpu, only the kernels TorchRec's cpu estimators
   know (DENSE, FUSED, QUANT) unless their constraints name kernels.
 - *Estimates*: TorchRec's estimators do not know CUSTOMIZED_KERNEL. A dynamic option
@@ -12,12 +15,17 @@ option's perf and storage. Two things change here:
   read per lookup from the tier holding it): FUSED when its values are all in fast
   memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
   load factor ``hbm / total`` in between. Its storage is then replaced by the real
-  one: ``rank_value_bytes`` (one rank's share of ``get_table_value_bytes``) split
+  one, shard by shard: ``rank_value_bytes`` (one rank's share of
+  ``get_table_value_bytes``: of ``world_size`` ranks row-wise; table-wise the whole
+  table; column-wise every row at the shard's width) split
   between HBM and DDR by ``memory_budget.dynamic_rank_storage``; a rank whose budget
-  cannot hold its dynamic shards fails here, naming the rank and the tables.
+  cannot hold its row-wise dynamic shards fails here, naming the rank and the tables
+  (table-wise and column-wise shards' ranks are chosen by TorchRec's partitioner,
+  which fails when no rank can hold them).
 """
 
 import copy
+import dataclasses
 import logging
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -37,6 +45,7 @@ from dynemb.optimizer import EmbOptimType
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
 from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage
+from dynemb.planner.rank_options import table_ranks
 
 __all__ = ["DynamicEmbeddingEnumerator"]
 
@@ -120,13 +129,17 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
                 f"table {name!r}: dynamic tables run on {sorted(DYNAMIC_DEVICES)}, "
                 f"the topology's compute device is {self._compute_device!r}"
             )
-        if DYNAMIC_SHARDING_TYPE not in allowed_sharding_types:
+        # The constraints' types (checked against DYNAMIC_SHARDING_TYPES by the
+        # planner), else row-wise alone, as before table-wise existed.
+        wanted = list(self._dynamic_constraints(name).sharding_types or [DYNAMIC_SHARDING_TYPE])
+        missing = [t for t in wanted if t not in allowed_sharding_types]
+        if missing:
             raise ValueError(
                 f"table {name!r} is dynamic but its sharder ({sharder_key}) does not offer "
-                f"{DYNAMIC_SHARDING_TYPE!r} on {self._compute_device!r} (it offers "
+                f"{missing} on {self._compute_device!r} (it offers "
                 f"{allowed_sharding_types}); use the sharders of dynemb.shard"
             )
-        return [DYNAMIC_SHARDING_TYPE]
+        return wanted
 
     def _filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
@@ -154,27 +167,40 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             if c is None or so.compute_kernel != DYNAMIC_KERNEL_NAME:
                 proxies.append(so)
                 continue
-            storage = self._dynamic_storage(so, c)
+            storage = self._dynamic_storage(so, c, so.shards[0].size[1])
             proxy = copy.copy(so)
             proxy.compute_kernel, proxy.cache_params = _stand_in_kernel(
                 self._compute_device, storage, so.cache_params
             )
             proxies.append(proxy)
-            dynamic.append((so, proxy, storage))
+            dynamic.append((so, proxy, c))
         super().populate_estimates(proxies)
-        for so, proxy, storage in dynamic:
+        for so, proxy, c in dynamic:
             # Keep what the estimators derived (e.g. is_weighted), not the stand-in kernel.
             for key, value in vars(proxy).items():
                 if key not in ("compute_kernel", "cache_params"):
                     setattr(so, key, value)
             for shard in so.shards:
-                shard.storage = copy.copy(storage)
-        check_rank_budgets(self._budget_topology, [(so.name, s) for so, _, s in dynamic])
+                shard.storage = self._dynamic_storage(so, c, shard.size[1])
+        # Row-wise shards are on every rank; the others' ranks are the partitioner's.
+        check_rank_budgets(
+            self._budget_topology,
+            [
+                (so.name, so.shards[0].storage)
+                for so, _, _ in dynamic
+                if so.sharding_type == DYNAMIC_SHARDING_TYPE
+            ],
+        )
 
-    def _dynamic_storage(self, so: ShardingOption, c: DynamicEmbParameterConstraints) -> Storage:
-        """Per-rank storage of a dynamic table's values and optimizer state."""
+    def _dynamic_storage(
+        self, so: ShardingOption, c: DynamicEmbParameterConstraints, dim: int
+    ) -> Storage:
+        """Storage of one shard (``dim`` columns) of a dynamic table's values and
+        optimizer state on the rank holding it."""
         o = c.dynamicemb_options
-        rows, dim = so.tensor.shape
+        rows, full = so.tensor.shape
+        if dim != full:  # a column slice gets its columns' share of the HBM budget
+            o = dataclasses.replace(o, global_hbm_for_values=o.global_hbm_for_values * dim // full)
         # A stand-in config from the module's parameter: the planner checks that it
         # agrees with eb_configs.
         config = EmbeddingBagConfig(
@@ -183,11 +209,10 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             embedding_dim=dim,
             feature_names=[],
         )
-        bucket = effective_bucket_capacity(rows, self._world_size, o.bucket_capacity)
-        total = rank_value_bytes(
-            config, self._optimizer(so), self._world_size, bucket, o.embedding_dtype
-        )
-        return dynamic_rank_storage(o, total, self._compute_device, self._world_size)
+        ranks = table_ranks(so.sharding_type, self._world_size)
+        bucket = effective_bucket_capacity(rows, ranks, o.bucket_capacity)
+        total = rank_value_bytes(config, self._optimizer(so), ranks, bucket, o.embedding_dtype)
+        return dynamic_rank_storage(o, total, self._compute_device, ranks)
 
     def _optimizer(self, so: ShardingOption) -> EmbOptimType:
         # The dynamic tables' optimizer travels in the sharder's fused_params.

@@ -24,17 +24,18 @@ from torchrec.distributed.types import (
     ParameterSharding,
     ShardingPlan,
     ShardingPlanner,
+    ShardingType,
 )
 from torchrec.distributed.utils import get_device_type
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
-from dynemb.planner.rank_options import fill_rank_options
+from dynemb.planner.rank_options import fill_rank_options, table_ranks
 from dynemb.planner.validation import check_planner_inputs
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement, collective
 
@@ -48,10 +49,15 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
 
     TorchRec's ``EmbeddingShardingPlanner`` does the planning with a
     ``DynamicEmbeddingEnumerator``; each dynamic table's plan entry then becomes a
-    ``DynamicEmbParameterSharding`` (ROW_WISE, CUSTOMIZED_KERNEL, TorchRec's row-wise
-    ``sharding_spec`` over all ranks, whose row counts are nominal: a dynamic table
-    holds any int64 key) carrying the table's per-rank options. Ordinary tables keep
-    TorchRec's ``ParameterSharding``.
+    ``DynamicEmbParameterSharding`` (CUSTOMIZED_KERNEL; ROW_WISE with TorchRec's
+    row-wise ``sharding_spec`` over all ranks, TABLE_WISE with one shard on the rank
+    TorchRec's partitioner chose, or COLUMN_WISE with TorchRec's column shards; the
+    spec's row counts are nominal: a dynamic table holds any int64 key) carrying the
+    table's per-rank options (table-wise and column-wise: the whole table's capacity
+    and HBM budget; a column slice takes its share when it is built). A dynamic table
+    is planned under the sharding types its constraints' ``sharding_types`` list
+    (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE alone when unset), TorchRec's
+    proposers picking the cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
 
     Args:
         eb_configs: every ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of the model; a
@@ -59,8 +65,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         topology: the devices (default: TorchRec's, from the default process group).
         batch_size: batch size per rank (default: TorchRec's, 512).
         enumerator: default ``DynamicEmbeddingEnumerator(topology, batch_size,
-            constraints)``. Another enumerator must give dynamic tables ROW_WISE /
-            CUSTOMIZED_KERNEL, or ``plan`` raises.
+            constraints)``. Another enumerator must give dynamic tables ROW_WISE,
+            TABLE_WISE or COLUMN_WISE with CUSTOMIZED_KERNEL, or ``plan`` raises.
         storage_reservation, proposer, partitioner, performance_model, stats, debug: as
             in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
         constraints: per-table constraints by table name: ``ParameterConstraints`` or
@@ -171,7 +177,7 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             TorchRec's plan, with a ``DynamicEmbParameterSharding`` for each dynamic table.
 
         Raises:
-            ValueError: a dynamic table whose sharder does not offer ROW_WISE /
+            ValueError: a dynamic table whose sharder does not offer its sharding types /
                 CUSTOMIZED_KERNEL, that the enumerator did not give them, or whose
                 parameter in ``module`` disagrees with its config in ``eb_configs``.
             PlannerError: a rank's HBM or host memory budget (the topology's ``hbm_cap``
@@ -216,7 +222,10 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             return collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: plan)
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
-        if ps.sharding_type != DYNAMIC_SHARDING_TYPE or ps.compute_kernel != DYNAMIC_KERNEL_NAME:
+        if (
+            ps.sharding_type not in DYNAMIC_SHARDING_TYPES
+            or ps.compute_kernel != DYNAMIC_KERNEL_NAME
+        ):
             raise ValueError(
                 f"table {name!r} is dynamic but was planned {ps.sharding_type!r} / "
                 f"{ps.compute_kernel!r}; pass a DynamicEmbeddingEnumerator (or none)"
@@ -225,14 +234,18 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         shards = ps.sharding_spec.shards if ps.sharding_spec else []
         rows = sum(s.shard_sizes[0] for s in shards)
         dims = {s.shard_sizes[1] for s in shards}
+        if ps.sharding_type == ShardingType.COLUMN_WISE.value:  # every row, a slice each
+            rows = max((s.shard_sizes[0] for s in shards), default=0)
+            dims = {sum(s.shard_sizes[1] for s in shards)}
         if rows != config.num_embeddings or dims != {config.embedding_dim}:
             raise ValueError(
                 f"table {name!r}: the module's parameter ({rows} rows, dims {sorted(dims)}) "
                 f"disagrees with eb_configs (num_embeddings={config.num_embeddings}, "
                 f"embedding_dim={config.embedding_dim})"
             )
+        ranks = table_ranks(ps.sharding_type, self._topology.world_size)
         options: DynamicEmbTableOptions = fill_rank_options(
-            name, config, self._dynamic[name], self._topology.world_size
+            name, config, self._dynamic[name], ranks
         )
         ordinary = name in self._ordinary
         if ordinary:

@@ -1,10 +1,11 @@
-"""The per-rank options of a row-wise sharded dynamic table, filled from its config."""
+"""The per-rank options of a sharded dynamic table, filled from its config."""
 
 import copy
 import dataclasses
 import math
 
 import torch
+from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
 
 from dynemb.dynamicemb_config import (
@@ -15,7 +16,19 @@ from dynemb.dynamicemb_config import (
 from dynemb.planner.capacity import effective_bucket_capacity, get_sharded_table_capacity
 from dynemb.types import DynamicEmbInitializerMode
 
-__all__ = ["fill_rank_options", "local_hbm_bytes"]
+__all__ = ["fill_rank_options", "local_hbm_bytes", "table_ranks"]
+
+
+def table_ranks(sharding_type: str, world_size: int) -> int:
+    """Ranks a dynamic table's keys are spread over: ``world_size`` row-wise, one
+    table-wise (every key on the rank holding the table) and column-wise (every key on
+    every rank holding a slice).
+
+    Example::
+
+        table_ranks("table_wise", 8)  # 1
+    """
+    return world_size if sharding_type == ShardingType.ROW_WISE.value else 1
 
 
 def local_hbm_bytes(options: DynamicEmbTableOptions, world_size: int) -> int:

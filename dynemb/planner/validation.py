@@ -10,7 +10,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
 
@@ -30,8 +30,8 @@ def check_planner_inputs(
             not a ``ParameterConstraints``, options that are not ``DynamicEmbTableOptions``.
         ValueError: duplicate table names; a constraint for a table not in ``eb_configs``;
             CUSTOMIZED_KERNEL on a table without ``use_dynamicemb``; a dynamic table
-            constrained to other sharding types or kernels than ROW_WISE /
-            CUSTOMIZED_KERNEL; options disagreeing with the config or out of range.
+            constrained to other sharding types than ROW_WISE / TABLE_WISE / COLUMN_WISE or to other
+            kernels than CUSTOMIZED_KERNEL; options disagreeing with the config or out of range.
     """
     configs = _configs_by_name(eb_configs)
     for name, c in (constraints or {}).items():
@@ -69,10 +69,11 @@ def _configs_by_name(eb_configs: Sequence[BaseEmbeddingConfig]) -> dict[str, Bas
 
 def _check_dynamic(name: str, c: ParameterConstraints, config: BaseEmbeddingConfig) -> None:
     # An empty list means "unconstrained" to TorchRec; keep that meaning.
-    if c.sharding_types and set(c.sharding_types) != {DYNAMIC_SHARDING_TYPE}:
+    other = sorted(set(c.sharding_types or ()) - set(DYNAMIC_SHARDING_TYPES))
+    if other:
         raise ValueError(
-            f"table {name!r}: a dynamic table is sharded {DYNAMIC_SHARDING_TYPE!r} only, "
-            f"got sharding_types={c.sharding_types}; leave sharding_types unset"
+            f"table {name!r}: a dynamic table is sharded one of {list(DYNAMIC_SHARDING_TYPES)}, "
+            f"got sharding_types={c.sharding_types} ({other} unsupported)"
         )
     if c.compute_kernels and set(c.compute_kernels) != {DYNAMIC_KERNEL_NAME}:
         raise ValueError(

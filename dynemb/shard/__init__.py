@@ -1,8 +1,10 @@
 """Sharders that put dynamic tables into TorchRec's sharded EBC / EC (names mirror DynamicEmb).
 
 A table whose plan entry is a ``dynemb.planner.DynamicEmbParameterSharding``
-(ROW_WISE, ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``) becomes a dynamic table
-sharded row-wise over the ranks; every other table stays TorchRec's.
+(``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``) becomes a dynamic table sharded
+row-wise over the ranks (ROW_WISE, ``rw_sharding.py``), whole on one rank
+(TABLE_WISE, ``tw_sharding.py``) or in column slices (COLUMN_WISE, pooled tables,
+``cw_sharding.py``); every other table stays TorchRec's.
 """
 
 from dynemb.shard.sharded_modules import (

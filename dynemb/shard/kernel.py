@@ -21,6 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.kernel_names import COLUMN_SLICES
 from dynemb.optimizer import EmbOptimType
 from dynemb.types import DynamicEmbPoolingMode
 
@@ -87,10 +88,11 @@ def _build_tables(
                 "DynamicEmbParameterSharding: plan with dynemb.planner.DynamicEmbeddingShardingPlanner"
             )
         opts = options_by_table[table.name]
-        if opts.dim != table.embedding_dim:
+        width = table.local_cols if table.local_cols is not None else table.embedding_dim
+        if opts.dim != width:
             raise ValueError(
-                f"table {table.name!r}: dynamicemb_options.dim={opts.dim} but the config has "
-                f"embedding_dim={table.embedding_dim}"
+                f"table {table.name!r}: dynamicemb_options.dim={opts.dim} but this rank's "
+                f"shard of the config has {width} columns"
             )
         options.append(opts)
         names.append(table.name)
@@ -292,6 +294,9 @@ class BatchedDynamicEmbeddingBag(_DynamicKernel):
     ):
         mode = pooling_type_to_pooling_mode(config.pooling, sharding_type)
         super().__init__(config, options_by_table, _POOLING[mode], device, fixed_keys)
+        if sharding_type == ShardingType.COLUMN_WISE:
+            tables = self.emb_module
+            tables.routing = [(COLUMN_SLICES, n) for _, n in tables.routing]
 
 
 class BatchedDynamicEmbedding(_DynamicKernel):

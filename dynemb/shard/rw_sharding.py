@@ -20,7 +20,7 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel_names import DYNAMIC_KERNEL, DYNAMIC_KERNEL_NAME
+from dynemb.kernel_names import DYNAMIC_KERNEL, DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.shard.kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
 from dynemb.shard.routing import (
@@ -79,11 +79,13 @@ def ordinary_tables(infos: list[EmbeddingShardingInfo]) -> set[str]:
 
 
 def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
-    """True when this sharding holds dynamic tables (which must then be ROW_WISE)."""
+    """True when this sharding holds dynamic tables (which must then be of a
+    ``DYNAMIC_SHARDING_TYPES`` type: column-wise for pooled tables only)."""
     dynamic = [i.embedding_config.name for i in infos if is_dynamic(i)]
-    if dynamic and sharding_type != ShardingType.ROW_WISE.value:
+    if dynamic and sharding_type not in DYNAMIC_SHARDING_TYPES:
         raise ValueError(
-            f"dynamic tables {dynamic} are planned {sharding_type}; only row_wise is supported"
+            f"dynamic tables {dynamic} are planned {sharding_type!r}; dynamic tables are "
+            f"sharded {' or '.join(DYNAMIC_SHARDING_TYPES)}"
         )
     return bool(dynamic)
 

@@ -1,7 +1,8 @@
 """ShardedEmbeddingBagCollection / ShardedEmbeddingCollection whose dynamic tables are ours.
 
-Only two things change from TorchRec's modules: the ROW_WISE sharding that holds
-dynamic tables is ours (routing + kernels), and each dynamic table shows a small
+Only two things change from TorchRec's modules: the ROW_WISE and TABLE_WISE
+shardings that hold dynamic tables are ours (row-wise: routing + kernels; table-wise:
+kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
@@ -14,10 +15,14 @@ from torch import nn
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel, KJTList
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.cw_sharding import DynamicEmbCwPooledEmbeddingSharding
 from dynemb.shard.kernel import _DynamicKernel
+from dynemb.shard.mean_divisor import divided_columns, exact_divisor
 from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
 from dynemb.shard.rw_sharding import (
@@ -25,6 +30,12 @@ from dynemb.shard.rw_sharding import (
     DynamicEmbRwSequenceEmbeddingSharding,
     check_sharding_type,
 )
+from dynemb.shard.tw_sharding import (
+    DynamicEmbTwPooledEmbeddingSharding,
+    DynamicEmbTwSequenceEmbeddingSharding,
+)
+
+_TABLE_WISE = ShardingType.TABLE_WISE.value
 
 
 def _skipping_dynamic(module, configs_attr: str, run):
@@ -151,15 +162,34 @@ def _empty_bags(features: KeyedJaggedTensor, stride: int) -> KeyedJaggedTensor:
 class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC with dynamic tables (built by DynamicEmbeddingBagCollectionSharder)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # TorchRec's MEAN callback divides only the row-wise MEAN columns exactly
+        # (mean_divisor.py): table-wise and column-wise MEAN tables pool in their kernel.
+        self._divided_columns = None
+        if self._has_mean_pooling_callback:
+            self._divided_columns = divided_columns(
+                self._embedding_names,
+                self._embedding_dims,
+                self._pooling_type_to_rs_features[PoolingType.MEAN.value],
+            )
+
     @classmethod
     def create_embedding_bag_sharding(
         cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None
     ):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         if check_sharding_type(sharding_type, sharding_infos):
-            return DynamicEmbRwPooledEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            if sharding_type == ShardingType.COLUMN_WISE.value:
+                return DynamicEmbCwPooledEmbeddingSharding(
+                    sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+                )
+            cls_ = (
+                DynamicEmbTwPooledEmbeddingSharding
+                if sharding_type == _TABLE_WISE
+                else DynamicEmbRwPooledEmbeddingSharding
             )
+            return cls_(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_bag_sharding(
             sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
         )
@@ -187,7 +217,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         # TorchRec's MEAN callback reshapes lengths by stride() and fails on an empty
         # batch; an empty batch has nothing to divide, so the divisor is 1.
         if not self._has_mean_pooling_callback or features.stride() != 0:
-            return super().input_dist(ctx, features)
+            awaitable = super().input_dist(ctx, features)
+            if self._divided_columns is not None:
+                ctx.divisor = exact_divisor(ctx.divisor, self._divided_columns)
+            return awaitable
         first = self._has_uninitialized_input_dist
         self._has_mean_pooling_callback = False
         try:
@@ -208,9 +241,18 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None
     ):
         if check_sharding_type(sharding_type, sharding_infos):
-            return DynamicEmbRwSequenceEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            if sharding_type == ShardingType.COLUMN_WISE.value:
+                raise ValueError(
+                    f"tables {[i.embedding_config.name for i in sharding_infos]}: column-wise "
+                    "dynamic tables are pooled (EmbeddingBagCollection) only; shard the "
+                    "EmbeddingCollection's dynamic tables row_wise or table_wise"
+                )
+            cls_ = (
+                DynamicEmbTwSequenceEmbeddingSharding
+                if sharding_type == _TABLE_WISE
+                else DynamicEmbRwSequenceEmbeddingSharding
             )
+            return cls_(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry
         )
@@ -275,7 +317,10 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
                 position += count
                 base += unique.numel()
             weights = None
-            if isinstance(sharding, DynamicEmbRwSequenceEmbeddingSharding):
+            if isinstance(
+                sharding,
+                (DynamicEmbRwSequenceEmbeddingSharding, DynamicEmbTwSequenceEmbeddingSharding),
+            ):
                 weights = (torch.cat(counts) if counts else values[:0]).to(torch.float32)
             deduped.append(
                 KeyedJaggedTensor(

@@ -1,4 +1,5 @@
-"""The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel."""
+"""The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel
+(row-wise, table-wise and, pooled, column-wise)."""
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -7,7 +8,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME
+from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,
@@ -52,8 +53,12 @@ def _sharding_types(types: list[str]) -> list[str]:
     return types if ShardingType.ROW_WISE.value in types else types + [ShardingType.ROW_WISE.value]
 
 
-def _compute_kernels(kernels: list[str], sharding_type: str) -> list[str]:
-    if sharding_type == ShardingType.ROW_WISE.value:
+# Column-wise sequence (EC) tables would need each slice's rows per id: pooled only.
+_SEQUENCE_TYPES = tuple(t for t in DYNAMIC_SHARDING_TYPES if t != ShardingType.COLUMN_WISE.value)
+
+
+def _compute_kernels(kernels: list[str], sharding_type: str, dynamic_types) -> list[str]:
+    if sharding_type in dynamic_types:
         return kernels + [DYNAMIC_KERNEL_NAME]
     return kernels
 
@@ -85,7 +90,9 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         return _compute_kernels(
-            super().compute_kernels(sharding_type, compute_device_type), sharding_type
+            super().compute_kernels(sharding_type, compute_device_type),
+            sharding_type,
+            DYNAMIC_SHARDING_TYPES,
         )
 
 
@@ -111,5 +118,7 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         return _compute_kernels(
-            super().compute_kernels(sharding_type, compute_device_type), sharding_type
+            super().compute_kernels(sharding_type, compute_device_type),
+            sharding_type,
+            _SEQUENCE_TYPES,
         )

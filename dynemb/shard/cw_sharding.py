@@ -1,0 +1,115 @@
+"""Column-wise sharding of dynamic pooled tables: TorchRec's CW sharding with our kernels.
+
+A column-wise table is cut into column slices, one per rank of its plan entry; each of
+those ranks holds a dynamic table of its slice's width. TorchRec's input dist sends
+every feature of the table, ids untouched, to every one of those ranks, and its output
+dist puts the slices' pooled columns side by side.
+
+Why the slices never disagree about which keys are stored: a slice's table runs the
+same deterministic algorithm as every other slice (``csrc/core``) on the same input:
+every slice receives the same ids in the same order (the global batch of the table's
+features, gathered in rank order by TorchRec's all-to-all), its table has the same
+capacity, buckets, hash and score strategy (the options differ in ``dim`` and
+``seed`` only), and its scores are made of the batch's keys and the table's own step
+(STEP, LFU) or of the batch's timestamp, which a slice reads once per batch. So each
+batch inserts, scores and evicts the same keys into the same slots of every slice; the
+key placement never depends on the row width. (TIMESTAMP scores are the time each
+rank's batch ran, so they differ between slices by a few microseconds; the order of
+keys within a rank, which decides evictions, is the same as long as the ranks' clocks
+do not run backwards between batches: all keys of one batch share one time.)
+
+Each slice draws the initial rows of its columns from its own stream: seed ``seed +
+column offset`` (offset 0: the table's seed), so no two slices start with equal
+columns. Optimizer state is per slice, as in TorchRec: row-wise Adagrad's row state is
+the mean of the squared gradient over the slice's columns (TorchRec keeps one per
+shard too).
+"""
+
+import dataclasses
+
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
+from torchrec.distributed.types import ShardingEnv, ShardingType
+
+from dynemb.shard.rw_sharding import (
+    DynamicEmbGroupedPooledEmbeddingsLookup,
+    dynamic_options,
+    is_dynamic,
+)
+from dynemb.shard.tw_sharding import check_whole_tables
+
+
+def slice_seed(seed: int, column_offset: int) -> int:
+    """The initializer seed of the slice starting at ``column_offset``."""
+    return seed + column_offset
+
+
+def check_one_slice_per_rank(infos: list[EmbeddingShardingInfo]) -> None:
+    """Raises ValueError for a dynamic table with two slices on one rank (a rank's
+    tables are found by name: one slice of a table per rank)."""
+    for info in infos:
+        ranks = info.param_sharding.ranks or []
+        if is_dynamic(info) and len(set(ranks)) != len(ranks):
+            raise ValueError(
+                f"table {info.embedding_config.name!r}: a column-wise dynamic table has one "
+                f"slice per rank, got ranks {ranks}"
+            )
+
+
+class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
+    """Column-wise pooled sharding (EBC) holding dynamic tables."""
+
+    def __init__(
+        self,
+        sharding_infos,
+        env: ShardingEnv,
+        device=None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry=None,
+    ):
+        check_whole_tables(sharding_infos)
+        check_one_slice_per_rank(sharding_infos)
+        self._table_options = dynamic_options(sharding_infos)
+        super().__init__(
+            sharding_infos,
+            env,
+            device,
+            permute_embeddings=permute_embeddings,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+
+    def _slice_options(self) -> dict:
+        """This rank's options of each dynamic table: its slice's width and seed."""
+        options = {}
+        for group in self._grouped_embedding_configs:
+            for table in group.embedding_tables:
+                opts = self._table_options.get(table.name)
+                if opts is not None:
+                    offset = table.local_metadata.shard_offsets[1]
+                    hbm = opts.local_hbm_for_values * table.local_cols // table.embedding_dim
+                    options[table.name] = dataclasses.replace(
+                        opts,
+                        dim=table.local_cols,
+                        seed=slice_seed(opts.seed, offset),
+                        local_hbm_for_values=hbm,  # the slice's columns' share
+                    )
+        return options
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        return DynamicEmbGroupedPooledEmbeddingsLookup(
+            self._slice_options(),
+            {},
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            feature_processor=feature_processor,
+            sharding_type=ShardingType.COLUMN_WISE,
+            env=self._env,
+        )
+
+
+__all__ = [
+    "DynamicEmbCwPooledEmbeddingSharding",
+    "check_one_slice_per_rank",
+    "slice_seed",
+]

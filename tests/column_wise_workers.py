@@ -1,0 +1,143 @@
+"""Rank-side code of tests/test_column_wise.py: a dynamic table sharded column-wise over
+2 ranks beside a row-wise one, compared with one unsharded BatchedDynamicEmbeddingTables
+holding each slice as a table of its own (the slices' meaning: same keys, own columns,
+own seed and optimizer state)."""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+)
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.modules.embedding_configs import PoolingType
+
+from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode
+from dynemb.optimizer import EmbOptimType
+from dynemb.planner import DynamicEmbParameterSharding
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from dynemb.shard.cw_sharding import slice_seed
+from tests.sharded_workers import dynamic_tables
+from tests.table_wise_workers import (
+    BATCH,
+    LR,
+    ROWS,
+    STEPS,
+    dynamic_options,
+    entries,
+    global_batch,
+    local_kjt,
+    out_grad,
+)
+
+CW_DIM, RW_DIM = 8, 4
+FEATURES = ["f0", "f1"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    optimizer: str
+    pooling: str  # SUM / MEAN
+
+    def fused_params(self) -> dict:
+        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+
+
+def _options(name: str, dim: int):
+    options = dynamic_options("tw" if name == "cw" else "rw", "table_wise")  # cw: evicting
+    return dataclasses.replace(options, dim=dim)
+
+
+def build_model(case: Case, world_size: int):
+    pooling = PoolingType[case.pooling]
+    configs = [
+        EmbeddingBagConfig(name="cw", embedding_dim=CW_DIM, num_embeddings=ROWS,
+                           feature_names=["f0"], pooling=pooling),
+        EmbeddingBagConfig(name="rw", embedding_dim=RW_DIM, num_embeddings=ROWS,
+                           feature_names=["f1"], pooling=pooling),
+    ]  # fmt: skip
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    per_param = {
+        "cw": column_wise(ranks=list(range(world_size)), compute_kernel="customized_kernel"),
+        "rw": row_wise(compute_kernel="customized_kernel"),
+    }
+    mplan = construct_module_sharding_plan(
+        module, per_param_sharding=per_param, local_size=world_size, world_size=world_size,
+        device_type="cpu", sharder=sharder,
+    )  # fmt: skip
+    for name, dim in (("cw", CW_DIM), ("rw", RW_DIM)):
+        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
+        mplan[name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=_options(name, dim))
+    return DistributedModelParallel(
+        module,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": mplan}),
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+
+
+def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):
+    """Per case: this rank's outputs, and its dynamic tables' entries after training;
+    then what DynamicEmbDump says of the last model (it refuses column slices)."""
+    from dynemb.dump_load import DynamicEmbDump
+
+    results = []
+    for case in cases:
+        model = build_model(case, world_size)
+        outputs = []
+        for step in range(STEPS):
+            lengths, keys = global_batch(step, BATCH * world_size, len(FEATURES))
+            out = model(local_kjt(lengths, keys, rank * BATCH, (rank + 1) * BATCH)).to_dict()
+            values = torch.cat([out[f] for f in FEATURES], dim=1)
+            grad = out_grad(step, BATCH * world_size, CW_DIM + RW_DIM)
+            (values * grad[rank * BATCH : (rank + 1) * BATCH]).sum().backward()
+            outputs.append(values.detach().clone())
+        tables = {name: entries(t) for name, t in dynamic_tables(model).items()}
+        results.append((outputs, tables))
+    try:
+        DynamicEmbDump(path, model)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return results, refused
+
+
+def train_reference(case: Case, world_size: int):
+    """The unsharded run: each slice a table of its own (its width, its seed) fed the
+    column-wise table's ids, then the row-wise table."""
+    width = CW_DIM // world_size
+    slices = [
+        dataclasses.replace(_options("cw", width), seed=slice_seed(3, r * width))
+        for r in range(world_size)
+    ]
+    tables = BatchedDynamicEmbeddingTables(
+        [*slices, _options("rw", RW_DIM)],
+        [*range(world_size), world_size],
+        pooling_mode=DynamicEmbPoolingMode[case.pooling],
+        optimizer=EmbOptimType[case.optimizer],
+        learning_rate=LR,
+        eps=1e-3,
+        table_names=[*(f"cw{r}" for r in range(world_size)), "rw"],
+    )
+    scale = 1.0 / world_size if get_gradient_division() else 1.0
+    outputs = []
+    batch = BATCH * world_size
+    for step in range(STEPS):
+        lengths, keys = global_batch(step, batch, len(FEATURES))
+        first = int(lengths[0].sum())
+        # The cw feature once per slice, then the rw feature.
+        lengths = torch.cat([lengths[:1].repeat(world_size, 1), lengths[1:]])
+        keys = torch.cat([keys[:first].repeat(world_size), keys[first:]])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+        out = tables(keys, offsets)
+        (out * out_grad(step, batch, CW_DIM + RW_DIM)).sum().mul(scale).backward()
+        outputs.append(out.detach().clone())
+    return tables, outputs
