@@ -146,7 +146,7 @@ class GrowingUpserts:
         number = pin.number if pin is not None else 0
         return _ops.Policy(
             self._strategy, batch_value, self.seed, evict_below, self.dim, number,
-            self._pins.floor(),
+            self._pins.floor(), self.score_half_life_steps or 0, self._step,
         )  # fmt: skip
 
     def _grow(self) -> bool:

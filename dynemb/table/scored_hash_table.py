@@ -52,7 +52,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         init_capacity: initial slots (``None``: ``capacity``); the table doubles up to
             ``capacity`` as keys arrive.
         bucket_capacity: slots per bucket, a positive multiple of 16.
-        score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU)``.
+        score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU | DECAYED_LFU)``.
+        score_half_life_steps: DECAYED_LFU's half-life in steps (required by it only).
         value_dtype: storage type of rows: float32, float16 or bfloat16.
         extra_columns: columns stored after the embedding (optimizer state), set to
             ``extra_init`` for new keys.
@@ -101,6 +102,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         fast_rows: int | None = None,
         spill_directory: str | None = None,
         initializer_capacity: int | None = None,
+        score_half_life_steps: int | None = None,
     ) -> None:
         args.check_int("dim", dim, 1)
         args.check_int("bucket_capacity", bucket_capacity, 16)
@@ -123,6 +125,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         initializer.validate()
         check_float32("extra_init", extra_init)
         code = args.strategy_code(score_strategy)
+        half_life = args.check_half_life(score_strategy, score_half_life_steps)
         if initializer_capacity is not None:
             args.check_int("initializer_capacity", initializer_capacity, 1)
         if fast_rows is not None:
@@ -134,7 +137,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
             bucket_capacity=bucket_capacity,
             value_dtype=value_dtype,
             keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
-            keeps_timestamps=code == args.TIMESTAMP_LFU,
+            keeps_timestamps=code in args.TIMESTAMP_CODES,
             device=canonical_device(device),
             fast_rows=fast_rows,
         )
@@ -144,6 +147,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         self.dim = dim
         self.extra_columns = extra_columns
         self.score_strategy = score_strategy
+        self.score_half_life_steps = half_life
         self.initializer = initializer
         self.seed = seed
         self._strategy = code
@@ -208,7 +212,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
 
     @property
     def keeps_timestamps(self) -> bool:
-        """Whether a last-access time is kept per slot (the (TIMESTAMP, LFU) compound)."""
+        """Whether a last-access time is kept per slot (the (TIMESTAMP, ...) compounds)."""
         return self._layout.keeps_timestamps
 
     @property
@@ -266,10 +270,10 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         return self._gather_meta(self._check_keys(keys), "scores")
 
     def get_timestamps(self, keys: torch.Tensor) -> torch.Tensor:
-        """Returns (n,) int64 last-access times of the (TIMESTAMP, LFU) compound, 0 where not stored."""
+        """Returns (n,) int64 last-access times of a (TIMESTAMP, ...) compound, 0 where not stored."""
         if not self._layout.keeps_timestamps:
             raise ValueError(
-                f"get_timestamps needs the (TIMESTAMP, LFU) strategy, this table uses {self.score_strategy}"
+                f"get_timestamps needs a (TIMESTAMP, ...) compound, this table uses {self.score_strategy}"
             )
         return self._gather_meta(self._check_keys(keys), "timestamps")
 
@@ -374,14 +378,6 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
 
     def _output_rows(self, out, n: int) -> torch.Tensor:
         return args.output_rows(out, n, self.dim, self.value_dtype, self.device)
-
-    def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:
-        with self._lock.read():
-            slots = _ops.table_find_slots(self._storage.tensors(), keys)
-            buf = getattr(self._storage, name)
-            if buf.numel() == 0:
-                return torch.zeros_like(keys)
-            return torch.where(slots >= 0, buf[slots.clamp(min=0)], 0)
 
     def _check_keys(self, keys) -> torch.Tensor:
         return args.check_keys(keys, self.device)

@@ -246,6 +246,16 @@ class SlotAccess:
             torch.cat([evicted[2][out], scores[lost]]),
         )
 
+    def _gather_meta(self, keys: torch.Tensor, name: str) -> torch.Tensor:
+        """(n,) int64: the slot buffer ``name`` (scores, timestamps) of each key, 0 where
+        not stored or not kept."""
+        with self._lock.read():
+            slots = _ops.table_find_slots(self._storage.tensors(), keys)
+            buf = getattr(self._storage, name)
+            if buf.numel() == 0:
+                return torch.zeros_like(keys)
+            return torch.where(slots >= 0, buf[slots.clamp(min=0)], 0)
+
     def _stored_keys(self) -> torch.Tensor:
         """(size,) int64: every stored key (the caller holds the lock)."""
         s = self._storage
