@@ -273,7 +273,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, GrowingUpserts, SpillPersistenc
         """Returns (n,) int64 last-access times of a (TIMESTAMP, ...) compound, 0 where not stored."""
         if not self._layout.keeps_timestamps:
             raise ValueError(
-                f"get_timestamps needs a (TIMESTAMP, ...) compound, this table uses {self.score_strategy}"
+                f"get_timestamps needs a compound (TIMESTAMP, LFU) or (TIMESTAMP, DECAYED_LFU), this table uses {self.score_strategy}"
             )
         return self._gather_meta(self._check_keys(keys), "timestamps")
 
