@@ -7,7 +7,7 @@ Usage::
 
 Two tables of 2^21 slots (buckets of 128, dim 16 float32), one LFU and one DECAYED_LFU
 (half-life 100 steps), are filled alike to load factor 0.75 with random 63-bit keys
-(generator seed 0, batches of 2^18). Each timed op is ``find_or_insert`` of 2^18 keys on
+(generator seed 0, batches of 2^18; the keys resident in both are the hits). Each timed op is ``find_or_insert`` of 2^18 keys on
 both tables in turn (an LFU run, then a DECAYED_LFU run, in every repeat, so a burst
 of load on a shared machine hits both), each from its pre-filled state (``snapshot``
 / ``rollback``, untimed); the median of the repeats after one warm-up:
@@ -48,9 +48,9 @@ def _prefill(tables, slots: int, batch: int, gen: torch.Generator) -> torch.Tens
         part = keys[begin : begin + batch]
         for t in tables:
             t.find_or_insert(part)
-    resident = keys[tables[0].contains(keys)]
-    assert torch.equal(resident, keys[tables[1].contains(keys)]), "the fills differ"
-    return resident
+    # A few keys landing in full buckets evict, by each table's own scores: the keys
+    # resident in both tables are the hits.
+    return keys[tables[0].contains(keys) & tables[1].contains(keys)]
 
 
 def main(argv: list[str] | None = None) -> None:
