@@ -1,6 +1,8 @@
 """Score strategies as DynamicEmb names them: the ``ScoreStrategy`` alias, its
-normalisation, and whether a strategy keeps a last-access time (re-exported by
-dynemb.dynamicemb_config)."""
+normalisation, whether a strategy keeps a last-access time, the eviction name it
+implies (re-exported by dynemb.dynamicemb_config); and dynemb's DECAYED_LFU: its
+half-life check, the counts its scores stand for, and the label checkpoints and
+deltas record (strategy and half-life)."""
 
 import warnings
 

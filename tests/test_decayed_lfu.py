@@ -153,6 +153,24 @@ def test_the_op_refuses_a_decayed_policy_without_a_half_life():
     assert table.size() == 0
 
 
+def test_decayed_count_reads_scores_back_as_counts():
+    table = _table(S.DECAYED_LFU, 10)
+    for _ in range(3):  # key 7 at steps 1, 2, 3
+        table.find_or_insert(torch.tensor([7]))
+    scores = table.get_scores(torch.tensor([7]))
+    for at in (3, 13, 40):
+        exact = decay.exact_count([(1, 1), (2, 1), (3, 1)], at, 10)
+        got = dynemb.decayed_count(scores, at, 10)
+        assert got.dtype == torch.float64 and float(got[0]) == pytest.approx(exact, rel=2**-14)
+        assert float(got[0]) == decay.count_of(int(scores[0]), at, 10)
+    with pytest.raises(TypeError, match="`scores` must be an int64 tensor"):
+        dynemb.decayed_count(scores.double(), 3, 10)
+    with pytest.raises(ValueError, match="`step` must be an int >= 0, got -1"):
+        dynemb.decayed_count(scores, -1, 10)
+    with pytest.raises(ValueError, match="half_life_steps must be an int in"):
+        dynemb.decayed_count(scores, 3, 0)
+
+
 def test_caching_refuses_decayed_scores():
     options = DynamicEmbTableOptions(
         dim=4, max_capacity=1024, bucket_capacity=16, score_strategy=S.DECAYED_LFU,
