@@ -30,6 +30,7 @@ from dynemb.planner.capacity import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
+from dynemb.score_strategies import decayed_count
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering import Storage
 from dynemb.types import (
@@ -71,6 +72,7 @@ __all__ = [
     "align_to_table_size",
     "data_type_to_dtype",
     "data_type_to_dyn_emb",
+    "decayed_count",
     "dyn_emb_to_torch",
     "get_sharded_table_capacity",
     "get_table_value_bytes",

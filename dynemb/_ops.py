@@ -88,6 +88,12 @@ NO_PINS: int = _CORE["no_pins"]
 # public strategies are dynemb.DynamicEmbScoreStrategy).
 CACHE_SCORES: int = SCORE_STRATEGY_CODES["CACHE"]
 TIMESTAMP_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_LFU"]  # the (TIMESTAMP, LFU) compound
+# DECAYED_LFU and its (TIMESTAMP, DECAYED_LFU) compound (core/decay.h): scores count steps
+# in units of 2**-DECAY_FRACTION_BITS; the policy carries the half-life and the step.
+DECAYED_LFU: int = SCORE_STRATEGY_CODES["DECAYED_LFU"]
+TIMESTAMP_DECAYED_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_DECAYED_LFU"]
+DECAY_FRACTION_BITS: int = _CORE["decay_fraction_bits"]
+MAX_HALF_LIFE: int = _CORE["max_half_life"]  # steps
 
 Status = enum.IntEnum("Status", dict(_CORE["statuses"]))
 Status.__doc__ = "Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."
@@ -125,6 +131,8 @@ class Policy(NamedTuple):
     dim: int  # columns the op initialises / writes
     pin: int = 0  # written to the pin of every slot the batch finds or claims
     pin_floor: int = NO_PINS  # residents pinned at or above it are not evicted
+    half_life: int = 0  # DECAYED_LFU strategies: the half-life in steps, else 0
+    decay_step: int = 0  # DECAYED_LFU strategies: the batch's step, else 0
 
 
 class UpsertResult(NamedTuple):
@@ -185,7 +193,8 @@ def table_find_or_insert(
 ) -> UpsertResult:
     """Finds each key or stores it with an initialised row; copies rows into ``values``.
 
-    ``policy = [strategy, batch_value, seed, evict_below, dim, pin, pin_floor]``: a
+    ``policy = [strategy, batch_value, seed, evict_below, dim, pin, pin_floor,
+    half_life, decay_step]`` (the last two: DECAYED_LFU strategies; see Policy): a
     full bucket evicts its minimum resident only when that resident's score is
     ``< evict_below`` (``EVICT_ANY`` = -1: any resident; 0: never, the key fails) and
     its pin is ``< pin_floor`` (a key of a batch in flight is never evicted; every key

@@ -10,7 +10,6 @@ import dataclasses
 import importlib
 import math
 import numbers
-import warnings
 from typing import Any
 
 import torch
@@ -25,7 +24,10 @@ from dynemb.converters import (
 )
 from dynemb.score_strategies import (
     ScoreStrategy,
+    check_score_half_life,
+    evict_strategy_of,
     normalize_score_strategy,
+    resolved_evict_strategy,
     score_strategy_has_timestamp_column,
 )
 from dynemb.types import (
@@ -57,6 +59,7 @@ __all__ = [
     "DIST_TYPES",
     "FLOAT32_MAX",
     "check_float32",
+    "check_score_half_life",
     "ScoreStrategy",
     "evict_strategy_of",
     "init_mode_code",
@@ -265,8 +268,8 @@ class DynamicEmbTableOptions:
         max_load_factor: accepted for DynamicEmb compatibility (a float); dynemb's
             tables grow when a key finds its buckets full, not at a load factor (see
             "Differences from DynamicEmb" in DynamicEmb_APIs.md).
-        score_strategy: eviction score (see DynamicEmbScoreStrategy), or the compound
-            ``(TIMESTAMP, LFU)``; a 1-tuple is unwrapped.
+        score_strategy: eviction score (see DynamicEmbScoreStrategy), or a compound
+            ``(TIMESTAMP, LFU)`` / ``(TIMESTAMP, DECAYED_LFU)``; a 1-tuple is unwrapped.
         bucket_capacity: slots per bucket (multiple of 16).
         safe_check_mode: what a training lookup does with keys that could not be
             stored (ERROR raises, WARNING warns, IGNORE is silent; both give zero rows).
@@ -279,10 +282,13 @@ class DynamicEmbTableOptions:
         seed: (dynemb) initializer seed (rows are a function of (seed, key)).
         spill_directory: (dynemb) keep each table's slot buffers and slow-tier rows in
             memory-mapped files under ``<spill_directory>/<table>.rank<r>``.
+        score_half_life_steps: (dynemb) DECAYED_LFU's half-life: the training steps
+            after which an access weighs half. Required by DECAYED_LFU, refused otherwise.
 
     Raises:
-        ValueError: an unknown ``dist_type``.
-        NotImplementedError: a ``score_strategy`` tuple other than (TIMESTAMP, LFU).
+        ValueError: an unknown ``dist_type``; ``score_half_life_steps`` missing, out of
+            [1, 2**31 - 1] or given to a strategy that does not decay.
+        NotImplementedError: a ``score_strategy`` tuple other than the compounds.
         TypeError: a ``score_strategy`` that is not a DynamicEmbScoreStrategy.
 
     Equality and hash (DynamicEmb's grouping key) use ``training``, ``caching``,
@@ -320,6 +326,7 @@ class DynamicEmbTableOptions:
     admission_counter: Any | None = None
     seed: int = 0
     spill_directory: str | None = None
+    score_half_life_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.dist_type not in DIST_TYPES:
@@ -328,6 +335,8 @@ class DynamicEmbTableOptions:
                 f"got {self.dist_type!r}"
             )
         self.score_strategy = normalize_score_strategy(self.score_strategy)
+        name = "DynamicEmbTableOptions.score_half_life_steps"
+        check_score_half_life(self.score_strategy, self.score_half_life_steps, name)
 
     def _key(self) -> tuple:
         return (
@@ -354,39 +363,6 @@ DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 
 SUPPORTED_DIST_TYPES = DIST_TYPES
 """DynamicEmb's name of ``DIST_TYPES``."""
-
-
-def evict_strategy_of(score_strategy: ScoreStrategy | None) -> DynamicEmbEvictStrategy:
-    """DynamicEmb's eviction name for a score strategy: TIMESTAMP -> LRU; STEP,
-    CUSTOMIZED, NO_EVICTION -> CUSTOMIZED; LFU and (TIMESTAMP, LFU) -> LFU.
-
-    Example::
-
-        evict_strategy_of(DynamicEmbScoreStrategy.STEP)  # DynamicEmbEvictStrategy.CUSTOMIZED
-    """
-    if isinstance(score_strategy, tuple) or score_strategy == DynamicEmbScoreStrategy.LFU:
-        return DynamicEmbEvictStrategy.LFU
-    if score_strategy in (None, DynamicEmbScoreStrategy.TIMESTAMP):
-        return DynamicEmbEvictStrategy.LRU
-    return DynamicEmbEvictStrategy.CUSTOMIZED
-
-
-def resolved_evict_strategy(name: str, options: DynamicEmbTableOptions) -> DynamicEmbEvictStrategy:
-    """The eviction ``options.score_strategy`` implies; warns (``UserWarning``, naming the
-    table) when the user set a different, non-default ``evict_strategy``.
-
-    DynamicEmb overwrites ``evict_strategy`` silently; dynemb says so.
-    """
-    implied = evict_strategy_of(options.score_strategy)
-    chosen = options.evict_strategy
-    if chosen != DynamicEmbEvictStrategy.LRU and chosen != implied:
-        warnings.warn(
-            f"table {name!r}: evict_strategy={chosen} is ignored; score_strategy="
-            f"{options.score_strategy!r} decides the eviction ({implied})",
-            UserWarning,
-            stacklevel=3,
-        )
-    return implied
 
 
 def with_kernel_defaults(name: str, options: DynamicEmbTableOptions) -> DynamicEmbTableOptions:

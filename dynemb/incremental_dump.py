@@ -21,6 +21,12 @@ entries updated in between:
 - STEP: the step the next batch will get (``table.score_step + 1``).
 - CUSTOMIZED: the score given by ``set_score``; before any, the maximum score stored.
 - LFU: the maximum count stored (a count has no time: the threshold filters by count).
+- DECAYED_LFU: the score one access of the next batch gets,
+  ``(table.score_step + 1) << 16`` (scores count steps in units of 2**-16). Every entry
+  touched from then on scores at least that, so it is dumped; so is an entry not
+  touched whose decayed count, as of that step, is still at least one access (its
+  score says so, its time of access is not kept). ``(TIMESTAMP, DECAYED_LFU)`` is
+  filtered by its last-access time, exactly, as ``(TIMESTAMP, LFU)`` is.
 - NO_EVICTION: no score is kept (every score is 0); 0 is returned and every entry
   is always dumped.
 
@@ -41,7 +47,7 @@ from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddi
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.shard import dynamic_embedding_tables
 from dynemb.shard.sharded_modules import public_collection_path
-from dynemb.table.batch_arguments import TIMESTAMP_LFU
+from dynemb.table.batch_arguments import TIMESTAMP_CODES
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -276,6 +282,8 @@ def _check_int(name: str, value) -> None:
 def _reference(table: ScoredHashTable) -> int:
     """The lowest score an entry updated from now on can get (see the module docstring)."""
     code = table.strategy_code
+    if code == _ops.DECAYED_LFU:  # one access of the next batch (core/decay.h)
+        return (table.score_step + 1) << _ops.DECAY_FRACTION_BITS
     if _ops.BATCH_VALUE_SOURCES[code] in ("clock", "step"):  # the next batch's value
         return _ops.batch_value(code, table.score_step + 1, table.now)
     if code == _NO_EVICTION:
@@ -303,7 +311,7 @@ def _dump_table(table: ScoredHashTable, threshold: int):
     keys, rows, scores = [], [], []
     with table.lock.read():
         s = table.buffers
-        by_time = table.strategy_code == TIMESTAMP_LFU
+        by_time = table.strategy_code in TIMESTAMP_CODES
         for begin in range(0, s.num_slots, _CHUNK_SLOTS):
             slots = s.occupied(begin, min(s.num_slots, begin + _CHUNK_SLOTS))
             if table.strategy_code == _NO_EVICTION:

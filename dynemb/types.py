@@ -99,8 +99,12 @@ class DynamicEmbScoreStrategy(enum.IntEnum):
     LFU: number of accesses (each occurrence in a batch counts).
     NO_EVICTION: no score is kept; the table grows up to its max capacity, then
         inserts fail and are reported.
-    The compound ``(TIMESTAMP, LFU)`` evicts by LFU count and keeps the last-access
-    time beside it.
+    DECAYED_LFU: the access count decayed by elapsed training steps, halved every
+        ``DynamicEmbTableOptions.score_half_life_steps`` steps (dynemb only; stored
+        as ``step + half_life * log2(count)`` in units of 2**-16 step, see
+        ``dynemb.decayed_count``).
+    The compounds ``(TIMESTAMP, LFU)`` and ``(TIMESTAMP, DECAYED_LFU)`` evict by the
+    (decayed) count and keep the last-access time beside it.
     """
 
     TIMESTAMP = 0
@@ -108,6 +112,7 @@ class DynamicEmbScoreStrategy(enum.IntEnum):
     CUSTOMIZED = 2
     LFU = 3
     NO_EVICTION = 4
+    DECAYED_LFU = 7  # the core's code (5 and 6 are internal: a compound, a cache tier)
 
 
 class DynamicEmbCheckMode(enum.IntEnum):

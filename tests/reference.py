@@ -12,6 +12,7 @@ window full.
 import numpy as np
 
 from dynemb.table.capacity import bucket_counts
+from tests import decay_reference as decay
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
@@ -23,6 +24,10 @@ TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
 CACHE = 6
 CACHE_BATCH_MASK, CACHE_MAX_USES = 0xFFFFFFFF, 0x7FFFFFFF
 MAX_SCORE = 2**63 - 1  # LFU counts saturate here (core/score_policy.h kMaxScore)
+# Decayed counts (core/decay.h; tests/decay_reference.py) and their compound.
+DECAYED_LFU, TIMESTAMP_DECAYED_LFU = 7, 8
+DECAYED = (DECAYED_LFU, TIMESTAMP_DECAYED_LFU)
+STAMPED = (TIMESTAMP_LFU, TIMESTAMP_DECAYED_LFU)  # a last-access time beside the score
 
 
 def mix64(k: int) -> int:
@@ -94,10 +99,12 @@ class ReferenceTable:
         seed=0,
         init=(2, -0.1, 0.1),
         extra_init=0.0,
+        half_life=None,
     ):
         self.dim, self.row_width = dim, dim + extra_columns
         self.bc, self.strategy, self.seed = bucket_capacity, strategy, seed
         self.init, self.extra_init = init, extra_init
+        self.half_life = half_life  # DECAYED strategies: steps
         self.nb, self.max_nb = bucket_counts(init_capacity, capacity, bucket_capacity)
         self.entries = {}  # key -> [row, score, timestamp]
         self.buckets = {}  # home bucket -> set of keys (eviction strategies)
@@ -125,6 +132,8 @@ class ReferenceTable:
             return 1
         if self.strategy == CACHE:
             return 1 << 32 | batch
+        if self.strategy in DECAYED:
+            return decay.touched(None, self.step, 1, self.half_life)
         return batch if self.strategy in (TIMESTAMP, STEP) else 0
 
     def _touch(self, e, i, scores, batch):
@@ -137,7 +146,9 @@ class ReferenceTable:
         elif self.strategy == CACHE and batch > e[1] & CACHE_BATCH_MASK:
             uses = e[1] >> 32
             e[1] = min(uses + 1, CACHE_MAX_USES) << 32 | batch
-        if self.strategy == TIMESTAMP_LFU:
+        elif self.strategy in DECAYED:
+            e[1] = decay.touched(e[1], self.step, 1, self.half_life)
+        if self.strategy in STAMPED:
             e[2] = batch
 
     # -- one key
@@ -158,7 +169,7 @@ class ReferenceTable:
         if new_values is not None:
             row[: new_values.shape[1]] = new_values[i]
         score = self._score_new(i, scores, batch)
-        stamp = batch if self.strategy == TIMESTAMP_LFU else 0
+        stamp = batch if self.strategy in STAMPED else 0
         if self.strategy == NO_EVICTION:
             # Placement is not modelled (see module doc): the test drops the keys the
             # table failed after checking that their window was full.

@@ -21,15 +21,23 @@ STEPS, EVERY = 24, 4
 STRATEGIES = {
     "lfu_step": (DynamicEmbScoreStrategy.LFU, DynamicEmbScoreStrategy.STEP),
     "timestamp_lfu": ((DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),) * 2,
+    "decayed_lfu": (
+        DynamicEmbScoreStrategy.DECAYED_LFU,
+        (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.DECAYED_LFU),
+    ),
 }
 
 
 def _options(strategies) -> list[DynamicEmbTableOptions]:
     out = []
     for i, strategy in enumerate(strategies):
-        o = DynamicEmbTableOptions(
-            dim=DIM, max_capacity=32, bucket_capacity=16, score_strategy=strategy, seed=3 + i
+        decays = DynamicEmbScoreStrategy.DECAYED_LFU in (
+            strategy if isinstance(strategy, tuple) else (strategy,)
         )
+        o = DynamicEmbTableOptions(
+            dim=DIM, max_capacity=32, bucket_capacity=16, score_strategy=strategy, seed=3 + i,
+            score_half_life_steps=3 if decays else None,
+        )  # fmt: skip
         o.eval_initializer_args.value = 0.5 + i  # evicted keys must read this back
         out.append(o)
     return out

@@ -23,7 +23,10 @@ STRATEGIES = {
     "lfu": (S.LFU, ref.LFU),
     "no_eviction": (S.NO_EVICTION, ref.NO_EVICTION),
     "timestamp_lfu": ((S.TIMESTAMP, S.LFU), ref.TIMESTAMP_LFU),
+    "decayed_lfu": (S.DECAYED_LFU, ref.DECAYED_LFU),
+    "timestamp_decayed_lfu": ((S.DECAYED_LFU, S.TIMESTAMP), ref.TIMESTAMP_DECAYED_LFU),
 }
+HALF_LIFE = 3  # steps: the decayed strategies' scores change much over 40 ops
 EDGE_KEYS = [0, -1, 1, 2**63 - 1, -(2**63)]
 
 
@@ -41,6 +44,7 @@ class Harness:
         **tiers,
     ):
         strategy, code = STRATEGIES[strategy_name]
+        half_life = HALF_LIFE if code in ref.DECAYED else None
         init = (
             DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
             if debug_init
@@ -49,7 +53,7 @@ class Harness:
         self.table = dynemb.ScoredHashTable(
             dim=dim, capacity=capacity, init_capacity=init_capacity, bucket_capacity=bc,
             score_strategy=strategy, extra_columns=extra, initializer=init, seed=seed,
-            extra_init=0.5, **tiers,
+            extra_init=0.5, score_half_life_steps=half_life, **tiers,
         )  # fmt: skip
         self.clock = itertools.count(1000, 7)
         self.last_time = None
@@ -62,7 +66,7 @@ class Harness:
         mode = (4, 0.0, 0.0) if debug_init else (2, -0.1, 0.1)
         self.oracle = ref.ReferenceTable(
             dim, capacity, init_capacity, bc, code, extra_columns=extra, seed=seed, init=mode,
-            extra_init=0.5,
+            extra_init=0.5, half_life=half_life,
         )  # fmt: skip
         self.code = code
         self.seen = set(EDGE_KEYS)
@@ -132,7 +136,7 @@ class Harness:
             assert ref.isclose_rows(values[i], e[0][: t.dim]), f"value of key {k}"
             if self.code != ref.NO_EVICTION:
                 assert int(scores[i]) == e[1], f"score of key {k}"
-        if self.code == ref.TIMESTAMP_LFU:
+        if self.code in ref.STAMPED:
             stamps = t.get_timestamps(keys)
             for i, k in enumerate(keys.tolist()):
                 if k in o.entries:

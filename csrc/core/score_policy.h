@@ -7,6 +7,7 @@
 // the same value and the algorithm never reads a device clock.
 #pragma once
 
+#include "core/decay.h"
 #include "core/macros.h"
 
 namespace dynemb {
@@ -25,13 +26,19 @@ enum class ScoreStrategy : int64_t {
   /// compares: see pin_mask). So an unpinned resident used least often leaves
   /// first, the older among equals.
   kCache = 6,
+  /// score = the time-decayed access count, as L = step + half_life * log2(count)
+  /// in units of 2^-16 step (core/decay.h); ScoreArgs::half_life and decay_step.
+  kDecayedLfu = 7,
+  kTimestampDecayedLfu = 8,  ///< DECAYED_LFU, plus the last-access timestamp beside it
 };
 
 /// Number of ScoreStrategy values, and their names by code (DynamicEmbScoreStrategy
 /// member names; exported to Python: dynemb._ops.SCORE_STRATEGY_CODES).
-constexpr int64_t kScoreStrategyCount = static_cast<int64_t>(ScoreStrategy::kCache) + 1;
+constexpr int64_t kScoreStrategyCount =
+    static_cast<int64_t>(ScoreStrategy::kTimestampDecayedLfu) + 1;
 constexpr const char* kScoreStrategyNames[kScoreStrategyCount] = {
-    "TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION", "TIMESTAMP_LFU", "CACHE"};
+    "TIMESTAMP", "STEP",  "CUSTOMIZED",  "LFU", "NO_EVICTION", "TIMESTAMP_LFU",
+    "CACHE",     "DECAYED_LFU", "TIMESTAMP_DECAYED_LFU"};
 
 /// What a batch's ScoreArgs::batch_value is under each strategy: the host clock
 /// (TIMESTAMP scores: monotonic ns), the table's step count (STEP), the cache tier's
@@ -42,8 +49,10 @@ constexpr const char* kBatchValueSourceNames[] = {"unused", "clock", "step", "ba
 DYNEMB_HD DYNEMB_INLINE BatchValueSource batch_value_source(ScoreStrategy s) {
   switch (s) {
     case ScoreStrategy::kTimestamp:
-    case ScoreStrategy::kTimestampLfu: return BatchValueSource::kClock;
-    case ScoreStrategy::kStep: return BatchValueSource::kStep;
+    case ScoreStrategy::kTimestampLfu:
+    case ScoreStrategy::kTimestampDecayedLfu: return BatchValueSource::kClock;
+    case ScoreStrategy::kStep:
+    case ScoreStrategy::kDecayedLfu: return BatchValueSource::kStep;
     case ScoreStrategy::kCache: return BatchValueSource::kBatchNumber;
     default: return BatchValueSource::kUnused;
   }
@@ -83,7 +92,14 @@ struct ScoreArgs {
   uint64_t batch_value;       // timestamp or step of this batch
   const int64_t* custom;      // (n) caller scores, CUSTOMIZED only; may be null on a pure find
   const int64_t* increments;  // (n) accesses each key stands for (a de-duplicated batch), or null: 1
+  uint64_t half_life = 0;      // DECAYED_LFU strategies: steps, in [1, kMaxHalfLife]
+  uint64_t decay_step = 0;     // DECAYED_LFU strategies: the batch's step, <= kMaxDecayStep
 };
+
+/// The strategies whose score is a decayed count (core/decay.h).
+DYNEMB_HD DYNEMB_INLINE bool decays(ScoreStrategy s) {
+  return s == ScoreStrategy::kDecayedLfu || s == ScoreStrategy::kTimestampDecayedLfu;
+}
 
 DYNEMB_HD DYNEMB_INLINE uint64_t accesses(const ScoreArgs& a, int64_t i) {
   return a.increments ? static_cast<uint64_t>(a.increments[i]) : 1;
@@ -92,7 +108,7 @@ DYNEMB_HD DYNEMB_INLINE uint64_t accesses(const ScoreArgs& a, int64_t i) {
 DYNEMB_HD DYNEMB_INLINE bool evicts(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
 DYNEMB_HD DYNEMB_INLINE bool keeps_scores(ScoreStrategy s) { return s != ScoreStrategy::kNoEviction; }
 DYNEMB_HD DYNEMB_INLINE bool keeps_timestamps(ScoreStrategy s) {
-  return s == ScoreStrategy::kTimestampLfu;
+  return s == ScoreStrategy::kTimestampLfu || s == ScoreStrategy::kTimestampDecayedLfu;
 }
 
 /// Score of a key stored by this batch (element i of the batch).
@@ -102,6 +118,11 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_new(const ScoreArgs& a, int64_t i) {
     case ScoreStrategy::kLfu:
     case ScoreStrategy::kTimestampLfu: return saturating_add(0, accesses(a, i));
     case ScoreStrategy::kCache: return uint64_t{1} << 32 | a.batch_value;
+    case ScoreStrategy::kDecayedLfu:
+    case ScoreStrategy::kTimestampDecayedLfu: {  // no access (a 0 count) weighs nothing
+      const uint64_t c = accesses(a, i);
+      return c ? decayed_access(a.decay_step, c, a.half_life) : 0;
+    }
     default: return a.batch_value;
   }
 }
@@ -116,6 +137,12 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
       if (a.batch_value <= (old & kCacheBatchMask)) return old;
       const uint64_t uses = old >> 32;
       return (uses + (uses < kCacheMaxUses)) << 32 | a.batch_value;
+    }
+    case ScoreStrategy::kDecayedLfu:
+    case ScoreStrategy::kTimestampDecayedLfu: {
+      const uint64_t c = accesses(a, i);
+      return c ? decayed_merge(old, decayed_access(a.decay_step, c, a.half_life), a.half_life)
+               : old;
     }
     default: return a.batch_value > old ? a.batch_value : old;
   }

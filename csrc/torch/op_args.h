@@ -34,7 +34,8 @@ inline void check_rows(const char* op, const char* name, const at::Tensor& rows,
 }
 
 /// The op argument `policy` by name: [strategy, batch_value, seed, evict_below, dim,
-/// pin, pin_floor].
+/// pin, pin_floor, half_life, decay_step]; the last two (DECAYED_LFU strategies only)
+/// may be left out of a single table's policy.
 struct PolicyArgs {
   ScoreStrategy strategy;
   int64_t batch_value;  // the batch's timestamp or step (score_policy.h)
@@ -43,14 +44,18 @@ struct PolicyArgs {
   int64_t dim;          // columns the op initialises / writes
   int64_t pin;          // the batch's pin number, in [0, kNoPins) (table_ops.h "Pins")
   int64_t pin_floor;    // residents pinned at or above it stay; kNoPins: none pinned
+  int64_t half_life;    // DECAYED_LFU strategies: steps (core/decay.h), else 0
+  int64_t decay_step;   // DECAYED_LFU strategies: the batch's step, else 0
 };
-constexpr size_t kPolicySize = 7;
+constexpr size_t kPolicySize = 9;
+constexpr size_t kPolicySizeNoDecay = 7;
 constexpr size_t kInitSize = 6;
 
 inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
-  TORCH_CHECK_VALUE(policy.size() == kPolicySize, "dynemb.", op,
+  TORCH_CHECK_VALUE(policy.size() == kPolicySize || policy.size() == kPolicySizeNoDecay,
+                    "dynemb.", op,
                     ": `policy` must be [strategy, batch_value, seed, evict_below, dim, pin, "
-                    "pin_floor], got ",
+                    "pin_floor, half_life, decay_step], got ",
                     policy.size(), " values");
   const int64_t strategy = policy[0];
   TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount,
@@ -60,8 +65,21 @@ inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
                         policy[6] <= no_pins,
                     "dynemb.", op, ": `policy` pin must be in [0, ", no_pins,
                     ") and pin_floor in [0, ", no_pins, "], got ", policy[5], " and ", policy[6]);
-  return PolicyArgs{static_cast<ScoreStrategy>(strategy), policy[1], policy[2], policy[3],
-                    policy[4], policy[5], policy[6]};
+  const bool full = policy.size() == kPolicySize;
+  const int64_t half_life = full ? policy[7] : 0;
+  const int64_t decay_step = full ? policy[8] : 0;
+  const auto s = static_cast<ScoreStrategy>(strategy);
+  if (decays(s)) {
+    TORCH_CHECK_VALUE(half_life >= 1 && static_cast<uint64_t>(half_life) <= kMaxHalfLife,
+                      "dynemb.", op, ": `policy` half_life must be in [1, ", kMaxHalfLife,
+                      "] steps under strategy ", kScoreStrategyNames[strategy], ", got ",
+                      half_life);
+    TORCH_CHECK_VALUE(decay_step >= 0 && static_cast<uint64_t>(decay_step) <= kMaxDecayStep,
+                      "dynemb.", op, ": `policy` decay_step must be in [0, ", kMaxDecayStep,
+                      "], got ", decay_step);
+  }
+  return PolicyArgs{s,         policy[1], policy[2],  policy[3], policy[4],
+                    policy[5], policy[6], half_life, decay_step};
 }
 
 /// The op argument `init` ([mode, a, b, lower, upper, extra_value]) with `seed`.
@@ -130,7 +148,12 @@ inline UpsertCall check_upsert(const char* op, at::TensorList table_list,
     check_rows(op, "evicted.rows", evicted[1], table.values, keys.numel(), row_width, row_width);
   }
   UpsertCall call;
-  call.args.score = ScoreArgs{s, static_cast<uint64_t>(policy.batch_value), custom, nullptr};
+  call.args.score = ScoreArgs{s,
+                              static_cast<uint64_t>(policy.batch_value),
+                              custom,
+                              nullptr,
+                              static_cast<uint64_t>(policy.half_life),
+                              static_cast<uint64_t>(policy.decay_step)};
   // evict_below travels as an int64: -1 is kEvictAny, 0 never evicts.
   call.args.evict_below = static_cast<uint64_t>(policy.evict_below);
   call.args.pin = static_cast<uint32_t>(policy.pin);

@@ -3,7 +3,8 @@
 // `dynemb_cuda_emulated` (csrc/emulated/ops_emulated.cpp).
 //
 // Conventions: `table` is the Tensor[] described in tensor_checks.h;
-// policy = [score_strategy, batch_value, seed, evict_below, dim, pin, pin_floor]
+// policy = [score_strategy, batch_value, seed, evict_below, dim, pin, pin_floor, half_life,
+//           decay_step] (the last two may be left out of a single table's policy)
 // (evict_below: a full bucket evicts only a resident scored below it; -1 = any, 0 =
 // never; pin: written to every slot the batch finds or claims; pin_floor: residents
 // pinned at or above it are not evicted, core/table_ops.h "Pins");
@@ -46,7 +47,7 @@
       "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None) "         \
       "-> (Tensor slots, Tensor status, Tensor counts)");                                             \
   /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
-  /* table t is tables[9t .. 9t + 9), policies[7t .. 7t + 7), inits[6t .. 6t + 6); */                 \
+  /* table t is tables[9t .. 9t + 9), policies[9t .. 9t + 9), inits[6t .. 6t + 6); */                 \
   /* accesses: none or one per table; counts (T, 4). */                                               \
   (m).def(                                                                                            \
       "table_find_or_insert_slots_grouped(Tensor(a!)[] tables, int[] policies, float[] inits, "       \

@@ -44,7 +44,7 @@ struct SlotOpImpls {
 
   /// table_find_or_insert_slots (init_rows, no evicted keys) of every
   /// table of a batch in one call: table t is tables[9t .. 9t + 9) with
-  /// policies[7t .. 7t + 7), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
+  /// policies[9t .. 9t + 9), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
   /// none or one per table). Each table's result is the per-table op's, bit for bit:
   /// the executor runs the tables of one value dtype as the parts of one upsert
   /// (core/grouped.h UpsertPart; on a GPU one launch per phase for all of them).

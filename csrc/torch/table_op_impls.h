@@ -71,6 +71,8 @@ struct TableOpImpls {
     TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount, "dynemb.", op,
                       ": unknown score strategy ", strategy);
     const auto s = static_cast<ScoreStrategy>(strategy);
+    TORCH_CHECK_VALUE(!decays(s), "dynemb.", op, ": strategy ", kScoreStrategyNames[strategy],
+                      " needs a half-life; this op takes none (a cache tier refuses it)");
     TORCH_CHECK_VALUE(s != ScoreStrategy::kCustomized || custom.has_value(), "dynemb.", op,
                       ": `custom` scores are required under the CUSTOMIZED strategy");
     const int64_t n = scores.numel();

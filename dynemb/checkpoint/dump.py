@@ -35,6 +35,7 @@ from dynemb.rank_faults import (
     RankFailure,
     collective,
 )
+from dynemb.score_strategies import score_strategy_label
 
 FORMATS = ("dynemb", "dynamicemb")
 
@@ -48,7 +49,7 @@ def table_meta(t: NamedTable, world_size: int) -> dict:
         "value_dtype": dtype_name(table.value_dtype),
         "optimizer": group.optimizer_config.optimizer.name,
         "state_columns": group.optimizer_config.state_columns(table.dim),
-        "score_strategy": str(table.score_strategy),
+        "score_strategy": score_strategy_label(table),
         "bucket_capacity": table.bucket_capacity,
         "capacity_per_rank": table.max_capacity(),
         "dist_type": dist_type,

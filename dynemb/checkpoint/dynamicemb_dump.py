@@ -42,6 +42,8 @@ def opt_args(t: NamedTable) -> dict:
         dist_type=t.group.table_routing(t.index)[0],
         step_score=table.score_step,
     )
+    if table.score_half_life_steps is not None:  # dynemb's DECAYED_LFU (DynamicEmb has none)
+        args.update(score_half_life_steps=table.score_half_life_steps)
     return args
 
 

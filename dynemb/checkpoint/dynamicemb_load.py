@@ -59,6 +59,12 @@ def _check_opt_args(t: NamedTable, directory: Path, optim: bool, allow_mismatch:
             f"{file}: evict_strategy {args['evict_strategy']!r}, the model's table "
             f"{t.name!r} evicts by {mine!r} (score_strategy {t.table.score_strategy})"
         )
+    half_life = args.get("score_half_life_steps")
+    if half_life != t.table.score_half_life_steps:  # decayed scores of another half-life
+        errors.append(
+            f"{file}: score_half_life_steps {half_life!r}, the model's table {t.name!r} "
+            f"has {t.table.score_half_life_steps!r}"
+        )
     dist_type = args.get("dist_type", _routing(t)[0])
     if dist_type not in ("roundrobin", "hash_roundrobin", "continuous"):
         errors.append(f"{file}: unknown dist_type {dist_type!r}")

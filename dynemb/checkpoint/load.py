@@ -40,6 +40,7 @@ from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
 from dynemb.checkpoint.verify import field_bytes, verify_all
 from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.score_strategies import score_strategy_label
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:
@@ -48,7 +49,7 @@ def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatc
     for field, mine in (
         ("dim", table.dim),
         ("value_dtype", dtype_name(table.value_dtype)),
-        ("score_strategy", str(table.score_strategy)),
+        ("score_strategy", score_strategy_label(table)),
     ):
         if meta[field] != mine:
             raise CheckpointError(

@@ -17,6 +17,7 @@ import torch
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.format import TableDelta, table_delta_meta
 from dynemb.deltas.precapture import read_entries
+from dynemb.score_strategies import score_strategy_label
 from dynemb.table.scored_hash_table import ScoredHashTable
 
 
@@ -105,7 +106,9 @@ def table_meta(table: ScoredHashTable, state_columns: int | None = None) -> dict
     """The delta manifest's fields of ``table`` (``state_columns``: the table's own)."""
     if state_columns is None:
         state_columns = table.extra_columns
-    return table_delta_meta(table.dim, table.value_dtype, state_columns, str(table.score_strategy))
+    return table_delta_meta(
+        table.dim, table.value_dtype, state_columns, score_strategy_label(table)
+    )
 
 
 def restore(taken: tuple) -> None:

@@ -3,23 +3,37 @@ argument, its value and what was expected, before the table changes."""
 
 import torch
 
-from dynemb._ops import TIMESTAMP_LFU
+from dynemb._ops import TIMESTAMP_DECAYED_LFU, TIMESTAMP_LFU
+from dynemb.score_strategies import check_score_half_life
 from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 
 
 def strategy_code(strategy: ScoreStrategyArg) -> int:
-    """The kernel code of a strategy or of the compound (TIMESTAMP, LFU)."""
+    """The kernel code of a strategy or of a compound (TIMESTAMP, LFU | DECAYED_LFU)."""
     if isinstance(strategy, DynamicEmbScoreStrategy):
         return strategy.value
     ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU
-    if isinstance(strategy, tuple) and set(strategy) == {ts, lfu} and len(strategy) == 2:
-        return TIMESTAMP_LFU
+    decayed = DynamicEmbScoreStrategy.DECAYED_LFU
+    if isinstance(strategy, tuple) and len(strategy) == 2:
+        if set(strategy) == {ts, lfu}:
+            return TIMESTAMP_LFU
+        if set(strategy) == {ts, decayed}:
+            return TIMESTAMP_DECAYED_LFU
     raise ValueError(
-        "score_strategy must be a DynamicEmbScoreStrategy or the compound "
-        f"(TIMESTAMP, LFU), got {strategy!r}"
+        "score_strategy must be a DynamicEmbScoreStrategy or a compound "
+        f"(TIMESTAMP, LFU) or (TIMESTAMP, DECAYED_LFU), got {strategy!r}"
     )
+
+
+# The strategy codes whose tables keep a last-access time beside the score.
+TIMESTAMP_CODES = (TIMESTAMP_LFU, TIMESTAMP_DECAYED_LFU)
+
+
+def check_half_life(strategy: ScoreStrategyArg, half_life) -> int | None:
+    """``score_half_life_steps`` checked against the strategy (score_strategies.py)."""
+    return check_score_half_life(strategy, half_life, "score_half_life_steps")
 
 
 def check_int(name: str, value, minimum: int, minimum_name: str | None = None) -> None:

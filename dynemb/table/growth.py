@@ -127,7 +127,7 @@ def policy(state: TableState, batch_value: int, pin: PinHold | None) -> _ops.Pol
     number = pin.number if pin is not None else 0
     return _ops.Policy(
         state.strategy, batch_value, state.seed, evict_below, state.dim, number,
-        state.pins.floor(),
+        state.pins.floor(), state.score_half_life_steps or 0, state.step,
     )  # fmt: skip
 
 

@@ -52,7 +52,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         init_capacity: initial slots (``None``: ``capacity``); the table doubles up to
             ``capacity`` as keys arrive.
         bucket_capacity: slots per bucket, a positive multiple of 16.
-        score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU)``.
+        score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU | DECAYED_LFU)``.
+        score_half_life_steps: DECAYED_LFU's half-life in steps (required by it only).
         value_dtype: storage type of rows: float32, float16 or bfloat16.
         extra_columns: columns stored after the embedding (optimizer state), set to
             ``extra_init`` for new keys.
@@ -101,6 +102,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         fast_rows: int | None = None,
         spill_directory: str | None = None,
         initializer_capacity: int | None = None,
+        score_half_life_steps: int | None = None,
     ) -> None:
         args.check_int("dim", dim, 1)
         args.check_int("bucket_capacity", bucket_capacity, 16)
@@ -123,6 +125,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         initializer.validate()
         check_float32("extra_init", extra_init)
         code = args.strategy_code(score_strategy)
+        half_life = args.check_half_life(score_strategy, score_half_life_steps)
         if initializer_capacity is not None:
             args.check_int("initializer_capacity", initializer_capacity, 1)
         if fast_rows is not None:
@@ -134,7 +137,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
             bucket_capacity=bucket_capacity,
             value_dtype=value_dtype,
             keeps_scores=code != DynamicEmbScoreStrategy.NO_EVICTION.value,
-            keeps_timestamps=code == args.TIMESTAMP_LFU,
+            keeps_timestamps=code in args.TIMESTAMP_CODES,
             device=canonical_device(device),
             fast_rows=fast_rows,
         )
@@ -144,6 +147,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         self.dim = dim
         self.extra_columns = extra_columns
         self.score_strategy = score_strategy
+        self.score_half_life_steps = half_life
         self.initializer = initializer
         self.seed = seed
         init_buckets, max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
@@ -159,7 +163,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         # Everything the ops change or share (see table_state.py); the clock is
         # ``state.clock`` (tests replace it to make timestamps predictable).
         self._state = TableState(
-            dim, seed, layout, code, max_buckets, init, spill, storage, size=size, step=step
+            dim, seed, layout, code, max_buckets, init, spill, storage, half_life, size, step
         )
         if spill is not None and meta is None:
             commit_spill(self._state)
@@ -200,7 +204,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
 
     @property
     def keeps_timestamps(self) -> bool:
-        """Whether a last-access time is kept per slot (the (TIMESTAMP, LFU) compound)."""
+        """Whether a last-access time is kept per slot (the (TIMESTAMP, ...) compounds)."""
         return self._state.layout.keeps_timestamps
 
     @property
@@ -258,10 +262,10 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         return self._gather_meta(self._check_keys(keys), "scores")
 
     def get_timestamps(self, keys: torch.Tensor) -> torch.Tensor:
-        """Returns (n,) int64 last-access times of the (TIMESTAMP, LFU) compound, 0 where not stored."""
+        """Returns (n,) int64 last-access times of a (TIMESTAMP, ...) compound, 0 where not stored."""
         if not self._state.layout.keeps_timestamps:
             raise ValueError(
-                f"get_timestamps needs the (TIMESTAMP, LFU) strategy, this table uses {self.score_strategy}"
+                f"get_timestamps needs a compound (TIMESTAMP, LFU) or (TIMESTAMP, DECAYED_LFU), this table uses {self.score_strategy}"
             )
         return self._gather_meta(self._check_keys(keys), "timestamps")
 

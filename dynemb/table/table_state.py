@@ -34,6 +34,7 @@ class TableState:
         dim: embedding columns of a row; ``seed``: the initializer's seed.
         layout: the geometry every storage of the table shares.
         strategy: the score strategy's code (``_ops`` / csrc/core/score_policy.h).
+        score_half_life_steps: DECAYED_LFU's half-life in steps (None: no decay).
         max_buckets: the bucket count growth stops at.
         init: the ops' initializer list ``[mode, a, b, lower, upper, extra_init]``.
         spill: the spill directory, or None (the table is in memory).
@@ -59,6 +60,7 @@ class TableState:
     init: list[float]
     spill: SpillDirectory | None
     storage: TableStorage
+    score_half_life_steps: int | None = None
     size: int = 0
     step: int = 0
     mutations: int = 0

@@ -107,6 +107,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.storage = storage
         self.name = name
         self.score_strategy = score_strategy
+        self.score_half_life_steps = None  # DECAYED_LFU is refused in caching mode
         self._strategy = (
             score_strategy.value
             if isinstance(score_strategy, DynamicEmbScoreStrategy)

@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from dynemb._ops import DECAYED_LFU, TIMESTAMP_DECAYED_LFU
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.table.batch_arguments import TIMESTAMP_LFU, strategy_code
 from dynemb.table.scored_hash_table import ScoredHashTable
@@ -74,7 +75,7 @@ def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_colu
             f"table {name!r}: local_hbm_for_values={hbm} bytes hold {rows} rows of "
             f"dim + optimizer state = {o.dim + state_columns} columns; a cache needs >= 16"
         )
-    if strategy_code(o.score_strategy) == TIMESTAMP_LFU:
+    if strategy_code(o.score_strategy) in (TIMESTAMP_LFU, DECAYED_LFU, TIMESTAMP_DECAYED_LFU):
         raise ValueError(
             f"table {name!r}: caching=True does not support score_strategy="
             f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, CUSTOMIZED or NO_EVICTION"
@@ -117,6 +118,7 @@ def make_table(
             device=device,
             fast_rows=fast_rows,
             spill_directory=spill_directory,
+            score_half_life_steps=o.score_half_life_steps,
         )
     rows = cache_rows(o, state_columns)
     bucket = min(CACHE_BUCKET_CAPACITY, rows // 16 * 16)

@@ -22,7 +22,9 @@ def test_constants():
         (dynemb.DynamicEmbPoolingMode, {"SUM": 0, "MEAN": 1, "NONE": 2}),
         (
             dynemb.DynamicEmbScoreStrategy,
-            {"TIMESTAMP": 0, "STEP": 1, "CUSTOMIZED": 2, "LFU": 3, "NO_EVICTION": 4},
+            # DynamicEmb's members and values, and dynemb's DECAYED_LFU (the core's code).
+            {"TIMESTAMP": 0, "STEP": 1, "CUSTOMIZED": 2, "LFU": 3, "NO_EVICTION": 4}
+            | {"DECAYED_LFU": 7},
         ),
     ],
 )
