@@ -106,7 +106,7 @@ def test_the_compound_keeps_the_last_access_time_beside_the_same_scores():
     plain = _table(S.DECAYED_LFU, 4)
     compound = _table((S.DECAYED_LFU, S.TIMESTAMP), 4)
     clock = iter(range(1000, 10**6, 10))
-    compound._clock = lambda: next(clock)
+    compound.state.clock = lambda: next(clock)
     last = {}
     for step in range(1, 30):
         keys = torch.arange(step % 5, 20, 3)
@@ -148,7 +148,7 @@ def test_the_op_refuses_a_decayed_policy_without_a_half_life():
     bad = dynemb._ops.Policy(ref.DECAYED_LFU, 1, 0, dynemb._ops.EVICT_ANY, 2, half_life=0)
     with pytest.raises(ValueError, match="half_life must be in"):
         dynemb._ops.table_find_or_insert(
-            table._storage.tensors(), bad, table._init, keys, None, torch.zeros(2, 2), []
+            table.buffers.tensors(), bad, table.state.init, keys, None, torch.zeros(2, 2), []
         )
     assert table.size() == 0
 
