@@ -10,14 +10,23 @@
 // batch upsert, where one tile serves every key of a home-bucket range in batch order
 // (a bucket's keys are all in one range), so no other lane reads or writes the bucket
 // meanwhile. Hence no bucket lock and no fence; the tile's own order is kept by
-// tile.sync() after each key (lane 0 writes the slot's metadata and calls the sink; the
-// next key's scans by the other lanes must see those writes).
+// tile.sync(): lane 0 writes the slot's metadata (touch, claim), every lane calls the
+// sink with its Lanes (batch_sinks.h: its elements of the rows), and the tile syncs
+// after an eviction's capture (before the newcomer's row overwrites the victim's) and
+// after each key (the next key's scans and rows must see its writes).
 #pragma once
 
+#include "core/batch_sinks.h"
 #include "core/bucket_tile.h"
 #include "core/table_ops.h"
 
 namespace dynemb {
+
+/// The elements of a row the calling lane of `tile` writes.
+template <class Tile>
+DYNEMB_HD DYNEMB_INLINE Lanes lanes_of(const Tile& tile) {
+  return Lanes{tile.rank(), Tile::kSize};
+}
 
 /// touch_stored (hits_first's pass) by a tile that owns `key`'s home bucket.
 /// @return true, in every lane, when the key was stored (then touched and reported).
@@ -26,9 +35,9 @@ DYNEMB_HD bool tile_touch_stored(const Tile& tile, const TableRef<V>& t, int64_t
                                  int64_t key, const KeyProbe& p, const UpsertArgs& u,
                                  Sink& sink) {
   const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
-  if (slot >= 0 && tile.rank() == 0) {
-    touch(t, slot, u, i);
-    sink.hit(i, o, slot);
+  if (slot >= 0) {
+    if (tile.rank() == 0) touch(t, slot, u, i);
+    sink.hit(i, o, slot, lanes_of(tile));
   }
   tile.sync();
   return slot >= 0;
@@ -55,14 +64,16 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
       claimed = victim;
     }
   }
-  if (tile.rank() == 0) {
-    if (status == Status::kEvicted) sink.evicting(i, claimed);
-    if (claimed >= 0) {
-      claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
-      sink.fresh(i, o, claimed, key);
-    } else {
-      sink.failed(i, o, key);
-    }
+  const Lanes l = lanes_of(tile);
+  if (status == Status::kEvicted) {
+    sink.evicting(i, claimed, l);
+    tile.sync();  // the victim's row and key are read before they are overwritten
+  }
+  if (claimed >= 0) {
+    if (tile.rank() == 0) claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
+    sink.fresh(i, o, claimed, key, l);
+  } else {
+    sink.failed(i, o, key, l);
   }
   return status;
 }
@@ -79,10 +90,8 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   bool decided = false;
   const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest);
   if (slot >= 0) {
-    if (tile.rank() == 0) {
-      touch(t, slot, u, i);
-      sink.hit(i, o, slot);
-    }
+    if (tile.rank() == 0) touch(t, slot, u, i);
+    sink.hit(i, o, slot, lanes_of(tile));
     *status = Status::kHit;
     decided = true;
   } else {

@@ -2,6 +2,8 @@
 // core/bucket.h, on random buckets: empty, full and mixed, digests and scores drawn
 // from few values (ties), pins, every eviction floor. Tiles of 8, 16 and 32 lanes run
 // as kernels on the emulated executor's lockstep warps; the SerialTile on the host.
+// Also: a row initialised by the lanes of a tile (init_row with Lanes, each lane its
+// elements) equals init_row's, for every initializer and odd and even widths.
 // Built and run by tests/test_tile_bucket.py:
 //   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
 #define DYNEMB_CUDA_EMULATION 1
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "core/bucket_tile.h"
+#include "core/initializer.h"
 #include "cuda/tile.cuh"
 
 namespace {
@@ -155,6 +158,35 @@ void launch(const TableRef<float>& t, const std::vector<Query>& q, std::vector<A
                                                                     out.data());
 }
 
+/// The first element where init_row by lanes differs from init_row, or an empty string.
+std::string lanes_init_difference() {
+  for (int64_t mode = 0; mode < dynemb::kInitModeCount; ++mode) {
+    const dynemb::InitArgs a{static_cast<dynemb::InitMode>(mode), -0.5f, 0.75f, -1.0f, 1.5f,
+                             0.25f, 12345};
+    for (int64_t dim : {1, 7, 8, 33, 64}) {
+      const int64_t width = dim + 3;
+      for (int64_t key : {int64_t{0}, int64_t{-7}, int64_t{1} << 40}) {
+        std::vector<float> want(width), got(width, -99.0f);
+        dynemb::init_row(a, key, want.data(), dim, width);
+        for (int64_t lanes : {1, 8, 32}) {
+          for (int64_t r = 0; r < lanes; ++r) {
+            dynemb::init_row(a, key, got.data(), dim, width, dynemb::Lanes{r, lanes});
+          }
+          for (int64_t j = 0; j < width; ++j) {
+            if (got[j] != want[j]) {
+              return "init_row by " + std::to_string(lanes) + " lanes, mode " +
+                     std::to_string(mode) + ", dim " + std::to_string(dim) + ", element " +
+                     std::to_string(j) + ": " + std::to_string(got[j]) + ", serial " +
+                     std::to_string(want[j]);
+            }
+          }
+        }
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,6 +223,11 @@ int main(int argc, char** argv) {
         checked += want.find >= 0;
       }
     }
+  }
+  const std::string init = lanes_init_difference();
+  if (!init.empty()) {
+    std::printf("%s\n", init.c_str());
+    return 1;
   }
   if (checked == 0) {
     std::printf("no query found its key: the test checks nothing\n");
