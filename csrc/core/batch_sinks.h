@@ -12,6 +12,10 @@
 //                     cache's write-back); failed -> nothing.
 // Both can capture evicted residents (key, full row, score) at the position of
 // the key that replaced them, so nothing leaves the table unreported.
+//
+// Each sink function also comes with a trailing Lanes argument (initializer.h): the
+// same effect, written by the lanes of a tile together (core/tile_ops.h), each lane
+// its elements of the rows (plain stores), the lead lane the scalar outputs.
 #pragma once
 
 #include "core/initializer.h"
@@ -29,6 +33,12 @@ DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = src[j];
 }
 
+/// copy_row's elements j = l.first, l.first + l.stride, ... only.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n, Lanes l) {
+  for (int64_t j = l.first; j < n; j += l.stride) dst[j] = src[j];
+}
+
 /// Optional capture of evicted residents; all pointers null when not wanted, rows
 /// and scores also null when only the keys are (the row stays in the slot until the
 /// caller moves it: SlotSink without init_rows).
@@ -43,6 +53,14 @@ struct EvictedOut {
     keys[i] = t.keys[slot];
     if (scores) scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
     if (rows) copy_row(t.row(slot), rows + i * t.row_width, t.row_width);
+  }
+  DYNEMB_HD void capture(const TableRef<V>& t, int64_t i, int64_t slot, Lanes l) const {
+    if (keys == nullptr) return;
+    if (l.lead()) {
+      keys[i] = t.keys[slot];
+      if (scores) scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
+    }
+    if (rows) copy_row(t.row(slot), rows + i * t.row_width, t.row_width, l);
   }
 };
 
@@ -90,6 +108,19 @@ struct FindOrInsertSink {
   DYNEMB_HD void failed(int64_t i, int64_t, int64_t key) {
     init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width);
   }
+  // By lanes (plain stores).
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot, Lanes l) {
+    copy_row(t.row(slot), out + i * out_width, out_width, l);
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
+  DYNEMB_HD void fresh(int64_t i, int64_t, int64_t slot, int64_t key, Lanes l) {
+    V* row = t.row(slot);
+    init_row(init, key, row, dim, t.row_width, l);
+    copy_row(row, out + i * out_width, out_width, l);  // the elements this lane wrote
+  }
+  DYNEMB_HD void failed(int64_t i, int64_t, int64_t key, Lanes l) {
+    init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width, l);
+  }
 };
 
 template <class V, class StoreT = PlainStore>
@@ -113,6 +144,19 @@ struct AssignSink {
     hit(i, o, slot);
   }
   DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
+  // By lanes (plain stores).
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot, Lanes l) {
+    copy_row(in + i * in_width, t.row(slot), in_width, l);
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t, Lanes l) {
+    V* row = t.row(slot);
+    for (int64_t j = in_width + l.first; j < t.row_width; j += l.stride) {
+      row[j] = static_cast<V>(init.extra_value);
+    }
+    hit(i, o, slot, l);
+  }
+  DYNEMB_HD void failed(int64_t, int64_t, int64_t, Lanes) {}
 };
 
 template <class V>
@@ -133,6 +177,18 @@ struct SlotSink {
     slots[o] = slot;
   }
   DYNEMB_HD void failed(int64_t, int64_t o, int64_t) { slots[o] = -1; }
+  // By lanes.
+  DYNEMB_HD void hit(int64_t, int64_t o, int64_t slot, Lanes l) {
+    if (l.lead()) slots[o] = slot;
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
+  DYNEMB_HD void fresh(int64_t, int64_t o, int64_t slot, int64_t key, Lanes l) {
+    if (init_rows) init_row(init, key, t.row(slot), dim, t.row_width, l);
+    if (l.lead()) slots[o] = slot;
+  }
+  DYNEMB_HD void failed(int64_t, int64_t o, int64_t, Lanes l) {
+    if (l.lead()) slots[o] = -1;
+  }
 };
 
 /// A checkpoint's entry i, in separate arrays as the files hold them (no row concat).
@@ -173,6 +229,26 @@ struct RestoreSink {
     hit(i, o, slot);
   }
   DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
+  // By lanes.
+  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot, Lanes l) {
+    V* row = t.row(slot);
+    copy_row(in.values + i * dim, row, dim, l);
+    if (in.state) copy_row(in.state + i * in.state_width, row + dim, in.state_width, l);
+    if (!l.lead()) return;
+    if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
+    if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
+  }
+  DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
+  DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t, Lanes l) {
+    if (!in.state) {
+      V* row = t.row(slot);
+      for (int64_t j = dim + l.first; j < t.row_width; j += l.stride) {
+        row[j] = static_cast<V>(init.extra_value);
+      }
+    }
+    hit(i, o, slot, l);
+  }
+  DYNEMB_HD void failed(int64_t, int64_t, int64_t, Lanes) {}
 };
 
 }  // namespace dynemb

@@ -121,6 +121,15 @@ DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, i
   return 0.0f;
 }
 
+/// The elements of a row one caller writes: first, first + stride, ... (lane `first`
+/// of a tile of `stride` lanes, core/bucket_tile.h). The lead lane (first 0) also
+/// writes a key's scalar outputs (batch_sinks.h).
+struct Lanes {
+  int64_t first;
+  int64_t stride;
+  DYNEMB_HD bool lead() const { return first == 0; }
+};
+
 /// Writes a new row: out[j] for j < dim from the initializer, then the extra
 /// columns (j < row_width) at `extra_value`.
 template <typename V>
@@ -145,6 +154,31 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
     for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(init_element(a, stream, key, j));
   }
   for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(a.extra_value);
+}
+
+/// init_row's elements j = l.first, l.first + l.stride, ... only: the same values, so
+/// the lanes of a tile write a row together. A lane computes the Box-Muller pair of
+/// each of its elements (its neighbour in the pair may belong to another lane).
+template <typename V>
+DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width,
+                        Lanes l) {
+  if (l.stride == 1) return init_row(a, key, out, dim, row_width);
+  const uint64_t stream = stream_of(a.seed, key);
+  for (int64_t j = l.first; j < row_width; j += l.stride) {
+    float v;
+    if (j >= dim) {
+      v = a.extra_value;
+    } else if (a.mode == InitMode::kUniform) {
+      v = a.a + (a.b - a.a) * unit_of(draw32(stream, static_cast<uint32_t>(j)));
+    } else if (a.mode == InitMode::kNormal) {
+      float z0, z1;
+      normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
+      v = a.a + a.b * ((j & 1) ? z1 : z0);
+    } else {
+      v = init_element(a, stream, key, j);
+    }
+    out[j] = static_cast<V>(v);
+  }
 }
 
 }  // namespace dynemb

@@ -4,8 +4,10 @@
 
 #include "core/grouped.h"
 #include "core/table_ops.h"
+#include "core/tile_ops.h"
 #include "cuda/cuda_platform.cuh"
 #include "cuda/launchers_cuda.h"
+#include "cuda/tile.cuh"
 
 namespace dynemb::DYNEMB_CUDA_NS {
 
@@ -85,40 +87,43 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
   }
 }
 
-/// The batch rule's pass 1 over one home-bucket range: the positions order[begin ..
-/// end) in batch order (position x is key x - base of `keys`, status[x - base]):
-/// under hits_first touch_stored for all of them first, then upsert_home for the
-/// keys not stored.
-template <class V, class Sink>
-__device__ void upsert_range(const TableRef<V>& t, Sink& sink, const UpsertArgs& args,
-                             const int64_t* keys, int64_t base, const int64_t* order,
-                             int64_t begin, int64_t end, int8_t* status) {
+/// The batch rule's pass 1 over one home-bucket range, by a tile that owns its
+/// buckets (core/tile_ops.h: no lock, no fence): the positions order[begin .. end) in
+/// batch order (position x is key x - base of `keys`, status[x - base]): under
+/// hits_first tile_touch_stored for all of them first, then tile_upsert_home for the
+/// keys not stored. Lane 0 writes the statuses.
+template <class Tile, class V, class Sink>
+__device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
+                             const UpsertArgs& args, const int64_t* keys, int64_t base,
+                             const int64_t* order, int64_t begin, int64_t end, int8_t* status) {
   const bool first_hits = hits_first(args);
   if (first_hits) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = order[k] - base;
-      const bool hit = touch_stored<CudaPlatform>(t, i, i, keys[i], args, sink);
-      status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
+      const bool hit = tile_touch_stored(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink);
+      if (tile.rank() == 0) status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
     }
+    tile.sync();  // every lane reads the statuses below
   }
   for (int64_t k = begin; k < end; ++k) {
     const int64_t i = order[k] - base;
     if (first_hits && status[i] == static_cast<int8_t>(Status::kHit)) continue;
     Status s;
-    status[i] = upsert_home<CudaPlatform>(t, i, i, keys[i], args, sink, &s)
-                    ? static_cast<int8_t>(s)
-                    : kDeferred;
+    const bool decided =
+        tile_upsert_home(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink, &s);
+    if (tile.rank() == 0) status[i] = decided ? static_cast<int8_t>(s) : kDeferred;
   }
 }
 
-/// The batch rule's pass 1, one home-bucket range per thread.
-template <class V, class Sink>
+/// The batch rule's pass 1, a tile of N lanes per home-bucket range.
+template <unsigned N, class V, class Sink>
 __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                      const int64_t* keys, const int64_t* start,
                                      const int64_t* order, int64_t ranges, int8_t* status) {
-  const int64_t g = thread_index();
-  if (g >= ranges) return;
-  upsert_range(t, sink, args, keys, 0, order, start[g], start[g + 1], status);
+  const int64_t g = thread_index() / N;
+  if (g >= ranges) return;  // whole tiles
+  const CgTile<N> tile;
+  upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status);
 }
 
 /// The batch rule's pass 2: one thread, the deferred keys (deferred[0 .. *count), in
@@ -143,8 +148,11 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   if (n == 0) return;
   const TableRef<V>& t = sink.t;
   const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(r.count), kBlock, stream, upsert_ranges_kernel<V, Sink>)(
-      t, sink, args, keys, r.start, r.order, r.count, status);
+  with_row_tile(t.row_width, [&](auto lanes) {
+    constexpr unsigned N = decltype(lanes)::value;
+    DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, V, Sink>)(
+        t, sink, args, keys, r.start, r.order, r.count, status);
+  });
   int64_t* deferred = ws.array<int64_t>(n);
   int64_t* deferred_count = ws.array<int64_t>(1);
   launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);

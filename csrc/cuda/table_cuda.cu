@@ -4,35 +4,43 @@
 // so their results are those of the CPU executor, bit for bit.
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
+#include "cuda/tile.cuh"
 
 namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
 
 using P = CudaPlatform;
 
-/// kRowLanes threads per key: each probes for it (the lanes of a warp run the same
-/// probe on the same lines, at the cost of one), then copies elements lane, lane +
-/// kRowLanes, ... of its row.
-template <class V>
+/// A tile of N lanes per key (N from the row width: tile.cuh row_tile_lanes): the
+/// lanes probe together (core tile_find_slot: each reads a chunk of the bucket's
+/// digests and votes), then copy elements lane, lane + N, ... of the row.
+template <unsigned N, class V>
 __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* out,
                             int64_t out_width, bool* found) {
-  const int64_t i = thread_index() / kRowLanes;
-  if (i >= n) return;
-  const int64_t lane = thread_index() % kRowLanes;
-  const int64_t slot = find_slot<P>(t, keys[i]);
-  if (lane == 0) found[i] = slot >= 0;
+  const int64_t i = thread_index() / N;
+  if (i >= n) return;  // whole tiles: n tiles fill blocks of kBlock threads from the start
+  const CgTile<N> tile;
+  const int64_t slot = tile_find_slot(tile, t, keys[i]);
+  if (tile.rank() == 0) found[i] = slot >= 0;
   V* dst = out + i * out_width;
   const V* src = slot >= 0 ? t.row(slot) : nullptr;
-  for (int64_t j = lane; j < out_width; j += kRowLanes) {
+  for (int64_t j = tile.rank(); j < out_width; j += N) {
     dst[j] = src != nullptr ? src[j] : V(0.0f);  // absent keys: a zero row
   }
 }
 
+/// A tile of kSlotLanes lanes per key: a 128-slot bucket's digests in one 16-byte load
+/// per lane.
+constexpr unsigned kSlotLanes = 8;
+
 template <class V>
 __global__ void find_slots_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
                                   int64_t* slots) {
-  const int64_t i = thread_index();
-  if (i < n) slots[i] = find_slot<P>(t, keys[i]);
+  const int64_t i = thread_index() / kSlotLanes;
+  if (i >= n) return;
+  const CgTile<kSlotLanes> tile;
+  const int64_t slot = tile_find_slot(tile, t, keys[i]);
+  if (tile.rank() == 0) slots[i] = slot;
 }
 
 /// One thread per home-bucket range, its keys in batch order: a repeated key's first
@@ -119,15 +127,17 @@ __global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_
                              buckets);
 }
 
-/// Pass 1, one home-bucket range of the call per thread (its part's keys and table).
+/// Pass 1, a tile of kSlotLanes lanes per home-bucket range of the call (its part's
+/// keys and table): the lanes probe, the sink records slots (and initialises new rows).
 template <class V>
 __global__ void grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start,
                                              const int64_t* order, int64_t ranges) {
-  const int64_t g = thread_index();
-  if (g >= ranges) return;
+  const int64_t g = thread_index() / kSlotLanes;
+  if (g >= ranges) return;  // whole tiles
+  const CgTile<kSlotLanes> tile;
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
   SlotSink<V> sink = q.sink;
-  upsert_range(sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
+  upsert_range(tile, sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
                q.status);
 }
 
@@ -172,8 +182,8 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* order = ws.array<int64_t>(n);
   DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group);
   launch_group_stable(group, n, ranges, start, order, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, grouped_upsert_ranges_kernel<V>)(
-      parts, start, order, ranges);
+  DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
+                grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges);
   int64_t* deferred = ws.array<int64_t>(n);
   int64_t* deferred_count = ws.array<int64_t>(1);
   launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
@@ -186,15 +196,27 @@ template <class V>
 void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
                  bool* found, cudaStream_t stream) {
   if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n * kRowLanes), kBlock, stream, find_kernel<V>)(t, keys, n, out,
-                                                                          out_width, found);
+  switch (row_tile_lanes(out_width)) {
+    case 8:
+      DYNEMB_LAUNCH(blocks_for(n * 8), kBlock, stream, find_kernel<8, V>)(t, keys, n, out,
+                                                                         out_width, found);
+      break;
+    case 16:
+      DYNEMB_LAUNCH(blocks_for(n * 16), kBlock, stream, find_kernel<16, V>)(t, keys, n, out,
+                                                                           out_width, found);
+      break;
+    default:
+      DYNEMB_LAUNCH(blocks_for(n * 32), kBlock, stream, find_kernel<32, V>)(t, keys, n, out,
+                                                                           out_width, found);
+  }
 }
 
 template <class V>
 void launch_find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots,
                        cudaStream_t stream) {
   if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, find_slots_kernel<V>)(t, keys, n, slots);
+  DYNEMB_LAUNCH(blocks_for(n * kSlotLanes), kBlock, stream, find_slots_kernel<V>)(t, keys, n,
+                                                                                 slots);
 }
 
 template <class Sink>

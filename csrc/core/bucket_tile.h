@@ -1,0 +1,216 @@
+// dynemb core: one bucket scanned by a tile of cooperating lanes.
+//
+// bucket.h's scans written for a tile: kSize lanes (1, 8, 16 or 32) that scan one
+// bucket together for one key. Lane r reads the bucket's digests kChunk bytes at a
+// time, chunks r, r + kSize, ... (kChunk = 128 / kSize, between 4 and 16: a tile of
+// 8, 16 or 32 lanes reads a 128-slot bucket's digests in one load per lane, 16, 8 or
+// 4 bytes wide), and votes; scores, pins and keys are read slot r, r + kSize, ...
+// (consecutive lanes, consecutive words). The answers are bucket.h's exactly:
+//
+//   tile_bucket_find    the slot holding the key (a key holds one slot at most, so
+//                       the lane that finds it is the only one; its slot is
+//                       broadcast by shuffle);
+//   tile_free_slot      the first empty slot in the key's probe order: each lane's
+//                       first empty slot ranked by (probe position, offset in its
+//                       group), the tile's minimum rank;
+//   tile_victim_in      the minimum (score, digest, key) of the slots not pinned,
+//                       and on a full tie of all three the lowest slot (bucket_victim_in's
+//                       rule): three tile minimum reductions, then the lowest
+//                       matching slot.
+//
+// Every lane returns the same answer, so a tile's control flow stays uniform and
+// its collectives are reached by all of its lanes.
+//
+// The tile concept (a SerialTile of one lane for hosts and tests; cuda/tile.cuh's
+// cooperative-groups tile on devices):
+//
+//   struct Tile {
+//     static constexpr int kSize;                 // lanes: a power of two <= 32
+//     int rank() const;                           // this lane, in [0, kSize)
+//     uint32_t ballot(bool vote) const;           // bit r: lane r's vote
+//     template <class T> T shfl(T v, int src) const;  // lane src's v
+//     uint64_t min(uint64_t v) const;             // the minimum of v over the lanes
+//     void sync() const;                          // a lane's earlier writes are seen
+//   };                                            //   by the tile's lanes after it
+#pragma once
+
+#include "core/bucket.h"
+
+#if !defined(__CUDA_ARCH__)
+#include <cstring>
+#endif
+
+namespace dynemb {
+
+/// A tile of one lane: every collective is the lane's own value.
+struct SerialTile {
+  static constexpr int kSize = 1;
+  DYNEMB_HD int rank() const { return 0; }
+  DYNEMB_HD uint32_t ballot(bool vote) const { return vote ? 1u : 0u; }
+  template <class T>
+  DYNEMB_HD T shfl(T v, int) const {
+    return v;
+  }
+  DYNEMB_HD uint64_t min(uint64_t v) const { return v; }
+  DYNEMB_HD void sync() const {}
+};
+
+/// Digest bytes one lane of a tile of `size` lanes reads at a time: 128 / size,
+/// clamped to [4, 16] (one load per lane covers a 128-slot bucket).
+constexpr int chunk_bytes(int size) { return size >= 32 ? 4 : size >= 16 ? 8 : 16; }
+
+/// Bit j set when byte j of `word` equals `digest` (exact: no carries between bytes).
+DYNEMB_HD DYNEMB_INLINE uint32_t match4(uint32_t word, uint8_t digest) {
+  const uint32_t x = word ^ (0x01010101u * digest);  // a zero byte where equal
+  const uint32_t zero = ~((((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | x) | 0x7F7F7F7Fu);
+  return ((zero >> 7) & 1u) | ((zero >> 14) & 2u) | ((zero >> 21) & 4u) | ((zero >> 28) & 8u);
+}
+
+/// Bit j set when digests[j] == digest, for the kBytes bytes at `digests` (aligned
+/// to kBytes: buckets are 16-slot groups of 64-byte aligned buffers), read in one load.
+template <int kBytes>
+DYNEMB_HD DYNEMB_INLINE uint32_t match_chunk(const uint8_t* digests, uint8_t digest) {
+  uint32_t w[kBytes / 4];
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(digests);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(digests);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(digests);
+  }
+#else
+  std::memcpy(w, digests, kBytes);
+#endif
+  uint32_t mask = 0;
+#pragma unroll
+  for (int k = 0; k < kBytes / 4; ++k) mask |= match4(w[k], digest) << (4 * k);
+  return mask;
+}
+
+/// @return the slot of `key` in `bucket`, or -1, the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRef<V>& t,
+                                                 int64_t bucket, int64_t key, uint8_t digest) {
+  constexpr int kChunk = chunk_bytes(Tile::kSize);
+  const int64_t base = bucket * t.bucket_capacity;
+  for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
+    const int64_t mine = first + kChunk * tile.rank();
+    int64_t slot = -1;
+    if (mine < t.bucket_capacity) {
+      uint32_t mask = match_chunk<kChunk>(t.digests + base + mine, digest);
+      while (mask != 0 && slot < 0) {
+        const int64_t s = base + mine + lowest_bit(mask);
+        if (t.keys[s] == key) slot = s;
+        mask &= mask - 1;
+      }
+    }
+    const uint32_t hits = tile.ballot(slot >= 0);
+    if (hits != 0) return tile.shfl(slot, lowest_bit(hits));
+  }
+  return -1;
+}
+
+/// find_slot (table_ops.h) by a tile: the home bucket, then on past overflowed
+/// buckets. @return the slot holding `key`, or -1, the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD int64_t tile_find_slot(const Tile& tile, const TableRef<V>& t, int64_t key) {
+  const uint64_t h = hash_key(key);
+  const uint8_t digest = digest_of(h);
+  int64_t b = bucket_of(h, t.num_buckets);
+  const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
+                                                    : kMaxProbeBuckets;
+  for (int k = 0; k < walk; ++k) {
+    const int64_t slot = tile_bucket_find(tile, t, b, key, digest);
+    if (slot >= 0 || !t.overflow[b]) return slot;
+    b = t.next_bucket(b);
+  }
+  return -1;
+}
+
+/// bucket_free_slot by a tile. @return the first empty slot of `bucket` in probe
+/// order, or -1 when it is full, the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t tile_free_slot(const Tile& tile, const TableRef<V>& t,
+                                               int64_t bucket, const ProbeOrder& order) {
+  constexpr int kChunk = chunk_bytes(Tile::kSize);
+  const int64_t base = bucket * t.bucket_capacity;
+  // Rank of slot s of group g: its probe position g ^ home, then its offset in g.
+  uint64_t best = ~uint64_t{0};
+  for (int64_t mine = kChunk * tile.rank(); mine < t.bucket_capacity;
+       mine += kChunk * Tile::kSize) {
+    const uint32_t mask = match_chunk<kChunk>(t.digests + base + mine, kEmptyDigest);
+    if (mask == 0) continue;
+    const int64_t s = mine + lowest_bit(mask);
+    const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
+    best = rank < best ? rank : best;
+  }
+  best = tile.min(best);
+  if (best == ~uint64_t{0}) return -1;
+  const auto rank = static_cast<int64_t>(best);
+  return base + 16 * ((rank >> 4) ^ order.home) + (rank & 15);
+}
+
+/// bucket_victim_in by a tile (same arguments, same rule). @return the victim's
+/// slot, or -1 when every slot is pinned, the same in every lane.
+template <bool kPins, class Tile, class V>
+DYNEMB_HD int64_t tile_victim_in(const Tile& tile, const TableRef<V>& t, int64_t bucket,
+                                 uint64_t pin_mask, uint64_t evict_below, uint32_t pin_floor) {
+  const int64_t base = bucket * t.bucket_capacity;
+  const int64_t n = t.bucket_capacity;
+  const uint64_t* scores = t.scores + base;
+  const uint8_t* digests = t.digests + base;
+  const int64_t* keys = t.keys + base;
+  const uint32_t* pins = kPins ? t.pins + base : nullptr;
+  const uint64_t by_score = evict_below != kEvictAny;
+  auto pinned = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
+    return slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
+  };
+  uint64_t low = ~uint64_t{0};
+  bool free = false;
+  for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
+    const uint64_t p = pinned(s);
+    const uint64_t c = scores[s] | (uint64_t{0} - p);
+    low = c < low ? c : low;
+    free |= p == 0;
+  }
+  low = tile.min(low);
+  if (tile.ballot(free) == 0) return -1;
+  // Among the slots not pinned holding the minimum score: the smallest digest, then
+  // the smallest key (as an unsigned number with its sign bit flipped: signed order).
+  auto candidate = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
+    return pinned(s) == 0 && scores[s] == low;
+  };
+  uint64_t digest = ~uint64_t{0};
+  for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
+    if (candidate(s) && digests[s] < digest) digest = digests[s];
+  }
+  digest = tile.min(digest);
+  constexpr uint64_t kSign = uint64_t{1} << 63;
+  uint64_t key = ~uint64_t{0};
+  for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
+    const uint64_t k = static_cast<uint64_t>(keys[s]) ^ kSign;
+    if (candidate(s) && digests[s] == digest && k < key) key = k;
+  }
+  key = tile.min(key);
+  uint64_t slot = ~uint64_t{0};
+  for (int64_t s = tile.rank(); s < n && slot == ~uint64_t{0}; s += Tile::kSize) {
+    const uint64_t k = static_cast<uint64_t>(keys[s]) ^ kSign;
+    if (candidate(s) && digests[s] == digest && k == key) slot = static_cast<uint64_t>(s);
+  }
+  return base + static_cast<int64_t>(tile.min(slot));
+}
+
+/// bucket_victim by a tile.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t tile_victim(const Tile& tile, const TableRef<V>& t,
+                                            int64_t bucket, uint64_t pin_mask,
+                                            uint64_t evict_below, uint32_t pin_floor) {
+  return t.pins != nullptr
+             ? tile_victim_in<true>(tile, t, bucket, pin_mask, evict_below, pin_floor)
+             : tile_victim_in<false>(tile, t, bucket, pin_mask, evict_below, pin_floor);
+}
+
+}  // namespace dynemb

@@ -1,0 +1,108 @@
+// dynemb core: pass 1 of the batch rule (table_ops.h) run by a tile of lanes.
+//
+// table_ops.h's touch_stored and upsert_home for a tile (bucket_tile.h) that serves
+// its key's home bucket with all of its lanes: the probe, the free-slot search and the
+// victim are the tile scans (the answers of bucket.h's scans), the decisions are
+// table_ops.h's own (touch, claim, admits, the sink calls), so every executor keeps
+// the same outcome, bit for bit.
+//
+// Ownership, not locks. These run only in a pass that owns its buckets: pass 1 of a
+// batch upsert, where one tile serves every key of a home-bucket range in batch order
+// (a bucket's keys are all in one range), so no other lane reads or writes the bucket
+// meanwhile. Hence no bucket lock and no fence; the tile's own order is kept by
+// tile.sync(): lane 0 writes the slot's metadata (touch, claim), every lane calls the
+// sink with its Lanes (batch_sinks.h: its elements of the rows), and the tile syncs
+// after an eviction's capture (before the newcomer's row overwrites the victim's) and
+// after each key (the next key's scans and rows must see its writes).
+#pragma once
+
+#include "core/batch_sinks.h"
+#include "core/bucket_tile.h"
+#include "core/table_ops.h"
+
+namespace dynemb {
+
+/// The elements of a row the calling lane of `tile` writes.
+template <class Tile>
+DYNEMB_HD DYNEMB_INLINE Lanes lanes_of(const Tile& tile) {
+  return Lanes{tile.rank(), Tile::kSize};
+}
+
+/// touch_stored (hits_first's pass) by a tile that owns `key`'s home bucket.
+/// @return true, in every lane, when the key was stored (then touched and reported).
+template <class Tile, class V, class Sink>
+DYNEMB_HD bool tile_touch_stored(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
+                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
+                                 Sink& sink) {
+  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
+  if (slot >= 0) {
+    if (tile.rank() == 0) touch(t, slot, u, i);
+    sink.hit(i, o, slot, lanes_of(tile));
+  }
+  tile.sync();
+  return slot >= 0;
+}
+
+/// place_new_home by a tile: `slot` is tile_free_slot's answer.
+template <class Tile, class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const TableRef<V>& t,
+                                                   int64_t i, int64_t o, int64_t key,
+                                                   const KeyProbe& p, const UpsertArgs& u,
+                                                   Sink& sink, int64_t slot) {
+  const ScoreArgs& a = u.score;
+  const uint64_t score = score_for_new(a, i);
+  Status status = Status::kFailed;
+  int64_t claimed = -1;
+  if (slot >= 0) {
+    status = Status::kInserted;
+    claimed = slot;
+  } else {
+    const int64_t victim =
+        tile_victim(tile, t, p.bucket, pin_mask(a.strategy), u.evict_below, u.pin_floor);
+    if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
+      status = Status::kEvicted;
+      claimed = victim;
+    }
+  }
+  const Lanes l = lanes_of(tile);
+  if (status == Status::kEvicted) {
+    sink.evicting(i, claimed, l);
+    tile.sync();  // the victim's row and key are read before they are overwritten
+  }
+  if (claimed >= 0) {
+    if (tile.rank() == 0) claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
+    sink.fresh(i, o, claimed, key, l);
+  } else {
+    sink.failed(i, o, key, l);
+  }
+  return status;
+}
+
+/// upsert_home by a tile that owns the key's home bucket (same contract: decides
+/// key i when its home bucket alone can and returns true, with *status set in every
+/// lane; returns false, having changed nothing, for a key that needs its spill window).
+template <class Tile, class V, class Sink>
+DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
+                                int64_t key, const KeyProbe& p, const UpsertArgs& u,
+                                Sink& sink, Status* status) {
+  const int64_t home = p.bucket;
+  if (t.overflow[home]) return false;
+  bool decided = false;
+  const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest);
+  if (slot >= 0) {
+    if (tile.rank() == 0) touch(t, slot, u, i);
+    sink.hit(i, o, slot, lanes_of(tile));
+    *status = Status::kHit;
+    decided = true;
+  } else {
+    const int64_t free = tile_free_slot(tile, t, home, p.order);
+    if (free >= 0 || evicts(u.score.strategy)) {
+      *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, free);
+      decided = true;
+    }
+  }
+  tile.sync();
+  return decided;
+}
+
+}  // namespace dynemb

@@ -1,0 +1,238 @@
+// The tile scans of a bucket (core/bucket_tile.h) against the serial ones of
+// core/bucket.h, on random buckets: empty, full and mixed, digests and scores drawn
+// from few values (ties), pins, every eviction floor. Tiles of 8, 16 and 32 lanes run
+// as kernels on the emulated executor's lockstep warps; the SerialTile on the host.
+// Also: a row initialised by the lanes of a tile (init_row with Lanes, each lane its
+// elements) equals init_row's, for every initializer and odd and even widths.
+// Built and run by tests/test_tile_bucket.py:
+//   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
+#define DYNEMB_CUDA_EMULATION 1
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bucket_tile.h"
+#include "core/initializer.h"
+#include "cuda/tile.cuh"
+
+namespace {
+
+using dynemb::TableRef;
+using dynemb::cuda_emulated::CgTile;
+
+struct ScalarPlatform {
+  static uint32_t match16(const uint8_t* group, uint8_t digest) {
+    return dynemb::match16_scalar(group, digest);
+  }
+};
+
+/// One probe of one bucket: a find, a free-slot search, a victim search.
+struct Query {
+  int64_t bucket;
+  int64_t key;
+  uint8_t digest;
+  int64_t home;  // home group of the probe order
+  uint64_t pin_mask;
+  uint64_t evict_below;
+  uint32_t pin_floor;
+};
+
+struct Answer {
+  int64_t find, free, victim, victim_unpinned;
+  bool operator==(const Answer& o) const {
+    return find == o.find && free == o.free && victim == o.victim &&
+           victim_unpinned == o.victim_unpinned;
+  }
+};
+
+dynemb::ProbeOrder order_of(const TableRef<float>& t, int64_t home) {
+  dynemb::ProbeOrder o;
+  o.groups = t.bucket_capacity / 16;
+  o.home = home;
+  o.span = dynemb::ProbeOrder::power_of_two_at_least(o.groups);
+  return o;
+}
+
+template <class Tile>
+Answer tile_answer(const Tile& tile, const TableRef<float>& t, const Query& q) {
+  Answer a;
+  a.find = dynemb::tile_bucket_find(tile, t, q.bucket, q.key, q.digest);
+  a.free = dynemb::tile_free_slot(tile, t, q.bucket, order_of(t, q.home));
+  a.victim = dynemb::tile_victim_in<true>(tile, t, q.bucket, q.pin_mask, q.evict_below,
+                                          q.pin_floor);
+  a.victim_unpinned = dynemb::tile_victim_in<false>(tile, t, q.bucket, q.pin_mask,
+                                                    q.evict_below, q.pin_floor);
+  return a;
+}
+
+Answer serial_answer(const TableRef<float>& t, const Query& q) {
+  const dynemb::ProbeOrder order = order_of(t, q.home);
+  Answer a;
+  a.find = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
+  a.free = dynemb::bucket_free_slot<ScalarPlatform>(t, q.bucket, order);
+  a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
+  a.victim_unpinned =
+      dynemb::bucket_victim_in<false>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
+  return a;
+}
+
+template <unsigned N>
+__global__ void tile_kernel(TableRef<float> t, const Query* queries, int64_t n, Answer* out) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / N;
+  if (i >= n) return;
+  const CgTile<N> tile;
+  const Answer a = tile_answer(tile, t, queries[i]);
+  // Every lane must hold the answer: lanes other than 0 check theirs against lane 0's.
+  const Answer first{tile.shfl(a.find, 0), tile.shfl(a.free, 0), tile.shfl(a.victim, 0),
+                     tile.shfl(a.victim_unpinned, 0)};
+  if (tile.rank() == 0) out[i] = a;
+  if (!(first == a)) out[i].find = -2;  // lanes disagree: no serial answer is -2
+}
+
+/// A table of `buckets` random buckets of `capacity` slots.
+struct RandomTable {
+  std::vector<uint8_t> digests;
+  std::vector<int64_t> keys;
+  std::vector<uint64_t> scores;
+  std::vector<uint32_t> pins;
+  TableRef<float> t{};
+
+  RandomTable(std::mt19937_64& rng, int64_t buckets, int64_t capacity)
+      : digests(buckets * capacity), keys(buckets * capacity), scores(buckets * capacity),
+        pins(buckets * capacity) {
+    for (int64_t b = 0; b < buckets; ++b) {
+      const int kind = static_cast<int>(rng() % 4);  // 0 empty, 1 full, 2-3 mixed
+      const int digest_values = 1 + static_cast<int>(rng() % 4);  // few: ties
+      for (int64_t i = 0; i < capacity; ++i) {
+        const int64_t s = b * capacity + i;
+        const bool empty = kind == 0 || (kind >= 2 && rng() % 3 == 0);
+        digests[s] = empty ? 0 : static_cast<uint8_t>(1 + rng() % digest_values);
+        // Distinct keys within a bucket (a key holds one slot), of both signs.
+        keys[s] = static_cast<int64_t>((rng() % 1000) * capacity + i) * (rng() % 2 ? 1 : -1);
+        const int r = static_cast<int>(rng() % 8);
+        scores[s] = r == 7 ? ~uint64_t{0} : r == 6 ? (uint64_t{1} << 40) + rng() % 2 : rng() % 3;
+        pins[s] = static_cast<uint32_t>(rng() % 4);
+      }
+    }
+    t.digests = digests.data();
+    t.keys = keys.data();
+    t.scores = scores.data();
+    t.pins = pins.data();
+    t.num_buckets = buckets;
+    t.bucket_capacity = capacity;
+  }
+};
+
+std::vector<Query> random_queries(std::mt19937_64& rng, const RandomTable& table, int64_t n) {
+  const TableRef<float>& t = table.t;
+  const uint64_t masks[] = {~uint64_t{0}, 0xFFFFFFFFu, 0};
+  const uint64_t floors[] = {dynemb::kEvictAny, 0, 1, 2, 3, uint64_t{1} << 40};
+  const uint32_t pin_floors[] = {dynemb::kNoPins, 0, 1, 2, 3};
+  std::vector<Query> queries(n);
+  for (Query& q : queries) {
+    q.bucket = static_cast<int64_t>(rng() % t.num_buckets);
+    const int64_t s = q.bucket * t.bucket_capacity + static_cast<int64_t>(rng() % t.bucket_capacity);
+    const bool stored = table.digests[s] != 0 && rng() % 4 != 0;
+    q.key = stored ? table.keys[s] : static_cast<int64_t>(rng() % 1000) * t.bucket_capacity;
+    q.digest = stored ? table.digests[s] : static_cast<uint8_t>(1 + rng() % 4);
+    q.home = static_cast<int64_t>(rng() % (t.bucket_capacity / 16));
+    q.pin_mask = masks[rng() % 3];
+    q.evict_below = floors[rng() % 6];
+    q.pin_floor = pin_floors[rng() % 5];
+  }
+  return queries;
+}
+
+std::string show(const Answer& a) {
+  return "find " + std::to_string(a.find) + ", free " + std::to_string(a.free) + ", victim " +
+         std::to_string(a.victim) + ", victim without pins " + std::to_string(a.victim_unpinned);
+}
+
+template <unsigned N>
+void launch(const TableRef<float>& t, const std::vector<Query>& q, std::vector<Answer>& out) {
+  const auto threads = static_cast<unsigned>(q.size() * N);
+  DYNEMB_LAUNCH((threads + 255) / 256, 256, nullptr, tile_kernel<N>)(t, q.data(),
+                                                                    static_cast<int64_t>(q.size()),
+                                                                    out.data());
+}
+
+/// The first element where init_row by lanes differs from init_row, or an empty string.
+std::string lanes_init_difference() {
+  for (int64_t mode = 0; mode < dynemb::kInitModeCount; ++mode) {
+    const dynemb::InitArgs a{static_cast<dynemb::InitMode>(mode), -0.5f, 0.75f, -1.0f, 1.5f,
+                             0.25f, 12345};
+    for (int64_t dim : {1, 7, 8, 33, 64}) {
+      const int64_t width = dim + 3;
+      for (int64_t key : {int64_t{0}, int64_t{-7}, int64_t{1} << 40}) {
+        std::vector<float> want(width), got(width, -99.0f);
+        dynemb::init_row(a, key, want.data(), dim, width);
+        for (int64_t lanes : {1, 8, 32}) {
+          for (int64_t r = 0; r < lanes; ++r) {
+            dynemb::init_row(a, key, got.data(), dim, width, dynemb::Lanes{r, lanes});
+          }
+          for (int64_t j = 0; j < width; ++j) {
+            if (got[j] != want[j]) {
+              return "init_row by " + std::to_string(lanes) + " lanes, mode " +
+                     std::to_string(mode) + ", dim " + std::to_string(dim) + ", element " +
+                     std::to_string(j) + ": " + std::to_string(got[j]) + ", serial " +
+                     std::to_string(want[j]);
+            }
+          }
+        }
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const uint64_t seed = argc > 1 ? std::stoull(argv[1]) : 1;
+  std::mt19937_64 rng(seed);
+  int64_t checked = 0;
+  for (int64_t capacity : {16, 32, 64, 128, 256}) {
+    const RandomTable table(rng, 48, capacity);
+    const std::vector<Query> queries = random_queries(rng, table, 400);
+    for (unsigned lanes : {1u, 8u, 16u, 32u}) {
+      std::vector<Answer> got(queries.size());
+      if (lanes == 1) {
+        for (size_t i = 0; i < queries.size(); ++i) {
+          got[i] = tile_answer(dynemb::SerialTile{}, table.t, queries[i]);
+        }
+      } else if (lanes == 8) {
+        launch<8>(table.t, queries, got);
+      } else if (lanes == 16) {
+        launch<16>(table.t, queries, got);
+      } else {
+        launch<32>(table.t, queries, got);
+      }
+      for (size_t i = 0; i < queries.size(); ++i) {
+        const Answer want = serial_answer(table.t, queries[i]);
+        if (!(got[i] == want)) {
+          std::printf("capacity %lld, tile of %u lanes, query %zu (bucket %lld): %s; serial: %s "
+                      "(seed %llu, DYNEMB_EMULATION_SEED=%llu)\n",
+                      static_cast<long long>(capacity), lanes, i,
+                      static_cast<long long>(queries[i].bucket), show(got[i]).c_str(),
+                      show(want).c_str(), static_cast<unsigned long long>(seed),
+                      static_cast<unsigned long long>(dynemb::emulation::lane_order_seed()));
+          return 1;
+        }
+        checked += want.find >= 0;
+      }
+    }
+  }
+  const std::string init = lanes_init_difference();
+  if (!init.empty()) {
+    std::printf("%s\n", init.c_str());
+    return 1;
+  }
+  if (checked == 0) {
+    std::printf("no query found its key: the test checks nothing\n");
+    return 1;
+  }
+  std::printf("ok\n");
+  return 0;
+}
