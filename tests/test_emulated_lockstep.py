@@ -6,38 +6,19 @@ the host compiler from the same sources as the extension's emulated executor."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch.utils.cpp_extension
+
+from tests.native_programs import ROOT, build_native_program
 
 pytestmark = pytest.mark.no_emulated_pass("builds and runs its own program: no executor choice")
-
-ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [
-    ROOT / "tests/native/lockstep_kernels.cpp",
-    ROOT / "csrc/emulated/launch.cpp",
-    ROOT / "csrc/emulated/lockstep.cpp",
-    ROOT / "csrc/emulated/lockstep_rules.cpp",
-    ROOT / "csrc/emulated/fiber.cpp",
-]
 
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler on PATH")
-    binary = tmp_path_factory.mktemp("lockstep") / "lockstep_kernels"
-    include = torch.utils.cpp_extension.include_paths()[0]
-    command = [compiler, "-std=c++20", "-O1", "-g", "-Wall", "-Werror", f"-I{ROOT / 'csrc'}"]
-    command += ["-isystem", include, *map(str, SOURCES), "-o", str(binary), "-pthread"]
-    built = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return binary
+    return build_native_program("lockstep_kernels.cpp", tmp_path_factory.mktemp("lockstep"))
 
 
 def run(program, *args, seed=None):

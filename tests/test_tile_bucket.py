@@ -7,38 +7,19 @@ several lane orders, and the one-lane SerialTile; and a row initialised by a til
 it is built here with the host compiler."""
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch.utils.cpp_extension
+
+from tests.native_programs import build_native_program
 
 pytestmark = pytest.mark.no_emulated_pass("builds and runs its own program: no executor choice")
-
-ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [
-    ROOT / "tests/native/tile_bucket.cpp",
-    ROOT / "csrc/emulated/launch.cpp",
-    ROOT / "csrc/emulated/lockstep.cpp",
-    ROOT / "csrc/emulated/fiber.cpp",
-]
 
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler on PATH")
-    binary = tmp_path_factory.mktemp("tile_bucket") / "tile_bucket"
-    include = torch.utils.cpp_extension.include_paths()[0]
-    command = [compiler, "-std=c++20", "-O1", "-g", "-Wall", "-Werror", "-Wno-unknown-pragmas"]
-    command += [f"-I{ROOT / 'csrc'}", "-isystem", include, *map(str, SOURCES)]
-    command += ["-o", str(binary), "-pthread"]
-    built = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return binary
+    return build_native_program("tile_bucket.cpp", tmp_path_factory.mktemp("tile_bucket"))
 
 
 @pytest.mark.parametrize("data_seed, lane_seed", [(1, 1), (2, 2), (3, 3), (4, 11)])
