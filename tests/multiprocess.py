@@ -60,7 +60,7 @@ def _rank_main(fn, rank, world_size, port, out_dir, device, args) -> None:
             result = ("ok", fn(rank, world_size, *args))
         finally:
             dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent, then exit nonzero
+    except BaseException:  # reported to the parent, then exit nonzero
         result = ("error", traceback.format_exc())
     path.write_bytes(pickle.dumps(result))
 

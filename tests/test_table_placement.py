@@ -81,7 +81,7 @@ def _hybrid(**kwargs):
 
 def test_hybrid_table_in_the_gpu_layout_round_trips_rows_through_both_tiers(gpu_layout):
     t = _hybrid()
-    s = t._storage  # noqa: SLF001 - the test inspects the buffers placement chose
+    s = t._storage  # the test inspects the buffers placement chose
     assert s.placement.gpu_layout
     assert s.values.shape == (64, 5) and s.slow_values.shape == (960, 5)
     assert s.slow_values.data_ptr() != s.values.data_ptr()
@@ -132,7 +132,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @cuda
 def test_cuda_hybrid_table_puts_the_slow_tier_in_page_locked_host_memory():
     t = _hybrid(device="cuda")
-    s = t._storage  # noqa: SLF001 - the test inspects the buffers placement chose
+    s = t._storage  # the test inspects the buffers placement chose
     assert s.values.is_cuda and s.keys.is_cuda
     assert s.slow_values.device.type == "cpu" and s.slow_values.is_pinned()
     keys = torch.arange(200, dtype=torch.int64, device="cuda") * 7919
@@ -146,7 +146,7 @@ def test_cuda_hybrid_table_puts_the_slow_tier_in_page_locked_host_memory():
 @cuda
 def test_cuda_op_checks_reject_a_pageable_or_device_slow_tier():
     t = _hybrid(device="cuda")
-    s = t._storage  # noqa: SLF001 - the test builds a wrong placement on purpose
+    s = t._storage  # the test builds a wrong placement on purpose
     keys = torch.arange(4, dtype=torch.int64, device="cuda")
     for wrong in (s.slow_values.clone(), s.slow_values.to("cuda")):
         table = s.tensors()

@@ -86,7 +86,7 @@ def _nbytes(dtype, width: int, rows: int) -> int:
     return torch.empty((), dtype=dtype).element_size() * max(1, width) * rows
 
 
-def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
+def DynamicEmbLoad(  # DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
     table_names: TableNames = None,

@@ -349,7 +349,7 @@ class DeltaPublisher:
                         path = write_delta(
                             self.directory, version, self.base_dump_id, self.optim, tables
                         )
-                    except Exception as e:  # noqa: BLE001 - posted to every rank, then raised
+                    except Exception as e:  # posted to every rank, then raised
                         error = e
                 outcome = ranks.post("written", outcome_of(error), root=0)[0]
                 if error is not None:

@@ -41,7 +41,7 @@ def test_enumerator_signature():
 
 def test_enumerator_without_batch_size():
     enumerator = DynamicEmbeddingEnumerator(topology=Topology(world_size=2, compute_device="cpu"))
-    assert enumerator._batch_size == 512  # noqa: SLF001 - TorchRec's attribute
+    assert enumerator._batch_size == 512  # TorchRec's attribute
 
 
 def test_planner_signature():
