@@ -12,6 +12,8 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 
+pytestmark = pytest.mark.no_emulated_pass("signatures: Python only")
+
 
 def test_signatures():
     dump = inspect.signature(DynamicEmbDump).parameters

@@ -20,6 +20,8 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 
+pytestmark = pytest.mark.no_emulated_pass("planner signatures: Python only")
+
 
 def defaults(fn) -> dict:
     return {
