@@ -31,7 +31,14 @@ PG_TIMEOUT_S = 30  # a collective that waits longer fails inside the rank
 # method, preloaded): a freshly spawned rank spends ~5 CPU-seconds importing them each
 # time. The server starts on the first call and keeps this process's environment and
 # sys.path (DYNEMB_EXECUTOR included: dynemb reads it at import).
-_PRELOAD = ["torch", "torch.distributed", "torchrec", "dynemb", "dynemb.shard", "tests.multiprocess"]
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torchrec",
+    "dynemb",
+    "dynemb.shard",
+    "tests.multiprocess",
+]
 
 
 def free_port() -> int:
