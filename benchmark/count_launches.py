@@ -19,12 +19,12 @@ import os
 
 os.environ["DYNEMB_EXECUTOR"] = "cuda-emulated"  # read once, when dynemb is imported
 
-import torch  # noqa: E402
+import torch
 
-import dynemb  # noqa: E402
-from dynemb import _ops  # noqa: E402
-from dynemb.optimizer import EmbOptimType  # noqa: E402
-from dynemb.table.scored_hash_table import ScoredHashTable  # noqa: E402
+import dynemb
+from dynemb import _ops
+from dynemb.optimizer import EmbOptimType
+from dynemb.table.scored_hash_table import ScoredHashTable
 
 
 def counted(call) -> dict[str, int]:

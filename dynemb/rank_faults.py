@@ -143,13 +143,13 @@ class RankAgreement:
         while not self._stop.wait(interval):
             try:
                 self._store.add(f"beat/{self.rank}", 1)
-            except Exception:  # noqa: BLE001 - the store is gone: the waits report it
+            except Exception:  # the store is gone: the waits report it
                 return
 
     def _call(self, fn, *args):
         try:
             return fn(*args)
-        except Exception as e:  # noqa: BLE001 - the store's errors have no common type
+        except Exception as e:  # the store's errors have no common type
             raise RankFailure(
                 f"{self.op}: the process group's store is unreachable ({e}); its host "
                 "(global rank 0) probably died",

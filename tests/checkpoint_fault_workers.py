@@ -43,7 +43,7 @@ def dump_with_a_fault(rank: int, world_size: int, path: str, failing: int, fault
             path, module, optim=True, allow_overwrite=True, fault_timeout=FAULT_TIMEOUT_S
         )
         outcome = {"error": None}
-    except Exception as e:  # noqa: BLE001 - the outcome is the test's subject
+    except Exception as e:  # the outcome is the test's subject
         outcome = {"type": type(e).__name__, "error": str(e), "rank": getattr(e, "rank", None)}
     outcome.update(elapsed=time.monotonic() - start, first=first)
     if rank == failing:
@@ -69,7 +69,7 @@ def _outcome(call, rank: int, failing: int) -> dict:
     try:
         call()
         outcome = {"error": None}
-    except Exception as e:  # noqa: BLE001 - the outcome is the test's subject
+    except Exception as e:  # the outcome is the test's subject
         outcome = {"type": type(e).__name__, "error": str(e), "rank": getattr(e, "rank", None)}
     outcome["elapsed"] = time.monotonic() - start
     if rank == failing:
@@ -101,7 +101,7 @@ def incremental_dump_with_a_fault(rank: int, world_size: int, failing: int, faul
     module = make_module()
     train(module, torch.arange(rank * 1000, rank * 1000 + 400))
     if rank == failing:
-        incremental._dump_table = _fault(fault, "reading the table")  # noqa: SLF001
+        incremental._dump_table = _fault(fault, "reading the table")
     group = torch.distributed.group.WORLD
     return _outcome(
         lambda: incremental.incremental_dump(module, 0, group, fault_timeout=FAULT_TIMEOUT_S),

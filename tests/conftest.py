@@ -40,6 +40,17 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     # Before xdist starts its workers: they inherit the variable, so all share one seed.
     os.environ.setdefault("DYNEMB_EMULATION_SEED", str(random.randrange(2**32)))
+    # `make sanitize-asan` names the sanitized build's folder: every process (each xdist
+    # worker too) must have imported the extension from there, not the normal build.
+    expected = os.environ.get("DYNEMB_EXPECT_EXTENSION_IN")
+    if expected:
+        import dynemb._C
+
+        if os.path.abspath(expected) + os.sep not in os.path.abspath(dynemb._C.__file__):
+            raise pytest.UsageError(
+                f"DYNEMB_EXPECT_EXTENSION_IN={expected}, but dynemb._C was imported from "
+                f"{dynemb._C.__file__}"
+            )
 
 
 def pytest_report_header(config):

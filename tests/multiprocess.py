@@ -1,4 +1,4 @@
-"""Runs a function on N real ranks (spawned processes) with short timeouts.
+"""Runs a function on N real ranks (processes of their own) with short timeouts.
 
 ``run_ranks(fn, world_size, *args)`` returns the list of ``fn(rank, world_size, *args)``
 results. The ranks' backend is ``tests.devices.process_group_backend``: gloo for ranks
@@ -27,6 +27,18 @@ import torch.multiprocessing as mp
 from tests.devices import process_group_backend
 
 PG_TIMEOUT_S = 30  # a collective that waits longer fails inside the rank
+# Ranks are forked from a server process that imported these once (the forkserver start
+# method, preloaded): a freshly spawned rank spends ~5 CPU-seconds importing them each
+# time. The server starts on the first call and keeps this process's environment and
+# sys.path (DYNEMB_EXECUTOR included: dynemb reads it at import).
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torchrec",
+    "dynemb",
+    "dynemb.shard",
+    "tests.multiprocess",
+]
 
 
 def free_port() -> int:
@@ -60,7 +72,7 @@ def _rank_main(fn, rank, world_size, port, out_dir, device, args) -> None:
             result = ("ok", fn(rank, world_size, *args))
         finally:
             dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent, then exit nonzero
+    except BaseException:  # reported to the parent, then exit nonzero
         result = ("error", traceback.format_exc())
     path.write_bytes(pickle.dumps(result))
 
@@ -88,7 +100,8 @@ def run_ranks(
     if os.environ.get("DYNEMB_SKIP_SPAWNED_RANKS") == "1":
         # `make sanitize-asan` sets it: ranks under AddressSanitizer are slow (ASAN_SPAWNED=1 runs them).
         pytest.skip("spawned ranks are off in this run (DYNEMB_SKIP_SPAWNED_RANKS=1)")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
     port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
         procs = [

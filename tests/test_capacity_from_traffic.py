@@ -31,7 +31,7 @@ from dynemb.types import DynamicEmbScoreStrategy
 from tests.test_planner import cpu_topology, entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
-from train_workloads import Config, spread_ids, zipf_ids  # noqa: E402
+from train_workloads import Config, spread_ids, zipf_ids
 
 LFU = DynamicEmbScoreStrategy.LFU
 TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP

@@ -89,7 +89,7 @@ def test_the_capture_at_a_boundary_allocates_nothing_once_the_writer_thread_rese
     monkeypatch.setattr(Capture, "reserve", counted)
     model = _model()
     publisher = DeltaPublisher(model, tmp_path)
-    mine.append(publisher._capture)  # noqa: SLF001
+    mine.append(publisher._capture)
     publisher.publish_base()
     for rounds in (2, 6):  # the second delta touches more keys than the first
         for step in range(rounds):

@@ -59,7 +59,7 @@ def _dump_at_once(path, modules, allow_overwrite: bool) -> tuple[list, list]:
         try:
             DynamicEmbDump(path, modules[i][0], optim=True, allow_overwrite=allow_overwrite)
             won.append(i)
-        except Exception as e:  # noqa: BLE001 - collected and asserted by the caller
+        except Exception as e:  # collected and asserted by the caller
             errors.append(e)
 
     threads = [threading.Thread(target=dump, args=(i,), name=str(i)) for i in range(WRITERS)]
@@ -136,7 +136,7 @@ def test_loads_while_dumps_replace_the_checkpoint(tmp_path, modules):
         try:
             for k in range(ROUNDS // 2):
                 DynamicEmbDump(path, modules[k % WRITERS][0], optim=True, allow_overwrite=True)
-        except Exception as e:  # noqa: BLE001 - asserted below
+        except Exception as e:  # asserted below
             errors.append(e)
         finally:
             stop.set()
@@ -146,7 +146,7 @@ def test_loads_while_dumps_replace_the_checkpoint(tmp_path, modules):
             module = make_module(dim=16, capacity=1 << 15)
             try:
                 DynamicEmbLoad(path, module, optim=True)
-            except Exception as e:  # noqa: BLE001 - asserted below
+            except Exception as e:  # asserted below
                 errors.append(e)
                 return
             loaded.append(contents(module))

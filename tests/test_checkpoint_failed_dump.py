@@ -34,7 +34,7 @@ class _FullAfter:
         self.budget = budget
 
     def __call__(self, file, mode="r", *args, **kwargs):
-        f = open(file, mode, *args, **kwargs)  # noqa: SIM115 - returned, closed by the caller
+        f = open(file, mode, *args, **kwargs)  # returned, closed by the caller
         if "w" not in mode:
             return f
         full = self

@@ -45,7 +45,7 @@ def _run_threads(targets):
     def wrap(fn):
         try:
             fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as e:  # re-raised in the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=wrap, args=(fn,)) for fn in targets]

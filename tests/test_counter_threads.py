@@ -33,7 +33,7 @@ def run_threads(*targets) -> None:
         try:
             start.wait()
             target()
-        except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread
+        except BaseException as e:  # re-raised in the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=body, args=(t,)) for t in targets]

@@ -245,7 +245,7 @@ def _train_reading_before_boundaries(tmp_path, strategies, optim) -> None:
     _train(model, 1, seen)
     publisher.publish_base()
     assert publisher.publish() == 1  # an interval is known from here on
-    pre = publisher._precapture  # noqa: SLF001 - the writer thread's work, driven here
+    pre = publisher._precapture  # the writer thread's work, driven here
     for version in (2, 3):
         for step in range(6):
             pre.step()
@@ -456,7 +456,7 @@ def test_precapture_off_reads_every_key_at_the_boundary(tmp_path, monkeypatch, o
     for version in (1, 2, 3):
         for step in range(3):
             _train(model, 10 * version + step, seen)
-            publisher._between_deltas()  # noqa: SLF001 - the writer thread's tick, now
+            publisher._between_deltas()  # the writer thread's tick, now
         assert publisher.publish() == version
         _assert_delta_is_the_state_now(model, delta_path(tmp_path, version))
     assert (publisher.commits[-1].entries_before > 0) == on  # none before the first

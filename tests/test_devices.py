@@ -5,6 +5,8 @@ import torch
 
 from tests import devices
 
+pytestmark = pytest.mark.no_emulated_pass("the test-device switch and backend choice: Python only")
+
 
 def test_unset_gives_cpu_and_cuda_only_when_ready(monkeypatch):
     monkeypatch.delenv(devices.SWITCH, raising=False)

@@ -9,6 +9,8 @@ import torch
 
 from dynemb import _ops
 
+pytestmark = pytest.mark.no_emulated_pass("how the extension is linked: the same in every pass")
+
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
 def test_the_extension_uses_the_shared_libstdcxx():

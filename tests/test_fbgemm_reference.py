@@ -28,6 +28,8 @@ from tests.fbgemm_reference import (
     sgd_reference_step,
 )
 
+pytestmark = pytest.mark.no_emulated_pass("fbgemm's TBE and the PyTorch references: no dynemb op")
+
 W = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-1.0, 0.5, 2.0, -3.0]])
 INDICES = torch.tensor([0, 0, 1, 1])
 OFFSETS = torch.tensor([0, 3, 4, 4])

@@ -8,6 +8,8 @@ from torchmetrics.functional.classification import binary_auroc
 from dynemb.datasets import SyntheticClicks, roc_auc, spread_ids
 from dynemb.datasets.synthetic_clicks import CHUNK_ROWS
 
+pytestmark = pytest.mark.no_emulated_pass("a synthetic dataset: tensor ops, no dynemb op")
+
 SMALL = dict(num_train=3000, num_eval=1000, vocab_size=1000)
 
 

@@ -13,6 +13,8 @@ from dynemb import (
 from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
 from dynemb.exportable_tables import InferenceEmbeddingCollection
 
+pytestmark = pytest.mark.no_emulated_pass("table naming in dumps and modules: Python only")
+
 OPTIONS = [DynamicEmbTableOptions(dim=4, max_capacity=256)] * 3
 
 

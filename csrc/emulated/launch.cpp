@@ -51,9 +51,11 @@ class GridPool {
     for (std::thread& w : workers_) w.join();
   }
 
-  void run(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {
+  /// `number`: the launch's number in this process (launch_count before it).
+  void run(unsigned grid, unsigned block, const char* kernel, uint64_t number,
+           const std::function<void()>& thread) {
     std::lock_guard<std::mutex> one_grid(launch_mutex_);
-    const LaunchInfo launch{kernel, launches_++, lane_order_seed()};
+    const LaunchInfo launch{kernel, number, lane_order_seed()};
     Job job{grid, block, &thread, &launch};
     if (grid <= 1 || workers_.empty()) {  // one block: nothing to race with
       run_blocks(job);
@@ -128,12 +130,12 @@ class GridPool {
   std::vector<std::thread> workers_;
   Job job_;
   std::exception_ptr job_error_;
-  uint64_t launches_ = 0;
   uint64_t generation_ = 0;
   int busy_ = 0;
   bool stopping_ = false;
 };
 
+// launch_count numbers the launches too (LaunchInfo::number): one count serves both.
 std::atomic<uint64_t> launch_count{0}, memset_count{0}, block_count{0}, thread_count{0};
 
 GridPool* the_pool = nullptr;  // never destroyed: workers may outlive statics
@@ -162,11 +164,11 @@ Counters counters() {
 }
 
 void run_grid(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {
-  launch_count.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t number = launch_count.fetch_add(1, std::memory_order_relaxed);
   block_count.fetch_add(grid, std::memory_order_relaxed);
   thread_count.fetch_add(uint64_t{grid} * block, std::memory_order_relaxed);
   if (grid == 0 || block == 0) return;
-  pool().run(grid, block, kernel, thread);
+  pool().run(grid, block, kernel, number, thread);
 }
 
 void spin_pause() { lane_yield(); }

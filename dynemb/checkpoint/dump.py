@@ -120,7 +120,7 @@ def _write_chunk(writers: dict, chunk: dict) -> None:
         writers[field].write(values)
 
 
-def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
+def DynamicEmbDump(  # DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
     table_names: TableNames = None,
@@ -128,7 +128,7 @@ def DynamicEmbDump(  # noqa: N802 - DynamicEmb's public name
     counter: bool = False,
     pg: dist.ProcessGroup | None = None,
     allow_overwrite: bool = False,
-    format: str = "dynemb",  # noqa: A002 - the argument's documented name
+    format: str = "dynemb",  # the argument's documented name
     fault_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Path:
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.

@@ -82,7 +82,7 @@ def _fields(meta: dict, with_state: bool, keeps_ts: bool) -> dict:
     return fields
 
 
-def DynamicEmbLoad(  # noqa: N802 - DynamicEmb's public name
+def DynamicEmbLoad(  # DynamicEmb's public name
     path: str | Path,
     model: nn.Module,
     table_names: TableNames = None,

@@ -135,7 +135,7 @@ class BackgroundWriter:
                     return
             try:
                 (self._idle if job is None else job.run)()
-            except BaseException as e:  # noqa: BLE001 - handed to the submitter, never lost
+            except BaseException as e:  # handed to the submitter, never lost
                 with self._cond:
                     done = self._jobs.popleft() if job is not None else Job(lambda: None, None)
                     self._failed = (done, e)

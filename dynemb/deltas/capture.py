@@ -57,7 +57,7 @@ class Capture:
             try:
                 taken, fresh[t.name] = future.result()
                 reads.append(taken)
-            except BaseException as e:  # noqa: BLE001 - the first is raised below
+            except BaseException as e:  # the first is raised below
                 failure = failure or e
         if failure is not None:
             self.give_back(fresh)

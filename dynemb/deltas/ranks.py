@@ -137,7 +137,7 @@ def publish_collective(
                 del everyone  # rank 0 holds the gathered deltas until written
                 try:
                     path = write(merged)
-                except Exception as e:  # noqa: BLE001 - posted to every rank, then raised
+                except Exception as e:  # posted to every rank, then raised
                     error = e
             outcome = ranks.post("written", outcome_of(error), root=0)[0]
             if error is not None:

@@ -27,7 +27,7 @@ class CheckpointMembers:
         table_names: list[str] | None = None,
         pg: dist.ProcessGroup | None = None,
         *,
-        format: str = "dynemb",  # noqa: A002 - DynamicEmbDump's argument
+        format: str = "dynemb",  # DynamicEmbDump's argument
     ) -> None:
         """Writes this module's tables (or ``table_names``) to ``save_dir``: the files
         ``DynamicEmbDump(save_dir, module, ...)`` writes, replacing what ``save_dir``

@@ -15,6 +15,8 @@ from dynemb import (
 )
 from dynemb.checkpoint.json_files import MAX_DEPTH, parse_json
 
+pytestmark = pytest.mark.no_emulated_pass("JSON parsing: Python only")
+
 
 def _module():
     options = DynamicEmbTableOptions(dim=4, max_capacity=256)

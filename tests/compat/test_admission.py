@@ -8,6 +8,8 @@ import torch
 
 from dynemb import FrequencyAdmissionStrategy, KVCounter
 
+pytestmark = pytest.mark.no_emulated_pass("configuration objects: Python only")
+
 
 @pytest.mark.parametrize(
     "capacity, bucket, want_capacity, want_bucket",

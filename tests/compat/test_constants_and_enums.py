@@ -7,6 +7,8 @@ import pytest
 import dynemb
 from dynemb.types import EvictStrategy, MemoryType
 
+pytestmark = pytest.mark.no_emulated_pass("constants and enums: Python only")
+
 
 def test_constants():
     assert dynemb.BUCKET_ALIGNMENT == 16

@@ -12,6 +12,8 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 
+pytestmark = pytest.mark.no_emulated_pass("signatures: Python only")
+
 
 def test_signatures():
     dump = inspect.signature(DynamicEmbDump).parameters
@@ -26,7 +28,7 @@ def test_signatures():
     assert [load[n].default for n in ("table_names", "optim", "counter")] == [None, False, False]
 
 
-def Model():  # noqa: N802 - reads as the model class of these tests
+def Model():  # reads as the model class of these tests
     # A bare module is the collection "model" (a sharded one: "model.<path>").
     return BatchedDynamicEmbeddingTables(
         [DynamicEmbTableOptions(dim=2, max_capacity=64, bucket_capacity=16)] * 2,

@@ -16,6 +16,10 @@ from tests.compat.hash_roundrobin_workers import (
 )
 from tests.multiprocess import run_ranks
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "a routing rule over spawned gloo ranks: the key hash is tested per executor in test_hash_keys.py"
+)
+
 _MASK = (1 << 64) - 1
 
 

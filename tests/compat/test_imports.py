@@ -4,6 +4,8 @@ import importlib
 
 import pytest
 
+pytestmark = pytest.mark.no_emulated_pass("import paths: Python only")
+
 TOP_LEVEL = [
     "AdmissionStrategy",
     "Counter",

@@ -12,6 +12,8 @@ import dynemb
 from dynemb.admission import AdmissionStrategy, Counter
 from dynemb.tiering import Cache, CachedTable, Storage
 
+pytestmark = pytest.mark.no_emulated_pass("module paths: Python only")
+
 # (module, name, the dynemb object it must be)
 SAME_OBJECT = [
     ("dynemb.dump_load", "DynamicEmbDump", dynemb.DynamicEmbDump),

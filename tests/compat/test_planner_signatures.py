@@ -20,6 +20,8 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 
+pytestmark = pytest.mark.no_emulated_pass("planner signatures: Python only")
+
 
 def defaults(fn) -> dict:
     return {
@@ -41,7 +43,7 @@ def test_enumerator_signature():
 
 def test_enumerator_without_batch_size():
     enumerator = DynamicEmbeddingEnumerator(topology=Topology(world_size=2, compute_device="cpu"))
-    assert enumerator._batch_size == 512  # noqa: SLF001 - TorchRec's attribute
+    assert enumerator._batch_size == 512  # TorchRec's attribute
 
 
 def test_planner_signature():

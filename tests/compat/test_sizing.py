@@ -11,6 +11,8 @@ import dynemb
 from dynemb import EmbOptimType
 from dynemb.types import DynamicEmbDataType, EvictStrategy
 
+pytestmark = pytest.mark.no_emulated_pass("sizing arithmetic: Python only")
+
 
 def config(rows=100, dim=8):
     return EmbeddingConfig(name="t", embedding_dim=dim, num_embeddings=rows, feature_names=["f"])

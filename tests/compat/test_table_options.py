@@ -14,6 +14,8 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 
+pytestmark = pytest.mark.no_emulated_pass("option fields and defaults: Python only")
+
 S = DynamicEmbScoreStrategy
 
 DYNAMICEMB_FIELDS = [
