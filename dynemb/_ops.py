@@ -1,4 +1,6 @@
-"""Typed wrappers over ``torch.ops.dynemb.*``: the only Python module that calls C++.
+"""Typed wrappers over ``torch.ops.dynemb.*``: the one Python path to C++ (the embedding
+ops' wrappers live in _embedding_ops.py and the executor's choice in _executor.py;
+this module re-exports both, and the rest of dynemb imports only it).
 
 The dispatcher picks the device implementation (CPU always; CUDA in CUDA builds),
 so nothing here branches on the device. ``table`` is the list of eight tensors
@@ -11,7 +13,6 @@ threads, over CPU tensors (the op library ``torch.ops.dynemb_cuda_emulated``).
 """
 
 import enum
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -19,53 +20,25 @@ import torch
 
 import dynemb._C as _C  # loads the op libraries into torch.ops
 from dynemb import _fake_kernels
+from dynemb._embedding_ops import (  # noqa: F401 - re-exported
+    embedding_backward,
+    embedding_backward_grouped,
+    embedding_gather,
+    embedding_pool,
+    embedding_pool_into,
+    embedding_pool_into_grouped,
+    unique_keys,
+    unique_keys_grouped,
+)
+from dynemb._executor import (  # noqa: F401 - re-exported: _ops is the one path to C++
+    EXECUTORS,
+    _dynemb,
+    _host,
+    emulation_counters,
+    executor,
+)
 
 _fake_kernels.register()  # shapes of the lookup ops for torch.export (no data needed)
-
-EXECUTORS = ("cpu", "cuda", "cuda-emulated")
-
-
-def _selected_executor() -> str | None:
-    """The executor DYNEMB_EXECUTOR names, or None when it is unset or empty."""
-    name = os.environ.get("DYNEMB_EXECUTOR", "").strip()
-    if not name:
-        return None
-    if name not in EXECUTORS:
-        raise ValueError(
-            f"DYNEMB_EXECUTOR={name!r} is not an executor; expected one of {', '.join(EXECUTORS)}"
-        )
-    if name == "cuda" and not _C.with_cuda:
-        raise ValueError(
-            "DYNEMB_EXECUTOR='cuda' but dynemb was built without CUDA "
-            "(rebuild with DYNEMB_WITH_CUDA=1 against a CUDA build of torch)"
-        )
-    return name
-
-
-_EXECUTOR = _selected_executor()
-# Table and embedding ops; host utilities (crc32, huge pages, threads) stay in torch.ops.dynemb.
-_dynemb = torch.ops.dynemb_cuda_emulated if _EXECUTOR == "cuda-emulated" else torch.ops.dynemb
-_host = torch.ops.dynemb
-
-
-def executor() -> str:
-    """Names the executor that runs dynemb's ops: ``"cpu"``, ``"cuda"`` or ``"cuda-emulated"``.
-
-    ``cuda-emulated`` when ``DYNEMB_EXECUTOR`` selects it; otherwise ``"cuda"`` when
-    dynemb was built with CUDA and a GPU is present (tensors on it run the CUDA
-    executor; CPU tensors still run the CPU one), else ``"cpu"``.
-    """
-    if _EXECUTOR is not None:
-        return _EXECUTOR
-    return "cuda" if _C.with_cuda and torch.cuda.is_available() else "cpu"
-
-
-def emulation_counters() -> dict[str, int]:
-    """What the emulated CUDA executor ran since the process started: ``launches``
-    (kernels), ``memsets``, ``blocks`` and ``threads``: what the same ops launch on a
-    GPU. Counts only ops run with ``DYNEMB_EXECUTOR=cuda-emulated``."""
-    names = ("launches", "memsets", "blocks", "threads")
-    return dict(zip(names, torch.ops.dynemb_cuda_emulated.emulation_counters(), strict=True))
 
 
 # The op contract's codes, read from csrc/core (csrc/torch/core_constants.h); nothing
@@ -366,105 +339,3 @@ def table_cache_exchange(
     return _dynemb.table_cache_exchange(
         list(cache), list(slow), init, seed, dim, user_scores, keys, slots, status, evicted_keys
     )
-
-
-def unique_keys(keys: torch.Tensor) -> tuple:
-    """De-duplicates keys in first-occurrence order (CPU; any order on a GPU).
-
-    Returns ``(unique (U,), inverse (n,), counts (U,))``, all int64, with
-    ``unique[inverse] == keys`` and ``counts`` the occurrences of each unique key.
-    """
-    return _dynemb.unique_keys(keys)
-
-
-def unique_keys_grouped(keys: Sequence[torch.Tensor]) -> tuple:
-    """``unique_keys`` of each tensor of ``keys`` in one executor call: ``(unique,
-    inverse, counts)``, each a list with one tensor per entry of ``keys`` (at least one)."""
-    keys = list(keys)
-    if not keys:
-        raise ValueError("unique_keys_grouped needs at least one keys tensor, got none")
-    return _dynemb.unique_keys_grouped(keys)
-
-
-def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
-    """Pools bags of rows by slot: (num_bags, dim) float32 (core/pooling.h).
-
-    Args:
-        slots, keys: (n,) int64; a slot of -1 takes the ``missing`` initializer's row of its key.
-        offsets: (num_bags + 1,) int64. weights: (n,) float32 or None.
-        mode: 0 SUM, 1 MEAN. missing: init list ``[mode, a, b, lower, upper, extra]``.
-    """
-    return _dynemb.embedding_pool(
-        list(table), slots, keys, offsets, weights, mode, missing, seed, dim
-    )
-
-
-def embedding_pool_into(
-    table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int, out, columns
-) -> None:
-    """embedding_pool written into ``out`` (B, width) float32 (rows contiguous, any row
-    stride): with K = ``columns.numel()`` features and num_bags = K * B feature-major
-    bags, bag ``k * B + b`` goes to ``out[b, columns[k] : columns[k] + dim]``.
-
-    Args:
-        columns: (K,) int64 column offsets on the table's device, each in [0, width - dim].
-    """
-    _dynemb.embedding_pool_into(
-        list(table), slots, keys, offsets, weights, mode, missing, seed, dim, out, columns
-    )
-
-
-def embedding_pool_into_grouped(
-    tables, slots, keys, offsets, weights, mode: int, missing, seeds, dims, out, columns,
-    inverse=None,
-) -> None:  # fmt: skip
-    """embedding_pool_into of several tables in one executor call (one launch on a GPU):
-    every argument but ``mode`` and ``out`` is a list with one entry per table (``tables``:
-    each table's eight tensors; ``weights``: None or one tensor per table; ``missing``:
-    one init list per table). The tables' values must share a dtype.
-
-    ``inverse``: None (``slots[t]`` holds a slot per index), or one (n,) int64 tensor per
-    table: ``slots[t]`` then holds a slot per distinct key (a lookup's ``unique_slots``)
-    and index i pools the row of ``slots[t][inverse[t][i]]``, with no per-index copy."""
-    _dynemb.embedding_pool_into_grouped(
-        [x for table in tables for x in table], slots, inverse or [], keys, offsets,
-        weights or [], mode, [v for m in missing for v in m], seeds, dims, out, columns,
-    )  # fmt: skip
-
-
-def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.Tensor:
-    """One row per index: (n, dim) float32."""
-    return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)
-
-
-def embedding_backward(
-    table, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dim: int,
-    columns=None,
-) -> None:  # fmt: skip
-    """Reduces grad (num_bags, dim) to one gradient per distinct key and applies the
-    optimizer ``[kind, lr, eps, beta1, beta2, weight_decay]`` to its row in place.
-
-    Args:
-        unique_slots: (U,) int64, slot of each distinct key (-1: skipped).
-        inverse: (n,) int64, distinct-key id of each index.
-        columns: None, or (K,) int64: then ``grad`` is (B, width) with num_bags = K * B
-            and bag ``k * B + b``'s gradient is ``grad[b, columns[k] : columns[k] + dim]``
-            (a module's output gradient, read in place).
-    """
-    _dynemb.embedding_backward(
-        list(table), unique_slots, inverse, offsets, weights, mode, grad, optimizer, step, dim,
-        columns,
-    )  # fmt: skip
-
-
-def embedding_backward_grouped(
-    tables, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dims,
-    columns,
-) -> None:  # fmt: skip
-    """embedding_backward(columns=) of several distinct tables in one executor call (one
-    launch per phase on a GPU): lists with one entry per table as in
-    ``embedding_pool_into_grouped``; ``grad``, ``optimizer`` and ``step`` are shared."""
-    _dynemb.embedding_backward_grouped(
-        [x for table in tables for x in table], unique_slots, inverse, offsets, weights or [],
-        mode, grad, optimizer, step, dims, columns,
-    )  # fmt: skip
