@@ -11,7 +11,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint import load as load_module
+from dynemb.checkpoint import verify as verify_module
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.checkpoint.manifest import checksum
 from dynemb.optimizer import EmbOptimType
@@ -78,7 +78,7 @@ def test_flipped_byte_is_a_checksum_error(checkpoint, field):
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.99])
 def test_files_checked_in_pieces_catch_a_flip_in_any_piece(checkpoint, monkeypatch, where):
     """Big files are checked as pieces on two threads; their CRCs combine exactly."""
-    monkeypatch.setattr(load_module, "_VERIFY_PIECE", 1000)  # many pieces per file
+    monkeypatch.setattr(verify_module, "_VERIFY_PIECE", 1000)  # many pieces per file
     path, saved = checkpoint
     module = _module()
     DynamicEmbLoad(path, module, optim=True)
