@@ -167,11 +167,10 @@ class ServingDLRM(nn.Module):
             mean = F.embedding_bag(
                 ids, self.ordinary[t.name], offsets, mode="mean", include_last_offset=True
             )
-            # As the trained model: a TorchRec EBC holding row-wise mean tables divides
-            # every feature's output by its bag length + 1e-6 (TorchRec's mean pooling
-            # callback), a table-wise table's too, after fbgemm took its mean.
-            lengths = (offsets[1:] - offsets[:-1]).unsqueeze(1)
-            columns[t.feature_names[0]] = mean / (lengths + 1e-6)
+            # As the trained model: fbgemm's mean, divided by nothing more (dynemb's
+            # sharded EBC keeps TorchRec's mean callback to the row-wise mean tables'
+            # columns: dynemb/shard/mean_divisor.py).
+            columns[t.feature_names[0]] = mean
         stacked = [columns[f] for f in self.pooled_features]
         rows = self.sequence(sequence_keys, sequence_offsets)  # (n, D)
         stacked.append(mean_of_rows(rows, sequence_offsets[1:] - sequence_offsets[:-1]))
