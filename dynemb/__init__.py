@@ -7,20 +7,12 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
-from dynemb.converters import (
-    data_type_to_dtype,
-    data_type_to_dyn_emb,
-    dyn_emb_to_torch,
-    string_to_evict_strategy,
-    torch_to_dyn_emb,
-)
 from dynemb.dynamicemb_config import (
     BATCH_SIZE_PER_DUMP,
     DynamicEmbInitializerArgs,
     DynamicEmbTableOptions,
     ScoreStrategy,
 )
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.optimizer import EmbOptimType, OptimizerArgs
 from dynemb.planner.capacity import (
     BUCKET_ALIGNMENT,
@@ -30,8 +22,9 @@ from dynemb.planner.capacity import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
-from dynemb.score_strategies import decayed_count
+from dynemb.table.score_strategies import decayed_count
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.tiering import Storage
 from dynemb.types import (
     DynamicEmbCheckMode,
@@ -39,6 +32,13 @@ from dynemb.types import (
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
+)
+from dynemb.utils import (
+    data_type_to_dtype,
+    data_type_to_dyn_emb,
+    dyn_emb_to_torch,
+    string_to_evict_strategy,
+    torch_to_dyn_emb,
 )
 
 __all__ = [

@@ -13,10 +13,10 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.kernel.v2_caching import CachingMembers
-from dynemb.kernel.v2_checkpoint import CheckpointMembers
 from dynemb.optimizer import EmbOptimType
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.tbe.v2_caching import CachingMembers
+from dynemb.tbe.v2_checkpoint import CheckpointMembers
 from dynemb.types import DynamicEmbPoolingMode
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2"]
@@ -29,10 +29,10 @@ class BatchedDynamicEmbeddingTablesV2(
 ):
     """DynamicEmb's constructor over dynemb's ``BatchedDynamicEmbeddingTables``, with
     DynamicEmb's public members: ``dump`` / ``load`` / ``export_keys_values`` /
-    ``get_score`` / ``set_score`` / ``incremental_dump`` (dynemb.kernel.v2_checkpoint),
+    ``get_score`` / ``set_score`` / ``incremental_dump`` (dynemb.tbe.v2_checkpoint),
     ``optimizer`` / ``cache`` / ``enable_prefetch`` / ``set_record_cache_metrics`` /
     ``reset_cache_states`` / ``split_embedding_weights`` / ``fill_tables``
-    (dynemb.kernel.v2_caching); ``flush``, ``set_learning_rate``, ``table_names``,
+    (dynemb.tbe.v2_caching); ``flush``, ``set_learning_rate``, ``table_names``,
     ``tables`` as in BatchedDynamicEmbeddingTables.
 
     Args:

@@ -15,14 +15,7 @@ from typing import Any
 import torch
 
 from dynemb import _ops
-from dynemb.converters import (
-    data_type_to_dtype,
-    data_type_to_dyn_emb,
-    dyn_emb_to_torch,
-    string_to_evict_strategy,
-    torch_to_dyn_emb,
-)
-from dynemb.score_strategies import (
+from dynemb.table.score_strategies import (
     ScoreStrategy,
     check_score_half_life,
     evict_strategy_of,
@@ -36,6 +29,13 @@ from dynemb.types import (
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
+)
+from dynemb.utils import (
+    data_type_to_dtype,
+    data_type_to_dyn_emb,
+    dyn_emb_to_torch,
+    string_to_evict_strategy,
+    torch_to_dyn_emb,
 )
 
 __all__ = [
@@ -250,7 +250,7 @@ class DynamicEmbTableOptions:
         dim: embedding width (``None``: taken from the TorchRec config by the planner).
         max_capacity: maximum rows on this rank (``None``: filled by the planner).
         evict_strategy: DynamicEmb's eviction name. In dynemb (as in DynamicEmb's
-            kernel) ``score_strategy`` decides the eviction; the planner and the kernel
+            kernel) ``score_strategy`` decides the eviction; the planner and the TBE module
             set this field to the strategy it implies (``evict_strategy_of``), with a
             ``UserWarning`` when a non-default value disagreed.
         local_hbm_for_values: bytes of value rows (with optimizer state) in the fast

@@ -42,13 +42,13 @@ import torch.distributed as dist
 from torch import nn
 
 from dynemb import _ops
-from dynemb.checkpoint.collectives import all_gather
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.distributed.collectives import all_gather
+from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.shard import dynamic_embedding_tables
 from dynemb.shard.sharded_modules import public_collection_path
 from dynemb.table.batch_arguments import TIMESTAMP_CODES
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreDict = dict[str, dict[str, int]]

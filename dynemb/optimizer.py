@@ -56,7 +56,7 @@ class OptimizerConfig:
 
     def validate(self) -> None:
         """Raises ValueError naming the hyper-parameter that is not a finite number in its
-        range (inf or NaN would turn every updated row into NaN). The kernel calls it
+        range (inf or NaN would turn every updated row into NaN). The TBE module calls it
         before each update, so a value changed in place (a one-element tensor
         ``learning_rate`` a scheduler mutates) is checked too."""
         if self.optimizer not in _KERNEL_CODE:

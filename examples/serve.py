@@ -45,7 +45,7 @@ from dynemb.example.publishing import (
     read_config,
     read_version,
 )
-from dynemb.exportable_tables import (
+from dynemb.inference.exportable_tables import (
     InferenceEmbeddingBagCollection,
     InferenceEmbeddingCollection,
 )

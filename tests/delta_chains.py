@@ -6,7 +6,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.deltas import DeltaPublisher
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 
 OPTIONS = [DynamicEmbTableOptions(dim=4, max_capacity=64, bucket_capacity=16)]
 

@@ -4,7 +4,10 @@ held-out batch up in eval mode, build inference modules from the trained model a
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump
-from dynemb.exportable_tables import InferenceEmbeddingBagCollection, InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import (
+    InferenceEmbeddingBagCollection,
+    InferenceEmbeddingCollection,
+)
 from tests.sharded_workers import FEATURE_TABLE, Case, build_model, dims, global_batch, local_kjt
 
 TRAIN_STEPS = 4

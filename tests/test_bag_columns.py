@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dynemb import DynamicEmbPoolingMode, DynamicEmbTableOptions, EmbOptimType
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 DIM, ROW, SLOTS, B = 4, 5, 64, 50

@@ -15,8 +15,8 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynemb.kernel.lookup_function import readable_rows
 from dynemb.optimizer import EmbOptimType
+from dynemb.tbe.lookup_function import readable_rows
 
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
 

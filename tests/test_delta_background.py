@@ -23,7 +23,7 @@ from dynemb.deltas import DeltaPublisher, delta_path, precapture, read_delta
 from dynemb.deltas import publisher as publisher_module
 from dynemb.deltas.capture import Capture
 from dynemb.deltas.publisher import COMPACT_PARTS
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from dynemb.optimizer import EmbOptimType
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.rw_lock import RWLock

@@ -7,7 +7,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.deltas import DeltaPublisher, delta_path
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 
 OPTIONS = [
     DynamicEmbTableOptions(dim=4, max_capacity=256, bucket_capacity=16, seed=s) for s in (1, 2)

@@ -11,7 +11,7 @@ from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.manifest import checksum
 from dynemb.deltas import DeltaPublisher, DeltaVersionError, delta_path
 from dynemb.deltas.format import write_delta
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from tests.delta_chains import OPTIONS, lookup, one_table_chain, serving_base
 
 KEYS = torch.arange(-5, 40)

@@ -13,7 +13,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.deltas import DeltaPublisher, delta_path, read_delta
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from dynemb.optimizer import EmbOptimType
 
 DIM = 4

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynemb.deltas import delta_path, read_delta
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from tests.delta_sharded_workers import (
     EVAL_VALUE,
     FEATURE_TABLE,

@@ -18,8 +18,8 @@ from dynemb import (
     EmbOptimType,
     _ops,
 )
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 # (strategy, dim, keys per batch, evicts): 32 slots a table. The last two never evict

@@ -1,4 +1,4 @@
-"""Inference modules (dynemb.exportable_tables): built from a trained sharded model or a
+"""Inference modules (dynemb.inference.exportable_tables): built from a trained sharded model or a
 checkpoint of another world size, their lookups equal the trained model's eval lookups
 bit for bit, and a whole model with them exports, saves and loads with torch.export."""
 
@@ -9,7 +9,10 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import Dim
 
 from dynemb import DynamicEmbTableOptions
-from dynemb.exportable_tables import InferenceEmbeddingBagCollection, InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import (
+    InferenceEmbeddingBagCollection,
+    InferenceEmbeddingCollection,
+)
 from tests.inference_workers import inference_module, train_and_build
 from tests.multiprocess import run_ranks
 from tests.sharded_workers import Case

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dynemb.kernel.batch_layout import split_by_table
+from dynemb.tbe.batch_layout import split_by_table
 
 pytestmark = pytest.mark.no_emulated_pass("Python tensor ops only, no executor code")
 

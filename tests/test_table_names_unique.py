@@ -11,7 +11,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 
 pytestmark = pytest.mark.no_emulated_pass("table naming in dumps and modules: Python only")
 

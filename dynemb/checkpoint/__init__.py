@@ -4,7 +4,7 @@ from dynemb.checkpoint.dump import DynamicEmbDump
 from dynemb.checkpoint.exchange import CheckpointWarning
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.load import DynamicEmbLoad
-from dynemb.rank_faults import RankFailure
+from dynemb.distributed.rank_faults import RankFailure
 
 __all__ = [
     "CheckpointError",

@@ -12,12 +12,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.collectives import (
-    admission_counter,
-    all_gather,
-    process_group,
-    rank_and_size,
-)
 from dynemb.checkpoint.dump_lock import (
     committed_dump_id,
     dump_lock,
@@ -28,14 +22,19 @@ from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
 from dynemb.checkpoint.exchange import check_held_everywhere, check_no_column_slices
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
 from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
-from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
-from dynemb.rank_faults import (
+from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
+from dynemb.distributed.collectives import (
+    all_gather,
+    process_group,
+    rank_and_size,
+)
+from dynemb.distributed.rank_faults import (
     DEFAULT_TIMEOUT_S,
     RankAgreement,
     RankFailure,
     collective,
 )
-from dynemb.score_strategies import score_strategy_label
+from dynemb.table.score_strategies import score_strategy_label
 
 FORMATS = ("dynemb", "dynamicemb")
 

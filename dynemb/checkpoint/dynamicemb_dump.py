@@ -6,7 +6,6 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.collectives import all_gather, rank_and_size
 from dynemb.checkpoint.dynamicemb_layout import (
     FIELDS,
     OPT_ARGS,
@@ -19,6 +18,7 @@ from dynemb.checkpoint.exchange import route_rows
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter
 from dynemb.checkpoint.manifest import MANIFEST
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.dynamicemb_config import evict_strategy_of
 from dynemb.optimizer import EmbOptimType
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
 from dynemb.checkpoint.dynamicemb_content import content_errors
 from dynemb.checkpoint.dynamicemb_layout import (
     OPT_ARGS,
@@ -30,7 +29,8 @@ from dynemb.checkpoint.exchange import (
 )
 from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError
 from dynemb.checkpoint.manifest import INT64_MAX
-from dynemb.checkpoint.tables import NamedTable, named_tables
+from dynemb.checkpoint.tables import NamedTable, admission_counter, named_tables
+from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.dynamicemb_config import evict_strategy_of
 
 _HYPER_PARAMETERS = {  # opt_args.json key -> OptimizerConfig field

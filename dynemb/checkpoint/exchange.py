@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 
 from dynemb import _ops
-from dynemb.checkpoint.collectives import admission_counter, all_gather, rank_and_size
-from dynemb.checkpoint.tables import NamedTable
-from dynemb.kernel_names import COLUMN_SLICES
-from dynemb.rank_faults import collective
+from dynemb.checkpoint.tables import NamedTable, admission_counter
+from dynemb.distributed.collectives import all_gather, rank_and_size
+from dynemb.distributed.rank_faults import collective
+from dynemb.distributed.sharding_names import COLUMN_SLICES
 from dynemb.shard.routing import route_keys
 
 # Threads of the table ops while loading. One op thread restored 4M rows of 192

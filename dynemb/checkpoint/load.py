@@ -7,12 +7,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.collectives import (
-    admission_counter,
-    all_gather,
-    process_group,
-    rank_and_size,
-)
 from dynemb.checkpoint.dump_lock import load_lock
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
@@ -37,10 +31,15 @@ from dynemb.checkpoint.format import (
     read_rows,
 )
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
-from dynemb.checkpoint.tables import NamedTable, TableNames, named_tables
+from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
 from dynemb.checkpoint.verify import field_bytes, verify_all
-from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
-from dynemb.score_strategies import score_strategy_label
+from dynemb.distributed.collectives import (
+    all_gather,
+    process_group,
+    rank_and_size,
+)
+from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.table.score_strategies import score_strategy_label
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:

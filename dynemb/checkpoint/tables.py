@@ -5,13 +5,13 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.sharded_modules import (
     collection_path,
     dynamic_kernels_by_path,
     public_collection_path,
 )
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 TableNames = Mapping[str, Sequence[str]] | Sequence[str] | None
 """``table_names`` of DynamicEmbDump / DynamicEmbLoad: DynamicEmb's ``{collection path:
@@ -53,7 +53,7 @@ class CollectionGroups(nn.Module):
     """Groups of dynamic tables outside a sharded model, under the collection path
     each would have in one (``""``: the model itself, else e.g. ``"sparse.ebc"``):
     what a checkpoint of a sharded model is read into by a module that holds its
-    tables itself (dynemb.exportable_tables)."""
+    tables itself (dynemb.inference.exportable_tables)."""
 
     def __init__(self, groups: Mapping[str, BatchedDynamicEmbeddingTables]) -> None:
         super().__init__()
@@ -116,3 +116,9 @@ def _by_collection(found: list[NamedTable], table_names: Mapping) -> list[NamedT
         if t.public_collection not in table_names
         or t.table_name in table_names[t.public_collection]
     ]
+
+
+def admission_counter(t: NamedTable):
+    """The admission counter of the table on this rank, or None."""
+    counters = getattr(t.group, "admission_counters", None)
+    return counters[t.index] if counters else None

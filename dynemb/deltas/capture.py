@@ -17,7 +17,7 @@ import torch
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.format import TableDelta, table_delta_meta
 from dynemb.deltas.precapture import read_entries
-from dynemb.score_strategies import score_strategy_label
+from dynemb.table.score_strategies import score_strategy_label
 from dynemb.table.scored_hash_table import ScoredHashTable
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.collectives import process_group
 from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
 from dynemb.deltas.background import BackgroundWriter, Job
@@ -30,7 +29,8 @@ from dynemb.deltas.format import delta_path, write_delta
 from dynemb.deltas.precapture import PreCapture
 from dynemb.deltas.precapture import merge as merge_entries
 from dynemb.deltas.ranks import agree_on_tables, publish_collective
-from dynemb.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.distributed.collectives import process_group
+from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.change_log import ChangeLog
 
 BASE = "base"
@@ -64,7 +64,7 @@ class DeltaPublisher:
         pg: the process group of the model's ranks (default: the world, if initialized).
         fault_timeout: (several processes) seconds after which a rank that stopped
             responding in a collective step counts as dead: the others raise
-            RankFailure naming it (dynemb/rank_faults.py).
+            RankFailure naming it (dynemb/distributed/rank_faults.py).
         precapture: (single process) the writer thread reads most of each delta
             between deltas, while training goes on, and the boundary only the keys of
             the last steps (dynemb/deltas/precapture.py): a shorter stop at the

@@ -5,7 +5,7 @@ rank (dynemb/shard/routing.py): the ranks' changes to a table are disjoint, so t
 delta of the model is the concatenation of the ranks' deltas. Rank 0 gathers them
 and writes the one delta (the on-disk format does not depend on the world size);
 its outcome, committed or the error, is posted to every rank through the group's
-store (dynemb/rank_faults.py), so every rank returns the same version or raises.
+store (dynemb/distributed/rank_faults.py), so every rank returns the same version or raises.
 """
 
 import builtins
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dynemb.deltas.capture import Capture, delta_bytes, entries, restore
 from dynemb.deltas.commit import DeltaCommit
 from dynemb.deltas.format import TableDelta
-from dynemb.rank_faults import RankAgreement, RankFailure
+from dynemb.distributed.rank_faults import RankAgreement, RankFailure
 
 
 def agree_on_tables(ranks: RankAgreement, pg, local_error: str | None, tables: dict) -> None:

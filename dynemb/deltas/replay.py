@@ -1,7 +1,7 @@
 """How a serving table replays a delta: which of the delta's tables it serves, the
 checks that refuse a delta out of order, and its rows after the delta.
 
-A serving table (dynemb.exportable_tables) holds only its op tensors; ``stored_rows``
+A serving table (dynemb.inference.exportable_tables) holds only its op tensors; ``stored_rows``
 reads ``(keys, embeddings)`` back from them, and ``replayed_rows`` gives the rows after
 a delta: every stored key that the delta neither tombstones nor upserts, then the
 delta's upserts. The serving module builds new tables from these and swaps them in.

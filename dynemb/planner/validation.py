@@ -9,8 +9,8 @@ import torch
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
+from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
 

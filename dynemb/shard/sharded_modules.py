@@ -19,9 +19,8 @@ from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.shard.compute_kernel import _DynamicKernel
 from dynemb.shard.cw_sharding import DynamicEmbCwPooledEmbeddingSharding
-from dynemb.shard.kernel import _DynamicKernel
 from dynemb.shard.mean_divisor import divided_columns, exact_divisor
 from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
@@ -34,6 +33,7 @@ from dynemb.shard.tw_sharding import (
     DynamicEmbTwPooledEmbeddingSharding,
     DynamicEmbTwSequenceEmbeddingSharding,
 )
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _TABLE_WISE = ShardingType.TABLE_WISE.value
 

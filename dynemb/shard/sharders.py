@@ -8,7 +8,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
-from dynemb.kernel_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
+from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
 from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,

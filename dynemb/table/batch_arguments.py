@@ -4,14 +4,14 @@ argument, its value and what was expected, before the table changes."""
 import torch
 
 from dynemb._ops import TIMESTAMP_DECAYED_LFU, TIMESTAMP_LFU
-from dynemb.score_strategies import check_score_half_life
+from dynemb.table.score_strategies import check_score_half_life
 from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 
 
 def strategy_code(strategy: ScoreStrategyArg) -> int:
-    """The kernel code of a strategy or of a compound (TIMESTAMP, LFU | DECAYED_LFU)."""
+    """The C++ code of a strategy or of a compound (TIMESTAMP, LFU | DECAYED_LFU)."""
     if isinstance(strategy, DynamicEmbScoreStrategy):
         return strategy.value
     ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU

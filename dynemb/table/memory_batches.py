@@ -18,7 +18,7 @@ from dynemb.types import DynamicEmbScoreStrategy
 
 
 class MemoryBatches:
-    """The kernel's and the checkpoints' Table members of a table in memory (a part of
+    """The TBE module's and the checkpoints' Table members of a table in memory (a part of
     ScoredHashTable, over ``_state``)."""
 
     _state: TableState

@@ -14,7 +14,7 @@ of keys, and the ops of ``dynemb._ops`` read and write ``buffers.tensors()`` at 
 slots. A slot is valid while ``mutations`` is unchanged; readers hold
 ``lock.read()``, anything that moves keys ``lock.write()``.
 
-A training forward (dynemb.kernel) runs, per table: ``begin_batch`` (or
+A training forward (dynemb.tbe) runs, per table: ``begin_batch`` (or
 ``skip_batch`` when the batch has no key of the table), ``find_or_insert_slots(...,
 hold=batch)``, ``batch_rows`` (where the forward reads the rows), then in backward the
 update of ``buffers`` and of ``staged_rows``, and ``end_batch``.

@@ -146,7 +146,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
 
     @property
     def mutations(self) -> int:
-        """Bumped whenever cached rows may have moved (clear, erase): the kernel then
+        """Bumped whenever cached rows may have moved (clear, erase): the TBE module then
         finds a batch's keys again."""
         return self._moves
 

@@ -100,7 +100,7 @@ def test_strict_must_be_a_bool(tmp_path):
 
 
 def test_an_inference_module_keeps_every_row(tmp_path):
-    from dynemb.exportable_tables import InferenceEmbeddingCollection
+    from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 
     saved, path = _trained(tmp_path, "dynemb")
     options = DynamicEmbTableOptions(

@@ -26,7 +26,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.deltas import DeltaPublisher, delta_path
-from dynemb.exportable_tables import InferenceEmbeddingCollection
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from tests import reference as ref
 
 DIM, CAPACITY, BUCKET, SEED = 4, 1024, 128, 5

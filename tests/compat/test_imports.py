@@ -54,7 +54,7 @@ SUBMODULE = [
     ("dynemb.dynamicemb_config", "ScoreStrategy"),
     ("dynemb.dynamicemb_config", "DynamicEmbTableOptions"),
     ("dynemb.optimizer", "EmbOptimType"),
-    ("dynemb.exportable_tables", "InferenceEmbeddingCollection"),
+    ("dynemb.inference.exportable_tables", "InferenceEmbeddingCollection"),
 ]
 
 
@@ -93,7 +93,7 @@ def test_inference_embedding_collection_signatures():
     """DYNAMICEMB_API.md section 11: the constructor, load and forward arguments, in order."""
     import inspect
 
-    from dynemb.exportable_tables import InferenceEmbeddingCollection as IEC
+    from dynemb.inference.exportable_tables import InferenceEmbeddingCollection as IEC
 
     def params(f):
         return list(inspect.signature(f).parameters)[1:]

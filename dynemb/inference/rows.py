@@ -11,16 +11,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dynemb.checkpoint.collectives import all_gather, process_group
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout, saved_tables
 from dynemb.checkpoint.exchange import RowsDroppedError
 from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import CollectionGroups, named_tables
+from dynemb.distributed.collectives import all_gather, process_group
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.kernel.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.shard.sharded_modules import ROOT_COLLECTION, collection_path
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.types import DynamicEmbScoreStrategy
 
 Rows = tuple[torch.Tensor, torch.Tensor]  # keys (n,) int64, embeddings (n, dim)

@@ -1,4 +1,4 @@
-"""How the kernel gets the training slots of a batch's distinct keys: a training lookup
+"""How the TBE module gets the training slots of a batch's distinct keys: a training lookup
 (inserting new keys, grouped over the tables that allow it), or, under admission, a
 lookup of the keys admitted; keys that could not be stored are reported by the
 table's safe-check mode.

@@ -1,11 +1,11 @@
-"""The argument checks of the inference modules (dynemb.exportable_tables): the
+"""The argument checks of the inference modules (dynemb.inference.exportable_tables): the
 constructor's feature map and pooling code, and forward's batch, checked so that
 tracing (torch.export, fake tensors) needs no data."""
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from dynemb.kernel.batch_layout import check_batch
+from dynemb.tbe.batch_layout import check_batch
 from dynemb.types import DynamicEmbPoolingMode
 
 # DynamicEmb's pooling codes (DYNAMICEMB_API.md section 11): -1 none, 1 sum, 2 mean.

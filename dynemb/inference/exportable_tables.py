@@ -27,15 +27,15 @@ from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.deltas import read_delta
 from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.inference_arguments import (
+from dynemb.inference.arguments import (
     check_inference_batch,
     feature_map,
     pooling_mode_of,
 )
-from dynemb.inference_lookup import TableLookups
-from dynemb.inference_rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
-from dynemb.kernel.table_options import check_options, init_list, table_names_of
+from dynemb.inference.lookup import TableLookups
+from dynemb.inference.rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
 from dynemb.table.placement import BUFFERS, canonical_device
+from dynemb.tbe.table_options import check_options, init_list, table_names_of
 from dynemb.types import DynamicEmbPoolingMode
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

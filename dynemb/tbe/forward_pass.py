@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from dynemb import _ops
-from dynemb.kernel.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
-from dynemb.kernel.grouped_calls import pool_grouped, table_locked
+from dynemb.tbe.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
+from dynemb.tbe.grouped_calls import pool_grouped, table_locked
 from dynemb.types import DynamicEmbPoolingMode
 
 POOLING_CODE = {

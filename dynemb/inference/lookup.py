@@ -1,4 +1,4 @@
-"""The lookup of an inference module's batch (dynemb/exportable_tables.py): each table
+"""The lookup of an inference module's batch (dynemb/inference/exportable_tables.py): each table
 has found every key of the batch (its slots); the features it serves are cut out by
 position, so the lookup has no data-dependent shapes and exports."""
 

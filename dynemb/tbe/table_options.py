@@ -1,4 +1,4 @@
-"""Checks of a kernel's per-table options, and the initializer lists it derives."""
+"""Checks of a TBE module's per-table options, and the initializer lists it derives."""
 
 import os
 from collections.abc import Sequence

@@ -20,8 +20,11 @@ from dynemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     with_kernel_defaults,
 )
-from dynemb.kernel.backward_pass import BackwardPass
-from dynemb.kernel.batch_layout import (
+from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
+from dynemb.table.placement import canonical_device
+from dynemb.table.protocol import Table
+from dynemb.tbe.backward_pass import BackwardPass
+from dynemb.tbe.batch_layout import (
     TableBatch,
     check_access_counts,
     check_batch,
@@ -29,18 +32,15 @@ from dynemb.kernel.batch_layout import (
     distinct_keys,
     split_by_table,
 )
-from dynemb.kernel.forward_pass import ForwardPass
-from dynemb.kernel.lookup_function import LookupFunction
-from dynemb.kernel.table_options import (
+from dynemb.tbe.forward_pass import ForwardPass
+from dynemb.tbe.lookup_function import LookupFunction
+from dynemb.tbe.table_options import (
     admission_missing,
     check_options,
     init_list,
     table_names_of,
 )
-from dynemb.kernel.table_slots import TableSlots
-from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
-from dynemb.table.placement import canonical_device
-from dynemb.table.protocol import Table
+from dynemb.tbe.table_slots import TableSlots
 from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbPoolingMode
@@ -170,7 +170,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
         # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
-        # row-wise sharded kernel (dynemb.shard.kernel); checkpoints re-route with it.
+        # row-wise sharded kernel (dynemb.shard.compute_kernel); checkpoints re-route with it.
         self.routing: list[tuple[str, int]] | None = None
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
         # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.

@@ -1,9 +1,9 @@
-"""The few collectives a checkpoint needs, over a process group or one process alone."""
+"""The few collectives that checkpoints, incremental dumps, deltas and inference
+modules need, over a process group or one process alone."""
 
 import torch.distributed as dist
 
-from dynemb.checkpoint.tables import NamedTable
-from dynemb.rank_faults import collective
+from dynemb.distributed.rank_faults import collective
 
 
 def process_group(pg):
@@ -28,10 +28,4 @@ def all_gather(obj, pg) -> list:
     return out
 
 
-def admission_counter(t: NamedTable):
-    """The admission counter of the table on this rank, or None."""
-    counters = getattr(t.group, "admission_counters", None)
-    return counters[t.index] if counters else None
-
-
-__all__ = ["admission_counter", "all_gather", "process_group", "rank_and_size"]
+__all__ = ["all_gather", "process_group", "rank_and_size"]

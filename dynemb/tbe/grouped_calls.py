@@ -1,4 +1,4 @@
-"""The kernel's grouped op calls: the pooling and the backward of every table of a
+"""The TBE module's grouped op calls: the pooling and the backward of every table of a
 batch in one executor call (one per value dtype, usually one in all), under the
 locks of the tables whose buffers they address, taken in table order (two modules
 sharing tables take them alike).

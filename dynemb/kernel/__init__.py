@@ -1,1 +1,0 @@
-"""The compute kernel: BatchedDynamicEmbeddingTables and its autograd function."""
