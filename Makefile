@@ -107,17 +107,18 @@ TSAN_DRIVER    := build/sanitize/tsan/tsan_tables
 ASAN_SPAWNED   ?=
 # The tests that reach C++ (table, kernel and checkpoint ops); not those of Python-only
 # code (dump locking, a full disk, split_by_table's tensor ops).
-SANITIZE_PYTHON_ONLY := tests/test_checkpoint_concurrent_dumps.py \
-  tests/test_checkpoint_failed_dump.py
-SANITIZE_TESTS := $(filter-out $(SANITIZE_PYTHON_ONLY),$(sort $(wildcard tests/test_table*.py \
-  tests/test_batched_tables*.py tests/test_checkpoint*.py tests/test_dynamicemb_layout*.py \
-  tests/test_eviction*.py))) \
-  tests/test_growth.py tests/test_bucket_overflow.py tests/test_hash_keys.py \
-  tests/test_concurrency.py tests/test_executor_parity.py tests/test_op_argument_checks.py \
-  tests/test_tiers.py tests/test_storage.py tests/test_value_dtypes.py \
-  tests/test_initializers.py tests/test_cache_exchange.py tests/test_caching_checkpoint.py \
-  tests/test_incremental_dump.py tests/test_large_outputs.py tests/test_grouped_ops.py \
-  tests/test_unique_keys.py tests/test_bag_columns.py tests/test_grouped_lookup.py
+SANITIZE_PYTHON_ONLY := tests/checkpoint/test_checkpoint_concurrent_dumps.py \
+  tests/checkpoint/test_checkpoint_failed_dump.py
+SANITIZE_TESTS := $(filter-out $(SANITIZE_PYTHON_ONLY),$(sort $(wildcard tests/table/test_table*.py \
+  tests/tbe/test_batched_tables*.py tests/checkpoint/test_checkpoint*.py \
+  tests/checkpoint/test_dynamicemb_layout*.py tests/table/test_eviction*.py))) \
+  tests/checkpoint/test_table_names_unique.py \
+  tests/table/test_growth.py tests/table/test_bucket_overflow.py tests/table/test_hash_keys.py \
+  tests/table/test_concurrency.py tests/csrc/test_executor_parity.py tests/csrc/test_op_argument_checks.py \
+  tests/tiering/test_tiers.py tests/tiering/test_storage.py tests/table/test_value_dtypes.py \
+  tests/table/test_initializers.py tests/tiering/test_cache_exchange.py tests/tiering/test_caching_checkpoint.py \
+  tests/checkpoint/test_incremental_dump.py tests/table/test_large_outputs.py tests/tbe/test_grouped_ops.py \
+  tests/csrc/test_unique_keys.py tests/tbe/test_bag_columns.py tests/tbe/test_grouped_lookup.py
 # PYTHONSAFEPATH and --import-mode=append: neither the working directory nor pytest's
 # rootdir may come before the sanitized copy on sys.path (checked before the run).
 # libstdc++ is preloaded with libasan: python is no C++ program, and ASan's __cxa_throw

@@ -10,7 +10,7 @@ row are summed first (``coalesce``), then each distinct row ``r`` with summed gr
 
 Rows the batch does not touch keep their weights and state. No weight decay. Written
 with torch ops only (no fbgemm), so that it runs wherever torch does; checked against a
-dense reference in ``tests/test_torch_rowwise_adagrad.py``.
+dense reference in ``tests/tbe/test_torch_rowwise_adagrad.py``.
 
 Example::
 

@@ -43,7 +43,7 @@ _fake_kernels.register()  # shapes of the lookup ops for torch.export (no data n
 
 # The op contract's codes, read from csrc/core (csrc/torch/core_constants.h); nothing
 # here restates them. The public enums (dynemb.types) are checked against them by
-# tests/test_core_constants.py.
+# tests/csrc/test_core_constants.py.
 _CORE = _C.constants
 SCORE_STRATEGY_CODES: dict[str, int] = dict(_CORE["score_strategies"])  # core ScoreStrategy
 INIT_MODE_CODES: dict[str, int] = dict(_CORE["init_modes"])  # core InitMode

@@ -19,7 +19,7 @@ ordinary tables of that version, exports the whole model with ``torch.export.exp
 saves and reloads the program (``torch.export.save`` / ``load``), scores the held-out
 rows with the loaded program and prints their AUC. The logits equal the ones the
 training model gave at that version in eval mode bit for bit, so the AUC is the one
-``example.py --eval`` printed after training (tests/test_example_serve.py checks both).
+``example.py --eval`` printed after training (tests/example/test_example_serve.py checks both).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_checkpoint_rank_faults.py and tests/test_rank_faults.py:
+"""Rank-side code of tests/checkpoint/test_checkpoint_rank_faults.py and tests/distributed/test_rank_faults.py:
 one rank fails inside a dump, a load, an incremental dump or collective planning
 (raises and stays alive, or is killed), the others must raise promptly, naming it."""
 
@@ -114,7 +114,7 @@ def plan_with_a_fault(rank: int, world_size: int, fault: str) -> dict:
     """collective_plan where rank 0 cannot plan: its topology has 1 KiB of DDR per
     rank (a real PlannerError), or it is killed while planning."""
     from dynemb.planner import DynamicEmbeddingShardingPlanner
-    from tests.test_planner import Model, all_configs, cpu_topology, sharders
+    from tests.planner.test_planner import Model, all_configs, cpu_topology, sharders
 
     topology = cpu_topology(world_size, ddr_cap=1024 if rank == 0 else None)
     planner = DynamicEmbeddingShardingPlanner(all_configs(), topology=topology, debug=False)

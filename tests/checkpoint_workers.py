@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_checkpoint.py: train a sharded model, dump, load, continue."""
+"""Rank-side code of tests/checkpoint/test_checkpoint.py: train a sharded model, dump, load, continue."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_column_wise.py: a dynamic table sharded column-wise over
+"""Rank-side code of tests/shard/test_column_wise.py: a dynamic table sharded column-wise over
 2 ranks beside a row-wise one, compared with one unsharded BatchedDynamicEmbeddingTables
 holding each slice as a table of its own (the slices' meaning: same keys, own columns,
 own seed and optimizer state)."""

@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_dedup_access_counts.py: a sharded EC whose dynamic tables
+"""Rank-side code of tests/shard/test_dedup_access_counts.py: a sharded EC whose dynamic tables
 count accesses (LFU scores, an admission counter), trained with and without
 ``use_index_dedup``, and what each rank's tables hold afterwards."""
 

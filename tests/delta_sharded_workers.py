@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_delta_sharded.py: a DMP EmbeddingCollection row-wise
+"""Rank-side code of tests/deltas/test_delta_sharded.py: a DMP EmbeddingCollection row-wise
 sharded over the ranks, with tables far smaller than the id space (they evict),
 trained while a DeltaPublisher publishes a base and deltas; an erase; a write of
 rank 0 that fails (both ranks must raise, and lose no change)."""

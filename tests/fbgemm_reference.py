@@ -11,7 +11,7 @@ CPU and every table at ``EmbeddingLocation.HOST``; dynemb's
     out = fbgemm_train_step(tbe, indices, offsets)     # forward, sum().backward(), update
     get_rows(tbe, 0), get_optimizer_state(tbe, 0)      # copies, to compare with dynemb's
 
-fbgemm's CPU semantics, each verified numerically by tests/test_fbgemm_reference.py
+fbgemm's CPU semantics, each verified numerically by tests/tbe/test_fbgemm_reference.py
 (one table, 2 rows, dim 4, hand computation). ``g`` is the gradient of one row,
 reduced over the whole batch first ("exact" optimizers: a row that appears k times
 in a batch gets ONE update with the sum of its k contributions, e.g. Adagrad adds

@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_incremental_dump.py (run on real gloo ranks)."""
+"""Rank-side code of tests/checkpoint/test_incremental_dump.py (run on real gloo ranks)."""
 
 import torch
 import torch.distributed as dist

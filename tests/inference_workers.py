@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_inference_export.py: train a sharded EBC and EC, look a
+"""Rank-side code of tests/inference/test_inference_export.py: train a sharded EBC and EC, look a
 held-out batch up in eval mode, build inference modules from the trained model and dump it."""
 
 import torch

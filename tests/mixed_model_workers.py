@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_sharded_behaviour.py: a model mixing dynamic and ordinary
+"""Rank-side code of tests/shard/test_sharded_behaviour.py: a model mixing dynamic and ordinary
 TorchRec tables, checked against plain TorchRec, plus LR, eval and state_dict behaviour."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_ordinary_tables_as_dynamic.py: a model mixing an ordinary
+"""Rank-side code of tests/shard/test_ordinary_tables_as_dynamic.py: a model mixing an ordinary
 table and a dynamic table, trained with Adam on CPU through DistributedModelParallel
 with the planner's ``ordinary_tables_as_dynamic``, checked against torch.optim.Adam."""
 

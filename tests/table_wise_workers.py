@@ -1,4 +1,4 @@
-"""Rank-side code of tests/test_table_wise.py: one model with a dynamic table sharded
+"""Rank-side code of tests/shard/test_table_wise.py: one model with a dynamic table sharded
 table-wise, a dynamic table sharded row-wise and an ordinary TorchRec table, trained on
 real gloo ranks and compared with one unsharded BatchedDynamicEmbeddingTables."""
 

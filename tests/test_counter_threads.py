@@ -114,7 +114,7 @@ def test_options_and_module_holding_a_counter_copy():
     )
     m(torch.tensor([5, 5, 6]), torch.tensor([0, 3]))
     # The tables' own locks are not copied by deepcopy (a copy takes fresh ones, as in
-    # tests/test_delta_background.py); the counter's lock needs no such help.
+    # tests/deltas/test_delta_background.py); the counter's lock needs no such help.
     m2 = copy.deepcopy(m, memo={id(t.lock): RWLock() for t in m.tables})
     assert counts_of(m2.admission_counters[0]) == {5: 2, 6: 1}
     m2(torch.tensor([5]), torch.tensor([0, 1]))

@@ -41,13 +41,13 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/$site:$PWD
 # Test files that run on the GPU and need neither TorchRec 1.8's internals nor fbgemm's
 # CUDA kernels.
 GPU_TESTS=(
-  tests/test_extension_build.py tests/test_devices.py tests/test_executor_selection.py
-  tests/test_executor_parity.py tests/test_table_placement.py tests/test_hash_keys.py
-  tests/test_lfu_saturation.py tests/test_table_restore.py tests/test_grouped_lookup.py
-  tests/test_torch_rowwise_adagrad.py
+  tests/csrc/test_extension_build.py tests/test_devices.py tests/csrc/test_executor_selection.py
+  tests/csrc/test_executor_parity.py tests/table/test_table_placement.py tests/table/test_hash_keys.py
+  tests/table/test_lfu_saturation.py tests/table/test_table_restore.py tests/tbe/test_grouped_lookup.py
+  tests/tbe/test_torch_rowwise_adagrad.py
 )
 # Those that compare with fbgemm's CPU kernels (tests/fbgemm_reference.py), when it imports.
-FBGEMM_TESTS=(tests/test_batched_tables_reference.py tests/test_batched_tables_vs_fbgemm.py)
+FBGEMM_TESTS=(tests/tbe/test_batched_tables_reference.py tests/tbe/test_batched_tables_vs_fbgemm.py)
 
 # capped NAME SECONDS COMMAND...: runs COMMAND under `timeout` (which stops its whole
 # process group, pytest's workers too), appends its line to steps.jsonl and returns its

@@ -1,7 +1,7 @@
 // The emulated executor's lockstep warps and blocks (csrc/emulated/lockstep.h), one
 // case per primitive, checked against CUDA's documented semantics (the CUDA C++
 // Programming Guide's warp intrinsics, PTX shfl.sync), and the errors that replace a
-// GPU's hang. Built and run by tests/test_emulated_lockstep.py:
+// GPU's hang. Built and run by tests/csrc/test_emulated_lockstep.py:
 //   lockstep_kernels CASE    prints "ok" and exits 0, or prints what differs and exits 1
 //   lockstep_kernels order   prints the order in which a block's threads ran
 #define DYNEMB_CUDA_EMULATION 1

@@ -4,7 +4,7 @@
 // as kernels on the emulated executor's lockstep warps; the SerialTile on the host.
 // Also: a row initialised by the lanes of a tile (init_row with Lanes, each lane its
 // elements) equals init_row's, for every initializer and odd and even widths.
-// Built and run by tests/test_tile_bucket.py:
+// Built and run by tests/csrc/test_tile_bucket.py:
 //   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
 #define DYNEMB_CUDA_EMULATION 1
 

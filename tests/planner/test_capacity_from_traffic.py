@@ -28,9 +28,9 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.types import DynamicEmbScoreStrategy
-from tests.test_planner import cpu_topology, entries
+from tests.planner.test_planner import cpu_topology, entries
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 from train_workloads import Config, spread_ids, zipf_ids
 
 LFU = DynamicEmbScoreStrategy.LFU

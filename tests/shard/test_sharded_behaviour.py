@@ -8,8 +8,8 @@ from tests.mixed_model_workers import (
     mixed_model_matches_torchrec,
 )
 from tests.multiprocess import run_ranks
+from tests.shard.test_sharded_training import _check
 from tests.sharded_workers import Case, train_sharded
-from tests.test_sharded_training import _check
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -10,7 +10,7 @@ import pytest
 from dynemb import DynamicEmbTableOptions
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from tests.multiprocess import run_ranks
-from tests.test_planner import Model, all_configs, cpu_topology, entries, sharders
+from tests.planner.test_planner import Model, all_configs, cpu_topology, entries, sharders
 
 pytestmark = pytest.mark.no_emulated_pass("planning over spawned ranks: no table op runs")
 

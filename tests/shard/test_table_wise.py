@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.multiprocess import run_ranks
+from tests.shard.test_sharded_training import _sequence_slice
 from tests.sharded_workers import Case as SeqCase
 from tests.sharded_workers import train_reference as train_sequence_reference
 from tests.sharded_workers import train_sharded
@@ -20,7 +21,6 @@ from tests.table_wise_workers import (
     train_reference,
     train_table_wise,
 )
-from tests.test_sharded_training import _sequence_slice
 
 pytestmark = pytest.mark.no_emulated_pass(
     "TorchRec's table-wise plumbing on gloo ranks: the table ops are the emulated pass's elsewhere"

@@ -52,7 +52,7 @@ def train_and_save(optimizer: str, pooling: str, hot: bool, path: str) -> None:
 def _run(executor: str, case, path) -> dict:
     env = {**os.environ, "DYNEMB_EXECUTOR": executor}
     code = (
-        "import sys; from tests.test_in_batch_eviction_executors import train_and_save; "
+        "import sys; from tests.tbe.test_in_batch_eviction_executors import train_and_save; "
         f"train_and_save(*{case!r}, {str(path)!r})"
     )
     done = subprocess.run(

@@ -11,7 +11,7 @@ from dynemb import DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbeddingEnumerator, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from tests.test_planner import DYNAMIC_KERNEL, ROW_WISE, Model, make_constraints, sharders
+from tests.planner.test_planner import DYNAMIC_KERNEL, ROW_WISE, Model, make_constraints, sharders
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 

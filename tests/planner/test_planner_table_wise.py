@@ -14,7 +14,13 @@ from dynemb.planner import (
     get_table_value_bytes,
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
-from tests.test_planner import DYNAMIC_KERNEL, ROW_WISE, Model, all_configs, make_constraints
+from tests.planner.test_planner import (
+    DYNAMIC_KERNEL,
+    ROW_WISE,
+    Model,
+    all_configs,
+    make_constraints,
+)
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 

@@ -164,7 +164,7 @@ def test_dynamicemb_layout_steps_are_checked(tmp_path, key, value):
 
 
 def test_a_file_size_the_manifest_contradicts_is_reported_as_such(checkpoint):
-    """Found by tests/test_checkpoint_fuzz.py: a rehashed manifest whose "bytes" disagrees
+    """Found by tests/checkpoint/test_checkpoint_fuzz.py: a rehashed manifest whose "bytes" disagrees
     with its own row count was reported as "320 bytes, the manifest expects 320"."""
     path, _ = checkpoint
     edit_manifest(path, lambda m: m["tables"]["a"]["files"][0]["fields"]["values"].update(bytes=0))

@@ -13,7 +13,7 @@ from dynemb import DynamicEmbDump, DynamicEmbLoad, DynamicEmbScoreStrategy
 from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.incremental_dump import incremental_dump
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests.test_batch_pins import (
+from tests.table.test_batch_pins import (
     _check_step,
     _initial_rows,
     _lookup,

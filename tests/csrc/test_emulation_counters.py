@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.no_emulated_pass("runs its own process with the emulated executor")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
 import json, torch

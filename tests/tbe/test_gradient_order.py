@@ -3,7 +3,7 @@ ascending index order, cut into chunks of 64, each chunk summed from zero and th
 chunks' sums added in order to a total from zero. Checked bit for bit against the
 same sums written in torch float32 ops, through EXACT_SGD at learning rate 1 (the
 update is ``w - 1 * g``), for keys of 1, 64, 65 and 1,000 indices; every executor
-gives these bits (tests/test_executor_parity.py)."""
+gives these bits (tests/csrc/test_executor_parity.py)."""
 
 import dynemb._C  # noqa: F401  (loads the op libraries)
 import pytest

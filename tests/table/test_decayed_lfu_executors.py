@@ -1,6 +1,6 @@
 """DECAYED_LFU on every executor gives the same bits: the CPU executor (1 and 2 threads),
 the emulated CUDA executor and, with a GPU, the CUDA executor, run on copies of one
-table (tests/test_executor_parity.py's harness), over batches that fill, evict and
+table (tests/csrc/test_executor_parity.py's harness), over batches that fill, evict and
 count repeated keys; and the scores are the oracle's (tests/decay_reference.py)."""
 
 from functools import partial
@@ -11,7 +11,7 @@ import torch
 from dynemb import _ops
 from tests import decay_reference as decay
 from tests import reference as ref
-from tests.test_executor_parity import _assign, _batches, _claim, _find_or_insert, _run_both
+from tests.csrc.test_executor_parity import _assign, _batches, _claim, _find_or_insert, _run_both
 
 pytestmark = pytest.mark.no_emulated_pass(
     "runs the CPU and the emulated executor side by side itself: the same run in both passes"

@@ -2,14 +2,14 @@
 in front of slow tables, trained with and without prefetch (through TorchRec's
 ShardedModule.prefetch hook, the input dist in the main thread, the cache fill in a
 background thread), equals the unsharded uncached reference
-(tests/test_sharded_training.py's check). Eviction and staging are covered by
+(tests/shard/test_sharded_training.py's check). Eviction and staging are covered by
 test_caching.py; here the plumbing through DMP is."""
 
 import pytest
 
 from tests.multiprocess import run_ranks
+from tests.shard.test_sharded_training import _check
 from tests.sharded_workers import Case, train_sharded
-from tests.test_sharded_training import _check
 
 CASES = [
     Case("EXACT_ROWWISE_ADAGRAD", "roundrobin", "SUM", cache_rows=16),

@@ -2,7 +2,7 @@
 other rank raises RankFailure naming it and its error within a bounded time (at once
 for a rank that raised and stayed alive, within ``fault_timeout`` for one killed),
 never a gloo transport error nor a wait of the process-group timeout.
-(The dump's faults: tests/test_checkpoint_rank_faults.py.)"""
+(The dump's faults: tests/checkpoint/test_checkpoint_rank_faults.py.)"""
 
 import pytest
 
