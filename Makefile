@@ -158,7 +158,7 @@ $(TSAN_DRIVER): $(TSAN_SOURCES) tests/native/tsan_common.h $(EXT_SOURCES) $(STAM
 	  print(c.include_paths()[0])') $(filter-out %/ops_emulated.cpp,$(TSAN_SOURCES)) -o $@
 
 # The lockstep primitives under TSan too: its fiber switches are announced to it.
-$(TSAN_LOCKSTEP): tests/native/lockstep_kernels.cpp $(EXT_SOURCES) $(STAMP)
+$(TSAN_LOCKSTEP): tests/native/lockstep_kernels.cpp tests/native/lockstep_checks.h $(EXT_SOURCES) $(STAMP)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wall -Icsrc -isystem $$($(PY) -c 'import \
 	  torch.utils.cpp_extension as c; print(c.include_paths()[0])') $< $(EMULATION_RUNTIME) -o $@

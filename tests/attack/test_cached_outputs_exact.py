@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynemb import DynamicEmbPoolingMode as P
-from tests.tiering.test_caching import batches, contents, module, options
+from tests.tiering.caching_models import batches, contents, module, options
 
 
 def _train(m, batch, weights):

@@ -6,108 +6,30 @@ and the union of both tiers (the cache winning) the same rows, optimizer state a
 scores, with every key exactly once.
 """
 
-import numpy as np
 import pytest
 import torch
 
 from dynemb import (
-    BatchedDynamicEmbeddingTables,
-    DynamicEmbInitializerArgs,
-    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
 )
 from dynemb.optimizer import EmbOptimType
-from dynemb.tiering import CachedTable, PrefetchPipeline, Storage
-
-DIM, BATCH, POOL = 8, 16, 4
-CAPACITY = 4096
-
-
-def options(cache_rows=0, strategy=DynamicEmbScoreStrategy.LFU, state=0, **extra):
-    o = dict(
-        dim=DIM,
-        max_capacity=CAPACITY,
-        score_strategy=strategy,
-        initializer_args=DynamicEmbInitializerArgs(lower=-0.5, upper=0.5),
-        seed=7,
-    )
-    if cache_rows:
-        o.update(caching=True, local_hbm_for_values=cache_rows * (DIM + state) * 4)
-    o.update(extra)
-    return DynamicEmbTableOptions(**o)
+from dynemb.tiering import PrefetchPipeline
+from tests.tiering.caching_models import (
+    BATCH,
+    DIM,
+    DictStorage,
+    assert_same_tables,
+    batches,
+    check_tiers,
+    contents,
+    contents_of_cache,
+    dataclasses_tuple,
+    module,
+    options,
+    step,
+)
 
 
-def module(opts, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, pooling=DynamicEmbPoolingMode.SUM):
-    return BatchedDynamicEmbeddingTables(
-        opts, feature_table_map=[0, 1, 1], pooling_mode=pooling, optimizer=optimizer,
-        learning_rate=0.1,
-    )  # fmt: skip
-
-
-def batches(n, vocab=400, seed=0):
-    """n batches of 3 features x BATCH bags x POOL ids, Zipf-like (hot and cold keys)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        ids = np.minimum(rng.zipf(1.3, 3 * BATCH * POOL), vocab) * 7919 - 3 * vocab
-        offsets = torch.arange(0, 3 * BATCH + 1, dtype=torch.int64) * POOL
-        out.append((torch.from_numpy(ids.astype(np.int64)), offsets))
-    return out
-
-
-def step(m, batch):
-    out = m(*batch)
-    (out * torch.linspace(-1, 1, out.shape[1])).sum().backward()
-    return out.detach()
-
-
-def contents(table):
-    """{key: (row with state, score)} of a table (a CachedTable is synced first)."""
-    if isinstance(table, CachedTable):
-        table.sync()
-        storage, end = table.storage, table.storage.end_offset()
-        export = storage.export_batch
-    else:
-        end = table.capacity()
-
-        def export(offset, n):
-            return table.export_batch(offset, n, include_extra=True)
-
-    found, offset = {}, 0
-    while offset < end:
-        keys, rows, scores, offset = export(offset, 1024)
-        for k, r, s in zip(keys.tolist(), rows, scores.tolist()):
-            assert k not in found, f"key {k} exported twice"
-            found[k] = (r.clone(), s)
-    return found
-
-
-def check_tiers(cached: CachedTable, want: dict) -> None:
-    """Union of the tiers (cache winning), read without a sync, equals ``want``."""
-    cache = cached.cache
-    ckeys, crows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
-    assert len(set(ckeys.tolist())) == ckeys.numel(), "a key sits twice in the cache"
-    union = dict(zip(ckeys.tolist(), crows))
-    offset, end = 0, cached.storage.end_offset()
-    while offset < end:
-        keys, rows, _, offset = cached.storage.export_batch(offset, 1024)
-        for k, r in zip(keys.tolist(), rows):
-            union.setdefault(k, r)
-    assert set(union) == set(want), "keys lost or invented between the tiers"
-    for k, (row, _) in want.items():
-        torch.testing.assert_close(union[k], row, rtol=0, atol=1e-6, msg=f"row of key {k}")
-
-
-def assert_same_tables(got: dict, want: dict, scores=True) -> None:
-    assert set(got) == set(want)
-    for k in want:
-        torch.testing.assert_close(got[k][0], want[k][0], rtol=0, atol=1e-6)
-        if scores:
-            assert got[k][1] == want[k][1], f"score of key {k}"
-
-
-# prefetch: None (none), or PrefetchPipeline's overlap (background thread, or inline).
 @pytest.mark.parametrize(
     "optimizer, prefetch",
     [
@@ -173,13 +95,6 @@ def test_cache_eviction_preserves_row_state_and_score():
         torch.testing.assert_close(rows[i], before[k][0], rtol=0, atol=0)
         assert int(scores[i]) == before[k][1] == 3  # LFU: 3 accesses each
     assert table.stats.written_back >= 4
-
-
-def contents_of_cache(table: CachedTable) -> dict:
-    cache = table.cache
-    keys, rows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
-    slots = cache.find_slots(keys)
-    return {k: (r.clone(), int(table._user_scores[s])) for k, r, s in zip(keys.tolist(), rows, slots.tolist())}  # fmt: skip
 
 
 def test_prefetched_keys_survive_until_their_backward():
@@ -267,56 +182,6 @@ def test_erase_removes_keys_from_both_tiers_and_counts_each_once():
         assert not bool(c.find(gone)[1].any())
 
 
-def dataclasses_tuple(s):
-    import dataclasses
-
-    return dataclasses.astuple(s)
-
-
-class DictStorage(Storage):
-    """A toy external slow tier: a Python dict."""
-
-    def __init__(self, spec):
-        self.spec, self.rows = spec, {}
-
-    def find(self, keys):
-        n = keys.numel()
-        rows = torch.zeros((n, self.spec.row_width), dtype=self.spec.value_dtype)
-        scores = torch.zeros(n, dtype=torch.int64)
-        found = torch.zeros(n, dtype=torch.bool)
-        for i, k in enumerate(keys.tolist()):
-            if k in self.rows:
-                rows[i], scores[i] = self.rows[k]
-                found[i] = True
-        return rows, scores, found
-
-    def insert(self, keys, rows, scores):
-        for k, r, s in zip(keys.tolist(), rows, scores.tolist()):
-            self.rows[k] = (r.clone(), s)
-        empty = keys[:0]
-        return empty, rows[:0], empty
-
-    def erase(self, keys):
-        return sum(self.rows.pop(k, None) is not None for k in keys.tolist())
-
-    def export_batch(self, offset, n):
-        items = sorted(self.rows.items())[offset : offset + n]
-        keys = torch.tensor([k for k, _ in items], dtype=torch.int64)
-        rows = (
-            torch.stack([r for _, (r, _) in items])
-            if items
-            else torch.zeros((0, self.spec.row_width))
-        )
-        scores = torch.tensor([s for _, (_, s) in items], dtype=torch.int64)
-        return keys, rows, scores, min(offset + n, len(self.rows))
-
-    def end_offset(self):
-        return len(self.rows)
-
-    def size(self):
-        return len(self.rows)
-
-
 def test_external_storage_trains_like_uncached():
     data = batches(5, seed=11)
     plain = module([options(), options()])
@@ -364,79 +229,3 @@ def test_spilled_slow_tier_trains_like_uncached(tmp_path):
     for t in range(2):
         assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
     assert any(tmp_path.iterdir())
-
-
-def test_pipeline_overlap_defaults_to_a_spare_core(monkeypatch):
-    from dynemb.tiering import pipeline
-
-    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid: set(range(4)))
-    monkeypatch.setattr(pipeline.torch, "get_num_threads", lambda: 4)
-    assert PrefetchPipeline([], print, print).overlap is False
-    monkeypatch.setattr(pipeline.torch, "get_num_threads", lambda: 3)
-    assert PrefetchPipeline([], print, print).overlap is True
-    assert PrefetchPipeline([], print, print, overlap=False).overlap is False
-
-
-@pytest.mark.parametrize("overlap", [True, False])
-def test_pipeline_prefetches_each_batch_before_its_step(overlap):
-    events = []
-    pipe = PrefetchPipeline(
-        range(4), lambda b: events.append(("step", b)) or b,
-        lambda b: events.append(("prefetch", b)), overlap=overlap,
-    )  # fmt: skip
-    assert pipe.run() == [0, 1, 2, 3]
-    steps = [e for e in events if e[0] == "step"]
-    assert steps == [("step", b) for b in range(4)]
-    for b in range(4):  # prefetched once, before its own step
-        assert events.count(("prefetch", b)) == 1
-        assert events.index(("prefetch", b)) < events.index(("step", b))
-
-
-def test_thread_limit_is_per_thread():
-    import threading
-
-    from dynemb import _ops
-
-    main = torch.get_num_threads()
-    seen = {}
-
-    def worker():
-        _ops.set_thread_limit(1)
-        seen["worker"] = torch.get_num_threads()
-        x = torch.randn(1 << 16)
-        seen["sum"] = float(x.sum())  # an ATen parallel op runs under the limit
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    assert seen["worker"] == 1
-    assert torch.get_num_threads() == main
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        _ops.set_thread_limit(0)
-
-
-@pytest.mark.parametrize("overlap", [True, False])
-def test_forward_reuses_its_prefetch(overlap, monkeypatch):
-    """A batch prefetched whole is not looked up again: its forward reuses the
-    prefetch's distinct keys and slots (one cache fill per batch), same results."""
-    data = batches(6, seed=5)
-    plain = module([options(), options()])
-    cached = module([options(128, state=1), options(128, state=1)])
-    fills = []
-    original = CachedTable._fill
-    monkeypatch.setattr(
-        CachedTable,
-        "_fill",
-        lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k),
-    )
-    want = [step(plain, b) for b in data]
-    got = PrefetchPipeline(
-        data, lambda b: step(cached, b), lambda b: cached.prefetch(*b), overlap=overlap
-    ).run()
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
-    assert fills == [False] * (2 * len(data))  # prefetches only, two tables
-    changed = batches(1, seed=6)[0]
-    cached.prefetch(*data[0])  # then a forward of other keys: looked up as usual
-    step(cached, changed)
-    assert fills[-2:] == [True, True]
