@@ -3,9 +3,9 @@
 Usage::
 
     python benchmark/bench_train_dmp.py [--quick] [--optimizer NAME] [--world-sizes 1,2]
-                                        [--steps N] [--repeats N] [--workload train|wide]
+                                        [--steps N] [--repeats N] [--workload train|wide|wide-rows]
                                         [--tables N] [--device cpu|cuda]
-                                        [--sharding row_wise|table_wise|column_wise]
+                                        [--sharding TYPE[,TYPE...]]
 
 The step of W-train (benchmark/README.md; sizes and ids from train_workloads.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
@@ -13,7 +13,8 @@ pooling factor 16, SUM, ``loss = sum of the pooled outputs``, fused optimizer.
 Every process draws its own Zipf batches (seed ``rank``), the same for both models.
 ``--workload wide``: W-train-wide's step instead (64 tables of 100,000 rows, dim 16,
 pooling factor 4; JSON workload ``W-train-wide-dmp``); ``--tables N`` another table
-count (bench_train_wide.py sweeps it).
+count (bench_train_wide.py sweeps it). ``--workload wide-rows``: W-wide-rows (4 tables
+of 1,000,000 rows, dim 256, pooling factor 8; the column-wise workload).
 
 - Peer (``torchrec``): TorchRec's EmbeddingBagCollection sharded by DMP with the
   FUSED kernel (fbgemm's CPU TBE): TABLE_WISE at world size 1, ROW_WISE at 2.
@@ -26,7 +27,10 @@ count (bench_train_wide.py sweeps it).
 ``--sharding TYPE``: every table of both models under that TorchRec sharding type
 (the planner's constraint ``sharding_types=[TYPE]``; JSON metric tag ``sharding=TYPE``):
 table-wise spreads whole tables over the ranks, column-wise cuts each into the
-planner's column shards.
+planner's column shards. ``auto``: each planner picks every table's type by its cost
+among row-wise, table-wise and column-wise (the types it chose are printed and kept in
+the JSON line's ``plan``). A comma-separated list runs each in turn, in the same run
+(``--sharding row_wise,auto``: the planner's pick against all-row-wise).
 
 World size N runs N processes (gloo on localhost), each with ``threads / N``
 threads; each reports its median step time; the figure is per-process samples/s
@@ -41,7 +45,9 @@ step timed between two ``torch.cuda.synchronize``.
 """
 
 import argparse
+import collections
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -95,6 +101,25 @@ def _cpu_row_wise_sharder_class():
     return CpuRowWiseSharder
 
 
+AUTO_TYPES = ["row_wise", "table_wise", "column_wise"]
+
+
+def _sharding_types(config: Config) -> list[str] | None:
+    """The planner's ``sharding_types`` constraint of every table (None: none given)."""
+    if config.sharding == "auto":
+        return AUTO_TYPES
+    return [config.sharding] if config.sharding else None
+
+
+def plan_types(model) -> dict[str, str]:
+    """Each table's sharding type in a DMP model's plan."""
+    return {
+        name: sharding.sharding_type
+        for module_plan in model.plan.plan.values()
+        for name, sharding in module_plan.items()
+    }
+
+
 def build_model(
     impl: str, config: Config, world_size: int, device: torch.device
 ) -> torch.nn.Module:
@@ -128,7 +153,7 @@ def build_model(
     if impl == "dynemb":
         sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
         options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
-        types = [config.sharding] if config.sharding else None
+        types = _sharding_types(config)
         constraints = {
             name: DynamicEmbParameterConstraints(
                 use_dynamicemb=True, dynamicemb_options=options, sharding_types=types
@@ -144,7 +169,8 @@ def build_model(
     else:
         sharder = _cpu_row_wise_sharder_class()(fused_params=fused)
         sharding = config.sharding or ("table_wise" if world_size == 1 else "row_wise")
-        constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
+        types = _sharding_types(config) or [sharding]
+        constraint = ParameterConstraints(sharding_types=types, compute_kernels=["fused"])
         constraints = {name: constraint for name in table_names(config)}
         planner = EmbeddingShardingPlanner(constraints=constraints, **planning)
     plan = planner.collective_plan(module, [sharder], dist.group.WORLD)
@@ -191,7 +217,7 @@ def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -
         desc = f"{impl} {config.optimizer} rank {rank}"
         times = time_steps(step, inputs, config.warmup, desc, device)
         dist.barrier()
-        return summarize(config, times)
+        return {**summarize(config, times), "plan": plan_types(model)}
     finally:
         dist.destroy_process_group()
 
@@ -233,6 +259,7 @@ def _run_world_once(impl: str, config: Config, world_size: int) -> dict:
         "samples_per_s": slowest["samples_per_s"],
         "aggregate_samples_per_s": slowest["samples_per_s"] * world_size,
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
+        "plan": results[0]["plan"],
     }
 
 
@@ -298,16 +325,30 @@ def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict 
     for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
         if result is None:
             continue
+        # The types a planner chose (``--sharding auto``), counted: {"table_wise": 3, ...}.
+        chosen = collections.Counter(result["plan"].values()) if "plan" in result else {}
         for metric in RATES:
             rec.add(
                 workload, impl, metric + tag, result[metric], threads=config.threads,
                 peer=PEER_IMPL if other else None, peer_value=other[metric] if other else None,
                 runs=result[metric + "_runs"], peer_runs=other[metric + "_runs"] if other else None,
+                extra={"plan": dict(chosen)} if config.sharding == "auto" else None,
             )  # fmt: skip
         rec.add(
             workload, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
             threads=config.threads,
         )  # fmt: skip
+
+
+def sharding_list(text: str) -> list[str]:
+    """``--sharding``'s comma-separated types, each checked."""
+    types = text.split(",")
+    for t in types:
+        if t not in AUTO_TYPES + ["auto"]:
+            raise argparse.ArgumentTypeError(
+                f"--sharding: unknown type {t!r}; expected {', '.join(AUTO_TYPES)} or auto"
+            )
+    return types
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -317,8 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     add_world_arguments(parser, world_sizes="1,2")
     add_workload_arguments(parser)
     parser.add_argument(
-        "--sharding", choices=["row_wise", "table_wise", "column_wise"],
-        help="every table of both models under this sharding type",
+        "--sharding", type=sharding_list, default=[None],
+        help="every table of both models under this sharding type (row_wise, table_wise, "
+        "column_wise, or auto: the planner's pick); a comma-separated list runs each",
     )  # fmt: skip
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -338,10 +380,10 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cpu":
         record_host(rec, quick=args.quick)
     for ws, threads in world_sizes(args, device):
-        for optimizer in optimizers:
+        for optimizer, sharding in itertools.product(optimizers, args.sharding):
             config = workload_config(
                 args, optimizer=optimizer, threads=threads, device=device.type,
-                sharding=args.sharding,
+                sharding=sharding,
             )  # fmt: skip
             median = run_pair(config, ws, args.repeats)
             record(rec, config, ws, median["dynemb"], median["torchrec"])

@@ -259,10 +259,12 @@ class Recorder:
         peer_value: float | None = None,
         runs: list[float] | None = None,
         peer_runs: list[float] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Records one figure; ``ratio = value / peer_value`` when there is a peer. A
         figure that is the median of repeated runs (``median_run``) may list them all
-        in ``runs`` (and the peer's in ``peer_runs``), in the order they ran."""
+        in ``runs`` (and the peer's in ``peer_runs``), in the order they ran; ``extra``
+        adds keys of the benchmark's own (e.g. the plan it ran)."""
         ratio = value / peer_value if peer_value else None
         record = dict(
             zip(
@@ -275,6 +277,7 @@ class Recorder:
         for key, values in (("runs", runs), ("peer_runs", peer_runs)):
             if values is not None:
                 record[key] = [_round(v) for v in values]
+        record.update(extra or {})
         self.records.append(record)
         print(json.dumps(record), file=self.stream, flush=True)
         return record

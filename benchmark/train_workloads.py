@@ -57,7 +57,8 @@ class Config:
     hbm_fraction: float | None = None
     caching: bool = False  # dynemb only, with hbm_fraction
     # DMP only: every table's sharding type, for both (None: TorchRec table-wise on one
-    # process, row-wise on more; dynemb row-wise).
+    # process, row-wise on more; dynemb row-wise; "auto": each planner picks by cost
+    # among row-wise, table-wise and column-wise).
     sharding: str | None = None
 
     @property
@@ -74,6 +75,12 @@ WORKLOADS: dict[str, dict] = {
         "num_ids": 100_000,
         "dim": 16,
         "pooling_factor": 4,
+    },
+    "wide-rows": {
+        "workload": "W-wide-rows",
+        "num_tables": 4,
+        "dim": 256,
+        "pooling_factor": 8,
     },
 }
 # --quick, on top of either workload (CI smoke runs).
