@@ -126,17 +126,19 @@ __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
   upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status);
 }
 
-/// The batch rule's pass 2: one thread, the deferred keys (deferred[0 .. *count), in
-/// batch order). A GPU thread scanning every status took 90 ms per 2^20 keys on an
-/// H100 even with nothing deferred; the list costs a few parallel launches.
-template <class V, class Sink>
+/// The batch rule's pass 2: one tile of N lanes (a block of N threads: it owns the
+/// table), the deferred keys (deferred[0 .. *count), in batch order) by core
+/// tile_upsert_spill. A GPU thread scanning every status took 90 ms per 2^20 keys on
+/// an H100 even with nothing deferred; the list costs a few parallel launches.
+template <unsigned N, class V, class Sink>
 __global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                        const int64_t* keys, const int64_t* deferred,
                                        const int64_t* count, int8_t* status) {
-  if (thread_index() != 0) return;
+  const CgTile<N> tile;
   for (int64_t k = 0; k < *count; ++k) {
     const int64_t i = deferred[k];
-    status[i] = static_cast<int8_t>(upsert_spill<CudaPlatform>(t, i, i, keys[i], args, sink));
+    const Status s = tile_upsert_spill(tile, t, i, i, keys[i], args, sink);
+    if (tile.rank() == 0) status[i] = static_cast<int8_t>(s);
   }
 }
 
@@ -148,16 +150,16 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   if (n == 0) return;
   const TableRef<V>& t = sink.t;
   const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
+  int64_t* deferred = ws.array<int64_t>(n);
+  int64_t* deferred_count = ws.array<int64_t>(1);
   with_row_tile(t.row_width, [&](auto lanes) {
     constexpr unsigned N = decltype(lanes)::value;
     DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, V, Sink>)(
         t, sink, args, keys, r.start, r.order, r.count, status);
+    launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
+    DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(t, sink, args, keys, deferred,
+                                                                    deferred_count, status);
   });
-  int64_t* deferred = ws.array<int64_t>(n);
-  int64_t* deferred_count = ws.array<int64_t>(1);
-  launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
-  DYNEMB_LAUNCH(1, 1, stream, upsert_deferred_kernel<V, Sink>)(t, sink, args, keys, deferred,
-                                                               deferred_count, status);
   launch_count_status(status, n, counts, stream);
 }
 
