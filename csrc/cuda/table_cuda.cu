@@ -11,8 +11,6 @@
 namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
 
-using P = CudaPlatform;
-
 /// A tile of N lanes per key (N from the row width: tile.cuh row_tile_lanes): the
 /// lanes probe together (core tile_find_slot: each reads a chunk of the bucket's
 /// digests and votes), then copy elements lane, lane + N, ... of the row.
@@ -49,11 +47,12 @@ __global__ void find_slots_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
 /// batch order; deferred[i] = 1 for a key pass 2 must look for along its chain.
 template <class V>
 __global__ void erase_home_kernel(TableRef<V> t, const int64_t* keys, const int64_t* start,
-                                  const int64_t* order, int64_t ranges, bool* erased,
+                                  int64_t* order, int64_t ranges, bool* erased,
                                   int8_t* deferred) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
+  sort_range(tile, order, start[g], start[g + 1]);
   for (int64_t k = start[g]; k < start[g + 1]; ++k) {
     const int64_t i = order[k];
     const EraseHome e = tile_erase_home(tile, t, keys[i]);
@@ -126,26 +125,31 @@ template <class V>
 using Lookups = Parts<UpsertPart<V>>;
 
 /// A thread per key of the call: its home-bucket range, numbered after the earlier
-/// parts' ranges (the per-table formula of group_by_home_bucket within a part).
+/// parts' ranges (the per-table formula of group_by_home_bucket within a part), counted
+/// in its range's count.
 template <class V>
-__global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group) {
+__global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group,
+                                             unsigned long long* counts) {
   const int64_t x = thread_index();
   if (x >= n) return;
   const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
   const int64_t buckets = q.sink.t.num_buckets;
-  group[x] = q.range_begin +
-             bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]), buckets), q.ranges,
-                             buckets);
+  const int64_t g = q.range_begin + bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]),
+                                                              buckets),
+                                                    q.ranges, buckets);
+  group[x] = g;
+  atomicAdd(counts + g, 1ULL);
 }
 
 /// Pass 1, a tile of kSlotLanes lanes per home-bucket range of the call (its part's
 /// keys and table): the lanes probe, the sink records slots (and initialises new rows).
 template <class V>
 __global__ void grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start,
-                                             const int64_t* order, int64_t ranges) {
+                                             int64_t* order, int64_t ranges) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
+  sort_range(tile, order, start[g], start[g + 1]);
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
   SlotSink<V> sink = q.sink;
   upsert_range(tile, sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
@@ -192,8 +196,10 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* group = ws.array<int64_t>(n);
   int64_t* start = ws.array<int64_t>(ranges + 1);
   int64_t* order = ws.array<int64_t>(n);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group);
-  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  auto* counts = zeroed_group_counts(ranges, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group,
+                                                                                counts);
+  launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
                 grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges);
   int64_t* deferred = ws.array<int64_t>(n);
@@ -242,7 +248,7 @@ template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                   Workspace& ws, cudaStream_t stream) {
   if (n == 0) return;
-  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, nullptr, ws, stream);
   auto* deferred = ws.array<int8_t>(n);
   DYNEMB_LAUNCH(blocks_for(r.count * kSlotLanes), kBlock, stream, erase_home_kernel<V>)(
       t, keys, r.start, r.order, r.count, erased, deferred);
