@@ -36,10 +36,6 @@
 
 #include "core/bucket.h"
 
-#if !defined(__CUDA_ARCH__)
-#include <cstring>
-#endif
-
 namespace dynemb {
 
 /// A tile of one lane: every collective is the lane's own value.
@@ -58,37 +54,6 @@ struct SerialTile {
 /// Digest bytes one lane of a tile of `size` lanes reads at a time: 128 / size,
 /// clamped to [4, 16] (one load per lane covers a 128-slot bucket).
 constexpr int chunk_bytes(int size) { return size >= 32 ? 4 : size >= 16 ? 8 : 16; }
-
-/// Bit j set when byte j of `word` equals `digest` (exact: no carries between bytes).
-DYNEMB_HD DYNEMB_INLINE uint32_t match4(uint32_t word, uint8_t digest) {
-  const uint32_t x = word ^ (0x01010101u * digest);  // a zero byte where equal
-  const uint32_t zero = ~((((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | x) | 0x7F7F7F7Fu);
-  return ((zero >> 7) & 1u) | ((zero >> 14) & 2u) | ((zero >> 21) & 4u) | ((zero >> 28) & 8u);
-}
-
-/// Bit j set when digests[j] == digest, for the kBytes bytes at `digests` (aligned
-/// to kBytes: buckets are 16-slot groups of 64-byte aligned buffers), read in one load.
-template <int kBytes>
-DYNEMB_HD DYNEMB_INLINE uint32_t match_chunk(const uint8_t* digests, uint8_t digest) {
-  uint32_t w[kBytes / 4];
-#if defined(__CUDA_ARCH__)
-  if constexpr (kBytes == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(digests);
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (kBytes == 8) {
-    const uint2 v = *reinterpret_cast<const uint2*>(digests);
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t*>(digests);
-  }
-#else
-  std::memcpy(w, digests, kBytes);
-#endif
-  uint32_t mask = 0;
-#pragma unroll
-  for (int k = 0; k < kBytes / 4; ++k) mask |= match4(w[k], digest) << (4 * k);
-  return mask;
-}
 
 /// @return the slot of `key` in `bucket`, or -1, the same in every lane.
 template <class Tile, class V>

@@ -3,14 +3,15 @@
 // The algorithm in table_ops.h is templated on a Platform type and calls only the
 // static functions below; everything else it does is plain arithmetic. Two
 // platforms exist: CpuPlatform (csrc/cpu/cpu_platform.h, std::atomic_ref, SSE2) and
-// CudaPlatform (csrc/cuda/cuda_platform.cuh, atomicCAS, scalar lanes).
+// CudaPlatform (csrc/cuda/cuda_platform.cuh, atomicCAS, match_chunk's
+// 16-byte loads and SWAR compares).
 //
 //   struct Platform {
 //     // Spin until the bucket lock word is taken by this thread (0 -> 1).
 //     static void lock(uint32_t* word);
 //     // Release a lock taken with lock() (store 0 with release order).
 //     static void unlock(uint32_t* word);
-//     // Bit j set when group[j] == digest, for the 16 bytes at group.
+//     // Bit j set when group[j] == digest, for the 16 bytes at group (16-aligned).
 //     static uint32_t match16(const uint8_t* group, uint8_t digest);
 //     // Hint that addr will be read soon (no-op where there is no such hint).
 //     static void prefetch(const void* addr);
@@ -32,6 +33,10 @@
 
 #include "core/macros.h"
 
+#if !defined(__CUDA_ARCH__)
+#include <cstring>
+#endif
+
 namespace dynemb {
 
 /// Portable 16-lane digest compare, used by platforms without byte SIMD.
@@ -41,6 +46,37 @@ DYNEMB_HD DYNEMB_INLINE uint32_t match16_scalar(const uint8_t* group, uint8_t di
   for (int j = 0; j < 16; ++j) {
     mask |= static_cast<uint32_t>(group[j] == digest) << j;
   }
+  return mask;
+}
+
+/// Bit j set when byte j of `word` equals `digest` (exact: no carries between bytes).
+DYNEMB_HD DYNEMB_INLINE uint32_t match4(uint32_t word, uint8_t digest) {
+  const uint32_t x = word ^ (0x01010101u * digest);  // a zero byte where equal
+  const uint32_t zero = ~((((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | x) | 0x7F7F7F7Fu);
+  return ((zero >> 7) & 1u) | ((zero >> 14) & 2u) | ((zero >> 21) & 4u) | ((zero >> 28) & 8u);
+}
+
+/// Bit j set when digests[j] == digest, for the kBytes bytes at `digests` (aligned
+/// to kBytes: buckets are 16-slot groups of 64-byte aligned buffers), read in one load.
+template <int kBytes>
+DYNEMB_HD DYNEMB_INLINE uint32_t match_chunk(const uint8_t* digests, uint8_t digest) {
+  uint32_t w[kBytes / 4];
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(digests);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(digests);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(digests);
+  }
+#else
+  std::memcpy(w, digests, kBytes);
+#endif
+  uint32_t mask = 0;
+#pragma unroll
+  for (int k = 0; k < kBytes / 4; ++k) mask |= match4(w[k], digest) << (4 * k);
   return mask;
 }
 

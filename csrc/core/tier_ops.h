@@ -10,12 +10,16 @@
 //      score, or for a key the slow table lacks the initial row (a pure function of
 //      (seed, key), as an uncached table would give it) and score 0.
 // Keys are independent (each owns its slot; the slow table is only read), so step
-// 1 of a key needs only to precede its own step 2.
+// 1 of a key needs only to precede its own step 2. tile_exchange runs both steps by
+// a tile of lanes (core/tile_ops.h): the slow table's probe by the tile, the rows by
+// lanes over elements (a lane reads the victim's elements it later overwrites), the
+// scalars by lane 0.
 #pragma once
 
 #include "core/batch_sinks.h"
 #include "core/initializer.h"
 #include "core/table_ops.h"
+#include "core/tile_ops.h"
 
 namespace dynemb {
 
@@ -110,6 +114,37 @@ DYNEMB_HD DYNEMB_INLINE void fetch_entry(const TableRef<V>& cache, const TableRe
   } else {
     init_row(x.init, key, row, x.dim, cache.row_width);
     x.user_scores[slot] = 0;
+  }
+}
+
+/// save_victim, then fetch_entry, for the j-th moved key by a tile of lanes (the same
+/// writes: the slow table probed by tile_find_slot, no hint).
+template <class Tile, class V>
+DYNEMB_HD void tile_exchange(const Tile& tile, const TableRef<V>& cache, const TableRef<V>& slow,
+                             const CacheExchange<V>& x, int64_t j) {
+  const Lanes l = lanes_of(tile);
+  const int64_t i = x.moved[j];
+  const int64_t key = x.keys[i];
+  const int64_t slot = x.slots[i];
+  const int64_t width = cache.row_width;
+  V* row = cache.row(slot);
+  const int64_t v = x.victim_index[j];
+  if (v >= 0) {
+    if (l.lead()) {
+      x.victim_keys[v] = x.evicted_keys[i];
+      x.victim_scores[v] = x.user_scores[slot];
+    }
+    copy_row(row, x.victim_rows + v * width, width, l);
+  }
+  const int64_t from = tile_find_slot(tile, slow, key);
+  if (from >= 0) {
+    copy_row(slow.row(from), row, width, l);
+  } else {
+    init_row(x.init, key, row, x.dim, width, l);
+  }
+  if (l.lead()) {
+    x.found[i] = from >= 0;
+    x.user_scores[slot] = from >= 0 && slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
   }
 }
 

@@ -1,19 +1,21 @@
-// dynemb core: pass 1 of the batch rule (table_ops.h) run by a tile of lanes.
+// dynemb core: the batch rule's passes (table_ops.h) run by a tile of lanes.
 //
-// table_ops.h's touch_stored and upsert_home for a tile (bucket_tile.h) that serves
-// its key's home bucket with all of its lanes: the probe, the free-slot search and the
+// table_ops.h's touch_stored, upsert_home and upsert_spill for a tile (bucket_tile.h)
+// that serves a key with all of its lanes: the probe, the free-slot search and the
 // victim are the tile scans (the answers of bucket.h's scans), the decisions are
 // table_ops.h's own (touch, claim, admits, the sink calls), so every executor keeps
 // the same outcome, bit for bit.
 //
 // Ownership, not locks. These run only in a pass that owns its buckets: pass 1 of a
 // batch upsert, where one tile serves every key of a home-bucket range in batch order
-// (a bucket's keys are all in one range), so no other lane reads or writes the bucket
-// meanwhile. Hence no bucket lock and no fence; the tile's own order is kept by
-// tile.sync(): lane 0 writes the slot's metadata (touch, claim), every lane calls the
-// sink with its Lanes (batch_sinks.h: its elements of the rows), and the tile syncs
-// after an eviction's capture (before the newcomer's row overwrites the victim's) and
-// after each key (the next key's scans and rows must see its writes).
+// (a bucket's keys are all in one range), and pass 2, where one tile serves every
+// deferred key of the batch in batch order (it owns the whole table), so no other
+// lane reads or writes the bucket meanwhile. Hence no bucket lock and no fence; the
+// tile's own order is kept by tile.sync(): lane 0 writes the slot's metadata (touch,
+// claim, overflow flags), every lane calls the sink with its Lanes (batch_sinks.h: its
+// elements of the rows), and the tile syncs after an eviction's capture (before the
+// newcomer's row overwrites the victim's) and after each key (the next key's scans
+// and rows must see its writes).
 #pragma once
 
 #include "core/batch_sinks.h"
@@ -103,6 +105,49 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   }
   tile.sync();
   return decided;
+}
+
+/// upsert_spill by the one tile of pass 2 (it owns the table): the same walk and
+/// decisions, each bucket of the window scanned by the tile, lane 0 writing the
+/// metadata (touch, claim, overflow flags). @return the status, in every lane.
+template <class Tile, class V, class Sink>
+DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
+                                   int64_t key, const UpsertArgs& u, Sink& sink) {
+  const KeyProbe p(t, key);
+  const ScoreArgs& a = u.score;
+  const int window = window_of(t, a.strategy);
+  const Lanes l = lanes_of(tile);
+  int64_t b = p.bucket;
+  int64_t found = -1;
+  for (int k = 0; k < window; ++k) {
+    found = tile_bucket_find(tile, t, b, key, p.digest);
+    if (found >= 0 || !t.overflow[b]) break;
+    b = t.next_bucket(b);
+  }
+  Status status = Status::kFailed;
+  if (found >= 0) {
+    if (tile.rank() == 0) touch(t, found, u, i);
+    sink.hit(i, o, found, l);
+    status = Status::kHit;
+  } else {
+    b = p.bucket;
+    for (int k = 0; k < window; ++k) {
+      const int64_t slot = tile_free_slot(tile, t, b, p.order);  // every lane agrees
+      if (slot >= 0) {
+        if (tile.rank() == 0) {
+          claim(t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
+        }
+        sink.fresh(i, o, slot, key, l);
+        status = Status::kInserted;
+        break;
+      }
+      if (tile.rank() == 0) t.overflow[b] = 1;  // read again only after the sync below
+      b = t.next_bucket(b);
+    }
+    if (status == Status::kFailed) sink.failed(i, o, key, l);
+  }
+  tile.sync();  // the next key's scans see this key's writes
+  return status;
 }
 
 }  // namespace dynemb

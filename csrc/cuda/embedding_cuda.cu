@@ -35,12 +35,14 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
   }
 }
 
-template <class V>
+/// A tile of N lanes per moved key (core tile_exchange): the slow table probed by the
+/// tile, the victim's and the new row copied by lanes over elements.
+template <unsigned N, class V>
 __global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
-  const int64_t j = thread_index();
-  if (j >= x.m) return;
-  save_victim(cache, x, j);
-  fetch_entry<P>(cache, slow, x, j, -1);
+  const int64_t j = thread_index() / N;
+  if (j >= x.m) return;  // whole tiles
+  const CgTile<N> tile;
+  tile_exchange(tile, cache, slow, x, j);
 }
 
 constexpr int64_t kMoveChunk = 1024;
@@ -264,7 +266,11 @@ template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream) {
   if (x.m == 0) return;
-  DYNEMB_LAUNCH(blocks_for(x.m), kBlock, stream, cache_exchange_kernel<V>)(cache, slow, x);
+  with_row_tile(cache.row_width, [&](auto lanes) {
+    constexpr unsigned N = decltype(lanes)::value;
+    DYNEMB_LAUNCH(blocks_for(x.m * N), kBlock, stream, cache_exchange_kernel<N, V>)(cache, slow,
+                                                                                   x);
+  });
 }
 
 void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, int64_t* moved,

@@ -1,8 +1,9 @@
 // dynemb CUDA executor: prefix sums and stable grouping, the building blocks that
 // let kernels keep core/table_ops.h's batch rule (keys of one home bucket in batch
 // order) and core/pooling.h's gradient order (indices of one key in ascending order)
-// without depending on thread scheduling. Plain kernels of one thread per chunk or
-// per group: no shared memory, no block barrier.
+// without depending on thread scheduling. Kernels of one thread per chunk or per
+// group, and a one-block scan (shared memory and block barriers) for up to
+// kBlockScanMax elements: one launch where the chunked scan takes three to five.
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 
@@ -15,6 +16,39 @@ constexpr int64_t kScanChunk = 64;
 // launch_group_stable_radix: 8 bits of the group a pass, a thread per 256 elements.
 constexpr int64_t kRadixDigits = 256;
 constexpr int64_t kRadixChunk = 256;
+
+/// Up to kBlockScanPer elements a thread of the one-block scan.
+constexpr int64_t kBlockScanPer = 256;
+constexpr int64_t kBlockScanMax = kBlock * kBlockScanPer;
+
+/// launch_exclusive_scan by one block of kBlock threads: thread x sums its run of
+/// ceil(n / kBlock) elements, the block scans the runs' sums in shared memory
+/// (Hillis-Steele), each thread writes its run's prefixes (integer sums: the same
+/// values as the chunked scan). out may be in: a thread reads its run before writing it.
+__global__ void block_scan_kernel(const int64_t* in, int64_t n, int64_t* out, int64_t* total) {
+  __shared__ int64_t sums[kBlock];
+  const int x = static_cast<int>(threadIdx.x);
+  const int64_t per = (n + kBlock - 1) / kBlock;
+  const int64_t begin = x * per < n ? x * per : n;
+  const int64_t end = begin + per < n ? begin + per : n;
+  int64_t own = 0;
+  for (int64_t i = begin; i < end; ++i) own += in[i];
+  sums[x] = own;
+  __syncthreads();
+  for (int d = 1; d < kBlock; d *= 2) {
+    const int64_t add = x >= d ? sums[x - d] : 0;
+    __syncthreads();
+    sums[x] += add;
+    __syncthreads();
+  }
+  if (x == kBlock - 1) *total = sums[x];
+  int64_t running = sums[x] - own;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t v = in[i];
+    out[i] = running;
+    running += v;
+  }
+}
 
 __global__ void chunk_sums_kernel(const int64_t* in, int64_t n, int64_t chunks, int64_t* sums) {
   const int64_t c = thread_index();
@@ -54,35 +88,15 @@ __global__ void group_count_kernel(const int64_t* group, int64_t n, unsigned lon
   if (i < n && group[i] >= 0) atomicAdd(counts + group[i], 1ULL);
 }
 
+/// Places element i in its group's part of order, counting the group's count down
+/// (from the end: the order within a group is sorted afterwards), so no cursor array
+/// needs zeroing.
 __global__ void group_place_kernel(const int64_t* group, int64_t n, const int64_t* start,
-                                   unsigned long long* cursor, int64_t* order) {
+                                   unsigned long long* counts, int64_t* order) {
   const int64_t i = thread_index();
   if (i >= n || group[i] < 0) return;
   const int64_t g = group[i];
-  order[start[g] + static_cast<int64_t>(atomicAdd(cursor + g, 1ULL))] = i;
-}
-
-/// Heapsort of a[0..m) ascending: in place, O(m log m) even for one huge group.
-__device__ void sort_ascending(int64_t* a, int64_t m) {
-  auto sift = [a](int64_t root, int64_t end) {
-    for (;;) {
-      int64_t child = 2 * root + 1;
-      if (child >= end) return;
-      if (child + 1 < end && a[child] < a[child + 1]) ++child;
-      if (a[root] >= a[child]) return;
-      const int64_t x = a[root];
-      a[root] = a[child];
-      a[child] = x;
-      root = child;
-    }
-  };
-  for (int64_t r = m / 2 - 1; r >= 0; --r) sift(r, m);
-  for (int64_t end = m - 1; end > 0; --end) {
-    const int64_t x = a[0];
-    a[0] = a[end];
-    a[end] = x;
-    sift(0, end);
-  }
+  order[start[g] + static_cast<int64_t>(atomicAdd(counts + g, ~0ULL)) - 1] = i;
 }
 
 __global__ void group_sort_kernel(const int64_t* start, int64_t groups, int64_t* order) {
@@ -132,36 +146,65 @@ __global__ void radix_scatter_kernel(const int64_t* group, const int64_t* src, i
   }
 }
 
+/// A key's home-bucket range, counted in its group's count (the grouping's first
+/// step fused with the counting); thread 0 also zeroes `zero` (4 words), when given.
 __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                     int64_t groups, int64_t* group) {
+                                     int64_t groups, int64_t* group, unsigned long long* counts,
+                                     int64_t* zero) {
   const int64_t i = thread_index();
   if (i >= n) return;
-  group[i] = bucket_range_of(bucket_of(hash_key(keys[i]), num_buckets), groups, num_buckets);
+  if (i == 0 && zero != nullptr) {
+    for (int s = 0; s < kStatusCount; ++s) zero[s] = 0;
+  }
+  const int64_t g =
+      bucket_range_of(bucket_of(hash_key(keys[i]), num_buckets), groups, num_buckets);
+  group[i] = g;
+  atomicAdd(counts + g, 1ULL);
 }
 
-__global__ void mark_flags_kernel(const int8_t* marks, int8_t wanted, int64_t n,
-                                  int64_t* flags) {
-  const int64_t i = thread_index();
-  if (i < n) flags[i] = marks[i] == wanted ? 1 : 0;
+/// marked[c] = the marks == wanted in chunk c of kScanChunk; with counts, the other
+/// marks (statuses) of the chunk are added to counts (an atomic per status and chunk).
+__global__ void marked_counts_kernel(const int8_t* marks, int8_t wanted, int64_t n,
+                                     int64_t chunks, int64_t* marked, int64_t* counts) {
+  const int64_t c = thread_index();
+  if (c >= chunks) return;
+  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  int64_t m = 0;
+  unsigned long long local[kStatusCount] = {};
+  for (int64_t i = c * kScanChunk; i < end; ++i) {
+    if (marks[i] == wanted) {
+      ++m;
+    } else if (counts != nullptr) {
+      ++local[marks[i]];
+    }
+  }
+  marked[c] = m;
+  if (counts == nullptr) return;
+  for (int s = 0; s < kStatusCount; ++s) {
+    if (local[s] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(counts) + s, local[s]);
+  }
 }
 
-__global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, const int64_t* position,
-                                      int64_t n, int64_t* list) {
-  const int64_t i = thread_index();
-  if (i < n && marks[i] == wanted) list[position[i]] = i;
-}
-
-/// A thread per chunk of kStatusChunk statuses (kernel_common.cuh).
-__global__ void count_status_kernel(const int8_t* status, int64_t n, int64_t* counts) {
-  const int64_t begin = thread_index() * kStatusChunk;
-  if (begin >= n) return;
-  add_status_counts(status, begin, begin + kStatusChunk < n ? begin + kStatusChunk : n, counts);
+/// Chunk c's marked elements, in order, from list[prefix[c]] on.
+__global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, int64_t n,
+                                      int64_t chunks, const int64_t* prefix, int64_t* list) {
+  const int64_t c = thread_index();
+  if (c >= chunks) return;
+  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  int64_t p = prefix[c];
+  for (int64_t i = c * kScanChunk; i < end; ++i) {
+    if (marks[i] == wanted) list[p++] = i;
+  }
 }
 
 }  // namespace
 
 void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* total,
                            Workspace& ws, cudaStream_t stream) {
+  if (n <= kBlockScanMax) {
+    DYNEMB_LAUNCH(1, kBlock, stream, block_scan_kernel)(in, n, out, total);
+    return;
+  }
   const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
   int64_t* sums = ws.array<int64_t>(chunks > 0 ? chunks : 1);
   if (chunks > 0) {
@@ -178,17 +221,36 @@ void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* 
   }
 }
 
-void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
-                        int64_t* count, Workspace& ws, cudaStream_t stream) {
+/// launch_list_marked; with counts, also launch_list_deferred's counting.
+static void list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
+                        int64_t* count, int64_t* counts, Workspace& ws, cudaStream_t stream) {
   if (n == 0) {
     cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
     return;
   }
-  int64_t* position = ws.array<int64_t>(n);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, mark_flags_kernel)(marks, wanted, n, position);
-  launch_exclusive_scan(position, n, position, count, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, scatter_marked_kernel)(marks, wanted, position, n,
-                                                                      list);
+  const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
+  int64_t* prefix = ws.array<int64_t>(chunks);
+  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, marked_counts_kernel)(marks, wanted, n,
+                                                                          chunks, prefix, counts);
+  launch_exclusive_scan(prefix, chunks, prefix, count, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, scatter_marked_kernel)(marks, wanted, n,
+                                                                           chunks, prefix, list);
+}
+
+void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
+                        int64_t* count, Workspace& ws, cudaStream_t stream) {
+  list_marked(marks, wanted, n, list, count, nullptr, ws, stream);
+}
+
+void launch_list_deferred(const int8_t* status, int64_t n, int64_t* list, int64_t* count,
+                          int64_t* counts, Workspace& ws, cudaStream_t stream) {
+  list_marked(status, kDeferred, n, list, count, counts, ws, stream);
+}
+
+unsigned long long* zeroed_group_counts(int64_t groups, Workspace& ws, cudaStream_t stream) {
+  auto* counts = ws.array<unsigned long long>(groups);
+  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
+  return counts;
 }
 
 /// start[g] = the elements of groups before g (start[groups]: all of group >= 0), from
@@ -196,8 +258,7 @@ void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* 
 static unsigned long long* count_group_starts(const int64_t* group, int64_t n, int64_t groups,
                                               int64_t* start, Workspace& ws,
                                               cudaStream_t stream) {
-  auto* counts = ws.array<unsigned long long>(groups);
-  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
+  auto* counts = zeroed_group_counts(groups, ws, stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_count_kernel)(group, n, counts);
   }
@@ -206,14 +267,24 @@ static unsigned long long* count_group_starts(const int64_t* group, int64_t n, i
   return counts;
 }
 
-void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
-                         int64_t* order, Workspace& ws, cudaStream_t stream) {
-  auto* counts = count_group_starts(group, n, groups, start, ws, stream);
-  cudaMemsetAsync(counts, 0, static_cast<size_t>(groups) * sizeof(unsigned long long), stream);
+void launch_place_by_group(const int64_t* group, int64_t n, int64_t groups,
+                           unsigned long long* counts, int64_t* start, int64_t* order,
+                           Workspace& ws, cudaStream_t stream) {
+  launch_exclusive_scan(reinterpret_cast<const int64_t*>(counts), groups, start, start + groups,
+                        ws, stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_place_kernel)(group, n, start, counts,
                                                                      order);
   }
+}
+
+void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
+                         int64_t* order, Workspace& ws, cudaStream_t stream) {
+  auto* counts = zeroed_group_counts(groups, ws, stream);
+  if (n > 0) {
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, group_count_kernel)(group, n, counts);
+  }
+  launch_place_by_group(group, n, groups, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(groups), kBlock, stream, group_sort_kernel)(start, groups, order);
 }
 
@@ -244,23 +315,18 @@ void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, 
 }
 
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                  Workspace& ws, cudaStream_t stream) {
+                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream) {
   const int64_t ranges = bucket_range_count(n, num_buckets);
   int64_t* group = ws.array<int64_t>(n > 0 ? n : 1);
   int64_t* start = ws.array<int64_t>(ranges + 1);
   int64_t* order = ws.array<int64_t>(n > 0 ? n : 1);
+  auto* counts = zeroed_group_counts(ranges, ws, stream);
   if (n > 0) {
-    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(keys, n, num_buckets,
-                                                                       ranges, group);
+    DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(
+        keys, n, num_buckets, ranges, group, counts, zero_counts);
   }
-  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   return {ranges, start, order};
-}
-
-void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream) {
-  if (n == 0) return;
-  DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
-                count_status_kernel)(status, n, counts);
 }
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

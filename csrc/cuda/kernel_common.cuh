@@ -28,9 +28,9 @@ __device__ inline int64_t thread_index() {
 }
 
 /// out[i] = in[0] + ... + in[i-1] for i in [0, n) (out may be in); *total (device) =
-/// the sum of all. Chunks of kScanChunk elements: a thread per chunk sums it, the chunk
-/// sums are scanned (by one thread when few, else by this scan, recursively), a thread
-/// per chunk writes its prefixes.
+/// the sum of all. Up to 65,536 elements one block scans them (one launch); more, in
+/// chunks of kScanChunk elements: a thread per chunk sums it, the chunk sums are
+/// scanned (by this scan, recursively), a thread per chunk writes its prefixes.
 void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* total,
                            Workspace& ws, cudaStream_t stream);
 
@@ -41,6 +41,16 @@ void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* 
 void launch_group_stable(const int64_t* group, int64_t n, int64_t groups, int64_t* start,
                          int64_t* order, Workspace& ws, cudaStream_t stream);
 
+/// Zeroed per-group counts (groups entries of workspace) for a kernel that counts its
+/// elements' groups itself (atomicAdd), before launch_place_by_group.
+unsigned long long* zeroed_group_counts(int64_t groups, Workspace& ws, cudaStream_t stream);
+
+/// start (groups + 1) from the groups' counts, then order (n): each group's elements in
+/// no particular order (its consumer sorts them: sort_range); the counts end at zero.
+void launch_place_by_group(const int64_t* group, int64_t n, int64_t groups,
+                           unsigned long long* counts, int64_t* start, int64_t* order,
+                           Workspace& ws, cudaStream_t stream);
+
 /// launch_group_stable's result for groups of any size (a Zipf batch's indices by
 /// distinct key: the hottest key's thousands of indices took one thread ~0.9 ms to sort
 /// on an H100): a stable LSD radix sort of the elements by group, 8 bits a pass, each
@@ -49,25 +59,65 @@ void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, 
                                int64_t* order, Workspace& ws, cudaStream_t stream);
 
 /// list[0 .. *count) = the indices i in [0, n) with marks[i] == wanted, ascending;
-/// *count (device) their number. So that a one-thread pass (the batch rule's pass 2)
-/// visits only the elements it has work for instead of scanning all n.
+/// *count (device) their number. So that a one-tile pass (the batch rule's pass 2)
+/// visits only the elements it has work for instead of scanning all n. Three launches
+/// up to 2^22 elements: a thread per chunk of kScanChunk counts its marks, a scan, a
+/// thread per chunk lists them.
 void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
                         int64_t* count, Workspace& ws, cudaStream_t stream);
 
-/// A batch's keys grouped by home-bucket range, each range's keys in batch order:
-/// order[start[r] .. start[r + 1]) for r in [0, count) (device arrays).
+/// launch_list_marked of an upsert's kDeferred statuses that also adds the other
+/// statuses to counts (kStatusCount, zeroed), in the same launches: pass 2 adds those
+/// of the keys it decides.
+void launch_list_deferred(const int8_t* status, int64_t n, int64_t* list, int64_t* count,
+                          int64_t* counts, Workspace& ws, cudaStream_t stream);
+
+/// A batch's keys grouped by home-bucket range: order[start[r] .. start[r + 1]) for r
+/// in [0, count) (device arrays) holds range r's positions in no particular order:
+/// the tile that serves the range sorts them (sort_range: batch order) first, which
+/// saves a launch.
 struct BucketRanges {
   int64_t count;
   const int64_t* start;
-  const int64_t* order;
+  int64_t* order;
 };
 
-/// Groups keys (n) of a table of num_buckets buckets by home-bucket range.
+/// Groups keys (n) of a table of num_buckets buckets by home-bucket range; zero_counts
+/// (kStatusCount, or null) is zeroed by the same launches (an upsert's counts).
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                  Workspace& ws, cudaStream_t stream);
+                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream);
 
-/// counts (4) += keys per Status; counts zeroed by the caller.
-void launch_count_status(const int8_t* status, int64_t n, int64_t* counts, cudaStream_t stream);
+/// Heapsort of a[0..m) ascending: in place, O(m log m) even for one huge group.
+__device__ inline void sort_ascending(int64_t* a, int64_t m) {
+  auto sift = [a](int64_t root, int64_t end) {
+    for (;;) {
+      int64_t child = 2 * root + 1;
+      if (child >= end) return;
+      if (child + 1 < end && a[child] < a[child + 1]) ++child;
+      if (a[root] >= a[child]) return;
+      const int64_t x = a[root];
+      a[root] = a[child];
+      a[child] = x;
+      root = child;
+    }
+  };
+  for (int64_t r = m / 2 - 1; r >= 0; --r) sift(r, m);
+  for (int64_t end = m - 1; end > 0; --end) {
+    const int64_t x = a[0];
+    a[0] = a[end];
+    a[end] = x;
+    sift(0, end);
+  }
+}
+
+/// A BucketRanges range's positions order[begin .. end) into batch order, by lane 0 of
+/// the tile that serves the range (a range holds a few keys); the tile's lanes read
+/// them after its sync.
+template <class Tile>
+__device__ void sort_range(const Tile& tile, int64_t* order, int64_t begin, int64_t end) {
+  if (tile.rank() == 0) sort_ascending(order + begin, end - begin);
+  tile.sync();
+}
 
 /// Status pass 1 leaves for pass 2 (never a dynemb::Status value).
 constexpr int8_t kDeferred = -2;
@@ -115,50 +165,65 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
   }
 }
 
-/// The batch rule's pass 1, a tile of N lanes per home-bucket range.
+/// The batch rule's pass 1, a tile of N lanes per home-bucket range (its positions
+/// sorted first: group_by_home_bucket leaves them unsorted).
 template <unsigned N, class V, class Sink>
 __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
-                                     const int64_t* keys, const int64_t* start,
-                                     const int64_t* order, int64_t ranges, int8_t* status) {
+                                     const int64_t* keys, const int64_t* start, int64_t* order,
+                                     int64_t ranges, int8_t* status) {
   const int64_t g = thread_index() / N;
   if (g >= ranges) return;  // whole tiles
   const CgTile<N> tile;
+  sort_range(tile, order, start[g], start[g + 1]);
   upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status);
 }
 
-/// The batch rule's pass 2: one thread, the deferred keys (deferred[0 .. *count), in
-/// batch order). A GPU thread scanning every status took 90 ms per 2^20 keys on an
-/// H100 even with nothing deferred; the list costs a few parallel launches.
-template <class V, class Sink>
+/// The batch rule's pass 2: one tile of N lanes (a block of N threads: it owns the
+/// table), the deferred keys (deferred[0 .. *count), in batch order) by core
+/// tile_upsert_spill. A GPU thread scanning every status took 90 ms per 2^20 keys on
+/// an H100 even with nothing deferred; the list costs a few parallel launches.
+/// Lane 0 adds the statuses it decides to counts (launch_list_deferred counted the rest).
+template <unsigned N, class V, class Sink>
 __global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                        const int64_t* keys, const int64_t* deferred,
-                                       const int64_t* count, int8_t* status) {
-  if (thread_index() != 0) return;
+                                       const int64_t* count, int8_t* status, int64_t* counts) {
+  const CgTile<N> tile;
+  unsigned long long local[kStatusCount] = {};
   for (int64_t k = 0; k < *count; ++k) {
     const int64_t i = deferred[k];
-    status[i] = static_cast<int8_t>(upsert_spill<CudaPlatform>(t, i, i, keys[i], args, sink));
+    const Status s = tile_upsert_spill(tile, t, i, i, keys[i], args, sink);
+    if (tile.rank() == 0) status[i] = static_cast<int8_t>(s);
+    ++local[static_cast<int>(s)];
+  }
+  if (tile.rank() != 0) return;
+  for (int s = 0; s < kStatusCount; ++s) {
+    if (local[s] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(counts) + s, local[s]);
   }
 }
 
-/// A batch upsert by the batch rule with any Sink; status (n) and counts (4) out.
+/// A batch upsert by the batch rule with any Sink; status (n) and counts (4) out. Eight
+/// launches and a memset: the grouping by range (its first kernel also zeroes counts),
+/// pass 1 (which sorts each range), the deferred list (which counts the other
+/// statuses), pass 2.
 template <class V, class Sink>
 void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
                    int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream) {
-  cudaMemsetAsync(counts, 0, kStatusCount * sizeof(int64_t), stream);
-  if (n == 0) return;
+  if (n == 0) {
+    cudaMemsetAsync(counts, 0, kStatusCount * sizeof(int64_t), stream);
+    return;
+  }
   const TableRef<V>& t = sink.t;
-  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream);
+  int64_t* deferred = ws.array<int64_t>(n);
+  int64_t* deferred_count = ws.array<int64_t>(1);
   with_row_tile(t.row_width, [&](auto lanes) {
     constexpr unsigned N = decltype(lanes)::value;
     DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, V, Sink>)(
         t, sink, args, keys, r.start, r.order, r.count, status);
+    launch_list_deferred(status, n, deferred, deferred_count, counts, ws, stream);
+    DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(
+        t, sink, args, keys, deferred, deferred_count, status, counts);
   });
-  int64_t* deferred = ws.array<int64_t>(n);
-  int64_t* deferred_count = ws.array<int64_t>(1);
-  launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
-  DYNEMB_LAUNCH(1, 1, stream, upsert_deferred_kernel<V, Sink>)(t, sink, args, keys, deferred,
-                                                               deferred_count, status);
-  launch_count_status(status, n, counts, stream);
 }
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

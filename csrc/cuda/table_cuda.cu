@@ -2,14 +2,14 @@
 // Nothing here decides anything: launch geometry and atomics only. Mutating ops keep
 // the core's batch rule with stable grouping by home-bucket range (group_cuda.cu),
 // so their results are those of the CPU executor, bit for bit.
+#include "core/tile_erase.h"
+#include "core/tile_rehash.h"
 #include "cuda/kernel_common.cuh"
 #include "cuda/launchers_cuda.h"
 #include "cuda/tile.cuh"
 
 namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
-
-using P = CudaPlatform;
 
 /// A tile of N lanes per key (N from the row width: tile.cuh row_tile_lanes): the
 /// lanes probe together (core tile_find_slot: each reads a chunk of the bucket's
@@ -43,15 +43,34 @@ __global__ void find_slots_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
   if (tile.rank() == 0) slots[i] = slot;
 }
 
-/// One thread per home-bucket range, its keys in batch order: a repeated key's first
-/// occurrence reports the erase.
+/// Erase pass 1 (core tile_erase_home), a tile per home-bucket range, its keys in
+/// batch order; deferred[i] = 1 for a key pass 2 must look for along its chain.
 template <class V>
-__global__ void erase_ranges_kernel(TableRef<V> t, const int64_t* keys, const int64_t* start,
-                                    const int64_t* order, int64_t ranges, bool* erased) {
-  const int64_t g = thread_index();
-  if (g >= ranges) return;
+__global__ void erase_home_kernel(TableRef<V> t, const int64_t* keys, const int64_t* start,
+                                  int64_t* order, int64_t ranges, bool* erased,
+                                  int8_t* deferred) {
+  const int64_t g = thread_index() / kSlotLanes;
+  if (g >= ranges) return;  // whole tiles
+  const CgTile<kSlotLanes> tile;
+  sort_range(tile, order, start[g], start[g + 1]);
   for (int64_t k = start[g]; k < start[g + 1]; ++k) {
-    erased[order[k]] = erase_key<P>(t, keys[order[k]]);
+    const int64_t i = order[k];
+    const EraseHome e = tile_erase_home(tile, t, keys[i]);
+    if (tile.rank() == 0) {
+      erased[i] = e == EraseHome::kErased;
+      deferred[i] = e == EraseHome::kDeferred ? 1 : 0;
+    }
+  }
+}
+
+/// Erase pass 2 (core tile_erase_key): one tile, the deferred keys in batch order.
+template <class V>
+__global__ void erase_chained_kernel(TableRef<V> t, const int64_t* keys, const int64_t* list,
+                                     const int64_t* count, bool* erased) {
+  const CgTile<kSlotLanes> tile;
+  for (int64_t k = 0; k < *count; ++k) {
+    const bool e = tile_erase_key(tile, t, keys[list[k]]);
+    if (tile.rank() == 0) erased[list[k]] = e;
   }
 }
 
@@ -70,42 +89,33 @@ __global__ void rehash_ranges_kernel(TableRef<V> src, int64_t dst_buckets, int64
                                   static_cast<uint64_t>(dst_buckets));
 }
 
-/// Rehash pass 1 (core place_home), a destination home-bucket range per thread, its
-/// entries in source-slot order; deferred[s] = 1 for what did not fit.
-template <class V>
+/// Rehash pass 1 (core tile_place_home), a tile of N lanes per destination
+/// home-bucket range, its entries in source-slot order; deferred[s] = 1 for what did
+/// not fit.
+template <unsigned N, class V>
 __global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, const int64_t* start,
                                    const int64_t* order, int64_t ranges, uint8_t* deferred) {
-  const int64_t g = thread_index();
-  if (g >= ranges) return;
+  const int64_t g = thread_index() / N;
+  if (g >= ranges) return;  // whole tiles
+  const CgTile<N> tile;
   for (int64_t k = start[g]; k < start[g + 1]; ++k) {
     const int64_t s = order[k];
-    const int64_t slot = place_home<P>(dst, src, s);
-    if (slot >= 0) {
-      copy_row(src.row(s), dst.row(slot), src.row_width);
-    } else {
-      deferred[s] = 1;
-    }
+    const int64_t slot = tile_place_home(tile, dst, src, s);
+    if (slot < 0 && tile.rank() == 0) deferred[s] = 1;
   }
 }
 
-/// Rehash pass 2 (core place_moved): one thread, in source-slot order.
-template <class V>
+/// Rehash pass 2 (core tile_place_moved): one tile of N lanes, in source-slot order.
+template <unsigned N, class V>
 __global__ void rehash_rest_kernel(TableRef<V> src, TableRef<V> dst, int window,
                                    const int64_t* deferred, const int64_t* count,
                                    int64_t* failed) {
-  if (thread_index() != 0) return;
+  const CgTile<N> tile;
   int64_t lost = 0;
   for (int64_t k = 0; k < *count; ++k) {
-    const int64_t s = deferred[k];
-    const int64_t slot =
-        place_moved<P>(dst, src, s, window);
-    if (slot < 0) {
-      ++lost;
-    } else {
-      copy_row(src.row(s), dst.row(slot), src.row_width);
-    }
+    lost += tile_place_moved(tile, dst, src, deferred[k], window) < 0;
   }
-  *failed = lost;
+  if (tile.rank() == 0) *failed = lost;
 }
 
 // The grouped training lookup (launch_upsert_grouped): the kernels of launch_upsert
@@ -115,43 +125,49 @@ template <class V>
 using Lookups = Parts<UpsertPart<V>>;
 
 /// A thread per key of the call: its home-bucket range, numbered after the earlier
-/// parts' ranges (the per-table formula of group_by_home_bucket within a part).
+/// parts' ranges (the per-table formula of group_by_home_bucket within a part), counted
+/// in its range's count.
 template <class V>
-__global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group) {
+__global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group,
+                                             unsigned long long* counts) {
   const int64_t x = thread_index();
   if (x >= n) return;
   const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
   const int64_t buckets = q.sink.t.num_buckets;
-  group[x] = q.range_begin +
-             bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]), buckets), q.ranges,
-                             buckets);
+  const int64_t g = q.range_begin + bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]),
+                                                              buckets),
+                                                    q.ranges, buckets);
+  group[x] = g;
+  atomicAdd(counts + g, 1ULL);
 }
 
 /// Pass 1, a tile of kSlotLanes lanes per home-bucket range of the call (its part's
 /// keys and table): the lanes probe, the sink records slots (and initialises new rows).
 template <class V>
 __global__ void grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start,
-                                             const int64_t* order, int64_t ranges) {
+                                             int64_t* order, int64_t ranges) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
+  sort_range(tile, order, start[g], start[g + 1]);
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
   SlotSink<V> sink = q.sink;
   upsert_range(tile, sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
                q.status);
 }
 
-/// Pass 2: one thread, the deferred positions of the call in order (part by part, each
-/// part's in batch order).
+/// Pass 2: one tile of kSlotLanes lanes, the deferred positions of the call in order
+/// (part by part, each part's in batch order), by core tile_upsert_spill.
 template <class V>
 __global__ void grouped_upsert_deferred_kernel(Lookups<V> parts, const int64_t* deferred,
                                                const int64_t* count) {
-  if (thread_index() != 0) return;
+  const CgTile<kSlotLanes> tile;
   for (int64_t k = 0; k < *count; ++k) {
     const UpsertPart<V>& q = part_of(parts, deferred[k], &UpsertPart<V>::key_begin);
     const int64_t i = deferred[k] - q.key_begin;
     SlotSink<V> sink = q.sink;
-    q.status[i] = static_cast<int8_t>(upsert_spill<P>(sink.t, i, i, q.keys[i], q.args, sink));
+    const Status s = tile_upsert_spill(tile, sink.t, i, i, q.keys[i], q.args, sink);
+    if (tile.rank() == 0) q.status[i] = static_cast<int8_t>(s);
   }
 }
 
@@ -180,14 +196,17 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* group = ws.array<int64_t>(n);
   int64_t* start = ws.array<int64_t>(ranges + 1);
   int64_t* order = ws.array<int64_t>(n);
-  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group);
-  launch_group_stable(group, n, ranges, start, order, ws, stream);
+  auto* counts = zeroed_group_counts(ranges, ws, stream);
+  DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group,
+                                                                                counts);
+  launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
                 grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges);
   int64_t* deferred = ws.array<int64_t>(n);
   int64_t* deferred_count = ws.array<int64_t>(1);
   launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
-  DYNEMB_LAUNCH(1, 1, stream, grouped_upsert_deferred_kernel<V>)(parts, deferred, deferred_count);
+  DYNEMB_LAUNCH(1, kSlotLanes, stream, grouped_upsert_deferred_kernel<V>)(parts, deferred,
+                                                                         deferred_count);
   DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
                 grouped_count_status_kernel<V>)(parts, status, n);
 }
@@ -229,9 +248,14 @@ template <class V>
 void launch_erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased,
                   Workspace& ws, cudaStream_t stream) {
   if (n == 0) return;
-  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(r.count), kBlock, stream, erase_ranges_kernel<V>)(
-      t, keys, r.start, r.order, r.count, erased);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, nullptr, ws, stream);
+  auto* deferred = ws.array<int8_t>(n);
+  DYNEMB_LAUNCH(blocks_for(r.count * kSlotLanes), kBlock, stream, erase_home_kernel<V>)(
+      t, keys, r.start, r.order, r.count, erased, deferred);
+  int64_t* list = ws.array<int64_t>(n);
+  int64_t* count = ws.array<int64_t>(1);
+  launch_list_marked(deferred, 1, n, list, count, ws, stream);
+  DYNEMB_LAUNCH(1, kSlotLanes, stream, erase_chained_kernel<V>)(t, keys, list, count, erased);
 }
 
 template <class V>
@@ -247,13 +271,17 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
   DYNEMB_LAUNCH(blocks_for(slots), kBlock, stream, rehash_ranges_kernel<V>)(src, dst.num_buckets,
                                                                             ranges, group);
   launch_group_stable(group, slots, ranges, start, order, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(ranges), kBlock, stream, rehash_home_kernel<V>)(src, dst, start, order,
-                                                                           ranges, deferred);
   int64_t* rest = ws.array<int64_t>(slots);
   int64_t* rest_count = ws.array<int64_t>(1);
-  launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
-                     stream);
-  DYNEMB_LAUNCH(1, 1, stream, rehash_rest_kernel<V>)(src, dst, window, rest, rest_count, failed);
+  with_row_tile(src.row_width, [&](auto lanes) {
+    constexpr unsigned N = decltype(lanes)::value;
+    DYNEMB_LAUNCH(blocks_for(ranges * N), kBlock, stream, rehash_home_kernel<N, V>)(
+        src, dst, start, order, ranges, deferred);
+    launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
+                       stream);
+    DYNEMB_LAUNCH(1, N, stream, rehash_rest_kernel<N, V>)(src, dst, window, rest, rest_count,
+                                                          failed);
+  });
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                   \

@@ -52,3 +52,34 @@ def test_each_emulated_op_adds_its_launches_blocks_and_threads():
 def test_the_cpu_executor_adds_nothing():
     seen = _counters("cpu")
     assert all(s == seen[0] for s in seen)
+
+
+_UPSERT_SCRIPT = """
+import json, torch
+from dynemb import _ops
+from dynemb.table.scored_hash_table import ScoredHashTable
+table = ScoredHashTable(dim=64, capacity=1 << 14)
+keys = torch.randint(0, 2**62, (4096,), generator=torch.Generator().manual_seed(0))
+rows = torch.randn(keys.numel(), 64)
+seen = [_ops.emulation_counters()]
+for call in (lambda: table.find_or_insert(keys), lambda: table.find_or_insert(keys),
+             lambda: table.insert_or_assign(keys, rows)):
+    call()
+    seen.append(_ops.emulation_counters())
+print(json.dumps(seen))
+"""
+
+
+def test_an_upsert_runs_eight_launches_and_one_memset():
+    """find_or_insert (new keys, then hits) and insert_or_assign: the grouping by range
+    (count, one-block scan, placement), pass 1, the deferred list (count, scan, list),
+    pass 2, and the memset of the range counts (docs/gpu.md, "Launches per upsert")."""
+    env = dict(os.environ, DYNEMB_EXECUTOR="cuda-emulated")
+    done = subprocess.run(
+        [sys.executable, "-c", _UPSERT_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    for i in range(3):
+        step = _step(seen, i)
+        assert (step["launches"], step["memsets"]) == (8, 1), f"call {i}: {step}"

@@ -224,6 +224,31 @@ def test_no_eviction_spills_rehash_and_erase(cpu_threads):
     _run_both(grown, lambda lib, t: [lib.table_erase(t, erase_keys)])
 
 
+def test_no_eviction_chains_rehash_and_erase(cpu_threads):
+    """Keys past overflowed home buckets: a full table rehashed into one of its size
+    (its second pass places what its home buckets cannot hold, and fails some), and
+    erased from where keys sit along their chains (the erase's second pass)."""
+    table = _table(NO_EVICTION, num_buckets=64)  # 1024 slots
+    policy = [NO_EVICTION, 0, 5, 0, DIM, 0, NO_PINS]
+    keys = _batches(4, 1100, 1 << 40, 1)[0]
+    out = torch.empty(keys.numel(), ROW)
+    status, _ = CPU.table_find_or_insert(table, policy, UNIFORM_INIT, keys, None, out, [])
+    assert table[6].sum() > 8, "keys should sit past overflowed home buckets"
+    same = _table(NO_EVICTION, num_buckets=64)
+
+    def rehash(lib, t):
+        dst = _copy(same)
+        failed = lib.table_rehash(t, dst, 2)
+        return [failed] + dst
+
+    _run_both(table, rehash)
+    stored = keys[status != 3]  # every stored key, repeats and never-stored ones beside
+    erase_keys = torch.cat([stored[::2], keys[status == 3][:20], stored[:40], torch.arange(50)])
+    _run_both(table, lambda lib, t: [lib.table_erase(t, erase_keys)])
+    erased = CPU.table_erase(_copy(table), erase_keys)
+    assert int(erased.sum()) == torch.unique(torch.cat([stored[::2], stored[:40]])).numel()
+
+
 @pytest.mark.parametrize("strategy", [TIMESTAMP_LFU, CUSTOMIZED, NO_EVICTION])
 def test_restore(strategy, cpu_threads):
     table = _table(strategy, num_buckets=32)

@@ -1,0 +1,58 @@
+// dynemb core: a batch erase (table_ops.h erase_key) run by tiles of lanes.
+//
+// Two passes, as an upsert's (table_ops.h "Batch rule"), so that neither takes a
+// bucket lock: pass 1, a tile per home-bucket range, its keys in batch order, looks
+// only in each key's home bucket (which the tile owns): found there, the key is
+// erased; absent from a home bucket that never overflowed, it is not stored; else
+// (it may sit further along its chain) it is deferred. Pass 2, one tile, walks the
+// deferred keys' chains in batch order (it owns the table). The results are
+// erase_key's in batch order: erasing one key never changes where another is or
+// whether it is stored (overflow flags are never cleared), so the keys of different
+// ranges commute, and a repeated key's first occurrence erases it in either pass.
+// Lane 0 writes the erased slot's digest; the tile syncs before the next key's scan.
+#pragma once
+
+#include "core/bucket_tile.h"
+#include "core/table_ops.h"
+
+namespace dynemb {
+
+/// What pass 1 decides for a key.
+enum class EraseHome : int8_t { kAbsent = 0, kErased = 1, kDeferred = 2 };
+
+/// Pass 1 for `key`, by a tile that owns its home bucket. @return the decision, in
+/// every lane (kDeferred: nothing changed).
+template <class Tile, class V>
+DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int64_t key) {
+  const KeyProbe p(t, key);
+  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
+  if (slot >= 0) {
+    if (tile.rank() == 0) t.digests[slot] = kEmptyDigest;
+    tile.sync();
+    return EraseHome::kErased;
+  }
+  return t.overflow[p.bucket] ? EraseHome::kDeferred : EraseHome::kAbsent;
+}
+
+/// erase_key by the one tile of pass 2 (it owns the table), without locks.
+/// @return true, in every lane, when the key was stored.
+template <class Tile, class V>
+DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t key) {
+  const KeyProbe p(t, key);
+  const int window = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
+                                                      : kMaxProbeBuckets;
+  int64_t b = p.bucket;
+  for (int k = 0; k < window; ++k) {
+    const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest);
+    if (slot >= 0) {
+      if (tile.rank() == 0) t.digests[slot] = kEmptyDigest;
+      tile.sync();
+      return true;
+    }
+    if (!t.overflow[b]) return false;
+    b = t.next_bucket(b);
+  }
+  return false;
+}
+
+}  // namespace dynemb
