@@ -16,6 +16,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
+from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
@@ -337,7 +338,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
 
     def erase(self, keys: torch.Tensor) -> int:
         """Removes keys; returns how many were stored."""
-        return int(self.erase_keys(keys).sum())
+        return read_to_host(self.erase_keys(keys).sum(), "erased count").item()
 
     def erase_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Removes keys; returns (n,) bool: whether each was stored."""
@@ -345,7 +346,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         with self._state.lock.write():
             self._state.mutations += 1
             erased = _ops.table_erase(self._state.storage.tensors(), keys)
-            self._state.size -= int(erased.sum())
+            self._state.size -= read_to_host(erased.sum(), "erased count").item()
             if self._state.change_log is not None:
                 self._state.change_log.removed(keys[erased])
         return erased
