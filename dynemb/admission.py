@@ -197,7 +197,7 @@ class KVCounter(Counter):
     def erase(self, keys: torch.Tensor) -> None:
         keys = self._check_keys(keys)
         with self._lock:
-            self._table.erase(keys)
+            self._table.erase_keys(keys)  # not erase(): its count would be a read
 
     def memory_usage(self) -> int:
         with self._lock:

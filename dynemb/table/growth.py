@@ -205,6 +205,24 @@ class DeferredLookup:
         )
 
 
+class DeferredErase:
+    """The number of keys an erase removed, read later (as ``DeferredLookup``): it only
+    keeps the table's ``size``."""
+
+    def __init__(self, erased: torch.Tensor):
+        self._read = DeferredRead(erased.sum(), "erased count")
+
+    @property
+    def ready(self) -> bool:
+        return self._read.ready
+
+    def inserted(self) -> int:
+        return -self._read.value().item()
+
+    def stats(self) -> None:  # an erase is no batch upsert: last_stats stays
+        return None
+
+
 def find_or_insert_slots_grouped(
     tables: Sequence,
     keys: Sequence[torch.Tensor],

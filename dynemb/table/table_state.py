@@ -81,7 +81,7 @@ class TableState:
     def defer(self, lookup) -> None:
         """Records a lookup whose status counts are read later (under ``lock.write()``):
         ``lookup.inserted()`` and ``lookup.stats()`` give them (growth.py
-        DeferredLookup); ``size`` and ``last_stats`` fold them in when read. The lookups
+        DeferredLookup, DeferredErase: stats None); ``size`` and ``last_stats`` fold them in when read. The lookups
         already read are folded first, so the list holds at most the recent ones."""
         self._fold(ready_only=True)
         self._deferred.append(lookup)
@@ -93,7 +93,8 @@ class TableState:
             while self._deferred and (self._deferred[0].ready or not ready_only):
                 lookup = self._deferred.pop(0)
                 self._size += lookup.inserted()
-                self._last_stats = lookup.stats()
+                stats = lookup.stats()
+                self._last_stats = self._last_stats if stats is None else stats
 
     @property
     def size(self) -> int:

@@ -19,6 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynemb.host_reads import DeferredRead, host_reads, read_to_host
+from dynemb.optimizer import EmbOptimType
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,3 +133,67 @@ def test_the_lint_finds_each_kind_of_read():
         "i = lookup.value()[0].tolist()\nj = read_to_host(x, 'why').cpu()\n"
     )
     assert [line for line, _ in uncounted_reads(source)] == [1, 2, 3, 4, 5, 6, 10]
+
+
+def test_a_deferred_read_rides_on_the_next_read_with_its_bits():
+    deferred = [
+        DeferredRead(torch.tensor([[1, -2], [3, 2**62]]), "test"),
+        DeferredRead(torch.tensor([True, False, True]), "test"),
+        DeferredRead(torch.tensor(0.1, dtype=torch.float64), "test"),
+    ]
+    before = host_reads()
+    got = read_to_host(torch.arange(5, dtype=torch.int32), "test")
+    assert host_reads() - before == 1
+    assert torch.equal(got, torch.arange(5, dtype=torch.int32))
+    assert all(d.ready for d in deferred)
+    assert torch.equal(deferred[0].value(), torch.tensor([[1, -2], [3, 2**62]]))
+    assert torch.equal(deferred[1].value(), torch.tensor([True, False, True]))
+    assert deferred[2].value().item() == 0.1
+    assert host_reads() - before == 1, "the values were read already"
+    alone = DeferredRead(torch.tensor([7]), "test")
+    assert not alone.ready and alone.value().tolist() == [7]
+    assert host_reads() - before == 2, "no read took it: value() reads it"
+
+
+def test_deferred_status_counts_keep_every_account():
+    """A table at its capacity (IGNORE) defers its lookup's status counts; its size,
+    last_stats and the module's safe_check_failures read them when asked, and agree
+    with the table's contents and with a table that reads them at once (WARNING)."""
+    modules = []
+    for mode in (dynemb.DynamicEmbCheckMode.IGNORE, dynemb.DynamicEmbCheckMode.WARNING):
+        options = DynamicEmbTableOptions(
+            dim=4, max_capacity=128, bucket_capacity=128, safe_check_mode=mode, seed=1,
+            score_strategy=dynemb.DynamicEmbScoreStrategy.STEP,
+        )  # fmt: skip
+        modules.append(
+            dynemb.BatchedDynamicEmbeddingTables(
+                [options],
+                [0],
+                pooling_mode=DynamicEmbPoolingMode.SUM,
+                optimizer=EmbOptimType.EXACT_SGD,
+                learning_rate=0.1,
+            )  # fmt: skip
+        )
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):  # 200 distinct keys a batch, 128 slots, all pinned by the batch
+        keys = torch.randperm(1000, generator=gen)[:200]
+        offsets = torch.arange(0, 201, 2)
+        with pytest.warns(UserWarning, match="could not be stored"):
+            for module in reversed(modules):  # IGNORE last: its counts stay unread
+                module(keys, offsets).sum().backward()
+    ignore, warning = modules
+    table = ignore.tables[0]
+    before = host_reads()
+    assert table.size() == warning.tables[0].size() == 128
+    assert host_reads() - before == 1, "reading the size reads the deferred counts once"
+    got, want = table.last_stats, warning.tables[0].last_stats
+    assert (got.hits, got.inserted, got.evicted, got.failed) == (
+        want.hits, want.inserted, want.evicted, want.failed,
+    )  # fmt: skip
+    assert got.failed == 72
+    assert torch.equal(got.failed_keys.sort().values, want.failed_keys.sort().values)
+    assert ignore.safe_check_failures == warning.safe_check_failures == [3 * 72]
+    assert torch.equal(
+        table.export_batch(0, 128)[0].sort().values,
+        warning.tables[0].export_batch(0, 128)[0].sort().values,
+    )
