@@ -63,8 +63,9 @@ def check_batch_layout(
     if counted:
         total = access_counts.sum(dtype=torch.float64)
         parts += [access_counts.min().view(1), (total >= 2.0**63).view(1)]
-    packed = torch.cat([p.to(torch.int64) for p in parts])
+    packed = torch.cat([p.to(device=offsets.device, dtype=torch.int64) for p in parts])
     host = read_to_host(packed, "batch layout").tolist()
+    # Also for a single entry (no bag): offsets=[5] describes 5 indices that are absent.
     first, last = host[0], host[num_features if B else 0]
     if first != 0:
         raise ValueError(f"offsets must start at 0, got offsets[0]={first}")
