@@ -43,6 +43,14 @@ class DeferredRead:
         self._host, self.tensor = host, None
         self._done.set()
 
+    def __getstate__(self) -> dict:  # a copy (deepcopy, pickle) is read already
+        return {"why": self.why, "host": self.value()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.tensor, self.why = None, state["why"]
+        self._host, self._done = state["host"], threading.Event()
+        self._done.set()
+
     @property
     def ready(self) -> bool:
         """Whether a read took it already (``value()`` then waits for nothing)."""

@@ -26,6 +26,8 @@ from dynemb.table.rw_lock import RWLock
 from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
 
+_FOLDING = threading.Lock()  # folds of deferred lookups (rare, short): one for all tables
+
 
 @dataclasses.dataclass(eq=False)
 class TableState:
@@ -72,7 +74,6 @@ class TableState:
     change_log: ChangeLog | None = None
     _last_stats: BatchStats | None = None
     _deferred: list = dataclasses.field(default_factory=list)
-    _folding: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     lock: RWLock = dataclasses.field(default_factory=RWLock)
     clock: Callable[[], int] = time.monotonic_ns
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
@@ -89,7 +90,7 @@ class TableState:
     def _fold(self, ready_only: bool = False) -> None:
         """Folds the deferred lookups into ``size`` and ``last_stats`` (``ready_only``:
         those already read, in order, without reading any)."""
-        with self._folding:
+        with _FOLDING:
             while self._deferred and (self._deferred[0].ready or not ready_only):
                 lookup = self._deferred.pop(0)
                 self._size += lookup.inserted()

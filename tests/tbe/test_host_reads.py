@@ -12,6 +12,7 @@ uncounted.
 """
 
 import ast
+import copy
 import json
 import os
 import subprocess
@@ -153,6 +154,8 @@ def test_a_deferred_read_rides_on_the_next_read_with_its_bits():
     alone = DeferredRead(torch.tensor([7]), "test")
     assert not alone.ready and alone.value().tolist() == [7]
     assert host_reads() - before == 2, "no read took it: value() reads it"
+    copied = copy.deepcopy(DeferredRead(torch.tensor([8]), "test"))  # a copy reads it
+    assert copied.ready and copied.value().tolist() == [8]
 
 
 def test_deferred_status_counts_keep_every_account():
