@@ -48,6 +48,7 @@ def executor() -> str:
 def emulation_counters() -> dict[str, int]:
     """What the emulated CUDA executor ran since the process started: ``launches``
     (kernels), ``memsets``, ``blocks`` and ``threads``: what the same ops launch on a
-    GPU. Counts only ops run with ``DYNEMB_EXECUTOR=cuda-emulated``."""
-    names = ("launches", "memsets", "blocks", "threads")
+    GPU, and ``host_reads``: how often they read device values back (each a wait for
+    the stream on a GPU). Counts only ops run with ``DYNEMB_EXECUTOR=cuda-emulated``."""
+    names = ("launches", "memsets", "blocks", "threads", "host_reads")
     return dict(zip(names, torch.ops.dynemb_cuda_emulated.emulation_counters(), strict=True))

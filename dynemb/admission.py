@@ -19,6 +19,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs
+from dynemb.host_reads import read_to_host
 from dynemb.table.placement import canonical_device
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
@@ -196,7 +197,7 @@ class KVCounter(Counter):
     def erase(self, keys: torch.Tensor) -> None:
         keys = self._check_keys(keys)
         with self._lock:
-            self._table.erase(keys)
+            self._table.erase_keys(keys)  # not erase(): its count would be a read
 
     def memory_usage(self) -> int:
         with self._lock:
@@ -245,8 +246,9 @@ class KVCounter(Counter):
             raise ValueError(
                 f"KVCounter: {name} has shape {tuple(counts.shape)}, keys {tuple(keys.shape)}"
             )
-        if counts.numel() and int(counts.min()) < 0:
-            raise ValueError(f"KVCounter: {name} must be >= 0, got {int(counts.min())}")
+        low = read_to_host(counts.min(), "count check").item() if counts.numel() else 0
+        if low < 0:
+            raise ValueError(f"KVCounter: {name} must be >= 0, got {low}")
         return counts.to(keys.device).contiguous()
 
 

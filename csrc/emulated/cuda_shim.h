@@ -260,11 +260,13 @@ void spin_pause();
 uint64_t lane_order_seed();
 
 /// What the executor did since the process started: kernel launches, cudaMemsetAsync
-/// calls, blocks and threads run (what a GPU would launch for the same ops).
+/// calls, blocks and threads run (what a GPU would launch for the same ops), and the
+/// device-to-host reads of the ops (each a wait for the stream on a GPU).
 struct Counters {
-  uint64_t launches, memsets, blocks, threads;
+  uint64_t launches, memsets, blocks, threads, host_reads;
 };
 Counters counters();
+void count_host_read();  // launch.cpp: counters()
 
 /// DYNEMB_LAUNCH(grid, block, stream, kernel)(args...) in emulation.
 struct Launch {

@@ -136,7 +136,8 @@ class GridPool {
 };
 
 // launch_count numbers the launches too (LaunchInfo::number): one count serves both.
-std::atomic<uint64_t> launch_count{0}, memset_count{0}, block_count{0}, thread_count{0};
+std::atomic<uint64_t> launch_count{0}, memset_count{0}, block_count{0}, thread_count{0},
+    host_read_count{0};
 
 GridPool* the_pool = nullptr;  // never destroyed: workers may outlive statics
 std::once_flag fork_handler;
@@ -158,9 +159,11 @@ uint64_t lane_order_seed() {
 }
 
 void count_memset() { memset_count.fetch_add(1, std::memory_order_relaxed); }
+void count_host_read() { host_read_count.fetch_add(1, std::memory_order_relaxed); }
 
 Counters counters() {
-  return {launch_count.load(), memset_count.load(), block_count.load(), thread_count.load()};
+  return {launch_count.load(), memset_count.load(), block_count.load(), thread_count.load(),
+          host_read_count.load()};
 }
 
 void run_grid(unsigned grid, unsigned block, const char* kernel, const std::function<void()>& thread) {

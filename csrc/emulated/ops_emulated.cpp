@@ -18,16 +18,23 @@ struct EmulatedRuntime {
   };
   static at::Tensor host_bytes(int64_t n) { return at::empty({n}, at::kByte); }
   static at::Tensor to_device(const at::Tensor& host, at::Device) { return host; }  // the CPU
+  /// A read of device values by the host (a wait for the stream on a GPU): counted.
+  static at::Tensor to_host(const at::Tensor& device) {
+    emulation::count_host_read();
+    return device;
+  }
 };
 
 }  // namespace
 
-/// [launches, memsets, blocks, threads] since the process started (cuda_shim.h Counters):
-/// how many kernels and memsets the ops called would launch on a GPU.
+/// [launches, memsets, blocks, threads, host_reads] since the process started (cuda_shim.h
+/// Counters): how many kernels and memsets the ops called would launch on a GPU, and how
+/// often they would wait to read device values back.
 std::vector<int64_t> emulation_counters() {
   const emulation::Counters c = emulation::counters();
   return {static_cast<int64_t>(c.launches), static_cast<int64_t>(c.memsets),
-          static_cast<int64_t>(c.blocks), static_cast<int64_t>(c.threads)};
+          static_cast<int64_t>(c.blocks), static_cast<int64_t>(c.threads),
+          static_cast<int64_t>(c.host_reads)};
 }
 
 TORCH_LIBRARY(dynemb_cuda_emulated, m) {

@@ -12,6 +12,7 @@
 //     struct DeviceGuard { explicit DeviceGuard(at::Device); };
 //     static at::Tensor host_bytes(int64_t n);  // a host staging buffer
 //     static at::Tensor to_device(const at::Tensor& host, at::Device);  // enqueued copy
+//     static at::Tensor to_host(const at::Tensor& device);  // waits; the emulation counts it
 //   };
 #pragma once
 
@@ -96,7 +97,8 @@ struct CudaBackend {
     at::Tensor failed = at::empty({1}, like.dtype(at::kLong));
     DYNEMB_CUDA_NS::launch_rehash(src, dst, window, failed.data_ptr<int64_t>(), ws,
                                   Runtime::stream());
-    return failed.item<int64_t>();  // the caller grows again when entries did not fit
+    // the caller grows again when entries did not fit
+    return Runtime::to_host(failed).template item<int64_t>();
   }
   template <class V>
   static void pool(const std::vector<PoolPart<V>>& parts, const PartTotals& totals,
@@ -121,7 +123,8 @@ struct CudaBackend {
                                  unique.data_ptr<int64_t>(), inverse.data_ptr<int64_t>(),
                                  counts.data_ptr<int64_t>(), num_unique.data_ptr<int64_t>(), ws,
                                  Runtime::stream());
-    const at::Tensor host = num_unique.cpu();  // the sizes of the outputs: one wait for all
+    // the sizes of the outputs: one wait for all
+    const at::Tensor host = Runtime::to_host(num_unique);
     const int64_t* u = host.data_ptr<int64_t>();
     return std::vector<int64_t>(u, u + count);
   }
@@ -162,7 +165,7 @@ struct CudaBackend {
                                        moved.data_ptr<int64_t>(),
                                        victim_index.data_ptr<int64_t>(),
                                        totals.data_ptr<int64_t>(), ws, Runtime::stream());
-    const at::Tensor host = totals.cpu();  // the sizes of the outputs
+    const at::Tensor host = Runtime::to_host(totals);  // the sizes of the outputs
     const int64_t* t = host.data_ptr<int64_t>();
     return {moved.narrow(0, 0, t[0]), victim_index.narrow(0, 0, t[0]), t[1], t[2]};
   }

@@ -21,6 +21,7 @@ struct CudaRuntime {
   static at::Tensor to_device(const at::Tensor& host, at::Device device) {
     return host.to(device, /*non_blocking=*/true);
   }
+  static at::Tensor to_host(const at::Tensor& device) { return device.cpu(); }  // waits
 };
 
 }  // namespace

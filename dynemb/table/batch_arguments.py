@@ -4,6 +4,7 @@ argument, its value and what was expected, before the table changes."""
 import torch
 
 from dynemb._ops import TIMESTAMP_DECAYED_LFU, TIMESTAMP_LFU
+from dynemb.host_reads import read_to_host
 from dynemb.table.score_strategies import check_score_half_life
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -77,8 +78,10 @@ def check_distinct(op: str, keys: torch.Tensor) -> None:
     ordered = torch.sort(keys).values
     same = torch.nonzero(ordered[1:] == ordered[:-1], as_tuple=True)[0]
     if same.numel():
-        key = int(ordered[same[0]])
-        positions = torch.nonzero(keys == key, as_tuple=True)[0].tolist()
+        key = read_to_host(ordered[same[0]], "error message").item()
+        positions = read_to_host(
+            torch.nonzero(keys == key, as_tuple=True)[0], "error message"
+        ).tolist()
         raise ValueError(
             f"{op}: `keys` must be distinct, got key {key} at positions {positions}; "
             "de-duplicate the entries first"
@@ -99,8 +102,9 @@ def check_scores(scores, keys, customized: bool, strategy, device) -> torch.Tens
         )
     if scores.shape != keys.shape:
         raise ValueError(f"scores must have shape {tuple(keys.shape)}, got {tuple(scores.shape)}")
-    if scores.numel() and int(scores.min()) < 0:
-        raise ValueError(f"scores must be >= 0, got minimum {int(scores.min())}")
+    low = read_to_host(scores.min(), "score check").item() if scores.numel() else 0
+    if low < 0:
+        raise ValueError(f"scores must be >= 0, got minimum {low}")
     return scores.to(device).contiguous()
 
 
@@ -114,9 +118,12 @@ def check_meta(name: str, meta, keys, device) -> torch.Tensor | None:
         raise TypeError(f"{name} must be an int64 tensor, got {getattr(meta, 'dtype', type(meta))}")
     if meta.shape != keys.shape:
         raise ValueError(f"{name} must have shape {tuple(keys.shape)}, got {tuple(meta.shape)}")
-    if meta.numel() and bool((meta < 0).any()):
-        at = int(torch.nonzero(meta < 0)[0])
-        raise ValueError(f"{name} must be >= 0, got {int(meta[at])} for key {int(keys[at])}")
+    if meta.numel() and read_to_host((meta < 0).any(), "metadata check").item():
+        at = torch.nonzero(meta < 0)[0, 0]
+        value, key = read_to_host(
+            torch.stack([meta[at].to(torch.int64), keys[at]]), "error message"
+        ).tolist()
+        raise ValueError(f"{name} must be >= 0, got {value} for key {key}")
     return meta.to(device).contiguous()
 
 

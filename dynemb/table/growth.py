@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
+from dynemb.host_reads import DeferredRead, read_to_host
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.spill_persistence import commit_spill
@@ -55,7 +56,7 @@ def upsert(
                 keys, scores, values, evicted or [], **extra,
             )  # fmt: skip
             status, stats = end_upsert(
-                state, op, keys, scores, values, evicted, status, counts.tolist(), begun,
+                state, op, keys, scores, values, evicted, status, read_to_host(counts, "status counts").tolist(), begun,
                 slots, per_key, log,
             )  # fmt: skip
         finally:
@@ -152,7 +153,9 @@ def _retry_failed(
     status[pos] = sub_status
     counts = [c for c in counts]
     counts[_ops.Status.FAILED] = 0
-    return status, [a + b for a, b in zip(counts, sub_counts.tolist())]
+    return status, [
+        a + b for a, b in zip(counts, read_to_host(sub_counts, "status counts").tolist())
+    ]
 
 
 def _grow(state: TableState) -> bool:
@@ -172,19 +175,74 @@ def _grow(state: TableState) -> bool:
     return True
 
 
+class DeferredLookup:
+    """The status counts of one table's lookup, read later (``host_reads.DeferredRead``:
+    with the next read of the device, e.g. the next batch's layout): a lookup that
+    could not grow its table needs them only for bookkeeping (``size``,
+    ``last_stats``, the failures the module counts)."""
+
+    def __init__(self, read: DeferredRead, row: int, keys: torch.Tensor, status: torch.Tensor):
+        self._read, self._row, self._keys, self._status = read, row, keys, status
+
+    @property
+    def ready(self) -> bool:
+        """Whether the counts were read (``counts()`` then reads nothing)."""
+        return self._read.ready
+
+    def counts(self) -> list[int]:
+        return self._read.value()[self._row].tolist()
+
+    def inserted(self) -> int:
+        return self.counts()[_ops.Status.INSERTED]
+
+    def stats(self) -> BatchStats:
+        counts = self.counts()
+        failed = (
+            self._keys[self._status == _ops.Status.FAILED] if counts[_ops.Status.FAILED] else None
+        )
+        return BatchStats(
+            *counts, failed_keys=self._keys.new_empty(0) if failed is None else failed
+        )
+
+
+class DeferredErase:
+    """The number of keys an erase removed, read later (as ``DeferredLookup``): it only
+    keeps the table's ``size``."""
+
+    def __init__(self, erased: torch.Tensor):
+        self._read = DeferredRead(erased.sum(), "erased count")
+
+    @property
+    def ready(self) -> bool:
+        return self._read.ready
+
+    def inserted(self) -> int:
+        return -self._read.value().item()
+
+    def stats(self) -> None:  # an erase is no batch upsert: last_stats stays
+        return None
+
+
 def find_or_insert_slots_grouped(
     tables: Sequence,
     keys: Sequence[torch.Tensor],
     accesses: Sequence[torch.Tensor] | None = None,
     holds: Sequence[PinHold] | None = None,
+    defer: bool = False,
 ) -> list:
     """``find_or_insert_slots(keys[t], accesses[t], holds[t])`` of each table of
     ``tables`` (ScoredHashTables whose ``groups_lookups`` holds, distinct, on one
     device), its op run for all of them in one call; a table whose keys did not all
     fit grows and retries them as alone (``accesses``: none, or the occurrences of
     each table's keys; ``holds``: none, or each table's PinHold of the batch).
-    Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table."""
+    Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table.
+
+    ``defer``: when no table can grow (each at its capacity, without a change log),
+    the status counts are not read now: each table's second item is a
+    ``DeferredLookup``, folded into its ``size`` and ``last_stats`` when they are read.
+    """
     states: list[TableState] = [table.state for table in tables]
+    defer = defer and all(s.num_buckets >= s.max_buckets and s.change_log is None for s in states)
     with contextlib.ExitStack() as stack:
         for state in states:
             stack.enter_context(state.lock.write())
@@ -198,7 +256,15 @@ def find_or_insert_slots_grouped(
             [policy(state, value, pin) for state, (_, value, pin) in zip(states, begun)],
             [list(state.init) for state in states], keys, accesses,
         )  # fmt: skip
-        counts = counts.tolist()
+        if defer:
+            read = DeferredRead(counts, "status counts")
+            results = []
+            for t, state in enumerate(states):
+                lookup = DeferredLookup(read, t, keys[t], status[t])
+                state.defer(lookup)
+                results.append((slots[t], lookup))
+            return results
+        counts = read_to_host(counts, "status counts").tolist()
         results = []
         for t, state in enumerate(states):
             _, stats = end_upsert(

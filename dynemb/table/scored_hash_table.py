@@ -16,11 +16,12 @@ import torch
 
 from dynemb import _ops
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
+from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
 from dynemb.table.entry_transfer import EntryTransfer
-from dynemb.table.growth import upsert
+from dynemb.table.growth import DeferredErase, upsert
 from dynemb.table.memory_batches import MemoryBatches
 from dynemb.table.placement import canonical_device
 from dynemb.table.slot_access import SlotAccess
@@ -337,7 +338,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
 
     def erase(self, keys: torch.Tensor) -> int:
         """Removes keys; returns how many were stored."""
-        return int(self.erase_keys(keys).sum())
+        return read_to_host(self.erase_keys(keys).sum(), "erased count").item()
 
     def erase_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Removes keys; returns (n,) bool: whether each was stored."""
@@ -345,9 +346,11 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         with self._state.lock.write():
             self._state.mutations += 1
             erased = _ops.table_erase(self._state.storage.tensors(), keys)
-            self._state.size -= int(erased.sum())
             if self._state.change_log is not None:
+                self._state.size -= read_to_host(erased.sum(), "erased count").item()
                 self._state.change_log.removed(keys[erased])
+            else:  # the size is read when needed: no wait here
+                self._state.defer(DeferredErase(erased))
         return erased
 
     def clear(self) -> None:

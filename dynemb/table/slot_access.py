@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from dynemb import _ops
+from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.change_log import ChangeLog
@@ -154,7 +155,7 @@ class SlotAccess:
             self._state.storage.tensors(), policy, self._state.init, keys, None, None,
             init_rows=False, evicted_keys=evicted_keys,
         )  # fmt: skip
-        counts = counts.tolist()
+        counts = read_to_host(counts, "status counts").tolist()
         self._state.size += counts[_ops.Status.INSERTED]
         return slots, status, counts
 
@@ -193,7 +194,7 @@ class SlotAccess:
             slots = _ops.table_find_slots(s.tensors(), keys)
             found = slots >= 0
             # Every key stored (the common case): two masked selects saved (111 -> 99 ms).
-            if bool(found.all()):
+            if read_to_host(found.all(), "all found").item():
                 missing = keys[:0]
             else:
                 missing, slots = keys[~found], slots[found]
@@ -243,7 +244,7 @@ class SlotAccess:
             return evicted[0][:0], evicted[1][:0], evicted[2][:0]
         out = status == _ops.Status.EVICTED
         lost = status == _ops.Status.FAILED
-        if not bool(lost.any()):
+        if not read_to_host(lost.any(), "any failed").item():
             return evicted[0][out], evicted[1][out], evicted[2][out]
         return (
             torch.cat([evicted[0][out], keys[lost]]),

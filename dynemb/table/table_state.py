@@ -13,6 +13,7 @@ objects with their own locks (``pins``, ``change_log``).
 """
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,8 @@ from dynemb.table.pin_ledger import PinLedger
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
+
+_FOLDING = threading.Lock()  # folds of deferred lookups (rare, short): one for all tables
 
 
 @dataclasses.dataclass(eq=False)
@@ -39,13 +42,15 @@ class TableState:
         init: the ops' initializer list ``[mode, a, b, lower, upper, extra_init]``.
         spill: the spill directory, or None (the table is in memory).
         storage: the buffers the ops address by slot; growth replaces it (locked).
-        size: stored keys (locked).
+        size: stored keys (locked; lookups deferred by ``defer`` are folded in when
+            it is read).
         step: training lookups counted (the STEP score of the last batch; locked).
         mutations: bumped by every op that may move or drop a key (locked).
         generation: bumped when growth replaces ``storage`` (locked).
         custom_score: CUSTOMIZED: the score training lookups give (None: 0).
         change_log: the keys changed, for deltas (None: nothing recorded; locked).
-        last_stats: the BatchStats of the latest batch upsert.
+        last_stats: the BatchStats of the latest batch upsert (a deferred lookup's
+            when it is the latest).
         lock: readers of ``storage`` hold ``read()``, ops that move keys ``write()``.
         clock: the TIMESTAMP strategy's clock (tests replace it).
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
@@ -61,17 +66,56 @@ class TableState:
     spill: SpillDirectory | None
     storage: TableStorage
     score_half_life_steps: int | None = None
-    size: int = 0
+    _size: int = 0
     step: int = 0
     mutations: int = 0
     generation: int = 0
     custom_score: int | None = None
     change_log: ChangeLog | None = None
-    last_stats: BatchStats | None = None
+    _last_stats: BatchStats | None = None
+    _deferred: list = dataclasses.field(default_factory=list)
     lock: RWLock = dataclasses.field(default_factory=RWLock)
     clock: Callable[[], int] = time.monotonic_ns
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
     token: object = dataclasses.field(default_factory=object)
+
+    def defer(self, lookup) -> None:
+        """Records a lookup whose status counts are read later (under ``lock.write()``):
+        ``lookup.inserted()`` and ``lookup.stats()`` give them (growth.py
+        DeferredLookup, DeferredErase: stats None); ``size`` and ``last_stats`` fold them in when read. The lookups
+        already read are folded first, so the list holds at most the recent ones."""
+        self._fold(ready_only=True)
+        self._deferred.append(lookup)
+
+    def _fold(self, ready_only: bool = False) -> None:
+        """Folds the deferred lookups into ``size`` and ``last_stats`` (``ready_only``:
+        those already read, in order, without reading any)."""
+        with _FOLDING:
+            while self._deferred and (self._deferred[0].ready or not ready_only):
+                lookup = self._deferred.pop(0)
+                self._size += lookup.inserted()
+                stats = lookup.stats()
+                self._last_stats = self._last_stats if stats is None else stats
+
+    @property
+    def size(self) -> int:
+        self._fold()
+        return self._size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._fold()
+        self._size = value
+
+    @property
+    def last_stats(self) -> BatchStats | None:
+        self._fold()
+        return self._last_stats
+
+    @last_stats.setter
+    def last_stats(self, stats: BatchStats | None) -> None:
+        self._fold()
+        self._last_stats = stats
 
     @property
     def num_buckets(self) -> int:

@@ -17,6 +17,7 @@ import dataclasses
 import torch
 
 from dynemb import _ops
+from dynemb.host_reads import read_to_host
 
 
 @dataclasses.dataclass
@@ -40,6 +41,65 @@ class TableBatch:
 
 def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
     """Validates a TBE batch; returns B. Raises TypeError / ValueError naming the argument."""
+    return check_batch_layout(indices, offsets, per_sample_weights, num_features)[0]
+
+
+def check_batch_layout(
+    indices, offsets, per_sample_weights, num_features: int, access_counts=None
+) -> tuple[int, list[int]]:
+    """Validates a TBE batch and its optional per-index access counts with one read of
+    device values (the feature boundaries, the bag-length check and the counts' checks
+    packed in one tensor); returns ``(B, bounds)``, ``bounds[f]`` the first index of
+    feature f (``num_features + 1`` entries), as ``split_by_table`` takes them.
+    Raises TypeError / ValueError naming the argument, before anything reads the batch."""
+    _check_batch_meta(indices, offsets, per_sample_weights, num_features)
+    _check_access_counts_meta(access_counts, indices)
+    B = (offsets.numel() - 1) // num_features
+    # offsets[::B] is offsets[f * B] for f = 0 ... T: offsets[0] and offsets[-1] among them.
+    parts = [offsets[::B] if B else offsets[:1]]
+    if offsets.numel() > 1:
+        parts.append((offsets[1:] < offsets[:-1]).any().view(1))
+    counted = access_counts is not None and access_counts.numel() > 0
+    if counted:
+        total = access_counts.sum(dtype=torch.float64)
+        parts += [access_counts.min().view(1), (total >= 2.0**63).view(1)]
+    packed = torch.cat([p.to(device=offsets.device, dtype=torch.int64) for p in parts])
+    host = read_to_host(packed, "batch layout").tolist()
+    # Also for a single entry (no bag): offsets=[5] describes 5 indices that are absent.
+    first, last = host[0], host[num_features if B else 0]
+    if first != 0:
+        raise ValueError(f"offsets must start at 0, got offsets[0]={first}")
+    if last != indices.numel():
+        raise ValueError(f"offsets must end at len(indices)={indices.numel()}, got {last}")
+    if offsets.numel() > 1 and host[num_features + 1 if B else 1]:
+        lengths = offsets[1:] - offsets[:-1]
+        bag, length = read_to_host(_first_below(lengths, 0), "error message").tolist()
+        raise ValueError(f"offsets must not decrease: bag {bag} has length {length}")
+    if counted:
+        low, overflow = host[-2:]
+        if low < 1:
+            at, _ = read_to_host(_first_below(access_counts, 1), "error message").tolist()
+            raise ValueError(
+                f"access_counts must be >= 1 (the accesses each index stands for), got "
+                f"{low} at index {at}"
+            )
+        if overflow:
+            raise ValueError(
+                "access_counts must sum to at most 2**63 - 1 (a key's count is an int64), "
+                f"got a sum of about {read_to_host(total, 'error message').item():.3e}"
+            )
+    bounds = host[: num_features + 1] if B else [0] * (num_features + 1)
+    return B, bounds
+
+
+def _first_below(values: torch.Tensor, floor: int) -> torch.Tensor:
+    """(2,) int64: the position of the first of ``values`` below ``floor``, and its value."""
+    at = torch.nonzero(values < floor)[0, 0]
+    return torch.stack([at, values[at].to(torch.int64)])
+
+
+def _check_batch_meta(indices, offsets, per_sample_weights, num_features: int) -> None:
+    """check_batch's checks of types and shapes (they read no tensor values)."""
     if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"indices must be an int64 (or int32) tensor, got {_describe(indices)}")
     if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int64, torch.int32):
@@ -52,17 +112,6 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
         raise ValueError(
             f"offsets must have B * T + 1 entries with T={num_features} features, got {offsets.numel()}"
         )
-    # Also for a single entry (no bag): offsets=[5] describes 5 indices that are absent.
-    first, last = int(offsets[0]), int(offsets[-1])
-    if first != 0:
-        raise ValueError(f"offsets must start at 0, got offsets[0]={first}")
-    if last != indices.numel():
-        raise ValueError(f"offsets must end at len(indices)={indices.numel()}, got {last}")
-    if offsets.numel() > 1:
-        lengths = offsets[1:] - offsets[:-1]
-        if bool((lengths < 0).any()):
-            bag = int(torch.nonzero(lengths < 0)[0])
-            raise ValueError(f"offsets must not decrease: bag {bag} has length {int(lengths[bag])}")
     if per_sample_weights is not None:
         if (
             not isinstance(per_sample_weights, torch.Tensor)
@@ -75,7 +124,6 @@ def check_batch(indices, offsets, per_sample_weights, num_features: int) -> int:
             raise ValueError(
                 f"per_sample_weights must have shape {tuple(indices.shape)}, got {tuple(per_sample_weights.shape)}"
             )
-    return (offsets.numel() - 1) // num_features
 
 
 def contiguous_batch(*tensors) -> tuple:
@@ -87,8 +135,9 @@ def contiguous_batch(*tensors) -> tuple:
 
 
 def split_by_table(
-    indices, offsets, weights, feature_table_map, num_tables, batch_size, copy_keys=True
-):
+    indices, offsets, weights, feature_table_map, num_tables, batch_size, copy_keys=True,
+    bounds=None,
+):  # fmt: skip
     """Returns one TableBatch per table (None for a table no feature uses).
 
     The batch's keys and weights are copied once (a TableBatch outlives the call, up
@@ -97,12 +146,16 @@ def split_by_table(
     every feature's offsets, so the split costs a few ops whatever the number of tables.
     ``copy_keys=False``: int64 keys are not copied, for a caller that reads them only
     before it returns (a forward: its backward reads the offsets and weights, not them).
+    ``bounds``: ``check_batch_layout``'s (None: read here from ``offsets``).
     """
     indices = indices.to(torch.int64, copy=copy_keys)
     offsets = offsets.to(torch.int64).contiguous()
     weights = None if weights is None else weights.to(torch.float32, copy=True)
     B, num_features = batch_size, len(feature_table_map)
-    bounds = offsets[::B].tolist() if B else [0] * (num_features + 1)
+    if bounds is None:
+        bounds = (
+            read_to_host(offsets[::B], "batch layout").tolist() if B else [0] * (num_features + 1)
+        )
     # Row f: feature f's B + 1 bag boundaries, rebased to start at 0.
     rebased = offsets.new_zeros((num_features, B + 1))
     if B:
@@ -133,14 +186,10 @@ def split_by_table(
     return out
 
 
-def check_access_counts(access_counts, indices: torch.Tensor) -> None:
-    """Validates the optional per-index access counts of a batch (None passes).
-
-    Raises:
-        TypeError: not an int64 (or int32) tensor.
-        ValueError: a shape other than ``indices``', another device, a count below 1,
-            or counts whose sum exceeds 2**63 - 1 (a key's total must fit in int64).
-    """
+def _check_access_counts_meta(access_counts, indices: torch.Tensor) -> None:
+    """The checks of the optional per-index access counts that read no values (None
+    passes): an int64 (or int32) tensor of ``indices``' shape, on its device
+    (``check_batch_layout`` checks the values: each >= 1, their sum < 2**63)."""
     if access_counts is None:
         return
     if not isinstance(access_counts, torch.Tensor) or access_counts.dtype not in (
@@ -160,20 +209,6 @@ def check_access_counts(access_counts, indices: torch.Tensor) -> None:
         raise ValueError(
             f"access_counts are on {access_counts.device}, indices on {indices.device}"
         )
-    if access_counts.numel():
-        low = int(access_counts.min())
-        if low < 1:
-            at = int(torch.nonzero(access_counts < 1)[0])
-            raise ValueError(
-                f"access_counts must be >= 1 (the accesses each index stands for), got "
-                f"{low} at index {at}"
-            )
-        total = float(access_counts.sum(dtype=torch.float64))
-        if total >= 2.0**63:
-            raise ValueError(
-                "access_counts must sum to at most 2**63 - 1 (a key's count is an int64), "
-                f"got a sum of about {total:.3e}"
-            )
 
 
 def count_accesses(distinct: tuple, tb: TableBatch, access_counts: torch.Tensor) -> tuple:

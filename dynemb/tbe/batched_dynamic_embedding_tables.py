@@ -26,8 +26,7 @@ from dynemb.table.protocol import Table
 from dynemb.tbe.backward_pass import BackwardPass
 from dynemb.tbe.batch_layout import (
     TableBatch,
-    check_access_counts,
-    check_batch,
+    check_batch_layout,
     contiguous_batch,
     distinct_keys,
     split_by_table,
@@ -239,8 +238,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             >>> # key 5 once, standing for 3 accesses: LFU counts it as [5, 5, 5]
             >>> tables(torch.tensor([5]), torch.tensor([0, 1]), access_counts=torch.tensor([3]))
         """
-        batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
-        check_access_counts(access_counts, indices)
+        batch_size, bounds = check_batch_layout(
+            indices, offsets, per_sample_weights, len(self.feature_table_map), access_counts
+        )
         if per_sample_weights is not None and self.pooling_mode == DynamicEmbPoolingMode.NONE:
             raise ValueError("per_sample_weights are not supported with pooling_mode NONE")
         for name, t in (("indices", indices), ("offsets", offsets)):
@@ -249,7 +249,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         indices, offsets, per_sample_weights, access_counts = contiguous_batch(
             indices, offsets, per_sample_weights, access_counts
         )
-        lookup = self._lookup
+        lookup = functools.partial(self._lookup, bounds=bounds)
         if access_counts is not None:
             lookup = functools.partial(lookup, access_counts=access_counts.to(torch.int64))
         passes = (lookup, self._apply_gradients)
@@ -275,13 +275,15 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         Args:
             indices, offsets, per_sample_weights: the future batch, as in forward.
         """
-        batch_size = check_batch(indices, offsets, per_sample_weights, len(self.feature_table_map))
+        batch_size, bounds = check_batch_layout(
+            indices, offsets, per_sample_weights, len(self.feature_table_map)
+        )
         indices, offsets, per_sample_weights = contiguous_batch(
             indices, offsets, per_sample_weights
         )
         batches = split_by_table(
             indices, offsets, per_sample_weights, self.feature_table_map, len(self.tables),
-            batch_size,
+            batch_size, bounds=bounds,
         )  # fmt: skip
         cached = [
             tb if table.has_cache and self._inserts(t) else None

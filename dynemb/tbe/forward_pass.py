@@ -54,16 +54,17 @@ class TableForward:
 class ForwardPass:
     """The forward's phases (a part of BatchedDynamicEmbeddingTables)."""
 
-    def _lookup(self, indices, offsets, weights, batch_size, access_counts=None):
+    def _lookup(self, indices, offsets, weights, batch_size, access_counts=None, bounds=None):
         """Forward without autograd: returns (output, (trains, per-table TableForward or
         None)). ``trains``: this forward's module mode, which decides what its backward
-        does. ``access_counts``: (n,) int64 or None, as in ``forward``."""
+        does. ``access_counts``: (n,) int64 or None, as in ``forward``; ``bounds``: the
+        features' first indices (``check_batch_layout``'s; None: read from ``offsets``)."""
         self._start_forward()
         # 1. The keys are read during this forward only (its backward reads the offsets
         # and weights): a copy of them would cost a pass over the batch for nothing.
         batches = split_by_table(
             indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size,
-            copy_keys=False,
+            copy_keys=False, bounds=bounds,
         )  # fmt: skip
         distincts = self._distinct(batches, access_counts)
         holds = self._begin_batches(batches)  # 2.

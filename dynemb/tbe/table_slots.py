@@ -12,8 +12,9 @@ import warnings
 
 import torch
 
+from dynemb import _ops
 from dynemb.table import lookup_undo
-from dynemb.table.growth import find_or_insert_slots_grouped
+from dynemb.table.growth import DeferredLookup, find_or_insert_slots_grouped
 from dynemb.types import DynamicEmbCheckMode
 
 
@@ -39,16 +40,42 @@ class TableSlots:
         if not ts:
             return {}
         tables = [self.tables[t] for t in ts]
+        # IGNORE only counts the keys not stored: that count may come later.
+        ignore = all(
+            self.table_options[t].safe_check_mode == DynamicEmbCheckMode.IGNORE for t in ts
+        )
         results = find_or_insert_slots_grouped(
             tables, [distinct[t][0] for t in ts], [distinct[t][2] for t in ts],
-            [holds[t] for t in ts],
+            [holds[t] for t in ts], defer=ignore,
         )  # fmt: skip
         found = {}
+        self._count_deferred_failures(ready_only=True)
         for t, table, (slots, stats) in zip(ts, tables, results, strict=True):
-            if stats.failed:
+            if isinstance(stats, DeferredLookup):
+                self._deferred_failures.append((t, stats))
+            elif stats.failed:
                 self._report_failed(t, stats, undoable=False, stacklevel=3)
             found[t] = (slots, table.mutations)
         return found
+
+    @property
+    def safe_check_failures(self) -> list[int]:
+        """Keys not stored by training lookups, per table, cumulative."""
+        self._count_deferred_failures()
+        return self._safe_check_failures
+
+    def _count_deferred_failures(self, ready_only: bool = False) -> None:
+        """Adds the failures of deferred lookups (``ready_only``: of those already read,
+        in order, reading none) to ``safe_check_failures``."""
+        pending = self._deferred_failures
+        while pending and (pending[0][1].ready or not ready_only):
+            t, lookup = pending.pop(0)
+            self._safe_check_failures[t] += lookup.counts()[_ops.Status.FAILED]
+
+    @safe_check_failures.setter
+    def safe_check_failures(self, counts: list[int]) -> None:
+        self._safe_check_failures = counts
+        self._deferred_failures: list = []  # (table, DeferredLookup) not counted yet
 
     def _groups_lookup(self, t: int) -> bool:
         """Whether table t's training lookup of this forward joins the grouped call: a

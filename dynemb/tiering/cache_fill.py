@@ -9,6 +9,7 @@ over), how staged rows go home, and the score rule of the rows it holds.
 import torch
 
 from dynemb import _ops
+from dynemb.host_reads import read_to_host
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage_results import checked_find, checked_insert
@@ -44,7 +45,7 @@ class CacheFill:
         """
         claimed = joined = None  # positions of the keys claimed (None: all)
         busy = self._staging.busy(keys)
-        if busy is not None and bool(busy.any()):
+        if busy is not None and read_to_host(busy.any(), "staged keys").item():
             claimed = torch.nonzero(~busy, as_tuple=True)[0]
             joined = torch.nonzero(busy, as_tuple=True)[0]
         claim_keys = keys if claimed is None else keys[claimed].contiguous()
@@ -144,7 +145,7 @@ class CacheFill:
                 self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
-        self.stats.fetched += int(victims[3].sum())
+        self.stats.fetched += read_to_host(victims[3].sum(), "fetched count").item()
         self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
@@ -184,7 +185,7 @@ class CacheFill:
         with self._storage_lock:
             dropped = checked_insert(self.storage, keys, rows, scores, self.name)
         self.stats.written_back += keys.numel()
-        self.stats.storage_drops += int(dropped.numel())
+        self.stats.storage_drops += dropped.numel()
 
     def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
         """Scores after a training lookup under the table's strategy, by the core's

@@ -53,6 +53,7 @@ import time
 import torch
 
 from dynemb import _ops
+from dynemb.host_reads import read_to_host
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage
 from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
@@ -300,7 +301,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
             return slots, BatchStats(hits, keys.numel() - staged - hits, 0, 0, keys[:0])
         self.end_batch(batch)
         failed = slots < 0
-        n_failed = int(failed.sum())
+        n_failed = read_to_host(failed.sum(), "failed count").item()
         stats = BatchStats(hits, keys.numel() - n_failed - hits, 0, n_failed, keys[failed])
         self.cache.last_stats = stats
         return slots, stats
@@ -320,7 +321,9 @@ class CachedTable(CacheFill, CacheReads, Cache):
                 slots, hits, _, _ = self._fill(keys, b, stage=False)
                 self.stats.prefetch_keys += keys.numel()
                 self.stats.prefetch_hits += hits
-                if bool((slots >= 0).all()):  # the batch's lookup may reuse the slots
+                if read_to_host(
+                    (slots >= 0).all(), "all cached"
+                ).item():  # the batch's lookup may reuse the slots
                     self._prefetched[b] = (keys, slots, self._moves)
         return b
 
@@ -391,7 +394,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         with self._storage_lock:
             _, _, found = self._storage_find(keys)
             self.storage.erase(keys[found])
-        return int((in_cache | staged | found).sum())
+        return read_to_host((in_cache | staged | found).sum(), "stored count").item()
 
 
 __all__ = ["CacheStats", "CachedTable"]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from dynemb.host_reads import read_to_host
 from dynemb.table.table_storage import TableLayout, TableStorage
 
 _BUCKET = 16  # slots per bucket of the private storages (their hash buffers go unused)
@@ -133,7 +134,9 @@ class StagingArea:
         with self._lock:
             if joined is not None and joined.numel():
                 at = self._find(keys[joined])
-                if bool((at < 0).any()):  # the caller holds the cache's lock: cannot happen
+                if read_to_host(
+                    (at < 0).any(), "staged keys"
+                ).item():  # the caller holds the cache's lock: cannot happen
                     raise RuntimeError("dynemb: a staged key left the staging area mid-lookup")
                 self._scores[at] = rescore(self._scores[at])
                 unique_slots[joined] = at

@@ -41,12 +41,13 @@ def _step(seen, i):
 
 def test_each_emulated_op_adds_its_launches_blocks_and_threads():
     seen = _counters("cuda-emulated")
-    assert seen[0] == {"launches": 0, "memsets": 0, "blocks": 0, "threads": 0}
+    assert seen[0] == {"launches": 0, "memsets": 0, "blocks": 0, "threads": 0, "host_reads": 0}
     first, second = _step(seen, 1), _step(seen, 2)
     assert first["launches"] >= 1
     assert first["threads"] >= first["blocks"] >= first["launches"]
     assert second == first, "the same op on the same sizes launches the same grids"
     assert all(_step(seen, i)[k] >= 0 for i in range(3) for k in seen[0])
+    assert first["host_reads"] == 0, "hashing keys reads nothing back"
 
 
 def test_the_cpu_executor_adds_nothing():
