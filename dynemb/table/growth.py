@@ -2,7 +2,7 @@
 keys that failed, while the table is below its capacity. Functions over the
 table's TableState (table_state.py): ``storage``, ``layout``, ``lock``, ``strategy``,
 ``step``, ``size``, ``mutations``, ``generation``, ``max_buckets``, ``spill``,
-``init``, ``clock``, ``change_log``, ``pins``, ``last_stats``.
+``init``, ``clock``, ``change_log``, ``pins``, ``last_stats``, ``telemetry``.
 
 Pins (csrc/core/table_ops.h, "Pins"; pin_ledger.py): every upsert runs as a batch in
 flight, under the caller's ``PinHold`` (a training forward, held until its
@@ -74,6 +74,7 @@ def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, Pin
     value = _ops.batch_value(state.strategy, state.step, state.clock)
     if hold is None and pins:
         hold = hold_pins(state)
+    state.telemetry.before_upsert(value, hold is not None)
     return state.generation, value, hold
 
 
@@ -106,6 +107,7 @@ def end_upsert(
     failed_keys = keys[status == _ops.Status.FAILED] if failed else keys.new_empty(0)
     stats = BatchStats(*counts, failed_keys=failed_keys)
     state.last_stats = stats
+    state.telemetry.after_upsert(status, keys, counts)
     return status, stats
 
 

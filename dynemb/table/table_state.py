@@ -24,6 +24,7 @@ from dynemb.table.pin_ledger import PinLedger
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
+from dynemb.table.telemetry import TableTelemetry
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,6 +51,7 @@ class TableState:
         clock: the TIMESTAMP strategy's clock (tests replace it).
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
         token: the table's identity in its snapshots (only it rolls back to them).
+        telemetry: what its batch upserts did (telemetry.py; counted under the lock).
     """
 
     dim: int
@@ -72,6 +74,10 @@ class TableState:
     clock: Callable[[], int] = time.monotonic_ns
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
     token: object = dataclasses.field(default_factory=object)
+    telemetry: TableTelemetry = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.telemetry = TableTelemetry(self)
 
     @property
     def num_buckets(self) -> int:
