@@ -31,8 +31,8 @@ def test_stats_prints_each_ranks_tables_after_each_epoch():
     first = [_tables(b.split("\nepoch")[0].split("\ndone")[0]) for b in blocks[:2]]
     for rows in first:
         assert list(rows) == TABLES
-        for steps, hits, inserted, evicted, failed in rows.values():
-            assert steps == 4 and inserted > 0  # 2048 rows / (2 ranks x 256 samples)
+        for steps, hits, inserted, *_ in rows.values():  # 2048 rows / (2 ranks x 256 samples)
+            assert steps == 4 and hits > 0 and inserted > 0
     assert sum(rows["t_f0"][3] for rows in first) > 0  # the small tables evict (and fail keys)
     t_f0 = [line for line in blocks[0].splitlines() if line.startswith("t_f0")][0]
     assert "seconds" in t_f0  # the evicted keys' age (TIMESTAMP scores), sampled every step
