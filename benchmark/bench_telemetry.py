@@ -1,0 +1,102 @@
+"""The cost of table telemetry on W-train: training steps with it on against the same
+steps with it off, in one process (benchmark/README.md, W-train).
+
+Usage::
+
+    python benchmark/bench_telemetry.py [--quick] [--capacity-ratios 2,0.25] [--steps N]
+                                        [--repeats N] [--threads N] [--optimizer NAME]
+
+One ``BatchedDynamicEmbeddingTables`` of W-train's 8 tables (bench_train.py's
+``build_dynemb``: capacity ``ratio x`` the distinct keys of the run; at 0.25x every
+step evicts) trains on W-train's Zipf batches, cycled. The runs alternate between
+three settings of every table's ``TableTelemetry``, in an order that rotates each
+repeat, so that a neighbour's burst of load hits each about equally:
+
+- ``off``: ``enabled=False`` (the peer: nothing counted);
+- ``on``: the defaults (every step counted, evictions sampled every 100 steps);
+- ``on,sample_every=1``: every step's evictions sampled (the worst case).
+
+A run is ``--steps`` steps after one warm-up step; its figure is samples/s over the
+run's whole wall time (a mean, not a median of steps: a sampled step's cost counts).
+Reported per capacity and setting: the median run, every run (``runs``), and beside
+the ``on`` settings the ``off`` runs as the peer (ratio < 1: telemetry costs).
+
+Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
+"""
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+
+from bench_train import OPTIMIZERS, build_dynemb
+from common import Recorder, commit_hash, set_threads, synchronize
+from host import record_host
+from train_workloads import QUICK, Config, fixed_offsets
+
+WORKLOAD = "W-train"
+SETTINGS = {
+    "off": {"enabled": False},
+    "on": {"enabled": True, "sample_every": 100},
+    "on,sample_every=1": {"enabled": True, "sample_every": 1},
+}
+
+
+def run_settings(config: Config, repeats: int, steps: int) -> dict[str, list[float]]:
+    """samples/s of each setting's runs, in the order they ran."""
+    module, keys, _ = build_dynemb(config)
+    offsets = fixed_offsets(config)
+    batches = itertools.cycle(keys)
+    tables = list(module.telemetry().values())
+    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    names = list(SETTINGS)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated order
+            for telemetry in tables:
+                telemetry.configure(**SETTINGS[name])
+            module(next(batches), offsets).sum().backward()  # warm-up
+            synchronize(None)
+            start = time.perf_counter()
+            for _ in range(steps):
+                module(next(batches), offsets).sum().backward()
+            synchronize(None)
+            runs[name].append(config.batch * steps / (time.perf_counter() - start))
+            print(f"  {config.capacity_ratio:g}x {name}: {runs[name][-1]:.0f} samples/s",
+                  file=sys.stderr)  # fmt: skip
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--capacity-ratios", default="2,0.25", help="comma-separated")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per setting")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="EXACT_ROWWISE_ADAGRAD")
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    rec = Recorder(commit_hash())
+    record_host(rec, quick=args.quick)
+    # The batches drawn (cycled by the runs): W-train's first 30, or --quick's 4.
+    sizes = dict(QUICK, warmup=0, steps=4) if args.quick else {"warmup": 0, "steps": 30}
+    repeats, steps = (2, 2) if args.quick else (args.repeats, args.steps)
+    for ratio in (float(r) for r in args.capacity_ratios.split(",")):
+        config = Config(optimizer=args.optimizer, capacity_ratio=ratio, threads=args.threads,
+                        **sizes)  # fmt: skip
+        runs = run_settings(config, repeats, steps)
+        off = runs["off"]
+        suffix = "" if ratio == 2.0 else f",capacity={ratio:g}x"
+        for name, values in runs.items():
+            peer = None if name == "off" else "telemetry=off"
+            rec.add(WORKLOAD, f"dynemb,telemetry={name}", f"samples_per_s{suffix}",
+                    statistics.median(values), threads=args.threads, peer=peer,
+                    peer_value=None if peer is None else statistics.median(off),
+                    runs=values, peer_runs=None if peer is None else off)  # fmt: skip
+    print(file=sys.stderr)
+    rec.print_table()
+
+
+if __name__ == "__main__":
+    main()
