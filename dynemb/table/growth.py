@@ -107,7 +107,7 @@ def end_upsert(
     failed_keys = keys[status == _ops.Status.FAILED] if failed else keys.new_empty(0)
     stats = BatchStats(*counts, failed_keys=failed_keys)
     state.last_stats = stats
-    state.telemetry.after_upsert(status, keys, counts)
+    state.telemetry.after_upsert(status, keys, counts, slots)
     return status, stats
 
 

@@ -44,7 +44,9 @@ _AGE_SOURCE = {
     DynamicEmbScoreStrategy.STEP.value: "score",
     **{code: "timestamps" for code in TIMESTAMP_CODES},
 }
-RANK_REFERENCE_SLOTS = 1 << 16  # stored scores an eviction's rank is measured against
+# Stored scores an eviction's rank is measured against (a stride through the slots): a
+# rank p is then estimated within about sqrt(p (1 - p) / 4096), 0.0016 at p = 0.01.
+RANK_REFERENCE_SLOTS = 1 << 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,9 +219,11 @@ class TableTelemetry:
             st.generation, batch_value, pinned, scores, last, reference, occupied.sum()
         )
 
-    def after_upsert(self, status: torch.Tensor, keys: torch.Tensor, counts: list) -> None:
+    def after_upsert(self, status: torch.Tensor, keys: torch.Tensor, counts: list,
+                     slots: torch.Tensor | None = None) -> None:  # fmt: skip
         """The op (and any growth) is done: counts the step and, on a sampled step,
-        records its evicted residents. ``counts``: hits, inserted, evicted, failed."""
+        records its evicted residents. ``counts``: hits, inserted, evicted, failed;
+        ``slots``: the keys' slots when the op gave them (else they are probed)."""
         if not self.enabled:
             return
         st = self._state
@@ -236,11 +240,14 @@ class TableTelemetry:
             return
         self.sampled_steps += 1
         if evicted:
-            self._record(sample, status, keys, evicted)
+            self._record(sample, status, keys, evicted, slots)
 
-    def _record(self, sample: _Sample, status, keys, evicted: int) -> None:
+    def _record(self, sample: _Sample, status, keys, evicted: int, slots) -> None:
         at = torch.nonzero_static(status == _ops.Status.EVICTED, size=evicted).view(-1)
-        slots = _ops.table_find_slots(self._state.storage.tensors(), keys[at].contiguous())
+        if slots is not None and slots.numel() == keys.numel():
+            slots = slots[at]  # where each successor is: the evicted resident's slot
+        else:
+            slots = _ops.table_find_slots(self._state.storage.tensors(), keys[at].contiguous())
         if not sample.pinned:  # a restore: a later key of the batch may have evicted it
             slots = slots[slots >= 0]
         scores = sample.scores[slots]
