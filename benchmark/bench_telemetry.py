@@ -16,10 +16,13 @@ repeat, so that a neighbour's burst of load hits each about equally:
 - ``on``: the defaults (every step counted, evictions sampled every 100 steps);
 - ``on,sample_every=1``: every step's evictions sampled (the worst case).
 
-A run is ``--steps`` steps after one warm-up step; its figure is samples/s over the
-run's whole wall time (a mean, not a median of steps: a sampled step's cost counts).
-Reported per capacity and setting: the median run, every run (``runs``), and beside
-the ``on`` settings the ``off`` runs as the peer (ratio < 1: telemetry costs).
+A run is ``--steps`` steps after one warm-up step; its figures are samples/s over the
+run's whole wall time (a mean, not a median of steps: a sampled step's cost counts),
+``samples_per_s``, and over the CPU time the process spent in it, ``samples_per_cpu_s``
+(one thread: what the step cost, hardly changed by neighbours that take the core
+away, which wall time is not on a shared 2-core machine). Reported per capacity and
+setting: the median run, every run (``runs``), and beside the ``on`` settings the
+``off`` runs as the peer (ratio < 1: telemetry costs).
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -43,13 +46,14 @@ SETTINGS = {
 }
 
 
-def run_settings(config: Config, repeats: int, steps: int) -> dict[str, list[float]]:
-    """samples/s of each setting's runs, in the order they ran."""
+def run_settings(config: Config, repeats: int, steps: int) -> dict[tuple[str, str], list]:
+    """``(metric, setting) -> samples/s`` of each run, in the order they ran (metrics:
+    per wall second, per CPU second)."""
     module, keys, _ = build_dynemb(config)
     offsets = fixed_offsets(config)
     batches = itertools.cycle(keys)
     tables = list(module.telemetry().values())
-    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    runs: dict[tuple[str, str], list[float]] = {}
     names = list(SETTINGS)
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated order
@@ -57,13 +61,16 @@ def run_settings(config: Config, repeats: int, steps: int) -> dict[str, list[flo
                 telemetry.configure(**SETTINGS[name])
             module(next(batches), offsets).sum().backward()  # warm-up
             synchronize(None)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 module(next(batches), offsets).sum().backward()
             synchronize(None)
-            runs[name].append(config.batch * steps / (time.perf_counter() - start))
-            print(f"  {config.capacity_ratio:g}x {name}: {runs[name][-1]:.0f} samples/s",
-                  file=sys.stderr)  # fmt: skip
+            wall = config.batch * steps / (time.perf_counter() - start)
+            per_cpu = config.batch * steps / (time.process_time() - cpu)
+            runs.setdefault(("samples_per_s", name), []).append(wall)
+            runs.setdefault(("samples_per_cpu_s", name), []).append(per_cpu)
+            print(f"  {config.capacity_ratio:g}x {name}: {wall:.0f} samples/s, "
+                  f"{per_cpu:.0f} per CPU s", file=sys.stderr)  # fmt: skip
     return runs
 
 
@@ -86,11 +93,11 @@ def main(argv: list[str] | None = None) -> None:
         config = Config(optimizer=args.optimizer, capacity_ratio=ratio, threads=args.threads,
                         **sizes)  # fmt: skip
         runs = run_settings(config, repeats, steps)
-        off = runs["off"]
         suffix = "" if ratio == 2.0 else f",capacity={ratio:g}x"
-        for name, values in runs.items():
+        for (metric, name), values in runs.items():
+            off = runs[(metric, "off")]
             peer = None if name == "off" else "telemetry=off"
-            rec.add(WORKLOAD, f"dynemb,telemetry={name}", f"samples_per_s{suffix}",
+            rec.add(WORKLOAD, f"dynemb,telemetry={name}", f"{metric}{suffix}",
                     statistics.median(values), threads=args.threads, peer=peer,
                     peer_value=None if peer is None else statistics.median(off),
                     runs=values, peer_runs=None if peer is None else off)  # fmt: skip
