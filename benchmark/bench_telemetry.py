@@ -24,15 +24,22 @@ away, which wall time is not on a shared 2-core machine). Reported per capacity 
 setting: the median run, every run (``runs``), and beside the ``on`` settings the
 ``off`` runs as the peer (ratio < 1: telemetry costs).
 
+Before the runs, the cost of the counting itself: ``TableTelemetry``'s two hooks of a
+batch upsert (``before_upsert``, ``after_upsert``) on a step that is not sampled, timed
+alone (``telemetry_hooks_us_per_table_step``, the median of 5 batches of 10,000 calls on
+a W-train table's status tensor); a step calls them once per table.
+
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import sys
 import time
 
+import torch
 from bench_train import OPTIMIZERS, build_dynemb
 from common import Recorder, commit_hash, set_threads, synchronize
 from host import record_host
@@ -74,6 +81,28 @@ def run_settings(config: Config, repeats: int, steps: int) -> dict[tuple[str, st
     return runs
 
 
+def hook_microseconds(config: Config, calls: int = 10_000) -> float:
+    """Median over 5 batches of the microseconds of one unsampled step's two hooks."""
+    module, keys, _ = build_dynemb(dataclasses.replace(config, steps=1))
+    offsets = fixed_offsets(config)
+    module(keys[0], offsets).sum().backward()  # a real lookup: the table holds its keys
+    table = module.tables[0]
+    telemetry = table.telemetry
+    telemetry.configure(sample_every=0)
+    distinct = torch.unique(keys[0][: config.batch * config.pooling_factor])
+    slots = table.find_slots(distinct)
+    status = torch.zeros_like(distinct, dtype=torch.int8)
+    counts = [distinct.numel(), 0, 0, 0]
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            telemetry.before_upsert(1)
+            telemetry.after_upsert(status, distinct, counts, slots)
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
@@ -89,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     # The batches drawn (cycled by the runs): W-train's first 30, or --quick's 4.
     sizes = dict(QUICK, warmup=0, steps=4) if args.quick else {"warmup": 0, "steps": 30}
     repeats, steps = (2, 2) if args.quick else (args.repeats, args.steps)
+    hooks = hook_microseconds(Config(optimizer=args.optimizer, threads=args.threads, **sizes))
+    rec.add(WORKLOAD, "dynemb,telemetry=on", "telemetry_hooks_us_per_table_step", hooks,
+            threads=args.threads)  # fmt: skip
     for ratio in (float(r) for r in args.capacity_ratios.split(",")):
         config = Config(optimizer=args.optimizer, capacity_ratio=ratio, threads=args.threads,
                         **sizes)  # fmt: skip

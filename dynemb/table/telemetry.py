@@ -179,8 +179,11 @@ class TableTelemetry:
         """Ages, scores and ranks of the evicted residents of the sampled steps (on
         demand: reads the samples back once). See telemetry_reports.EvictionSummary."""
 
+        with self._state.lock.read():  # the training thread appends samples under write()
+            samples = list(self._evictions)
+
         def joined(i: int, dtype: torch.dtype) -> torch.Tensor:
-            parts = [p[i] for p in self._evictions]
+            parts = [p[i] for p in samples]
             return torch.cat(parts).cpu() if parts else torch.empty(0, dtype=dtype)
 
         scores, ranks, unit = joined(0, torch.int64), joined(2, torch.float64), self.age_unit
