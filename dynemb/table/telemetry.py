@@ -259,7 +259,7 @@ class TableTelemetry:
             ages = sample.batch_value - sample.last_access[slots]
         ranks = eviction_ranks(scores, sample.reference, sample.stored)
         self._evictions.append((scores, ages, ranks))
-        self._kept += evicted
+        self._kept += scores.numel()
         while self._kept - self._evictions[0][0].numel() >= self.max_samples:
             self._kept -= self._evictions.pop(0)[0].numel()
 
