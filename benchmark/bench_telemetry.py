@@ -9,12 +9,14 @@ Usage::
 One ``BatchedDynamicEmbeddingTables`` of W-train's 8 tables (bench_train.py's
 ``build_dynemb``: capacity ``ratio x`` the distinct keys of the run; at 0.25x every
 step evicts) trains on W-train's Zipf batches, cycled. The runs alternate between
-three settings of every table's ``TableTelemetry``, in an order that rotates each
+four settings of every table's ``TableTelemetry``, in an order that rotates each
 repeat, so that a neighbour's burst of load hits each about equally:
 
 - ``off``: ``enabled=False`` (the peer: nothing counted);
 - ``on``: the defaults (every step counted, evictions sampled every 100 steps);
 - ``on,sample_every=1``: every step's evictions sampled (the worst case).
+- ``off,control``: off again, a run of its own: its ratio to ``off`` is what the
+  method reads where nothing differs (an A/A comparison).
 
 A run is ``--steps`` steps after one warm-up step; its figures are samples/s over the
 run's whole wall time (a mean, not a median of steps: a sampled step's cost counts),
@@ -48,6 +50,7 @@ from train_workloads import QUICK, Config, fixed_offsets
 WORKLOAD = "W-train"
 SETTINGS = {
     "off": {"enabled": False},
+    "off,control": {"enabled": False},  # off again: the method's own scatter (A/A)
     "on": {"enabled": True, "sample_every": 100},
     "on,sample_every=1": {"enabled": True, "sample_every": 1},
 }
