@@ -9,6 +9,7 @@ Usage::
     torchrun --nproc_per_node=2 example.py --train --dump            # then, at any world size:
     python example.py --load --eval                                  # the same held-out AUC
     torchrun --nproc_per_node=2 example.py --train --eval --publish_every 100  # base + deltas
+    torchrun --nproc_per_node=2 example.py --train --stats           # tables' telemetry
     python examples/serve.py                                         # served: the same AUC
 
 The model (``dynemb.models.SequenceDLRM``): a dense MLP, an EmbeddingBagCollection
@@ -45,6 +46,7 @@ from dynemb.example.data import dynamic_features, id_views, make_dataset, no_cpu
 from dynemb.example.loops import dump_checkpoint, evaluate_logits, load_checkpoint, train_epoch
 from dynemb.example.model import build_model, dense_optimizer
 from dynemb.example.publishing import ExamplePublisher
+from dynemb.example.stats import print_stats, sample_every_step
 
 __all__ = ["main", "parse_args", "publish_refusal"]
 
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             "--static --optimizer ADAM: fbgemm's CPU TBE has no Adam (dynemb's tables do)",
             file=sys.stderr,
         )
+        return 2
+    if args.stats and args.static:
+        print("--stats reports dynamic tables: --static has none", file=sys.stderr)
         return 2
     if (args.prefetch or args.caching) and args.static:
         print("--caching / --prefetch are options of dynamic tables, not --static", file=sys.stderr)
@@ -104,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.load:
             load_checkpoint(model, args)
+        if args.stats:
+            sample_every_step(model)
         publisher = None
         if args.publish_every:
             dynamic = {f"t_{f}" for f in dynamic_features(args)}
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 line += ", " + held_out(epoch)
             if lead:
                 print(line, flush=True)
+            if args.stats:
+                print_stats(model, f"epoch {epoch}/{args.epochs}", lead)
         if args.eval and not args.train:
             line = held_out(0)
             if lead:

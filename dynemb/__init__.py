@@ -24,7 +24,9 @@ from dynemb.planner.capacity import (
 )
 from dynemb.table.score_strategies import decayed_count
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.table.telemetry import TableTelemetry
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+from dynemb.telemetry import DynamicEmbTelemetry, table_telemetry
 from dynemb.tiering import Storage
 from dynemb.types import (
     DynamicEmbCheckMode,
@@ -60,6 +62,7 @@ __all__ = [
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
+    "DynamicEmbTelemetry",
     "EmbOptimType",
     "FrequencyAdmissionStrategy",
     "KVCounter",
@@ -68,6 +71,7 @@ __all__ = [
     "ScoreStrategy",
     "ScoredHashTable",
     "Storage",
+    "TableTelemetry",
     "executor",
     "align_to_table_size",
     "data_type_to_dtype",
@@ -77,5 +81,6 @@ __all__ = [
     "get_sharded_table_capacity",
     "get_table_value_bytes",
     "string_to_evict_strategy",
+    "table_telemetry",
     "torch_to_dyn_emb",
 ]

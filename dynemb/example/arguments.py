@@ -52,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --eval: torch.save the held-out logits of each evaluation to this file "
         "(a list of {epoch, version, auc, logits}; logits in batch order, ranks after each other)",
     )
+    run.add_argument(
+        "--stats",
+        action="store_true",
+        help="after each epoch, print every rank's dynamic tables' telemetry (dynemb.telemetry: "
+        "hits, inserts, evictions, failures, load factor, bucket fill, and the ages and ranks "
+        "of the keys evicted, sampled at every step)",
+    )
     model = parser.add_argument_group("tables and training")
     model.add_argument("--static", action="store_true", help="all tables ordinary TorchRec")
     model.add_argument(

@@ -2,7 +2,7 @@
 keys that failed, while the table is below its capacity. Functions over the
 table's TableState (table_state.py): ``storage``, ``layout``, ``lock``, ``strategy``,
 ``step``, ``size``, ``mutations``, ``generation``, ``max_buckets``, ``spill``,
-``init``, ``clock``, ``change_log``, ``pins``, ``last_stats``.
+``init``, ``clock``, ``change_log``, ``pins``, ``last_stats``, ``telemetry``.
 
 Pins (csrc/core/table_ops.h, "Pins"; pin_ledger.py): every upsert runs as a batch in
 flight, under the caller's ``PinHold`` (a training forward, held until its
@@ -75,6 +75,7 @@ def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, Pin
     value = _ops.batch_value(state.strategy, state.step, state.clock)
     if hold is None and pins:
         hold = hold_pins(state)
+    state.telemetry.before_upsert(value, hold is not None)
     return state.generation, value, hold
 
 
@@ -107,6 +108,7 @@ def end_upsert(
     failed_keys = keys[status == _ops.Status.FAILED] if failed else keys.new_empty(0)
     stats = BatchStats(*counts, failed_keys=failed_keys)
     state.last_stats = stats
+    state.telemetry.after_upsert(status, keys, counts, slots)
     return status, stats
 
 
@@ -181,8 +183,11 @@ class DeferredLookup:
     could not grow its table needs them only for bookkeeping (``size``,
     ``last_stats``, the failures the module counts)."""
 
-    def __init__(self, read: DeferredRead, row: int, keys: torch.Tensor, status: torch.Tensor):
+    def __init__(
+        self, read: DeferredRead, row: int, keys: torch.Tensor, status: torch.Tensor, step: int
+    ):
         self._read, self._row, self._keys, self._status = read, row, keys, status
+        self.step = step  # the table's step of the lookup (its telemetry counts it there)
 
     @property
     def ready(self) -> bool:
@@ -256,11 +261,12 @@ def find_or_insert_slots_grouped(
             [policy(state, value, pin) for state, (_, value, pin) in zip(states, begun)],
             [list(state.init) for state in states], keys, accesses,
         )  # fmt: skip
-        if defer:
+        # A sampled step of a table's telemetry records its evictions now.
+        if defer and not any(state.telemetry.sampling for state in states):
             read = DeferredRead(counts, "status counts")
             results = []
             for t, state in enumerate(states):
-                lookup = DeferredLookup(read, t, keys[t], status[t])
+                lookup = DeferredLookup(read, t, keys[t], status[t], state.step)
                 state.defer(lookup)
                 results.append((slots[t], lookup))
             return results

@@ -14,6 +14,7 @@ from dynemb.table.lookup_undo import LookupRecord
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
+from dynemb.table.telemetry import TableTelemetry
 from dynemb.types import DynamicEmbScoreStrategy
 
 
@@ -83,6 +84,13 @@ class MemoryBatches:
     def cache_stats(self) -> None:
         """A cache's CacheStats; None for a table without one."""
         return None
+
+    @property
+    def telemetry(self) -> TableTelemetry:
+        """What this table's batch upserts did (dynemb.table.telemetry); the lookups
+        whose status counts were deferred are counted first (one read of the device)."""
+        self._state.settle()
+        return self._state.telemetry
 
     # ------------------------------------------------- lookups of one forward
 

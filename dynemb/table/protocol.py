@@ -28,6 +28,7 @@ from dynemb.table.lookup_undo import LookupRecord
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.table.table_storage import TableStorage
+from dynemb.table.telemetry import TableTelemetry
 
 
 @runtime_checkable
@@ -154,6 +155,12 @@ class Table(Protocol):
     @property
     def cache_stats(self) -> Any:
         """A cache's dynemb.tiering.CacheStats, or None."""
+        ...
+
+    @property
+    def telemetry(self) -> TableTelemetry:
+        """Counts of the table's batch upserts, its evictions and bucket fill (a
+        cache: those of its cache, whose evictions move rows to the slow tier)."""
         ...
 
     # ---------------------------------------------------------------- checkpoints

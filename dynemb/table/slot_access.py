@@ -157,6 +157,7 @@ class SlotAccess:
         )  # fmt: skip
         counts = read_to_host(counts, "status counts").tolist()
         self._state.size += counts[_ops.Status.INSERTED]
+        self._state.telemetry.after_upsert(status, keys, counts)  # counted, never sampled
         return slots, status, counts
 
     def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

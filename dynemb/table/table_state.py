@@ -25,6 +25,7 @@ from dynemb.table.pin_ledger import PinLedger
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
+from dynemb.table.telemetry import TableTelemetry
 
 _FOLDING = threading.Lock()  # folds of deferred lookups (rare, short): one for all tables
 
@@ -55,6 +56,7 @@ class TableState:
         clock: the TIMESTAMP strategy's clock (tests replace it).
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
         token: the table's identity in its snapshots (only it rolls back to them).
+        telemetry: what its batch upserts did (telemetry.py; counted under the lock).
     """
 
     dim: int
@@ -78,6 +80,10 @@ class TableState:
     clock: Callable[[], int] = time.monotonic_ns
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
     token: object = dataclasses.field(default_factory=object)
+    telemetry: TableTelemetry = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.telemetry = TableTelemetry(self)
 
     def defer(self, lookup) -> None:
         """Records a lookup whose status counts are read later (under ``lock.write()``):
@@ -95,7 +101,14 @@ class TableState:
                 lookup = self._deferred.pop(0)
                 self._size += lookup.inserted()
                 stats = lookup.stats()
-                self._last_stats = self._last_stats if stats is None else stats
+                if stats is not None:
+                    self._last_stats = stats
+                    self.telemetry.count(lookup.counts(), lookup.step, self._size)
+
+    def settle(self) -> None:
+        """Folds every deferred lookup in now (reading their counts if not yet read):
+        ``size``, ``last_stats`` and the telemetry are then up to date."""
+        self._fold()
 
     @property
     def size(self) -> int:

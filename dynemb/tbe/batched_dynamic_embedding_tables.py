@@ -23,6 +23,7 @@ from dynemb.dynamicemb_config import (
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
+from dynemb.table.telemetry import TableTelemetry
 from dynemb.tbe.backward_pass import BackwardPass
 from dynemb.tbe.batch_layout import (
     TableBatch,
@@ -306,6 +307,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
     def cache_stats(self) -> list:
         """Per table: its dynemb.tiering.CacheStats (caching mode), else None."""
         return [t.cache_stats for t in self.tables]
+
+    def telemetry(self) -> dict[str, TableTelemetry]:
+        """Per table name: its TableTelemetry (dynemb.table.telemetry; a cached table's
+        is its cache's). The dynemb.telemetry module gathers them over a model."""
+        return {name: t.telemetry for name, t in zip(self.table_names, self.tables)}
 
     # -------------------------------------------------------------- internals
 

@@ -1,5 +1,6 @@
 """What a cached table's lookups read besides its cache slots: eval rows from both
-tiers, and a training batch's rows held in the staging area (staging.py). The
+tiers, and a training batch's rows held in the staging area (staging.py); and its
+cache's telemetry. The
 ``dynemb.table.Table`` members ``eval_rows``, ``batch_rows`` and ``staged_rows`` are the
 cache's versions of a table in memory's trivial ones (dynemb/table/memory_batches.py).
 
@@ -11,12 +12,19 @@ import torch
 
 from dynemb import _ops
 from dynemb.table.table_storage import TableStorage
+from dynemb.table.telemetry import TableTelemetry
 from dynemb.tiering.batch_ledger import BatchHold
 from dynemb.tiering.staging import private_table
 
 
 class CacheReads:
     """Eval reads and a batch's staged rows (a mixin of CachedTable)."""
+
+    @property
+    def telemetry(self) -> TableTelemetry:
+        """The cache's TableTelemetry: every claim of its slots (training lookups and
+        prefetches); its evictions move rows to the slow tier (lost rows: ``cache_stats``)."""
+        return self.cache.telemetry
 
     def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
