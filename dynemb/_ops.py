@@ -173,7 +173,7 @@ def table_find_or_insert(
     its pin is ``< pin_floor`` (a key of a batch in flight is never evicted; every key
     the batch finds or stores gets pin ``pin``), stored keys are touched before new
     ones are placed (evicting strategies),
-    ``init = [mode, a, b, lower, upper, extra_value]``,
+    ``init = [mode, a, b, lower, upper, extra_value, column_offset]``,
     ``evicted = []`` or ``[keys (n,), rows (n, row_width), scores (n,)]`` filled at the
     positions whose status is EVICTED.
     """

@@ -284,6 +284,10 @@ class DynamicEmbTableOptions:
             memory-mapped files under ``<spill_directory>/<table>.rank<r>``.
         score_half_life_steps: (dynemb) DECAYED_LFU's half-life: the training steps
             after which an access weighs half. Required by DECAYED_LFU, refused otherwise.
+        column_offset: (dynemb) the table holds columns ``[column_offset,
+            column_offset + dim)`` of a wider table's rows, and its new rows are those
+            columns of the rows the whole table would start with. The column-wise
+            sharding sets it on each slice; 0 otherwise.
 
     Raises:
         ValueError: an unknown ``dist_type``; ``score_half_life_steps`` missing, out of
@@ -327,6 +331,7 @@ class DynamicEmbTableOptions:
     seed: int = 0
     spill_directory: str | None = None
     score_half_life_steps: int | None = None
+    column_offset: int = 0
 
     def __post_init__(self) -> None:
         if self.dist_type not in DIST_TYPES:

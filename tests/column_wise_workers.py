@@ -1,7 +1,7 @@
 """Rank-side code of tests/shard/test_column_wise.py: a dynamic table sharded column-wise over
 2 ranks beside a row-wise one, compared with one unsharded BatchedDynamicEmbeddingTables
-holding each slice as a table of its own (the slices' meaning: same keys, own columns,
-own seed and optimizer state)."""
+holding each slice as a table of its own (the slices' meaning: same keys, own columns
+and optimizer state) and with the whole table unsharded at full width."""
 
 import dataclasses
 
@@ -22,7 +22,6 @@ from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from dynemb.shard.cw_sharding import slice_seed
 from tests.sharded_workers import dynamic_tables
 from tests.table_wise_workers import (
     BATCH,
@@ -111,33 +110,46 @@ def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):
 
 
 def train_reference(case: Case, world_size: int):
-    """The unsharded run: each slice a table of its own (its width, its seed) fed the
-    column-wise table's ids, then the row-wise table."""
+    """The unsharded runs: each slice a table of its own (its width and column offset)
+    fed the column-wise table's ids, then the row-wise table; and the column-wise table
+    whole (``full``), fed the same ids and its columns' gradients. Returns ``(tables,
+    outputs, full, full_outputs)``."""
     width = CW_DIM // world_size
     slices = [
-        dataclasses.replace(_options("cw", width), seed=slice_seed(3, r * width))
+        dataclasses.replace(_options("cw", width), column_offset=r * width)
         for r in range(world_size)
     ]
-    tables = BatchedDynamicEmbeddingTables(
-        [*slices, _options("rw", RW_DIM)],
-        [*range(world_size), world_size],
+    common = dict(
         pooling_mode=DynamicEmbPoolingMode[case.pooling],
         optimizer=EmbOptimType[case.optimizer],
         learning_rate=LR,
         eps=1e-3,
+    )
+    tables = BatchedDynamicEmbeddingTables(
+        [*slices, _options("rw", RW_DIM)],
+        [*range(world_size), world_size],
         table_names=[*(f"cw{r}" for r in range(world_size)), "rw"],
+        **common,
+    )
+    full = BatchedDynamicEmbeddingTables(
+        [_options("cw", CW_DIM)], [0], table_names=["cw"], **common
     )
     scale = 1.0 / world_size if get_gradient_division() else 1.0
-    outputs = []
+    outputs, full_outputs = [], []
     batch = BATCH * world_size
     for step in range(STEPS):
         lengths, keys = global_batch(step, batch, len(FEATURES))
         first = int(lengths[0].sum())
+        grad = out_grad(step, batch, CW_DIM + RW_DIM)
+        zero = torch.zeros(1, dtype=torch.int64)
+        out = full(keys[:first], torch.cat([zero, lengths[0].cumsum(0)]))
+        (out * grad[:, :CW_DIM]).sum().mul(scale).backward()
+        full_outputs.append(out.detach().clone())
         # The cw feature once per slice, then the rw feature.
         lengths = torch.cat([lengths[:1].repeat(world_size, 1), lengths[1:]])
         keys = torch.cat([keys[:first].repeat(world_size), keys[first:]])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+        offsets = torch.cat([zero, lengths.flatten().cumsum(0)])
         out = tables(keys, offsets)
-        (out * out_grad(step, batch, CW_DIM + RW_DIM)).sum().mul(scale).backward()
+        (out * grad).sum().mul(scale).backward()
         outputs.append(out.detach().clone())
-    return tables, outputs
+    return tables, outputs, full, full_outputs

@@ -3,6 +3,9 @@
 // A new row depends only on (seed, key, column): element j draws from a
 // counter-based generator keyed by stream_of(seed, key), so the same key gets the
 // same initial row whatever the batch order, thread count, device or world size.
+// A column slice of a wider table (column-wise sharding) starts at `column_offset`:
+// its element j is column column_offset + j of the whole table's row, so the slices
+// side by side are the row the unsharded table would give.
 // Extra columns (optimizer state) start at `extra_value`.
 //
 // UNIFORM, the default mode, draws one 32-bit word per element (draw32): 32-bit
@@ -44,6 +47,7 @@ struct InitArgs {
   float upper;
   float extra_value;  // value of the extra (optimizer state) columns
   uint64_t seed;
+  int64_t column_offset = 0;  // the first column of a column slice (0: a whole row)
 };
 
 /// A uniform in [0, 1) (24-bit resolution) from the top bits of a 32-bit draw.
@@ -90,8 +94,8 @@ DYNEMB_HD DYNEMB_INLINE uint64_t stream_of(uint64_t seed, int64_t key) {
   return mix64(static_cast<uint64_t>(key) ^ mix64(seed ^ 0x5851F42D4C957F2DULL));
 }
 
-/// Element j of the initial row of `key` (stream = stream_of(seed, key)). init_row
-/// produces the same values (the normal modes: two elements per draw).
+/// Column j of the initial (whole) row of `key` (stream = stream_of(seed, key)).
+/// init_row produces the same values (the normal modes: two elements per draw).
 DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, int64_t key,
                                            int64_t j) {
   switch (a.mode) {
@@ -135,6 +139,7 @@ struct Lanes {
 template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
   const uint64_t stream = stream_of(a.seed, key);
+  const int64_t first = a.column_offset;
   if (a.mode == InitMode::kUniform) {
     // One draw per element, in a loop without branches that compilers vectorise; the
     // bounds live in locals because stores to out might otherwise alias them.
@@ -142,16 +147,22 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
     const float span = a.b - a.a;
     // A 32-bit counter: the draws' lanes are 32 bits, no 64-bit index to narrow.
     const uint32_t n = static_cast<uint32_t>(dim);
-    for (uint32_t j = 0; j < n; ++j) out[j] = static_cast<V>(lo + span * unit_of(draw32(stream, j)));
-  } else if (a.mode == InitMode::kNormal) {  // one Box-Muller draw serves two columns
+    const uint32_t c0 = static_cast<uint32_t>(first);
+    for (uint32_t j = 0; j < n; ++j) {
+      out[j] = static_cast<V>(lo + span * unit_of(draw32(stream, c0 + j)));
+    }
+  } else if (a.mode == InitMode::kNormal && (first & 1) == 0) {
+    // One Box-Muller draw serves two columns (a pair never straddles an even offset).
     for (int64_t j = 0; j < dim; j += 2) {
       float z0, z1;
-      normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
+      normal_pair(draw(stream, static_cast<uint64_t>((first + j) >> 1)), &z0, &z1);
       out[j] = static_cast<V>(a.a + a.b * z0);
       if (j + 1 < dim) out[j + 1] = static_cast<V>(a.a + a.b * z1);
     }
   } else {
-    for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<V>(init_element(a, stream, key, j));
+    for (int64_t j = 0; j < dim; ++j) {
+      out[j] = static_cast<V>(init_element(a, stream, key, first + j));
+    }
   }
   for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(a.extra_value);
 }
@@ -168,14 +179,8 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
     float v;
     if (j >= dim) {
       v = a.extra_value;
-    } else if (a.mode == InitMode::kUniform) {
-      v = a.a + (a.b - a.a) * unit_of(draw32(stream, static_cast<uint32_t>(j)));
-    } else if (a.mode == InitMode::kNormal) {
-      float z0, z1;
-      normal_pair(draw(stream, static_cast<uint64_t>(j >> 1)), &z0, &z1);
-      v = a.a + a.b * ((j & 1) ? z1 : z0);
     } else {
-      v = init_element(a, stream, key, j);
+      v = init_element(a, stream, key, a.column_offset + j);
     }
     out[j] = static_cast<V>(v);
   }

@@ -58,9 +58,9 @@ DYNEMB_HD DYNEMB_INLINE BagRows<F> dense_bags(F* base, int64_t dim) {
   return BagRows<F>{base, dim, nullptr, 1};
 }
 
-/// Element j of the row the `missing` initializer gives key.
+/// Element j of the row the `missing` initializer gives key (of its column slice).
 DYNEMB_HD DYNEMB_INLINE float missing_element(const InitArgs& a, int64_t key, int64_t j) {
-  return init_element(a, stream_of(a.seed, key), key, j);
+  return init_element(a, stream_of(a.seed, key), key, a.column_offset + j);
 }
 
 /// out (dim floats) = the pooled bag [begin, end).

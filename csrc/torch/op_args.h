@@ -49,7 +49,7 @@ struct PolicyArgs {
 };
 constexpr size_t kPolicySize = 9;
 constexpr size_t kPolicySizeNoDecay = 7;
-constexpr size_t kInitSize = 6;
+constexpr size_t kInitSize = 7;
 
 inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
   TORCH_CHECK_VALUE(policy.size() == kPolicySize || policy.size() == kPolicySizeNoDecay,
@@ -82,19 +82,25 @@ inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
                     policy[5], policy[6], half_life, decay_step};
 }
 
-/// The op argument `init` ([mode, a, b, lower, upper, extra_value]) with `seed`.
+/// The op argument `init` ([mode, a, b, lower, upper, extra_value, column_offset]) with
+/// `seed`.
 inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double> init,
                            int64_t seed) {
   TORCH_CHECK_VALUE(init.size() == kInitSize, "dynemb.", op, ": `", name,
-                    "` must be [mode, a, b, lower, upper, extra_value], got ", init.size(),
-                    " values");
+                    "` must be [mode, a, b, lower, upper, extra_value, column_offset], got ",
+                    init.size(), " values");
   const auto mode = static_cast<int64_t>(init[0]);
   TORCH_CHECK_VALUE(mode >= 0 && mode < kInitModeCount, "dynemb.", op,
                     ": unknown initializer mode ", mode);
+  // Column counters are 32 bits (draw32): an offset is a whole number below 2^31.
+  TORCH_CHECK_VALUE(init[6] >= 0 && init[6] < 2147483648.0 &&
+                        init[6] == static_cast<double>(static_cast<int64_t>(init[6])),
+                    "dynemb.", op, ": `", name, "`'s column_offset must be a whole number in [0, ",
+                    "2^31), got ", init[6]);
   return InitArgs{static_cast<InitMode>(mode),   static_cast<float>(init[1]),
                   static_cast<float>(init[2]),   static_cast<float>(init[3]),
                   static_cast<float>(init[4]),   static_cast<float>(init[5]),
-                  static_cast<uint64_t>(seed)};
+                  static_cast<uint64_t>(seed),   static_cast<int64_t>(init[6])};
 }
 
 inline UpsertCall check_upsert(const char* op, at::TensorList table_list,

@@ -10,7 +10,7 @@ same deterministic algorithm as every other slice (``csrc/core``) on the same in
 every slice receives the same ids in the same order (the global batch of the table's
 features, gathered in rank order by TorchRec's all-to-all), its table has the same
 capacity, buckets, hash and score strategy (the options differ in ``dim`` and
-``seed`` only), and its scores are made of the batch's keys and the table's own step
+``column_offset`` only), and its scores are made of the batch's keys and the table's own step
 (STEP, LFU) or of the batch's timestamp, which a slice reads once per batch. So each
 batch inserts, scores and evicts the same keys into the same slots of every slice; the
 key placement never depends on the row width. (TIMESTAMP scores are the time each
@@ -18,11 +18,12 @@ rank's batch ran, so they differ between slices by a few microseconds; the order
 keys within a rank, which decides evictions, is the same as long as the ranks' clocks
 do not run backwards between batches: all keys of one batch share one time.)
 
-Each slice draws the initial rows of its columns from its own stream: seed ``seed +
-column offset`` (offset 0: the table's seed), so no two slices start with equal
-columns. Optimizer state is per slice, as in TorchRec: row-wise Adagrad's row state is
-the mean of the squared gradient over the slice's columns (TorchRec keeps one per
-shard too).
+A slice's new rows are its columns of the rows the unsharded table would give
+(``DynamicEmbTableOptions.column_offset``, core/initializer.h): the slices side by side
+start as the whole table does, and with an element-wise optimizer (SGD, Adam) they
+stay equal to it. Optimizer state is per slice, as in TorchRec: row-wise Adagrad's row
+state is the mean of the squared gradient over the slice's columns (TorchRec keeps one
+per shard too), so under it a slice trains as a table of its own width would.
 """
 
 import dataclasses
@@ -37,11 +38,6 @@ from dynemb.shard.rw_sharding import (
     is_dynamic,
 )
 from dynemb.shard.tw_sharding import check_whole_tables
-
-
-def slice_seed(seed: int, column_offset: int) -> int:
-    """The initializer seed of the slice starting at ``column_offset``."""
-    return seed + column_offset
 
 
 def check_one_slice_per_rank(infos: list[EmbeddingShardingInfo]) -> None:
@@ -79,7 +75,7 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
         )
 
     def _slice_options(self) -> dict:
-        """This rank's options of each dynamic table: its slice's width and seed."""
+        """This rank's options of each dynamic table: its slice's width and columns."""
         options = {}
         for group in self._grouped_embedding_configs:
             for table in group.embedding_tables:
@@ -90,7 +86,7 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
                     options[table.name] = dataclasses.replace(
                         opts,
                         dim=table.local_cols,
-                        seed=slice_seed(opts.seed, offset),
+                        column_offset=offset,
                         local_hbm_for_values=hbm,  # the slice's columns' share
                     )
         return options
@@ -111,5 +107,4 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
 __all__ = [
     "DynamicEmbCwPooledEmbeddingSharding",
     "check_one_slice_per_rank",
-    "slice_seed",
 ]

@@ -70,7 +70,8 @@ class Table(Protocol):
 
     @property
     def init_values(self) -> list[float]:
-        """The ops' initializer list for new rows: ``[mode, a, b, lower, upper, extra]``."""
+        """The ops' initializer list for new rows: ``[mode, a, b, lower, upper, extra,
+        column_offset]``."""
         ...
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
             (its layout must match these arguments); otherwise a new table starts.
         initializer_capacity: the capacity the initializer's default bounds are
             computed for (``None``: ``capacity``); a cache sets its whole table's.
+        column_offset: the table holds columns ``[column_offset, column_offset + dim)``
+            of wider rows (a column-wise slice): a new row is those columns of the row
+            the whole table would give its key. In [0, 2**31 - dim].
 
     Raises:
         TypeError / ValueError: on a bad argument, naming it and the value.
@@ -104,6 +107,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         spill_directory: str | None = None,
         initializer_capacity: int | None = None,
         score_half_life_steps: int | None = None,
+        column_offset: int = 0,
     ) -> None:
         args.check_int("dim", dim, 1)
         args.check_int("bucket_capacity", bucket_capacity, 16)
@@ -129,6 +133,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         half_life = args.check_half_life(score_strategy, score_half_life_steps)
         if initializer_capacity is not None:
             args.check_int("initializer_capacity", initializer_capacity, 1)
+        args.check_int("column_offset", column_offset, 0)
+        if column_offset + dim > 2**31:
+            raise ValueError(f"column_offset + dim must be <= 2**31, got {column_offset} + {dim}")
         if fast_rows is not None:
             args.check_int("fast_rows", fast_rows, 0)
         if spill_directory is not None and fast_rows is None:
@@ -153,7 +160,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         self.seed = seed
         init_buckets, max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         bounds_for = initializer_capacity or capacity
-        init = [float(v) for v in initializer.resolved(bounds_for)] + [float(extra_init)]
+        init = [float(v) for v in initializer.resolved(bounds_for)]
+        init += [float(extra_init), float(column_offset)]
         meta = spill.read_meta() if spill is not None else None
         size = step = 0
         if meta is None:

@@ -112,7 +112,8 @@ class SlotAccess:
 
     @property
     def init_values(self) -> list[float]:
-        """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init]``)."""
+        """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init,
+        column_offset]``)."""
         return list(self._state.init)
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,8 @@ def table_names_of(table_names: Sequence[str] | None, count: int) -> list[str]:
 
 def init_list(args: DynamicEmbInitializerArgs, table: Table) -> list:
     args.validate()
-    return [float(v) for v in args.resolved(table.max_capacity())] + [0.0]
+    # The table's column offset (its new rows and these missing rows: the same columns).
+    return [float(v) for v in args.resolved(table.max_capacity())] + [0.0, table.init_values[6]]
 
 
 def admission_missing(strategy: AdmissionStrategy, table: Table) -> list:

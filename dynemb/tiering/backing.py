@@ -84,6 +84,7 @@ def make_backing_storage(
         extra_columns=spec.state_columns,
         initializer=options.initializer_args,
         seed=options.seed,
+        column_offset=options.column_offset,
         device=spec.device,
         extra_init=extra_init,
         fast_rows=backing_fast_rows(spec.device),

@@ -115,6 +115,7 @@ def make_table(
             extra_columns=state_columns,
             initializer=o.initializer_args,
             seed=o.seed,
+            column_offset=o.column_offset,
             device=device,
             fast_rows=fast_rows,
             spill_directory=spill_directory,
@@ -131,6 +132,7 @@ def make_table(
         extra_columns=state_columns,
         initializer=o.initializer_args,
         seed=o.seed,
+        column_offset=o.column_offset,
         device=device,
         # New rows as the whole table would initialise them (bounds depend on capacity).
         initializer_capacity=o.max_capacity,

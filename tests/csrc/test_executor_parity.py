@@ -81,7 +81,7 @@ TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU, CACHE = range(7)
 EVICT_ANY = -1
 NO_PINS = _ops.NO_PINS
 DIM, ROW = 4, 7  # embedding columns, row width (3 optimizer-state columns)
-UNIFORM_INIT = [2.0, -0.5, 0.5, 0.0, 0.0, 0.125]
+UNIFORM_INIT = [2.0, -0.5, 0.5, 0.0, 0.0, 0.125, 0.0]
 
 
 def _table(strategy, num_buckets, bucket_capacity=16, fast_slots=None, dtype=torch.float32):

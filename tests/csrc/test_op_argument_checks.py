@@ -14,7 +14,7 @@ import torch
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 DIM, ROW, SLOTS = 4, 5, 32
-MISSING = [3.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # CONSTANT 0
+MISSING = [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # CONSTANT 0
 SGD = [0.0, 0.1, 1e-8, 0.9, 0.99, 0.0]
 
 

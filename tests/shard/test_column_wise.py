@@ -1,7 +1,9 @@
 """A dynamic table sharded column-wise over 2 real gloo ranks, beside a row-wise one:
 every slice holds the same keys with the same scores through 10 steps with evictions,
 and outputs, rows and optimizer state equal an unsharded BatchedDynamicEmbeddingTables
-holding each slice as a table of its own."""
+holding each slice as a table of its own. The slices side by side are the whole table
+unsharded: its first outputs under every optimizer (new rows are the whole rows'
+columns), and its outputs and rows throughout under the element-wise SGD and Adam."""
 
 import pytest
 import torch
@@ -35,13 +37,18 @@ def test_column_slices_agree_and_equal_unsharded_slices(tmp_path):
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
     width = CW_DIM // WORLD
     for c, case in enumerate(CASES):
-        reference, want_outputs = train_reference(case, WORLD)
+        reference, want_outputs, full, full_outputs = train_reference(case, WORLD)
+        whole = entries(full.tables[0])
+        elementwise = case.optimizer != "EXACT_ROWWISE_ADAGRAD"
         want = {n: entries(t) for n, t in zip(reference.table_names, reference.tables)}
         for rank in range(WORLD):
             outputs, tables = results[rank][c]
             for step in range(STEPS):
                 rows = slice(rank * BATCH, (rank + 1) * BATCH)
                 _close(outputs[step], want_outputs[step][rows], f"{case} rank {rank} step {step}")
+                if step == 0 or elementwise:  # the slices' columns side by side: the table
+                    what = f"{case} rank {rank} step {step}: the whole table's output"
+                    _close(outputs[step][:, :CW_DIM], full_outputs[step][rows], what)
             got = tables["cw"]
             assert got["values"].shape[1] < CW_DIM + 2 * CW_DIM  # a slice, not the table
             # Every slice stores exactly the keys of slice 0, with the same scores...
@@ -53,5 +60,9 @@ def test_column_slices_agree_and_equal_unsharded_slices(tmp_path):
             assert mine["keys"].numel() == SMALL, "the evicting slices must be full"
             _close(got["values"], mine["values"], f"{case} rank {rank} slice rows")
             assert got["values"][:, :width].shape == mine["values"][:, :width].shape
+            if elementwise:  # ... which are the whole table's columns of those keys
+                assert torch.equal(got["keys"], whole["keys"]), (case, rank)
+                columns = whole["values"][:, rank * width : (rank + 1) * width]
+                _close(got["values"][:, :width], columns, f"{case} rank {rank} whole rows")
         rw = torch.cat([results[r][c][1]["rw"]["keys"] for r in range(WORLD)]).sort().values
         assert torch.equal(rw, want["rw"]["keys"]), case

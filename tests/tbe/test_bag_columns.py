@@ -17,7 +17,7 @@ from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingT
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 DIM, ROW, SLOTS, B = 4, 5, 64, 50
-UNIFORM = [2.0, -0.5, 0.5, 0.0, 0.0, 0.0]
+UNIFORM = [2.0, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
 ADAGRAD = [2.0, 0.1, 1e-8, 0.9, 0.99, 0.0]  # EXACT_ROWWISE_ADAGRAD: 1 state column
 
 
