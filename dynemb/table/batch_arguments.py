@@ -48,6 +48,25 @@ def check_int(name: str, value, minimum: int, minimum_name: str | None = None) -
 INT64_MAX = 2**63 - 1
 
 
+def check_sizes(dim, capacity, init_capacity, bucket_capacity, extra_columns, column_offset) -> int:
+    """A table's sizes, each checked by name; returns ``init_capacity`` (None:
+    ``capacity``)."""
+    check_int("dim", dim, 1)
+    check_int("bucket_capacity", bucket_capacity, 16)
+    if bucket_capacity % 16:
+        raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
+    check_int("capacity", capacity, bucket_capacity, "bucket_capacity")
+    init_capacity = capacity if init_capacity is None else init_capacity
+    check_int("init_capacity", init_capacity, 1)
+    if init_capacity > capacity:
+        raise ValueError(f"init_capacity={init_capacity} exceeds capacity={capacity}")
+    check_int("extra_columns", extra_columns, 0)
+    check_int("column_offset", column_offset, 0)
+    if column_offset + dim > 2**31:  # the initializer's column counters are 32 bits
+        raise ValueError(f"column_offset + dim must be <= 2**31, got {column_offset} + {dim}")
+    return init_capacity
+
+
 def check_capacity_bytes(capacity: int, bytes_per_slot: int) -> None:
     """The table's buffers at ``capacity`` slots must be addressable by int64 byte
     offsets (torch sizes and the ops' slot arithmetic), else ValueError naming it."""

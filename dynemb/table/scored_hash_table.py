@@ -109,17 +109,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         score_half_life_steps: int | None = None,
         column_offset: int = 0,
     ) -> None:
-        args.check_int("dim", dim, 1)
-        args.check_int("bucket_capacity", bucket_capacity, 16)
-        if bucket_capacity % 16:
-            raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
-        args.check_int("capacity", capacity, bucket_capacity, "bucket_capacity")
-        if init_capacity is None:
-            init_capacity = capacity
-        args.check_int("init_capacity", init_capacity, 1)
-        if init_capacity > capacity:
-            raise ValueError(f"init_capacity={init_capacity} exceeds capacity={capacity}")
-        args.check_int("extra_columns", extra_columns, 0)
+        init_capacity = args.check_sizes(
+            dim, capacity, init_capacity, bucket_capacity, extra_columns, column_offset
+        )
         if value_dtype not in _VALUE_DTYPES:
             raise TypeError(f"value_dtype must be one of {_VALUE_DTYPES}, got {value_dtype}")
         if not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
@@ -133,9 +125,6 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         half_life = args.check_half_life(score_strategy, score_half_life_steps)
         if initializer_capacity is not None:
             args.check_int("initializer_capacity", initializer_capacity, 1)
-        args.check_int("column_offset", column_offset, 0)
-        if column_offset + dim > 2**31:
-            raise ValueError(f"column_offset + dim must be <= 2**31, got {column_offset} + {dim}")
         if fast_rows is not None:
             args.check_int("fast_rows", fast_rows, 0)
         if spill_directory is not None and fast_rows is None:
