@@ -9,6 +9,10 @@ import torch
 
 import dynemb
 
+# The tests that start a process set its DYNEMB_EXECUTOR themselves: the pass's own
+# executor changes nothing in them.
+_OWN_PROCESS = pytest.mark.no_emulated_pass("starts a process with its own DYNEMB_EXECUTOR")
+
 
 def _import_with(value: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, DYNEMB_EXECUTOR=value)
@@ -26,6 +30,7 @@ def test_executor_names_the_one_this_process_uses():
     assert dynemb.executor() == expected
 
 
+@_OWN_PROCESS
 @pytest.mark.parametrize("value, expected", [("cuda-emulated", "cuda-emulated"), ("cpu", "cpu")])
 def test_the_variable_selects_the_executor(value, expected):
     done = _import_with(value)
@@ -33,6 +38,7 @@ def test_the_variable_selects_the_executor(value, expected):
     assert done.stdout.strip() == expected
 
 
+@_OWN_PROCESS
 @pytest.mark.parametrize("value", ["gpu", "CUDA-EMULATED"])
 def test_an_unknown_executor_is_an_error_at_import(value):
     done = _import_with(value)
@@ -41,6 +47,7 @@ def test_an_unknown_executor_is_an_error_at_import(value):
     assert "cpu, cuda, cuda-emulated" in done.stderr
 
 
+@_OWN_PROCESS
 @pytest.mark.skipif(dynemb._C.with_cuda, reason="this build has the CUDA executor")
 def test_cuda_without_a_cuda_build_is_an_error_at_import():
     done = _import_with("cuda")

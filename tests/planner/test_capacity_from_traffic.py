@@ -33,6 +33,11 @@ from tests.planner.test_planner import cpu_topology, entries
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 from train_workloads import Config, spread_ids, zipf_ids
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "rates of a replay: the table ops it replays give the same bits on every executor "
+    "(tests/csrc/test_executor_parity.py), so a second pass measures the same rates"
+)
+
 LFU = DynamicEmbScoreStrategy.LFU
 TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP
 STEP = DynamicEmbScoreStrategy.STEP
