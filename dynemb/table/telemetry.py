@@ -20,7 +20,9 @@ Concurrency: ``before_upsert`` / ``after_upsert`` run under the table's
 """
 
 import collections
+import copy
 import dataclasses
+import weakref
 
 import torch
 
@@ -105,10 +107,30 @@ class TableTelemetry:
 
     def __init__(self, state, window: int = 100, sample_every: int = 100,
                  max_samples: int = 1 << 16) -> None:  # fmt: skip
-        self._state = state
+        # A weak reference: the state owns its telemetry, and a cycle would keep a
+        # deleted table (its spill directory, its memory) alive until a collection.
+        self._state_ref = weakref.ref(state)
         self.enabled = True
         self.configure(window=window, sample_every=sample_every, max_samples=max_samples)
         self.reset()
+
+    @property
+    def _state(self):
+        state = self._state_ref()
+        if state is None:
+            raise RuntimeError("TableTelemetry: its table was deleted")
+        return state
+
+    def __deepcopy__(self, memo: dict) -> "TableTelemetry":
+        """A copy of a table's state gets telemetry of the copy (``copy.deepcopy`` has
+        put the copied state in ``memo`` before its fields)."""
+        state = self._state_ref()
+        other = copy.copy(self)
+        for name, value in vars(self).items():
+            if name != "_state_ref":
+                setattr(other, name, copy.deepcopy(value, memo))
+        vars(other)["_state_ref"] = weakref.ref(memo.get(id(state), state))
+        return other
 
     def configure(self, window: int | None = None, sample_every: int | None = None,
                   max_samples: int | None = None, enabled: bool | None = None) -> None:  # fmt: skip

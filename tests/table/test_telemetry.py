@@ -12,7 +12,10 @@ home buckets; a table larger than the rank's reference slots estimates ranks wit
 """
 
 import collections
+import copy
+import gc
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
+from dynemb.table.rw_lock import RWLock
 from tests import reference as ref
 
 STRATEGIES = {
@@ -245,3 +249,20 @@ def test_ranks_of_a_large_table_are_estimated_from_a_stride_of_slots(device):
     error = (ev.ranks - exact).abs()
     assert float(error.mean()) < 0.005 and float(error.max()) < 0.02
     assert float(exact.mean()) < 0.1  # a bucket's minimum ranks low in the table
+
+
+def test_telemetry_keeps_no_deleted_table_alive_and_a_copy_counts_for_itself(device):
+    table = _hand_built(device, S.STEP)
+    telemetry, state = table.telemetry, weakref.ref(table.state)
+    # As a deep copy of a module copies its tables (a lock cannot be copied: a new one).
+    twin = copy.deepcopy(table.state, memo={id(table.state.lock): RWLock()})
+    assert twin.telemetry is not telemetry and twin.telemetry.steps == telemetry.steps
+    gc.disable()  # no collection may hide a reference cycle
+    try:
+        del table
+        assert state() is None, "the telemetry kept its table alive"
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError, match="its table was deleted"):
+        telemetry.load_factor()
+    assert twin.telemetry.load_factor() == twin.size / twin.storage.num_slots
