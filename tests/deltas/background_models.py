@@ -93,15 +93,19 @@ def replay(options, publisher) -> InferenceEmbeddingCollection:
     return serving
 
 
-def started(tmp_path, **kwargs) -> tuple:
+def started(tmp_path, gate=None, **kwargs) -> tuple:
     """``(options, model, publisher, seen)``: a model trained one step, its publisher
-    (``kwargs``) at version 0."""
+    (``kwargs``) at version 0 (``gate``: the writer's gate, opened for the base only)."""
     options = table_options()
     model = model_of(options)
     publisher = DeltaPublisher(model, tmp_path, **kwargs)
     seen = []
     train_step(model, 1, seen)
+    if gate is not None:
+        gate.set()
     publisher.publish_base()
+    if gate is not None:
+        gate.clear()
     return options, model, publisher, seen
 
 

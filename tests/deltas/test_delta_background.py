@@ -24,6 +24,7 @@ from tests.deltas.background_models import (
     assert_serving_follows,
     model_of,
     replay,
+    started,
     table_options,
     train_step,
     twin_of,
@@ -133,14 +134,7 @@ def _train_reading_before_boundaries(tmp_path, strategies, optim) -> None:
 
 
 def test_several_pending_deltas_commit_in_version_order_and_replay(tmp_path, gated):
-    options = table_options()
-    model = model_of(options)
-    publisher = DeltaPublisher(model, tmp_path, max_pending=3)
-    seen = []
-    train_step(model, 1, seen)
-    gated.set()
-    publisher.publish_base()
-    gated.clear()
+    options, model, publisher, seen = started(tmp_path, gated, max_pending=3)
     for version in (1, 2, 3):
         for k in range(2):
             train_step(model, 10 * version + k, seen)

@@ -26,14 +26,7 @@ from tests.deltas.background_models import (
 def test_a_failed_background_write_is_raised_and_its_changes_go_into_the_next(tmp_path, gated):
     """Delta 2 cannot be written (its directory name is taken by a file); 3 was pending
     behind it. wait() raises naming the file; the next delta is 2 and holds both."""
-    options = table_options()
-    model = model_of(options)
-    publisher = DeltaPublisher(model, tmp_path, max_pending=3)
-    seen = []
-    train_step(model, 1, seen)
-    gated.set()
-    publisher.publish_base()
-    gated.clear()
+    options, model, publisher, seen = started(tmp_path, gated, max_pending=3)
     obstacle = delta_path(tmp_path, 2)
     obstacle.write_text("in the way")
     for version in (1, 2, 3):
