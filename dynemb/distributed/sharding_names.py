@@ -23,7 +23,7 @@ DYNAMIC_SHARDING_TYPES = (
 )
 """Every sharding type a dynamic table can have: row-wise (keys routed to their owner
 over all ranks), table-wise (the whole table on one rank) and column-wise (a column
-slice of every row on each of its ranks; pooled tables only)."""
+slice of every row on each of its ranks)."""
 
 COLUMN_SLICES = "column_wise"
 """The routing (``table_routing``) that a column slice's tables report: every key of

@@ -1,4 +1,4 @@
-"""Column-wise sharding of dynamic pooled tables: TorchRec's CW sharding with our kernels.
+"""Column-wise sharding of dynamic tables (pooled and sequence): TorchRec's CW sharding with our kernels.
 
 A column-wise table is cut into column slices, one per rank of its plan entry; each of
 those ranks holds a dynamic table of its slice's width. TorchRec's input dist sends
@@ -29,10 +29,12 @@ per shard too), so under it a slice trains as a table of its own width would.
 import dataclasses
 
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.sharding.cw_sequence_sharding import CwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from dynemb.shard.rw_sharding import (
+    DynamicEmbGroupedEmbeddingsLookup,
     DynamicEmbGroupedPooledEmbeddingsLookup,
     dynamic_options,
     is_dynamic,
@@ -50,6 +52,24 @@ def check_one_slice_per_rank(infos: list[EmbeddingShardingInfo]) -> None:
                 f"table {info.embedding_config.name!r}: a column-wise dynamic table has one "
                 f"slice per rank, got ranks {ranks}"
             )
+
+
+def slice_options(grouped_configs, table_options: dict) -> dict:
+    """This rank's options of each dynamic table: its slice's width and columns."""
+    options = {}
+    for group in grouped_configs:
+        for table in group.embedding_tables:
+            opts = table_options.get(table.name)
+            if opts is not None:
+                offset = table.local_metadata.shard_offsets[1]
+                hbm = opts.local_hbm_for_values * table.local_cols // table.embedding_dim
+                options[table.name] = dataclasses.replace(
+                    opts,
+                    dim=table.local_cols,
+                    column_offset=offset,
+                    local_hbm_for_values=hbm,  # the slice's columns' share
+                )
+    return options
 
 
 class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
@@ -74,26 +94,9 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
-    def _slice_options(self) -> dict:
-        """This rank's options of each dynamic table: its slice's width and columns."""
-        options = {}
-        for group in self._grouped_embedding_configs:
-            for table in group.embedding_tables:
-                opts = self._table_options.get(table.name)
-                if opts is not None:
-                    offset = table.local_metadata.shard_offsets[1]
-                    hbm = opts.local_hbm_for_values * table.local_cols // table.embedding_dim
-                    options[table.name] = dataclasses.replace(
-                        opts,
-                        dim=table.local_cols,
-                        column_offset=offset,
-                        local_hbm_for_values=hbm,  # the slice's columns' share
-                    )
-        return options
-
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         return DynamicEmbGroupedPooledEmbeddingsLookup(
-            self._slice_options(),
+            slice_options(self._grouped_embedding_configs, self._table_options),
             {},
             grouped_configs=self._grouped_embedding_configs,
             pg=self._pg,
@@ -104,7 +107,43 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
         )
 
 
+class DynamicEmbCwSequenceEmbeddingSharding(CwSequenceEmbeddingSharding):
+    """Column-wise sequence sharding (EC) holding dynamic tables: each slice's rank
+    looks up every id of the table's features and returns its columns of each id's
+    row; TorchRec's output dist sends them back and the EC joins the slices."""
+
+    def __init__(
+        self,
+        sharding_infos,
+        env: ShardingEnv,
+        device=None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry=None,
+    ):
+        check_whole_tables(sharding_infos)
+        check_one_slice_per_rank(sharding_infos)
+        self._table_options = dynamic_options(sharding_infos)
+        super().__init__(
+            sharding_infos,
+            env,
+            device,
+            permute_embeddings=permute_embeddings,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        return DynamicEmbGroupedEmbeddingsLookup(
+            slice_options(self._grouped_embedding_configs, self._table_options),
+            {},
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+
 __all__ = [
     "DynamicEmbCwPooledEmbeddingSharding",
+    "DynamicEmbCwSequenceEmbeddingSharding",
     "check_one_slice_per_rank",
 ]

@@ -84,7 +84,7 @@ def ordinary_tables(infos: list[EmbeddingShardingInfo]) -> set[str]:
 
 def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
     """True when this sharding holds dynamic tables (which must then be of a
-    ``DYNAMIC_SHARDING_TYPES`` type: column-wise for pooled tables only)."""
+    ``DYNAMIC_SHARDING_TYPES`` type)."""
     dynamic = [i.embedding_config.name for i in infos if is_dynamic(i)]
     if dynamic and sharding_type not in DYNAMIC_SHARDING_TYPES:
         raise ValueError(

@@ -1,8 +1,8 @@
 """ShardedEmbeddingBagCollection / ShardedEmbeddingCollection whose dynamic tables are ours.
 
-Only two things change from TorchRec's modules: the ROW_WISE and TABLE_WISE
-shardings that hold dynamic tables are ours (row-wise: routing + kernels; table-wise:
-kernels), and each dynamic table shows a small
+Only two things change from TorchRec's modules: the ROW_WISE, TABLE_WISE and
+COLUMN_WISE shardings that hold dynamic tables are ours (row-wise: routing + kernels;
+table-wise and column-wise: kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
@@ -20,7 +20,10 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynemb.shard.compute_kernel import _DynamicKernel
-from dynemb.shard.cw_sharding import DynamicEmbCwPooledEmbeddingSharding
+from dynemb.shard.cw_sharding import (
+    DynamicEmbCwPooledEmbeddingSharding,
+    DynamicEmbCwSequenceEmbeddingSharding,
+)
 from dynemb.shard.mean_divisor import divided_columns, exact_divisor
 from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
@@ -242,10 +245,8 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
     ):
         if check_sharding_type(sharding_type, sharding_infos):
             if sharding_type == ShardingType.COLUMN_WISE.value:
-                raise ValueError(
-                    f"tables {[i.embedding_config.name for i in sharding_infos]}: column-wise "
-                    "dynamic tables are pooled (EmbeddingBagCollection) only; shard the "
-                    "EmbeddingCollection's dynamic tables row_wise or table_wise"
+                return DynamicEmbCwSequenceEmbeddingSharding(
+                    sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
                 )
             cls_ = (
                 DynamicEmbTwSequenceEmbeddingSharding
@@ -319,7 +320,11 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             weights = None
             if isinstance(
                 sharding,
-                (DynamicEmbRwSequenceEmbeddingSharding, DynamicEmbTwSequenceEmbeddingSharding),
+                (
+                    DynamicEmbRwSequenceEmbeddingSharding,
+                    DynamicEmbTwSequenceEmbeddingSharding,
+                    DynamicEmbCwSequenceEmbeddingSharding,
+                ),
             ):
                 weights = (torch.cat(counts) if counts else values[:0]).to(torch.float32)
             deduped.append(

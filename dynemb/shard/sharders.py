@@ -1,5 +1,5 @@
 """The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel
-(row-wise, table-wise and, pooled, column-wise)."""
+(row-wise, table-wise and column-wise)."""
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -51,10 +51,6 @@ def check_cpu_optimizer(fused_params, params, device) -> None:
 def _sharding_types(types: list[str]) -> list[str]:
     # TorchRec offers ROW_WISE on cuda only; its row-wise machinery runs over gloo too.
     return types if ShardingType.ROW_WISE.value in types else types + [ShardingType.ROW_WISE.value]
-
-
-# Column-wise sequence (EC) tables would need each slice's rows per id: pooled only.
-_SEQUENCE_TYPES = tuple(t for t in DYNAMIC_SHARDING_TYPES if t != ShardingType.COLUMN_WISE.value)
 
 
 def _compute_kernels(kernels: list[str], sharding_type: str, dynamic_types) -> list[str]:
@@ -120,5 +116,5 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         return _compute_kernels(
             super().compute_kernels(sharding_type, compute_device_type),
             sharding_type,
-            _SEQUENCE_TYPES,
+            DYNAMIC_SHARDING_TYPES,
         )
