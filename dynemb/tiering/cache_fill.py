@@ -195,4 +195,7 @@ class CacheFill:
         custom = None
         if self._strategy == _CUSTOMIZED:
             custom = torch.full_like(old, self._ctx.custom_score or 0)
-        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        if self.score_half_life_steps is None:
+            return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        half_life, step = self.score_half_life_steps, self._ctx.score_step  # DECAYED_LFU
+        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom, half_life, step)
