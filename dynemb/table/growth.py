@@ -33,7 +33,7 @@ def hold_pins(state: TableState) -> PinHold:
 
 def upsert(
     state: TableState, op, keys, scores, values, evicted, return_status=False, slots=None,
-    per_key=None, hold=None, pins=True,
+    per_key=None, hold=None, pins=True, defer=False,
 ):  # fmt: skip
     """Runs a batch upsert, growing the table and retrying the keys that failed.
 
@@ -42,6 +42,8 @@ def upsert(
     ``slots``: an output found again if growth moved the keys. ``hold``: the PinHold
     of the batch (None: one for this upsert alone); ``pins=False``: the keys get no
     pin (a restore). Returns the op's status when ``return_status``, else BatchStats.
+    ``defer``: where the table cannot grow (``can_defer``) its status counts are read
+    later: the stats are then a ``DeferredLookup``, folded into ``size`` when read.
     """
     log = state.change_log
     if log is not None and evicted is None:  # the op reports the residents it evicts
@@ -55,6 +57,11 @@ def upsert(
                 state.storage.tensors(), policy(state, batch_value, pin), state.init,
                 keys, scores, values, evicted or [], **extra,
             )  # fmt: skip
+            if defer and can_defer(state):
+                stats = DeferredLookup(DeferredRead(counts.view(1, -1), "status counts"), 0,
+                                       keys, status, state.step)  # fmt: skip
+                state.defer(stats)
+                return status if return_status else stats
             status, stats = end_upsert(
                 state, op, keys, scores, values, evicted, status, read_to_host(counts, "status counts").tolist(), begun,
                 slots, per_key, log,
@@ -63,6 +70,17 @@ def upsert(
             if hold is None and pin is not None:
                 pin.release()
     return status if return_status else stats
+
+
+def can_defer(state: TableState) -> bool:
+    """Whether a batch upsert under way (after ``begin_upsert``) may read its status
+    counts later: its table cannot grow, keeps no change log (which records the
+    evicted keys now) and does not sample this step's evictions for telemetry."""
+    return (
+        state.num_buckets >= state.max_buckets
+        and state.change_log is None
+        and not state.telemetry.sampling
+    )
 
 
 def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, PinHold | None]:

@@ -221,6 +221,32 @@ class SlotAccess:
         Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
         the residents evicted, then the given keys that could not be stored.
         """
+        status, evicted = self._write_back(keys, rows, scores, defer=False)
+        stats = self._state.last_stats
+        if not stats.evicted and not stats.failed:  # the common case: nothing to report
+            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
+        out = status == _ops.Status.EVICTED
+        lost = status == _ops.Status.FAILED
+        if not read_to_host(lost.any(), "any failed").item():
+            return evicted[0][out], evicted[1][out], evicted[2][out]
+        return (
+            torch.cat([evicted[0][out], keys[lost]]),
+            torch.cat([evicted[1][out], rows[lost]]),
+            torch.cat([evicted[2][out], scores[lost]]),
+        )
+
+    def write_back_counted(
+        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> torch.Tensor:
+        """``write_back`` that returns only how many entries the table no longer holds
+        (residents evicted + keys not stored), a 0-dim int64 tensor on the table's
+        device: nothing is read now where the table cannot grow (its status counts
+        are read with the next read, as a deferred lookup's)."""
+        status, _ = self._write_back(keys, rows, scores, defer=True)
+        return ((status == _ops.Status.EVICTED) | (status == _ops.Status.FAILED)).sum()
+
+    def _write_back(self, keys, rows, scores, defer: bool):
+        """The upsert of ``write_back``: returns its status and the evicted buffers."""
         n, width = keys.numel(), self._state.layout.row_width
         rows = rows.contiguous()
         saved_scores = scores.contiguous() if self._state.layout.keeps_scores else None
@@ -238,21 +264,21 @@ class SlotAccess:
         step = self._state.step  # a write-back is not a training step (STEP scores count those)
         positions = torch.arange(n, device=self.device)
         status = upsert(
-            self._state, op, keys, None, positions, evicted, return_status=True, per_key=positions
-        )
+            self._state, op, keys, None, positions, evicted, return_status=True,
+            per_key=positions, defer=defer,
+        )  # fmt: skip
         self._state.step = step
-        stats = self._state.last_stats
-        if not stats.evicted and not stats.failed:  # the common case: nothing to report
-            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
-        out = status == _ops.Status.EVICTED
-        lost = status == _ops.Status.FAILED
-        if not read_to_host(lost.any(), "any failed").item():
-            return evicted[0][out], evicted[1][out], evicted[2][out]
-        return (
-            torch.cat([evicted[0][out], keys[lost]]),
-            torch.cat([evicted[1][out], rows[lost]]),
-            torch.cat([evicted[2][out], scores[lost]]),
-        )
+        return status, evicted
+
+    def assign_scored(self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor):
+        """``insert_or_assign`` of arguments the caller built valid (distinct (n,)
+        int64 keys on the table's device, (n, dim) values of its dtype, (n,) int64
+        scores >= 0), unchecked: nothing is read now where the table cannot grow
+        (its status counts are read later). Returns the BatchStats or DeferredLookup."""
+        return upsert(
+            self._state, _ops.table_insert_or_assign, keys, scores, values, evicted=None,
+            defer=True,
+        )  # fmt: skip
 
     def snapshot(self) -> TableSnapshot:
         """A copy of every buffer and counter, for ``rollback`` (e.g. to rerun a batch

@@ -123,7 +123,7 @@ class CacheFill:
         with self._storage_lock:
             rows, scores, found = self._storage_find(keys)
         new = torch.nonzero(~found, as_tuple=True)[0]
-        self.stats.fetched += keys.numel() - new.numel()
+        self.stats.add(fetched=keys.numel() - new.numel())  # no read of a pending count
         if new.numel():
             none = torch.full_like(new, -1)
             init_values = self.init_values
@@ -145,7 +145,7 @@ class CacheFill:
                 self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
-        self.stats.fetched += read_to_host(victims[3].sum(), "fetched count").item()
+        self.stats.add_later(fetched=victims[3].sum())  # read with the next read
         self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
@@ -182,10 +182,14 @@ class CacheFill:
     def _write_back(self, keys, rows, scores) -> None:
         if not keys.numel():
             return
+        backing = self.backing_table()
         with self._storage_lock:
-            dropped = checked_insert(self.storage, keys, rows, scores, self.name)
+            if backing is not None:  # its drops counted on the device, read later
+                self.stats.add_later(storage_drops=backing.write_back_counted(keys, rows, scores))
+            else:
+                dropped = checked_insert(self.storage, keys, rows, scores, self.name)
+                self.stats.storage_drops += dropped.numel()
         self.stats.written_back += keys.numel()
-        self.stats.storage_drops += dropped.numel()
 
     def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
         """Scores after a training lookup under the table's strategy, by the core's
