@@ -65,8 +65,8 @@ def table_node(name: str, world_size: int, local_size: int) -> int:
     return 0 if name == "near" else world_size // local_size - 1
 
 
-def build_model(case: Case, world_size: int, local_size: int):
-    configs = [
+def _configs(case: Case) -> list[EmbeddingBagConfig]:
+    return [
         EmbeddingBagConfig(
             name=name,
             embedding_dim=DIM,
@@ -76,6 +76,10 @@ def build_model(case: Case, world_size: int, local_size: int):
         )
         for name, feature in zip(TABLES, features(), strict=True)
     ]
+
+
+def build_model(case: Case, world_size: int, local_size: int):
+    configs = _configs(case)
     module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
     per_param = {
@@ -218,3 +222,84 @@ def train_reference(case: Case, world_size: int, local_size: int):
         ((near * grads[0]).sum() + (far * grads[1]).sum()).backward()
         outputs.append([near.detach(), far.detach()])
     return tables, outputs
+
+
+def _train(model, rank: int, world_size: int, steps: range) -> list[torch.Tensor]:
+    outputs = []
+    start, stop = rank * BATCH, (rank + 1) * BATCH
+    for step in steps:
+        lengths, parts = global_batch(step, BATCH * world_size)
+        mine = [
+            p[int(lengths[f, :start].sum()) : int(lengths[f, :stop].sum())]
+            for f, p in enumerate(parts)
+        ]
+        kjt = KeyedJaggedTensor(
+            keys=features(), values=torch.cat(mine), lengths=lengths[:, start:stop].flatten()
+        )
+        out = model(kjt)
+        loss = 0
+        for f, feature in enumerate(features()):
+            loss = (
+                loss + (out[feature] * feature_grad(step, f, BATCH * world_size)[start:stop]).sum()
+            )
+        loss.backward()
+        outputs.append(torch.cat([out[feature].detach() for feature in features()], dim=1))
+    return outputs
+
+
+def checkpoint_round_trip(rank: int, world_size: int, local_size: int, case: Case, path: str):
+    """Trains, dumps (dynemb's format, optimizer state included), loads into a fresh
+    model of the same plan. Returns this rank's entries of both, and the outputs of
+    two more steps of each."""
+    from dynemb.dump_load import DynamicEmbDump, DynamicEmbLoad
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    first = build_model(case, world_size, local_size)
+    _train(first, rank, world_size, range(STEPS))
+    DynamicEmbDump(path, first, optim=True)
+    second = build_model(case, world_size, local_size)
+    DynamicEmbLoad(path, second, optim=True)
+    saved = [{name: entries(t) for name, t in dynamic_tables(m).items()} for m in (first, second)]
+    more = range(STEPS, STEPS + 2)
+    return saved, [_train(m, rank, world_size, more) for m in (first, second)]
+
+
+def planned_placement(rank: int, world_size: int, local_size: int, case: Case):
+    """Plans the module with the planner, every table constrained to table_row_wise,
+    trains it a few steps. Returns the plan's ranks and this rank's keys per table."""
+    from torchrec.distributed.planner import Topology
+
+    from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    configs = _configs(case)
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    constraints = {
+        name: DynamicEmbParameterConstraints(
+            use_dynamicemb=True,
+            sharding_types=["table_row_wise"],
+            dynamicemb_options=dataclasses.replace(
+                dynamic_options(name), max_capacity=None, bucket_capacity=16
+            ),
+        )
+        for name in TABLES
+    }
+    topology = Topology(world_size=world_size, local_world_size=local_size, compute_device="cpu")
+    planner = DynamicEmbeddingShardingPlanner(
+        configs, topology, constraints=constraints, debug=False
+    )
+    plan = planner.collective_plan(module, [sharder])
+    model = DistributedModelParallel(
+        module,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=plan,
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+    _train(model, rank, world_size, range(3))
+    entries_ = plan.plan[""]
+    ranks = {name: list(entries_[name].ranks) for name in TABLES}
+    types = {name: entries_[name].sharding_type for name in TABLES}
+    keys = {name: entries(t)["keys"] for name, t in dynamic_tables(model).items()}
+    return types, ranks, keys

@@ -16,7 +16,9 @@ from tests.table_row_wise_workers import (
     SMALL,
     STEPS,
     Case,
+    checkpoint_round_trip,
     entries,
+    planned_placement,
     table_node,
     train_reference,
     train_twrw,
@@ -91,3 +93,37 @@ def test_table_row_wise_equals_unsharded(world):
         for name in ("near", "far"):
             _check_placement(name, world, rank_results)
         _check_tables(case, world, rank_results, tables)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_checkpoint_round_trip_within_the_plan(world, tmp_path):
+    case = Case("ADAM", "SUM")
+    results = run_ranks(checkpoint_round_trip, world, LOCAL_SIZE, case, str(tmp_path))
+    for rank in range(world):
+        (trained, loaded), (first, second) = results[rank]
+        assert sorted(loaded) == sorted(trained), rank  # the same tables on the same ranks
+        for name in trained:  # every entry exactly: rows, optimizer state, scores
+            for field in ("keys", "values", "scores"):
+                assert torch.equal(loaded[name][field], trained[name][field]), (rank, name, field)
+        # and training goes on the same (Adam's step restored)
+        assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True)), rank
+
+
+def test_planner_constrained_to_table_row_wise_plans_a_working_model():
+    world = 4
+    results = run_ranks(planned_placement, world, LOCAL_SIZE, Case("EXACT_SGD", "SUM"))
+    types, ranks, _ = results[0]
+    assert all(result[:2] == (types, ranks) for result in results)  # one plan everywhere
+    for name in ("near", "far"):
+        assert types[name] == "table_row_wise", name
+        assert ranks[name] in ([0, 1], [2, 3]), (name, ranks[name])
+        stored = 0
+        for rank in range(world):
+            keys = results[rank][2].get(name)
+            if rank not in ranks[name]:
+                assert keys is None, (name, rank)  # nothing of it outside its node
+                continue
+            owner, _ = route_keys(keys, DIST_TYPES[name], LOCAL_SIZE, ROWS)
+            assert torch.equal(owner, torch.full_like(owner, ranks[name].index(rank)))
+            stored += keys.numel()
+        assert stored > 0, name
