@@ -127,30 +127,15 @@ def entries(table) -> dict[str, torch.Tensor]:
     return {"keys": keys[order], "values": values[order], "scores": scores[order]}
 
 
-def train_twrw(rank: int, world_size: int, local_size: int, cases: list[Case]):
+def train_twrw(
+    rank: int, world_size: int, local_size: int, cases: list[Case], batch_sizes: list[int]
+):
     """Per case: this rank's outputs (per step, per feature) and its tables' entries."""
     os.environ["LOCAL_WORLD_SIZE"] = str(local_size)  # TorchRec's node size
     results = []
-    start, stop = rank * BATCH, (rank + 1) * BATCH
     for case in cases:
         model = build_model(case, world_size, local_size)
-        outputs = []
-        for step in range(STEPS):
-            lengths, parts = global_batch(step, BATCH * world_size)
-            mine = [
-                p[int(lengths[f, :start].sum()) : int(lengths[f, :stop].sum())]
-                for f, p in enumerate(parts)
-            ]
-            kjt = KeyedJaggedTensor(
-                keys=features(), values=torch.cat(mine), lengths=lengths[:, start:stop].flatten()
-            )
-            out = model(kjt)
-            loss = 0
-            for f, feature in enumerate(features()):
-                grad = feature_grad(step, f, BATCH * world_size)[start:stop]
-                loss = loss + (out[feature] * grad).sum()
-            loss.backward()
-            outputs.append([out[feature].detach().clone() for feature in features()])
+        outputs = train(model, rank, batch_sizes, range(STEPS))
         tables = {name: entries(t) for name, t in dynamic_tables(model).items()}
         results.append((outputs, tables))
     return results
@@ -174,13 +159,15 @@ def received_order(world_size: int, local_size: int) -> list[int]:
     return [local + node * local_size for local in range(local_size) for node in range(nodes)]
 
 
-def _shard_outputs(tables, keys, lengths, world_size: int, local_size: int) -> torch.Tensor:
+def _shard_outputs(tables, keys, lengths, batch_sizes: list[int], local_size: int) -> torch.Tensor:
     """The partial sums of every shard of ``far`` (tables: one per local rank), added,
     in global sample order: each shard gets its keys in the order it receives them."""
     owner, _ = route_keys(keys, DIST_TYPES["far"], local_size, ROWS)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     samples = [
-        s for r in received_order(world_size, local_size) for s in range(r * BATCH, (r + 1) * BATCH)
+        s
+        for r in received_order(len(batch_sizes), local_size)
+        for s in range(sum(batch_sizes[:r]), sum(batch_sizes[: r + 1]))
     ]
     total = 0
     for b, table in enumerate(tables):
@@ -200,15 +187,15 @@ def _shard_outputs(tables, keys, lengths, world_size: int, local_size: int) -> t
     return total
 
 
-def train_reference(case: Case, world_size: int, local_size: int):
+def train_reference(case: Case, batch_sizes: list[int], local_size: int):
     """The unsharded run on the global batch. Returns ``(tables, outputs)``: ``near``
     (the whole table) and ``far0``, ``far1``, ... (its shards' references, by local
     rank), and per step the global output of each feature."""
     tables = {"near": _reference_table(case, "near", case.pooling)}
     for b in range(local_size):
         tables[f"far{b}"] = _reference_table(case, "far", "SUM")
-    scale = 1.0 / world_size if get_gradient_division() else 1.0
-    batch = BATCH * world_size
+    scale = 1.0 / len(batch_sizes) if get_gradient_division() else 1.0
+    batch = sum(batch_sizes)
     outputs = []
     for step in range(STEPS):
         lengths, parts = global_batch(step, batch)
@@ -216,7 +203,7 @@ def train_reference(case: Case, world_size: int, local_size: int):
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths[0].cumsum(0)])
         near = tables["near"](parts[0], offsets)
         shards = [tables[f"far{b}"] for b in range(local_size)]
-        far = _shard_outputs(shards, parts[1], lengths[1], world_size, local_size)
+        far = _shard_outputs(shards, parts[1], lengths[1], batch_sizes, local_size)
         if case.pooling == "MEAN":
             far = far / lengths[1].clamp(min=1).unsqueeze(1)
         ((near * grads[0]).sum() + (far * grads[1]).sum()).backward()
@@ -224,11 +211,15 @@ def train_reference(case: Case, world_size: int, local_size: int):
     return tables, outputs
 
 
-def _train(model, rank: int, world_size: int, steps: range) -> list[torch.Tensor]:
+def train(model, rank: int, batch_sizes: list[int], steps: range) -> list[list[torch.Tensor]]:
+    """Trains on this rank's samples of each step's global batch; returns per step the
+    output of each feature."""
     outputs = []
-    start, stop = rank * BATCH, (rank + 1) * BATCH
+    start = sum(batch_sizes[:rank])
+    stop = start + batch_sizes[rank]
+    total = sum(batch_sizes)
     for step in steps:
-        lengths, parts = global_batch(step, BATCH * world_size)
+        lengths, parts = global_batch(step, total)
         mine = [
             p[int(lengths[f, :start].sum()) : int(lengths[f, :stop].sum())]
             for f, p in enumerate(parts)
@@ -239,11 +230,9 @@ def _train(model, rank: int, world_size: int, steps: range) -> list[torch.Tensor
         out = model(kjt)
         loss = 0
         for f, feature in enumerate(features()):
-            loss = (
-                loss + (out[feature] * feature_grad(step, f, BATCH * world_size)[start:stop]).sum()
-            )
+            loss = loss + (out[feature] * feature_grad(step, f, total)[start:stop]).sum()
         loss.backward()
-        outputs.append(torch.cat([out[feature].detach() for feature in features()], dim=1))
+        outputs.append([out[feature].detach().clone() for feature in features()])
     return outputs
 
 
@@ -255,13 +244,14 @@ def checkpoint_round_trip(rank: int, world_size: int, local_size: int, case: Cas
 
     os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
     first = build_model(case, world_size, local_size)
-    _train(first, rank, world_size, range(STEPS))
+    batch_sizes = [BATCH] * world_size
+    train(first, rank, batch_sizes, range(STEPS))
     DynamicEmbDump(path, first, optim=True)
     second = build_model(case, world_size, local_size)
     DynamicEmbLoad(path, second, optim=True)
     saved = [{name: entries(t) for name, t in dynamic_tables(m).items()} for m in (first, second)]
     more = range(STEPS, STEPS + 2)
-    return saved, [_train(m, rank, world_size, more) for m in (first, second)]
+    return saved, [train(m, rank, batch_sizes, more) for m in (first, second)]
 
 
 def planned_placement(rank: int, world_size: int, local_size: int, case: Case):
@@ -297,7 +287,7 @@ def planned_placement(rank: int, world_size: int, local_size: int, case: Case):
         sharders=[sharder],
         device=torch.device("cpu"),
     )
-    _train(model, rank, world_size, range(3))
+    train(model, rank, [BATCH] * world_size, range(3))
     entries_ = plan.plan[""]
     ranks = {name: list(entries_[name].ranks) for name in TABLES}
     types = {name: entries_[name].sharding_type for name in TABLES}

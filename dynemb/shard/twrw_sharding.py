@@ -9,11 +9,12 @@ nodes send their keys for it to that node. What TorchRec gives is kept: its
 staggered all-to-all of the bucketized features (each node's tables' features to
 that node's ranks, bucket ``b`` to local rank ``b``), and its output dist (a
 reduce-scatter of the partial sums inside the node, then an all-to-all across
-nodes). Only the bucketization changes: TorchRec's cuts ids into blocks of
-``ceil(num_embeddings / local_size)`` and sends local rows; ours routes raw keys
-(``routing.bucketize_by_route``), the ordinary tables of the same sharding keeping
-TorchRec's blocks (``STATIC``). MEAN pools as SUM here; TorchRec's EBC divides after
-the output dist, as for row-wise.
+nodes; with uneven per-rank batches its reduce-scatter runs as an all-to-all,
+which gloo does: ``output_dist.py``). Only the bucketization changes: TorchRec's
+cuts ids into blocks of ``ceil(num_embeddings / local_size)`` and sends local rows;
+ours routes raw keys (``routing.bucketize_by_route``), the ordinary tables of the
+same sharding keeping TorchRec's blocks (``STATIC``). MEAN pools as SUM here;
+TorchRec's EBC divides after the output dist, as for row-wise.
 
 TorchRec has no table-row-wise sharding for EmbeddingCollection (sequence) tables.
 """
@@ -28,6 +29,7 @@ from torchrec.distributed.sharding.twrw_sharding import (
 from torchrec.distributed.types import Awaitable, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynemb.shard.output_dist import TwRwUnevenPooledEmbeddingDist
 from dynemb.shard.routing import bucketize_by_route
 from dynemb.shard.rw_sharding import (
     DynamicEmbGroupedPooledEmbeddingsLookup,
@@ -128,6 +130,17 @@ class DynamicEmbTwRwPooledEmbeddingSharding(TwRwPooledEmbeddingSharding):
             features_per_rank=self._features_per_rank(self._grouped_embedding_configs_per_rank),
             feature_routes=routes,
             device=device if device is not None else self._device,
+        )
+
+    def create_output_dist(self, device: torch.device | None = None):
+        return TwRwUnevenPooledEmbeddingDist(
+            rank=self._rank,
+            cross_pg=self._cross_pg,
+            intra_pg=self._intra_pg,
+            dim_sum_per_node=self._dim_sum_per_node(),
+            emb_dim_per_node_per_feature=self._emb_dim_per_node_per_feature(),
+            device=device if device is not None else self._device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
         )
 
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
