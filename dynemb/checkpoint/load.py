@@ -12,16 +12,18 @@ from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
+    HeldBy,
     check_held_everywhere,
     check_no_column_slices,
+    held_by,
     op_threads,
     prepare_tables,
     report_dropped,
     restore_rows,
     restored_step,
     route_rows,
-    sole_holder,
     table_holders,
+    table_routes,
 )
 from dynemb.checkpoint.format import (
     CHUNK_ROWS,
@@ -197,6 +199,7 @@ def _load(
     if missing:
         raise CheckpointError(f"{path}: no saved table {missing} (it holds {sorted(saved)})")
     holders = table_holders(tables, pg)
+    routes = table_routes(tables, pg)
     if table_names is None:
         extra = sorted(set(saved) - set(holders))
         if extra:
@@ -229,10 +232,10 @@ def _load(
         prepare_tables(t, merge, counter)
     with op_threads(RESTORE_THREADS):
         for name, meta, fields in plans:
-            t, holder = local.get(name), sole_holder(name, holders[name], world_size)
-            failed_rows = _load_chunks(directory, t, holder, fields, share[name], pg)
+            t, held = local.get(name), held_by(holders[name], world_size, routes[name])
+            failed_rows = _load_chunks(directory, t, held, fields, share[name], pg)
             if counter:
-                _load_counter(directory, t, holder, share[name], pg, world_size)
+                _load_counter(directory, t, held, share[name], pg, world_size)
             if t is None:
                 continue
             failed[name] = failed_rows
@@ -243,12 +246,12 @@ def _load(
 
 
 def _load_chunks(
-    directory: Path, t: NamedTable | None, holder: int | None, fields: dict, entries: list, pg
+    directory: Path, t: NamedTable | None, held: HeldBy | None, fields: dict, entries: list, pg
 ) -> int:
     """Routes and restores this rank's share of one table, chunk by chunk; returns the
     rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk
-    if need be; ``t`` is None on a rank that does not hold the table (``holder``, the
-    rank holding it whole, receives every row)."""
+    if need be; ``t`` is None on a rank that does not hold the table (``held``: the
+    ranks that do, when not all of them, receive every row)."""
     world_size = rank_and_size(pg)[1]
     chunks = [
         (i, begin, min(begin + CHUNK_ROWS, e["rows"]))
@@ -264,14 +267,14 @@ def _load_chunks(
             if mapped is None or mapped.index != i:  # one shard's files mapped at a time
                 mapped = _MappedShard(directory, fields, entries[i], i)
             local = mapped.rows(begin, end)
-        received = route_rows(t, fields, local, pg, world_size, holder=holder)
+        received = route_rows(t, fields, local, pg, world_size, holders=held)
         if t is not None:
             failed += restore_rows(t, fields, received)
     return failed
 
 
 def _load_counter(
-    directory: Path, t: NamedTable | None, holder: int | None, entries: list, pg, world_size: int
+    directory: Path, t: NamedTable | None, held: HeldBy | None, entries: list, pg, world_size: int
 ) -> None:
     """Admission counts: each saved count goes to the owner of its key, like the rows."""
     counter = admission_counter(t) if t is not None else None
@@ -290,7 +293,7 @@ def _load_counter(
     if not has_counter:
         return
     local = {f: torch.cat(v) if v else torch.empty(0, dtype=torch.int64) for f, v in local.items()}
-    received = route_rows(t, fields, local, pg, world_size, holder=holder)
+    received = route_rows(t, fields, local, pg, world_size, holders=held)
     if counter is not None and received["keys"].numel():
         counter.load(received["keys"], received["counts"])
 

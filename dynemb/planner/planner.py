@@ -51,13 +51,16 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
     ``DynamicEmbeddingEnumerator``; each dynamic table's plan entry then becomes a
     ``DynamicEmbParameterSharding`` (CUSTOMIZED_KERNEL; ROW_WISE with TorchRec's
     row-wise ``sharding_spec`` over all ranks, TABLE_WISE with one shard on the rank
-    TorchRec's partitioner chose, or COLUMN_WISE with TorchRec's column shards; the
-    spec's row counts are nominal: a dynamic table holds any int64 key) carrying the
-    table's per-rank options (table-wise and column-wise: the whole table's capacity
-    and HBM budget; a column slice takes its share when it is built). A dynamic table
-    is planned under the sharding types its constraints' ``sharding_types`` list
-    (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE alone when unset), TorchRec's
-    proposers picking the cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
+    TorchRec's partitioner chose, COLUMN_WISE with TorchRec's column shards, or
+    TABLE_ROW_WISE with TorchRec's row-wise shards over the ranks of the node its
+    partitioner chose; the spec's row counts are nominal: a dynamic table holds any
+    int64 key) carrying the table's per-rank options (table-row-wise: a share of the
+    node's ``intra_group_size`` ranks; table-wise and column-wise: the whole table's
+    capacity and HBM budget; a column slice takes its share when it is built). A
+    dynamic table is planned under the sharding types its constraints'
+    ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE, and TABLE_ROW_WISE for
+    pooled tables; ROW_WISE alone when unset), TorchRec's proposers picking the
+    cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
 
     Args:
         eb_configs: every ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of the model; a
@@ -66,7 +69,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         batch_size: batch size per rank (default: TorchRec's, 512).
         enumerator: default ``DynamicEmbeddingEnumerator(topology, batch_size,
             constraints)``. Another enumerator must give dynamic tables ROW_WISE,
-            TABLE_WISE or COLUMN_WISE with CUSTOMIZED_KERNEL, or ``plan`` raises.
+            TABLE_WISE, COLUMN_WISE or TABLE_ROW_WISE with CUSTOMIZED_KERNEL, or
+            ``plan`` raises.
         storage_reservation, proposer, partitioner, performance_model, stats, debug: as
             in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
         constraints: per-table constraints by table name: ``ParameterConstraints`` or
@@ -243,7 +247,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                 f"disagrees with eb_configs (num_embeddings={config.num_embeddings}, "
                 f"embedding_dim={config.embedding_dim})"
             )
-        ranks = table_ranks(ps.sharding_type, self._topology.world_size)
+        ranks = table_ranks(
+            ps.sharding_type, self._topology.world_size, self._topology.intra_group_size
+        )
         options: DynamicEmbTableOptions = fill_rank_options(
             name, config, self._dynamic[name], ranks
         )
