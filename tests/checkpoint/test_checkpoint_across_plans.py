@@ -1,0 +1,161 @@
+"""A checkpoint moves between sharding types and world sizes, exactly: a model of two
+dynamic tables trained row-wise on 4 gloo ranks is dumped, loaded table-wise on 2 and
+dumped, loaded column-wise on 2 (a column slice of every row on each rank) and dumped,
+and loaded row-wise on 4 again. After every load the model holds the trained keys,
+rows, optimizer state and scores bit for bit (a slice: its columns of each row, and its
+columns' optimizer state; row-wise Adagrad's one row state on every slice), and the next
+forward gives the trained model's outputs. A column-wise model trained further (its
+slices' row-wise Adagrad states part) loads into the same plan slice for slice, and
+into the row-wise plan as whole rows: the slices' columns side by side, Adam's moments
+joined, and row-wise Adagrad's state the width-weighted mean of its slices' states.
+
+dynemb holds one slice of a column-wise dynamic table per rank (two slices on one rank
+raise ValueError), so column-wise runs on 2 ranks here."""
+
+import pytest
+import torch
+
+from tests.checkpoint_plans_workers import (
+    DIMS,
+    GLOBAL_BATCH,
+    STEPS,
+    Case,
+    back_to_row_wise,
+    incremental_under_plans,
+    through_two_ranks,
+    train_and_dump,
+)
+from tests.multiprocess import run_ranks
+from tests.table_wise_workers import global_batch
+
+pytestmark = pytest.mark.no_emulated_pass(
+    "spawned-rank dumps and loads under TorchRec plans: the table ops they use are tested per executor elsewhere"
+)
+
+CASES = [Case("EXACT_ROWWISE_ADAGRAD"), Case("ADAM"), Case("EXACT_SGD")]
+
+
+def _union(pieces: list) -> dict[str, torch.Tensor]:
+    """Row-wise shares (or one whole table) as one table, by ascending key."""
+    keys = torch.cat([p[2]["keys"] for p in pieces])
+    order = torch.argsort(keys)
+    return {f: torch.cat([p[2][f] for p in pieces])[order] for f in ("keys", "values", "scores")}
+
+
+def _slice(whole: dict, optimizer: str, dim: int, offset: int, width: int) -> dict:
+    """What the slice of columns [offset, offset + width) of ``whole`` holds: those
+    columns, Adam's moments of those columns, row-wise Adagrad's row state as it is."""
+    values = whole["values"]
+    columns = [values[:, offset : offset + width]]
+    if optimizer == "ADAM":
+        columns += [values[:, dim + offset : dim + offset + width],
+                    values[:, 2 * dim + offset : 2 * dim + offset + width]]  # fmt: skip
+    elif optimizer == "EXACT_ROWWISE_ADAGRAD":
+        columns.append(values[:, dim:])
+    return {"keys": whole["keys"], "values": torch.cat(columns, 1), "scores": whole["scores"]}
+
+
+def _join(pieces: list, optimizer: str, dim: int) -> dict:
+    """Column slices as whole rows (the oracle of a load into whole rows): columns and
+    Adam's moments side by side, row-wise Adagrad's state averaged by slice width."""
+    pieces = sorted(pieces, key=lambda p: p[1])
+    widths = [(dim if i + 1 == len(pieces) else pieces[i + 1][1]) - p[1] for i, p in enumerate(pieces)]  # fmt: skip
+    parts = [p[2]["values"] for p in pieces]
+    columns = [v[:, :w] for v, w in zip(parts, widths)]
+    if optimizer == "ADAM":
+        columns += [v[:, w : 2 * w] for v, w in zip(parts, widths)]
+        columns += [v[:, 2 * w :] for v, w in zip(parts, widths)]
+    elif optimizer == "EXACT_ROWWISE_ADAGRAD":
+        columns.append(sum(v[:, w:] * w for v, w in zip(parts, widths)) / dim)
+    first = pieces[0][2]
+    return {"keys": first["keys"], "values": torch.cat(columns, 1), "scores": first["scores"]}
+
+
+def _equal(got: dict, want: dict, what: str) -> None:
+    for field in ("keys", "values", "scores"):
+        assert got[field].shape == want[field].shape, (what, field)
+        assert torch.equal(got[field], want[field]), (what, field)
+
+
+def _slices_equal(pieces: list, whole: dict, optimizer: str, dim: int, what: str) -> None:
+    offsets = sorted(p[1] for p in pieces)
+    assert offsets == [0, dim // 2], (what, offsets)  # two slices, one per rank
+    for rank, offset, got in pieces:
+        _equal(got, _slice(whole, optimizer, dim, offset, dim // 2), f"{what} rank {rank}")
+
+
+def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_path):
+    path = str(tmp_path)
+    trained = run_ranks(train_and_dump, 4, CASES, path, timeout=120)[0]
+    two = run_ranks(through_two_ranks, 2, CASES, path, timeout=120)[0]
+    back = run_ranks(back_to_row_wise, 4, CASES, path, timeout=120)[0]
+    for c, case in enumerate(CASES):
+        opt = case.optimizer
+        pieces, next_outputs = trained[c]
+        whole = {name: _union(pieces[name]) for name in DIMS}
+        assert all(w["keys"].numel() > 10 for w in whole.values()), "tables must be populated"
+        (by_tw, tw_out), (by_cw, cw_out), (again, again_out), cw_trained = two[c]
+        (from_cw, rw_out), (from_trained, trained_out) = back[c]
+        for name, dim in DIMS.items():
+            what = f"{opt} {name}"
+            assert len(by_tw[name]) == 1, what  # table-wise: held whole by one rank
+            _equal(by_tw[name][0][2], whole[name], f"{what}: table-wise on 2")
+            _slices_equal(by_cw[name], whole[name], opt, dim, f"{what}: column-wise on 2")
+            _equal(_union(from_cw[name]), whole[name], f"{what}: row-wise on 4 again")
+            # The column-wise model trained further: slice for slice into its plan...
+            mine = {rank: got for rank, _, got in cw_trained[name]}
+            for rank, _, got in again[name]:
+                _equal(
+                    got, mine[rank], f"{what}: trained column-wise into column-wise, rank {rank}"
+                )
+            # ... and as whole rows into the row-wise plan.
+            joined = _join(cw_trained[name], opt, dim)
+            got = _union(from_trained[name])
+            assert torch.equal(got["keys"], joined["keys"]) and torch.equal(
+                got["scores"], joined["scores"]
+            )
+            assert torch.equal(got["values"][:, :dim], joined["values"][:, :dim]), what
+            if opt == "EXACT_ROWWISE_ADAGRAD":  # the mean of the slices' means: rounding
+                states = [p[2]["values"][:, -1] for p in cw_trained[name]]
+                assert not torch.equal(states[0], states[1]), (
+                    f"{what}: the slices' states must part"
+                )
+                torch.testing.assert_close(
+                    got["values"][:, dim:], joined["values"][:, dim:], rtol=1e-6, atol=0
+                )
+            else:
+                assert torch.equal(got["values"], joined["values"]), what
+        for outputs, where in (
+            (tw_out, "table-wise"),
+            (cw_out, "column-wise"),
+            (rw_out, "row-wise"),
+        ):
+            assert torch.equal(outputs, next_outputs), f"{opt}: next forward after the {where} load"
+        torch.testing.assert_close(trained_out, again_out, atol=1e-6, rtol=0)
+
+
+def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
+    """incremental_dump over the group under the table-wise and column-wise plans: the
+    entries the step touched, whole rows (a column-wise table's slices joined by key),
+    the same under both plans."""
+    case = Case("ADAM")
+    run_ranks(train_and_dump, 4, [case], str(tmp_path), timeout=120)
+    plans = run_ranks(incremental_under_plans, 2, case, str(tmp_path), timeout=120)[0]
+    lengths, keys = global_batch(STEPS, GLOBAL_BATCH, len(DIMS))
+    first = int(lengths[0].sum())
+    touched = {"a": keys[:first].unique(), "b": keys[first:].unique()}
+    dumps = {}
+    for plan, (dumped, pieces) in plans.items():
+        for name, dim in DIMS.items():
+            got_keys, rows, scores = dumped[name]
+            order = torch.argsort(got_keys)
+            assert torch.equal(got_keys[order], touched[name]), (plan, name)
+            whole = (
+                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
+            )
+            at = torch.searchsorted(whole["keys"], got_keys[order])
+            assert torch.equal(rows[order], whole["values"][at, :dim]), (plan, name)
+            assert torch.equal(scores[order], whole["scores"][at]), (plan, name)
+            dumps[plan, name] = rows[order]
+    for name in DIMS:
+        assert torch.equal(dumps["table_wise", name], dumps["column_wise", name]), name
