@@ -12,9 +12,14 @@ joined, and row-wise Adagrad's state the width-weighted mean of its slices' stat
 dynemb holds one slice of a column-wise dynamic table per rank (two slices on one rank
 raise ValueError), so column-wise runs on 2 ranks here."""
 
+import json
+import shutil
+
 import pytest
 import torch
 
+from dynemb.checkpoint import CheckpointError
+from dynemb.checkpoint.manifest import read_manifest
 from tests.checkpoint_plans_workers import (
     DIMS,
     GLOBAL_BATCH,
@@ -25,6 +30,7 @@ from tests.checkpoint_plans_workers import (
     through_two_ranks,
     train_and_dump,
 )
+from tests.checkpoint_tables import edit_manifest
 from tests.multiprocess import run_ranks
 from tests.table_wise_workers import global_batch
 
@@ -132,6 +138,45 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
         ):
             assert torch.equal(outputs, next_outputs), f"{opt}: next forward after the {where} load"
         torch.testing.assert_close(trained_out, again_out, atol=1e-6, rtol=0)
+    _column_slices_schema(tmp_path / "EXACT_ROWWISE_ADAGRAD" / "column_wise", tmp_path / "edited")
+
+
+def _slices(edit):
+    return lambda m: edit(m["tables"]["a"])
+
+
+def _column_slices_schema(path, copy):
+    """The manifest of a column-wise dump: version 3, the slices in column order; a
+    manifest whose slices do not cover the columns once, or whose slices hold other
+    keys, is refused by read_manifest (before a load changes anything)."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["version"] == 3
+    assert manifest["tables"]["a"]["column_slices"] == [[0, 4], [4, 4]]
+    assert manifest["tables"]["b"]["column_slices"] == [[0, 4], [4, 4]]
+    for edit, message in [
+        (
+            _slices(lambda t: t.__setitem__("column_slices", [[0, 4], [3, 5]])),
+            r"column_slices\[1\]\[0\] must be an integer in \[4, 4\]",
+        ),
+        (
+            _slices(lambda t: t.__setitem__("column_slices", [[0, 4], [4, 3]])),
+            r"the columns covered\) must be an integer in \[8, 8\]",
+        ),
+        (
+            _slices(lambda t: t.__setitem__("column_slices", [[0, 8]])),
+            r"column_slices must be a list of 2",
+        ),
+        (
+            _slices(lambda t: t["files"][1]["fields"]["keys"].__setitem__("crc32", 1)),
+            r"files\[1\] must be a slice of the same keys",
+        ),
+        (lambda m: m.__setitem__("version", 2), r"tables\['a'\] must be an object with keys"),
+    ]:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(path, copy)
+        edit_manifest(copy, edit)
+        with pytest.raises(CheckpointError, match=message):
+            read_manifest(copy)
 
 
 def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
