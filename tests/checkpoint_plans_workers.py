@@ -63,9 +63,7 @@ def build_model(case: Case, plan: str, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in DIMS.items():
-        options = table_options(dim, "hash_roundrobin", 256)
-        options.bucket_capacity = 16
-        options.score_strategy = DynamicEmbScoreStrategy.STEP
+        options = serving_options(dim)
         fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
         mplan[name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=options)
     return DistributedModelParallel(
@@ -75,6 +73,14 @@ def build_model(case: Case, plan: str, world_size: int):
         sharders=[sharder],
         device=torch.device("cpu"),
     )
+
+
+def serving_options(dim: int):
+    """Every table's options (a serving module's too)."""
+    options = table_options(dim, "hash_roundrobin", 256)
+    options.bucket_capacity = 16
+    options.score_strategy = DynamicEmbScoreStrategy.STEP
+    return options
 
 
 def _samples(rank: int, world_size: int) -> tuple[int, int]:
@@ -191,3 +197,31 @@ def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
         dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)
         results[plan] = (dumped["model"], held(model))
     return results if rank == 0 else None
+
+
+def publish_under_plans(rank: int, world_size: int, case: Case, root: str):
+    """On 2 ranks, per plan (table-wise, column-wise): trains STEPS steps with a
+    DeltaPublisher (optim=True): the base after step 0, a delta after each later step;
+    before the last, every rank erases from what it holds of table a three keys of
+    step 0 (tombstones). Returns per plan (the last version, held at the end)."""
+    from dynemb.deltas import DeltaPublisher
+    from tests.sharded_workers import dynamic_tables
+
+    results = {}
+    for plan in ("table_wise", "column_wise"):
+        model = build_model(case, plan, world_size)
+        publisher = DeltaPublisher(model, f"{root}/{plan}", optim=True, fault_timeout=20)
+        for s in range(STEPS):
+            step(model, rank, world_size, s)
+            if s == STEPS - 1 and "a" in dynamic_tables(model):
+                assert dynamic_tables(model)["a"].erase(erased_keys()) == 3
+            assert (publisher.publish() if s else publisher.publish_base()) == s
+        publisher.close()
+        results[plan] = (publisher.version, held(model))
+    return results if rank == 0 else None
+
+
+def erased_keys() -> torch.Tensor:
+    """Three keys of table a (feature f0) stored since step 0."""
+    lengths, keys = global_batch(0, GLOBAL_BATCH, len(FEATURES))
+    return keys[: int(lengths[0].sum())].unique()[:3]

@@ -20,13 +20,18 @@ import torch
 
 from dynemb.checkpoint import CheckpointError
 from dynemb.checkpoint.manifest import read_manifest
+from dynemb.deltas import delta_path, read_delta
+from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from tests.checkpoint_plans_workers import (
     DIMS,
     GLOBAL_BATCH,
     STEPS,
     Case,
     back_to_row_wise,
+    erased_keys,
     incremental_under_plans,
+    publish_under_plans,
+    serving_options,
     through_two_ranks,
     train_and_dump,
 )
@@ -204,3 +209,41 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
             dumps[plan, name] = rows[order]
     for name in DIMS:
         assert torch.equal(dumps["table_wise", name], dumps["column_wise", name]), name
+
+
+def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_path):
+    """A DeltaPublisher over the table-wise and the column-wise plan on 2 ranks: the
+    base and deltas are whole rows (a column-wise table's slices joined, Adam's moments
+    too), and a serving module that loads the base and replays the deltas holds exactly
+    the trained rows of every stored key and nothing else (erased keys gone)."""
+    plans = run_ranks(publish_under_plans, 2, Case("ADAM"), str(tmp_path), timeout=120)[0]
+    for plan, (version, pieces) in plans.items():
+        root = tmp_path / plan
+        assert version == STEPS - 1
+        serving = InferenceEmbeddingCollection(
+            [serving_options(dim) for dim in DIMS.values()], table_names=list(DIMS)
+        )
+        serving.load_from_dynamicemb_file(root / "base")
+        for v in range(1, version + 1):
+            assert serving.apply_delta(delta_path(root, v)) == v
+        last = read_delta(delta_path(root, version)).tables
+        wholes = {}
+        for name, dim in DIMS.items():
+            whole = (
+                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
+            )
+            wholes[name] = whole
+            delta = last[name]
+            at = torch.searchsorted(whole["keys"], delta.keys)
+            assert torch.equal(whole["keys"][at], delta.keys), (plan, name)
+            assert torch.equal(delta.values, whole["values"][at, :dim]), (plan, name)
+            assert torch.equal(delta.state, whole["values"][at, dim:]), (plan, name)
+        assert torch.equal(torch.sort(last["a"].tombstones).values, erased_keys()), plan
+        assert serving.sizes == [wholes[n]["keys"].numel() for n in DIMS], plan
+        counts = [wholes[n]["keys"].numel() for n in DIMS]
+        bags = max(counts)
+        lengths = torch.tensor([[1] * c + [0] * (bags - c) for c in counts]).flatten()
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        rows = serving(torch.cat([wholes[n]["keys"] for n in DIMS]), offsets)
+        want = torch.cat([wholes[n]["values"][:, :dim] for n, dim in DIMS.items()])
+        assert torch.equal(rows, want), plan
