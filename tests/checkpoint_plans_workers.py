@@ -196,7 +196,31 @@ def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
         step(model, rank, world_size, STEPS)
         dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)
         results[plan] = (dumped["model"], held(model))
+    results["disagree"] = _slices_that_disagree(model, rank, path)
     return results if rank == 0 else None
+
+
+def _slices_that_disagree(model, rank: int, path: str) -> list[str]:
+    """The column-wise ``model`` with a key erased from rank 1's slices only: what
+    DynamicEmbDump and incremental_dump raise (every rank gets the outcome)."""
+    from dynemb.incremental_dump import incremental_dump
+    from tests.sharded_workers import dynamic_tables
+
+    if rank == 1:
+        assert dynamic_tables(model)["a"].erase(erased_keys()[:1]) == 1
+    errors = []
+    for attempt in (
+        lambda: DynamicEmbDump(f"{path}/disagree", model, optim=True),
+        lambda: incremental_dump(model, 0, dist.group.WORLD),
+    ):
+        try:
+            attempt()
+            errors.append(None)
+        except RuntimeError as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, errors)
+    return gathered
 
 
 def publish_under_plans(rank: int, world_size: int, case: Case, root: str):

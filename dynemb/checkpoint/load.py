@@ -237,7 +237,8 @@ def _load(
                 _load_counter(directory, t, meta, share[name], to, pg, world_size)
             if t is None:
                 continue
-            failed[name] = failed_rows
+            # Every slice drops the same rows: the first slice's count them.
+            failed[name] = failed_rows if t.column_offset == 0 else 0
             t.table.score_step = restored_step(t.table.score_step, meta["table_step"], merge)
             if reads[name][0]:
                 t.group.step = restored_step(t.group.step, meta["optimizer_step"], merge)

@@ -191,6 +191,7 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
     case = Case("ADAM")
     run_ranks(train_and_dump, 4, [case], str(tmp_path), timeout=120)
     plans = run_ranks(incremental_under_plans, 2, case, str(tmp_path), timeout=120)[0]
+    disagree = plans.pop("disagree")
     lengths, keys = global_batch(STEPS, GLOBAL_BATCH, len(DIMS))
     first = int(lengths[0].sum())
     touched = {"a": keys[:first].unique(), "b": keys[first:].unique()}
@@ -209,6 +210,13 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
             dumps[plan, name] = rows[order]
     for name in DIMS:
         assert torch.equal(dumps["table_wise", name], dumps["column_wise", name]), name
+    # Slices that disagree (a key erased from one slice): refused, nothing committed.
+    (dump0, incr0), (dump1, incr1) = disagree
+    assert dump0.startswith("RuntimeError: DynamicEmbDump: the column slices of table 'a'")
+    assert "rank 0 of 2 failed" in dump1
+    for error in (incr0, incr1):
+        assert "the column slices of table 'a' of 'model' hold different keys" in error
+    assert not (tmp_path / "disagree" / "manifest.json").exists()
 
 
 def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_path):
