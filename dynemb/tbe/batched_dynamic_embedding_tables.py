@@ -172,6 +172,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
         # row-wise sharded kernel (dynemb.shard.compute_kernel); checkpoints re-route with it.
         self.routing: list[tuple[str, int]] | None = None
+        # Per table, the width of the whole table's rows (set by dynemb.shard); wider than
+        # ``dims[t]`` for a column slice (columns ``[column_offset, column_offset + dim)``).
+        self.full_dims: list[int] | None = None
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
         # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.
         self.placeholder_autograd_tensor = torch.zeros(0, device=self.device, requires_grad=True)
