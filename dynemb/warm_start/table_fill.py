@@ -27,7 +27,7 @@ class TableFill:
     Raises:
         ValueError: ``source`` is not a WarmStart, has another ``dim``, a non-floating
             dtype, or optimizer state of another width than the table's (a table
-            without state ignores a source's).
+            without state ignores a source's), or reads rows of the wrong shape.
     """
 
     def __init__(
@@ -36,6 +36,14 @@ class TableFill:
         check_source(name, source, dim, state_columns)
         self.source, self.dim, self.value_dtype = source, dim, value_dtype
         self.state_columns = state_columns if source.state_columns == state_columns else 0
+        # A read of no key checks the shapes a source gives (a user function's, a
+        # Storage's) now, before a lookup stores anything.
+        probe = source.rows(torch.empty(0, dtype=torch.int64))
+        if probe.values.shape != (0, dim) or probe.found.shape != (0,):
+            raise ValueError(
+                f"table {name!r}: warm_start gave rows {tuple(probe.values.shape)} and found "
+                f"{tuple(probe.found.shape)} for no key, expected (0, {dim}) and (0,)"
+            )
         self.reads = self.keys_read = 0
 
     def read(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,8 +49,11 @@ def train_static(model: EmbeddingBagCollection, steps: int, g: torch.Generator) 
         optimizer.step()
 
 
-def dynamic_twin(sources: dict, device="cpu", **options) -> BatchedDynamicEmbeddingTables:
-    """Dynamic tables of TABLES' dims, table ``name`` warm-started from ``sources[name]``."""
+def dynamic_twin(
+    sources: dict, device="cpu", optimizer=EmbOptimType.EXACT_SGD, **options
+) -> BatchedDynamicEmbeddingTables:
+    """Dynamic tables of TABLES' dims, table ``name`` warm-started from ``sources[name]``
+    (``options``: more DynamicEmbTableOptions fields of every table)."""
     return BatchedDynamicEmbeddingTables(
         [
             DynamicEmbTableOptions(
@@ -64,7 +67,7 @@ def dynamic_twin(sources: dict, device="cpu", **options) -> BatchedDynamicEmbedd
         ],  # fmt: skip
         feature_table_map=list(range(len(TABLES))),
         pooling_mode=DynamicEmbPoolingMode.SUM,
-        optimizer=EmbOptimType.EXACT_SGD,
+        optimizer=optimizer,
         learning_rate=LR,
         table_names=list(TABLES),
         device=device,
