@@ -3,6 +3,7 @@ keys (only them, each once while stored), every table-side path that inserts (fo
 or new, evicting, growing), the optimizer state taken from the source or initialised,
 and nothing read in eval mode."""
 
+import pytest
 import torch
 
 from dynemb import (
@@ -98,3 +99,24 @@ def test_optimizer_state_from_the_source_or_initialised(device):
     assert torch.equal(full_without[:3, :dim], weight[[1, 7, 19]])
     assert torch.equal(full_without[:, dim:], torch.zeros(4, 1))  # initialised (0)
     assert torch.equal(full_with[3, dim:], torch.zeros(1))  # 25: not in the source
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_hybrid_and_spilled_tiers_and_change_log_see_warm_rows_as_ordinary_rows(
+    spill, device, tmp_path
+):
+    from dynemb.table.change_log import ChangeLog
+
+    weight = torch.randn(100, 4)
+    spill_directory = str(tmp_path / "spill") if spill else None
+    table = ScoredHashTable(dim=4, capacity=64, bucket_capacity=16, fast_rows=16, device=device,
+                            spill_directory=spill_directory)  # fmt: skip
+    table.warm_start = TableFill(WarmStart.from_tensor(weight), 4, 0, torch.float32, "t")
+    table.change_log = ChangeLog()
+    keys = torch.arange(0, 100, 3, device=device)  # 34 keys: both tiers
+    table.find_or_insert_slots(keys)
+    slots = table.find_slots(keys)
+    assert bool((slots >= 16).any()) and bool((slots < 16).any())
+    assert torch.equal(table.find(keys)[0].cpu(), weight[keys.cpu()])
+    touched, removed = table.change_log.take()  # a delta records them as any insert
+    assert sorted(touched.tolist()) == keys.tolist() and removed.numel() == 0
