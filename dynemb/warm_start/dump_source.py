@@ -1,4 +1,5 @@
-"""Reads one table of a ``DynamicEmbDump`` checkpoint (dynemb's format) whole, for a
+"""Reads one table of a ``DynamicEmbDump`` checkpoint (dynemb's format; NVIDIA
+DynamicEmb's layout in dynamicemb_source.py) whole, for a
 warm start: the rows of every saved rank, whatever the world size that wrote them
 (a key is saved by one rank only), and their optimizer state when the dump has it.
 
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.format import CheckpointError, dtype_of, read_rows
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.verify import verify_all
+from dynemb.warm_start.dynamicemb_source import read_dynamicemb_table
 
 
 def find_table(saved: dict, table_name: str, path: Path) -> str:
@@ -30,10 +33,12 @@ def find_table(saved: dict, table_name: str, path: Path) -> str:
     return found[0]
 
 
-def read_dumped_table(path, table_name: str, optim: bool = True):
+def read_dumped_table(path, table_name: str, optim: bool = True, num_embeddings=None):
     """``(keys (N,) int64, values (N, dim), state (N, state_columns) or None)`` of table
     ``table_name`` of the dump at ``path``; ``state`` is None when the dump holds no
-    optimizer state, the optimizer keeps none, or ``optim`` is False.
+    optimizer state, the optimizer keeps none, or ``optim`` is False. A directory in
+    NVIDIA DynamicEmb's layout is read by dynamicemb_source.py (``num_embeddings``:
+    see there).
 
     Raises:
         ValueError: ``path`` holds no dynemb dump, or no such table (CheckpointError,
@@ -41,8 +46,11 @@ def read_dumped_table(path, table_name: str, optim: bool = True):
     """
     path = Path(path)
     if not (path / MANIFEST).is_file():
+        if is_dynamicemb_layout(path):
+            return read_dynamicemb_table(path, table_name, optim, num_embeddings)
         raise ValueError(
-            f"WarmStart.from_dump: {path} holds no DynamicEmbDump checkpoint (no {MANIFEST})"
+            f"WarmStart.from_dump: {path} holds no DynamicEmbDump checkpoint (no {MANIFEST}, "
+            f"no DynamicEmb key files)"
         )
     manifest = read_manifest(path)
     name = find_table(manifest["tables"], table_name, path)

@@ -151,13 +151,23 @@ class WarmStart:
         return WarmStart.from_tensor(state_dict[found[0]], ids)
 
     @staticmethod
-    def from_dump(path, table_name: str, optim: bool = True) -> "WarmStart":
-        """A source over one table of a ``DynamicEmbDump`` checkpoint (dynemb's format,
-        written at any world size): every saved row, with its optimizer state when the
-        dump has it and ``optim``. See ``dynemb.warm_start.dump_source``."""
+    def from_dump(
+        path, table_name: str, optim: bool = True, num_embeddings: int | None = None
+    ) -> "WarmStart":
+        """A source over one table of a ``DynamicEmbDump`` checkpoint, written at any
+        world size, in dynemb's format or NVIDIA DynamicEmb's layout: every saved row,
+        with its optimizer state when the dump has it and ``optim``.
+        ``num_embeddings``: the dumping model's table size, needed only for
+        DynamicEmb's layout dumped by several ranks under ``dist_type="continuous"``
+        (its files hold local ids). See ``dynemb.warm_start.dump_source``.
+
+        Raises:
+            ValueError: no dump at ``path``, or no table ``table_name`` in it.
+            CheckpointError: a damaged dump (a ValueError too).
+        """
         from dynemb.warm_start.dump_source import read_dumped_table
 
-        keys, values, state = read_dumped_table(path, table_name, optim)
+        keys, values, state = read_dumped_table(path, table_name, optim, num_embeddings)
         return KeyedRows(keys, values, state)
 
     @staticmethod
