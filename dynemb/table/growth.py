@@ -285,9 +285,9 @@ def find_or_insert_slots_grouped(
     Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table.
 
     ``defer``: when no table can grow (each at its capacity, without a change log or
-    a warm-start source),
-    the status counts are not read now: each table's second item is a
-    ``DeferredLookup``, folded into its ``size`` and ``last_stats`` when they are read.
+    a warm-start source), the status counts are not read now: each table's second
+    item is a ``DeferredLookup``, folded into its ``size`` and ``last_stats`` when
+    they are read.
     """
     states: list[TableState] = [table.state for table in tables]
     defer = defer and all(
