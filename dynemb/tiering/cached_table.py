@@ -123,6 +123,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.dim = cache.dim
         self.extra_columns = cache.extra_columns
         self.seed = cache.seed
+        self.warm_start = None  # a TableFill, read by keys new to both tiers (cache_fill)
         self.stats = CacheStats()
         backing = self.backing_table()
         self._ctx = backing if backing is not None else _ScoreContext()
@@ -237,8 +238,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         return False
 
     def record_lookup(self, keys: torch.Tensor) -> None:
-        """None: a cache's training lookups never fail (keys it cannot take are staged),
-        so none is undone."""
+        """None: a cache's lookups never fail (keys it cannot take are staged): no undo."""
         return None
 
     # ---------------------------------------------------------------- lookups

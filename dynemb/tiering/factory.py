@@ -12,6 +12,7 @@ from dynemb.tiering.backing import make_backing_storage
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.storage import Storage, StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.warm_start.table_fill import TableFill
 
 # Slots per cache bucket. DynamicEmb uses 1024 (a GPU warp scans a bucket at once);
 # on a CPU every cache eviction scans its whole bucket for the victim: W-train with
@@ -101,7 +102,16 @@ def make_table(
     ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
     Otherwise a ScoredHashTable, hybrid when ``local_hbm_for_values`` holds fewer rows
     than the table (``fast_rows = cache_rows(options)``), spilled with ``spill_path``.
+    With ``warm_start``, its keys new to the table read the source (a TableFill).
     """
+    table = _make_table(name, options, state_columns, device)
+    if options.warm_start is not None:
+        dtype = table.value_dtype
+        table.warm_start = TableFill(options.warm_start, options.dim, state_columns, dtype, name)
+    return table
+
+
+def _make_table(name, options, state_columns, device) -> ScoredHashTable | CachedTable:
     o = options
     spill_directory = spill_path(o, name)
     if not o.caching:
