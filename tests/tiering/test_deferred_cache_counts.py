@@ -38,9 +38,16 @@ def test_cache_stats_add_later_adds_when_read():
     assert stats.fetched == 15 and host_reads() == before + 1  # the first entry, read now
     assert stats.storage_drops == 5 and host_reads() == before + 2
     stats.add_later(lookup_hits=torch.tensor(7))
-    copied = copy.deepcopy(stats)  # a copy reads what is pending
-    assert dataclasses.astuple(copied) == dataclasses.astuple(stats) == (0, 7, 0, 0, 15, 5, 5, 0, 0)
-    assert stats == CacheStats(0, 7, 0, 0, 15, 5, 5, 0, 0)
+    copied, shallow = copy.deepcopy(stats), copy.copy(stats)  # copies read what is pending
+    stats.add_later(lookup_hits=torch.tensor(1))  # the original's alone
+    assert (
+        dataclasses.astuple(copied) == dataclasses.astuple(shallow) == (0, 7, 0, 0, 15, 5, 5, 0, 0)
+    )
+    assert stats == CacheStats(0, 8, 0, 0, 15, 5, 5, 0, 0)
+    stats.add_later(staged=torch.tensor(2))
+    before = host_reads()
+    read_to_host(torch.zeros(1), "test")  # the next read of the device takes it
+    assert stats.staged == 2 and host_reads() == before + 1
     with pytest.raises(ValueError, match="no counter 'fetch'"):
         stats.add_later(fetch=torch.tensor(1))
     with pytest.raises(ValueError, match="no counter 'hits'"):
