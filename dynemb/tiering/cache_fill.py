@@ -18,6 +18,12 @@ from dynemb.types import DynamicEmbScoreStrategy
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 
+def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions of the ``count`` True entries of ``mask``, a count the claim's status
+    counts gave already: no read of the device sizes them (as ``torch.nonzero`` would)."""
+    return torch.nonzero_static(mask, size=count).view(-1)
+
+
 class CacheFill:
     """Cache fills and write-backs (a mixin of CachedTable)."""
 
@@ -200,9 +206,3 @@ class CacheFill:
         if self._strategy == _CUSTOMIZED:
             custom = torch.full_like(old, self._ctx.custom_score or 0)
         return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
-
-
-def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
-    """Positions of the ``count`` True entries of ``mask``, a count the claim's status
-    counts gave already: no read of the device sizes them (as ``torch.nonzero`` would)."""
-    return torch.nonzero_static(mask, size=count).view(-1)
