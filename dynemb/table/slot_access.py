@@ -21,6 +21,7 @@ from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.warm_start.table_fill import TableFill
 
 # stored_entries de-duplicates n slots by a mark per slot when n * MARK_RATIO >= the
 # table's slots, else by a sort: a small delta of a large table scans no table.
@@ -84,6 +85,19 @@ class SlotAccess:
             self._state.change_log = log
 
     @property
+    def warm_start(self):
+        """The ``dynemb.warm_start.TableFill`` whose source the keys a training lookup
+        inserts read their first rows from (None, the default: the initializer's)."""
+        return self._state.warm_start
+
+    @warm_start.setter
+    def warm_start(self, fill) -> None:
+        if fill is not None and not isinstance(fill, TableFill):
+            raise TypeError(f"warm_start must be a TableFill or None, got {fill!r}")
+        with self._state.lock.write():
+            self._state.warm_start = fill
+
+    @property
     def last_stats(self) -> BatchStats | None:
         """The BatchStats of the latest batch upsert (None before the first)."""
         return self._state.last_stats
@@ -125,7 +139,8 @@ class SlotAccess:
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold=None
     ) -> tuple[torch.Tensor, BatchStats]:
         """Slots of distinct keys ((n,) int64, -1 where not stored), inserting missing
-        keys with initialised rows: a training lookup (scores updated by the strategy).
+        keys with initialised rows (or ``warm_start``'s): a training lookup (scores
+        updated by the strategy).
 
         ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
         ``hold``: the batch's PinHold (``hold_pins()``), which keeps the keys from
@@ -138,7 +153,7 @@ class SlotAccess:
 
         stats = upsert(
             self._state, slot_upsert, keys, scores, slots, evicted=None, slots=slots,
-            per_key=accesses, hold=hold,
+            per_key=accesses, hold=hold, warm=True,
         )  # fmt: skip
         return slots, stats
 

@@ -125,7 +125,8 @@ class CacheFill:
 
     def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and scores of keys from the storage; keys it lacks get the initial
-        row (a pure function of (seed, key), as an uncached table's insert) and 0."""
+        row (a pure function of (seed, key), as an uncached table's insert), or the
+        warm-start source's, and 0."""
         with self._storage_lock:
             rows, scores, found = self._storage_find(keys)
         new = torch.nonzero(~found, as_tuple=True)[0]
@@ -139,6 +140,9 @@ class CacheFill:
             rows[new, : self.dim] = init.to(rows.dtype)
             rows[new, self.dim :] = init_values[5]
             scores[new] = 0
+            if self.warm_start is not None:  # keys new to both tiers: the source's rows
+                pos, warm = self.warm_start.read(keys[new])
+                rows[new[pos], : warm.shape[1]] = warm
         return rows, scores
 
     def _exchange(self, keys, slots, status, backing: ScoredHashTable) -> None:
@@ -152,6 +156,11 @@ class CacheFill:
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
         self.stats.add_later(fetched=victims[3].sum())  # read with the next read
+        if self.warm_start is not None:  # keys new to both tiers: the source's rows
+            claimed = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
+            new = torch.nonzero(claimed & ~victims[3], as_tuple=True)[0]
+            if new.numel():
+                self.warm_start.fill_slots(self.buffers, keys[new], slots[new])
         self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
@@ -205,4 +214,7 @@ class CacheFill:
         custom = None
         if self._strategy == _CUSTOMIZED:
             custom = torch.full_like(old, self._ctx.custom_score or 0)
-        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        if self.score_half_life_steps is None:
+            return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        half_life, step = self.score_half_life_steps, self._ctx.score_step  # DECAYED_LFU
+        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom, half_life, step)

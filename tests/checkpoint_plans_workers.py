@@ -1,0 +1,251 @@
+"""Rank-side code of tests/checkpoint/test_checkpoint_across_plans.py: one model of two
+dynamic tables trained row-wise on 4 ranks, dumped, and loaded into other plans and world
+sizes (table-wise on 2, column-wise on 2, row-wise on 4 again), each load dumped for the
+next. Every stage returns what its ranks hold, as whole rows, and the outputs of the
+next forward of the global batch."""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+from dynemb import DynamicEmbScoreStrategy
+from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
+from dynemb.optimizer import EmbOptimType
+from dynemb.planner import DynamicEmbParameterSharding
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder, dynamic_embedding_tables
+from tests.sharded_workers import table_options
+from tests.table_wise_workers import entries, global_batch, local_kjt, out_grad
+
+DIMS = {"a": 8, "b": 8}  # table -> dim (TorchRec cuts 4 columns or more per slice)
+FEATURES = ["f0", "f1"]
+GLOBAL_BATCH = 8
+STEPS = 4
+LR = 0.05
+# Each plan: table -> (sharding type, ranks). b's slices lie on the ranks in reverse.
+PLANS = {
+    "row_wise": {"a": ("row_wise", None), "b": ("row_wise", None)},
+    "table_wise": {"a": ("table_wise", [1]), "b": ("table_wise", [0])},
+    "column_wise": {"a": ("column_wise", [0, 1]), "b": ("column_wise", [1, 0])},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    optimizer: str
+
+    def fused_params(self) -> dict:
+        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+
+
+def build_model(case: Case, plan: str, world_size: int):
+    configs = [
+        EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=40, feature_names=[f])
+        for (name, dim), f in zip(DIMS.items(), FEATURES)
+    ]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    make = {"row_wise": lambda ranks: row_wise(compute_kernel="customized_kernel"),
+            "table_wise": lambda ranks: table_wise(rank=ranks[0], compute_kernel="customized_kernel"),
+            "column_wise": lambda ranks: column_wise(ranks=ranks, compute_kernel="customized_kernel")}  # fmt: skip
+    per_param = {name: make[kind](ranks) for name, (kind, ranks) in PLANS[plan].items()}
+    mplan = construct_module_sharding_plan(
+        module, per_param_sharding=per_param, local_size=world_size, world_size=world_size,
+        device_type="cpu", sharder=sharder,
+    )  # fmt: skip
+    for name, dim in DIMS.items():
+        options = serving_options(dim)
+        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
+        mplan[name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=options)
+    return DistributedModelParallel(
+        module,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": mplan}),
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+
+
+def serving_options(dim: int):
+    """Every table's options (a serving module's too)."""
+    options = table_options(dim, "hash_roundrobin", 256)
+    options.bucket_capacity = 16
+    options.score_strategy = DynamicEmbScoreStrategy.STEP
+    return options
+
+
+def _samples(rank: int, world_size: int) -> tuple[int, int]:
+    per_rank = GLOBAL_BATCH // world_size
+    return rank * per_rank, (rank + 1) * per_rank
+
+
+def step(model, rank: int, world_size: int, step: int, backward: bool = True) -> torch.Tensor:
+    """One step of the global batch ``step``; returns the whole batch's outputs (every
+    rank's samples, gathered)."""
+    start, stop = _samples(rank, world_size)
+    lengths, keys = global_batch(step, GLOBAL_BATCH, len(FEATURES))
+    out = model(local_kjt(lengths, keys, start, stop)).to_dict()
+    values = torch.cat([out[f] for f in FEATURES], dim=1)
+    if backward:
+        grad = out_grad(step, GLOBAL_BATCH, sum(DIMS.values()))[start:stop]
+        (values * grad).sum().backward()
+    gathered = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(gathered, values.detach().contiguous())
+    return torch.cat(gathered)
+
+
+def held(model) -> dict[str, dict]:
+    """Every rank's pieces of every dynamic table: name -> [(rank, column_offset,
+    entries)] (column_offset 0 for a whole table or a row-wise share)."""
+    mine = []
+    for group in dynamic_embedding_tables(model).values():
+        for name, options, table in zip(group.table_names, group.table_options, group.tables):
+            mine.append((name, options.column_offset, entries(table)))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    out: dict[str, list] = {}
+    for rank, pieces in enumerate(gathered):
+        for name, offset, got in pieces:
+            out.setdefault(name, []).append((rank, offset, got))
+    return out
+
+
+def train_and_dump(rank: int, world_size: int, cases: list[Case], path: str):
+    """Row-wise on ``world_size`` ranks: per case, trains STEPS steps, dumps to
+    ``path/<optimizer>/row_wise``; returns (held, the next step's outputs)."""
+    results = []
+    for case in cases:
+        model = build_model(case, "row_wise", world_size)
+        for s in range(STEPS):
+            step(model, rank, world_size, s)
+        DynamicEmbDump(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+        results.append((held(model), step(model, rank, world_size, STEPS, backward=False)))
+    return results if rank == 0 else None
+
+
+def load_dump(model, rank: int, world_size: int, source: str, target: str | None):
+    DynamicEmbLoad(source, model, optim=True)
+    pieces = held(model)
+    if target is not None:
+        DynamicEmbDump(target, model, optim=True)
+    return pieces, step(model, rank, world_size, STEPS, backward=False)
+
+
+def through_two_ranks(rank: int, world_size: int, cases: list[Case], path: str):
+    """On 2 ranks, per case: loads row_wise into the table-wise plan and dumps it
+    (table_wise), loads that into the column-wise plan and dumps it (column_wise);
+    then trains the column-wise model 2 more steps (its slices' row-wise Adagrad
+    states part), dumps it (cw_trained) and loads that into a fresh column-wise
+    model. Returns per case: (held, next outputs) of the three loads and the held
+    of the trained column-wise model."""
+    results = []
+    for case in cases:
+        base = f"{path}/{case.optimizer}"
+        tw = build_model(case, "table_wise", world_size)
+        by_tw = load_dump(tw, rank, world_size, f"{base}/row_wise", f"{base}/table_wise")
+        cw = build_model(case, "column_wise", world_size)
+        by_cw = load_dump(cw, rank, world_size, f"{base}/table_wise", f"{base}/column_wise")
+        cw = build_model(case, "column_wise", world_size)
+        DynamicEmbLoad(f"{base}/column_wise", cw, optim=True)
+        for s in range(STEPS, STEPS + 2):
+            step(cw, rank, world_size, s)
+        DynamicEmbDump(f"{base}/cw_trained", cw, optim=True)
+        trained = held(cw)
+        again = load_dump(
+            build_model(case, "column_wise", world_size), rank, world_size,
+            f"{base}/cw_trained", None,
+        )  # fmt: skip
+        results.append((by_tw, by_cw, again, trained))
+    return results if rank == 0 else None
+
+
+def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
+    """Row-wise on ``world_size`` ranks, per case: loads column_wise (the chain's end)
+    and cw_trained; returns their (held, next outputs)."""
+    results = []
+    for case in cases:
+        base = f"{path}/{case.optimizer}"
+        loads = [
+            load_dump(build_model(case, "row_wise", world_size), rank, world_size, source, None)
+            for source in (f"{base}/column_wise", f"{base}/cw_trained")
+        ]
+        results.append(loads)
+    return results if rank == 0 else None
+
+
+def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
+    """On 2 ranks, per plan (table-wise, column-wise): loads row_wise, trains one step
+    from a score reference and dumps incrementally over the group; returns per plan
+    (the dump, held after the step)."""
+    from dynemb.incremental_dump import get_score, incremental_dump
+
+    results = {}
+    for plan in ("table_wise", "column_wise"):
+        model = build_model(case, plan, world_size)
+        DynamicEmbLoad(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+        before = get_score(model)
+        step(model, rank, world_size, STEPS)
+        dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)
+        results[plan] = (dumped["model"], held(model))
+    results["disagree"] = _slices_that_disagree(model, rank, path)
+    return results if rank == 0 else None
+
+
+def _slices_that_disagree(model, rank: int, path: str) -> list[str]:
+    """The column-wise ``model`` with a key erased from rank 1's slices only: what
+    DynamicEmbDump and incremental_dump raise (every rank gets the outcome)."""
+    from dynemb.incremental_dump import incremental_dump
+    from tests.sharded_workers import dynamic_tables
+
+    if rank == 1:
+        assert dynamic_tables(model)["a"].erase(erased_keys()[:1]) == 1
+    errors = []
+    for attempt in (
+        lambda: DynamicEmbDump(f"{path}/disagree", model, optim=True),
+        lambda: incremental_dump(model, 0, dist.group.WORLD),
+    ):
+        try:
+            attempt()
+            errors.append(None)
+        except RuntimeError as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, errors)
+    return gathered
+
+
+def publish_under_plans(rank: int, world_size: int, case: Case, root: str):
+    """On 2 ranks, per plan (table-wise, column-wise): trains STEPS steps with a
+    DeltaPublisher (optim=True): the base after step 0, a delta after each later step;
+    before the last, every rank erases from what it holds of table a three keys of
+    step 0 (tombstones). Returns per plan (the last version, held at the end)."""
+    from dynemb.deltas import DeltaPublisher
+    from tests.sharded_workers import dynamic_tables
+
+    results = {}
+    for plan in ("table_wise", "column_wise"):
+        model = build_model(case, plan, world_size)
+        publisher = DeltaPublisher(model, f"{root}/{plan}", optim=True, fault_timeout=20)
+        for s in range(STEPS):
+            step(model, rank, world_size, s)
+            if s == STEPS - 1 and "a" in dynamic_tables(model):
+                assert dynamic_tables(model)["a"].erase(erased_keys()) == 3
+            assert (publisher.publish() if s else publisher.publish_base()) == s
+        publisher.close()
+        results[plan] = (publisher.version, held(model))
+    return results if rank == 0 else None
+
+
+def erased_keys() -> torch.Tensor:
+    """Three keys of table a (feature f0) stored since step 0."""
+    lengths, keys = global_batch(0, GLOBAL_BATCH, len(FEATURES))
+    return keys[: int(lengths[0].sum())].unique()[:3]
