@@ -8,7 +8,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     column_wise,
@@ -22,7 +27,11 @@ from dynemb import DynamicEmbScoreStrategy
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, dynamic_embedding_tables
+from dynemb.shard import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+    dynamic_embedding_tables,
+)
 from tests.sharded_workers import table_options
 from tests.table_wise_workers import entries, global_batch, local_kjt, out_grad
 
@@ -42,18 +51,28 @@ PLANS = {
 @dataclasses.dataclass(frozen=True)
 class Case:
     optimizer: str
+    sequence: bool = False  # an EmbeddingCollection (one row per id), else an EBC (SUM)
+
+    @property
+    def name(self) -> str:
+        return self.optimizer + ("-sequence" if self.sequence else "")
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
 
 
 def build_model(case: Case, plan: str, world_size: int):
+    config, collection, sharder = (
+        (EmbeddingConfig, EmbeddingCollection, DynamicEmbeddingCollectionSharder)
+        if case.sequence
+        else (EmbeddingBagConfig, EmbeddingBagCollection, DynamicEmbeddingBagCollectionSharder)
+    )
     configs = [
-        EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=40, feature_names=[f])
+        config(name=name, embedding_dim=dim, num_embeddings=40, feature_names=[f])
         for (name, dim), f in zip(DIMS.items(), FEATURES)
     ]
-    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    module = collection(tables=configs, device=torch.device("meta"))
+    sharder = sharder(fused_params=case.fused_params())
     make = {"row_wise": lambda ranks: row_wise(compute_kernel="customized_kernel"),
             "table_wise": lambda ranks: table_wise(rank=ranks[0], compute_kernel="customized_kernel"),
             "column_wise": lambda ranks: column_wise(ranks=ranks, compute_kernel="customized_kernel")}  # fmt: skip
@@ -90,17 +109,23 @@ def _samples(rank: int, world_size: int) -> tuple[int, int]:
 
 def step(model, rank: int, world_size: int, step: int, backward: bool = True) -> torch.Tensor:
     """One step of the global batch ``step``; returns the whole batch's outputs (every
-    rank's samples, gathered)."""
+    rank's samples, gathered; an EmbeddingCollection's rows feature by feature)."""
     start, stop = _samples(rank, world_size)
     lengths, keys = global_batch(step, GLOBAL_BATCH, len(FEATURES))
-    out = model(local_kjt(lengths, keys, start, stop)).to_dict()
-    values = torch.cat([out[f] for f in FEATURES], dim=1)
-    if backward:
+    out = model(local_kjt(lengths, keys, start, stop))
+    if not hasattr(out, "to_dict"):  # EmbeddingCollection: each id's row
+        parts = [out[f].values() for f in FEATURES]
+        values = torch.cat(parts)
+        grad = out_grad(step, values.shape[0], values.shape[1])
+    else:
+        values = torch.cat([out.to_dict()[f] for f in FEATURES], dim=1)
+        parts = [values]
         grad = out_grad(step, GLOBAL_BATCH, sum(DIMS.values()))[start:stop]
+    if backward:
         (values * grad).sum().backward()
-    gathered = [torch.empty_like(values) for _ in range(world_size)]
-    dist.all_gather(gathered, values.detach().contiguous())
-    return torch.cat(gathered)
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, [p.detach() for p in parts])
+    return torch.cat([torch.cat([g[i] for g in gathered]) for i in range(len(parts))])
 
 
 def held(model) -> dict[str, dict]:
@@ -127,7 +152,7 @@ def train_and_dump(rank: int, world_size: int, cases: list[Case], path: str):
         model = build_model(case, "row_wise", world_size)
         for s in range(STEPS):
             step(model, rank, world_size, s)
-        DynamicEmbDump(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+        DynamicEmbDump(f"{path}/{case.name}/row_wise", model, optim=True)
         results.append((held(model), step(model, rank, world_size, STEPS, backward=False)))
     return results if rank == 0 else None
 
@@ -149,7 +174,7 @@ def through_two_ranks(rank: int, world_size: int, cases: list[Case], path: str):
     of the trained column-wise model."""
     results = []
     for case in cases:
-        base = f"{path}/{case.optimizer}"
+        base = f"{path}/{case.name}"
         tw = build_model(case, "table_wise", world_size)
         by_tw = load_dump(tw, rank, world_size, f"{base}/row_wise", f"{base}/table_wise")
         cw = build_model(case, "column_wise", world_size)
@@ -173,7 +198,7 @@ def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
     and cw_trained; returns their (held, next outputs)."""
     results = []
     for case in cases:
-        base = f"{path}/{case.optimizer}"
+        base = f"{path}/{case.name}"
         loads = [
             load_dump(build_model(case, "row_wise", world_size), rank, world_size, source, None)
             for source in (f"{base}/column_wise", f"{base}/cw_trained")
@@ -191,7 +216,7 @@ def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
     results = {}
     for plan in ("table_wise", "column_wise"):
         model = build_model(case, plan, world_size)
-        DynamicEmbLoad(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+        DynamicEmbLoad(f"{path}/{case.name}/row_wise", model, optim=True)
         before = get_score(model)
         step(model, rank, world_size, STEPS)
         dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)

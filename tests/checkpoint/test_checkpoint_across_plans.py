@@ -1,5 +1,5 @@
-"""A checkpoint moves between sharding types and world sizes, exactly: a model of two
-dynamic tables trained row-wise on 4 gloo ranks is dumped, loaded table-wise on 2 and
+"""A checkpoint moves between sharding types and world sizes, exactly: a model (an EBC,
+or an EC) of two dynamic tables trained row-wise on 4 gloo ranks is dumped, loaded table-wise on 2 and
 dumped, loaded column-wise on 2 (a column slice of every row on each rank) and dumped,
 and loaded row-wise on 4 again. After every load the model holds the trained keys,
 rows, optimizer state and scores bit for bit (a slice: its columns of each row, and its
@@ -43,7 +43,12 @@ pytestmark = pytest.mark.no_emulated_pass(
     "spawned-rank dumps and loads under TorchRec plans: the table ops they use are tested per executor elsewhere"
 )
 
-CASES = [Case("EXACT_ROWWISE_ADAGRAD"), Case("ADAM"), Case("EXACT_SGD")]
+CASES = [
+    Case("EXACT_ROWWISE_ADAGRAD"),
+    Case("ADAM"),
+    Case("EXACT_SGD"),
+    Case("EXACT_ROWWISE_ADAGRAD", sequence=True),
+]
 
 
 def _union(pieces: list) -> dict[str, torch.Tensor]:
@@ -108,7 +113,7 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
         (by_tw, tw_out), (by_cw, cw_out), (again, again_out), cw_trained = two[c]
         (from_cw, rw_out), (from_trained, trained_out) = back[c]
         for name, dim in DIMS.items():
-            what = f"{opt} {name}"
+            what = f"{case.name} {name}"
             assert len(by_tw[name]) == 1, what  # table-wise: held whole by one rank
             _equal(by_tw[name][0][2], whole[name], f"{what}: table-wise on 2")
             _slices_equal(by_cw[name], whole[name], opt, dim, f"{what}: column-wise on 2")
@@ -141,7 +146,9 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
             (cw_out, "column-wise"),
             (rw_out, "row-wise"),
         ):
-            assert torch.equal(outputs, next_outputs), f"{opt}: next forward after the {where} load"
+            assert torch.equal(outputs, next_outputs), (
+                f"{case.name}: next forward after the {where} load"
+            )
         torch.testing.assert_close(trained_out, again_out, atol=1e-6, rtol=0)
     _column_slices_schema(tmp_path / "EXACT_ROWWISE_ADAGRAD" / "column_wise", tmp_path / "edited")
 
