@@ -172,7 +172,9 @@ def train_mixed(rank: int, world_size: int, cases: list[Case]):
                 for f, p in enumerate(parts)
             ]
             kjt = KeyedJaggedTensor(
-                keys=case.features(), values=torch.cat(mine), lengths=lengths[:, start:stop].flatten()
+                keys=case.features(),
+                values=torch.cat(mine),
+                lengths=lengths[:, start:stop].flatten(),
             )
             out = model(kjt)
             got = [out[f] if case.pooling != "NONE" else out[f].values() for f in case.features()]
