@@ -103,7 +103,10 @@ def build_model(case: Case, world_size: int):
     sharder = kind(fused_params=case.fused_params())
     per_param = {
         "tw": table_wise(rank=world_size - 1, compute_kernel="customized_kernel"),
-        "cw": column_wise(ranks=list(range(world_size)), compute_kernel="customized_kernel"),
+        # size_per_rank: column_wise(ranks=...) gives slices of at least 4 columns
+        "cw": column_wise(
+            size_per_rank=[DIM // world_size] * world_size, compute_kernel="customized_kernel"
+        ),
         "rw": row_wise(compute_kernel="customized_kernel"),
     }
     if ORDINARY in case.tables():

@@ -2,6 +2,7 @@
 that owns it under the model's current routing, and restore it there exactly."""
 
 import contextlib
+import dataclasses
 import warnings
 
 import torch
@@ -33,7 +34,8 @@ def op_threads(n: int):
 
 def table_holders(tables: list[NamedTable], pg) -> dict[str, list[int]]:
     """Every dynamic table of the model on any rank of ``pg``: name -> the ranks holding
-    it (all of them row-wise, one table-wise, one per slice column-wise). Every rank
+    it (all of them row-wise, one table-wise, a node's table-row-wise, one per slice
+    column-wise). Every rank
     calls it."""
     holders: dict[str, list[int]] = {}
     for rank, names in enumerate(all_gather([t.name for t in tables], pg)):
@@ -51,7 +53,7 @@ def check_held_everywhere(tables: list[NamedTable], pg, what: str) -> None:
     whole = sorted(name for name, ranks in holders.items() if len(ranks) < world_size)
     if whole:
         raise ValueError(
-            f"{what}: tables {whole} are sharded table-wise (each on one rank); DynamicEmb's "
+            f"{what}: tables {whole} are sharded table-wise or table-row-wise (not on every rank); DynamicEmb's "
             "layout holds row-wise tables only: use format='dynemb'"
         )
 
@@ -74,21 +76,37 @@ def check_no_column_slices(tables: list[NamedTable], what: str) -> None:
         )
 
 
-def sole_holder(name: str, ranks: list[int], world_size: int) -> int | None:
-    """The rank holding table ``name`` whole (table-wise), or None when every rank holds
-    a share of it (row-wise: its routing decides).
+def table_routes(tables: list[NamedTable], pg) -> dict[str, tuple[str, int]]:
+    """Every dynamic table of the model on any rank of ``pg``: name -> how its keys are
+    routed among the ranks holding it (``table_routing``), so that a rank not holding
+    it can send it rows. Every rank calls it."""
+    routes: dict[str, tuple[str, int]] = {}
+    for rank_routes in all_gather({t.name: t.group.table_routing(t.index) for t in tables}, pg):
+        routes.update(rank_routes)
+    return routes
 
-    Raises:
-        ValueError: a table held by some ranks but not one nor all of them.
-    """
+
+@dataclasses.dataclass(frozen=True)
+class HeldBy:
+    """The ranks holding a table that not every rank holds (table-wise: one;
+    table-row-wise: the ranks of its node, in order) and its routing among them."""
+
+    ranks: tuple[int, ...]
+    dist_type: str
+    num_embeddings: int
+
+    def owners(self, keys: torch.Tensor) -> torch.Tensor:
+        """(m,) int64: the rank of the group owning each of ``keys`` ((m,) int64)."""
+        local, _ = route_keys(keys, self.dist_type, len(self.ranks), self.num_embeddings)
+        return torch.tensor(self.ranks, dtype=torch.int64, device=keys.device)[local]
+
+
+def held_by(ranks: list[int], world_size: int, routing: tuple[str, int]) -> HeldBy | None:
+    """None when every rank holds a share of the table (row-wise: each rank's table
+    routes), else the ranks holding it and ``routing`` (its ``table_routing``)."""
     if len(ranks) == world_size:
         return None
-    if len(ranks) == 1:
-        return ranks[0]
-    raise ValueError(
-        f"table {name!r} is held by ranks {ranks} of {world_size}: a dynamic table is "
-        "held by every rank (row-wise) or by one (table-wise)"
-    )
+    return HeldBy(tuple(sorted(ranks)), *routing)
 
 
 def route_rows(
@@ -98,19 +116,20 @@ def route_rows(
     pg,
     world_size: int,
     owner=None,
-    holder: int | None = None,
+    holders: HeldBy | None = None,
     replicas: list[int] | None = None,
 ) -> dict:
     """Sends each key of ``local`` (and its fields) to the rank that owns it now.
 
     Args:
         t: the table (its routing decides the owners); None on a rank that does not
-            hold it (then ``holder`` is the rank that does).
+            hold it (then ``holders`` are the ranks that do).
         fields: field -> ``(dtype, width)`` (width 0: a 1-D field); ``keys`` among them.
         local: field -> (m,) or (m, width) tensor, or None for nothing to send.
         pg, world_size: the group every rank of which calls this.
         owner: (m,) int64 destination of each row, instead of the table's routing.
-        holder: the rank holding the table whole (table-wise): every row goes there.
+        holders: the ranks holding the table when not every rank does (table-wise,
+            table-row-wise): each row goes to its owner among them.
         replicas: the ranks holding a column slice of the table: every row goes to each.
 
     Returns:
@@ -125,8 +144,8 @@ def route_rows(
         m = local["keys"].numel()
         local = {f: v.repeat((len(replicas),) + (1,) * (v.dim() - 1)) for f, v in local.items()}
         owner = torch.tensor(replicas, dtype=torch.int64).repeat_interleave(m)
-    elif holder is not None:
-        owner = torch.full_like(local["keys"], holder)
+    elif holders is not None:
+        owner = holders.owners(local["keys"])
     elif owner is None:
         dist_type, num_embeddings = t.group.table_routing(t.index)
         owner, _ = route_keys(local["keys"], dist_type, world_size, num_embeddings)
@@ -271,7 +290,9 @@ __all__ = [
     "check_held_everywhere",
     "check_no_column_slices",
     "route_rows",
+    "HeldBy",
+    "held_by",
     "sliced_tables",
-    "sole_holder",
     "table_holders",
+    "table_routes",
 ]

@@ -14,6 +14,7 @@ from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     check_held_everywhere,
     check_no_column_slices,
+    held_by,
     op_threads,
     prepare_tables,
     report_dropped,
@@ -21,8 +22,8 @@ from dynemb.checkpoint.exchange import (
     restored_step,
     route_rows,
     sliced_tables,
-    sole_holder,
     table_holders,
+    table_routes,
 )
 from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError, dtype_name, read_rows
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
@@ -187,6 +188,7 @@ def _load(
     if missing:
         raise CheckpointError(f"{path}: no saved table {missing} (it holds {sorted(saved)})")
     holders = table_holders(tables, pg)
+    routes = table_routes(tables, pg)
     if table_names is None:
         extra = sorted(set(saved) - set(holders))
         if extra:
@@ -230,12 +232,13 @@ def _load(
     with op_threads(RESTORE_THREADS):
         for name, meta, fields in plans:
             t = local.get(name)
-            # Where its rows go: every slice's rank, the one rank holding it, or (row-wise)
-            # each key's owner.
+            # Where its rows go: every slice's rank, or each key's owner among the ranks
+            # holding the table (all of them row-wise, one table-wise, a node's
+            # table-row-wise).
             if name in sliced:
                 to = {"replicas": holders[name]}
             else:
-                to = {"holder": sole_holder(name, holders[name], world_size)}
+                to = {"holders": held_by(holders[name], world_size, routes[name])}
             plan = (meta, reads[name], fields)
             failed_rows = _load_chunks(directory, t, plan, share[name], to, pg)
             if counter:
@@ -256,7 +259,7 @@ def _load_chunks(directory: Path, t: NamedTable | None, plan: tuple, units: list
     empty chunk if need be; ``t`` is None on a rank that does not hold the table.
 
     ``plan``: the table's ``(manifest entry, (loads the state, keeps timestamps), routed
-    fields)``; ``to``: route_rows' ``holder`` or ``replicas``."""
+    fields)``; ``to``: route_rows' ``holders`` or ``replicas``."""
     meta, read, fields = plan
     world_size = rank_and_size(pg)[1]
     chunks = [

@@ -20,10 +20,15 @@ DYNAMIC_SHARDING_TYPES = (
     DYNAMIC_SHARDING_TYPE,
     ShardingType.TABLE_WISE.value,
     ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
 )
 """Every sharding type a dynamic table can have: row-wise (keys routed to their owner
-over all ranks), table-wise (the whole table on one rank) and column-wise (a column
-slice of every row on each of its ranks)."""
+over all ranks), table-wise (the whole table on one rank), column-wise (a column
+slice of every row on each of its ranks) and table-row-wise (keys routed to their
+owner over the ranks of one node; pooled tables only)."""
+
+POOLED_ONLY_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value,)
+"""The sharding types TorchRec has for pooled (EmbeddingBagCollection) tables only."""
 
 COLUMN_SLICES = "column_wise"
 """The routing (``table_routing``) that a column slice's tables report: every key of
@@ -35,4 +40,5 @@ __all__ = [
     "DYNAMIC_KERNEL_NAME",
     "DYNAMIC_SHARDING_TYPE",
     "DYNAMIC_SHARDING_TYPES",
+    "POOLED_ONLY_SHARDING_TYPES",
 ]

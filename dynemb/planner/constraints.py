@@ -17,8 +17,10 @@ class DynamicEmbParameterConstraints(ParameterConstraints):
     factors, batch sizes, feature names, ...). A dynamic table uses
     ``EmbeddingComputeKernel.CUSTOMIZED_KERNEL`` (leave ``compute_kernels`` unset or
     give exactly it) and is sharded under the ``sharding_types`` listed, among
-    ``row_wise`` (keys routed to their owner over all ranks) and ``table_wise`` (the
-    whole table on one rank); unset, ``row_wise``.
+    ``row_wise`` (keys routed to their owner over all ranks), ``table_wise`` (the
+    whole table on one rank), ``column_wise`` (a column slice of every row on each
+    of its ranks) and, for pooled tables, ``table_row_wise`` (keys routed to their
+    owner over the ranks of one node); unset, ``row_wise``.
 
     Args:
         use_dynamicemb: shard this table as a dynamic (hash) table.

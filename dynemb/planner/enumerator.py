@@ -1,27 +1,31 @@
-"""TorchRec's EmbeddingEnumerator, offering ROW_WISE / TABLE_WISE / COLUMN_WISE +
-CUSTOMIZED_KERNEL to dynamic tables.
+"""TorchRec's EmbeddingEnumerator, offering ROW_WISE / TABLE_WISE / COLUMN_WISE /
+TABLE_ROW_WISE + CUSTOMIZED_KERNEL to dynamic tables.
 
 TorchRec's enumerator lists, per table, every (sharding type, compute kernel) the
 sharder offers and the constraints allow, then asks its estimators for each
 option's perf and storage. Two things change here:
 
 - *Filtering*: a dynamic table gets CUSTOMIZED_KERNEL under each sharding type its
-  constraints' ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE
-  alone when unset), so that TorchRec's proposers pick among them by cost; other tables
-  never get CUSTOMIZED_KERNEL and, on cpu, only the kernels TorchRec's cpu estimators
-  know (DENSE, FUSED, QUANT) unless their constraints name kernels.
+  constraints' ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE,
+  TABLE_ROW_WISE for pooled tables; ROW_WISE alone when unset), so that TorchRec's
+  proposers pick among them by cost; other tables never get CUSTOMIZED_KERNEL and, on
+  cpu, only the kernels TorchRec's cpu estimators know (DENSE, FUSED, QUANT) unless
+  their constraints name kernels, and not TABLE_ROW_WISE (which the sharders add on
+  cpu for dynamic tables) unless their constraints name sharding types.
 - *Estimates*: TorchRec's estimators do not know CUSTOMIZED_KERNEL. A dynamic option
   is estimated as the TorchRec kernel it behaves like (same row-wise comms, one row
   read per lookup from the tier holding it): FUSED when its values are all in fast
   memory (always on cpu), FUSED_UVM when all on the host, FUSED_UVM_CACHING with
   load factor ``hbm / total`` in between. Its storage is then replaced by the real
   one, shard by shard: ``rank_value_bytes`` (one rank's share of
-  ``get_table_value_bytes``: of ``world_size`` ranks row-wise; table-wise the whole
-  table; column-wise every row at the shard's width) split
+  ``get_table_value_bytes``: of ``world_size`` ranks row-wise; of the node's
+  ``intra_group_size`` ranks table-row-wise; table-wise the whole table; column-wise
+  every row at the shard's width) split
   between HBM and DDR by ``memory_budget.dynamic_rank_storage``; a rank whose budget
   cannot hold its row-wise dynamic shards fails here, naming the rank and the tables
-  (table-wise and column-wise shards' ranks are chosen by TorchRec's partitioner,
-  which fails when no rank can hold them).
+  (table-wise, column-wise and table-row-wise shards' ranks, or node, are chosen by
+  TorchRec's partitioner, which fails when none can hold them). A table-row-wise
+  option's perf is TorchRec's for TWRW: its intra-node and cross-node comms.
 """
 
 import copy
@@ -37,7 +41,7 @@ from torchrec.distributed.planner.types import (
     Storage,
     Topology,
 )
-from torchrec.distributed.types import CacheParams
+from torchrec.distributed.types import CacheParams, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
@@ -123,7 +127,12 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
         if self._dynamic_constraints(name) is None:
-            return super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+            types = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+            c = (self._constraints or {}).get(name)
+            if self._compute_device == "cpu" and not (c and c.sharding_types):
+                # Offered on cpu for dynamic tables; ordinary ones keep TorchRec's cpu choice.
+                types = [t for t in types if t != ShardingType.TABLE_ROW_WISE.value]
+            return types
         if self._compute_device not in DYNAMIC_DEVICES:
             raise ValueError(
                 f"table {name!r}: dynamic tables run on {sorted(DYNAMIC_DEVICES)}, "
@@ -209,7 +218,9 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             embedding_dim=dim,
             feature_names=[],
         )
-        ranks = table_ranks(so.sharding_type, self._world_size)
+        ranks = table_ranks(
+            so.sharding_type, self._world_size, self._budget_topology.intra_group_size
+        )
         bucket = effective_bucket_capacity(rows, ranks, o.bucket_capacity)
         total = rank_value_bytes(config, self._optimizer(so), ranks, bucket, o.embedding_dtype)
         return dynamic_rank_storage(o, total, self._compute_device, ranks)

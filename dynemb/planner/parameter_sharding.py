@@ -10,12 +10,12 @@ from dynemb.dynamicemb_config import DynamicEmbTableOptions
 
 @dataclasses.dataclass
 class DynamicEmbParameterSharding(ParameterSharding):
-    """A ROW_WISE, TABLE_WISE or COLUMN_WISE / CUSTOMIZED_KERNEL plan entry carrying the table's
-    per-rank options.
+    """A ROW_WISE, TABLE_WISE, COLUMN_WISE or TABLE_ROW_WISE / CUSTOMIZED_KERNEL plan
+    entry carrying the table's per-rank options.
 
     ``dynamicemb_options`` is what every rank holding the table builds its shard from:
     ``max_capacity`` and ``init_capacity`` are per-rank row counts (table-wise: the
-    whole table's), ``dim`` the table's width,
+    whole table's; table-row-wise: a share of the node's ranks), ``dim`` the table's width,
     ``local_hbm_for_values`` per-rank bytes. The planner fills it; the sharders of
     ``dynemb.shard`` read it. As in DynamicEmb, ``compute_kernel`` defaults to
     CUSTOMIZED_KERNEL, ``customized_compute_kernel`` names the kernel ("DynamicEmb")

@@ -36,6 +36,7 @@ from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynemb.planner.plan_sources import with_warm_start, without_warm_start
 from dynemb.planner.rank_options import fill_rank_options, table_ranks
 from dynemb.planner.validation import check_planner_inputs
 
@@ -51,13 +52,16 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
     ``DynamicEmbeddingEnumerator``; each dynamic table's plan entry then becomes a
     ``DynamicEmbParameterSharding`` (CUSTOMIZED_KERNEL; ROW_WISE with TorchRec's
     row-wise ``sharding_spec`` over all ranks, TABLE_WISE with one shard on the rank
-    TorchRec's partitioner chose, or COLUMN_WISE with TorchRec's column shards; the
-    spec's row counts are nominal: a dynamic table holds any int64 key) carrying the
-    table's per-rank options (table-wise and column-wise: the whole table's capacity
-    and HBM budget; a column slice takes its share when it is built). A dynamic table
-    is planned under the sharding types its constraints' ``sharding_types`` list
-    (ROW_WISE, TABLE_WISE, COLUMN_WISE; ROW_WISE alone when unset), TorchRec's
-    proposers picking the cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
+    TorchRec's partitioner chose, COLUMN_WISE with TorchRec's column shards, or
+    TABLE_ROW_WISE with TorchRec's row-wise shards over the ranks of the node its
+    partitioner chose; the spec's row counts are nominal: a dynamic table holds any
+    int64 key) carrying the table's per-rank options (table-row-wise: a share of the
+    node's ``intra_group_size`` ranks; table-wise and column-wise: the whole table's
+    capacity and HBM budget; a column slice takes its share when it is built). A
+    dynamic table is planned under the sharding types its constraints'
+    ``sharding_types`` list (ROW_WISE, TABLE_WISE, COLUMN_WISE, and TABLE_ROW_WISE for
+    pooled tables; ROW_WISE alone when unset), TorchRec's proposers picking the
+    cheapest. Ordinary tables keep TorchRec's ``ParameterSharding``.
 
     Args:
         eb_configs: every ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of the model; a
@@ -66,7 +70,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         batch_size: batch size per rank (default: TorchRec's, 512).
         enumerator: default ``DynamicEmbeddingEnumerator(topology, batch_size,
             constraints)``. Another enumerator must give dynamic tables ROW_WISE,
-            TABLE_WISE or COLUMN_WISE with CUSTOMIZED_KERNEL, or ``plan`` raises.
+            TABLE_WISE, COLUMN_WISE or TABLE_ROW_WISE with CUSTOMIZED_KERNEL, or
+            ``plan`` raises.
         storage_reservation, proposer, partitioner, performance_model, stats, debug: as
             in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
         constraints: per-table constraints by table name: ``ParameterConstraints`` or
@@ -205,7 +210,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
     ) -> ShardingPlan:
         """Plans on rank 0 of ``pg`` (default: the world) and broadcasts the plan to every rank.
 
-        Same arguments, result and errors as ``plan``; every rank must call it. When
+        Same arguments, result and errors as ``plan``; every rank must call it. Options
+        ``warm_start`` sources are not sent: each rank's plan carries its own. When
         planning fails on rank 0 (a PlannerError) or rank 0 dies, every other rank
         raises RankFailure naming rank 0 and its error instead of waiting for a plan
         (within ``fault_timeout`` seconds for a rank that died; at once otherwise).
@@ -219,7 +225,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             pg = dist.GroupMember.WORLD
         with RankAgreement(pg, "collective_plan", fault_timeout):
             plan = self.plan(module, sharders) if pg.rank() == 0 else None
-            return collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: plan)
+            sent = without_warm_start(plan)  # sources stay on their rank (plan_sources.py)
+            plan = collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: sent)
+            return with_warm_start(plan, self._dynamic)
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
         if (
@@ -243,7 +251,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                 f"disagrees with eb_configs (num_embeddings={config.num_embeddings}, "
                 f"embedding_dim={config.embedding_dim})"
             )
-        ranks = table_ranks(ps.sharding_type, self._topology.world_size)
+        ranks = table_ranks(
+            ps.sharding_type, self._topology.world_size, self._topology.intra_group_size
+        )
         options: DynamicEmbTableOptions = fill_rank_options(
             name, config, self._dynamic[name], ranks
         )

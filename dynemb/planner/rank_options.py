@@ -19,16 +19,30 @@ from dynemb.types import DynamicEmbInitializerMode
 __all__ = ["fill_rank_options", "local_hbm_bytes", "table_ranks"]
 
 
-def table_ranks(sharding_type: str, world_size: int) -> int:
-    """Ranks a dynamic table's keys are spread over: ``world_size`` row-wise, one
-    table-wise (every key on the rank holding the table) and column-wise (every key on
-    every rank holding a slice).
+def table_ranks(sharding_type: str, world_size: int, node_size: int | None = None) -> int:
+    """Ranks a dynamic table's keys are spread over: ``world_size`` row-wise,
+    ``node_size`` table-row-wise (the ranks of one node: the topology's
+    ``intra_group_size``, TorchRec's split of a TWRW table), one table-wise (every key
+    on the rank holding the table) and column-wise (every key on every rank holding a
+    slice).
+
+    Raises:
+        ValueError: table-row-wise without a ``node_size`` that divides ``world_size``.
 
     Example::
 
         table_ranks("table_wise", 8)  # 1
+        table_ranks("table_row_wise", 8, node_size=4)  # 4
     """
-    return world_size if sharding_type == ShardingType.ROW_WISE.value else 1
+    if sharding_type == ShardingType.ROW_WISE.value:
+        return world_size
+    if sharding_type == ShardingType.TABLE_ROW_WISE.value:
+        if node_size is None or node_size < 1 or world_size % node_size:
+            raise ValueError(
+                f"table_row_wise: node_size must divide world_size={world_size}, got {node_size}"
+            )
+        return node_size
+    return 1
 
 
 def local_hbm_bytes(options: DynamicEmbTableOptions, world_size: int) -> int:

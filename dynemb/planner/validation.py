@@ -7,9 +7,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
 
-from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
+from dynemb.distributed.sharding_names import (
+    DYNAMIC_KERNEL_NAME,
+    DYNAMIC_SHARDING_TYPES,
+    POOLED_ONLY_SHARDING_TYPES,
+)
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
@@ -30,7 +34,8 @@ def check_planner_inputs(
             not a ``ParameterConstraints``, options that are not ``DynamicEmbTableOptions``.
         ValueError: duplicate table names; a constraint for a table not in ``eb_configs``;
             CUSTOMIZED_KERNEL on a table without ``use_dynamicemb``; a dynamic table
-            constrained to other sharding types than ROW_WISE / TABLE_WISE / COLUMN_WISE or to other
+            constrained to other sharding types than ROW_WISE / TABLE_WISE / COLUMN_WISE /
+            TABLE_ROW_WISE (this one for EmbeddingBagConfig tables only) or to other
             kernels than CUSTOMIZED_KERNEL; options disagreeing with the config or out of range.
     """
     configs = _configs_by_name(eb_configs)
@@ -74,6 +79,13 @@ def _check_dynamic(name: str, c: ParameterConstraints, config: BaseEmbeddingConf
         raise ValueError(
             f"table {name!r}: a dynamic table is sharded one of {list(DYNAMIC_SHARDING_TYPES)}, "
             f"got sharding_types={c.sharding_types} ({other} unsupported)"
+        )
+    pooled_only = sorted(set(c.sharding_types or ()) & set(POOLED_ONLY_SHARDING_TYPES))
+    if pooled_only and not isinstance(config, EmbeddingBagConfig):
+        raise ValueError(
+            f"table {name!r}: sharding_types={c.sharding_types} lists {pooled_only}, which "
+            f"TorchRec has for pooled (EmbeddingBagConfig) tables only; this table is a "
+            f"{type(config).__name__}: use row_wise, table_wise or column_wise"
         )
     if c.compute_kernels and set(c.compute_kernels) != {DYNAMIC_KERNEL_NAME}:
         raise ValueError(

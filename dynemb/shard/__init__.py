@@ -3,8 +3,9 @@
 A table whose plan entry is a ``dynemb.planner.DynamicEmbParameterSharding``
 (``EmbeddingComputeKernel.CUSTOMIZED_KERNEL``) becomes a dynamic table sharded
 row-wise over the ranks (ROW_WISE, ``rw_sharding.py``), whole on one rank
-(TABLE_WISE, ``tw_sharding.py``) or in column slices (COLUMN_WISE, pooled tables,
-``cw_sharding.py``); every other table stays TorchRec's.
+(TABLE_WISE, ``tw_sharding.py``), in column slices (COLUMN_WISE, ``cw_sharding.py``)
+or row-wise over the ranks of one node (TABLE_ROW_WISE, pooled tables,
+``twrw_sharding.py``); every other table stays TorchRec's.
 """
 
 from dynemb.shard.sharded_modules import (

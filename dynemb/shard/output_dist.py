@@ -4,6 +4,8 @@
   all_gather of unequal tensors, which gloo refuses. ``RwUnevenPooledEmbeddingDist``
   runs the reduce-scatter-v as an all-to-all of unequal splits (which gloo does),
   with the same gradient division by the world size; even batches keep TorchRec's.
+- Table-row-wise pooled (EBC), uneven per-rank batches: the same within the node
+  (``TwRwUnevenPooledEmbeddingDist``), then TorchRec's all-to-all across nodes.
 - Sequence (EC), a rank with an empty batch: TorchRec's EC output reshapes lengths by
   ``stride() == 0`` and fails. ``EmptyBatchSafeAwaitable`` returns empty jagged tensors
   still attached to the received embeddings, so this rank's backward joins the
@@ -14,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import Awaitable, LazyAwaitable, NoWait
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
@@ -62,6 +65,31 @@ class RwUnevenPooledEmbeddingDist(RwPooledEmbeddingDist):
         ):
             return super().forward(local_embs, sharding_ctx)
         return NoWait(_ReduceScatterV.apply(local_embs, list(splits), self._pg.rank(), self._pg))
+
+
+class TwRwUnevenPooledEmbeddingDist(TwRwPooledEmbeddingDist):
+    """TorchRec's table-row-wise pooled dist; with uneven per-rank batches the
+    reduce-scatter inside the node goes by all-to-all (as ``RwUnevenPooledEmbeddingDist``),
+    then TorchRec's all-to-all across nodes."""
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+        splits = None if sharding_ctx is None else sharding_ctx.batch_size_per_rank
+        if (
+            not splits
+            or sharding_ctx.variable_batch_per_feature
+            or len(set(splits)) == 1
+            or self._intra_codecs is not None
+        ):
+            return super().forward(local_embs, sharding_ctx)
+        if self._cross_dist is None:
+            self._create_output_dist_modules(sharding_ctx)
+        intra = self._intra_pg
+        # TorchRec's order of the samples a rank holds: local rank by local rank, node by node.
+        per_rank, per_local_rank = self._preprocess_batch_size_per_rank(
+            intra.size(), self._cross_pg.size(), list(splits)
+        )
+        summed = _ReduceScatterV.apply(local_embs, per_local_rank, intra.rank(), intra)
+        return self._cross_dist(summed, batch_size_per_rank=per_rank[intra.rank()])
 
 
 class EmptyBatchSafeAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):

@@ -95,6 +95,66 @@ def route_keys(
     raise ValueError(f"unknown dist_type {dist_type!r}")
 
 
+def bucketize_by_route(
+    sparse_features: KeyedJaggedTensor,
+    routes: list[tuple[str, int]],
+    num_buckets: int,
+    ones: torch.Tensor,
+) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    """Splits each feature's keys into ``num_buckets`` buckets by its route
+    (``(dist_type, num_embeddings)``, ``route_keys`` over ``num_buckets`` ranks).
+
+    Returns the bucket-major KJT (keys repeated per bucket, as fbgemm's bucketizer
+    lays them out: what TorchRec's KJT all-to-all sends) holding the routed values,
+    and the permutation that placed each input value.
+
+    ``ones``: ``(len(routes),)`` int64 ones, the bucketizer's block sizes.
+    """
+    values = sparse_features.values().to(torch.int64)
+    ranks = torch.empty_like(values)
+    routed = torch.empty_like(values)
+    start = 0
+    for (dist_type, num_embeddings), n in zip(
+        routes, sparse_features.length_per_key(), strict=True
+    ):
+        rank, value = route_keys(values[start : start + n], dist_type, num_buckets, num_embeddings)
+        ranks[start : start + n] = rank
+        routed[start : start + n] = value
+        start += n
+    # fbgemm's bucketizer sorts the values by rank (block size 1 on the rank ids),
+    # carrying lengths and weights; its permutation then places the routed keys.
+    # It reads lengths and weights as dense arrays, ignoring strides: a KJT built
+    # from views (the lengths of one sample, lengths[:, i:i + 1].flatten(), keep
+    # a stride) must be made contiguous first.
+    weights = sparse_features.weights_or_none()
+    by_rank = KeyedJaggedTensor(
+        keys=sparse_features.keys(),
+        values=ranks,
+        weights=weights.contiguous() if weights is not None else None,
+        lengths=sparse_features.lengths().contiguous(),
+        stride_per_key_per_rank=(
+            sparse_features.stride_per_key_per_rank()
+            if sparse_features.variable_stride_per_key()
+            else None
+        ),
+        stride=sparse_features.stride(),
+    )
+    bucketized, permute = bucketize_kjt_before_all2all(
+        by_rank, num_buckets=num_buckets, block_sizes=ones, output_permute=True
+    )
+    keys = torch.empty_like(routed)
+    keys[permute] = routed
+    features = KeyedJaggedTensor(
+        keys=_fx_wrap_gen_list_n_times(sparse_features.keys(), num_buckets),
+        values=keys,
+        weights=bucketized.weights_or_none(),
+        lengths=bucketized.lengths(),
+        stride=_fx_wrap_stride(sparse_features),
+        stride_per_key_per_rank=_fx_wrap_stride_per_key_per_rank(sparse_features, num_buckets),
+    )
+    return features, permute
+
+
 class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
     """Routes each key to its owner by its table's rule, then TorchRec's KJT all-to-all.
 
@@ -135,53 +195,10 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
         if self._world_size == 1:  # every key stays here, unchanged (static rows too)
             self.unbucketize_permute_tensor = None
             return self._dist(sparse_features)
-        values = sparse_features.values().to(torch.int64)
-        ranks = torch.empty_like(values)
-        routed = torch.empty_like(values)
-        start = 0
-        for (dist_type, num_embeddings), n in zip(
-            self._routes, sparse_features.length_per_key(), strict=True
-        ):
-            rank, value = route_keys(
-                values[start : start + n], dist_type, self._world_size, num_embeddings
-            )
-            ranks[start : start + n] = rank
-            routed[start : start + n] = value
-            start += n
-        # fbgemm's bucketizer sorts the values by rank (block size 1 on the rank ids),
-        # carrying lengths and weights; its permutation then places the routed keys.
-        # It reads lengths and weights as dense arrays, ignoring strides: a KJT built
-        # from views (the lengths of one sample, lengths[:, i:i + 1].flatten(), keep
-        # a stride) must be made contiguous first.
-        weights = sparse_features.weights_or_none()
-        by_rank = KeyedJaggedTensor(
-            keys=sparse_features.keys(),
-            values=ranks,
-            weights=weights.contiguous() if weights is not None else None,
-            lengths=sparse_features.lengths().contiguous(),
-            stride_per_key_per_rank=(
-                sparse_features.stride_per_key_per_rank()
-                if sparse_features.variable_stride_per_key()
-                else None
-            ),
-            stride=sparse_features.stride(),
+        features, permute = bucketize_by_route(
+            sparse_features, self._routes, self._world_size, self._ones
         )
-        bucketized, permute = bucketize_kjt_before_all2all(
-            by_rank, num_buckets=self._world_size, block_sizes=self._ones, output_permute=True
-        )
-        keys = torch.empty_like(routed)
-        keys[permute] = routed
         self.unbucketize_permute_tensor = permute if self._is_sequence else None
-        features = KeyedJaggedTensor(
-            keys=_fx_wrap_gen_list_n_times(sparse_features.keys(), self._world_size),
-            values=keys,
-            weights=bucketized.weights_or_none(),
-            lengths=bucketized.lengths(),
-            stride=_fx_wrap_stride(sparse_features),
-            stride_per_key_per_rank=_fx_wrap_stride_per_key_per_rank(
-                sparse_features, self._world_size
-            ),
-        )
         return self._dist(features)
 
     def _check_bounded(self, sparse_features: KeyedJaggedTensor) -> None:

@@ -103,7 +103,9 @@ def _bounded_features(configs: list[GroupedEmbeddingConfig], ordinary: set[str])
     ]
 
 
-def _feature_routes(configs: list[GroupedEmbeddingConfig], options) -> list[tuple[str, int]]:
+def feature_routes(configs: list[GroupedEmbeddingConfig], options) -> list[tuple[str, int]]:
+    """Per feature of ``configs``, in order, how its keys are routed: ``(dist_type,
+    num_embeddings)``; ``STATIC`` for the ordinary tables (those not in ``options``)."""
     routes = []
     for group in configs:
         for table in group.embedding_tables:
@@ -132,7 +134,7 @@ class _DynamicRwMixin:
     def _dynamic_input_dist(self, device, is_sequence: bool) -> DynamicEmbRwSparseFeaturesDist:
         return DynamicEmbRwSparseFeaturesDist(
             pg=self._pg,
-            feature_routes=_feature_routes(self._grouped_embedding_configs, self._dynamic_options),
+            feature_routes=feature_routes(self._grouped_embedding_configs, self._dynamic_options),
             device=device if device is not None else self._device,
             is_sequence=is_sequence,
             bounded=_bounded_features(self._grouped_embedding_configs, self._ordinary),

@@ -1,8 +1,9 @@
 """ShardedEmbeddingBagCollection / ShardedEmbeddingCollection whose dynamic tables are ours.
 
-Only two things change from TorchRec's modules: the ROW_WISE, TABLE_WISE and
-COLUMN_WISE shardings that hold dynamic tables are ours (row-wise: routing + kernels;
-table-wise and column-wise: kernels), and each dynamic table shows a small
+Only two things change from TorchRec's modules: the ROW_WISE, TABLE_WISE,
+COLUMN_WISE and (EBC) TABLE_ROW_WISE shardings that hold dynamic tables are ours
+(row-wise and table-row-wise: routing + kernels; table-wise and column-wise:
+kernels), and each dynamic table shows a small
 placeholder buffer ``<collection>.<table>.weight`` in ``state_dict()`` (TorchRec
 skips CUSTOMIZED_KERNEL tables there). It is a buffer, not a parameter, so
 ``model.parameters()`` never holds dynamic tables; the rows themselves are saved by
@@ -19,6 +20,7 @@ from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynemb.distributed.sharding_names import POOLED_ONLY_SHARDING_TYPES
 from dynemb.shard.compute_kernel import _DynamicKernel
 from dynemb.shard.cw_sharding import (
     DynamicEmbCwPooledEmbeddingSharding,
@@ -36,6 +38,7 @@ from dynemb.shard.tw_sharding import (
     DynamicEmbTwPooledEmbeddingSharding,
     DynamicEmbTwSequenceEmbeddingSharding,
 )
+from dynemb.shard.twrw_sharding import DynamicEmbTwRwPooledEmbeddingSharding
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _TABLE_WISE = ShardingType.TABLE_WISE.value
@@ -187,11 +190,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 return DynamicEmbCwPooledEmbeddingSharding(
                     sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
                 )
-            cls_ = (
-                DynamicEmbTwPooledEmbeddingSharding
-                if sharding_type == _TABLE_WISE
-                else DynamicEmbRwPooledEmbeddingSharding
-            )
+            cls_ = {
+                _TABLE_WISE: DynamicEmbTwPooledEmbeddingSharding,
+                ShardingType.TABLE_ROW_WISE.value: DynamicEmbTwRwPooledEmbeddingSharding,
+            }.get(sharding_type, DynamicEmbRwPooledEmbeddingSharding)
             return cls_(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_bag_sharding(
             sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
@@ -244,6 +246,13 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None
     ):
         if check_sharding_type(sharding_type, sharding_infos):
+            if sharding_type in POOLED_ONLY_SHARDING_TYPES:
+                names = [i.embedding_config.name for i in sharding_infos]
+                raise ValueError(
+                    f"tables {names} of an EmbeddingCollection are planned {sharding_type!r}: "
+                    "TorchRec has no table-row-wise sharding for sequence tables; plan them "
+                    "row_wise, table_wise or column_wise"
+                )
             if sharding_type == ShardingType.COLUMN_WISE.value:
                 return DynamicEmbCwSequenceEmbeddingSharding(
                     sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry

@@ -1,5 +1,5 @@
-"""The EBC / EC sharders: TorchRec's, plus ROW_WISE on cpu and the dynamic kernel
-(row-wise, table-wise and column-wise)."""
+"""The EBC / EC sharders: TorchRec's, plus ROW_WISE (and, EBC, TABLE_ROW_WISE) on cpu
+and the dynamic kernel (row-wise, table-wise, column-wise and, EBC, table-row-wise)."""
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -48,15 +48,20 @@ def check_cpu_optimizer(fused_params, params, device) -> None:
         )
 
 
-def _sharding_types(types: list[str]) -> list[str]:
-    # TorchRec offers ROW_WISE on cuda only; its row-wise machinery runs over gloo too.
-    return types if ShardingType.ROW_WISE.value in types else types + [ShardingType.ROW_WISE.value]
+def _sharding_types(types: list[str], extra: tuple[str, ...]) -> list[str]:
+    # TorchRec offers ROW_WISE (and TABLE_ROW_WISE) on cuda only; their machinery runs
+    # over gloo too.
+    return types + [t for t in extra if t not in types]
 
 
 def _compute_kernels(kernels: list[str], sharding_type: str, dynamic_types) -> list[str]:
     if sharding_type in dynamic_types:
         return kernels + [DYNAMIC_KERNEL_NAME]
     return kernels
+
+
+_POOLED_TYPES = (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value)
+_SEQUENCE_TYPES = (ShardingType.ROW_WISE.value,)  # TorchRec has no TWRW for sequence tables
 
 
 class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -82,7 +87,7 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         )
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
-        return _sharding_types(super().sharding_types(compute_device_type))
+        return _sharding_types(super().sharding_types(compute_device_type), _POOLED_TYPES)
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         return _compute_kernels(
@@ -110,7 +115,7 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         )
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
-        return _sharding_types(super().sharding_types(compute_device_type))
+        return _sharding_types(super().sharding_types(compute_device_type), _SEQUENCE_TYPES)
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         return _compute_kernels(

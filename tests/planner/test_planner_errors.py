@@ -35,14 +35,14 @@ def make_planner(constraints, configs=None):
         (
             DynamicEmbParameterConstraints(use_dynamicemb=True, sharding_types=["data_parallel"]),
             r"table 'user': a dynamic table is sharded one of "
-            r"\['row_wise', 'table_wise', 'column_wise'\].*"
+            r"\['row_wise', 'table_wise', 'column_wise', 'table_row_wise'\].*"
             r"\['data_parallel'\] unsupported",
         ),
         (
             DynamicEmbParameterConstraints(
-                use_dynamicemb=True, sharding_types=["row_wise", "table_row_wise"]
+                use_dynamicemb=True, sharding_types=["row_wise", "table_column_wise"]
             ),
-            r"table 'user': .*\['table_row_wise'\] unsupported",
+            r"table 'user': .*\['table_column_wise'\] unsupported",
         ),
         (
             DynamicEmbParameterConstraints(use_dynamicemb=True, compute_kernels=["fused"]),
