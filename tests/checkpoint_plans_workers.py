@@ -266,8 +266,36 @@ def publish_under_plans(rank: int, world_size: int, case: Case, root: str):
                 assert dynamic_tables(model)["a"].erase(erased_keys()) == 3
             assert (publisher.publish() if s else publisher.publish_base()) == s
         publisher.close()
-        results[plan] = (publisher.version, held(model))
+        results[plan] = (publisher.version, held(model), _served_from_model(model))
     return results if rank == 0 else None
+
+
+def seen_keys() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every key of tables a and b over the STEPS batches: ``(keys, offsets)`` of a
+    lookup of one bag per key, feature by feature (as many bags in each)."""
+    per_table = [[], []]
+    for s in range(STEPS):
+        lengths, keys = global_batch(s, GLOBAL_BATCH, len(FEATURES))
+        first = int(lengths[0].sum())
+        per_table[0].append(keys[:first])
+        per_table[1].append(keys[first:])
+    unique = [torch.cat(k).unique() for k in per_table]
+    bags = max(k.numel() for k in unique)
+    lengths = torch.tensor([[1] * k.numel() + [0] * (bags - k.numel()) for k in unique])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+    return torch.cat(unique), offsets
+
+
+def _served_from_model(model) -> tuple[list[int], torch.Tensor]:
+    """A serving module filled by load_from_model (every rank's rows, gathered): its
+    sizes and its rows of every key seen."""
+    from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
+
+    serving = InferenceEmbeddingCollection(
+        [serving_options(dim) for dim in DIMS.values()], table_names=list(DIMS)
+    )
+    serving.load_from_model(model)
+    return serving.sizes, serving(*seen_keys())
 
 
 def erased_keys() -> torch.Tensor:

@@ -31,6 +31,7 @@ from tests.checkpoint_plans_workers import (
     erased_keys,
     incremental_under_plans,
     publish_under_plans,
+    seen_keys,
     serving_options,
     through_two_ranks,
     train_and_dump,
@@ -230,9 +231,10 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
     """A DeltaPublisher over the table-wise and the column-wise plan on 2 ranks: the
     base and deltas are whole rows (a column-wise table's slices joined, Adam's moments
     too), and a serving module that loads the base and replays the deltas holds exactly
-    the trained rows of every stored key and nothing else (erased keys gone)."""
+    the trained rows of every stored key and nothing else (erased keys gone), as one
+    filled by load_from_model from the trained model does."""
     plans = run_ranks(publish_under_plans, 2, Case("ADAM"), str(tmp_path), timeout=120)[0]
-    for plan, (version, pieces) in plans.items():
+    for plan, (version, pieces, (model_sizes, model_rows)) in plans.items():
         root = tmp_path / plan
         assert version == STEPS - 1
         serving = InferenceEmbeddingCollection(
@@ -262,3 +264,6 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
         rows = serving(torch.cat([wholes[n]["keys"] for n in DIMS]), offsets)
         want = torch.cat([wholes[n]["values"][:, :dim] for n, dim in DIMS.items()])
         assert torch.equal(rows, want), plan
+        # load_from_model gathers the same rows (a column-wise table's slices joined).
+        assert model_sizes == serving.sizes, plan
+        assert torch.equal(model_rows, serving(*seen_keys())), plan
