@@ -45,6 +45,7 @@ PLANS = {
     "row_wise": {"a": ("row_wise", None), "b": ("row_wise", None)},
     "table_wise": {"a": ("table_wise", [1]), "b": ("table_wise", [0])},
     "column_wise": {"a": ("column_wise", [0, 1]), "b": ("column_wise", [1, 0])},
+    "one_slice": {"a": ("column_wise", [1]), "b": ("column_wise", [0, 1])},  # a: whole
 }
 
 
@@ -208,20 +209,21 @@ def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
 
 
 def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
-    """On 2 ranks, per plan (table-wise, column-wise): loads row_wise, trains one step
+    """On 2 ranks, per plan (table-wise, column-wise, a column-wise table of one
+    slice beside one of two): loads row_wise, trains one step
     from a score reference and dumps incrementally over the group; returns per plan
     (the dump, held after the step)."""
     from dynemb.incremental_dump import get_score, incremental_dump
 
-    results = {}
-    for plan in ("table_wise", "column_wise"):
-        model = build_model(case, plan, world_size)
+    results, models = {}, {}
+    for plan in ("table_wise", "column_wise", "one_slice"):
+        model = models[plan] = build_model(case, plan, world_size)
         DynamicEmbLoad(f"{path}/{case.name}/row_wise", model, optim=True)
         before = get_score(model)
         step(model, rank, world_size, STEPS)
         dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)
         results[plan] = (dumped["model"], held(model))
-    results["disagree"] = _slices_that_disagree(model, rank, path)
+    results["disagree"] = _slices_that_disagree(models["column_wise"], rank, path)
     return results if rank == 0 else None
 
 

@@ -88,6 +88,11 @@ def _join(pieces: list, optimizer: str, dim: int) -> dict:
     return {"keys": first["keys"], "values": torch.cat(columns, 1), "scores": first["scores"]}
 
 
+def _whole(pieces: list, optimizer: str, dim: int) -> dict:
+    """A table's pieces as whole rows: column slices joined, else shares united."""
+    return _join(pieces, optimizer, dim) if any(p[1] for p in pieces) else _union(pieces)
+
+
 def _equal(got: dict, want: dict, what: str) -> None:
     for field in ("keys", "values", "scores"):
         assert got[field].shape == want[field].shape, (what, field)
@@ -209,15 +214,14 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
             got_keys, rows, scores = dumped[name]
             order = torch.argsort(got_keys)
             assert torch.equal(got_keys[order], touched[name]), (plan, name)
-            whole = (
-                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
-            )
+            whole = _whole(pieces[name], "ADAM", dim)
             at = torch.searchsorted(whole["keys"], got_keys[order])
             assert torch.equal(rows[order], whole["values"][at, :dim]), (plan, name)
             assert torch.equal(scores[order], whole["scores"][at]), (plan, name)
             dumps[plan, name] = rows[order]
     for name in DIMS:
-        assert torch.equal(dumps["table_wise", name], dumps["column_wise", name]), name
+        for plan in ("column_wise", "one_slice"):
+            assert torch.equal(dumps["table_wise", name], dumps[plan, name]), (plan, name)
     # Slices that disagree (a key erased from one slice): refused, nothing committed.
     (dump0, incr0), (dump1, incr1) = disagree
     assert dump0.startswith("RuntimeError: DynamicEmbDump: the column slices of table 'a'")
@@ -246,9 +250,7 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
         last = read_delta(delta_path(root, version)).tables
         wholes = {}
         for name, dim in DIMS.items():
-            whole = (
-                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
-            )
+            whole = _whole(pieces[name], "ADAM", dim)
             wholes[name] = whole
             delta = last[name]
             at = torch.searchsorted(whole["keys"], delta.keys)
