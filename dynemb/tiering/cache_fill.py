@@ -18,6 +18,12 @@ from dynemb.types import DynamicEmbScoreStrategy
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 
+def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions of the ``count`` True entries of ``mask``, a count the claim's status
+    counts gave already: no read of the device sizes them (as ``torch.nonzero`` would)."""
+    return torch.nonzero_static(mask, size=count).view(-1)
+
+
 class CacheFill:
     """Cache fills and write-backs (a mixin of CachedTable)."""
 
@@ -60,14 +66,14 @@ class CacheFill:
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
-                    out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+                    out = _positions(status == _ops.Status.FAILED, counts[_ops.Status.FAILED])
                     failed = (out, *self._fetch(claim_keys[out]))
         else:
-            missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
+            missed = _positions(status != _ops.Status.HIT, claim_keys.numel() - hits)
             rows, scores = self._fetch(claim_keys[missed])
             self._move_in(slots, status, counts, missed, rows, scores)
             if counts[_ops.Status.FAILED]:
-                out = status[missed] == _ops.Status.FAILED
+                out = _positions(status[missed] == _ops.Status.FAILED, counts[_ops.Status.FAILED])
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
                     failed = (missed[out], rows[out], scores[out])
@@ -163,7 +169,7 @@ class CacheFill:
         s = self.buffers
         victims = None
         if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
-            out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
+            out = _positions(status == _ops.Status.EVICTED, counts[_ops.Status.EVICTED])
             at = slots[out]
             victims = (
                 self._buffers["evicted_keys"][out],
@@ -172,7 +178,7 @@ class CacheFill:
             )
         at = slots[missed]
         if counts[_ops.Status.FAILED]:  # not cached: no slot to write
-            stored = torch.nonzero(at >= 0, as_tuple=True)[0]
+            stored = _positions(at >= 0, at.numel() - counts[_ops.Status.FAILED])
             at, rows, scores = at[stored], rows[stored], scores[stored]
         s.values.index_copy_(0, at, rows)  # a row copy per index; indexed assignment is slower
         self._user_scores[at] = scores

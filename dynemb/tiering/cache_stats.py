@@ -49,9 +49,11 @@ class CacheStats:
     def add(self, **counts: int) -> None:
         """Adds host counts (by counter name) without reading the pending ones (as
         ``stats.x += n`` would, reading ``x`` first)."""
-        for name, value in counts.items():
+        for name in counts:
             _check_name("add", name)
-            object.__setattr__(self, name, object.__getattribute__(self, name) + value)
+        with _FOLDING:
+            for name, value in counts.items():
+                object.__setattr__(self, name, object.__getattribute__(self, name) + value)
 
     def add_later(self, **counts: torch.Tensor) -> None:
         """Adds device counts (0-dim integer tensors, by counter name) when they are
@@ -60,12 +62,16 @@ class CacheStats:
             _check_name("add_later", name)
         names = tuple(counts)
         values = torch.stack([counts[n].reshape(()).to(torch.int64) for n in names])
-        self._later.append((names, DeferredRead(values, "cache stats")))
+        with _FOLDING:
+            self._later.append((names, DeferredRead(values, "cache stats")))
 
     def __getattribute__(self, name: str):
-        if name in _COUNTERS and object.__getattribute__(self, "_later"):
+        if name in _COUNTERS and object.__getattribute__(self, "__dict__").get("_later"):
             _fold(self, name)
         return object.__getattribute__(self, name)
+
+    def __copy__(self) -> "CacheStats":  # a copy of its own, every counter read
+        return dataclasses.replace(self)
 
     def hit_rate(self) -> float:
         """Cache hit rate of training lookups (1.0 before any lookup)."""

@@ -1,7 +1,8 @@
 """Reads one table of a ``DynamicEmbDump`` checkpoint (dynemb's format; NVIDIA
 DynamicEmb's layout in dynamicemb_source.py) whole, for a
-warm start: the rows of every saved rank, whatever the world size that wrote them
-(a key is saved by one rank only), and their optimizer state when the dump has it.
+warm start: the rows of every saved rank, whatever the world size and plan that wrote
+them (a key is saved by one rank only; a column-wise table's slices are joined into
+whole rows), and their optimizer state when the dump has it.
 
 The checkpoint is checked as a load checks it (manifest schema and checksum, file
 sizes and CRC-32) before a row is read; the rows are then held in memory.
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from dynemb.checkpoint.columns import join_states, saved_slices
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
-from dynemb.checkpoint.format import CheckpointError, dtype_of, read_rows
+from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units
 from dynemb.checkpoint.verify import verify_all
 from dynemb.warm_start.dynamicemb_source import read_dynamicemb_table
 
@@ -55,22 +58,26 @@ def read_dumped_table(path, table_name: str, optim: bool = True, num_embeddings=
     manifest = read_manifest(path)
     name = find_table(manifest["tables"], table_name, path)
     meta = manifest["tables"][name]
-    value = dtype_of(meta["value_dtype"])
-    fields = {"keys": (torch.int64, 0), "values": (value, meta["dim"])}
-    with_state = bool(optim and manifest["optim"] and meta["state_columns"])
-    if with_state:
-        fields["state"] = (value, meta["state_columns"])
+    read = (bool(optim and manifest["optim"] and meta["state_columns"]), False)
     directory = path / manifest["dump_id"]
-    errors = verify_all(directory, [(name, meta, fields)], {name: meta["files"]})
+    files = [(name, e, file_fields(meta, i, *read)) for i, e in enumerate(meta["files"])]
+    errors = verify_all(directory, files)
     if errors:
         raise CheckpointError(errors[0])
-    parts: dict[str, list] = {field: [] for field in fields}
-    for entry in meta["files"]:
-        for field, (dtype, width) in fields.items():
-            parts[field].append(
-                read_rows(directory, entry["fields"][field], 0, entry["rows"], dtype, width)
-            )
-    cat = {field: torch.cat(p) for field, p in parts.items()}
+    # A unit: one rank's rows, or (column-wise) every slice's columns of the same rows.
+    parts: dict[str, list] = {"keys": [], "values": [], "state": []}
+    for index, unit in enumerate(read_units(meta)):
+        rows = MappedUnit(directory, meta, unit, read, index).rows(
+            0, meta["files"][unit[0]]["rows"]
+        )
+        parts["keys"].append(rows["keys"].clone())
+        parts["values"].append(rows["values"].clone())
+        states = [rows[f"state.{k}"] for k in range(len(unit)) if f"state.{k}" in rows]
+        if states:  # the slices' states joined into the whole rows' (columns.py)
+            parts["state"].append(join_states(states, saved_slices(meta), meta["optimizer"]))
+        elif "state" in rows:
+            parts["state"].append(rows["state"].clone())
+    cat = {field: torch.cat(p) for field, p in parts.items() if p}
     return cat["keys"], cat["values"], cat.get("state")
 
 

@@ -22,6 +22,7 @@ from dynemb.checkpoint import CheckpointError
 from dynemb.checkpoint.manifest import read_manifest
 from dynemb.deltas import delta_path, read_delta
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
+from dynemb.warm_start.dump_source import read_dumped_table
 from tests.checkpoint_plans_workers import (
     DIMS,
     GLOBAL_BATCH,
@@ -106,6 +107,14 @@ def _slices_equal(pieces: list, whole: dict, optimizer: str, dim: int, what: str
         _equal(got, _slice(whole, optimizer, dim, offset, dim // 2), f"{what} rank {rank}")
 
 
+def _warm_start_reads(dump: str, name: str, want: dict, what: str) -> None:
+    keys, values, state = read_dumped_table(dump, name)
+    rows = values if state is None else torch.cat([values, state], 1)
+    order = torch.argsort(keys)
+    assert torch.equal(keys[order], want["keys"]), f"{what}: warm start from {dump}"
+    assert torch.equal(rows[order], want["values"]), f"{what}: warm start from {dump}"
+
+
 def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_path):
     path = str(tmp_path)
     trained = run_ranks(train_and_dump, 4, CASES, path, timeout=120)[0]
@@ -147,6 +156,9 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
                 )
             else:
                 assert torch.equal(got["values"], joined["values"]), what
+            # A warm start reads a column-wise dump as the row-wise load does: whole rows.
+            _warm_start_reads(f"{path}/{opt}/column_wise", name, whole[name], what)
+            _warm_start_reads(f"{path}/{opt}/cw_trained", name, got, what)
         for outputs, where in (
             (tw_out, "table-wise"),
             (cw_out, "column-wise"),

@@ -88,7 +88,6 @@ def test_deferred_admission_trains_as_the_eager_path(mode):
     mode = getattr(dynemb.DynamicEmbCheckMode, mode)
     deferred, eager = _module(mode), _eager(_module(mode))
     gen = torch.Generator().manual_seed(1)
-    stored_any = False
     for _ in range(6):
         keys = torch.randint(0, 400, (300,), generator=gen)
         offsets = torch.arange(0, 301, 3)
@@ -101,12 +100,12 @@ def test_deferred_admission_trains_as_the_eager_path(mode):
                 (out * torch.linspace(-1, 1, 4)).sum().backward()
             reads.append(host_reads() - before)
             outs.append(out.detach())
+        assert reads[0] < reads[1], reads  # WARNING reads the lookup's counts at once
         if mode == dynemb.DynamicEmbCheckMode.IGNORE:  # the layout (+ distinct count) only
-            assert reads[0] <= (2 if executor() == "cuda-emulated" else 1) < reads[1]
+            assert reads[0] <= (2 if executor() == "cuda-emulated" else 1)
         assert torch.equal(outs[0], outs[1])
         for got, want in zip(_table(deferred), _table(eager), strict=True):
             assert torch.equal(got, want)
-        stored_any = stored_any or _table(eager)[0].numel() > 0
     table, want = deferred.tables[0], eager.tables[0]
     assert table.size() == want.size() == _table(eager)[0].numel() == 128
     got_stats, want_stats = table.last_stats, want.last_stats
@@ -117,4 +116,3 @@ def test_deferred_admission_trains_as_the_eager_path(mode):
     assert eager.safe_check_failures[0] > 0, "the case: admitted keys a full table cannot store"
     counters = deferred.admission_counters[0], eager.admission_counters[0]
     assert _dump(counters[0]) == _dump(counters[1]) and counters[0].size() == counters[1].size()
-    assert stored_any

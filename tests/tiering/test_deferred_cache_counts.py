@@ -12,11 +12,14 @@ import pytest
 import torch
 
 from dynemb.host_reads import host_reads, read_to_host
+from dynemb.optimizer import EmbOptimType
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering import CacheStats
 from dynemb.tiering.storage_results import checked_insert
 from dynemb.types import DynamicEmbScoreStrategy
 from tests.tiering.caching_models import (
+    DIM,
+    DictStorage,
     assert_same_tables,
     batches,
     contents,
@@ -38,9 +41,16 @@ def test_cache_stats_add_later_adds_when_read():
     assert stats.fetched == 15 and host_reads() == before + 1  # the first entry, read now
     assert stats.storage_drops == 5 and host_reads() == before + 2
     stats.add_later(lookup_hits=torch.tensor(7))
-    copied = copy.deepcopy(stats)  # a copy reads what is pending
-    assert dataclasses.astuple(copied) == dataclasses.astuple(stats) == (0, 7, 0, 0, 15, 5, 5, 0, 0)
-    assert stats == CacheStats(0, 7, 0, 0, 15, 5, 5, 0, 0)
+    copied, shallow = copy.deepcopy(stats), copy.copy(stats)  # copies read what is pending
+    stats.add_later(lookup_hits=torch.tensor(1))  # the original's alone
+    assert (
+        dataclasses.astuple(copied) == dataclasses.astuple(shallow) == (0, 7, 0, 0, 15, 5, 5, 0, 0)
+    )
+    assert stats == CacheStats(0, 8, 0, 0, 15, 5, 5, 0, 0)
+    stats.add_later(staged=torch.tensor(2))
+    before = host_reads()
+    read_to_host(torch.zeros(1), "test")  # the next read of the device takes it
+    assert stats.staged == 2 and host_reads() == before + 1
     with pytest.raises(ValueError, match="no counter 'fetch'"):
         stats.add_later(fetch=torch.tensor(1))
     with pytest.raises(ValueError, match="no counter 'hits'"):
@@ -136,3 +146,21 @@ def test_deferred_cache_counts_train_as_the_eager_path():
         assert_same_tables(contents(got), contents(want))  # synced: more write-backs
         assert dataclasses.astuple(got.stats) == dataclasses.astuple(want.stats)
         assert got.storage.size() == want.storage.size() == 128
+
+
+def test_external_storage_with_a_cache_smaller_than_a_batch_trains_like_uncached():
+    """The external slow tier's path of a fill (rows moved by whole-batch copies,
+    positions from the claim's counts): evictions, and keys the cache cannot take
+    (staged) in every batch, as an uncached table."""
+    data = batches(6, seed=13)
+    plain = module([options(), options()], EmbOptimType.EXACT_ADAGRAD)
+    cached = module(
+        [options(16, state=DIM, external_storage=DictStorage)] * 2, EmbOptimType.EXACT_ADAGRAD
+    )
+    for b in data:
+        torch.testing.assert_close(step(cached, b), step(plain, b), rtol=1e-5, atol=1e-5)
+    for t in range(2):
+        stats = cached.tables[t].stats
+        assert stats.staged > 0 and stats.not_cached > 0 and stats.written_back > 0
+        assert stats.fetched > 0 and stats.storage_drops == 0
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
