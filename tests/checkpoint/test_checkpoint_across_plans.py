@@ -157,8 +157,8 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
             else:
                 assert torch.equal(got["values"], joined["values"]), what
             # A warm start reads a column-wise dump as the row-wise load does: whole rows.
-            _warm_start_reads(f"{path}/{opt}/column_wise", name, whole[name], what)
-            _warm_start_reads(f"{path}/{opt}/cw_trained", name, got, what)
+            _warm_start_reads(f"{path}/{case.name}/column_wise", name, whole[name], what)
+            _warm_start_reads(f"{path}/{case.name}/cw_trained", name, got, what)
         for outputs, where in (
             (tw_out, "table-wise"),
             (cw_out, "column-wise"),
