@@ -8,7 +8,12 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     column_wise,
@@ -22,7 +27,11 @@ from dynemb import DynamicEmbScoreStrategy
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, dynamic_embedding_tables
+from dynemb.shard import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+    dynamic_embedding_tables,
+)
 from tests.sharded_workers import table_options
 from tests.table_wise_workers import entries, global_batch, local_kjt, out_grad
 
@@ -36,24 +45,35 @@ PLANS = {
     "row_wise": {"a": ("row_wise", None), "b": ("row_wise", None)},
     "table_wise": {"a": ("table_wise", [1]), "b": ("table_wise", [0])},
     "column_wise": {"a": ("column_wise", [0, 1]), "b": ("column_wise", [1, 0])},
+    "one_slice": {"a": ("column_wise", [1]), "b": ("column_wise", [0, 1])},  # a: whole
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     optimizer: str
+    sequence: bool = False  # an EmbeddingCollection (one row per id), else an EBC (SUM)
+
+    @property
+    def name(self) -> str:
+        return self.optimizer + ("-sequence" if self.sequence else "")
 
     def fused_params(self) -> dict:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
 
 
 def build_model(case: Case, plan: str, world_size: int):
+    config, collection, sharder = (
+        (EmbeddingConfig, EmbeddingCollection, DynamicEmbeddingCollectionSharder)
+        if case.sequence
+        else (EmbeddingBagConfig, EmbeddingBagCollection, DynamicEmbeddingBagCollectionSharder)
+    )
     configs = [
-        EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=40, feature_names=[f])
+        config(name=name, embedding_dim=dim, num_embeddings=40, feature_names=[f])
         for (name, dim), f in zip(DIMS.items(), FEATURES)
     ]
-    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    module = collection(tables=configs, device=torch.device("meta"))
+    sharder = sharder(fused_params=case.fused_params())
     make = {"row_wise": lambda ranks: row_wise(compute_kernel="customized_kernel"),
             "table_wise": lambda ranks: table_wise(rank=ranks[0], compute_kernel="customized_kernel"),
             "column_wise": lambda ranks: column_wise(ranks=ranks, compute_kernel="customized_kernel")}  # fmt: skip
@@ -90,17 +110,23 @@ def _samples(rank: int, world_size: int) -> tuple[int, int]:
 
 def step(model, rank: int, world_size: int, step: int, backward: bool = True) -> torch.Tensor:
     """One step of the global batch ``step``; returns the whole batch's outputs (every
-    rank's samples, gathered)."""
+    rank's samples, gathered; an EmbeddingCollection's rows feature by feature)."""
     start, stop = _samples(rank, world_size)
     lengths, keys = global_batch(step, GLOBAL_BATCH, len(FEATURES))
-    out = model(local_kjt(lengths, keys, start, stop)).to_dict()
-    values = torch.cat([out[f] for f in FEATURES], dim=1)
-    if backward:
+    out = model(local_kjt(lengths, keys, start, stop))
+    if not hasattr(out, "to_dict"):  # EmbeddingCollection: each id's row
+        parts = [out[f].values() for f in FEATURES]
+        values = torch.cat(parts)
+        grad = out_grad(step, values.shape[0], values.shape[1])
+    else:
+        values = torch.cat([out.to_dict()[f] for f in FEATURES], dim=1)
+        parts = [values]
         grad = out_grad(step, GLOBAL_BATCH, sum(DIMS.values()))[start:stop]
+    if backward:
         (values * grad).sum().backward()
-    gathered = [torch.empty_like(values) for _ in range(world_size)]
-    dist.all_gather(gathered, values.detach().contiguous())
-    return torch.cat(gathered)
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, [p.detach() for p in parts])
+    return torch.cat([torch.cat([g[i] for g in gathered]) for i in range(len(parts))])
 
 
 def held(model) -> dict[str, dict]:
@@ -127,7 +153,7 @@ def train_and_dump(rank: int, world_size: int, cases: list[Case], path: str):
         model = build_model(case, "row_wise", world_size)
         for s in range(STEPS):
             step(model, rank, world_size, s)
-        DynamicEmbDump(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+        DynamicEmbDump(f"{path}/{case.name}/row_wise", model, optim=True)
         results.append((held(model), step(model, rank, world_size, STEPS, backward=False)))
     return results if rank == 0 else None
 
@@ -149,7 +175,7 @@ def through_two_ranks(rank: int, world_size: int, cases: list[Case], path: str):
     of the trained column-wise model."""
     results = []
     for case in cases:
-        base = f"{path}/{case.optimizer}"
+        base = f"{path}/{case.name}"
         tw = build_model(case, "table_wise", world_size)
         by_tw = load_dump(tw, rank, world_size, f"{base}/row_wise", f"{base}/table_wise")
         cw = build_model(case, "column_wise", world_size)
@@ -173,7 +199,7 @@ def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
     and cw_trained; returns their (held, next outputs)."""
     results = []
     for case in cases:
-        base = f"{path}/{case.optimizer}"
+        base = f"{path}/{case.name}"
         loads = [
             load_dump(build_model(case, "row_wise", world_size), rank, world_size, source, None)
             for source in (f"{base}/column_wise", f"{base}/cw_trained")
@@ -183,20 +209,21 @@ def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
 
 
 def incremental_under_plans(rank: int, world_size: int, case: Case, path: str):
-    """On 2 ranks, per plan (table-wise, column-wise): loads row_wise, trains one step
+    """On 2 ranks, per plan (table-wise, column-wise, a column-wise table of one
+    slice beside one of two): loads row_wise, trains one step
     from a score reference and dumps incrementally over the group; returns per plan
     (the dump, held after the step)."""
     from dynemb.incremental_dump import get_score, incremental_dump
 
-    results = {}
-    for plan in ("table_wise", "column_wise"):
-        model = build_model(case, plan, world_size)
-        DynamicEmbLoad(f"{path}/{case.optimizer}/row_wise", model, optim=True)
+    results, models = {}, {}
+    for plan in ("table_wise", "column_wise", "one_slice"):
+        model = models[plan] = build_model(case, plan, world_size)
+        DynamicEmbLoad(f"{path}/{case.name}/row_wise", model, optim=True)
         before = get_score(model)
         step(model, rank, world_size, STEPS)
         dumped, _ = incremental_dump(model, before, dist.group.WORLD, with_scores=True)
         results[plan] = (dumped["model"], held(model))
-    results["disagree"] = _slices_that_disagree(model, rank, path)
+    results["disagree"] = _slices_that_disagree(models["column_wise"], rank, path)
     return results if rank == 0 else None
 
 
@@ -241,8 +268,36 @@ def publish_under_plans(rank: int, world_size: int, case: Case, root: str):
                 assert dynamic_tables(model)["a"].erase(erased_keys()) == 3
             assert (publisher.publish() if s else publisher.publish_base()) == s
         publisher.close()
-        results[plan] = (publisher.version, held(model))
+        results[plan] = (publisher.version, held(model), _served_from_model(model))
     return results if rank == 0 else None
+
+
+def seen_keys() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every key of tables a and b over the STEPS batches: ``(keys, offsets)`` of a
+    lookup of one bag per key, feature by feature (as many bags in each)."""
+    per_table = [[], []]
+    for s in range(STEPS):
+        lengths, keys = global_batch(s, GLOBAL_BATCH, len(FEATURES))
+        first = int(lengths[0].sum())
+        per_table[0].append(keys[:first])
+        per_table[1].append(keys[first:])
+    unique = [torch.cat(k).unique() for k in per_table]
+    bags = max(k.numel() for k in unique)
+    lengths = torch.tensor([[1] * k.numel() + [0] * (bags - k.numel()) for k in unique])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+    return torch.cat(unique), offsets
+
+
+def _served_from_model(model) -> tuple[list[int], torch.Tensor]:
+    """A serving module filled by load_from_model (every rank's rows, gathered): its
+    sizes and its rows of every key seen."""
+    from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
+
+    serving = InferenceEmbeddingCollection(
+        [serving_options(dim) for dim in DIMS.values()], table_names=list(DIMS)
+    )
+    serving.load_from_model(model)
+    return serving.sizes, serving(*seen_keys())
 
 
 def erased_keys() -> torch.Tensor:

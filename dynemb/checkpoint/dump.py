@@ -147,7 +147,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
 
     Every rank writes its own shard (keys, rows, scores, and the optimizer state with
-    ``optim=True``), streamed in chunks into a fresh dump directory; rank 0 then
+    ``optim=True``; a column-wise table's rank its slice: every key, the slice's
+    columns and state), streamed in chunks into a fresh dump directory; rank 0 then
     commits by replacing ``path/manifest.json`` atomically, so an existing checkpoint
     at ``path`` stays loadable until this one is complete, and a crash leaves no half
     checkpoint that could be loaded. Every rank of ``pg`` (default: the world, or this
@@ -194,6 +195,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
             two concurrent dumps to an empty path without it, the second fails).
         OSError: writing a file failed (ENOSPC, EIO...): the message names the file;
             raised on the rank that failed, the others raise RankFailure.
+        RuntimeError: (rank 0; the others raise RankFailure) the column slices of a
+            table hold different keys; nothing is committed.
         RankFailure (a RuntimeError): another rank failed or died; names it and its error.
         ValueError: an unknown name in ``table_names``, an unknown ``format``, a
             ``fault_timeout`` that is not a positive number.

@@ -97,6 +97,8 @@ class HeldBy:
 
     def owners(self, keys: torch.Tensor) -> torch.Tensor:
         """(m,) int64: the rank of the group owning each of ``keys`` ((m,) int64)."""
+        if len(self.ranks) == 1:  # held whole (table-wise, a column-wise table of one slice)
+            return torch.full_like(keys, self.ranks[0])
         local, _ = route_keys(keys, self.dist_type, len(self.ranks), self.num_embeddings)
         return torch.tensor(self.ranks, dtype=torch.int64, device=keys.device)[local]
 

@@ -87,8 +87,13 @@ def DynamicEmbLoad(  # DynamicEmb's public name
     ...) is read as DynamicEmb's layout, with every file's size checked against the
     model's tables before any table changes (see DynamicEmb_APIs.md).
 
-    Each rank verifies and reads a share of the files, sends every key to the rank
-    that owns it under the model's current routing, and that rank restores it
+    Any plan loads into any other (see DynamicEmb_APIs.md, "Any plan to any plan"):
+    each table may be row-wise, table-wise or column-wise, on other ranks, in the
+    checkpoint and in the model. Each rank verifies and reads a share of the files
+    (a column-wise table's slices together, as whole rows), sends every key to the
+    rank that owns it under the model's current plan (row-wise: its routing;
+    table-wise: the table's rank; column-wise: every slice's rank, which keeps its
+    columns and their optimizer state, see checkpoint/columns.py), and that rank restores it
     (``ScoredHashTable.restore``) with its row, score (LFU counts exact, timestamps
     preserved) and, with ``optim=True``, its optimizer state. Every rank of ``pg``
     must call it.
@@ -234,8 +239,8 @@ def _load(
                 to = {"replicas": holders[name]}
             else:
                 to = {"holders": held_by(holders[name], world_size, routes[name])}
-            unit = (meta, reads[name], fields)
-            failed_rows = _load_chunks(directory, t, unit, share[name], to, pg)
+            plan = (meta, reads[name], fields)
+            failed_rows = _load_chunks(directory, t, plan, share[name], to, pg)
             if counter:
                 _load_counter(directory, t, meta, share[name], to, pg, world_size)
             if t is None:

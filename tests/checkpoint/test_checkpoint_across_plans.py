@@ -1,5 +1,5 @@
-"""A checkpoint moves between sharding types and world sizes, exactly: a model of two
-dynamic tables trained row-wise on 4 gloo ranks is dumped, loaded table-wise on 2 and
+"""A checkpoint moves between sharding types and world sizes, exactly: a model (an EBC,
+or an EC) of two dynamic tables trained row-wise on 4 gloo ranks is dumped, loaded table-wise on 2 and
 dumped, loaded column-wise on 2 (a column slice of every row on each rank) and dumped,
 and loaded row-wise on 4 again. After every load the model holds the trained keys,
 rows, optimizer state and scores bit for bit (a slice: its columns of each row, and its
@@ -32,6 +32,7 @@ from tests.checkpoint_plans_workers import (
     erased_keys,
     incremental_under_plans,
     publish_under_plans,
+    seen_keys,
     serving_options,
     through_two_ranks,
     train_and_dump,
@@ -44,7 +45,12 @@ pytestmark = pytest.mark.no_emulated_pass(
     "spawned-rank dumps and loads under TorchRec plans: the table ops they use are tested per executor elsewhere"
 )
 
-CASES = [Case("EXACT_ROWWISE_ADAGRAD"), Case("ADAM"), Case("EXACT_SGD")]
+CASES = [
+    Case("EXACT_ROWWISE_ADAGRAD"),
+    Case("ADAM"),
+    Case("EXACT_SGD"),
+    Case("EXACT_ROWWISE_ADAGRAD", sequence=True),
+]
 
 
 def _union(pieces: list) -> dict[str, torch.Tensor]:
@@ -83,6 +89,11 @@ def _join(pieces: list, optimizer: str, dim: int) -> dict:
     return {"keys": first["keys"], "values": torch.cat(columns, 1), "scores": first["scores"]}
 
 
+def _whole(pieces: list, optimizer: str, dim: int) -> dict:
+    """A table's pieces as whole rows: column slices joined, else shares united."""
+    return _join(pieces, optimizer, dim) if any(p[1] for p in pieces) else _union(pieces)
+
+
 def _equal(got: dict, want: dict, what: str) -> None:
     for field in ("keys", "values", "scores"):
         assert got[field].shape == want[field].shape, (what, field)
@@ -117,7 +128,7 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
         (by_tw, tw_out), (by_cw, cw_out), (again, again_out), cw_trained = two[c]
         (from_cw, rw_out), (from_trained, trained_out) = back[c]
         for name, dim in DIMS.items():
-            what = f"{opt} {name}"
+            what = f"{case.name} {name}"
             assert len(by_tw[name]) == 1, what  # table-wise: held whole by one rank
             _equal(by_tw[name][0][2], whole[name], f"{what}: table-wise on 2")
             _slices_equal(by_cw[name], whole[name], opt, dim, f"{what}: column-wise on 2")
@@ -146,14 +157,16 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
             else:
                 assert torch.equal(got["values"], joined["values"]), what
             # A warm start reads a column-wise dump as the row-wise load does: whole rows.
-            _warm_start_reads(f"{path}/{opt}/column_wise", name, whole[name], what)
-            _warm_start_reads(f"{path}/{opt}/cw_trained", name, got, what)
+            _warm_start_reads(f"{path}/{case.name}/column_wise", name, whole[name], what)
+            _warm_start_reads(f"{path}/{case.name}/cw_trained", name, got, what)
         for outputs, where in (
             (tw_out, "table-wise"),
             (cw_out, "column-wise"),
             (rw_out, "row-wise"),
         ):
-            assert torch.equal(outputs, next_outputs), f"{opt}: next forward after the {where} load"
+            assert torch.equal(outputs, next_outputs), (
+                f"{case.name}: next forward after the {where} load"
+            )
         torch.testing.assert_close(trained_out, again_out, atol=1e-6, rtol=0)
     _column_slices_schema(tmp_path / "EXACT_ROWWISE_ADAGRAD" / "column_wise", tmp_path / "edited")
 
@@ -213,15 +226,14 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
             got_keys, rows, scores = dumped[name]
             order = torch.argsort(got_keys)
             assert torch.equal(got_keys[order], touched[name]), (plan, name)
-            whole = (
-                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
-            )
+            whole = _whole(pieces[name], "ADAM", dim)
             at = torch.searchsorted(whole["keys"], got_keys[order])
             assert torch.equal(rows[order], whole["values"][at, :dim]), (plan, name)
             assert torch.equal(scores[order], whole["scores"][at]), (plan, name)
             dumps[plan, name] = rows[order]
     for name in DIMS:
-        assert torch.equal(dumps["table_wise", name], dumps["column_wise", name]), name
+        for plan in ("column_wise", "one_slice"):
+            assert torch.equal(dumps["table_wise", name], dumps[plan, name]), (plan, name)
     # Slices that disagree (a key erased from one slice): refused, nothing committed.
     (dump0, incr0), (dump1, incr1) = disagree
     assert dump0.startswith("RuntimeError: DynamicEmbDump: the column slices of table 'a'")
@@ -235,9 +247,10 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
     """A DeltaPublisher over the table-wise and the column-wise plan on 2 ranks: the
     base and deltas are whole rows (a column-wise table's slices joined, Adam's moments
     too), and a serving module that loads the base and replays the deltas holds exactly
-    the trained rows of every stored key and nothing else (erased keys gone)."""
+    the trained rows of every stored key and nothing else (erased keys gone), as one
+    filled by load_from_model from the trained model does."""
     plans = run_ranks(publish_under_plans, 2, Case("ADAM"), str(tmp_path), timeout=120)[0]
-    for plan, (version, pieces) in plans.items():
+    for plan, (version, pieces, (model_sizes, model_rows)) in plans.items():
         root = tmp_path / plan
         assert version == STEPS - 1
         serving = InferenceEmbeddingCollection(
@@ -249,9 +262,7 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
         last = read_delta(delta_path(root, version)).tables
         wholes = {}
         for name, dim in DIMS.items():
-            whole = (
-                _join(pieces[name], "ADAM", dim) if plan == "column_wise" else _union(pieces[name])
-            )
+            whole = _whole(pieces[name], "ADAM", dim)
             wholes[name] = whole
             delta = last[name]
             at = torch.searchsorted(whole["keys"], delta.keys)
@@ -267,3 +278,6 @@ def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_
         rows = serving(torch.cat([wholes[n]["keys"] for n in DIMS]), offsets)
         want = torch.cat([wholes[n]["values"][:, :dim] for n, dim in DIMS.items()])
         assert torch.equal(rows, want), plan
+        # load_from_model gathers the same rows (a column-wise table's slices joined).
+        assert model_sizes == serving.sizes, plan
+        assert torch.equal(model_rows, serving(*seen_keys())), plan
