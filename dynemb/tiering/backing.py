@@ -1,9 +1,12 @@
-"""The slow tier of a cached table: the built-in ``HashTableStorage`` and the factory.
+"""The slow tier of a cached table: the built-in ``HashTableStorage``, the factory, and
+the score context of a cached table whose slow tier is not built in.
 
 ``make_backing_storage`` is the one place that decides what sits behind a cache:
 the user's ``external_storage`` when set, else a ``ScoredHashTable`` of the table's
 full ``max_capacity`` whose rows are in host memory (on a GPU: ``backing_fast_rows``).
 """
+
+import time
 
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.table.placement import backing_fast_rows
@@ -41,6 +44,16 @@ class HashTableStorage(Storage):
 
     def size(self):
         return self.table.size()
+
+
+class ScoreContext:
+    """Step counter, clock and CUSTOMIZED score of a cached table whose storage is not
+    built in (the names of ScoredHashTable's, which holds them when it is)."""
+
+    def __init__(self) -> None:
+        self.score_step = 0
+        self.now = time.monotonic_ns
+        self.custom_score: int | None = None
 
 
 def make_backing_storage(
@@ -94,4 +107,4 @@ def make_backing_storage(
     return HashTableStorage(table)
 
 
-__all__ = ["HashTableStorage", "make_backing_storage"]
+__all__ = ["HashTableStorage", "ScoreContext", "make_backing_storage"]

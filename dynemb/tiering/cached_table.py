@@ -48,14 +48,13 @@ Eval lookups read the cache, then the storage, and insert nothing.
 """
 
 import threading
-import time
 
 import torch
 
 from dynemb import _ops
 from dynemb.host_reads import read_to_host
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
-from dynemb.tiering.backing import HashTableStorage
+from dynemb.tiering.backing import HashTableStorage, ScoreContext
 from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_fill import CacheFill
@@ -68,16 +67,6 @@ from dynemb.types import DynamicEmbScoreStrategy
 _STEP = DynamicEmbScoreStrategy.STEP.value
 # Strategies scored by the table's step: a training lookup counts one.
 _STEPPED = (_STEP, DynamicEmbScoreStrategy.DECAYED_LFU.value)
-
-
-class _ScoreContext:
-    """Step counter, clock and CUSTOMIZED score of a table without a built-in storage
-    (the names of ScoredHashTable's, which holds them when the storage is built in)."""
-
-    def __init__(self) -> None:
-        self.score_step = 0
-        self.now = time.monotonic_ns
-        self.custom_score: int | None = None
 
 
 class CachedTable(CacheFill, CacheReads, Cache):
@@ -126,7 +115,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.warm_start = None  # a TableFill, read by keys new to both tiers (cache_fill)
         self.stats = CacheStats()
         backing = self.backing_table()
-        self._ctx = backing if backing is not None else _ScoreContext()
+        self._ctx = backing if backing is not None else ScoreContext()
         self._user_scores = torch.zeros(cache.capacity(), dtype=torch.int64, device=cache.device)
         self._moves = 0  # bumped when cached rows may have moved (empty_cache, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
