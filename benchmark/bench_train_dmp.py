@@ -27,8 +27,9 @@ of 1,000,000 rows, dim 256, pooling factor 8; the column-wise workload).
 ``--sharding TYPE``: every table of both models under that TorchRec sharding type
 (the planner's constraint ``sharding_types=[TYPE]``; JSON metric tag ``sharding=TYPE``):
 table-wise spreads whole tables over the ranks, column-wise cuts each into the
-planner's column shards. ``auto``: each planner picks every table's type by its cost
-among row-wise, table-wise and column-wise (the types it chose are printed and kept in
+planner's column shards, table-row-wise spreads each over the ranks of one node.
+``auto``: each planner picks every table's type by its cost among row-wise,
+table-wise, column-wise and table-row-wise (the types it chose are printed and kept in
 the JSON line's ``plan``). A comma-separated list runs each in turn, in the same run
 (``--sharding row_wise,auto``: the planner's pick against all-row-wise).
 
@@ -92,16 +93,17 @@ def _cpu_row_wise_sharder_class():
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     class CpuRowWiseSharder(EmbeddingBagCollectionSharder):
-        """TorchRec's sharder, offering ROW_WISE on cpu too (its RW machinery runs on gloo)."""
+        """TorchRec's sharder, offering ROW_WISE and TABLE_ROW_WISE on cpu too (their
+        machinery runs on gloo)."""
 
         def sharding_types(self, compute_device_type: str) -> list[str]:
             types = super().sharding_types(compute_device_type)
-            return types if "row_wise" in types else types + ["row_wise"]
+            return types + [t for t in ("row_wise", "table_row_wise") if t not in types]
 
     return CpuRowWiseSharder
 
 
-AUTO_TYPES = ["row_wise", "table_wise", "column_wise"]
+AUTO_TYPES = ["row_wise", "table_wise", "column_wise", "table_row_wise"]
 
 
 def _sharding_types(config: Config) -> list[str] | None:
@@ -360,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--sharding", type=sharding_list, default=[None],
         help="every table of both models under this sharding type (row_wise, table_wise, "
-        "column_wise, or auto: the planner's pick); a comma-separated list runs each",
+        "column_wise, table_row_wise, or auto: the planner's pick); a comma-separated list "
+        "runs each",
     )  # fmt: skip
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)

@@ -42,6 +42,7 @@ from dynemb.utils import (
     string_to_evict_strategy,
     torch_to_dyn_emb,
 )
+from dynemb.warm_start import WarmStart
 
 __all__ = [
     "BATCH_SIZE_PER_DUMP",
@@ -72,6 +73,7 @@ __all__ = [
     "ScoredHashTable",
     "Storage",
     "TableTelemetry",
+    "WarmStart",
     "executor",
     "align_to_table_size",
     "data_type_to_dtype",

@@ -119,12 +119,17 @@ def scores_after_hit(
     batch_value: int,
     accesses: torch.Tensor | None = None,
     custom: torch.Tensor | None = None,
+    half_life: int = 0,
+    decay_step: int = 0,
 ) -> torch.Tensor:
-    """Each score after a hit by a batch (core/score_policy.h ``score_for_hit``): a
-    cache tier keeps its rows' scores under the table's strategy with it. A score of 0
+    """Each score after a hit by a batch (core/score_policy.h ``score_after_tier_hit``):
+    a cache tier keeps its rows' scores under the table's strategy with it. A score of 0
     gives a new key's score. ``accesses``: (n,) counts (LFU; None: 1 each);
-    ``custom``: (n,) scores, required under CUSTOMIZED."""
-    return _dynemb.scores_after_hit(scores, strategy, batch_value, accesses, custom)
+    ``custom``: (n,) scores, required under CUSTOMIZED; ``half_life`` and
+    ``decay_step`` (the batch's step): DECAYED_LFU's, required by it only."""
+    return _dynemb.scores_after_hit(
+        scores, strategy, batch_value, accesses, custom, half_life, decay_step
+    )
 
 
 def hash_keys(keys: torch.Tensor, num_buckets: int) -> tuple:

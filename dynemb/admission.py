@@ -52,6 +52,13 @@ class Counter(abc.ABC):
             (n,) int64: each key's count after adding.
         """
 
+    def add_distinct(self, keys: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+        """``add`` for a training batch: ``keys`` distinct and ``frequency`` (n,) int64
+        >= 0 on the counter's device, as the caller built them, so a counter may skip
+        the checks (and their reads of the device) that ``add`` makes. Returns the
+        same counts as ``add``; by default it is ``add``."""
+        return self.add(keys, frequency)
+
     @abc.abstractmethod
     def erase(self, keys: torch.Tensor) -> None:
         """Forgets keys ((n,) int64); absent keys are ignored."""
@@ -186,13 +193,23 @@ class KVCounter(Counter):
             return torch.zeros_like(keys)
         unique, inverse, _ = _ops.unique_keys(keys)
         added = _saturating_sum(frequency, inverse, unique.numel())
+        return self._add_to_distinct(unique, added)[inverse]
+
+    def add_distinct(self, keys: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+        """``add`` without its checks: no read of the device (not even the distinct
+        count), the stored counts' status read later (the counter cannot grow)."""
+        if keys.numel() == 0:
+            return torch.zeros_like(keys)
+        return self._add_to_distinct(keys, frequency.clamp(max=_ops.MAX_SCORE))
+
+    def _add_to_distinct(self, keys: torch.Tensor, added: torch.Tensor) -> torch.Tensor:
         with self._lock:  # the read-add-store is one step for other threads
             # Scores are 0 for absent keys, so old + added is the exact new count; like
             # the tables' LFU counts (core/score_policy.h) it saturates at MAX_SCORE.
-            old = self._table.get_scores(unique)
+            old = self._table.get_scores(keys)
             counts = old + torch.minimum(added, _ops.MAX_SCORE - old)
-            self._store(unique, counts)
-        return counts[inverse]
+            self._store(keys, counts)
+        return counts
 
     def erase(self, keys: torch.Tensor) -> None:
         keys = self._check_keys(keys)
@@ -229,8 +246,9 @@ class KVCounter(Counter):
         return keys, counts
 
     def _store(self, keys: torch.Tensor, counts: torch.Tensor) -> None:  # under _lock
+        # keys distinct, counts >= 0 (checked or computed so): nothing to check or read
         values = torch.zeros((keys.numel(), 1), dtype=torch.float16, device=self.device)
-        self._table.insert_or_assign(keys, values, scores=counts)
+        self._table.assign_scored(keys, values, counts.contiguous())
 
     def _check_keys(self, keys) -> torch.Tensor:
         if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or keys.dim() != 1:

@@ -288,6 +288,10 @@ class DynamicEmbTableOptions:
             column_offset + dim)`` of a wider table's rows, and its new rows are those
             columns of the rows the whole table would start with. The column-wise
             sharding sets it on each slice; 0 otherwise.
+        warm_start: (dynemb) a ``dynemb.warm_start.WarmStart`` source: a key a training
+            lookup inserts takes its first row (and its optimizer state, when the
+            source keeps one of the table's width) from it instead of the initializer
+            (None: the initializer's). See "Warm start" in DynamicEmb_APIs.md.
 
     Raises:
         ValueError: an unknown ``dist_type``; ``score_half_life_steps`` missing, out of
@@ -332,6 +336,7 @@ class DynamicEmbTableOptions:
     spill_directory: str | None = None
     score_half_life_steps: int | None = None
     column_offset: int = 0
+    warm_start: Any | None = None
 
     def __post_init__(self) -> None:
         if self.dist_type not in DIST_TYPES:

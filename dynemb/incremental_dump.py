@@ -170,7 +170,9 @@ def incremental_dump(
         ``(dumped, current_scores)``: ``dumped[collection][table] = (keys, rows)``, or
         ``(keys, rows, scores)`` with ``with_scores``: (m,) int64, (m, dim) in the
         table's value dtype (embedding columns, no optimizer state), (m,) int64 (the
-        compound's last-access times), CPU tensors, concatenated in rank order;
+        compound's last-access times), CPU tensors, concatenated in rank order (with
+        ``pg``, a column-wise table's slices are joined: whole rows by ascending key,
+        the scores of its first slice);
         ``current_scores`` is this rank's ``get_score(model)`` read before the dump
         (the reference of the next one).
 
@@ -178,6 +180,8 @@ def incremental_dump(
         ValueError / TypeError: an unknown collection or table name, or a threshold
             that is not an int (raised before any collective).
         RankFailure (a RuntimeError): with ``pg``, another rank failed or died.
+        RuntimeError: with ``pg``, the column slices of a table dumped different keys
+            (they cannot: each slice stores the same keys, see dynemb.shard.cw_sharding).
 
     Example::
 
@@ -203,7 +207,7 @@ def incremental_dump(
             local.setdefault(coll, {})[name] = entry if with_scores else entry[:2]
         if pg is None or dist.get_world_size(pg) == 1:
             return local, current
-        return _concat_ranks(all_gather(local, pg)), current
+        return _concat_ranks(all_gather((local, _column_offsets(model)), pg)), current
 
 
 # ------------------------------------------------------------------ internals
@@ -211,6 +215,30 @@ def incremental_dump(
 
 def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
     """This rank's dynamic tables: ``{collection path: {table name: table}}``."""
+    found: dict[str, dict[str, ScoredHashTable]] = {}
+    for path, group in _groups(model):
+        # Caching mode: the slow tier, after the cache wrote its rows back.
+        tables = [t.persistent_table() for t in group.tables]
+        found.setdefault(path, {}).update(zip(group.table_names, tables))
+    return found
+
+
+def _column_offsets(model: nn.Module) -> dict[str, dict[str, int]]:
+    """This rank's column slices: ``{collection path: {table name: first column}}``."""
+    found: dict[str, dict[str, int]] = {}
+    for path, group in _groups(model):
+        if group.full_dims is None:
+            continue
+        for name, dim, full, options in zip(
+            group.table_names, group.dims, group.full_dims, group.table_options
+        ):
+            if dim != full:
+                found.setdefault(path, {})[name] = options.column_offset
+    return found
+
+
+def _groups(model: nn.Module) -> Iterator[tuple[str, BatchedDynamicEmbeddingTables]]:
+    """``(collection path, group)`` of every group of dynamic tables of this rank."""
     groups = []
     for key, group in dynamic_embedding_tables(model).items():
         first = group.table_names[0]
@@ -222,16 +250,11 @@ def _collections(model: nn.Module) -> dict[str, dict[str, ScoredHashTable]]:
         for p, m in model.named_modules()
         if isinstance(m, BatchedDynamicEmbeddingTables)
     ]
-    found: dict[str, dict[str, ScoredHashTable]] = {}
     seen = set()
     for path, group in groups:
-        if id(group) in seen:
-            continue
-        seen.add(id(group))
-        # Caching mode: the slow tier, after the cache wrote its rows back.
-        tables = [t.persistent_table() for t in group.tables]
-        found.setdefault(path, {}).update(zip(group.table_names, tables))
-    return found
+        if id(group) not in seen:
+            seen.add(id(group))
+            yield path, group
 
 
 def _by_path(collections, named: Mapping) -> dict:
@@ -332,19 +355,41 @@ def _dump_table(table: ScoredHashTable, threshold: int):
     return torch.cat(keys), torch.cat(rows), torch.cat(scores)
 
 
-def _concat_ranks(parts: list[Dumped]) -> Dumped:
+def _concat_ranks(parts: list[tuple[Dumped, dict]]) -> Dumped:
+    """The ranks' ``(dumped, column offsets)`` as one: a table's entries concatenated
+    in rank order, or its column slices joined."""
     merged: dict[str, dict[str, list]] = {}
-    for part in parts:
+    for part, offsets in parts:
         for coll, tables in part.items():
             for name, entry in tables.items():
-                merged.setdefault(coll, {}).setdefault(name, []).append(entry)
+                offset = offsets.get(coll, {}).get(name)
+                merged.setdefault(coll, {}).setdefault(name, []).append((offset, entry))
     return {
         coll: {
-            name: tuple(torch.cat(list(col)) for col in zip(*entries))
+            name: _join_slices(coll, name, entries)
+            if entries[0][0] is not None
+            else tuple(torch.cat(list(col)) for col in zip(*(e for _, e in entries)))
             for name, entries in tables.items()
         }
         for coll, tables in merged.items()
     }
+
+
+def _join_slices(coll: str, name: str, slices: list) -> tuple:
+    """Whole rows of a column-wise table's ``(first column, (keys, rows, ...))`` slices,
+    by ascending key; the other fields (scores) are the first slice's."""
+    ordered = []
+    for _, entry in sorted(slices, key=lambda s: s[0]):
+        order = torch.argsort(entry[0])
+        ordered.append([field[order] for field in entry])
+    keys = ordered[0][0]
+    if any(not torch.equal(o[0], keys) for o in ordered[1:]):
+        raise RuntimeError(
+            f"incremental_dump: the column slices of table {name!r} of {coll!r} hold "
+            "different keys above the threshold"
+        )
+    rows = torch.cat([o[1] for o in ordered], dim=1)
+    return (keys, rows, *ordered[0][2:])
 
 
 __all__ = ["get_score", "incremental_dump", "set_score"]

@@ -85,7 +85,8 @@ def build_model(case: Case, world_size: int):
 
 def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):
     """Per case: this rank's outputs, and its dynamic tables' entries after training;
-    then what DynamicEmbDump says of the last model (it refuses column slices)."""
+    then what DynamicEmbDump(format="dynamicemb") says of the last model (DynamicEmb's
+    layout refuses column slices; dynemb's format takes them, see tests/checkpoint)."""
     from dynemb.dump_load import DynamicEmbDump
 
     results = []
@@ -102,7 +103,7 @@ def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):
         tables = {name: entries(t) for name, t in dynamic_tables(model).items()}
         results.append((outputs, tables))
     try:
-        DynamicEmbDump(path, model)
+        DynamicEmbDump(path, model, format="dynamicemb")
         refused = None
     except ValueError as e:
         refused = str(e)

@@ -1,11 +1,12 @@
 """Rank-side code of tests/shard/test_mixed_sharding.py: one model holding a dynamic table
-under each sharding type (table-wise, column-wise, row-wise) beside an ordinary TorchRec
-table, pooled (EmbeddingBagCollection, SUM / MEAN) or sequence (EmbeddingCollection),
+under each sharding type (table-wise, column-wise, row-wise and, pooled, table-row-wise
+on the last node of LOCAL ranks) beside an ordinary TorchRec table, pooled (EmbeddingBagCollection, SUM / MEAN) or sequence (EmbeddingCollection),
 and its unsharded reference: each table trained alone in a BatchedDynamicEmbeddingTables
 on the global batch (a column-wise table as one table per slice, its columns and
 column offset: TorchRec keeps optimizer state per column shard)."""
 
 import dataclasses
+import os
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,7 @@ from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     row_wise,
+    table_row_wise,
     table_wise,
 )
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
@@ -37,7 +39,8 @@ DIM = 8  # every table's (an EmbeddingCollection's tables share one dim)
 ROWS = 40  # num_embeddings (nominal for the dynamic tables)
 SMALL = 16  # capacity of the table-wise and column-wise tables: they evict
 LARGE = 256
-TYPES = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise"}
+TYPES = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise"}
+LOCAL = 2  # ranks a node (TorchRec's local size): 4 ranks are 2 nodes
 ORDINARY = "ord"  # an ordinary TorchRec table (table-wise on rank 0, fbgemm's kernel)
 BATCH = 4  # samples per rank
 STEPS = 10
@@ -52,7 +55,8 @@ class Case:
     pooling: str  # SUM / MEAN (EmbeddingBagCollection) or NONE (EmbeddingCollection)
 
     def tables(self) -> list[str]:
-        names = list(TYPES)
+        # TorchRec has no table-row-wise sharding of sequence (EmbeddingCollection) tables.
+        names = [n for n in TYPES if n != "twrw" or self.pooling != "NONE"]
         return [*names, ORDINARY] if self.optimizer in ORDINARY_OPTIMIZERS else names
 
     def features(self) -> list[str]:
@@ -101,19 +105,26 @@ def build_model(case: Case, world_size: int):
     if case.pooling == "NONE":
         kind = DynamicEmbeddingCollectionSharder
     sharder = kind(fused_params=case.fused_params())
+    local_size = min(LOCAL, world_size)
     per_param = {
         "tw": table_wise(rank=world_size - 1, compute_kernel="customized_kernel"),
-        "cw": column_wise(ranks=list(range(world_size)), compute_kernel="customized_kernel"),
+        # size_per_rank: column_wise(ranks=...) gives slices of at least 4 columns
+        "cw": column_wise(
+            size_per_rank=[DIM // world_size] * world_size, compute_kernel="customized_kernel"
+        ),
         "rw": row_wise(compute_kernel="customized_kernel"),
+        "twrw": table_row_wise(host_index=world_size // local_size - 1),
     }
+    per_param = {name: per_param[name] for name in case.tables() if name in per_param}
     if ORDINARY in case.tables():
         per_param[ORDINARY] = table_wise(rank=0, compute_kernel="fused")
     mplan = construct_module_sharding_plan(
-        module, per_param_sharding=per_param, local_size=world_size, world_size=world_size,
+        module, per_param_sharding=per_param, local_size=local_size, world_size=world_size,
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
-    for name in TYPES:
+    for name in (n for n in TYPES if n in per_param):
         fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
+        fields["compute_kernel"] = "customized_kernel"  # table_row_wise() names none
         mplan[name] = DynamicEmbParameterSharding(
             **fields, dynamicemb_options=dynamic_options(name)
         )
@@ -162,6 +173,7 @@ def train_mixed(rank: int, world_size: int, cases: list[Case]):
     entries, and the ordinary table's rows on the rank holding it (else None)."""
     results = []
     start, stop = rank * BATCH, (rank + 1) * BATCH
+    os.environ["LOCAL_WORLD_SIZE"] = str(min(LOCAL, world_size))  # TorchRec's node size
     for case in cases:
         model = build_model(case, world_size)
         outputs = []

@@ -148,6 +148,14 @@ DYNEMB_HD DYNEMB_INLINE uint64_t score_for_hit(const ScoreArgs& a, int64_t i, ui
   }
 }
 
+/// A cache tier's score of a row after a batch's hit; `old` 0 is a key new to the table
+/// (for the other strategies score_for_hit of 0 is score_for_new already; a decayed
+/// count's 0 weighs nothing, which decayed_merge does not know).
+DYNEMB_HD DYNEMB_INLINE uint64_t score_after_tier_hit(const ScoreArgs& a, int64_t i,
+                                                      uint64_t old) {
+  return old == 0 ? score_for_new(a, i) : score_for_hit(a, i, old);
+}
+
 /// CUSTOMIZED refuses a newcomer whose score is below every resident's.
 DYNEMB_HD DYNEMB_INLINE bool admits(ScoreStrategy s, uint64_t new_score, uint64_t victim_score) {
   return s != ScoreStrategy::kCustomized || new_score >= victim_score;

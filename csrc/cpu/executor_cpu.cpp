@@ -308,7 +308,7 @@ StatusCounts upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t
 
 void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n, uint64_t* out) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = score_for_hit(args, i, scores[i]);
+    for (int64_t i = begin; i < end; ++i) out[i] = score_after_tier_hit(args, i, scores[i]);
   });
 }
 

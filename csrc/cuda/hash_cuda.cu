@@ -17,7 +17,7 @@ __global__ void hash_keys_kernel(const int64_t* keys, int64_t n, int64_t num_buc
 __global__ void scores_after_hit_kernel(ScoreArgs args, const uint64_t* scores, int64_t n,
                                         uint64_t* out) {
   const int64_t i = thread_index();
-  if (i < n) out[i] = score_for_hit(args, i, scores[i]);
+  if (i < n) out[i] = score_after_tier_hit(args, i, scores[i]);
 }
 
 }  // namespace

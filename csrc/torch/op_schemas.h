@@ -22,7 +22,7 @@
   (m).def("hash_keys(Tensor keys, int num_buckets) -> (Tensor bucket, Tensor digest)");               \
   /* core/score_policy.h score_for_hit per element: a cache tier's scores of the rows it holds. */  \
   (m).def("scores_after_hit(Tensor scores, int strategy, int batch_value, Tensor? accesses, "      \
-          "Tensor? custom) -> Tensor");                                                            \
+          "Tensor? custom, int half_life=0, int decay_step=0) -> Tensor");                          \
   (m).def("table_find(Tensor[] table, Tensor keys, Tensor(a!) values) -> Tensor found");              \
   (m).def("table_find_slots(Tensor[] table, Tensor keys) -> Tensor slots");                           \
   (m).def(                                                                                            \

@@ -65,14 +65,25 @@ struct TableOpImpls {
   /// scores under the table's strategy beside the cache).
   static at::Tensor scores_after_hit(const at::Tensor& scores, int64_t strategy,
                                      int64_t batch_value, const std::optional<at::Tensor>& accesses,
-                                     const std::optional<at::Tensor>& custom) {
+                                     const std::optional<at::Tensor>& custom,
+                                     int64_t half_life, int64_t decay_step) {
     constexpr const char* op = "scores_after_hit";
     check_tensor(op, "scores", scores, at::kLong, 1);
     TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount, "dynemb.", op,
                       ": unknown score strategy ", strategy);
     const auto s = static_cast<ScoreStrategy>(strategy);
-    TORCH_CHECK_VALUE(!decays(s), "dynemb.", op, ": strategy ", kScoreStrategyNames[strategy],
-                      " needs a half-life; this op takes none (a cache tier refuses it)");
+    if (decays(s)) {
+      TORCH_CHECK_VALUE(half_life >= 1 && static_cast<uint64_t>(half_life) <= kMaxHalfLife,
+                        "dynemb.", op, ": strategy ", kScoreStrategyNames[strategy],
+                        " needs half_life in [1, ", kMaxHalfLife, "], got ", half_life);
+      TORCH_CHECK_VALUE(decay_step >= 0 && static_cast<uint64_t>(decay_step) <= kMaxDecayStep,
+                        "dynemb.", op, ": decay_step must be in [0, ", kMaxDecayStep, "], got ",
+                        decay_step);
+    } else {
+      TORCH_CHECK_VALUE(half_life == 0 && decay_step == 0, "dynemb.", op, ": strategy ",
+                        kScoreStrategyNames[strategy], " takes no half_life or decay_step, got ",
+                        half_life, " and ", decay_step);
+    }
     TORCH_CHECK_VALUE(s != ScoreStrategy::kCustomized || custom.has_value(), "dynemb.", op,
                       ": `custom` scores are required under the CUSTOMIZED strategy");
     const int64_t n = scores.numel();
@@ -84,8 +95,12 @@ struct TableOpImpls {
       check_same_device(op, name, *t, scores);
       return t->data_ptr<int64_t>();
     };
-    const ScoreArgs args{s, static_cast<uint64_t>(batch_value), per_key("custom", custom),
-                         per_key("accesses", accesses)};
+    const ScoreArgs args{s,
+                         static_cast<uint64_t>(batch_value),
+                         per_key("custom", custom),
+                         per_key("accesses", accesses),
+                         static_cast<uint64_t>(half_life),
+                         static_cast<uint64_t>(decay_step)};
     typename Backend::DeviceGuard guard(scores.device());
     at::Tensor out = at::empty_like(scores);
     Backend::scores_after_hit(args, reinterpret_cast<const uint64_t*>(scores.data_ptr<int64_t>()),

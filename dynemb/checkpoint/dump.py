@@ -21,7 +21,14 @@ from dynemb.checkpoint.dump_lock import (
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
 from dynemb.checkpoint.exchange import check_held_everywhere, check_no_column_slices
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
-from dynemb.checkpoint.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
+from dynemb.checkpoint.manifest import (
+    FORMAT,
+    MANIFEST,
+    SLICES_VERSION,
+    VERSION,
+    read_manifest,
+    write_manifest,
+)
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
 from dynemb.distributed.collectives import (
     all_gather,
@@ -34,20 +41,24 @@ from dynemb.distributed.rank_faults import (
     RankFailure,
     collective,
 )
+from dynemb.distributed.sharding_names import COLUMN_SLICES
 from dynemb.table.score_strategies import score_strategy_label
 
 FORMATS = ("dynemb", "dynamicemb")
 
 
 def table_meta(t: NamedTable, world_size: int) -> dict:
-    """What a loader checks against its own table before loading this one."""
+    """What a loader checks against its own table before loading this one: of the whole
+    table (``dim``, ``state_columns``), and a slice's columns (``column_slice``)."""
     table, group = t.table, t.group
     dist_type, num_embeddings = group.table_routing(t.index)
-    return {
-        "dim": table.dim,
+    if dist_type == COLUMN_SLICES:  # every key on every slice; the option is kept
+        dist_type = group.table_options[t.index].dist_type
+    meta = {
+        "dim": t.full_dim,
         "value_dtype": dtype_name(table.value_dtype),
         "optimizer": group.optimizer_config.optimizer.name,
-        "state_columns": group.optimizer_config.state_columns(table.dim),
+        "state_columns": group.optimizer_config.state_columns(t.full_dim),
         "score_strategy": score_strategy_label(table),
         "bucket_capacity": table.bucket_capacity,
         "capacity_per_rank": table.max_capacity(),
@@ -57,6 +68,9 @@ def table_meta(t: NamedTable, world_size: int) -> dict:
         "optimizer_step": group.step,
         "table_step": table.score_step,
     }
+    if t.is_slice:
+        meta["column_slice"] = [t.column_offset, table.dim]
+    return meta
 
 
 def _write_table(t: NamedTable, directory: Path, rank: int, optim: bool, counter: bool) -> dict:
@@ -133,7 +147,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
     """Writes every dynamic table of ``model`` to the checkpoint directory ``path``.
 
     Every rank writes its own shard (keys, rows, scores, and the optimizer state with
-    ``optim=True``), streamed in chunks into a fresh dump directory; rank 0 then
+    ``optim=True``; a column-wise table's rank its slice: every key, the slice's
+    columns and state), streamed in chunks into a fresh dump directory; rank 0 then
     commits by replacing ``path/manifest.json`` atomically, so an existing checkpoint
     at ``path`` stays loadable until this one is complete, and a crash leaves no half
     checkpoint that could be loaded. Every rank of ``pg`` (default: the world, or this
@@ -180,6 +195,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
             two concurrent dumps to an empty path without it, the second fails).
         OSError: writing a file failed (ENOSPC, EIO...): the message names the file;
             raised on the rank that failed, the others raise RankFailure.
+        RuntimeError: (rank 0; the others raise RankFailure) the column slices of a
+            table hold different keys; nothing is committed.
         RankFailure (a RuntimeError): another rank failed or died; names it and its error.
         ValueError: an unknown name in ``table_names``, an unknown ``format``, a
             ``fault_timeout`` that is not a positive number.
@@ -195,8 +212,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
     rank, world_size = rank_and_size(pg)
     path = Path(path)
     tables = named_tables(model, table_names)
-    check_no_column_slices(tables, "DynamicEmbDump")
     if format == "dynamicemb":
+        check_no_column_slices(tables, "DynamicEmbDump(format='dynamicemb')")
         with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
             # Rank 0 resolves the path once; every rank writes inside that directory.
             occupied, resolved = all_gather((holds_checkpoint(path), str(path.resolve())), pg)[0]
@@ -242,6 +259,8 @@ def DynamicEmbDump(  # DynamicEmb's public name
                 )
             committed = ranks.post("committed", committed, root=0)[0]
             if committed["error"]:
+                if rank == 0 and committed["errno"] is None:
+                    raise RuntimeError(committed["error"])
                 if rank == 0:
                     raise OSError(committed["errno"], committed["error"])
                 raise RankFailure(
@@ -298,9 +317,18 @@ def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:
     }
     for name in sorted({name for tables in everyone for name in tables}):
         # Every rank holds a row-wise table; one rank a table-wise table, which is saved
-        # as by a world of that rank alone (its files: that rank's).
+        # as by a world of that rank alone (its files: that rank's); each rank of a
+        # column-wise table one slice, saved in column order.
         held = [tables[name] for tables in everyone if name in tables]
         meta = manifest["tables"][name] = dict(held[0][0])
+        if "column_slice" in meta:
+            held.sort(key=lambda h: h[0]["column_slice"][0])
+            meta.pop("column_slice")
+            meta["column_slices"] = [m["column_slice"] for m, _ in held]
+            manifest["version"] = SLICES_VERSION
+            disagree = _slices_disagree(name, [files for _, files in held])
+            if disagree:
+                return {"error": disagree, "errno": None}
         meta["world_size"] = len(held)
         meta["files"] = [dict(files, rank=i) for i, (_, files) in enumerate(held)]
     try:
@@ -310,6 +338,21 @@ def _commit(path: Path, dump_id: str, optim: bool, everyone: list) -> dict:
         return {"error": str(e), "errno": e.errno}
     remove_superseded_dumps(path, keep=dump_id)
     return {"error": None, "errno": None}
+
+
+def _slices_disagree(name: str, files: list[dict]) -> str | None:
+    """Why the column slices of table ``name`` do not hold the same keys in the same
+    order (their keys files differ), or None. They cannot by design (see
+    dynemb.shard.cw_sharding); a dump that finds otherwise commits nothing."""
+    first = files[0]["fields"]["keys"]
+    for i, f in enumerate(files[1:], 1):
+        keys = f["fields"]["keys"]
+        if (keys["bytes"], keys["crc32"]) != (first["bytes"], first["crc32"]):
+            return (
+                f"DynamicEmbDump: the column slices of table {name!r} hold different keys "
+                f"(slice {i}'s keys file differs from slice 0's); nothing was committed"
+            )
+    return None
 
 
 def _remove_unless_committed(path: Path, dump_id: str) -> None:

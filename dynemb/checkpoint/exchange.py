@@ -12,7 +12,6 @@ from dynemb import _ops
 from dynemb.checkpoint.tables import NamedTable, admission_counter
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.distributed.rank_faults import collective
-from dynemb.distributed.sharding_names import COLUMN_SLICES
 from dynemb.shard.routing import route_keys
 
 # Threads of the table ops while loading. One op thread restored 4M rows of 192
@@ -35,7 +34,8 @@ def op_threads(n: int):
 
 def table_holders(tables: list[NamedTable], pg) -> dict[str, list[int]]:
     """Every dynamic table of the model on any rank of ``pg``: name -> the ranks holding
-    it (all of them row-wise, one table-wise, a node's table-row-wise). Every rank
+    it (all of them row-wise, one table-wise, a node's table-row-wise, one per slice
+    column-wise). Every rank
     calls it."""
     holders: dict[str, list[int]] = {}
     for rank, names in enumerate(all_gather([t.name for t in tables], pg)):
@@ -53,19 +53,26 @@ def check_held_everywhere(tables: list[NamedTable], pg, what: str) -> None:
     whole = sorted(name for name, ranks in holders.items() if len(ranks) < world_size)
     if whole:
         raise ValueError(
-            f"{what}: tables {whole} are sharded table-wise (each on one rank); DynamicEmb's "
+            f"{what}: tables {whole} are sharded table-wise or table-row-wise (not on every rank); DynamicEmb's "
             "layout holds row-wise tables only: use format='dynemb'"
         )
 
 
+def sliced_tables(tables: list[NamedTable], pg) -> set[str]:
+    """The tables held in column slices on any rank of ``pg``. Every rank calls it."""
+    return {
+        name for names in all_gather([t.name for t in tables if t.is_slice], pg) for name in names
+    }
+
+
 def check_no_column_slices(tables: list[NamedTable], what: str) -> None:
     """Raises ValueError naming the column-wise tables among ``tables`` (a slice holds
-    some columns of every row: ``what`` saves and restores whole rows)."""
-    sliced = sorted(t.name for t in tables if t.group.table_routing(t.index)[0] == COLUMN_SLICES)
+    some columns of every row: ``what``, DynamicEmb's layout, holds whole rows)."""
+    sliced = sorted(t.name for t in tables if t.is_slice)
     if sliced:
         raise ValueError(
-            f"{what}: tables {sliced} are sharded column-wise; checkpoints hold whole rows "
-            "of row-wise and table-wise tables only"
+            f"{what}: tables {sliced} are sharded column-wise; DynamicEmb's layout holds "
+            "whole rows of row-wise tables only: use format='dynemb'"
         )
 
 
@@ -90,6 +97,8 @@ class HeldBy:
 
     def owners(self, keys: torch.Tensor) -> torch.Tensor:
         """(m,) int64: the rank of the group owning each of ``keys`` ((m,) int64)."""
+        if len(self.ranks) == 1:  # held whole (table-wise, a column-wise table of one slice)
+            return torch.full_like(keys, self.ranks[0])
         local, _ = route_keys(keys, self.dist_type, len(self.ranks), self.num_embeddings)
         return torch.tensor(self.ranks, dtype=torch.int64, device=keys.device)[local]
 
@@ -110,6 +119,7 @@ def route_rows(
     world_size: int,
     owner=None,
     holders: HeldBy | None = None,
+    replicas: list[int] | None = None,
 ) -> dict:
     """Sends each key of ``local`` (and its fields) to the rank that owns it now.
 
@@ -122,6 +132,7 @@ def route_rows(
         owner: (m,) int64 destination of each row, instead of the table's routing.
         holders: the ranks holding the table when not every rank does (table-wise,
             table-row-wise): each row goes to its owner among them.
+        replicas: the ranks holding a column slice of the table: every row goes to each.
 
     Returns:
         field -> the rows this rank received.
@@ -131,7 +142,11 @@ def route_rows(
         owner = None
     if world_size == 1:
         return local
-    if holders is not None:
+    if replicas is not None:
+        m = local["keys"].numel()
+        local = {f: v.repeat((len(replicas),) + (1,) * (v.dim() - 1)) for f, v in local.items()}
+        owner = torch.tensor(replicas, dtype=torch.int64).repeat_interleave(m)
+    elif holders is not None:
         owner = holders.owners(local["keys"])
     elif owner is None:
         dist_type, num_embeddings = t.group.table_routing(t.index)
@@ -279,6 +294,7 @@ __all__ = [
     "route_rows",
     "HeldBy",
     "held_by",
+    "sliced_tables",
     "table_holders",
     "table_routes",
 ]

@@ -1,18 +1,17 @@
 """``DynamicEmbLoad``: validate everything, then route every saved key to its owner and restore it."""
 
-import mmap
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dynemb.checkpoint.columns import for_table
 from dynemb.checkpoint.dump_lock import load_lock
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
-    HeldBy,
     check_held_everywhere,
     check_no_column_slices,
     held_by,
@@ -22,19 +21,15 @@ from dynemb.checkpoint.exchange import (
     restore_rows,
     restored_step,
     route_rows,
+    sliced_tables,
     table_holders,
     table_routes,
 )
-from dynemb.checkpoint.format import (
-    CHUNK_ROWS,
-    CheckpointError,
-    dtype_name,
-    dtype_of,
-    read_rows,
-)
+from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError, dtype_name, read_rows
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units, routed_fields
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
-from dynemb.checkpoint.verify import field_bytes, verify_all
+from dynemb.checkpoint.verify import verify_all
 from dynemb.distributed.collectives import (
     all_gather,
     process_group,
@@ -48,7 +43,7 @@ def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatc
     """Raises CheckpointError on a mismatch; returns whether to load the optimizer state."""
     table, group = t.table, t.group
     for field, mine in (
-        ("dim", table.dim),
+        ("dim", t.full_dim),
         ("value_dtype", dtype_name(table.value_dtype)),
         ("score_strategy", score_strategy_label(table)),
     ):
@@ -60,7 +55,7 @@ def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatc
         return False
     same = meta["optimizer"] == group.optimizer_config.optimizer.name and meta[
         "state_columns"
-    ] == group.optimizer_config.state_columns(table.dim)
+    ] == group.optimizer_config.state_columns(t.full_dim)
     if same:
         return True
     if allow_optimizer_mismatch:
@@ -70,17 +65,6 @@ def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatc
         f"({meta['state_columns']} columns), the model trains with "
         f"{group.optimizer_config.optimizer.name}; pass allow_optimizer_mismatch=True to load rows only"
     )
-
-
-def _fields(meta: dict, with_state: bool, keeps_ts: bool) -> dict:
-    """field -> (dtype, width) of the files this load reads."""
-    value = dtype_of(meta["value_dtype"])
-    fields = {"keys": (torch.int64, 0), "values": (value, meta["dim"]), "scores": (torch.int64, 0)}
-    if with_state and meta["state_columns"]:  # SGD keeps no state: no bytes to read
-        fields["state"] = (value, meta["state_columns"])
-    if keeps_ts:
-        fields["timestamps"] = (torch.int64, 0)
-    return fields
 
 
 def DynamicEmbLoad(  # DynamicEmb's public name
@@ -103,8 +87,13 @@ def DynamicEmbLoad(  # DynamicEmb's public name
     ...) is read as DynamicEmb's layout, with every file's size checked against the
     model's tables before any table changes (see DynamicEmb_APIs.md).
 
-    Each rank verifies and reads a share of the files, sends every key to the rank
-    that owns it under the model's current routing, and that rank restores it
+    Any plan loads into any other (see DynamicEmb_APIs.md, "Any plan to any plan"):
+    each table may be row-wise, table-wise or column-wise, on other ranks, in the
+    checkpoint and in the model. Each rank verifies and reads a share of the files
+    (a column-wise table's slices together, as whole rows), sends every key to the
+    rank that owns it under the model's current plan (row-wise: its routing;
+    table-wise: the table's rank; column-wise: every slice's rank, which keeps its
+    columns and their optimizer state, see checkpoint/columns.py), and that rank restores it
     (``ScoredHashTable.restore``) with its row, score (LFU counts exact, timestamps
     preserved) and, with ``optim=True``, its optimizer state. Every rank of ``pg``
     must call it.
@@ -173,10 +162,10 @@ def DynamicEmbLoad(  # DynamicEmb's public name
         raise TypeError(f"DynamicEmbLoad: `strict` must be a bool, got {strict!r}")
     pg = process_group(pg)
     path = Path(path)
-    check_no_column_slices(named_tables(model, table_names), "DynamicEmbLoad")
     with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             what = "DynamicEmbLoad of DynamicEmb's layout"
+            check_no_column_slices(named_tables(model, table_names), what)
             check_held_everywhere(named_tables(model, table_names), pg, what)
             load_dynamicemb_layout(
                 path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge,
@@ -214,49 +203,70 @@ def _load(
     for rank_reads in all_gather(reads, pg):  # ranks without a table read it for its holder
         for name, read in rank_reads.items():
             reads.setdefault(name, read)
-    plans = [(name, saved[name], _fields(saved[name], *reads[name])) for name in sorted(holders)]
+    plans = [
+        (name, saved[name], routed_fields(saved[name], *reads[name])) for name in sorted(holders)
+    ]
 
-    # Every file checked before any table changes; all ranks agree on the outcome.
-    entries = [(name, e) for name, meta, _ in plans for e in meta["files"]]
+    # Every file checked before any table changes; all ranks agree on the outcome. Each
+    # rank reads a share of the units (a file entry, or a column-wise table's slices).
+    units = [(name, unit) for name, meta, _ in plans for unit in read_units(meta)]
     share: dict[str, list] = {name: [] for name, _, _ in plans}
-    for name, entry in entries[rank::world_size]:
-        share[name].append(entry)
-    errors = verify_all(directory, plans, share)
+    for name, unit in units[rank::world_size]:
+        share[name].append(unit)
+    files = [
+        (name, saved[name]["files"][i], file_fields(saved[name], i, *reads[name]))
+        for name, name_units in share.items()
+        for unit in name_units
+        for i in unit
+    ]
+    errors = verify_all(directory, files)
     errors = [e for rank_errors in all_gather(errors, pg) for e in rank_errors]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise CheckpointError(errors[0] + more)
 
+    sliced = sliced_tables(tables, pg)
     failed = {}
     for t in tables:
         prepare_tables(t, merge, counter)
     with op_threads(RESTORE_THREADS):
         for name, meta, fields in plans:
-            t, held = local.get(name), held_by(holders[name], world_size, routes[name])
-            failed_rows = _load_chunks(directory, t, held, fields, share[name], pg)
+            t = local.get(name)
+            # Where its rows go: every slice's rank, or each key's owner among the ranks
+            # holding the table (all of them row-wise, one table-wise, a node's
+            # table-row-wise).
+            if name in sliced:
+                to = {"replicas": holders[name]}
+            else:
+                to = {"holders": held_by(holders[name], world_size, routes[name])}
+            plan = (meta, reads[name], fields)
+            failed_rows = _load_chunks(directory, t, plan, share[name], to, pg)
             if counter:
-                _load_counter(directory, t, held, share[name], pg, world_size)
+                _load_counter(directory, t, meta, share[name], to, pg, world_size)
             if t is None:
                 continue
-            failed[name] = failed_rows
+            # Every slice drops the same rows: the first slice's count them.
+            failed[name] = failed_rows if t.column_offset == 0 else 0
             t.table.score_step = restored_step(t.table.score_step, meta["table_step"], merge)
             if reads[name][0]:
                 t.group.step = restored_step(t.group.step, meta["optimizer_step"], merge)
     report_dropped(failed, tables, strict, pg)
 
 
-def _load_chunks(
-    directory: Path, t: NamedTable | None, held: HeldBy | None, fields: dict, entries: list, pg
-) -> int:
-    """Routes and restores this rank's share of one table, chunk by chunk; returns the
-    rows it dropped (restore_rows). Every rank joins every exchange, with an empty chunk
-    if need be; ``t`` is None on a rank that does not hold the table (``held``: the
-    ranks that do, when not all of them, receive every row)."""
+def _load_chunks(directory: Path, t: NamedTable | None, plan: tuple, units: list, to: dict, pg):
+    """Routes and restores this rank's share (``units``) of one table, chunk by chunk;
+    returns the rows it dropped (restore_rows). Every rank joins every exchange, with an
+    empty chunk if need be; ``t`` is None on a rank that does not hold the table.
+
+    ``plan``: the table's ``(manifest entry, (loads the state, keeps timestamps), routed
+    fields)``; ``to``: route_rows' ``holders`` or ``replicas``."""
+    meta, read, fields = plan
     world_size = rank_and_size(pg)[1]
     chunks = [
-        (i, begin, min(begin + CHUNK_ROWS, e["rows"]))
-        for i, e in enumerate(entries)
-        for begin in range(0, e["rows"], CHUNK_ROWS)
+        (i, begin, min(begin + CHUNK_ROWS, rows))
+        for i, unit in enumerate(units)
+        for rows in [meta["files"][unit[0]]["rows"]]
+        for begin in range(0, rows, CHUNK_ROWS)
     ]
     rounds = max(all_gather(len(chunks), pg))
     failed, mapped = 0, None
@@ -264,23 +274,24 @@ def _load_chunks(
         local = None
         if k < len(chunks):
             i, begin, end = chunks[k]
-            if mapped is None or mapped.index != i:  # one shard's files mapped at a time
-                mapped = _MappedShard(directory, fields, entries[i], i)
+            if mapped is None or mapped.index != i:  # one unit's files mapped at a time
+                mapped = MappedUnit(directory, meta, units[i], read, i)
             local = mapped.rows(begin, end)
-        received = route_rows(t, fields, local, pg, world_size, holders=held)
+        received = route_rows(t, fields, local, pg, world_size, **to)
         if t is not None:
-            failed += restore_rows(t, fields, received)
+            failed += restore_rows(t, fields, for_table(t, meta, received))
     return failed
 
 
 def _load_counter(
-    directory: Path, t: NamedTable | None, held: HeldBy | None, entries: list, pg, world_size: int
+    directory: Path, t: NamedTable | None, meta: dict, units: list, to: dict, pg, world_size: int
 ) -> None:
-    """Admission counts: each saved count goes to the owner of its key, like the rows."""
+    """Admission counts: each saved count goes to the owner of its key, like the rows
+    (a column-wise table's from its first slice: every slice counts the same keys)."""
     counter = admission_counter(t) if t is not None else None
     fields = {"keys": (torch.int64, 0), "counts": (torch.int64, 0)}
     local = {"keys": [], "counts": []}
-    for e in entries:
+    for e in (meta["files"][unit[0]] for unit in units):
         if counter is not None and "counter_keys" in e["fields"]:
             n = e["counter_rows"]
             local["keys"].append(
@@ -293,39 +304,9 @@ def _load_counter(
     if not has_counter:
         return
     local = {f: torch.cat(v) if v else torch.empty(0, dtype=torch.int64) for f, v in local.items()}
-    received = route_rows(t, fields, local, pg, world_size, holders=held)
+    received = route_rows(t, fields, local, pg, world_size, **to)
     if counter is not None and received["keys"].numel():
         counter.load(received["keys"], received["counts"])
-
-
-class _MappedShard:
-    """The field files of one saved shard, mapped (private, read-only in practice).
-
-    Chunks are views of the page cache, which the checks just filled, so a load
-    copies each row once, from the cache into the table; measured 0.46-0.60 s for
-    4M rows of 192 floats against 0.75-0.95 s reading chunks into reused buffers on
-    a second thread. Pages missing from the cache are read on first touch.
-    """
-
-    def __init__(self, directory: Path, fields: dict, entry: dict, index: int) -> None:
-        self.index = index
-        self._views = {}
-        rows = entry["rows"]
-        for field, (dtype, width) in fields.items():
-            nbytes = field_bytes(dtype, width, rows)
-            raw = torch.empty(0, dtype=torch.uint8)
-            if nbytes:
-                with open(directory / entry["fields"][field]["file"], "rb") as f:
-                    # ACCESS_COPY: a writable view for torch that never writes the file.
-                    mapped = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_COPY)
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-                raw = torch.frombuffer(mapped, dtype=torch.uint8)
-            flat = raw.view(dtype)
-            self._views[field] = flat.view(rows, width) if width else flat
-
-    def rows(self, begin: int, end: int) -> dict:
-        """Rows [begin, end) of every field: contiguous views, nothing copied."""
-        return {field: view[begin:end] for field, view in self._views.items()}
 
 
 __all__ = ["CheckpointError", "DynamicEmbLoad"]

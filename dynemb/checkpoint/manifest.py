@@ -8,12 +8,17 @@
         "tables": {<name>: {dim, value_dtype, optimizer, state_columns, score_strategy,
                             bucket_capacity, capacity_per_rank, dist_type, num_embeddings,
                             world_size, optimizer_step, table_step,
+                            [column_slices: [[offset, width], ...]],  (version 3)
                             files: [one entry per saved rank, in rank order:
                                     {rank, rows, [counter_rows],
                                      fields: {<field>: {file, bytes, crc32}}}]}}}
 
 A table's ``world_size`` counts the ranks that held it: all of them row-wise; one for
-a table-wise table, whose files are that rank's (entry ``rank`` 0).
+a table-wise table, whose files are that rank's (entry ``rank`` 0); one per column
+slice for a column-wise table (``column_slices``, in column order: the slices side by
+side are the ``dim`` columns, and every slice's files hold the same keys in the same
+order; see columns.py). A manifest with column slices has version 3, so that a dynemb
+that reads versions 1-2 only refuses it rather than misread it.
 
 A manifest is read in one pass that checks everything a load will trust: UTF-8, JSON,
 the checksum (which catches a damaged manifest; a hostile one can recompute it, so
@@ -36,7 +41,8 @@ from dynemb.optimizer import EmbOptimType
 
 FORMAT = "dynemb-checkpoint"
 VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SLICES_VERSION = 3  # a manifest with column slices
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 INT64_MAX = (1 << 63) - 1
 
@@ -154,13 +160,13 @@ class _Schema:
         if not isinstance(m["tables"], dict):
             self.fail("tables", "a JSON object", m["tables"])
         for name, meta in m["tables"].items():
-            self.table(name, meta, m["optim"])
+            self.table(name, meta, m["optim"], m["version"] >= SLICES_VERSION)
 
-    def table(self, name: str, meta, optim: bool) -> None:
+    def table(self, name: str, meta, optim: bool, slices_allowed: bool) -> None:
         where = f"tables[{name!r}]"
         if not name or "/" in name or "\0" in name:
             self.fail("a table name", "a non-empty name without '/'", name)
-        self.keys(where, meta, _TABLE_KEYS)
+        self.keys(where, meta, _TABLE_KEYS, {"column_slices"} if slices_allowed else set())
         for field, low in _TABLE_INTS.items():
             self.int_in(f"{where}.{field}", meta[field], low)
         for field in _TABLE_STRS:
@@ -186,6 +192,35 @@ class _Schema:
         required = {"keys", "values", "scores"} | ({"state"} if optim else set())
         for rank, entry in enumerate(files):
             self.entry(f"{where}.files[{rank}]", entry, rank, required)
+        if "column_slices" in meta:
+            self.column_slices(where, meta)
+
+    def column_slices(self, where: str, meta: dict) -> None:
+        """Slices side by side from column 0 to ``dim``, one per file entry, whose
+        files hold the same keys (same rows, same keys file size and CRC-32)."""
+        slices = meta["column_slices"]
+        if not isinstance(slices, list) or len(slices) != meta["world_size"] or len(slices) < 2:
+            self.fail(
+                f"{where}.column_slices", f"a list of {meta['world_size']} (>= 2) slices", slices
+            )
+        column = 0
+        for k, piece in enumerate(slices):
+            if not isinstance(piece, list) or len(piece) != 2:
+                self.fail(f"{where}.column_slices[{k}]", "[offset, width]", piece)
+            self.int_in(f"{where}.column_slices[{k}][0]", piece[0], column, column)
+            column += self.int_in(
+                f"{where}.column_slices[{k}][1]", piece[1], 1, meta["dim"] - column
+            )
+        self.int_in(
+            f"{where}.column_slices (the columns covered)", column, meta["dim"], meta["dim"]
+        )
+        first = meta["files"][0]
+        for k, entry in enumerate(meta["files"][1:], 1):
+            same = entry["rows"] == first["rows"] and all(
+                entry["fields"]["keys"][f] == first["fields"]["keys"][f] for f in ("bytes", "crc32")
+            )
+            if not same:
+                self.fail(f"{where}.files[{k}]", "a slice of the same keys as slice 0", entry)
 
     def entry(self, where: str, entry, rank: int, required: set) -> None:
         self.keys(where, entry, {"rank", "rows", "fields"}, {"counter_rows"})
@@ -227,6 +262,7 @@ __all__ = [
     "FORMAT",
     "INT64_MAX",
     "MANIFEST",
+    "SLICES_VERSION",
     "VERSION",
     "checksum",
     "read_manifest",

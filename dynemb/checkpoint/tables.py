@@ -39,6 +39,22 @@ class NamedTable:
         return public_collection_path(self.collection)
 
     @property
+    def full_dim(self) -> int:
+        """The width of the table's whole rows: ``table.dim``, or more for a column slice."""
+        full = self.group.full_dims
+        return full[self.index] if full is not None else self.group.dims[self.index]
+
+    @property
+    def column_offset(self) -> int:
+        """The first of the whole rows' columns this rank holds (0 but for a slice)."""
+        return self.group.table_options[self.index].column_offset
+
+    @property
+    def is_slice(self) -> bool:
+        """Whether this rank holds some columns of the table's rows only (column-wise)."""
+        return self.full_dim != self.group.dims[self.index]
+
+    @property
     def table(self) -> ScoredHashTable:
         """The table to dump or load: in caching mode its slow tier, after the cache
         wrote its rows back (so it holds the whole table)."""

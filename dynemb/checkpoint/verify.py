@@ -23,29 +23,30 @@ def field_bytes(dtype, width: int, rows: int) -> int:
 _VERIFY_PIECE = 64 << 20  # bytes of a file checked by one job
 
 
-def verify_all(directory: Path, plans: list, share: dict) -> list[str]:
+def verify_all(directory: Path, share: list) -> list[str]:
     """Checks this rank's share of the files (presence, size, CRC-32); returns the errors.
+
+    ``share``: ``(table name, file entry, {field: (dtype, width)})`` of each file entry.
 
     Files are cut into pieces checked on two threads (reads and CRC-32 release the
     GIL), each reading into its own block reused from piece to piece; the pieces'
     CRCs are combined per file.
     """
     errors, files = [], []
-    for name, _, fields in plans:
-        for entry in share[name]:
-            wanted = {f: field_bytes(d, w, entry["rows"]) for f, (d, w) in fields.items()}
-            for field in ("counter_keys", "counter_counts"):
-                if field in entry["fields"]:
-                    wanted[field] = 8 * entry["counter_rows"]
-            for field, nbytes in wanted.items():
-                if field not in entry["fields"]:
-                    errors.append(f"{directory}: table {name!r} has no {field} file")
-                    continue
-                try:
-                    check_size(directory, entry["fields"][field], nbytes)
-                    files.append(entry["fields"][field])
-                except CheckpointError as e:
-                    errors.append(str(e))
+    for name, entry, fields in share:
+        wanted = {f: field_bytes(d, w, entry["rows"]) for f, (d, w) in fields.items()}
+        for field in ("counter_keys", "counter_counts"):
+            if field in entry["fields"]:
+                wanted[field] = 8 * entry["counter_rows"]
+        for field, nbytes in wanted.items():
+            if field not in entry["fields"]:
+                errors.append(f"{directory}: table {name!r} has no {field} file")
+                continue
+            try:
+                check_size(directory, entry["fields"][field], nbytes)
+                files.append(entry["fields"][field])
+            except CheckpointError as e:
+                errors.append(str(e))
     pieces = [
         (f, begin, min(_VERIFY_PIECE, f["bytes"] - begin))
         for f in files

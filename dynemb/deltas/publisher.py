@@ -28,7 +28,7 @@ from dynemb.deltas.commit import DeltaCommit, failed_write_error
 from dynemb.deltas.format import delta_path, write_delta
 from dynemb.deltas.precapture import PreCapture
 from dynemb.deltas.precapture import merge as merge_entries
-from dynemb.deltas.ranks import agree_on_tables, publish_collective
+from dynemb.deltas.ranks import agree_on_tables, column_slice, publish_collective
 from dynemb.distributed.collectives import process_group
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.change_log import ChangeLog
@@ -46,10 +46,10 @@ class DeltaPublisher:
     optimizer step), from the training thread; ``publish(background=True)`` writes
     the delta on a writer thread while training goes on.
 
-    A model row-wise sharded over several processes: every rank of ``pg`` creates the
-    publisher (a collective) and calls ``publish_base`` and ``publish`` (collectives)
-    at the same batch boundaries. Rank 0 gathers the ranks' changes and writes the one
-    delta; every rank returns the same version or raises the same error, and no
+    A model sharded over several processes (any sharding type): every rank of ``pg``
+    creates the publisher (a collective) and calls ``publish_base`` and ``publish``
+    (collectives) at the same batch boundaries. Rank 0 gathers the ranks' changes and
+    writes the one delta of whole rows (dynemb/deltas/ranks.py); every rank returns the same version or raises the same error, and no
     change is lost on a failure. Background publication is single-process only.
 
     Args:
@@ -123,7 +123,9 @@ class DeltaPublisher:
             raise ValueError(error)
         if several:  # every rank raises if one rank's check fails
             with RankAgreement(pg, "DeltaPublisher", fault_timeout) as ranks:
-                metas = {t.name: table_meta(t.table) for t in tables} if error is None else {}
+                metas = {}
+                for t in tables if error is None else ():
+                    metas[t.name] = column_slice(t, table_meta(t.table), True)[0]
                 agree_on_tables(ranks, pg, error, metas)
         self.model = model
         self.pg = pg

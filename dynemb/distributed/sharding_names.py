@@ -32,7 +32,7 @@ POOLED_ONLY_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value,)
 
 COLUMN_SLICES = "column_wise"
 """The routing (``table_routing``) that a column slice's tables report: every key of
-the table is on every rank holding a slice (checkpoints do not take them)."""
+the table is on every rank holding a slice (checkpoints save and load it slice by slice)."""
 
 __all__ = [
     "COLUMN_SLICES",

@@ -65,19 +65,51 @@ def gather_model_rows(model: nn.Module, names: Sequence[str], pg=None) -> dict[s
 
     ``model``: a (DMP-)sharded model or a BatchedDynamicEmbeddingTables; a name is a
     table's name, or ``<collection path>.<table>`` where several collections use it.
-    Every rank of ``pg`` must call it; each gets every row.
+    Every rank of ``pg`` must call it; each gets every row: a row-wise table's shards
+    concatenated, a table-wise table's rank's rows, a column-wise table's slices joined
+    by key (whole rows).
 
     Raises:
-        ValueError: a name that is not a dynamic table of the model, or is ambiguous.
+        ValueError: a name that is not a dynamic table of the model on any rank, or is
+            ambiguous (on every rank).
     """
     pg = process_group(pg)
-    found = [named_tables(model, [name])[0] for name in names]
-    mine = [table_rows(t.table) for t in found]
-    ranks = all_gather(mine, pg)
-    return {
-        name: tuple(torch.cat([rows[i][f] for rows in ranks]) for f in range(2))
-        for i, name in enumerate(names)
-    }
+    tables = named_tables(model)
+    matches = [[t for t in tables if t.name == n or t.name.endswith("." + n)] for n in names]
+    mine = [
+        (m[0].column_offset if m[0].is_slice else None, *table_rows(m[0].table))
+        if len(m) == 1
+        else None
+        for m in matches
+    ]
+    ranks = all_gather((mine, [len(m) > 1 for m in matches]), pg)
+    out = {}
+    for i, name in enumerate(names):
+        held = [rank_rows[i] for rank_rows, _ in ranks if rank_rows[i] is not None]
+        ambiguous = any(rank_ambiguous[i] for _, rank_ambiguous in ranks)
+        if not held or ambiguous:
+            known = ", ".join(t.name for t in tables) or "none"
+            why = "is ambiguous" if ambiguous else "is not a dynamic table of the model"
+            raise ValueError(f"table_names: {name!r} {why} (dynamic tables: {known})")
+        out[name] = _joined(name, held) if held[0][0] is not None else _concatenated(held)
+    return out
+
+
+def _concatenated(held: list) -> Rows:
+    return torch.cat([h[1] for h in held]), torch.cat([h[2] for h in held])
+
+
+def _joined(name: str, held: list) -> Rows:
+    """Whole rows of a column-wise table's ``(first column, keys, columns)`` slices, by
+    ascending key (every slice stores the same keys)."""
+    slices = []
+    for _, keys, values in sorted(held, key=lambda h: h[0]):
+        order = torch.argsort(keys)
+        slices.append((keys[order], values[order]))
+    keys = slices[0][0]
+    if any(not torch.equal(k, keys) for k, _ in slices[1:]):
+        raise RuntimeError(f"the column slices of table {name!r} hold different keys")
+    return keys, torch.cat([v for _, v in slices], dim=1)
 
 
 def checkpoint_rows(

@@ -36,6 +36,7 @@ from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynemb.planner.plan_sources import with_warm_start, without_warm_start
 from dynemb.planner.rank_options import fill_rank_options, table_ranks
 from dynemb.planner.validation import check_planner_inputs
 
@@ -209,7 +210,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
     ) -> ShardingPlan:
         """Plans on rank 0 of ``pg`` (default: the world) and broadcasts the plan to every rank.
 
-        Same arguments, result and errors as ``plan``; every rank must call it. When
+        Same arguments, result and errors as ``plan``; every rank must call it. Options
+        ``warm_start`` sources are not sent: each rank's plan carries its own. When
         planning fails on rank 0 (a PlannerError) or rank 0 dies, every other rank
         raises RankFailure naming rank 0 and its error instead of waiting for a plan
         (within ``fault_timeout`` seconds for a rank that died; at once otherwise).
@@ -223,7 +225,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             pg = dist.GroupMember.WORLD
         with RankAgreement(pg, "collective_plan", fault_timeout):
             plan = self.plan(module, sharders) if pg.rank() == 0 else None
-            return collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: plan)
+            sent = without_warm_start(plan)  # sources stay on their rank (plan_sources.py)
+            plan = collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: sent)
+            return with_warm_start(plan, self._dynamic)
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
         if (

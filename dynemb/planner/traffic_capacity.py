@@ -30,6 +30,8 @@ Limits:
   rest (counted in ``eviction_rate`` and ``failure_rate``).
 - The sample stands for the future stream: drift in the ids is not modelled.
 - CUSTOMIZED scores (the user's) and NO_EVICTION (no eviction) cannot be replayed.
+- DECAYED_LFU decays by the table's steps: the replay counts one step a batch, so the
+  sample's batches must be the training steps of the table.
 - Capacities are multiples of ``scale * bucket_capacity`` rows, found to within 1%.
 """
 
@@ -38,7 +40,7 @@ import dataclasses
 import torch
 
 from dynemb.planner.id_sample import IdSample, check_id_sample, keep_ids
-from dynemb.table.batch_arguments import ScoreStrategyArg
+from dynemb.table.batch_arguments import ScoreStrategyArg, check_half_life
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -46,7 +48,9 @@ __all__ = ["TrafficRates", "measure_traffic_rates", "recommend_capacity"]
 
 _MIN_BUCKETS = 32
 _AUTO_SCALED_LOOKUPS = 1 << 17
-_REPLAYABLE = "TIMESTAMP, STEP, LFU or the compound (TIMESTAMP, LFU)"
+_REPLAYABLE = (
+    "TIMESTAMP, STEP, LFU, DECAYED_LFU or a compound (TIMESTAMP, LFU) / (TIMESTAMP, DECAYED_LFU)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +78,24 @@ class TrafficRates:
     scale: int
 
 
-def _check_strategy(score_strategy) -> None:
-    ts, lfu = DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU
-    ok = (ts, DynamicEmbScoreStrategy.STEP, lfu)
-    if isinstance(score_strategy, tuple) and set(score_strategy) == {ts, lfu}:
-        return
-    if not isinstance(score_strategy, DynamicEmbScoreStrategy) or score_strategy not in ok:
+def _scoring(score_strategy, score_half_life_steps) -> dict:
+    """The replayed table's scoring arguments, checked: a strategy a replay reproduces
+    and DECAYED_LFU's half-life (with it only)."""
+    S = DynamicEmbScoreStrategy
+    ok = (S.TIMESTAMP, S.STEP, S.LFU, S.DECAYED_LFU)
+    compound = isinstance(score_strategy, tuple) and set(score_strategy) in (
+        {S.TIMESTAMP, S.LFU},
+        {S.TIMESTAMP, S.DECAYED_LFU},
+    )
+    if not compound and (
+        not isinstance(score_strategy, DynamicEmbScoreStrategy) or score_strategy not in ok
+    ):
         raise ValueError(
             f"score_strategy must be {_REPLAYABLE} (a replay cannot reproduce CUSTOMIZED "
             f"scores, and NO_EVICTION never evicts), got {score_strategy!r}"
         )
+    half_life = check_half_life(score_strategy, score_half_life_steps)
+    return {"score_strategy": score_strategy, "score_half_life_steps": half_life}
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -91,13 +103,10 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def _replay(batches, buckets, bucket_capacity, score_strategy, warmup_batches):
+def _replay(batches, buckets, bucket_capacity, scoring, warmup_batches):
     """(evicted, failed, misses) of the batches after the warm-up, in ``buckets`` buckets."""
     table = ScoredHashTable(
-        dim=1,
-        capacity=buckets * bucket_capacity,
-        bucket_capacity=bucket_capacity,
-        score_strategy=score_strategy,
+        dim=1, capacity=buckets * bucket_capacity, bucket_capacity=bucket_capacity, **scoring
     )
     evicted = failed = misses = 0
     for i, batch in enumerate(batches):
@@ -112,14 +121,14 @@ def _replay(batches, buckets, bucket_capacity, score_strategy, warmup_batches):
     return evicted, failed, misses
 
 
-def _rates(batches, kept, buckets, scale, bucket_capacity, score_strategy, warmup):
+def _rates(batches, kept, buckets, scale, bucket_capacity, scoring, warmup):
     lookups = sum(b.numel() for b in batches[warmup:])
     if lookups == 0:
         raise ValueError(
             f"warmup_batches={warmup} leaves no id to count (the sample has "
             f"{len(batches)} batches): give a smaller warmup_batches or a longer sample"
         )
-    evicted, failed, misses = _replay(kept, buckets, bucket_capacity, score_strategy, warmup)
+    evicted, failed, misses = _replay(kept, buckets, bucket_capacity, scoring, warmup)
     return TrafficRates(
         capacity=buckets * bucket_capacity * scale,
         eviction_rate=min(1.0, (evicted + failed) * scale / lookups),
@@ -137,6 +146,7 @@ def measure_traffic_rates(
     bucket_capacity: int = 128,
     scale: int = 1,
     warmup_batches: int = 0,
+    score_half_life_steps: int | None = None,
 ) -> TrafficRates:
     """Replays ``sample`` through a ``ScoredHashTable`` of ``capacity / scale`` rows.
 
@@ -144,11 +154,14 @@ def measure_traffic_rates(
         sample: one table's ids: a list of 1-D int64 tensors (one per batch, in stream
             order) or the path of a ``torch.save``d list.
         capacity: rows of the full-size table, a multiple of ``scale * bucket_capacity``.
-        score_strategy: TIMESTAMP, STEP, LFU or ``(TIMESTAMP, LFU)``.
+        score_strategy: TIMESTAMP, STEP, LFU, DECAYED_LFU or a compound ``(TIMESTAMP,
+            LFU)`` / ``(TIMESTAMP, DECAYED_LFU)``.
         bucket_capacity: slots per bucket, a positive multiple of 16.
         scale: replay ``1 / scale`` of the ids through ``1 / scale`` of the buckets
             (see the module docstring); 1 replays the full table.
         warmup_batches: leading batches replayed but not counted.
+        score_half_life_steps: DECAYED_LFU's half-life in steps (batches of the
+            sample); with DECAYED_LFU only, as in ``DynamicEmbTableOptions``.
 
     Returns:
         The ``TrafficRates`` of the table.
@@ -158,7 +171,7 @@ def measure_traffic_rates(
             naming it and its value.
     """
     batches = check_id_sample(sample)
-    _check_strategy(score_strategy)
+    scoring = _scoring(score_strategy, score_half_life_steps)
     _check_int("bucket_capacity", bucket_capacity, 16)
     if bucket_capacity % 16:
         raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
@@ -172,7 +185,7 @@ def measure_traffic_rates(
         )
     buckets = capacity // (scale * bucket_capacity)
     kept = keep_ids(batches, scale)
-    return _rates(batches, kept, buckets, scale, bucket_capacity, score_strategy, warmup_batches)
+    return _rates(batches, kept, buckets, scale, bucket_capacity, scoring, warmup_batches)
 
 
 def _check_target(target_eviction_rate, target_hit_rate) -> tuple[str, float]:
@@ -201,13 +214,13 @@ def _meets(rates: TrafficRates, name: str, target: float) -> bool:
     return rates.hit_rate >= target
 
 
-def _search(batches, scale, bucket_capacity, score_strategy, warmup, name, target):
+def _search(batches, scale, bucket_capacity, scoring, warmup, name, target):
     """Smallest bucket count (to 1%) of the scaled table meeting the target, and its rates."""
     kept = keep_ids(batches, scale)
     distinct = max(1, torch.cat(kept).unique().numel())
 
     def rates(buckets):
-        return _rates(batches, kept, buckets, scale, bucket_capacity, score_strategy, warmup)
+        return _rates(batches, kept, buckets, scale, bucket_capacity, scoring, warmup)
 
     # Start near an eighth of the distinct ids, double (halve) until the target is met
     # (missed), then bisect to within 1% of the answer.
@@ -248,6 +261,7 @@ def recommend_capacity(
     bucket_capacity: int = 128,
     scale: int | None = None,
     warmup_batches: int = 0,
+    score_half_life_steps: int | None = None,
 ) -> TrafficRates:
     """The smallest capacity whose replay of ``sample`` meets the target.
 
@@ -260,11 +274,12 @@ def recommend_capacity(
         sample: one table's ids, as in ``measure_traffic_rates``.
         target_eviction_rate: in (0, 1); exactly one of the two targets.
         target_hit_rate: in (0, 1).
-        score_strategy: the table's strategy: TIMESTAMP, STEP, LFU or ``(TIMESTAMP, LFU)``.
+        score_strategy: the table's strategy, as in ``measure_traffic_rates``.
         bucket_capacity: the table's slots per bucket (a multiple of 16).
         scale: ids kept 1 in ``scale`` (``None``: about 2^17 lookups replayed, lowered
             until the answer has at least 32 buckets in the replayed table).
         warmup_batches: leading batches replayed but not counted.
+        score_half_life_steps: DECAYED_LFU's half-life, as in ``measure_traffic_rates``.
 
     Returns:
         ``TrafficRates`` of the recommended table: its ``capacity`` (rows of the whole
@@ -283,7 +298,7 @@ def recommend_capacity(
     """
     batches = check_id_sample(sample)
     name, target = _check_target(target_eviction_rate, target_hit_rate)
-    _check_strategy(score_strategy)
+    scoring = _scoring(score_strategy, score_half_life_steps)
     _check_int("bucket_capacity", bucket_capacity, 16)
     if bucket_capacity % 16:
         raise ValueError(f"bucket_capacity must be a multiple of 16, got {bucket_capacity}")
@@ -296,7 +311,7 @@ def recommend_capacity(
         scale = 1 << max(0, (total // _AUTO_SCALED_LOOKUPS).bit_length() - 1)
     while True:
         buckets, rates = _search(
-            batches, scale, bucket_capacity, score_strategy, warmup_batches, name, target
+            batches, scale, bucket_capacity, scoring, warmup_batches, name, target
         )
         if fixed or scale == 1 or buckets >= _MIN_BUCKETS:
             return rates

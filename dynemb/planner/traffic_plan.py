@@ -45,8 +45,8 @@ def recommend_capacities(
     Args:
         samples: by table name, a sample of the table's id stream: a list of 1-D int64
             tensors (one per batch) or the path of a ``torch.save``d list.
-        constraints: the planner's constraints; a table's ``score_strategy`` and
-            ``bucket_capacity`` come from its ``DynamicEmbParameterConstraints``'
+        constraints: the planner's constraints; a table's ``score_strategy``,
+            ``score_half_life_steps`` and ``bucket_capacity`` come from its ``DynamicEmbParameterConstraints``'
             ``dynamicemb_options`` (default options for a table without them).
         target_eviction_rate: a number in (0, 1), or one by table name.
         target_hit_rate: the same; exactly one of the two targets.
@@ -83,6 +83,7 @@ def recommend_capacities(
                 bucket_capacity=options.bucket_capacity,
                 scale=scale,
                 warmup_batches=warmup_batches,
+                score_half_life_steps=options.score_half_life_steps,
             )
         except (TypeError, ValueError) as e:
             raise type(e)(f"table {name!r}: {e}") from None

@@ -112,6 +112,7 @@ def _build_tables(
     tables.routing = [
         (o.dist_type, t.num_embeddings) for o, t in zip(options, config.embedding_tables)
     ]
+    tables.full_dims = [t.embedding_dim for t in config.embedding_tables]  # checkpoints join slices
     return tables
 
 

@@ -55,7 +55,8 @@ def check_one_slice_per_rank(infos: list[EmbeddingShardingInfo]) -> None:
 
 
 def slice_options(grouped_configs, table_options: dict) -> dict:
-    """This rank's options of each dynamic table: its slice's width and columns."""
+    """This rank's options of each dynamic table: its slice's width and columns (and
+    those columns of its warm-start source)."""
     options = {}
     for group in grouped_configs:
         for table in group.embedding_tables:
@@ -63,11 +64,15 @@ def slice_options(grouped_configs, table_options: dict) -> dict:
             if opts is not None:
                 offset = table.local_metadata.shard_offsets[1]
                 hbm = opts.local_hbm_for_values * table.local_cols // table.embedding_dim
+                source = opts.warm_start
                 options[table.name] = dataclasses.replace(
                     opts,
                     dim=table.local_cols,
                     column_offset=offset,
                     local_hbm_for_values=hbm,  # the slice's columns' share
+                    # The slice's columns of the whole rows (their optimizer state
+                    # initialised: a slice's state is not a column range of the rows').
+                    warm_start=None if source is None else source.columns(offset, table.local_cols),
                 )
     return options
 

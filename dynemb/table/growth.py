@@ -33,7 +33,7 @@ def hold_pins(state: TableState) -> PinHold:
 
 def upsert(
     state: TableState, op, keys, scores, values, evicted, return_status=False, slots=None,
-    per_key=None, hold=None, pins=True,
+    per_key=None, hold=None, pins=True, defer=False, warm=False,
 ):  # fmt: skip
     """Runs a batch upsert, growing the table and retrying the keys that failed.
 
@@ -42,6 +42,10 @@ def upsert(
     ``slots``: an output found again if growth moved the keys. ``hold``: the PinHold
     of the batch (None: one for this upsert alone); ``pins=False``: the keys get no
     pin (a restore). Returns the op's status when ``return_status``, else BatchStats.
+    ``defer``: where the table cannot grow (``can_defer``) its status counts are read
+    later: the stats are then a ``DeferredLookup``, folded into ``size`` when read.
+    ``warm``: the keys the op inserts read the table's warm-start source
+    (``state.warm_start``; a training lookup's op only; such an upsert is not deferred).
     """
     log = state.change_log
     if log is not None and evicted is None:  # the op reports the residents it evicts
@@ -55,14 +59,30 @@ def upsert(
                 state.storage.tensors(), policy(state, batch_value, pin), state.init,
                 keys, scores, values, evicted or [], **extra,
             )  # fmt: skip
+            if defer and (not warm or state.warm_start is None) and can_defer(state):
+                stats = DeferredLookup(DeferredRead(counts.view(1, -1), "status counts"), 0,
+                                       keys, status, state.step)  # fmt: skip
+                state.defer(stats)
+                return status if return_status else stats
             status, stats = end_upsert(
                 state, op, keys, scores, values, evicted, status, read_to_host(counts, "status counts").tolist(), begun,
-                slots, per_key, log,
+                slots, per_key, log, warm,
             )  # fmt: skip
         finally:
             if hold is None and pin is not None:
                 pin.release()
     return status if return_status else stats
+
+
+def can_defer(state: TableState) -> bool:
+    """Whether a batch upsert under way (after ``begin_upsert``) may read its status
+    counts later: its table cannot grow, keeps no change log (which records the
+    evicted keys now) and does not sample this step's evictions for telemetry."""
+    return (
+        state.num_buckets >= state.max_buckets
+        and state.change_log is None
+        and not state.telemetry.sampling
+    )
 
 
 def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, PinHold | None]:
@@ -81,12 +101,13 @@ def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, Pin
 
 def end_upsert(
     state: TableState, op, keys, scores, values, evicted, status, counts, begun,
-    slots=None, per_key=None, log=None,
+    slots=None, per_key=None, log=None, warm=False,
 ):  # fmt: skip
     """After the op of a batch upsert (under ``lock.write()``, ``counts`` a list):
     grows and retries the keys that failed while the table may grow, then counts
     what was stored and records it in ``log`` (the change log the batch started
-    with; ``evicted`` then holds the op's evicted keys). Returns ``(status,
+    with; ``evicted`` then holds the op's evicted keys); with ``warm``, the keys
+    inserted take their rows from the warm-start source. Returns ``(status,
     BatchStats)``. ``begun``: what ``begin_upsert`` returned."""
     generation, batch_value, pin = begun
     while counts[_ops.Status.FAILED] and state.num_buckets < state.max_buckets:
@@ -98,6 +119,8 @@ def end_upsert(
     state.size += counts[_ops.Status.INSERTED]
     if slots is not None and state.generation != generation:
         slots.copy_(_ops.table_find_slots(state.storage.tensors(), keys))  # moved by growth
+    if warm and state.warm_start is not None:
+        _warm_fill(state, keys, status, values, slots)
     if log is not None:
         log.touched(keys[status != _ops.Status.FAILED])
         if counts[_ops.Status.EVICTED]:
@@ -110,6 +133,25 @@ def end_upsert(
     state.last_stats = stats
     state.telemetry.after_upsert(status, keys, counts, slots)
     return status, stats
+
+
+def _warm_fill(state: TableState, keys, status, values, slots) -> None:
+    """The keys the batch inserted (INSERTED, or EVICTED: in an evicted resident's
+    slot) read the warm-start source once (dynemb.warm_start.table_fill); ``values``:
+    the op's output rows when ``slots`` is None (they get the source's rows too)."""
+    new = torch.nonzero(
+        (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED), as_tuple=True
+    )[0]
+    if not new.numel():
+        return
+    new_keys = keys[new]
+    if slots is not None:
+        new_slots = slots[new]
+    else:
+        new_slots = _ops.table_find_slots(state.storage.tensors(), new_keys)
+    pos, rows = state.warm_start.fill_slots(state.storage, new_keys, new_slots)
+    if slots is None and pos.numel():
+        values[new[pos]] = rows[:, : state.dim]
 
 
 def slot_upsert(table, policy, init, keys, scores, out, evicted, per_key=None):
@@ -242,12 +284,16 @@ def find_or_insert_slots_grouped(
     each table's keys; ``holds``: none, or each table's PinHold of the batch).
     Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table.
 
-    ``defer``: when no table can grow (each at its capacity, without a change log),
-    the status counts are not read now: each table's second item is a
-    ``DeferredLookup``, folded into its ``size`` and ``last_stats`` when they are read.
+    ``defer``: when no table can grow (each at its capacity, without a change log or
+    a warm-start source), the status counts are not read now: each table's second
+    item is a ``DeferredLookup``, folded into its ``size`` and ``last_stats`` when
+    they are read.
     """
     states: list[TableState] = [table.state for table in tables]
-    defer = defer and all(s.num_buckets >= s.max_buckets and s.change_log is None for s in states)
+    defer = defer and all(
+        s.num_buckets >= s.max_buckets and s.change_log is None and s.warm_start is None
+        for s in states
+    )
     with contextlib.ExitStack() as stack:
         for state in states:
             stack.enter_context(state.lock.write())
@@ -275,7 +321,7 @@ def find_or_insert_slots_grouped(
         for t, state in enumerate(states):
             _, stats = end_upsert(
                 state, slot_upsert, keys[t], None, slots[t], None, status[t], counts[t],
-                begun[t], slots[t], accesses[t] if accesses else None,
+                begun[t], slots[t], accesses[t] if accesses else None, warm=True,
             )  # fmt: skip
             results.append((slots[t], stats))
     return results

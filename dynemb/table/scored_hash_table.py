@@ -278,6 +278,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         """Returns each key's row, storing missing keys with initialised rows.
 
         Scores of every key are updated by the strategy (CUSTOMIZED: set to ``scores``).
+        New keys take their rows from ``warm_start`` when it has them.
         Keys that could not be stored get their initial row, unstored, and are
         reported in ``last_stats``.
 
@@ -292,7 +293,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         keys = self._check_keys(keys)
         scores = self._check_scores(scores, keys)
         values = self._output_rows(out, keys.numel())
-        upsert(self._state, _ops.table_find_or_insert, keys, scores, values, evicted=None)
+        upsert(
+            self._state, _ops.table_find_or_insert, keys, scores, values, evicted=None, warm=True
+        )
         return values
 
     def insert_or_assign(

@@ -21,6 +21,7 @@ from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
 from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.warm_start.table_fill import TableFill
 
 # stored_entries de-duplicates n slots by a mark per slot when n * MARK_RATIO >= the
 # table's slots, else by a sort: a small delta of a large table scans no table.
@@ -84,6 +85,19 @@ class SlotAccess:
             self._state.change_log = log
 
     @property
+    def warm_start(self):
+        """The ``dynemb.warm_start.TableFill`` whose source the keys a training lookup
+        inserts read their first rows from (None, the default: the initializer's)."""
+        return self._state.warm_start
+
+    @warm_start.setter
+    def warm_start(self, fill) -> None:
+        if fill is not None and not isinstance(fill, TableFill):
+            raise TypeError(f"warm_start must be a TableFill or None, got {fill!r}")
+        with self._state.lock.write():
+            self._state.warm_start = fill
+
+    @property
     def last_stats(self) -> BatchStats | None:
         """The BatchStats of the latest batch upsert (None before the first)."""
         return self._state.last_stats
@@ -125,7 +139,8 @@ class SlotAccess:
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold=None
     ) -> tuple[torch.Tensor, BatchStats]:
         """Slots of distinct keys ((n,) int64, -1 where not stored), inserting missing
-        keys with initialised rows: a training lookup (scores updated by the strategy).
+        keys with initialised rows (or ``warm_start``'s): a training lookup (scores
+        updated by the strategy).
 
         ``accesses`` (n,) int64: the occurrences each key stands for (LFU counts them).
         ``hold``: the batch's PinHold (``hold_pins()``), which keeps the keys from
@@ -138,7 +153,7 @@ class SlotAccess:
 
         stats = upsert(
             self._state, slot_upsert, keys, scores, slots, evicted=None, slots=slots,
-            per_key=accesses, hold=hold,
+            per_key=accesses, hold=hold, warm=True,
         )  # fmt: skip
         return slots, stats
 
@@ -221,6 +236,32 @@ class SlotAccess:
         Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
         the residents evicted, then the given keys that could not be stored.
         """
+        status, evicted = self._write_back(keys, rows, scores, defer=False)
+        stats = self._state.last_stats
+        if not stats.evicted and not stats.failed:  # the common case: nothing to report
+            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
+        out = status == _ops.Status.EVICTED
+        lost = status == _ops.Status.FAILED
+        if not read_to_host(lost.any(), "any failed").item():
+            return evicted[0][out], evicted[1][out], evicted[2][out]
+        return (
+            torch.cat([evicted[0][out], keys[lost]]),
+            torch.cat([evicted[1][out], rows[lost]]),
+            torch.cat([evicted[2][out], scores[lost]]),
+        )
+
+    def write_back_counted(
+        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> torch.Tensor:
+        """``write_back`` that returns only how many entries the table no longer holds
+        (residents evicted + keys not stored), a 0-dim int64 tensor on the table's
+        device: nothing is read now where the table cannot grow (its status counts
+        are read with the next read, as a deferred lookup's)."""
+        status, _ = self._write_back(keys, rows, scores, defer=True)
+        return ((status == _ops.Status.EVICTED) | (status == _ops.Status.FAILED)).sum()
+
+    def _write_back(self, keys, rows, scores, defer: bool):
+        """The upsert of ``write_back``: returns its status and the evicted buffers."""
         n, width = keys.numel(), self._state.layout.row_width
         rows = rows.contiguous()
         saved_scores = scores.contiguous() if self._state.layout.keeps_scores else None
@@ -238,21 +279,21 @@ class SlotAccess:
         step = self._state.step  # a write-back is not a training step (STEP scores count those)
         positions = torch.arange(n, device=self.device)
         status = upsert(
-            self._state, op, keys, None, positions, evicted, return_status=True, per_key=positions
-        )
+            self._state, op, keys, None, positions, evicted, return_status=True,
+            per_key=positions, defer=defer,
+        )  # fmt: skip
         self._state.step = step
-        stats = self._state.last_stats
-        if not stats.evicted and not stats.failed:  # the common case: nothing to report
-            return evicted[0][:0], evicted[1][:0], evicted[2][:0]
-        out = status == _ops.Status.EVICTED
-        lost = status == _ops.Status.FAILED
-        if not read_to_host(lost.any(), "any failed").item():
-            return evicted[0][out], evicted[1][out], evicted[2][out]
-        return (
-            torch.cat([evicted[0][out], keys[lost]]),
-            torch.cat([evicted[1][out], rows[lost]]),
-            torch.cat([evicted[2][out], scores[lost]]),
-        )
+        return status, evicted
+
+    def assign_scored(self, keys: torch.Tensor, values: torch.Tensor, scores: torch.Tensor):
+        """``insert_or_assign`` of arguments the caller built valid (distinct (n,)
+        int64 keys on the table's device, (n, dim) values of its dtype, (n,) int64
+        scores >= 0), unchecked: nothing is read now where the table cannot grow
+        (its status counts are read later). Returns the BatchStats or DeferredLookup."""
+        return upsert(
+            self._state, _ops.table_insert_or_assign, keys, scores, values, evicted=None,
+            defer=True,
+        )  # fmt: skip
 
     def snapshot(self) -> TableSnapshot:
         """A copy of every buffer and counter, for ``rollback`` (e.g. to rerun a batch

@@ -16,6 +16,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -56,6 +57,7 @@ class TableState:
         clock: the TIMESTAMP strategy's clock (tests replace it).
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
         token: the table's identity in its snapshots (only it rolls back to them).
+        warm_start: the TableFill its training lookups' new keys read (None: none).
         telemetry: what its batch upserts did (telemetry.py; counted under the lock).
     """
 
@@ -81,6 +83,7 @@ class TableState:
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
     token: object = dataclasses.field(default_factory=object)
     telemetry: TableTelemetry = dataclasses.field(init=False)
+    warm_start: Any = None
 
     def __post_init__(self) -> None:
         self.telemetry = TableTelemetry(self)

@@ -197,6 +197,19 @@ class TableStorage:
         out[slow] = gather(self.slow_values, at).to(out.device)
         return out
 
+    def write_rows(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Writes ``rows`` ((n, w), this table's dtype and device) into the first ``w``
+        columns of the rows of ``slots`` ((n,) int64, distinct, all valid), in either tier."""
+        width = rows.shape[1]
+        if self.slow_values.numel() == 0:
+            self.values[:, :width].index_copy_(0, slots, rows)
+            return
+        fast = slots < self.fast_slots
+        self.values[:, :width].index_copy_(0, slots[fast], rows[fast])
+        slow = ~fast
+        at = (slots[slow] - self.fast_slots).to(self.slow_values.device)
+        self.slow_values[:, :width].index_copy_(0, at, rows[slow].to(self.slow_values.device))
+
     def occupied(self, begin: int, end: int) -> torch.Tensor:
         """Slots in [begin, end) holding a key: (m,) int64, ascending."""
         flat = self.digests.view(-1)[begin:end]

@@ -44,6 +44,7 @@ from dynemb.tbe.table_slots import TableSlots
 from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbPoolingMode
+from dynemb.warm_start.table_fill import check_source
 
 
 class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Module):
@@ -121,6 +122,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         options = [with_kernel_defaults(name, o) for name, o in zip(names, options)]
         for name, o in zip(names, options):
             check_tiering_options(name, o, config.state_columns(o.dim))
+            if o.warm_start is not None:
+                check_source(name, o.warm_start, o.dim, config.state_columns(o.dim))
         dims = [o.dim for o in options]
         if pooling_mode == DynamicEmbPoolingMode.NONE and len(set(dims[t] for t in fmap)) > 1:
             raise ValueError(f"pooling_mode NONE needs one dim for every table, got dims {dims}")
@@ -172,6 +175,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
         # row-wise sharded kernel (dynemb.shard.compute_kernel); checkpoints re-route with it.
         self.routing: list[tuple[str, int]] | None = None
+        # Per table, the width of the whole table's rows (set by dynemb.shard); wider than
+        # ``dims[t]`` for a column slice (columns ``[column_offset, column_offset + dim)``).
+        self.full_dims: list[int] | None = None
         # fbgemm's trick: a zero-size leaf so that autograd calls our backward. Not an
         # nn.Parameter: model.parameters() (a dense optimizer's input) must not see the tables.
         self.placeholder_autograd_tensor = torch.zeros(0, device=self.device, requires_grad=True)

@@ -51,12 +51,17 @@ class TableSlots:
         found = {}
         self._count_deferred_failures(ready_only=True)
         for t, table, (slots, stats) in zip(ts, tables, results, strict=True):
-            if isinstance(stats, DeferredLookup):
-                self._deferred_failures.append((t, stats))
-            elif stats.failed:
-                self._report_failed(t, stats, undoable=False, stacklevel=3)
+            self._account(t, stats, stacklevel=4)
             found[t] = (slots, table.mutations)
         return found
+
+    def _account(self, t: int, stats, stacklevel: int) -> None:
+        """Counts (later, for a DeferredLookup) and reports the keys a grouped lookup
+        of table t could not store."""
+        if isinstance(stats, DeferredLookup):
+            self._deferred_failures.append((t, stats))
+        elif stats.failed:
+            self._report_failed(t, stats, undoable=False, stacklevel=stacklevel)
 
     @property
     def safe_check_failures(self) -> list[int]:
@@ -100,7 +105,7 @@ class TableSlots:
         new = torch.nonzero(~upsert, as_tuple=True)[0]
         if new.numel():
             new_keys = keys[new]
-            counts = counter.add(new_keys, accesses[new])
+            counts = counter.add_distinct(new_keys, accesses[new])
             admit = self.table_options[t].admit_strategy.admit(new_keys, counts)
             if (
                 not isinstance(admit, torch.Tensor)
@@ -116,15 +121,29 @@ class TableSlots:
                     f"table {self.table_names[t]!r}: admit_strategy.admit must return a "
                     f"({new_keys.numel()},) torch.bool tensor, got {got}"
                 )
-            upsert[new[admit.to(keys.device)]] = True
+            upsert.index_put_((new,), admit.to(keys.device))  # by position: no mask to size
         slots = torch.full_like(keys, -1)
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
-            slots[pos] = self._checked_lookup(t, keys[pos], accesses[pos], hold)
+            slots[pos] = self._admitted_lookup(t, keys[pos], accesses[pos], hold)
         if new.numel():
             stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
             if stored.numel():
                 counter.erase(keys[stored])
+        return slots
+
+    def _admitted_lookup(self, t: int, keys, accesses, hold):
+        """The training lookup of table t's admitted keys: as a grouped call of its own
+        where the table's lookups may join one (its status counts are then read later
+        under IGNORE, when it cannot grow), else ``_checked_lookup``."""
+        if not self.tables[t].groups_lookups or getattr(self, "_forward_lookups", None) is not None:
+            return self._checked_lookup(t, keys, accesses, hold)
+        ignore = self.table_options[t].safe_check_mode == DynamicEmbCheckMode.IGNORE
+        [(slots, stats)] = find_or_insert_slots_grouped(
+            [self.tables[t]], [keys], [accesses], None if hold is None else [hold], defer=ignore
+        )
+        self._count_deferred_failures(ready_only=True)
+        self._account(t, stats, stacklevel=6)
         return slots
 
     def _start_forward(self) -> None:

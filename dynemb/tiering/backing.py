@@ -89,6 +89,7 @@ def make_backing_storage(
         extra_init=extra_init,
         fast_rows=backing_fast_rows(spec.device),
         spill_directory=spill_directory,
+        score_half_life_steps=options.score_half_life_steps,
     )
     return HashTableStorage(table)
 

@@ -18,6 +18,12 @@ from dynemb.types import DynamicEmbScoreStrategy
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
 
+def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions of the ``count`` True entries of ``mask``, a count the claim's status
+    counts gave already: no read of the device sizes them (as ``torch.nonzero`` would)."""
+    return torch.nonzero_static(mask, size=count).view(-1)
+
+
 class CacheFill:
     """Cache fills and write-backs (a mixin of CachedTable)."""
 
@@ -60,14 +66,14 @@ class CacheFill:
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
-                    out = torch.nonzero(status == _ops.Status.FAILED, as_tuple=True)[0]
+                    out = _positions(status == _ops.Status.FAILED, counts[_ops.Status.FAILED])
                     failed = (out, *self._fetch(claim_keys[out]))
         else:
-            missed = torch.nonzero(status != _ops.Status.HIT, as_tuple=True)[0]
+            missed = _positions(status != _ops.Status.HIT, claim_keys.numel() - hits)
             rows, scores = self._fetch(claim_keys[missed])
             self._move_in(slots, status, counts, missed, rows, scores)
             if counts[_ops.Status.FAILED]:
-                out = status[missed] == _ops.Status.FAILED
+                out = _positions(status[missed] == _ops.Status.FAILED, counts[_ops.Status.FAILED])
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
                     failed = (missed[out], rows[out], scores[out])
@@ -119,11 +125,12 @@ class CacheFill:
 
     def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and scores of keys from the storage; keys it lacks get the initial
-        row (a pure function of (seed, key), as an uncached table's insert) and 0."""
+        row (a pure function of (seed, key), as an uncached table's insert), or the
+        warm-start source's, and 0."""
         with self._storage_lock:
             rows, scores, found = self._storage_find(keys)
         new = torch.nonzero(~found, as_tuple=True)[0]
-        self.stats.fetched += keys.numel() - new.numel()
+        self.stats.add(fetched=keys.numel() - new.numel())  # no read of a pending count
         if new.numel():
             none = torch.full_like(new, -1)
             init_values = self.init_values
@@ -133,6 +140,9 @@ class CacheFill:
             rows[new, : self.dim] = init.to(rows.dtype)
             rows[new, self.dim :] = init_values[5]
             scores[new] = 0
+            if self.warm_start is not None:  # keys new to both tiers: the source's rows
+                pos, warm = self.warm_start.read(keys[new])
+                rows[new[pos], : warm.shape[1]] = warm
         return rows, scores
 
     def _exchange(self, keys, slots, status, backing: ScoredHashTable) -> None:
@@ -145,7 +155,12 @@ class CacheFill:
                 self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
             )  # fmt: skip
-        self.stats.fetched += read_to_host(victims[3].sum(), "fetched count").item()
+        self.stats.add_later(fetched=victims[3].sum())  # read with the next read
+        if self.warm_start is not None:  # keys new to both tiers: the source's rows
+            claimed = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
+            new = torch.nonzero(claimed & ~victims[3], as_tuple=True)[0]
+            if new.numel():
+                self.warm_start.fill_slots(self.buffers, keys[new], slots[new])
         self._write_back(*victims[:3])
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
@@ -154,7 +169,7 @@ class CacheFill:
         s = self.buffers
         victims = None
         if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
-            out = torch.nonzero(status == _ops.Status.EVICTED, as_tuple=True)[0]
+            out = _positions(status == _ops.Status.EVICTED, counts[_ops.Status.EVICTED])
             at = slots[out]
             victims = (
                 self._buffers["evicted_keys"][out],
@@ -163,7 +178,7 @@ class CacheFill:
             )
         at = slots[missed]
         if counts[_ops.Status.FAILED]:  # not cached: no slot to write
-            stored = torch.nonzero(at >= 0, as_tuple=True)[0]
+            stored = _positions(at >= 0, at.numel() - counts[_ops.Status.FAILED])
             at, rows, scores = at[stored], rows[stored], scores[stored]
         s.values.index_copy_(0, at, rows)  # a row copy per index; indexed assignment is slower
         self._user_scores[at] = scores
@@ -182,10 +197,14 @@ class CacheFill:
     def _write_back(self, keys, rows, scores) -> None:
         if not keys.numel():
             return
+        backing = self.backing_table()
         with self._storage_lock:
-            dropped = checked_insert(self.storage, keys, rows, scores, self.name)
+            if backing is not None:  # its drops counted on the device, read later
+                self.stats.add_later(storage_drops=backing.write_back_counted(keys, rows, scores))
+            else:
+                dropped = checked_insert(self.storage, keys, rows, scores, self.name)
+                self.stats.storage_drops += dropped.numel()
         self.stats.written_back += keys.numel()
-        self.stats.storage_drops += dropped.numel()
 
     def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
         """Scores after a training lookup under the table's strategy, by the core's
@@ -195,4 +214,7 @@ class CacheFill:
         custom = None
         if self._strategy == _CUSTOMIZED:
             custom = torch.full_like(old, self._ctx.custom_score or 0)
-        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        if self.score_half_life_steps is None:
+            return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
+        half_life, step = self.score_half_life_steps, self._ctx.score_step  # DECAYED_LFU
+        return _ops.scores_after_hit(old, self._strategy, value, accesses, custom, half_life, step)

@@ -66,6 +66,8 @@ from dynemb.tiering.storage import Storage
 from dynemb.types import DynamicEmbScoreStrategy
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
+# Strategies scored by the table's step: a training lookup counts one.
+_STEPPED = (_STEP, DynamicEmbScoreStrategy.DECAYED_LFU.value)
 
 
 class _ScoreContext:
@@ -85,9 +87,11 @@ class CachedTable(CacheFill, CacheReads, Cache):
         cache: the fast table (STEP strategy, no growth, ``extra_columns`` = state).
         storage: the slow tier holding every row.
         score_strategy: the table's score strategy (``user_scores`` rule); not
-            (TIMESTAMP, LFU).
+            a compound (TIMESTAMP, LFU) / (TIMESTAMP, DECAYED_LFU).
         capacity: the table's configured ``max_capacity`` (initializer bounds).
         name: the table's name, for messages about its storage.
+        score_half_life_steps: DECAYED_LFU's half-life (with it only, checked by the
+            table's options).
 
     It is a ``dynemb.table.Table`` (the cache's buffers, lock and initializer; a
     ``mutations`` count of its own) whose batches, prefetches, eval reads and
@@ -101,6 +105,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         score_strategy,
         capacity: int,
         name: str = "",
+        score_half_life_steps: int | None = None,
     ) -> None:
         if cache.strategy_code != _STEP or cache.capacity() != cache.max_capacity():
             raise ValueError("the cache must be a STEP table allocated at full capacity")
@@ -108,7 +113,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.storage = storage
         self.name = name
         self.score_strategy = score_strategy
-        self.score_half_life_steps = None  # DECAYED_LFU is refused in caching mode
+        self.score_half_life_steps = score_half_life_steps
         self._strategy = (
             score_strategy.value
             if isinstance(score_strategy, DynamicEmbScoreStrategy)
@@ -118,6 +123,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.dim = cache.dim
         self.extra_columns = cache.extra_columns
         self.seed = cache.seed
+        self.warm_start = None  # a TableFill, read by keys new to both tiers (cache_fill)
         self.stats = CacheStats()
         backing = self.backing_table()
         self._ctx = backing if backing is not None else _ScoreContext()
@@ -232,8 +238,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         return False
 
     def record_lookup(self, keys: torch.Tensor) -> None:
-        """None: a cache's training lookups never fail (keys it cannot take are staged),
-        so none is undone."""
+        """None: a cache's lookups never fail (keys it cannot take are staged): no undo."""
         return None
 
     # ---------------------------------------------------------------- lookups
@@ -257,7 +262,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
             backward to both, then calls ``end_batch``.
         """
         self._settle()
-        if self._strategy == _STEP:
+        if self._strategy in _STEPPED:
             self._ctx.score_step += 1
         now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from dynemb._ops import DECAYED_LFU, TIMESTAMP_DECAYED_LFU
+from dynemb._ops import TIMESTAMP_DECAYED_LFU
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.table.batch_arguments import TIMESTAMP_LFU, strategy_code
 from dynemb.table.scored_hash_table import ScoredHashTable
@@ -12,6 +12,7 @@ from dynemb.tiering.backing import make_backing_storage
 from dynemb.tiering.cached_table import CachedTable
 from dynemb.tiering.storage import Storage, StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.warm_start.table_fill import TableFill
 
 # Slots per cache bucket. DynamicEmb uses 1024 (a GPU warp scans a bucket at once);
 # on a CPU every cache eviction scans its whole bucket for the victim: W-train with
@@ -75,10 +76,11 @@ def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_colu
             f"table {name!r}: local_hbm_for_values={hbm} bytes hold {rows} rows of "
             f"dim + optimizer state = {o.dim + state_columns} columns; a cache needs >= 16"
         )
-    if strategy_code(o.score_strategy) in (TIMESTAMP_LFU, DECAYED_LFU, TIMESTAMP_DECAYED_LFU):
-        raise ValueError(
+    if strategy_code(o.score_strategy) in (TIMESTAMP_LFU, TIMESTAMP_DECAYED_LFU):
+        raise ValueError(  # a compound's two scores a row: the cache tier keeps one
             f"table {name!r}: caching=True does not support score_strategy="
-            f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, CUSTOMIZED or NO_EVICTION"
+            f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, DECAYED_LFU, CUSTOMIZED or "
+            "NO_EVICTION"
         )
     if o.admit_strategy is not None:
         raise ValueError(
@@ -100,7 +102,16 @@ def make_table(
     ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
     Otherwise a ScoredHashTable, hybrid when ``local_hbm_for_values`` holds fewer rows
     than the table (``fast_rows = cache_rows(options)``), spilled with ``spill_path``.
+    With ``warm_start``, its keys new to the table read the source (a TableFill).
     """
+    table = _make_table(name, options, state_columns, device)
+    if options.warm_start is not None:
+        dtype = table.value_dtype
+        table.warm_start = TableFill(options.warm_start, options.dim, state_columns, dtype, name)
+    return table
+
+
+def _make_table(name, options, state_columns, device) -> ScoredHashTable | CachedTable:
     o = options
     spill_directory = spill_path(o, name)
     if not o.caching:
@@ -148,7 +159,9 @@ def make_table(
         table_name=name,
     )
     storage = make_backing_storage(o, spec, spill_directory=spill_directory)
-    return CachedTable(cache, storage, o.score_strategy, o.max_capacity, name)
+    return CachedTable(
+        cache, storage, o.score_strategy, o.max_capacity, name, o.score_half_life_steps
+    )
 
 
 __all__ = ["CACHE_BUCKET_CAPACITY", "cache_rows", "check_tiering_options", "make_table"]

@@ -47,7 +47,7 @@ def test_fields_in_dynamicembs_order_with_its_defaults():
     options = DynamicEmbTableOptions()
     names = [f.name for f in dataclasses.fields(DynamicEmbTableOptions)]
     assert names[: len(DYNAMICEMB_FIELDS)] == [n for n, _ in DYNAMICEMB_FIELDS]
-    extras = ["seed", "spill_directory", "score_half_life_steps", "column_offset"]
+    extras = ["seed", "spill_directory", "score_half_life_steps", "column_offset", "warm_start"]
     assert names[len(DYNAMICEMB_FIELDS) :] == extras  # dynemb's, after DynamicEmb's
     for name, default in DYNAMICEMB_FIELDS:
         if name != "eval_initializer_args":

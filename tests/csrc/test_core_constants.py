@@ -8,6 +8,7 @@ from dynemb import _ops
 from dynemb.dynamicemb_config import init_mode_code
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
+from tests import decay_reference as decay
 from tests import reference as ref
 
 pytestmark = pytest.mark.no_emulated_pass("constants read from csrc/core: the same in every pass")
@@ -79,3 +80,20 @@ def test_scores_after_hit_is_the_cores_score_rule():
         _ops.scores_after_hit(old, s.CUSTOMIZED.value, 0)
     with pytest.raises(ValueError, match="accesses"):
         _ops.scores_after_hit(old, s.LFU.value, 0, acc[:2])
+
+
+def test_scores_after_hit_decays_and_scores_a_zero_as_a_new_key():
+    """DECAYED_LFU in a cache tier: 0 is a key new to the table (its access scored as
+    new, tests/decay_reference.py), any other score merges the batch's accesses."""
+    old = decay.access_score(3, 2, 5)
+    scores = torch.tensor([0, old, 0], dtype=torch.int64)
+    acc = torch.tensor([3, 1, 0], dtype=torch.int64)
+    code = DynamicEmbScoreStrategy.DECAYED_LFU.value
+    got = _ops.scores_after_hit(scores, code, 0, acc, None, 5, 9).tolist()
+    assert got == [decay.touched(None, 9, 3, 5), decay.touched(old, 9, 1, 5), 0]
+    with pytest.raises(ValueError, match=r"needs half_life in \[1, 2147483647\], got 0"):
+        _ops.scores_after_hit(scores, code, 0, acc)
+    with pytest.raises(ValueError, match="decay_step must be in"):
+        _ops.scores_after_hit(scores, code, 0, acc, None, 5, -1)
+    with pytest.raises(ValueError, match="takes no half_life or decay_step, got 5 and 0"):
+        _ops.scores_after_hit(scores, DynamicEmbScoreStrategy.LFU.value, 0, acc, None, 5)

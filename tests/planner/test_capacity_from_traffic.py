@@ -41,6 +41,8 @@ pytestmark = pytest.mark.no_emulated_pass(
 LFU = DynamicEmbScoreStrategy.LFU
 TIMESTAMP = DynamicEmbScoreStrategy.TIMESTAMP
 STEP = DynamicEmbScoreStrategy.STEP
+DECAYED_LFU = DynamicEmbScoreStrategy.DECAYED_LFU
+HALF_LIFE = 2  # steps: the sample's 12 batches are 6 half-lives
 W_TRAIN = Config()
 BATCHES = 12  # steps of one W-train table: 12 x 65,536 ids
 TOLERANCE = 0.2
@@ -65,10 +67,16 @@ def fresh() -> list[torch.Tensor]:
     return w_train_sample(seed=1)
 
 
-def full_size_rates(batches, capacity: int, strategy, bucket_capacity=128) -> tuple[float, float]:
+def full_size_rates(
+    batches, capacity: int, strategy, bucket_capacity=128, half_life=None
+) -> tuple[float, float]:
     """(eviction rate, hit rate) of a full-size table: (evicted + failed) / ids, hits / ids."""
     table = ScoredHashTable(
-        dim=1, capacity=capacity, bucket_capacity=bucket_capacity, score_strategy=strategy
+        dim=1,
+        capacity=capacity,
+        bucket_capacity=bucket_capacity,
+        score_strategy=strategy,
+        score_half_life_steps=half_life,
     )
     full = hits = lookups = 0
     for batch in batches:
@@ -92,6 +100,27 @@ def test_recommended_capacity_meets_eviction_target(sample, fresh, strategy, tar
           f"estimated {rec.eviction_rate:.4f}, measured {measured:.4f}")  # fmt: skip
     assert rec.capacity % 128 == 0
     assert abs(measured - target) <= TOLERANCE * target
+
+
+@pytest.mark.parametrize(
+    "strategy", [DECAYED_LFU, (TIMESTAMP, DECAYED_LFU)], ids=["decayed_lfu", "timestamp_decayed"]
+)
+def test_recommended_capacity_meets_eviction_target_with_decay(sample, fresh, strategy):
+    """DECAYED_LFU decays by the table's steps: the replay's and the full table's
+    steps are the sample's batches, so the half-life means the same in both."""
+    rec = recommend_capacity(
+        sample, target_eviction_rate=0.1, score_strategy=strategy, score_half_life_steps=HALF_LIFE
+    )
+    measured, _ = full_size_rates(fresh, rec.capacity, strategy, half_life=HALF_LIFE)
+    print(f"{strategy} half-life {HALF_LIFE} target 0.1: capacity {rec.capacity} "
+          f"(scale {rec.scale}), estimated {rec.eviction_rate:.4f}, measured {measured:.4f}")  # fmt: skip
+    assert abs(measured - 0.1) <= TOLERANCE * 0.1
+    # The half-life reaches the replayed table: without decay (LFU) the capacity differs.
+    lfu = measure_traffic_rates(sample, rec.capacity, LFU, scale=rec.scale)
+    decayed = measure_traffic_rates(
+        sample, rec.capacity, strategy, scale=rec.scale, score_half_life_steps=HALF_LIFE
+    )
+    assert decayed == rec and lfu.eviction_rate != decayed.eviction_rate
 
 
 def test_recommended_capacity_meets_hit_target(sample, fresh):
@@ -164,6 +193,21 @@ def test_planner_uses_recommended_capacities(sample):
         assert 2 * got >= config.num_embeddings
 
 
+def test_planner_sizes_decayed_lfu_tables_with_their_half_life(sample):
+    options = DynamicEmbTableOptions(
+        score_strategy=DECAYED_LFU, score_half_life_steps=HALF_LIFE, bucket_capacity=64
+    )
+    constraints = {
+        "t": DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
+    }
+    got = recommend_capacities({"t": sample[:6]}, constraints, target_eviction_rate=0.1, scale=4)
+    want = recommend_capacity(
+        sample[:6], target_eviction_rate=0.1, score_strategy=DECAYED_LFU, bucket_capacity=64,
+        scale=4, score_half_life_steps=HALF_LIFE,
+    )  # fmt: skip
+    assert got["t"] == want
+
+
 # ---------------------------------------------------------------- argument checks
 
 IDS = [torch.arange(1000, dtype=torch.int64)]
@@ -204,8 +248,17 @@ def test_wrong_dtype_and_shape():
 
 def test_strategy_that_cannot_be_replayed():
     for strategy in (DynamicEmbScoreStrategy.CUSTOMIZED, DynamicEmbScoreStrategy.NO_EVICTION):
-        with pytest.raises(ValueError, match=f"score_strategy must be TIMESTAMP, STEP, LFU .* got {strategy!r}"):  # fmt: skip
+        with pytest.raises(ValueError, match=f"score_strategy must be TIMESTAMP, STEP, LFU, DECAYED_LFU or .* got {strategy!r}"):  # fmt: skip
             recommend_capacity(IDS, target_eviction_rate=0.1, score_strategy=strategy)
+
+
+def test_half_life_only_with_decayed_lfu():
+    with pytest.raises(ValueError, match="score_half_life_steps"):
+        recommend_capacity(IDS, target_eviction_rate=0.1, score_strategy=DECAYED_LFU)
+    with pytest.raises(ValueError, match="score_half_life_steps"):
+        measure_traffic_rates(IDS, 1024, LFU, score_half_life_steps=4)
+    with pytest.raises(ValueError, match="score_half_life_steps"):
+        measure_traffic_rates(IDS, 1024, DECAYED_LFU, score_half_life_steps=0)
 
 
 def test_unreachable_hit_rate():

@@ -129,8 +129,13 @@ def test_column_wise_constraint_gives_each_slice_every_row():
     assert ps.dynamicemb_options.max_capacity == 1024  # sliced by columns at build time
 
 
-def test_sequence_tables_are_not_offered_column_wise():
+def test_sequence_tables_are_offered_column_wise():
+    """An EmbeddingCollection's dynamic table slices by columns as a pooled one does."""
     constraints = make_constraints()
     constraints["query"] = dataclasses.replace(constraints["query"], sharding_types=["column_wise"])
-    with pytest.raises(ValueError, match="table 'query'.*column_wise"):
-        _plan(constraints)
+    ps = _plan(constraints)["query"]
+    assert (ps.sharding_type, ps.compute_kernel) == ("column_wise", DYNAMIC_KERNEL)
+    assert isinstance(ps, DynamicEmbParameterSharding)
+    widths = [shard.shard_sizes[1] for shard in ps.sharding_spec.shards]
+    config = next(c for c in all_configs() if c.name == "query")
+    assert sum(widths) == config.embedding_dim  # (dim 8: one slice, TorchRec's smallest width)

@@ -32,7 +32,7 @@ def _close(got, want, what: str, rtol: float = 0.0) -> None:
 def test_column_slices_agree_and_equal_unsharded_slices(tmp_path):
     ranks = run_ranks(train_column_wise, WORLD, CASES, str(tmp_path / "ckpt"))
     results = [r[0] for r in ranks]
-    for _, refused in ranks:  # checkpoints take whole rows: every rank refuses, naming cw
+    for _, refused in ranks:  # DynamicEmb's layout takes whole rows: every rank refuses
         assert "tables ['cw'] are sharded column-wise" in refused
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
     width = CW_DIM // WORLD

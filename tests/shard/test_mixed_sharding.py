@@ -1,6 +1,7 @@
 """One model with dynamic tables under every sharding type (table-wise, column-wise,
-row-wise) beside an ordinary TorchRec table, on 2 and 4 real gloo ranks, pooled SUM and
-MEAN (EmbeddingBagCollection) and sequence (EmbeddingCollection), under
+row-wise, and table-row-wise for pooled tables: TorchRec has none for sequence ones)
+beside an ordinary TorchRec table, on 2 ranks (one node) and 4 ranks (two nodes of 2),
+pooled SUM and MEAN (EmbeddingBagCollection) and sequence (EmbeddingCollection), under
 EXACT_ROWWISE_ADAGRAD, ADAM and EXACT_SGD, over 10 steps with evictions: outputs, and
 every table's keys, rows, optimizer state and scores, equal the unsharded tables'."""
 
@@ -10,6 +11,7 @@ import torch
 from tests.mixed_sharding_workers import (
     BATCH,
     DIM,
+    LOCAL,
     ORDINARY,
     SMALL,
     STEPS,
@@ -45,15 +47,19 @@ def _rank_rows(case: Case, lengths, f: int, rank: int) -> slice:
 def _check_tables(case: Case, world: int, results: list, tables: dict) -> None:
     """Every rank's dynamic tables equal their unsharded references."""
     want = {name: t.tables[0] for name, t in tables.items()}
-    rw = [results[r][1]["rw"] for r in range(world)]
-    keys = torch.cat([e["keys"] for e in rw])
-    order = torch.argsort(keys)
-    # Row-wise MEAN: TorchRec divides by (length + 1e-6), so the row-wise table's
-    # gradients (and its optimizer state) differ from the unsharded one's by ~1e-6.
+    # Row-wise and table-row-wise MEAN: TorchRec divides by (length + 1e-6), so their
+    # gradients (and optimizer state) differ from the unsharded table's by ~1e-6.
     rtol = 2e-6 if case.pooling == "MEAN" else 0.0
-    for field in ("keys", "values", "scores"):
-        got = torch.cat([e[field] for e in rw])[order]
-        _close(got, _entries(want["rw"])[field], f"{case} rw {field}", rtol)
+    local = min(LOCAL, world)
+    holders = {"rw": range(world), "twrw": range(world - local, world)}  # the last node
+    for name in (n for n in holders if n in case.tables()):
+        for r in range(world):
+            assert (name in results[r][1]) == (r in holders[name]), (case, name, r)
+        shares = [results[r][1][name] for r in holders[name]]
+        order = torch.argsort(torch.cat([e["keys"] for e in shares]))
+        for field in ("keys", "values", "scores"):
+            got = torch.cat([e[field] for e in shares])[order]
+            _close(got, _entries(want[name])[field], f"{case} {name} {field}", rtol)
     tw_rank = world - 1
     for r in range(world):
         assert ("tw" in results[r][1]) == (r == tw_rank), (case, r)  # whole, on one rank

@@ -1,6 +1,7 @@
 """Checkpoints in caching mode: DynamicEmbDump / DynamicEmbLoad and incremental_dump
 see the whole table (both tiers), exactly as an uncached run of the same training."""
 
+import pytest
 import torch
 
 from dynemb import DynamicEmbScoreStrategy
@@ -12,10 +13,15 @@ from tests.tiering.caching_models import batches, check_tiers, contents, module,
 ADAM_STATE = 2 * 8
 
 
-def _pair(strategy=DynamicEmbScoreStrategy.LFU):
-    plain = module([options(strategy=strategy)] * 2, EmbOptimType.ADAM)
+DECAYED = {"score_strategy": DynamicEmbScoreStrategy.DECAYED_LFU, "score_half_life_steps": 2}
+STRATEGIES = {"lfu": {"score_strategy": DynamicEmbScoreStrategy.LFU}, "decayed_lfu": DECAYED}
+
+
+def _pair(strategy=DynamicEmbScoreStrategy.LFU, **extra):
+    plain = module([options(strategy=strategy, **extra)] * 2, EmbOptimType.ADAM)
     cached = module(
-        [options(n, strategy=strategy, state=ADAM_STATE) for n in (64, 128)], EmbOptimType.ADAM
+        [options(n, strategy=strategy, state=ADAM_STATE, **extra) for n in (64, 128)],
+        EmbOptimType.ADAM,
     )
     return plain, cached
 
@@ -29,15 +35,21 @@ def _same(a, b) -> None:
             assert got[k][1] == want[k][1], f"table {t}: score of key {k}"
 
 
-def test_dump_load_every_mode(tmp_path):
-    plain, cached = _pair()
+@pytest.mark.parametrize("scoring", list(STRATEGIES))
+def test_dump_load_every_mode(tmp_path, scoring):
+    """Training in caching mode gives the uncached tables' rows and scores (LFU counts,
+    DECAYED_LFU's decayed counts: a key new to the table is scored as new, one
+    fetched from the storage goes on from its score), and the checkpoints of either
+    load into the other."""
+    plain, cached = _pair(strategy=None, **STRATEGIES[scoring])
     for b in batches(5, seed=21):
         step(plain, b), step(cached, b)
     DynamicEmbDump(tmp_path / "cached", cached, optim=True)
     DynamicEmbDump(tmp_path / "plain", plain, optim=True)
     # Cached checkpoint -> uncached table, and uncached checkpoint -> cached table
     # that already holds other (older) rows in both tiers.
-    into_plain, into_cached = _pair()
+    _same(cached, plain)
+    into_plain, into_cached = _pair(strategy=None, **STRATEGIES[scoring])
     for b in batches(2, seed=99):
         step(into_cached, b)
     DynamicEmbLoad(tmp_path / "cached", into_plain, optim=True)
@@ -54,8 +66,12 @@ def test_dump_load_every_mode(tmp_path):
     check_tiers(cached.tables[0], contents(plain.tables[0]))
 
 
-def test_incremental_dump_sees_both_tiers():
-    plain, cached = _pair(DynamicEmbScoreStrategy.STEP)
+@pytest.mark.parametrize("scoring", ["step", "decayed_lfu"])
+def test_incremental_dump_sees_both_tiers(scoring):
+    extra = (
+        DECAYED if scoring == "decayed_lfu" else {"score_strategy": DynamicEmbScoreStrategy.STEP}
+    )
+    plain, cached = _pair(strategy=None, **extra)
     for b in batches(4, seed=31):
         step(plain, b), step(cached, b)
     ref_plain, ref_cached = get_score(plain), get_score(cached)

@@ -1,0 +1,95 @@
+"""``TableFill``: a warm-start source bound to one table, applied to the keys a batch
+has just inserted.
+
+A training lookup inserts a batch's new keys with the initializer's rows; the
+table's upsert then hands the keys whose status is INSERTED or EVICTED (inserted in
+the slot of a resident it evicted) and their slots to ``fill_slots``: one gather
+from the source for all of them, one scatter into the slots. A key the source has
+gets its row (and its optimizer state when the source keeps one of the table's
+width; otherwise the initialised state stays); a key it lacks keeps the
+initializer's row. Keys found or refused (admission, a full table) are never
+passed, so the source is read once per key, the first time the key is stored.
+"""
+
+import torch
+
+from dynemb.warm_start.sources import WarmRows, WarmStart
+
+
+class TableFill:
+    """``source`` bound to a table of ``dim`` columns, ``state_columns`` optimizer-state
+    columns, rows in ``value_dtype`` (table ``name``, for messages).
+
+    Attributes:
+        reads: source reads so far (one per batch with new keys).
+        keys_read: keys asked of the source so far.
+
+    Raises:
+        ValueError: ``source`` is not a WarmStart, has another ``dim``, a non-floating
+            dtype, or optimizer state of another width than the table's (a table
+            without state ignores a source's), or reads rows of the wrong shape.
+    """
+
+    def __init__(
+        self, source: WarmStart, dim: int, state_columns: int, value_dtype: torch.dtype, name: str
+    ) -> None:
+        check_source(name, source, dim, state_columns)
+        self.source, self.dim, self.value_dtype = source, dim, value_dtype
+        self.state_columns = state_columns if source.state_columns == state_columns else 0
+        # A read of no key checks the shapes a source gives (a user function's, a
+        # Storage's) now, before a lookup stores anything.
+        probe = source.rows(torch.empty(0, dtype=torch.int64))
+        if probe.values.shape != (0, dim) or probe.found.shape != (0,):
+            raise ValueError(
+                f"table {name!r}: warm_start gave rows {tuple(probe.values.shape)} and found "
+                f"{tuple(probe.found.shape)} for no key, expected (0, {dim}) and (0,)"
+            )
+        self.reads = self.keys_read = 0
+
+    def read(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positions, rows)``: the positions in ``keys`` the source has and their rows
+        ((m, dim [+ state_columns]) in the table's dtype): one source read."""
+        self.reads += 1
+        self.keys_read += keys.numel()
+        got: WarmRows = self.source.rows(keys)
+        pos = torch.nonzero(got.found.to(keys.device), as_tuple=True)[0]
+        values = got.values.index_select(0, pos.to(got.values.device))
+        if self.state_columns:
+            state = got.state.index_select(0, pos.to(got.state.device))
+            values = torch.cat([values, state.to(values.device)], dim=1)
+        return pos, values.to(device=keys.device, dtype=self.value_dtype)
+
+    def fill_slots(self, storage, keys: torch.Tensor, slots: torch.Tensor) -> tuple:
+        """Overwrites the rows of ``slots`` (the slots of newly inserted ``keys``, (n,)
+        each) in ``storage`` (a TableStorage) with the source's rows of the keys it
+        has. Returns ``(positions, rows)`` as ``read``."""
+        pos, rows = self.read(keys)
+        if pos.numel():
+            storage.write_rows(slots[pos], rows)
+        return pos, rows
+
+
+def check_source(name: str, source, dim: int, state_columns: int) -> None:
+    """Raises ValueError if ``source`` cannot warm-start table ``name`` (see TableFill)."""
+    if not isinstance(source, WarmStart):
+        raise ValueError(
+            f"table {name!r}: warm_start must be a dynemb.warm_start.WarmStart (e.g. "
+            f"WarmStart.from_tensor), got {source!r}"
+        )
+    if source.dim != dim:
+        raise ValueError(
+            f"table {name!r}: warm_start rows have dim {source.dim}, the table's dim is {dim}"
+        )
+    if source.dtype is not None and not source.dtype.is_floating_point:
+        raise ValueError(
+            f"table {name!r}: warm_start rows must be floating, got dtype {source.dtype}"
+        )
+    if source.state_columns and state_columns and source.state_columns != state_columns:
+        raise ValueError(
+            f"table {name!r}: warm_start holds {source.state_columns} optimizer-state columns, "
+            f"the table's optimizer keeps {state_columns}; use a source of the same optimizer "
+            f"(or one without state: WarmStart.from_dump(..., optim=False))"
+        )
+
+
+__all__ = ["TableFill", "check_source"]
