@@ -293,3 +293,56 @@ def planned_placement(rank: int, world_size: int, local_size: int, case: Case):
     types = {name: entries_[name].sharding_type for name in TABLES}
     keys = {name: entries(t)["keys"] for name, t in dynamic_tables(model).items()}
     return types, ranks, keys
+
+
+def ordinary_beside_dynamic(rank: int, world_size: int, local_size: int):
+    """An ordinary table (TorchRec's kernel, 41 rows: uneven blocks) sharded
+    table-row-wise on the last node beside the dynamic ``near``, in one TWRW sharding.
+    Returns this rank's pooled output of the ordinary feature and what it should be
+    (its ids' rows, from the table's shards gathered), and this rank's shard rows."""
+    rows = 41
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    configs = [
+        EmbeddingBagConfig(name=n, embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f_{n}"])
+        for n in ("near", "ord")
+    ]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    sharder = DynamicEmbeddingBagCollectionSharder(
+        fused_params=Case("EXACT_SGD", "SUM").fused_params()
+    )
+    per_param = {
+        "near": table_row_wise(host_index=0),
+        "ord": table_row_wise(host_index=world_size // local_size - 1),
+    }
+    mplan = construct_module_sharding_plan(
+        module, per_param_sharding=per_param, local_size=local_size, world_size=world_size,
+        device_type="cpu", sharder=sharder,
+    )  # fmt: skip
+    fields = {f.name: getattr(mplan["near"], f.name) for f in dataclasses.fields(mplan["near"])}
+    fields["compute_kernel"] = DYNAMIC_KERNEL_NAME
+    mplan["near"] = DynamicEmbParameterSharding(
+        **fields, dynamicemb_options=dynamic_options("near")
+    )
+    model = DistributedModelParallel(
+        module,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": mplan}),
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+    table = torch.zeros(rows, DIM)
+    shards = model.state_dict()["embedding_bags.ord.weight"].local_shards()
+    for shard in shards:
+        offset = shard.metadata.shard_offsets[0]
+        table[offset : offset + shard.tensor.shape[0]] = shard.tensor
+    dist.all_reduce(table)  # each row is on one rank
+    ids = torch.randint(0, rows, (2 * BATCH,), generator=torch.Generator().manual_seed(rank))
+    lengths = torch.tensor([1] * BATCH + [2] * BATCH)  # near: one id a bag; ord: two
+    kjt = KeyedJaggedTensor(
+        keys=["f_near", "f_ord"],
+        values=torch.cat([ids[:BATCH] * (1 << 40) + 1, ids]),
+        lengths=lengths,
+    )
+    got = model(kjt)["f_ord"].detach()
+    want = table[ids].view(BATCH, 2, DIM).sum(1)
+    return got, want, [shard.tensor.shape[0] for shard in shards]

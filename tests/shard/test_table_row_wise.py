@@ -18,6 +18,7 @@ from tests.table_row_wise_workers import (
     Case,
     checkpoint_round_trip,
     entries,
+    ordinary_beside_dynamic,
     planned_placement,
     table_node,
     train_reference,
@@ -134,3 +135,12 @@ def test_planner_constrained_to_table_row_wise_plans_a_working_model():
             assert torch.equal(owner, torch.full_like(owner, ranks[name].index(rank)))
             stored += keys.numel()
         assert stored > 0, name
+
+
+def test_ordinary_table_beside_dynamic_ones_keeps_torchrec_blocks():
+    world = 4
+    results = run_ranks(ordinary_beside_dynamic, world, LOCAL_SIZE)
+    for rank, (got, want, _) in enumerate(results):
+        _close(got, want, f"rank {rank} ordinary output")
+    # TorchRec's blocks of ceil(41 / 2) rows on the last node's ranks, none elsewhere.
+    assert [r[2] for r in results] == [[], [], [21], [20]]
