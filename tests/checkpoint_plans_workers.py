@@ -14,24 +14,22 @@ from torchrec import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     row_wise,
     table_wise,
 )
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
 from dynemb import DynamicEmbScoreStrategy
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
     dynamic_embedding_tables,
 )
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import table_options
 from tests.table_wise_workers import entries, global_batch, local_kjt, out_grad
 
@@ -83,16 +81,8 @@ def build_model(case: Case, plan: str, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in DIMS.items():
-        options = serving_options(dim)
-        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
-        mplan[name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=options)
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+        mplan[name] = dynamic_entry(mplan[name], serving_options(dim))
+    return sharded_model(module, mplan, sharder)
 
 
 def serving_options(dim: int):

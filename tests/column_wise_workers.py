@@ -6,22 +6,19 @@ and optimizer state) and with the whole table unsharded at full width."""
 import dataclasses
 
 import torch
-import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     row_wise,
 )
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables
 from tests.table_wise_workers import (
     BATCH,
@@ -72,15 +69,8 @@ def build_model(case: Case, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in (("cw", CW_DIM), ("rw", RW_DIM)):
-        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
-        mplan[name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=_options(name, dim))
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+        mplan[name] = dynamic_entry(mplan[name], _options(name, dim))
+    return sharded_model(module, mplan, sharder)
 
 
 def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):

@@ -3,21 +3,16 @@ sharded over the ranks, with tables far smaller than the id space (they evict),
 trained while a DeltaPublisher publishes a base and deltas; an erase; a write of
 rank 0 that fails (both ranks must raise, and lose no change)."""
 
-import dataclasses
-
 import torch
-import torch.distributed as dist
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
 from dynemb import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingCollectionSharder
 from dynemb.table.change_log import ChangeLog
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables
 
 DIM = 4
@@ -61,17 +56,8 @@ def _model(world_size: int, dist_type: str):
         sharder=sharder,
     )
     for t, c in enumerate(configs):
-        fields = {f.name: getattr(plan[c.name], f.name) for f in dataclasses.fields(plan[c.name])}
-        plan[c.name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=table_options(t, dist_type)
-        )
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": plan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+        plan[c.name] = dynamic_entry(plan[c.name], table_options(t, dist_type))
+    return sharded_model(module, plan, sharder)
 
 
 def global_keys(step: int, world_size: int) -> torch.Tensor:

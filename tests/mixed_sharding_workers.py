@@ -9,7 +9,6 @@ import dataclasses
 import os
 
 import torch
-import torch.distributed as dist
 from torchrec import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -18,7 +17,6 @@ from torchrec import (
     KeyedJaggedTensor,
 )
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
@@ -26,13 +24,12 @@ from torchrec.distributed.sharding_plan import (
     table_row_wise,
     table_wise,
 )
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables, table_options
 
 DIM = 8  # every table's (an EmbeddingCollection's tables share one dim)
@@ -123,18 +120,11 @@ def build_model(case: Case, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name in (n for n in TYPES if n in per_param):
-        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
-        fields["compute_kernel"] = "customized_kernel"  # table_row_wise() names none
-        mplan[name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=dynamic_options(name)
+        # table_row_wise() names no compute kernel
+        mplan[name] = dynamic_entry(
+            mplan[name], dynamic_options(name), compute_kernel="customized_kernel"
         )
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+    return sharded_model(module, mplan, sharder)
 
 
 def global_batch(step: int, batch_size: int, case: Case):

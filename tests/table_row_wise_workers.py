@@ -17,17 +17,15 @@ import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_row_wise
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.shard.routing import route_keys
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables, table_options
 
 DIM = 8
@@ -90,18 +88,10 @@ def build_model(case: Case, world_size: int, local_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name in TABLES:
-        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
-        fields["compute_kernel"] = DYNAMIC_KERNEL_NAME
-        mplan[name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=dynamic_options(name)
+        mplan[name] = dynamic_entry(
+            mplan[name], dynamic_options(name), compute_kernel=DYNAMIC_KERNEL_NAME
         )
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+    return sharded_model(module, mplan, sharder)
 
 
 def global_batch(step: int, batch_size: int):
@@ -280,13 +270,7 @@ def planned_placement(rank: int, world_size: int, local_size: int, case: Case):
         configs, topology, constraints=constraints, debug=False
     )
     plan = planner.collective_plan(module, [sharder])
-    model = DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=plan,
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+    model = sharded_model(module, plan, sharder)
     train(model, rank, [BATCH] * world_size, range(3))
     entries_ = plan.plan[""]
     ranks = {name: list(entries_[name].ranks) for name in TABLES}
@@ -318,18 +302,10 @@ def ordinary_beside_dynamic(rank: int, world_size: int, local_size: int):
         module, per_param_sharding=per_param, local_size=local_size, world_size=world_size,
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
-    fields = {f.name: getattr(mplan["near"], f.name) for f in dataclasses.fields(mplan["near"])}
-    fields["compute_kernel"] = DYNAMIC_KERNEL_NAME
-    mplan["near"] = DynamicEmbParameterSharding(
-        **fields, dynamicemb_options=dynamic_options("near")
+    mplan["near"] = dynamic_entry(
+        mplan["near"], dynamic_options("near"), compute_kernel=DYNAMIC_KERNEL_NAME
     )
-    model = DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+    model = sharded_model(module, mplan, sharder)
     table = torch.zeros(rows, DIM)
     shards = model.state_dict()["embedding_bags.ord.weight"].local_shards()
     for shard in shards:

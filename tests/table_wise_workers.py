@@ -8,13 +8,11 @@ import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import (
     construct_module_sharding_plan,
     row_wise,
     table_wise,
 )
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import (
@@ -23,8 +21,8 @@ from dynemb import (
     DynamicEmbScoreStrategy,
 )
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables, table_options
 
 ROWS = 40  # num_embeddings of every table (nominal for the dynamic ones)
@@ -112,17 +110,8 @@ def build_model(case: Case, world_size: int, plan_types: dict[str, str] | None =
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, kind in plan_types.items():
-        fields = {f.name: getattr(mplan[name], f.name) for f in dataclasses.fields(mplan[name])}
-        mplan[name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=dynamic_options(name, kind)
-        )
-    return DistributedModelParallel(
-        module,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        plan=ShardingPlan({"": mplan}),
-        sharders=[sharder],
-        device=torch.device("cpu"),
-    )
+        mplan[name] = dynamic_entry(mplan[name], dynamic_options(name, kind))
+    return sharded_model(module, mplan, sharder)
 
 
 def global_batch(step: int, batch_size: int, features: int):

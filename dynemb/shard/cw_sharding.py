@@ -77,8 +77,9 @@ def slice_options(grouped_configs, table_options: dict) -> dict:
     return options
 
 
-class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
-    """Column-wise pooled sharding (EBC) holding dynamic tables."""
+class _DynamicSlices:
+    """What the pooled and the sequence column-wise shardings add to TorchRec's: the
+    checks of the plan and each table's options, cut to this rank's slice."""
 
     def __init__(
         self,
@@ -99,9 +100,16 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
+    def _slice_options(self) -> dict:
+        return slice_options(self._grouped_embedding_configs, self._table_options)
+
+
+class DynamicEmbCwPooledEmbeddingSharding(_DynamicSlices, CwPooledEmbeddingSharding):
+    """Column-wise pooled sharding (EBC) holding dynamic tables."""
+
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         return DynamicEmbGroupedPooledEmbeddingsLookup(
-            slice_options(self._grouped_embedding_configs, self._table_options),
+            self._slice_options(),
             {},
             grouped_configs=self._grouped_embedding_configs,
             pg=self._pg,
@@ -112,33 +120,14 @@ class DynamicEmbCwPooledEmbeddingSharding(CwPooledEmbeddingSharding):
         )
 
 
-class DynamicEmbCwSequenceEmbeddingSharding(CwSequenceEmbeddingSharding):
+class DynamicEmbCwSequenceEmbeddingSharding(_DynamicSlices, CwSequenceEmbeddingSharding):
     """Column-wise sequence sharding (EC) holding dynamic tables: each slice's rank
     looks up every id of the table's features and returns its columns of each id's
     row; TorchRec's output dist sends them back and the EC joins the slices."""
 
-    def __init__(
-        self,
-        sharding_infos,
-        env: ShardingEnv,
-        device=None,
-        permute_embeddings: bool = False,
-        qcomm_codecs_registry=None,
-    ):
-        check_whole_tables(sharding_infos)
-        check_one_slice_per_rank(sharding_infos)
-        self._table_options = dynamic_options(sharding_infos)
-        super().__init__(
-            sharding_infos,
-            env,
-            device,
-            permute_embeddings=permute_embeddings,
-            qcomm_codecs_registry=qcomm_codecs_registry,
-        )
-
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         return DynamicEmbGroupedEmbeddingsLookup(
-            slice_options(self._grouped_embedding_configs, self._table_options),
+            self._slice_options(),
             {},
             grouped_configs=self._grouped_embedding_configs,
             pg=self._pg,
