@@ -52,19 +52,28 @@ class _ReduceScatterV(torch.autograd.Function):
         return grad_input, None, None, None
 
 
+def _uneven_splits(sharding_ctx, codecs) -> list[int] | None:
+    """The per-rank batch sizes when they differ (and no variable batch per feature or
+    codec asks for TorchRec's own path), else None."""
+    splits = None if sharding_ctx is None else sharding_ctx.batch_size_per_rank
+    if (
+        not splits
+        or sharding_ctx.variable_batch_per_feature
+        or len(set(splits)) == 1
+        or codecs is not None
+    ):
+        return None
+    return list(splits)
+
+
 class RwUnevenPooledEmbeddingDist(RwPooledEmbeddingDist):
     """TorchRec's row-wise pooled dist; uneven per-rank batches go by all-to-all."""
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        splits = None if sharding_ctx is None else sharding_ctx.batch_size_per_rank
-        if (
-            not splits
-            or sharding_ctx.variable_batch_per_feature
-            or len(set(splits)) == 1
-            or self._codecs is not None
-        ):
+        splits = _uneven_splits(sharding_ctx, self._codecs)
+        if splits is None:
             return super().forward(local_embs, sharding_ctx)
-        return NoWait(_ReduceScatterV.apply(local_embs, list(splits), self._pg.rank(), self._pg))
+        return NoWait(_ReduceScatterV.apply(local_embs, splits, self._pg.rank(), self._pg))
 
 
 class TwRwUnevenPooledEmbeddingDist(TwRwPooledEmbeddingDist):
@@ -73,20 +82,15 @@ class TwRwUnevenPooledEmbeddingDist(TwRwPooledEmbeddingDist):
     then TorchRec's all-to-all across nodes."""
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        splits = None if sharding_ctx is None else sharding_ctx.batch_size_per_rank
-        if (
-            not splits
-            or sharding_ctx.variable_batch_per_feature
-            or len(set(splits)) == 1
-            or self._intra_codecs is not None
-        ):
+        splits = _uneven_splits(sharding_ctx, self._intra_codecs)
+        if splits is None:
             return super().forward(local_embs, sharding_ctx)
         if self._cross_dist is None:
             self._create_output_dist_modules(sharding_ctx)
         intra = self._intra_pg
         # TorchRec's order of the samples a rank holds: local rank by local rank, node by node.
         per_rank, per_local_rank = self._preprocess_batch_size_per_rank(
-            intra.size(), self._cross_pg.size(), list(splits)
+            intra.size(), self._cross_pg.size(), splits
         )
         summed = _ReduceScatterV.apply(local_embs, per_local_rank, intra.rank(), intra)
         return self._cross_dist(summed, batch_size_per_rank=per_rank[intra.rank()])
