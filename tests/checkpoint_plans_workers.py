@@ -1,10 +1,12 @@
 """Rank-side code of tests/checkpoint/test_checkpoint_across_plans.py: one model of two
 dynamic tables trained row-wise on 4 ranks, dumped, and loaded into other plans and world
-sizes (table-wise on 2, column-wise on 2, row-wise on 4 again), each load dumped for the
+sizes (table-wise on 2, column-wise on 2, row-wise on 4 again; table-row-wise on 2 nodes
+of 2), each load dumped for the
 next. Every stage returns what its ranks hold, as whole rows, and the outputs of the
 next forward of the global batch."""
 
 import dataclasses
+import os
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     row_wise,
+    table_row_wise,
     table_wise,
 )
 
@@ -44,7 +47,10 @@ PLANS = {
     "table_wise": {"a": ("table_wise", [1]), "b": ("table_wise", [0])},
     "column_wise": {"a": ("column_wise", [0, 1]), "b": ("column_wise", [1, 0])},
     "one_slice": {"a": ("column_wise", [1]), "b": ("column_wise", [0, 1])},  # a: whole
+    # Table-row-wise on nodes of LOCAL ranks: a on the last node, b on the first.
+    "table_row_wise": {"a": ("table_row_wise", [-1]), "b": ("table_row_wise", [0])},
 }
+LOCAL = 2  # TorchRec's node size of the table-row-wise plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +80,19 @@ def build_model(case: Case, plan: str, world_size: int):
     sharder = sharder(fused_params=case.fused_params())
     make = {"row_wise": lambda ranks: row_wise(compute_kernel="customized_kernel"),
             "table_wise": lambda ranks: table_wise(rank=ranks[0], compute_kernel="customized_kernel"),
-            "column_wise": lambda ranks: column_wise(ranks=ranks, compute_kernel="customized_kernel")}  # fmt: skip
+            "column_wise": lambda ranks: column_wise(ranks=ranks, compute_kernel="customized_kernel"),
+            "table_row_wise": lambda nodes: table_row_wise(host_index=nodes[0] % (world_size // LOCAL))}  # fmt: skip
     per_param = {name: make[kind](ranks) for name, (kind, ranks) in PLANS[plan].items()}
+    local_size = LOCAL if plan == "table_row_wise" else world_size
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)  # TorchRec's node size
     mplan = construct_module_sharding_plan(
-        module, per_param_sharding=per_param, local_size=world_size, world_size=world_size,
+        module, per_param_sharding=per_param, local_size=local_size, world_size=world_size,
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
-    for name, dim in DIMS.items():
-        mplan[name] = dynamic_entry(mplan[name], serving_options(dim))
+    for name, dim in DIMS.items():  # table_row_wise() names no compute kernel
+        mplan[name] = dynamic_entry(
+            mplan[name], serving_options(dim), compute_kernel="customized_kernel"
+        )
     return sharded_model(module, mplan, sharder)
 
 
@@ -195,6 +206,20 @@ def back_to_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
             for source in (f"{base}/column_wise", f"{base}/cw_trained")
         ]
         results.append(loads)
+    return results if rank == 0 else None
+
+
+def through_table_row_wise(rank: int, world_size: int, cases: list[Case], path: str):
+    """On ``world_size`` ranks (nodes of LOCAL), per case: loads row_wise into the
+    table-row-wise plan and dumps it (table_row_wise), then loads that into the row-wise
+    plan; returns the (held, next outputs) of both loads."""
+    results = []
+    for case in cases:
+        base = f"{path}/{case.name}"
+        twrw = build_model(case, "table_row_wise", world_size)
+        by_twrw = load_dump(twrw, rank, world_size, f"{base}/row_wise", f"{base}/table_row_wise")
+        rw = build_model(case, "row_wise", world_size)
+        results.append((by_twrw, load_dump(rw, rank, world_size, f"{base}/table_row_wise", None)))
     return results if rank == 0 else None
 
 

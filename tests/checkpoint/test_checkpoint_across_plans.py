@@ -34,6 +34,7 @@ from tests.checkpoint_plans_workers import (
     publish_under_plans,
     seen_keys,
     serving_options,
+    through_table_row_wise,
     through_two_ranks,
     train_and_dump,
 )
@@ -169,6 +170,25 @@ def test_checkpoint_moves_row_wise_4_table_wise_2_column_wise_2_row_wise_4(tmp_p
             )
         torch.testing.assert_close(trained_out, again_out, atol=1e-6, rtol=0)
     _column_slices_schema(tmp_path / "EXACT_ROWWISE_ADAGRAD" / "column_wise", tmp_path / "edited")
+
+
+def test_checkpoint_moves_row_wise_4_table_row_wise_4_row_wise_4(tmp_path):
+    """Table-row-wise on 2 nodes of 2 ranks (table a on the last node, b on the first):
+    a row-wise dump loads into it, its dump loads back row-wise, bit for bit."""
+    path, cases = str(tmp_path), [c for c in CASES if not c.sequence]
+    trained = run_ranks(train_and_dump, 4, cases, path, timeout=120)[0]
+    moved = run_ranks(through_table_row_wise, 4, cases, path, timeout=120)[0]
+    for c, case in enumerate(cases):
+        pieces, next_outputs = trained[c]
+        (by_twrw, twrw_out), (back, back_out) = moved[c]
+        for name, node in (("a", {2, 3}), ("b", {0, 1})):
+            what = f"{case.name} {name}"
+            whole = _union(pieces[name])
+            assert {rank for rank, _, _ in by_twrw[name]} == node, what
+            _equal(_union(by_twrw[name]), whole, f"{what}: table-row-wise on 4")
+            _equal(_union(back[name]), whole, f"{what}: row-wise on 4 again")
+        assert torch.equal(twrw_out, next_outputs), f"{case.name}: after the TWRW load"
+        assert torch.equal(back_out, next_outputs), f"{case.name}: after the row-wise load"
 
 
 def _slices(edit):
