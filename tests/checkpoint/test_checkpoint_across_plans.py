@@ -229,14 +229,22 @@ def _column_slices_schema(path, copy):
             read_manifest(copy)
 
 
-def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
-    """incremental_dump over the group under the table-wise and column-wise plans: the
-    entries the step touched, whole rows (a column-wise table's slices joined by key),
-    the same under both plans."""
+# (world size, plans): the 2-rank plans, and table-row-wise on 2 nodes of 2 ranks.
+PLANS_BY_WORLD = [(2, ("table_wise", "column_wise", "one_slice")), (4, ("table_row_wise",))]
+
+
+@pytest.mark.parametrize("world_size,plan_names", PLANS_BY_WORLD, ids=["2-ranks", "twrw-4"])
+def test_incremental_dump_under_every_sharding_type(tmp_path, world_size, plan_names):
+    """incremental_dump over the group under the table-wise, column-wise and
+    table-row-wise plans: the entries the step touched, whole rows (a column-wise
+    table's slices joined by key, a table-row-wise table's shares on its node's ranks
+    gathered), the same under every plan."""
     case = Case("ADAM")
     run_ranks(train_and_dump, 4, [case], str(tmp_path), timeout=120)
-    plans = run_ranks(incremental_under_plans, 2, case, str(tmp_path), timeout=120)[0]
-    disagree = plans.pop("disagree")
+    plans = run_ranks(
+        incremental_under_plans, world_size, case, str(tmp_path), plan_names, timeout=120
+    )[0]
+    disagree = plans.pop("disagree", None)
     lengths, keys = global_batch(STEPS, GLOBAL_BATCH, len(DIMS))
     first = int(lengths[0].sum())
     touched = {"a": keys[:first].unique(), "b": keys[first:].unique()}
@@ -251,6 +259,11 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
             assert torch.equal(rows[order], whole["values"][at, :dim]), (plan, name)
             assert torch.equal(scores[order], whole["scores"][at]), (plan, name)
             dumps[plan, name] = rows[order]
+        if plan == "table_row_wise":  # a on the last node, b on the first
+            for name, node in (("a", {2, 3}), ("b", {0, 1})):
+                assert {rank for rank, _, _ in pieces[name]} == node, name
+    if disagree is None:
+        return
     for name in DIMS:
         for plan in ("column_wise", "one_slice"):
             assert torch.equal(dumps["table_wise", name], dumps[plan, name]), (plan, name)
@@ -263,16 +276,33 @@ def test_incremental_dump_joins_column_slices_and_gathers_table_wise(tmp_path):
     assert not (tmp_path / "disagree" / "manifest.json").exists()
 
 
-def test_deltas_under_table_wise_and_column_wise_replay_to_the_trained_rows(tmp_path):
-    """A DeltaPublisher over the table-wise and the column-wise plan on 2 ranks: the
-    base and deltas are whole rows (a column-wise table's slices joined, Adam's moments
-    too), and a serving module that loads the base and replays the deltas holds exactly
-    the trained rows of every stored key and nothing else (erased keys gone), as one
-    filled by load_from_model from the trained model does."""
-    plans = run_ranks(publish_under_plans, 2, Case("ADAM"), str(tmp_path), timeout=120)[0]
-    for plan, (version, pieces, (model_sizes, model_rows)) in plans.items():
+@pytest.mark.parametrize(
+    "world_size,plan_names",
+    [(2, ("table_wise", "column_wise")), (4, ("table_row_wise",))],
+    ids=["2-ranks", "twrw-4"],
+)
+def test_deltas_under_every_sharding_type_replay_to_the_trained_rows(
+    tmp_path, world_size, plan_names
+):
+    """A DeltaPublisher over the table-wise and the column-wise plan on 2 ranks, and the
+    table-row-wise plan on 2 nodes of 2: the base and deltas are whole rows (a
+    column-wise table's slices joined, Adam's moments too; a table-row-wise table's
+    shares gathered from its node), and a serving module that loads the base and
+    replays the deltas holds exactly the trained rows of every stored key and nothing
+    else (erased keys gone), as one filled by load_from_model from the trained model
+    does."""
+    plans = run_ranks(
+        publish_under_plans, world_size, Case("ADAM"), str(tmp_path), plan_names, timeout=120
+    )[0]
+    for plan, (version, pieces, (model_sizes, model_rows), erased) in plans.items():
         root = tmp_path / plan
         assert version == STEPS - 1
+        holders = [count for count in erased if count is not None]
+        if plan == "table_row_wise":  # a's shares on the last node's ranks: 3 in all
+            assert [c is not None for c in erased] == [False, False, True, True], erased
+            assert sum(holders) == 3, erased
+        else:  # every holder of a's whole rows (or of a slice of them) erased 3
+            assert holders and all(count == 3 for count in holders), erased
         serving = InferenceEmbeddingCollection(
             [serving_options(dim) for dim in DIMS.values()], table_names=list(DIMS)
         )
