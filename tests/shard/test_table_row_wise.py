@@ -1,5 +1,5 @@
-"""Dynamic tables sharded table-row-wise, on 2 gloo ranks (one node) and 4 (two nodes of
-2), pooled SUM and MEAN, under EXACT_ROWWISE_ADAGRAD, ADAM and EXACT_SGD, over 10 steps
+"""Dynamic tables sharded table-row-wise, on 4 gloo ranks (two nodes of 2; one node of 2
+is in test_mixed_sharding.py), pooled SUM and MEAN, under EXACT_ROWWISE_ADAGRAD, ADAM and EXACT_SGD, over 10 steps
 with evictions: outputs, and every table's keys, rows, optimizer state and scores, equal
 the unsharded references'; keys are stored only on the ranks of their table's node,
 each on the rank its routing names."""
@@ -78,10 +78,12 @@ def _check_tables(case: Case, world: int, results: list, tables: dict) -> None:
             _close(got[field], want[field], f"{case} far shard {local} {field}", rtol)
 
 
+# One node of 2 ranks (table-row-wise as row-wise, through TorchRec's TWRW dists) is
+# tests/shard/test_mixed_sharding.py's world of 2, with the same optimizers and poolings.
 @pytest.mark.parametrize(
     "batch_sizes",
-    [[BATCH] * 2, [BATCH] * 4, [3, 5, 2, 4]],
-    ids=["one_node", "two_nodes", "two_nodes_uneven_batches"],
+    [[BATCH] * 4, [3, 5, 2, 4]],
+    ids=["two_nodes", "two_nodes_uneven_batches"],
 )
 def test_table_row_wise_equals_unsharded(batch_sizes):
     world = len(batch_sizes)

@@ -9,6 +9,11 @@ import torch
 
 import dynemb
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "the CPU executor's streamed stores are under test; the emulated kernels write rows "
+    "of a large batch as of any other, which the parity suite holds"
+)
+
 DIM = 64
 N = 160_000  # 160k rows x 64 float32 = 39 MiB of output
 

@@ -22,9 +22,9 @@ CASES = [
 ]
 
 
-def train_and_save(optimizer: str, pooling: str, hot: bool, path: str) -> None:
+def train_and_save(optimizer: str, pooling: str, hot: bool) -> dict:
     """12 steps of 2,000 random keys in bags of 4 into a 256-row table (bucket 128);
-    ``hot``: every third index is one key. Saves the table sorted by key."""
+    ``hot``: every third index is one key. Returns the table sorted by key."""
     import dynemb
     from dynemb import DynamicEmbCheckMode, DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynemb.optimizer import EmbOptimType
@@ -46,29 +46,40 @@ def train_and_save(optimizer: str, pooling: str, hot: bool, path: str) -> None:
     table = module.tables[0]
     keys, values, _, _ = table.export_batch(0, table.capacity())
     order = keys.argsort()
-    torch.save({"executor": dynemb.executor(), "keys": keys[order], "values": values[order]}, path)
+    return {"executor": dynemb.executor(), "keys": keys[order], "values": values[order]}
 
 
-def _run(executor: str, case, path) -> dict:
+def train_every_case(path: str) -> None:
+    """Every case in this process (one import of the executor), saved to ``path``."""
+    torch.save([train_and_save(*case) for case in CASES], path)
+
+
+def _run(executor: str, path) -> list[dict]:
+    """Every case trained on ``executor``, in a fresh process."""
     env = {**os.environ, "DYNEMB_EXECUTOR": executor}
     code = (
-        "import sys; from tests.tbe.test_in_batch_eviction_executors import train_and_save; "
-        f"train_and_save(*{case!r}, {str(path)!r})"
+        "from tests.tbe.test_in_batch_eviction_executors import train_every_case; "
+        f"train_every_case({str(path)!r})"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     saved = torch.load(path)
-    assert saved["executor"] == executor
+    assert all(s["executor"] == executor for s in saved)
     return saved
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, list[dict]]:
+    path = tmp_path_factory.mktemp("in_batch_eviction")
+    return {e: _run(e, path / f"{e}.pt") for e in ("cpu", "cuda-emulated")}
 
 
 @pytest.mark.no_emulated_pass("runs both executors itself, each in its own process")
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
-def test_overflowing_batches_train_the_same_bits_on_every_executor(tmp_path, case):
-    cpu = _run("cpu", case, tmp_path / "cpu.pt")
-    emulated = _run("cuda-emulated", case, tmp_path / "emulated.pt")
+def test_overflowing_batches_train_the_same_bits_on_every_executor(trained, case):
+    cpu, emulated = (trained[e][CASES.index(case)] for e in ("cpu", "cuda-emulated"))
     assert cpu["keys"].numel() == 256
     assert torch.equal(cpu["keys"], emulated["keys"])
     differing = (cpu["values"] != emulated["values"]).any(dim=1).sum()
