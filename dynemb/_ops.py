@@ -328,6 +328,8 @@ def table_cache_exchange(
     slots: torch.Tensor,
     status: torch.Tensor,
     evicted_keys: torch.Tensor,
+    moved: int = -1,
+    victims: int = -1,
 ) -> tuple:
     """A cache fill's row moves (core/tier_ops.h), after its slot claim.
 
@@ -340,7 +342,14 @@ def table_cache_exchange(
     rest at the extra value) and score 0. Hits and failed keys are left alone.
     Returns ``(victim_keys (v,), victim_rows (v, row_width), victim_scores (v,),
     found (n,) bool)``, the victims in the order of their keys.
+
+    ``moved`` and ``victims``: the claim's counts of the keys that take a slot
+    (INSERTED + EVICTED) and of those that evict a resident (EVICTED), when the caller
+    has them: a CUDA executor then sizes its outputs by them without reading the
+    device (its own counts still bound every read and write); the CPU executor checks
+    them (ValueError where they are not the counts of ``status``). -1: counted here.
     """
     return _dynemb.table_cache_exchange(
-        list(cache), list(slow), init, seed, dim, user_scores, keys, slots, status, evicted_keys
-    )
+        list(cache), list(slow), init, seed, dim, user_scores, keys, slots, status,
+        evicted_keys, moved, victims,
+    )  # fmt: skip

@@ -84,13 +84,32 @@ struct CacheExchange {
   int64_t* victim_keys;         // (victims) out
   V* victim_rows;               // (victims, row_width) out
   int64_t* victim_scores;       // (victims) out
+  // Where the host sized m and the outputs from the claim's counts without reading the
+  // device's compaction (CUDA executors), its own counts (moved, victims) bound what is
+  // read and written: a count that disagreed could only leave moves undone, never
+  // reach past a list or an output.
+  const int64_t* device_counts = nullptr;  // (2) moved, victims; null: m is the list's
+  int64_t victim_capacity = INT64_MAX;     // rows of victim_keys / rows / scores
 };
+
+/// Whether the j-th of the x.m moves exists (device_counts above).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE bool has_move(const CacheExchange<V>& x, int64_t j) {
+  return j < x.m && (x.device_counts == nullptr || j < x.device_counts[0]);
+}
+
+/// The j-th move's victim index in the outputs, or -1 (none, or past their rows).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t victim_of(const CacheExchange<V>& x, int64_t j) {
+  const int64_t v = x.victim_index[j];
+  return v < x.victim_capacity ? v : -1;
+}
 
 /// Step 1 for the j-th moved key.
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheExchange<V>& x,
                                          int64_t j) {
-  const int64_t v = x.victim_index[j];
+  const int64_t v = victim_of(x, j);
   if (v < 0) return;
   const int64_t i = x.moved[j];
   x.victim_keys[v] = x.evicted_keys[i];
@@ -128,7 +147,7 @@ DYNEMB_HD void tile_exchange(const Tile& tile, const TableRef<V>& cache, const T
   const int64_t slot = x.slots[i];
   const int64_t width = cache.row_width;
   V* row = cache.row(slot);
-  const int64_t v = x.victim_index[j];
+  const int64_t v = victim_of(x, j);
   if (v >= 0) {
     if (l.lead()) {
       x.victim_keys[v] = x.evicted_keys[i];

@@ -40,7 +40,7 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
 template <unsigned N, class V>
 __global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
   const int64_t j = thread_index() / N;
-  if (j >= x.m) return;  // whole tiles
+  if (!has_move(x, j)) return;  // whole tiles
   const CgTile<N> tile;
   tile_exchange(tile, cache, slow, x, j);
 }

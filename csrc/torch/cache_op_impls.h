@@ -3,7 +3,9 @@
 //
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
 //                                                 CacheExchange<V>);
-//   static CacheMoves cache_moves(status, slots);  // the keys moves_in picks, compact
+//   static CacheMoves cache_moves(status, slots, moved, victims);  // the keys moves_in
+//       picks, compact; moved, victims >= 0: the caller's counts (a backend may trust
+//       them rather than read the device)
 #pragma once
 
 #include <tuple>
@@ -24,7 +26,8 @@ struct CacheOpImpls {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cache_exchange(
       at::TensorList cache_list, at::TensorList slow_list, at::ArrayRef<double> init, int64_t seed,
       int64_t dim, const at::Tensor& user_scores, const at::Tensor& keys,
-      const at::Tensor& slots, const at::Tensor& status, const at::Tensor& evicted_keys) {
+      const at::Tensor& slots, const at::Tensor& status, const at::Tensor& evicted_keys,
+      int64_t moved_count, int64_t victim_count) {
     constexpr const char* op = "table_cache_exchange";
     const TableTensors cache = checked_table(op, cache_list);
     const TableTensors slow = checked_table(op, slow_list);
@@ -53,11 +56,22 @@ struct CacheOpImpls {
     }
     check_same_device(op, "status", status, cache.digests);
     check_same_device(op, "evicted_keys", evicted_keys, cache.digests);
+    const bool given = moved_count >= 0 || victim_count >= 0;
+    TORCH_CHECK_VALUE(!given || (moved_count >= 0 && moved_count <= n && victim_count >= 0 &&
+                                 victim_count <= moved_count),
+                      "dynemb.", op, ": `moved` and `victims` must both be -1, or counts with ",
+                      "0 <= victims <= moved <= ", n, " (the keys), got moved=", moved_count,
+                      " and victims=", victim_count);
     typename Backend::DeviceGuard guard(cache.digests.device());
     // Victims are compact, in key order.
-    const CacheMoves moves = Backend::cache_moves(status, slots);
+    const CacheMoves moves = Backend::cache_moves(status, slots, moved_count, victim_count);
     TORCH_CHECK_VALUE(moves.without_slot == 0, "dynemb.", op, ": ", moves.without_slot,
                       " keys whose `status` moves them in have slot -1");
+    TORCH_CHECK_VALUE(!given || !moves.counted || (moves.moved.numel() == moved_count &&
+                                                   moves.victims == victim_count),
+                      "dynemb.", op, ": `moved`=", moved_count, " and `victims`=", victim_count,
+                      " must be the counts of `status`: ", moves.moved.numel(), " keys move in, ",
+                      moves.victims, " of them evicting a resident");
     const int64_t m = moves.moved.numel(), nv = moves.victims;
     at::Tensor victim_keys = at::empty({nv}, keys.options());
     at::Tensor victim_rows = at::empty({nv, cache.values.size(1)}, cache.values.options());
@@ -65,7 +79,7 @@ struct CacheOpImpls {
     at::Tensor found = at::zeros(keys.sizes(), keys.options().dtype(at::kBool));
     dispatch_values(op, cache.values, [&](auto v) {
       using W = V<decltype(v)>;
-      const CacheExchange<W> x{init_args,
+      CacheExchange<W> x{init_args,
                                dim,
                                user_scores.data_ptr<int64_t>(),
                                keys.data_ptr<int64_t>(),
@@ -78,6 +92,10 @@ struct CacheOpImpls {
                                victim_keys.data_ptr<int64_t>(),
                                reinterpret_cast<W*>(victim_rows.data_ptr()),
                                victim_scores.data_ptr<int64_t>()};
+      if (!moves.counted) {
+        x.device_counts = moves.device_counts.data_ptr<int64_t>();
+        x.victim_capacity = nv;
+      }
       Backend::cache_exchange(table_ref<W>(cache), table_ref<W>(slow), x);
     });
     return {victim_keys, victim_rows, victim_scores, found};

@@ -155,7 +155,10 @@ struct CudaBackend {
     held = Runtime::to_device(host, like.device());
     return Parts<Part>{reinterpret_cast<const Part*>(held.data_ptr()), Part{}, count};
   }
-  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
+  // Given the caller's counts (moved, victims >= 0), no read: they size the lists, and
+  // the device's own counts bound the exchange (CacheMoves::device_counts).
+  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots,
+                                int64_t moved_count, int64_t victim_count) {
     const int64_t n = status.numel();
     TensorWorkspace ws(slots.options());
     at::Tensor moved = at::empty({n}, slots.options());
@@ -165,6 +168,10 @@ struct CudaBackend {
                                        moved.data_ptr<int64_t>(),
                                        victim_index.data_ptr<int64_t>(),
                                        totals.data_ptr<int64_t>(), ws, Runtime::stream());
+    if (moved_count >= 0) {
+      return {moved.narrow(0, 0, moved_count), victim_index.narrow(0, 0, moved_count),
+              victim_count, 0, false, totals};
+    }
     const at::Tensor host = Runtime::to_host(totals);  // the sizes of the outputs
     const int64_t* t = host.data_ptr<int64_t>();
     return {moved.narrow(0, 0, t[0]), victim_index.narrow(0, 0, t[0]), t[1], t[2]};

@@ -139,12 +139,17 @@ BagRows<F> bag_columns(F* base, const at::Tensor& matrix, const at::Tensor& colu
 
 /// A claim's keys that move into the cache (core moves_in), compact: their positions
 /// (m,), each one's victim index (m,; -1: no victim), the victim count, and how many
-/// of them lack a slot (an error: their claim reported none).
+/// of them lack a slot (an error: their claim reported none). Where the caller gave
+/// the counts and the backend did not read the device's (`counted` false), m and
+/// victims are the caller's, without_slot is 0 and `device_counts` (moved, victims)
+/// holds the device's, which bound the exchange (core CacheExchange::device_counts).
 struct CacheMoves {
   at::Tensor moved;
   at::Tensor victim_index;
   int64_t victims;
   int64_t without_slot;
+  bool counted = true;
+  at::Tensor device_counts;
 };
 
 /// One table's checked pooling arguments (a part of a pooling call).

@@ -56,11 +56,13 @@
   /* status, evicted_keys: the claim's): for each key that took a slot, the resident */               \
   /* its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user */              \
   /* score, then the key's entry of `slow` (or its initial row, init = the table's) */                \
-  /* fills the slot. */                                                                               \
+  /* fills the slot. moved, victims: the claim's counts of those keys and of their */                \
+  /* victims (-1: the op counts them; a CUDA executor then reads the device). */                      \
   /* -> (victim_keys, victim_rows, victim_scores, found). */                                          \
   (m).def(                                                                                            \
       "table_cache_exchange(Tensor(a!)[] cache, Tensor[] slow, float[] init, int seed, int dim, "     \
-      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys) "       \
+      "Tensor(b!) user_scores, Tensor keys, Tensor slots, Tensor status, Tensor evicted_keys, "       \
+      "int moved=-1, int victims=-1) "                                                                \
       "-> (Tensor victim_keys, Tensor victim_rows, Tensor victim_scores, Tensor found)");             \
   (m).def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");              \
   (m).def("unique_keys_grouped(Tensor[] keys) -> (Tensor[] unique, Tensor[] inverse, "               \

@@ -89,7 +89,9 @@ struct CpuBackend {
                              const CacheExchange<V>& x) {
     cpu::cache_exchange(cache, slow, x);
   }
-  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots) {
+  // The counts are host values here: the caller's (moved, victims) are checked, not trusted.
+  static CacheMoves cache_moves(const at::Tensor& status, const at::Tensor& slots, int64_t,
+                                int64_t) {
     const int64_t n = status.numel();  // ~1 ns a key: not worth threads
     at::Tensor moved = at::empty({n}, slots.options());
     at::Tensor victim_index = at::empty({n}, slots.options());

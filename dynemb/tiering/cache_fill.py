@@ -62,7 +62,7 @@ class CacheFill:
         if hits == claim_keys.numel():
             pass
         elif backing is not None:  # one C++ op moves the rows
-            self._exchange(claim_keys, slots, status, backing)
+            self._exchange(claim_keys, slots, status, counts, backing)
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
@@ -145,15 +145,18 @@ class CacheFill:
                 rows[new[pos], : warm.shape[1]] = warm
         return rows, scores
 
-    def _exchange(self, keys, slots, status, backing: ScoredHashTable) -> None:
+    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
         """Steps 2-3 with the built-in slow table, whose buffers the cache reads
         directly: one op takes the claim's outputs, moves each victim's row out and
-        each new key's row in; then the victims are written back."""
+        each new key's row in; then the victims are written back. The claim's
+        ``counts`` (read already) size the op's outputs: no read of the device."""
         evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
+        evicted = counts[_ops.Status.EVICTED]
         with self._storage_lock, backing.lock.read():
             victims = _ops.table_cache_exchange(
                 self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
                 self.dim, self._user_scores, keys, slots, status, evicted_keys,
+                counts[_ops.Status.INSERTED] + evicted, evicted,
             )  # fmt: skip
         self.stats.add_later(fetched=victims[3].sum())  # read with the next read
         if self.warm_start is not None:  # keys new to both tiers: the source's rows

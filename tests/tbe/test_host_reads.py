@@ -47,7 +47,7 @@ BUDGETS = {
         "one_table": 2,
         "eight_tables": 2,
         "evicting": 2,
-        "caching": 4,
+        "caching": 3,
         "admission": 2,
     },  # fmt: skip
 }

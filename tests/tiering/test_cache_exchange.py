@@ -30,8 +30,11 @@ def _tables(slots: int, dtype=torch.float32):
     return cache, slow
 
 
+@pytest.mark.parametrize("counted", [False, True], ids=["op-counts", "claim-counts"])
 @pytest.mark.parametrize("n", [40, 6000])  # 6000 > 2 * kGrain: both threads take part
-def test_victims_out_then_entries_in(n):
+def test_victims_out_then_entries_in(n, counted):
+    """``counted``: the caller passes the claim's counts (moved, victims), which a CUDA
+    executor trusts instead of reading the device; the same moves either way."""
     rng = np.random.default_rng(n)
     cache, slow = _tables(2 * n)
     c = cache.buffers
@@ -51,9 +54,10 @@ def test_victims_out_then_entries_in(n):
     evicted_keys = torch.from_numpy(rng.integers(-(2**62), 2**62, n))
     rows_before, scores_before = c.values.clone(), user_scores.clone()
 
+    counts = (int(moved.sum()), int(evicted.sum())) if counted else (-1, -1)
     victim_keys, victim_rows, victim_scores, found = _ops.table_cache_exchange(
         c.tensors(), slow.buffers.tensors(), cache.state.init, cache.seed, DIM,
-        user_scores, keys, slots, status, evicted_keys,
+        user_scores, keys, slots, status, evicted_keys, *counts,
     )  # fmt: skip
 
     assert torch.equal(victim_keys, evicted_keys[evicted])
@@ -98,7 +102,7 @@ def test_half_precision_rows_move_bit_for_bit():
     assert torch.equal(cache.buffers.values[slots], rows)
 
 
-def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None):
+def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None, counts=(-1, -1)):
     n = cache.buffers.values.shape[0]
     keys = torch.tensor([5, 6]) if keys is None else keys
     S = _ops.Status
@@ -107,7 +111,7 @@ def _call(cache, slow, user_scores=None, keys=None, slots=None, status=None):
         torch.zeros(n, dtype=torch.int64) if user_scores is None else user_scores,
         keys, torch.tensor([0, 1]) if slots is None else slots,
         torch.tensor([S.EVICTED, S.INSERTED], dtype=torch.int8) if status is None else status,
-        torch.tensor([7, 8]),
+        torch.tensor([7, 8]), *counts,
     )  # fmt: skip
 
 
@@ -134,3 +138,50 @@ def test_bad_arguments_are_named_and_change_nothing():
     with pytest.raises(ValueError, match="same row layout"):
         _call(cache, other)
     assert torch.equal(cache.buffers.values, before)
+
+
+def test_counts_out_of_range_are_named_and_change_nothing():
+    cache, slow = _tables(64)
+    before = cache.buffers.values.clone()
+    for counts in [(-1, 0), (0, -1), (3, 1), (1, 2)]:
+        with pytest.raises(ValueError, match="`moved` and `victims` must both be -1, or counts"):
+            _call(cache, slow, counts=counts)
+    assert torch.equal(cache.buffers.values, before)
+
+
+def test_counts_that_are_not_the_claims_refused_or_bounded():
+    """The CPU executor checks the caller's counts against ``status`` before any
+    change; a CUDA executor trusts them (no read), and its own counts bound what it
+    reads and writes: a moved count too large moves only the keys that move, one too
+    small leaves the rest undone, and no victim is written past the outputs."""
+    cache, slow = _tables(64)
+    before = cache.buffers.values.clone()
+    if dynemb.executor() == "cpu":
+        for counts in [(2, 0), (1, 1), (2, 2)]:  # the truth: 2 move in, 1 evicts
+            with pytest.raises(ValueError, match="must be the counts of `status`: 2 keys move in, 1"):  # fmt: skip
+                _call(cache, slow, counts=counts)
+        assert torch.equal(cache.buffers.values, before)
+        return
+    keys, _, _, found = _call(cache, slow, counts=(2, 0))  # victims too few: none written
+    assert keys.numel() == 0 and found.tolist() == [False, False]
+    assert not torch.equal(cache.buffers.values[:2], before[:2])  # both keys moved in
+    cache, slow = _tables(64)
+    keys, _, _, found = _call(cache, slow, counts=(1, 1))  # only the first key moves
+    assert keys.tolist() == [7] and found.tolist() == [False, False]
+    cache2, _ = _tables(64)
+    assert torch.equal(cache.buffers.values[1], cache2.buffers.values[1])  # slot 1 untouched
+
+
+def test_given_counts_read_nothing_of_the_device():
+    """On a CUDA executor the op reads its move counts from the device unless the
+    caller gives them (the emulated executor counts its ops' reads); the CPU executor
+    reads no device either way."""
+    from dynemb.host_reads import host_reads
+
+    cache, slow = _tables(64)
+    reads = []
+    for counts in [(-1, -1), (2, 1)]:
+        start = host_reads()
+        _call(cache, slow, counts=counts)
+        reads.append(host_reads() - start)
+    assert reads == ([0, 0] if dynemb.executor() == "cpu" else [1, 0])
