@@ -86,8 +86,8 @@ struct CacheExchange {
   int64_t* victim_scores;       // (victims) out
   // Where the host sized m and the outputs from the claim's counts without reading the
   // device's compaction (CUDA executors), its own counts (moved, victims) bound what is
-  // read and written: a count that disagreed could only leave moves undone, never
-  // reach past a list or an output.
+  // read and written: counts that disagreed (a caller's bug) would leave moves undone
+  // or victims unsaved, but never read past the move list or write past an output.
   const int64_t* device_counts = nullptr;  // (2) moved, victims; null: m is the list's
   int64_t victim_capacity = INT64_MAX;     // rows of victim_keys / rows / scores
 };

@@ -80,18 +80,18 @@ struct CacheOpImpls {
     dispatch_values(op, cache.values, [&](auto v) {
       using W = V<decltype(v)>;
       CacheExchange<W> x{init_args,
-                               dim,
-                               user_scores.data_ptr<int64_t>(),
-                               keys.data_ptr<int64_t>(),
-                               slots.data_ptr<int64_t>(),
-                               evicted_keys.data_ptr<int64_t>(),
-                               moves.moved.data_ptr<int64_t>(),
-                               moves.victim_index.data_ptr<int64_t>(),
-                               m,
-                               found.data_ptr<bool>(),
-                               victim_keys.data_ptr<int64_t>(),
-                               reinterpret_cast<W*>(victim_rows.data_ptr()),
-                               victim_scores.data_ptr<int64_t>()};
+                         dim,
+                         user_scores.data_ptr<int64_t>(),
+                         keys.data_ptr<int64_t>(),
+                         slots.data_ptr<int64_t>(),
+                         evicted_keys.data_ptr<int64_t>(),
+                         moves.moved.data_ptr<int64_t>(),
+                         moves.victim_index.data_ptr<int64_t>(),
+                         m,
+                         found.data_ptr<bool>(),
+                         victim_keys.data_ptr<int64_t>(),
+                         reinterpret_cast<W*>(victim_rows.data_ptr()),
+                         victim_scores.data_ptr<int64_t>()};
       if (!moves.counted) {
         x.device_counts = moves.device_counts.data_ptr<int64_t>();
         x.victim_capacity = nv;
