@@ -156,12 +156,21 @@ def test_counts_that_are_not_the_claims_refused_or_bounded():
     small leaves the rest undone, and no victim is written past the outputs."""
     cache, slow = _tables(64)
     before = cache.buffers.values.clone()
+    S = _ops.Status
+    one_moves = torch.tensor([S.EVICTED, S.HIT], dtype=torch.int8)  # the truth: 1 and 1
     if dynemb.executor() == "cpu":
         for counts in [(2, 0), (1, 1), (2, 2)]:  # the truth: 2 move in, 1 evicts
             with pytest.raises(ValueError, match="must be the counts of `status`: 2 keys move in, 1"):  # fmt: skip
                 _call(cache, slow, counts=counts)
+        with pytest.raises(ValueError, match="must be the counts of `status`: 1 keys move in, 1"):
+            _call(cache, slow, status=one_moves, counts=(2, 1))
         assert torch.equal(cache.buffers.values, before)
         return
+    fresh, _ = _tables(64)
+    keys, _, _, found = _call(cache, slow, status=one_moves, counts=(2, 1))  # moved too many
+    assert keys.tolist() == [7] and found.tolist() == [False, False]
+    assert torch.equal(cache.buffers.values[1], fresh.buffers.values[1])  # the hit untouched
+    cache, slow = _tables(64)
     keys, _, _, found = _call(cache, slow, counts=(2, 0))  # victims too few: none written
     assert keys.numel() == 0 and found.tolist() == [False, False]
     assert not torch.equal(cache.buffers.values[:2], before[:2])  # both keys moved in
