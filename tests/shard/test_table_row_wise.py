@@ -1,8 +1,8 @@
-"""Dynamic tables sharded table-row-wise, on 4 gloo ranks (two nodes of 2; one node of 2
-is in test_mixed_sharding.py), pooled SUM and MEAN, under EXACT_ROWWISE_ADAGRAD, ADAM and EXACT_SGD, over 10 steps
-with evictions: outputs, and every table's keys, rows, optimizer state and scores, equal
-the unsharded references'; keys are stored only on the ranks of their table's node,
-each on the rank its routing names."""
+"""Dynamic tables sharded table-row-wise, on 4 gloo ranks (two nodes of 2; one node of
+2 is in test_mixed_sharding.py), pooled SUM and MEAN, under EXACT_ROWWISE_ADAGRAD, ADAM
+and EXACT_SGD, over 10 steps with evictions: outputs, and every table's keys, rows,
+optimizer state and scores, equal the unsharded references'; keys are stored only on the
+ranks of their table's node, each on the rank its routing names."""
 
 import pytest
 import torch

@@ -13,7 +13,6 @@ tables' index dedup, on 1 and 2 gloo ranks, is in test_row_invariants_sharded.py
 """
 
 import dataclasses
-import os
 
 import torch
 from hypothesis import given, settings
@@ -167,7 +166,7 @@ def train_checked(config: Config, seed: int, steps: int) -> None:
 
 # The emulated pass draws fewer configurations: its kernels make the CPU executor's
 # decisions (the parity suite holds them bit for bit), and each pass draws anew.
-EXAMPLES = 50 if os.environ.get("DYNEMB_EXECUTOR") == "cuda-emulated" else 150
+EXAMPLES = 50 if dynemb.executor() == "cuda-emulated" else 150
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
