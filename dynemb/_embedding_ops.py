@@ -27,6 +27,17 @@ def unique_keys_grouped(keys: Sequence[torch.Tensor]) -> tuple:
     return _dynemb.unique_keys_grouped(keys)
 
 
+def unique_keys_grouped_padded(keys: Sequence[torch.Tensor]) -> tuple:
+    """``unique_keys_grouped`` without a read of the device: ``(unique, inverse, counts,
+    num_unique)``; ``unique[t]`` and ``counts[t]`` have the length of ``keys[t]``, their
+    first ``num_unique[t]`` entries are ``unique_keys``' result; ``num_unique`` (T,)
+    int64 stays on the keys' device (read later, with what else the host needs)."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("unique_keys_grouped_padded needs at least one keys tensor, got none")
+    return _dynemb.unique_keys_grouped_padded(keys)
+
+
 def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, seed: int, dim: int):
     """Pools bags of rows by slot: (num_bags, dim) float32 (core/pooling.h).
 

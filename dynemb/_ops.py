@@ -29,6 +29,7 @@ from dynemb._embedding_ops import (  # noqa: F401 - re-exported
     embedding_pool_into_grouped,
     unique_keys,
     unique_keys_grouped,
+    unique_keys_grouped_padded,
 )
 from dynemb._executor import (  # noqa: F401 - re-exported: _ops is the one path to C++
     EXECUTORS,
@@ -281,6 +282,7 @@ def table_find_or_insert_slots(
     accesses: torch.Tensor | None = None,
     init_rows: bool = True,
     evicted_keys: torch.Tensor | None = None,
+    live: torch.Tensor | None = None,
 ) -> tuple:
     """find_or_insert that records slots instead of copying rows.
 
@@ -288,11 +290,14 @@ def table_find_or_insert_slots(
     a de-duplicated batch passes its counts). ``init_rows=False`` leaves a new
     key's slot with the row it had (an evicted resident's): the caller moves that
     row out and writes the new one (a cache fill). ``evicted_keys`` (n,) int64 gets,
-    at each EVICTED position, the key that left the slot. Returns
-    ``(slots (n,) int64 (-1: not stored), status (n,) int8, counts (4,) int64)``.
+    at each EVICTED position, the key that left the slot. ``live`` (1,) int64 on the
+    table's device: only the first ``live`` keys are looked up (a padded batch, see
+    ``unique_keys_grouped_padded``); the slots and status past them are not written
+    and the counts omit them. Returns ``(slots (n,) int64 (-1: not stored), status
+    (n,) int8, counts (4,) int64)``.
     """
     return _dynemb.table_find_or_insert_slots(
-        list(table), list(policy), init, keys, scores, accesses, init_rows, evicted_keys
+        list(table), list(policy), init, keys, scores, accesses, init_rows, evicted_keys, live
     )
 
 

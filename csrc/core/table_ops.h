@@ -73,6 +73,15 @@ struct UpsertArgs {
   uint32_t pin_floor;
 };
 
+/// The keys an upsert of n keys looks up when the caller gives their number on the
+/// device (`live`, null: all n): the first min(max(*live, 0), n). A padded batch (its
+/// distinct keys before their count was read) thus needs no read to size the call.
+DYNEMB_HD DYNEMB_INLINE int64_t live_keys(const int64_t* live, int64_t n) {
+  if (live == nullptr) return n;
+  const int64_t m = *live;
+  return m < 0 ? 0 : (m < n ? m : n);
+}
+
 /// Whether pass 1 touches every stored key of the batch (touch_stored) before it
 /// places any new one (upsert_home): every strategy that evicts, so that the
 /// batch's hits are pinned before a newcomer looks for a victim.

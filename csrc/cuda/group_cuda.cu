@@ -148,13 +148,18 @@ __global__ void radix_scatter_kernel(const int64_t* group, const int64_t* src, i
 
 /// A key's home-bucket range, counted in its group's count (the grouping's first
 /// step fused with the counting); thread 0 also zeroes `zero` (4 words), when given.
-__global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                     int64_t groups, int64_t* group, unsigned long long* counts,
-                                     int64_t* zero) {
+/// Keys past core live_keys(live, n) get group -1 (no range).
+__global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, const int64_t* live,
+                                     int64_t num_buckets, int64_t groups, int64_t* group,
+                                     unsigned long long* counts, int64_t* zero) {
   const int64_t i = thread_index();
   if (i >= n) return;
   if (i == 0 && zero != nullptr) {
     for (int s = 0; s < kStatusCount; ++s) zero[s] = 0;
+  }
+  if (i >= live_keys(live, n)) {  // past the live keys: in no range
+    group[i] = -1;
+    return;
   }
   const int64_t g =
       bucket_range_of(bucket_of(hash_key(keys[i]), num_buckets), groups, num_buckets);
@@ -165,10 +170,12 @@ __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, int64_t num
 /// marked[c] = the marks == wanted in chunk c of kScanChunk; with counts, the other
 /// marks (statuses) of the chunk are added to counts (an atomic per status and chunk).
 __global__ void marked_counts_kernel(const int8_t* marks, int8_t wanted, int64_t n,
-                                     int64_t chunks, int64_t* marked, int64_t* counts) {
+                                     const int64_t* live, int64_t chunks, int64_t* marked,
+                                     int64_t* counts) {
   const int64_t c = thread_index();
   if (c >= chunks) return;
-  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  const int64_t stop = live_keys(live, n);
+  const int64_t end = (c + 1) * kScanChunk < stop ? (c + 1) * kScanChunk : stop;
   int64_t m = 0;
   unsigned long long local[kStatusCount] = {};
   for (int64_t i = c * kScanChunk; i < end; ++i) {
@@ -187,10 +194,12 @@ __global__ void marked_counts_kernel(const int8_t* marks, int8_t wanted, int64_t
 
 /// Chunk c's marked elements, in order, from list[prefix[c]] on.
 __global__ void scatter_marked_kernel(const int8_t* marks, int8_t wanted, int64_t n,
-                                      int64_t chunks, const int64_t* prefix, int64_t* list) {
+                                      const int64_t* live, int64_t chunks,
+                                      const int64_t* prefix, int64_t* list) {
   const int64_t c = thread_index();
   if (c >= chunks) return;
-  const int64_t end = (c + 1) * kScanChunk < n ? (c + 1) * kScanChunk : n;
+  const int64_t stop = live_keys(live, n);
+  const int64_t end = (c + 1) * kScanChunk < stop ? (c + 1) * kScanChunk : stop;
   int64_t p = prefix[c];
   for (int64_t i = c * kScanChunk; i < end; ++i) {
     if (marks[i] == wanted) list[p++] = i;
@@ -221,30 +230,32 @@ void launch_exclusive_scan(const int64_t* in, int64_t n, int64_t* out, int64_t* 
   }
 }
 
-/// launch_list_marked; with counts, also launch_list_deferred's counting.
-static void list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
-                        int64_t* count, int64_t* counts, Workspace& ws, cudaStream_t stream) {
+/// launch_list_marked; with counts, also launch_list_deferred's counting; with live,
+/// of the first core live_keys(live, n) marks only.
+static void list_marked(const int8_t* marks, int8_t wanted, int64_t n, const int64_t* live,
+                        int64_t* list, int64_t* count, int64_t* counts, Workspace& ws,
+                        cudaStream_t stream) {
   if (n == 0) {
     cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
     return;
   }
   const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
   int64_t* prefix = ws.array<int64_t>(chunks);
-  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, marked_counts_kernel)(marks, wanted, n,
-                                                                          chunks, prefix, counts);
+  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, marked_counts_kernel)(
+      marks, wanted, n, live, chunks, prefix, counts);
   launch_exclusive_scan(prefix, chunks, prefix, count, ws, stream);
-  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, scatter_marked_kernel)(marks, wanted, n,
-                                                                           chunks, prefix, list);
+  DYNEMB_LAUNCH(blocks_for(chunks), kBlock, stream, scatter_marked_kernel)(
+      marks, wanted, n, live, chunks, prefix, list);
 }
 
 void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* list,
                         int64_t* count, Workspace& ws, cudaStream_t stream) {
-  list_marked(marks, wanted, n, list, count, nullptr, ws, stream);
+  list_marked(marks, wanted, n, nullptr, list, count, nullptr, ws, stream);
 }
 
-void launch_list_deferred(const int8_t* status, int64_t n, int64_t* list, int64_t* count,
-                          int64_t* counts, Workspace& ws, cudaStream_t stream) {
-  list_marked(status, kDeferred, n, list, count, counts, ws, stream);
+void launch_list_deferred(const int8_t* status, int64_t n, const int64_t* live, int64_t* list,
+                          int64_t* count, int64_t* counts, Workspace& ws, cudaStream_t stream) {
+  list_marked(status, kDeferred, n, live, list, count, counts, ws, stream);
 }
 
 unsigned long long* zeroed_group_counts(int64_t groups, Workspace& ws, cudaStream_t stream) {
@@ -315,7 +326,8 @@ void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, 
 }
 
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream) {
+                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream,
+                                  const int64_t* live) {
   const int64_t ranges = bucket_range_count(n, num_buckets);
   int64_t* group = ws.array<int64_t>(n > 0 ? n : 1);
   int64_t* start = ws.array<int64_t>(ranges + 1);
@@ -323,7 +335,7 @@ BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_bu
   auto* counts = zeroed_group_counts(ranges, ws, stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(
-        keys, n, num_buckets, ranges, group, counts, zero_counts);
+        keys, n, live, num_buckets, ranges, group, counts, zero_counts);
   }
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   return {ranges, start, order};

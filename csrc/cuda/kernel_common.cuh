@@ -69,8 +69,9 @@ void launch_list_marked(const int8_t* marks, int8_t wanted, int64_t n, int64_t* 
 /// launch_list_marked of an upsert's kDeferred statuses that also adds the other
 /// statuses to counts (kStatusCount, zeroed), in the same launches: pass 2 adds those
 /// of the keys it decides.
-void launch_list_deferred(const int8_t* status, int64_t n, int64_t* list, int64_t* count,
-                          int64_t* counts, Workspace& ws, cudaStream_t stream);
+/// live: core live_keys (null: all n); the statuses past it are not read.
+void launch_list_deferred(const int8_t* status, int64_t n, const int64_t* live, int64_t* list,
+                          int64_t* count, int64_t* counts, Workspace& ws, cudaStream_t stream);
 
 /// A batch's keys grouped by home-bucket range: order[start[r] .. start[r + 1]) for r
 /// in [0, count) (device arrays) holds range r's positions in no particular order:
@@ -83,9 +84,11 @@ struct BucketRanges {
 };
 
 /// Groups keys (n) of a table of num_buckets buckets by home-bucket range; zero_counts
-/// (kStatusCount, or null) is zeroed by the same launches (an upsert's counts).
+/// (kStatusCount, or null) is zeroed by the same launches (an upsert's counts). With
+/// live (device, core live_keys), the keys past *live are in no range.
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
-                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream);
+                                  int64_t* zero_counts, Workspace& ws, cudaStream_t stream,
+                                  const int64_t* live = nullptr);
 
 /// Heapsort of a[0..m) ascending: in place, O(m log m) even for one huge group.
 __device__ inline void sort_ascending(int64_t* a, int64_t m) {
@@ -204,23 +207,25 @@ __global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args
 /// A batch upsert by the batch rule with any Sink; status (n) and counts (4) out. Eight
 /// launches and a memset: the grouping by range (its first kernel also zeroes counts),
 /// pass 1 (which sorts each range), the deferred list (which counts the other
-/// statuses), pass 2.
+/// statuses), pass 2. With live (device, core live_keys), only the first *live keys:
+/// n sizes the launches, the keys past *live are in no range and not counted.
 template <class V, class Sink>
 void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                   int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream) {
+                   const int64_t* live, int8_t* status, int64_t* counts, Workspace& ws,
+                   cudaStream_t stream) {
   if (n == 0) {
     cudaMemsetAsync(counts, 0, kStatusCount * sizeof(int64_t), stream);
     return;
   }
   const TableRef<V>& t = sink.t;
-  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream);
+  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream, live);
   int64_t* deferred = ws.array<int64_t>(n);
   int64_t* deferred_count = ws.array<int64_t>(1);
   with_row_tile(t.row_width, [&](auto lanes) {
     constexpr unsigned N = decltype(lanes)::value;
     DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, V, Sink>)(
         t, sink, args, keys, r.start, r.order, r.count, status);
-    launch_list_deferred(status, n, deferred, deferred_count, counts, ws, stream);
+    launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
     DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(
         t, sink, args, keys, deferred, deferred_count, status, counts);
   });

@@ -53,11 +53,14 @@ void launch_find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int
 
 /// A batch upsert by core/table_ops.h's batch rule, with any Sink of core/batch_sinks.h
 /// (FindOrInsertSink, AssignSink, RestoreSink, SlotSink).
+/// @param live  (1) int64 device, or null: the keys upserted are the first core
+///               live_keys(live, n) (a padded batch); status past them is not written
 /// @param status (n) int8 out (dynemb::Status)
 /// @param counts (4) int64 out, zeroed by the launcher: keys per Status
 template <class Sink>
 void launch_upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                        int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream);
+                        const int64_t* live, int8_t* status, int64_t* counts, Workspace& ws,
+                        cudaStream_t stream);
 
 /// table_find_or_insert_slots of every part (core/grouped.h UpsertPart), each by the
 /// batch rule on its own table, all parts in one launch per phase: grouping by home

@@ -240,8 +240,10 @@ void launch_find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int
 
 template <class Sink>
 void launch_upsert_keys(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                        int8_t* status, int64_t* counts, Workspace& ws, cudaStream_t stream) {
-  launch_upsert<typename decltype(sink.t)::Value>(sink, args, keys, n, status, counts, ws, stream);
+                        const int64_t* live, int8_t* status, int64_t* counts, Workspace& ws,
+                        cudaStream_t stream) {
+  launch_upsert<typename decltype(sink.t)::Value>(sink, args, keys, n, live, status, counts, ws,
+                                                  stream);
 }
 
 template <class V>
@@ -290,14 +292,17 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
   template void launch_find_slots<V>(const TableRef<V>&, const int64_t*, int64_t, int64_t*,     \
                                      cudaStream_t);                                             \
   template void launch_upsert_keys(const FindOrInsertSink<V>&, const UpsertArgs&,              \
-                                   const int64_t*, int64_t, int8_t*, int64_t*, Workspace&,      \
-                                   cudaStream_t);                                               \
+                                   const int64_t*, int64_t, const int64_t*, int8_t*, int64_t*,  \
+                                   Workspace&, cudaStream_t);                                   \
   template void launch_upsert_keys(const AssignSink<V>&, const UpsertArgs&, const int64_t*,    \
-                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+                                   int64_t, const int64_t*, int8_t*, int64_t*, Workspace&,      \
+                                   cudaStream_t);                                               \
   template void launch_upsert_keys(const RestoreSink<V>&, const UpsertArgs&, const int64_t*,   \
-                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+                                   int64_t, const int64_t*, int8_t*, int64_t*, Workspace&,      \
+                                   cudaStream_t);                                               \
   template void launch_upsert_keys(const SlotSink<V>&, const UpsertArgs&, const int64_t*,      \
-                                   int64_t, int8_t*, int64_t*, Workspace&, cudaStream_t);       \
+                                   int64_t, const int64_t*, int8_t*, int64_t*, Workspace&,      \
+                                   cudaStream_t);                                               \
   template void launch_upsert_grouped<V>(const Parts<UpsertPart<V>>&, const PartTotals&,       \
                                          int8_t*, Workspace&, cudaStream_t);                    \
   template void launch_erase<V>(const TableRef<V>&, const int64_t*, int64_t, bool*, Workspace&, \

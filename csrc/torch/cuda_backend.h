@@ -51,6 +51,9 @@ struct CudaBackend {
       std::is_same_v<TorchV, c10::Half>, __half,
       std::conditional_t<std::is_same_v<TorchV, c10::BFloat16>, __nv_bfloat16, TorchV>>;
   using DeviceGuard = typename Runtime::DeviceGuard;
+  // Its tensors stand for device memory (CPU tensors under the emulation too): an op
+  // reads no value of them outside safe-check mode, as on a GPU.
+  static constexpr bool kDeviceMemory = true;
 
   static void scores_after_hit(const ScoreArgs& args, const uint64_t* scores, int64_t n,
                                uint64_t* out) {
@@ -71,10 +74,10 @@ struct CudaBackend {
   }
   template <class Sink>
   static void upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                     int8_t* status, at::Tensor& counts) {
+                     int8_t* status, at::Tensor& counts, const int64_t* live = nullptr) {
     TensorWorkspace ws(counts.options());
-    DYNEMB_CUDA_NS::launch_upsert_keys(sink, args, keys, n, status, counts.data_ptr<int64_t>(), ws,
-                                       Runtime::stream());
+    DYNEMB_CUDA_NS::launch_upsert_keys(sink, args, keys, n, live, status,
+                                       counts.data_ptr<int64_t>(), ws, Runtime::stream());
   }
   template <class V>
   static void upsert_grouped(const std::vector<UpsertPart<V>>& parts, const PartTotals& totals,
@@ -111,22 +114,22 @@ struct CudaBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     DYNEMB_CUDA_NS::launch_gather(t, slots, keys, n, missing, out, dim, Runtime::stream());
   }
-  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts,
-                                    const PartTotals& totals, at::Tensor& unique,
-                                    at::Tensor& inverse, at::Tensor& counts) {
+  static void dedup(const std::vector<DedupPart>& parts, const PartTotals& totals,
+                    at::Tensor& unique, at::Tensor& inverse, at::Tensor& counts,
+                    at::Tensor& num_unique) {
     const at::TensorOptions like = unique.options();
     TensorWorkspace ws(like);
     at::Tensor held;
-    const auto count = static_cast<int64_t>(parts.size());
-    at::Tensor num_unique = at::empty({count}, like);
     DYNEMB_CUDA_NS::launch_dedup(device_parts(parts, like, held), totals,
                                  unique.data_ptr<int64_t>(), inverse.data_ptr<int64_t>(),
                                  counts.data_ptr<int64_t>(), num_unique.data_ptr<int64_t>(), ws,
                                  Runtime::stream());
-    // the sizes of the outputs: one wait for all
-    const at::Tensor host = Runtime::to_host(num_unique);
-    const int64_t* u = host.data_ptr<int64_t>();
-    return std::vector<int64_t>(u, u + count);
+  }
+  /// Sizes of an op's outputs held on the device: one wait for all.
+  static std::vector<int64_t> sizes_to_host(const at::Tensor& sizes) {
+    const at::Tensor host = Runtime::to_host(sizes);
+    const int64_t* s = host.data_ptr<int64_t>();
+    return std::vector<int64_t>(s, s + sizes.numel());
   }
   template <class V>
   static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals& totals,

@@ -4,8 +4,9 @@
 //   template <class V> static void pool(std::vector<PoolPart<V>>&, PartTotals, PoolingMode,
 //                                       like);  // every part's bags (core/grouped.h)
 //   template <class V> static void gather(TableRef<V>, slots*, keys*, n, InitArgs, float*, dim);
-//   static std::vector<int64_t> dedup(std::vector<DedupPart>&, PartTotals, unique&,
-//                                     inverse&, counts&);  // flat (total) tensors; U per part
+//   static void dedup(std::vector<DedupPart>&, PartTotals, unique&, inverse&, counts&,
+//                     num_unique&);  // flat (total) tensors; U per part, on the device
+//   static std::vector<int64_t> sizes_to_host(sizes);  // the host's copy (a wait on a GPU)
 //   template <class V> static void backward(std::vector<BackwardPart<V>>&, PartTotals,
 //                                           PoolingMode, OptimizerArgs, like);
 //   template <class V> static void cache_exchange(TableRef<V> cache, TableRef<V> slow,
@@ -139,6 +140,23 @@ struct EmbeddingOpImpls {
     return run_dedup("unique_keys_grouped", keys);
   }
 
+  /// unique_keys_grouped without a read of the counts: unique[t] and counts[t] have
+  /// keys[t]'s length and hold the result in their first num_unique[t] entries;
+  /// num_unique (T) int64 stays on the keys' device (a padded batch, read later with
+  /// what else the host needs then).
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                    at::Tensor>
+  unique_keys_grouped_padded(at::TensorList keys) {
+    Dedup d = dedup_parts("unique_keys_grouped_padded", keys);
+    std::vector<at::Tensor> u, i, c;
+    for (const DedupPart& part : d.parts) {
+      u.push_back(d.unique.narrow(0, part.index_begin, part.n));
+      i.push_back(d.inverse.narrow(0, part.index_begin, part.n));
+      c.push_back(d.counts.narrow(0, part.index_begin, part.n));
+    }
+    return {u, i, c, d.num_unique};
+  }
+
   static void backward(at::TensorList table_list, const at::Tensor& unique_slots,
                        const at::Tensor& inverse, const at::Tensor& offsets,
                        const std::optional<at::Tensor>& weights, int64_t mode,
@@ -188,29 +206,42 @@ struct EmbeddingOpImpls {
   }
 
  private:
-  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
-  run_dedup(const char* op, at::TensorList keys) {
-    const bool grouped = keys.size() > 1;
+  /// The dedup of every tensor of `keys` into flat buffers, a range per part (the
+  /// parts' results are views of their ranges); num_unique (T) on the keys' device.
+  struct Dedup {
     std::vector<DedupPart> parts;
+    at::Tensor unique, inverse, counts, num_unique;
+  };
+
+  static Dedup dedup_parts(const char* op, at::TensorList keys) {
+    const bool grouped = keys.size() > 1;
+    Dedup d;
     for (size_t t = 0; t < keys.size(); ++t) {
       const std::string name = grouped ? table_op_name(op, t) : std::string(op);
       check_keys(name.c_str(), keys[t]);
       check_same_device(name.c_str(), "keys", keys[t], keys[0]);
-      parts.push_back(DedupPart{keys[t].data_ptr<int64_t>(), keys[t].numel(), 0, 0});
+      d.parts.push_back(DedupPart{keys[t].data_ptr<int64_t>(), keys[t].numel(), 0, 0});
     }
-    const PartTotals totals = number_parts(parts.data(), static_cast<int64_t>(parts.size()));
+    const PartTotals totals = number_parts(d.parts.data(), static_cast<int64_t>(d.parts.size()));
     typename Backend::DeviceGuard guard(keys[0].device());
-    // One flat buffer per output; each part's results are views of its range.
-    at::Tensor unique = at::empty({totals.indices}, keys[0].options());
-    at::Tensor inverse = at::empty({totals.indices}, keys[0].options());
-    at::Tensor counts = at::empty({totals.indices}, keys[0].options());
-    const std::vector<int64_t> num_unique = Backend::dedup(parts, totals, unique, inverse, counts);
+    d.unique = at::empty({totals.indices}, keys[0].options());
+    d.inverse = at::empty({totals.indices}, keys[0].options());
+    d.counts = at::empty({totals.indices}, keys[0].options());
+    d.num_unique = at::empty({static_cast<int64_t>(d.parts.size())}, keys[0].options());
+    Backend::dedup(d.parts, totals, d.unique, d.inverse, d.counts, d.num_unique);
+    return d;
+  }
+
+  static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  run_dedup(const char* op, at::TensorList keys) {
+    Dedup d = dedup_parts(op, keys);
+    const std::vector<int64_t> num_unique = Backend::sizes_to_host(d.num_unique);
     std::vector<at::Tensor> u, i, c;
-    for (size_t t = 0; t < parts.size(); ++t) {
-      const int64_t at = parts[t].index_begin;
-      u.push_back(unique.narrow(0, at, num_unique[t]));
-      i.push_back(inverse.narrow(0, at, parts[t].n));
-      c.push_back(counts.narrow(0, at, num_unique[t]));
+    for (size_t t = 0; t < d.parts.size(); ++t) {
+      const int64_t at = d.parts[t].index_begin;
+      u.push_back(d.unique.narrow(0, at, num_unique[t]));
+      i.push_back(d.inverse.narrow(0, at, d.parts[t].n));
+      c.push_back(d.counts.narrow(0, at, num_unique[t]));
     }
     return {u, i, c};
   }
@@ -362,6 +393,7 @@ struct EmbeddingOpImpls {
     (m).impl("embedding_backward_grouped", &EImpl::backward_grouped);             \
     (m).impl("unique_keys", &EImpl::unique_keys);                                 \
     (m).impl("unique_keys_grouped", &EImpl::unique_keys_grouped);                 \
+    (m).impl("unique_keys_grouped_padded", &EImpl::unique_keys_grouped_padded);   \
     (m).impl("table_cache_exchange", &::dynemb::CacheOpImpls<Backend>::cache_exchange); \
   } while (0)
 

@@ -42,10 +42,12 @@
   /* Embedding kernels (csrc/core/pooling.h, optimizer_rules.h). */                                   \
   /* missing = init list of the rows given to keys that are not stored; */                            \
   /* optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay]. */                           \
+  /* live: (1) int64 on the keys' device, the number of keys looked up (the first; */                 \
+  /* a padded batch): slots and status past them are not written, counts omit them. */               \
   (m).def(                                                                                            \
       "table_find_or_insert_slots(Tensor(a!)[] table, int[] policy, float[] init, Tensor keys, "      \
-      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None) "         \
-      "-> (Tensor slots, Tensor status, Tensor counts)");                                             \
+      "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "        \
+      "Tensor? live=None) -> (Tensor slots, Tensor status, Tensor counts)");                          \
   /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
   /* table t is tables[9t .. 9t + 9), policies[9t .. 9t + 9), inits[6t .. 6t + 6); */                 \
   /* accesses: none or one per table; counts (T, 4). */                                               \
@@ -67,6 +69,10 @@
   (m).def("unique_keys(Tensor keys) -> (Tensor unique, Tensor inverse, Tensor counts)");              \
   (m).def("unique_keys_grouped(Tensor[] keys) -> (Tensor[] unique, Tensor[] inverse, "               \
           "Tensor[] counts)");                                                                        \
+  /* unique_keys_grouped without reading the counts: unique[t] and counts[t] have */                  \
+  /* keys[t]'s length, their first num_unique[t] entries (on the device) are the result. */           \
+  (m).def("unique_keys_grouped_padded(Tensor[] keys) -> (Tensor[] unique, Tensor[] inverse, "        \
+          "Tensor[] counts, Tensor num_unique)");                                                     \
   (m).def(                                                                                            \
       "embedding_pool(Tensor[] table, Tensor slots, Tensor keys, Tensor offsets, Tensor? weights, "   \
       "int mode, float[] missing, int seed, int dim) -> Tensor");                                     \

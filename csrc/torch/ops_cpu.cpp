@@ -15,6 +15,7 @@ namespace {
 struct CpuBackend {
   template <class TorchV>
   using Value = TorchV;
+  static constexpr bool kDeviceMemory = false;  // its tensors' values are the host's to read
   struct DeviceGuard {
     explicit DeviceGuard(at::Device) {}
   };
@@ -38,8 +39,8 @@ struct CpuBackend {
   }
   template <class Sink>
   static void upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
-                     int8_t* status, at::Tensor& counts) {
-    const StatusCounts done = cpu::upsert_keys(sink, args, keys, n, status);
+                     int8_t* status, at::Tensor& counts, const int64_t* live = nullptr) {
+    const StatusCounts done = cpu::upsert_keys(sink, args, keys, live_keys(live, n), status);
     for (int k = 0; k < kStatusCount; ++k) counts.data_ptr<int64_t>()[k] = done.by_status[k];
   }
   /// Each part's table in turn, its keys split among the threads by bucket range.
@@ -72,12 +73,15 @@ struct CpuBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
-  static std::vector<int64_t> dedup(const std::vector<DedupPart>& parts, const PartTotals&,
-                                    at::Tensor& unique, at::Tensor& inverse, at::Tensor& counts) {
-    std::vector<int64_t> num_unique(parts.size());
+  static void dedup(const std::vector<DedupPart>& parts, const PartTotals&, at::Tensor& unique,
+                    at::Tensor& inverse, at::Tensor& counts, at::Tensor& num_unique) {
     cpu::dedup(parts.data(), static_cast<int64_t>(parts.size()), unique.data_ptr<int64_t>(),
-               inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), num_unique.data());
-    return num_unique;
+               inverse.data_ptr<int64_t>(), counts.data_ptr<int64_t>(),
+               num_unique.data_ptr<int64_t>());
+  }
+  static std::vector<int64_t> sizes_to_host(const at::Tensor& sizes) {  // host memory already
+    const int64_t* s = sizes.data_ptr<int64_t>();
+    return std::vector<int64_t>(s, s + sizes.numel());
   }
   template <class V>
   static void backward(const std::vector<BackwardPart<V>>& parts, const PartTotals&,

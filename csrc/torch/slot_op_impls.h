@@ -21,7 +21,7 @@ struct SlotOpImpls {
       at::TensorList table_list, at::IntArrayRef policy, at::ArrayRef<double> init,
       const at::Tensor& keys, const std::optional<at::Tensor>& scores,
       const std::optional<at::Tensor>& accesses, bool init_rows,
-      const std::optional<at::Tensor>& evicted_keys) {
+      const std::optional<at::Tensor>& evicted_keys, const std::optional<at::Tensor>& live) {
     constexpr const char* op = "table_find_or_insert_slots";
     UpsertCall call = check_upsert(op, table_list, policy, init, keys, scores, {});
     const TableTensors table = table_tensors(table_list);
@@ -33,12 +33,13 @@ struct SlotOpImpls {
       check_same_device(op, "evicted_keys", *evicted_keys, table.digests);
     }
     check_accesses(op, accesses, keys, table, call);
+    const int64_t* live_count = check_live(op, live, keys, table);
     typename Backend::DeviceGuard guard(table.digests.device());
     at::Tensor slots = at::empty_like(keys);
     at::Tensor status = at::empty(keys.sizes(), keys.options().dtype(at::kChar));
     at::Tensor counts = at::zeros({kStatusCount}, keys.options().dtype(at::kLong));
     int64_t* evicted = evicted_keys.has_value() ? evicted_keys->data_ptr<int64_t>() : nullptr;
-    run(op, table, call, keys, init_rows, evicted, slots, status, counts);
+    run(op, table, call, keys, init_rows, evicted, slots, status, counts, live_count);
     return {slots, status, counts};
   }
 
@@ -140,15 +141,33 @@ struct SlotOpImpls {
     call.args.score.increments = accesses->data_ptr<int64_t>();
   }
 
+  /// live (1) int64 on the table's device, or none: the number of keys looked up (a
+  /// padded batch). Its value is checked by the CPU executor (and in safe-check mode on
+  /// a GPU); a CUDA executor bounds it to [0, n] (core live_keys) without a read.
+  static const int64_t* check_live(const char* op, const std::optional<at::Tensor>& live,
+                                   const at::Tensor& keys, const TableTensors& table) {
+    if (!live.has_value()) return nullptr;
+    check_tensor(op, "live", *live, at::kLong, 1);
+    TORCH_CHECK_VALUE(live->numel() == 1, "dynemb.", op, ": `live` must hold one count, got ",
+                      live->numel(), " elements");
+    check_same_device(op, "live", *live, table.digests);
+    if (!Backend::kDeviceMemory || (!live->is_cpu() && reads_values(*live))) {
+      const int64_t m = live->item<int64_t>();
+      TORCH_CHECK_VALUE(m >= 0 && m <= keys.numel(), "dynemb.", op, ": `live` must be in [0, ",
+                        keys.numel(), "] (the keys given), got ", m);
+    }
+    return live->data_ptr<int64_t>();
+  }
+
   static void run(const char* op, const TableTensors& table, const UpsertCall& call,
                   const at::Tensor& keys, bool init_rows, int64_t* evicted, at::Tensor& slots,
-                  at::Tensor& status, at::Tensor& counts) {
+                  at::Tensor& status, at::Tensor& counts, const int64_t* live = nullptr) {
     dispatch_values(op, table.values, [&](auto v) {
       using W = V<decltype(v)>;
       SlotSink<W> sink{table_ref<W>(table), call.init, call.dim, slots.data_ptr<int64_t>(),
                        EvictedOut<W>{evicted, nullptr, nullptr}, init_rows};
       Backend::upsert(sink, call.args, keys.data_ptr<int64_t>(), keys.numel(),
-                      status.data_ptr<int8_t>(), counts);
+                      status.data_ptr<int8_t>(), counts, live);
     });
   }
 };

@@ -6,13 +6,16 @@
 //   struct Backend {
 //     template <class TorchV> using Value = ...;  // element type the executor uses
 //     struct DeviceGuard { explicit DeviceGuard(at::Device); };  // makes it current
+//     static constexpr bool kDeviceMemory;  // tensors stand for device memory (no reads)
 //     static void hash_keys(keys*, n, num_buckets, bucket*, digest*);
 //     static void scores_after_hit(ScoreArgs, scores*, n, out*);
 //     template <class V> static void find(TableRef<V>, keys*, n, V* out, out_width, bool*);
 //     template <class V> static void find_slots(TableRef<V>, keys*, n, int64_t* slots);
 //     // A batch upsert by core/table_ops.h's batch rule, any Sink of core/batch_sinks.h:
+//     // live: null, or the number of keys to upsert (<= n) in the keys' memory
+//     // (core live_keys): a padded batch whose count the host has not read.
 //     template <class Sink> static void upsert(Sink, UpsertArgs, keys*, n, int8_t* status,
-//                                              at::Tensor& counts);
+//                                              at::Tensor& counts, const int64_t* live);
 //     // `like`: options of the op's tensors (device), for temporaries.
 //     template <class V> static void erase(TableRef<V>, keys*, n, bool*, like);
 //     template <class V> static int64_t rehash(TableRef<V> src, TableRef<V> dst, int window,

@@ -25,6 +25,7 @@ class MemoryBatches:
     _state: TableState
 
     has_cache = False  # prefetch, cache_stats and empty_cache do nothing
+    takes_padded_keys = False  # its lookups defer their reads: it needs the keys sized
 
     def hold_pins(self) -> PinHold:
         """A batch in flight for ``find_or_insert_slots(..., hold=)``: the keys its

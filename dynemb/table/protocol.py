@@ -46,6 +46,10 @@ class Table(Protocol):
     seed: int
     has_cache: bool
     """Whether ``prefetch``, ``cache_stats`` and ``empty_cache`` act (a cache)."""
+    takes_padded_keys: bool
+    """Whether ``find_or_insert_slots`` with a hold takes a forward's ``PaddedKeys``
+    (dynemb.table.padded_keys): its lookup reads the device anyway, and their count
+    rides along with that read."""
 
     @property
     def device(self) -> torch.device: ...

@@ -17,6 +17,7 @@ from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.change_log import ChangeLog
 from dynemb.table.growth import slot_upsert, upsert
+from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
@@ -158,20 +159,28 @@ class SlotAccess:
         return slots, stats
 
     def claim_cache_slots(
-        self, keys: torch.Tensor, batch: int, floor: int, evicted_keys: torch.Tensor
+        self, keys: torch.Tensor | PaddedKeys, batch: int, floor: int, evicted_keys: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """A cache tier's claim (dynemb.tiering.cached_table): hits first (their batch
         number rises to ``batch``), then a slot for every other key without touching
         rows, evicting only residents of batches below ``floor`` (-1: any; the cache
         pins by these batch numbers, not by pin numbers). The caller
         holds ``lock.write()``. Returns ``(slots, status, counts)``; the evicted keys
-        are written to ``evicted_keys``."""
+        are written to ``evicted_keys``. ``keys`` may be padded: the claim is then
+        bounded by their count on the device, read with its status counts, and the
+        results are those of the distinct keys (``keys.sized()``)."""
+        live = None
+        if isinstance(keys, PaddedKeys):
+            keys, live, padded = keys.unique, keys.live, keys
         policy = _ops.Policy(_ops.CACHE_SCORES, batch, self.seed, floor, self.dim)
         slots, status, counts = _ops.table_find_or_insert_slots(
             self._state.storage.tensors(), policy, self._state.init, keys, None, None,
-            init_rows=False, evicted_keys=evicted_keys,
+            init_rows=False, evicted_keys=evicted_keys, live=live,
         )  # fmt: skip
-        counts = read_to_host(counts, "status counts").tolist()
+        counts = read_to_host(counts, "status counts").tolist()  # the padded count rides along
+        if live is not None:
+            u = padded.count()
+            keys, slots, status = keys[:u], slots[:u], status[:u]
         self._state.size += counts[_ops.Status.INSERTED]
         self._state.telemetry.after_upsert(status, keys, counts)  # counted, never sampled
         return slots, status, counts

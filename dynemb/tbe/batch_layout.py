@@ -18,6 +18,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.host_reads import read_to_host
+from dynemb.table.padded_keys import padded_distinct_keys
 
 
 @dataclasses.dataclass
@@ -237,4 +238,14 @@ def distinct_keys(batches: list) -> list:
     if not present:
         return [None] * len(batches)
     results = zip(*_ops.unique_keys_grouped(present), strict=True)
+    return [None if tb is None else next(results) for tb in batches]
+
+
+def padded_distinct(batches: list) -> list:
+    """``distinct_keys`` as PaddedKeys (dynemb.table.padded_keys): no read of the
+    device; each table's count comes with the next read."""
+    present = [tb.keys for tb in batches if tb is not None]
+    if not present:
+        return [None] * len(batches)
+    results = iter(padded_distinct_keys(present))
     return [None if tb is None else next(results) for tb in batches]

@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from dynemb import _ops
-from dynemb.tbe.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
+from dynemb.table.padded_keys import PaddedKeys
+from dynemb.tbe.batch_layout import (
+    TableBatch,
+    count_accesses,
+    distinct_keys,
+    padded_distinct,
+    split_by_table,
+)
 from dynemb.tbe.grouped_calls import pool_grouped, table_locked
 from dynemb.types import DynamicEmbPoolingMode
 
@@ -87,7 +94,12 @@ class ForwardPass:
     def _distinct(self, batches: list, access_counts: torch.Tensor | None = None) -> list:
         """``unique_keys`` of each table's keys (None for absent tables); a training
         batch whose keys a table prefetched reuses the prefetch's result. With
-        ``access_counts``, each distinct key's count is the sum of its indices' counts."""
+        ``access_counts``, each distinct key's count is the sum of its indices' counts.
+
+        When a table's training lookup reads the device anyway (``takes_padded_keys``:
+        a cache's claim), the tables' keys are de-duplicated without a read
+        (``PaddedKeys``): ``_slots`` runs those lookups first, and their read takes the
+        counts of every table along."""
         reused = [None] * len(batches)
         for t, tb in enumerate(batches):
             if tb is None or not self._inserts(t):
@@ -96,7 +108,11 @@ class ForwardPass:
             entry = self._prefetched[t].pop(b, None) if b is not None else None
             if entry is not None and torch.equal(entry[0], tb.keys):
                 reused[t] = entry[1]
-        fresh = distinct_keys([tb if r is None else None for tb, r in zip(batches, reused)])
+        fresh = [tb if r is None else None for tb, r in zip(batches, reused)]
+        padded = access_counts is None and any(
+            tb is not None and self._takes_padded_keys(t) for t, tb in enumerate(fresh)
+        )
+        fresh = padded_distinct(fresh) if padded else distinct_keys(fresh)
         distincts = [r if r is not None else f for r, f in zip(reused, fresh)]
         if access_counts is None:
             return distincts
@@ -135,9 +151,22 @@ class ForwardPass:
     def _slots(self, batches: list, distincts: list, holds: list) -> list:
         """Per table ``(unique_slots, mutation count)`` of its distinct keys (None for
         absent tables): training lookups (those that can share one op call in one),
-        or ``eval_rows``' slots for a table this forward does not train."""
+        or ``eval_rows``' slots for a table this forward does not train.
+
+        Padded distinct keys (``_distinct``) are looked up first by the tables that
+        take them; then every table's are sized in ``distincts`` (in place), their
+        count read with those lookups' read."""
         trained = [t for t, hold in enumerate(holds) if hold is not None]
+        early = {
+            t: self._table_slots(t, distincts[t], None, holds[t])
+            for t in trained
+            if isinstance(distincts[t], PaddedKeys) and self._takes_padded_keys(t)
+        }
+        for t, d in enumerate(distincts):
+            if isinstance(d, PaddedKeys):
+                distincts[t] = d.sized()
         found = self._grouped_slots(trained, distincts, holds) if trained else {}
+        found.update(early)
         slots = []
         for t, (tb, d) in enumerate(zip(batches, distincts, strict=True)):
             if tb is None or holds[t] is None:

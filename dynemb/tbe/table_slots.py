@@ -24,7 +24,8 @@ class TableSlots:
     def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
         """Training slots of the distinct keys of table t (inserted, held by ``hold``,
         the table's ``begin_batch``), and the table's mutation count (backward finds
-        the keys again if it changed)."""
+        the keys again if it changed). ``keys`` may be PaddedKeys (with their counts as
+        the accesses) where ``_takes_padded_keys(t)``."""
         table = self.tables[t]
         if self.admission_counters[t] is not None:
             return self._admitted_slots(t, keys, accesses, hold), table.mutations
@@ -91,6 +92,15 @@ class TableSlots:
             and self.admission_counters[t] is None
             and getattr(self, "_forward_lookups", None) is None
             and self.tables[t].groups_lookups
+        )
+
+    def _takes_padded_keys(self, t: int) -> bool:
+        """Whether table t's training lookup of this forward takes padded distinct keys
+        (``Table.takes_padded_keys``), without admission (which sizes them first)."""
+        return (
+            self._inserts(t)
+            and self.admission_counters[t] is None
+            and self.tables[t].takes_padded_keys
         )
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):

@@ -10,6 +10,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.host_reads import read_to_host
+from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage_results import checked_find, checked_insert
@@ -33,7 +34,19 @@ class CacheFill:
         width = self.dim + self.extra_columns
         return checked_find(self.storage, keys, width, self.cache.value_dtype, self.name)
 
-    def _fill(self, keys: torch.Tensor, batch: int, stage: bool):
+    def _claim_padded(self, padded: PaddedKeys, batch: int):
+        """Step 1 on a forward's padded distinct keys, whose count the claim's read takes
+        along (padded_keys.py): returns ``(keys (U,), accesses (U,), claim)``, ``claim``
+        the ``(slots, status, counts)`` that ``_fill`` takes, or None when keys staged
+        by batches in flight must be told apart first (then sized by a read of their own)."""
+        if len(self._staging):
+            keys, _, accesses = padded.sized()
+            return keys, accesses, None
+        claim = self._claim(padded, batch)
+        keys, _, accesses = padded.sized()  # read already, with the claim's counts
+        return keys, accesses, claim
+
+    def _fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None):
         """Steps 1-3 under the cache's write lock.
 
         One slot claim over the batch pins the hits (their batch number rises to
@@ -44,18 +57,21 @@ class CacheFill:
         whole-batch copies around ``Storage.find`` with an external one. Keys staged
         by batches in flight are not claimed: their rows stay in the staging area.
 
+        ``claim``: ``_claim_padded``'s claim of all keys, done already (no key staged).
+
         Returns ``(slots, hits, failed, joined)``: slots (-1 for keys not cached);
         ``failed`` is None, or (with ``stage``) ``(positions, rows, scores)`` of the
         keys the cache could not take; ``joined`` is None, or the positions of the
         keys staged by batches in flight. Positions are in ``keys``.
         """
         claimed = joined = None  # positions of the keys claimed (None: all)
-        busy = self._staging.busy(keys)
-        if busy is not None and read_to_host(busy.any(), "staged keys").item():
-            claimed = torch.nonzero(~busy, as_tuple=True)[0]
-            joined = torch.nonzero(busy, as_tuple=True)[0]
+        if claim is None:
+            busy = self._staging.busy(keys)
+            if busy is not None and read_to_host(busy.any(), "staged keys").item():
+                claimed = torch.nonzero(~busy, as_tuple=True)[0]
+                joined = torch.nonzero(busy, as_tuple=True)[0]
         claim_keys = keys if claimed is None else keys[claimed].contiguous()
-        slots, status, counts = self._claim(claim_keys, batch)
+        slots, status, counts = claim if claim is not None else self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
         failed = None
         backing = self.backing_table()
@@ -117,10 +133,12 @@ class CacheFill:
         if dropped:
             self._dirty = True
 
-    def _claim(self, keys: torch.Tensor, batch: int):
+    def _claim(self, keys: torch.Tensor | PaddedKeys, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
-        evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)."""
-        evicted_keys = self._scratch("evicted_keys", (keys.numel(),), torch.int64)
+        evicted go to the "evicted_keys" scratch buffer. Returns (slots, status, counts)
+        of the distinct keys (padded keys: of their first ``count()``)."""
+        n = keys.unique.numel() if isinstance(keys, PaddedKeys) else keys.numel()
+        evicted_keys = self._scratch("evicted_keys", (n,), torch.int64)
         return self.cache.claim_cache_slots(keys, batch, self._batches.floor(), evicted_keys)
 
     def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

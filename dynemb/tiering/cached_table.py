@@ -53,6 +53,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.host_reads import read_to_host
+from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage, ScoreContext
 from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
@@ -215,6 +216,9 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.end_batch(self.begin_batch())
 
     has_cache = True  # prefetch, cache_stats and empty_cache act on the cache
+    # A training lookup reads the device anyway (its claim's counts): it takes a
+    # forward's PaddedKeys and their count rides along with that read.
+    takes_padded_keys = True
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -242,7 +246,8 @@ class CachedTable(CacheFill, CacheReads, Cache):
         """Training lookup of a batch's distinct keys (steps 1-4 of the module doc).
 
         Args:
-            keys: (U,) int64, distinct. accesses: (U,) int64 occurrences, or None.
+            keys: (U,) int64, distinct; or a forward's PaddedKeys (their ``counts``
+                are then the accesses). accesses: (U,) int64 occurrences, or None.
             batch: the hold from ``begin_batch``.
 
         Returns:
@@ -256,11 +261,16 @@ class CachedTable(CacheFill, CacheReads, Cache):
         now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():
             ready = self._prefetched.pop(batch.number, None)
+            claim = None
+            if isinstance(keys, PaddedKeys):  # not a prefetch's keys: claimed now
+                keys, accesses, claim = self._claim_padded(keys, batch.number)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
                 slots, hits = ready[1], keys.numel()  # pinned for `batch`
                 failed = joined = None
             else:
-                slots, hits, failed, joined = self._fill(keys, batch.number, stage=True)
+                slots, hits, failed, joined = self._fill(
+                    keys, batch.number, stage=True, claim=claim
+                )
             live, acc = slots, accesses
             if failed is not None or joined is not None:  # staged keys have no slot
                 ok = slots >= 0
@@ -289,6 +299,8 @@ class CachedTable(CacheFill, CacheReads, Cache):
         hits_before, staged_before = self.stats.lookup_hits, self.stats.staged
         batch = self.begin_batch() if hold is None else hold
         slots, _ = self.lookup(keys, accesses, batch)
+        if isinstance(keys, PaddedKeys):  # sized by the lookup's read
+            keys = keys.sized()[0]
         hits = self.stats.lookup_hits - hits_before  # keys already in the cache
         if hold is not None:
             staged = self.stats.staged - staged_before

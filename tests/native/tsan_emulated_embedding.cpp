@@ -32,7 +32,7 @@ void emulated_pool() {
       HeapWorkspace ws;
       AssignSink<float> sink{tables[p]->ref(), uniform_init(), dims[p], rows.data(), dims[p], {}};
       emu::launch_upsert_keys(sink, args_for(ScoreStrategy::kNoEviction, 0), stored_keys.data(),
-                              kStored, status.data(), counts.data(), ws, nullptr);
+                              kStored, nullptr, status.data(), counts.data(), ws, nullptr);
       CHECK(counts[static_cast<int>(Status::kFailed)] == 0, "pool: a row not stored");
     }
   };
@@ -183,7 +183,7 @@ void emulated_backward() {
       HeapWorkspace ws;
       AssignSink<float> sink{tables[p]->ref(), uniform_init(), dims[p], rows.data(), dims[p], {}};
       emu::launch_upsert_keys(sink, args_for(ScoreStrategy::kNoEviction, 0), stored_keys.data(),
-                              kStored, status.data(), counts.data(), ws, nullptr);
+                              kStored, nullptr, status.data(), counts.data(), ws, nullptr);
       CHECK(counts[static_cast<int>(Status::kFailed)] == 0, "backward: a row not stored");
     }
     const int64_t hot = stored_keys[0], absent = key_of(me, 999'999), twice = stored_keys[1];

@@ -24,8 +24,11 @@ void emulated_upsert_find_erase_rehash() {
         std::unique_lock<std::shared_mutex> w(rw);
         HeapWorkspace ws;
         AssignSink<float> sink{table.ref(), uniform_init(), kDim, rows.data(), kDim, {}};
+        // the last round bounds the keys by a count in memory (a padded batch's live)
+        const int64_t live = kPerThread;
         emu::launch_upsert_keys(sink, args_for(ScoreStrategy::kNoEviction, round), keys.data(),
-                                kPerThread, status.data(), counts.data(), ws, nullptr);
+                                kPerThread, round == 2 ? &live : nullptr, status.data(),
+                                counts.data(), ws, nullptr);
         CHECK(counts[static_cast<int>(Status::kFailed)] == 0, "emulated upsert failed keys");
         emu::launch_erase(table.ref(), keys.data(), kPerThread / 2, flags.get(), ws, nullptr);
       }

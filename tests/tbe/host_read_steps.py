@@ -35,6 +35,11 @@ def _options(capacity: int, **extra) -> DynamicEmbTableOptions:
     )  # fmt: skip
 
 
+def _cached() -> DynamicEmbTableOptions:
+    """A cache of 256 rows in front of the table."""
+    return _options(4096, caching=True, local_hbm_for_values=256 * DIM * 4)
+
+
 # scenario -> (table options, feature_table_map); keys are drawn from [0, 3000).
 SCENARIOS = {
     "one_table": lambda: ([_options(4096)], [0, 0]),
@@ -43,7 +48,9 @@ SCENARIOS = {
     # 256 rows for ~1,000 distinct keys a step: every step evicts, in-batch too
     "evicting": lambda: ([_options(256)], [0]),
     # a cache of 256 rows in front of the table
-    "caching": lambda: ([_options(4096, caching=True, local_hbm_for_values=256 * DIM * 4)], [0]),
+    "caching": lambda: ([_cached()], [0]),
+    # a cached table beside an in-memory one: the cache's read takes the other's count
+    "cached_and_plain": lambda: ([_cached(), _options(4096)], [0, 1]),
     "admission": lambda: (
         [
             _options(
