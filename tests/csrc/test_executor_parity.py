@@ -159,12 +159,15 @@ def _assign(lib, t, policy, keys, scores, rows):
     return list(lib.table_insert_or_assign(t, policy, UNIFORM_INIT, keys, scores, rows, []))
 
 
-def _claim(lib, t, policy, keys, counts):
+def _claim(lib, t, policy, keys, counts, live=None):
+    """A claim; with ``live``, of the first ``live`` keys (a padded batch): the slots and
+    statuses past them are unspecified, the evicted keys there must stay untouched."""
     evicted_keys = torch.zeros_like(keys)
-    out = lib.table_find_or_insert_slots(
-        t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys
+    slots, status, totals = lib.table_find_or_insert_slots(
+        t, policy, UNIFORM_INIT, keys, None, counts, True, evicted_keys, live
     )
-    return list(out) + [evicted_keys]
+    u = keys.numel() if live is None else int(live)
+    return [slots[:u], status[:u], totals, evicted_keys]
 
 
 @pytest.mark.parametrize("strategy", [TIMESTAMP, STEP, CUSTOMIZED, LFU, TIMESTAMP_LFU, CACHE])
@@ -190,7 +193,12 @@ def test_slot_claims_with_accesses_and_pins(strategy, cpu_threads):
         evict = EVICT_ANY if strategy != NO_EVICTION else 0
         # Pins: this batch's and the previous one's are in flight.
         policy = [strategy, 1 + b, 3, evict, DIM, 1 + b, max(b, 1)]
-        step = partial(_claim, policy=policy, keys=keys, counts=counts)
+        live = None
+        if b % 2:  # padded: other keys after the live ones, which no executor may touch
+            live = torch.tensor([keys.numel()])
+            keys = torch.cat([keys, raw[:500] + 7])
+            counts = torch.cat([counts, torch.ones(500, dtype=torch.int64)])
+        step = partial(_claim, policy=policy, keys=keys, counts=counts, live=live)
         table = _run_both(table, step)
 
 
