@@ -34,16 +34,19 @@ class CacheFill:
         width = self.dim + self.extra_columns
         return checked_find(self.storage, keys, width, self.cache.value_dtype, self.name)
 
-    def _claim_padded(self, padded: PaddedKeys, batch: int):
-        """Step 1 on a forward's padded distinct keys, whose count the claim's read takes
-        along (padded_keys.py): returns ``(keys (U,), accesses (U,), claim)``, ``claim``
-        the ``(slots, status, counts)`` that ``_fill`` takes, or None when keys staged
-        by batches in flight must be told apart first (then sized by a read of their own)."""
-        if len(self._staging):
-            keys, _, accesses = padded.sized()
+    def _claim_padded(self, keys, accesses, batch: int):
+        """Step 1 on a forward's padded distinct keys (a PaddedKeys, its ``counts`` the
+        accesses), whose count the claim's read takes along (padded_keys.py): returns
+        ``(keys (U,), accesses (U,), claim)``, ``claim`` the ``(slots, status, counts)``
+        that ``_fill`` takes, or None when keys staged by batches in flight must be told
+        apart first (then sized by a read of their own). Other keys pass through."""
+        if not isinstance(keys, PaddedKeys):
             return keys, accesses, None
-        claim = self._claim(padded, batch)
-        keys, _, accesses = padded.sized()  # read already, with the claim's counts
+        if len(self._staging):
+            keys, _, accesses = keys.sized()
+            return keys, accesses, None
+        claim = self._claim(keys, batch)
+        keys, _, accesses = keys.sized()  # read already, with the claim's counts
         return keys, accesses, claim
 
     def _fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None):

@@ -216,9 +216,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.end_batch(self.begin_batch())
 
     has_cache = True  # prefetch, cache_stats and empty_cache act on the cache
-    # A training lookup reads the device anyway (its claim's counts): it takes a
-    # forward's PaddedKeys and their count rides along with that read.
-    takes_padded_keys = True
+    takes_padded_keys = True  # its claim reads the device anyway: their count rides along
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -246,9 +244,8 @@ class CachedTable(CacheFill, CacheReads, Cache):
         """Training lookup of a batch's distinct keys (steps 1-4 of the module doc).
 
         Args:
-            keys: (U,) int64, distinct; or a forward's PaddedKeys (their ``counts``
-                are then the accesses). accesses: (U,) int64 occurrences, or None.
-            batch: the hold from ``begin_batch``.
+            keys: (U,) int64, distinct, or a forward's PaddedKeys (with their counts).
+            accesses: (U,) int64 occurrences, or None. batch: ``begin_batch``'s hold.
 
         Returns:
             ``(slots, staged)``: (U,) int64 cache slots (-1 for staged keys) and the
@@ -261,9 +258,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():
             ready = self._prefetched.pop(batch.number, None)
-            claim = None
-            if isinstance(keys, PaddedKeys):  # not a prefetch's keys: claimed now
-                keys, accesses, claim = self._claim_padded(keys, batch.number)
+            keys, accesses, claim = self._claim_padded(keys, accesses, batch.number)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
                 slots, hits = ready[1], keys.numel()  # pinned for `batch`
                 failed = joined = None
@@ -299,8 +294,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         hits_before, staged_before = self.stats.lookup_hits, self.stats.staged
         batch = self.begin_batch() if hold is None else hold
         slots, _ = self.lookup(keys, accesses, batch)
-        if isinstance(keys, PaddedKeys):  # sized by the lookup's read
-            keys = keys.sized()[0]
+        keys = keys.sized()[0] if isinstance(keys, PaddedKeys) else keys  # read by the lookup
         hits = self.stats.lookup_hits - hits_before  # keys already in the cache
         if hold is not None:
             staged = self.stats.staged - staged_before
