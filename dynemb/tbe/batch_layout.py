@@ -230,22 +230,16 @@ def _describe(x) -> str:
     return f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def distinct_keys(batches: list) -> list:
+def distinct_keys(batches: list, padded: bool = False) -> list:
     """``unique_keys`` of each table's keys (None for absent tables), all tables in one
     op call (the executor de-duplicates them at once; each result depends on its own
-    keys only)."""
+    keys only). ``padded``: as PaddedKeys (dynemb.table.padded_keys), without a read of
+    the device; each table's count comes with the next read."""
     present = [tb.keys for tb in batches if tb is not None]
     if not present:
         return [None] * len(batches)
-    results = zip(*_ops.unique_keys_grouped(present), strict=True)
-    return [None if tb is None else next(results) for tb in batches]
-
-
-def padded_distinct(batches: list) -> list:
-    """``distinct_keys`` as PaddedKeys (dynemb.table.padded_keys): no read of the
-    device; each table's count comes with the next read."""
-    present = [tb.keys for tb in batches if tb is not None]
-    if not present:
-        return [None] * len(batches)
-    results = iter(padded_distinct_keys(present))
+    if padded:
+        results = iter(padded_distinct_keys(present))
+    else:
+        results = zip(*_ops.unique_keys_grouped(present), strict=True)
     return [None if tb is None else next(results) for tb in batches]

@@ -22,13 +22,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.table.padded_keys import PaddedKeys
-from dynemb.tbe.batch_layout import (
-    TableBatch,
-    count_accesses,
-    distinct_keys,
-    padded_distinct,
-    split_by_table,
-)
+from dynemb.tbe.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
 from dynemb.tbe.grouped_calls import pool_grouped, table_locked
 from dynemb.types import DynamicEmbPoolingMode
 
@@ -112,7 +106,7 @@ class ForwardPass:
         padded = access_counts is None and any(
             tb is not None and self._takes_padded_keys(t) for t, tb in enumerate(fresh)
         )
-        fresh = padded_distinct(fresh) if padded else distinct_keys(fresh)
+        fresh = distinct_keys(fresh, padded)
         distincts = [r if r is not None else f for r, f in zip(reused, fresh)]
         if access_counts is None:
             return distincts
