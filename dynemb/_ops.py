@@ -68,6 +68,7 @@ DECAYED_LFU: int = SCORE_STRATEGY_CODES["DECAYED_LFU"]
 TIMESTAMP_DECAYED_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_DECAYED_LFU"]
 DECAY_FRACTION_BITS: int = _CORE["decay_fraction_bits"]
 MAX_HALF_LIFE: int = _CORE["max_half_life"]  # steps
+MAX_DECAY_STEP: int = _CORE["max_decay_step"]  # the largest step a decayed score takes
 
 Status = enum.IntEnum("Status", dict(_CORE["statuses"]))
 Status.__doc__ = "Per-key outcome of an upsert (core/macros.h ``dynemb::Status``)."

@@ -96,15 +96,33 @@ class MultiTableKVCounter:
         counts.to(torch.int64).cpu().numpy().tofile(str(counter_file))
 
     def load(self, key_file: str | Path, counter_file: str | Path, table_id: int) -> None:
-        """Reads the files ``dump`` wrote into table ``table_id``'s counter."""
-        keys = torch.from_file(str(key_file), dtype=torch.int64, size=_rows(key_file))
-        counts = torch.from_file(str(counter_file), dtype=torch.int64, size=_rows(counter_file))
-        if keys.numel() != counts.numel():
+        """Reads the files ``dump`` wrote into table ``table_id``'s counter.
+
+        Raises:
+            ValueError: ``table_id`` out of range, or a file whose size is not what the
+                layout implies (whole int64 keys, one int64 count per key), naming the
+                file, its size and the size expected; the counter is unchanged.
+        """
+        counter = self._counter(table_id)
+        key_bytes = Path(key_file).stat().st_size
+        if key_bytes % 8:
+            whole = key_bytes - key_bytes % 8
             raise ValueError(
-                f"MultiTableKVCounter.load: {key_file} holds {keys.numel()} keys but "
-                f"{counter_file} {counts.numel()} counts"
+                f"MultiTableKVCounter.load: `key_file` {key_file} holds {key_bytes} bytes, "
+                f"expected a multiple of 8 (whole int64 keys, e.g. {whole} or {whole + 8}): "
+                "truncated or extended"
             )
-        self._counter(table_id).load(keys.to(self.device), counts.to(self.device))
+        rows = key_bytes // 8
+        count_bytes = Path(counter_file).stat().st_size
+        if count_bytes != key_bytes:
+            raise ValueError(
+                f"MultiTableKVCounter.load: `counter_file` {counter_file} holds {count_bytes} "
+                f"bytes, expected {key_bytes} (one int64 count per key of {key_file}, which "
+                f"holds {rows}): truncated, extended, or not this key file's counts"
+            )
+        keys = torch.from_file(str(key_file), dtype=torch.int64, size=rows)
+        counts = torch.from_file(str(counter_file), dtype=torch.int64, size=rows)
+        counter.load(keys.to(self.device), counts.to(self.device))
 
     def _counter(self, table_id: int) -> KVCounter:
         if not isinstance(table_id, int) or not 0 <= table_id < len(self.counters):
@@ -113,10 +131,6 @@ class MultiTableKVCounter:
                 f"got {table_id!r}"
             )
         return self.counters[table_id]
-
-
-def _rows(file: str | Path) -> int:
-    return Path(file).stat().st_size // 8
 
 
 __all__ = ["FrequencyAdmissionStrategy", "KVCounter", "MultiTableKVCounter"]

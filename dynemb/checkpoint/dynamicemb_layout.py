@@ -190,16 +190,33 @@ def read_opt_args(directory: Path, table: str) -> tuple[dict | None, list[str]]:
     return args, []
 
 
-def _size_error(file: Path, nbytes: int, rows: int, what: str) -> str | None:
+def _size_error(
+    file: Path, nbytes: int, rows: int, what: str, source: str = "the keys file"
+) -> str | None:
     if problem := file_problem(file):
         return problem
     size = file.stat().st_size
     if size != nbytes:
         return (
-            f"{file}: {size} bytes, expected {nbytes} ({rows} rows of {what}, as the keys "
-            "file implies): truncated, extended, or saved with another width"
+            f"{file}: {size} bytes, expected {nbytes} ({rows} rows of {what}, as {source} "
+            "implies): truncated, extended, or saved with another width"
         )
     return None
+
+
+def key_rows(file: Path) -> tuple[int, str | None]:
+    """``(rows, None)`` of a file of int64 keys, or ``(0, error)`` if its size is not a
+    whole number of keys (a key file is what the sizes of its rank's other files follow)."""
+    if problem := file_problem(file):
+        return 0, problem
+    size = file.stat().st_size
+    if size % 8:
+        whole = size - size % 8
+        return 0, (
+            f"{file}: {size} bytes, expected a multiple of 8 (whole int64 keys, e.g. {whole} "
+            f"or {whole + 8}): truncated or extended"
+        )
+    return size // 8, None
 
 
 def validate_table(
@@ -236,14 +253,10 @@ def validate_table(
         if (rank, world) not in found:
             errors.append(f"{keys_file}: missing (rank {rank} of world size {world})")
             continue
-        if problem := file_problem(keys_file):
-            errors.append(problem)
+        rows, error = key_rows(keys_file)
+        if error:
+            errors.append(error)
             continue
-        size = keys_file.stat().st_size
-        if size % 8:
-            errors.append(f"{keys_file}: {size} bytes, not a whole number of int64 keys")
-            continue
-        rows = size // 8
         files = {f: directory / file_name(table, f, rank, world) for f in FIELDS}
         checks = [
             ("values", dim * 4, f"{dim} float32"),
@@ -256,10 +269,13 @@ def validate_table(
                 errors.append(error)
         counter_rows = 0
         if counter and files["counter_keys"].is_file():
-            counter_rows = files["counter_keys"].stat().st_size // 8
-            for field in ("counter_keys", "counter_counts"):
-                if error := _size_error(files[field], counter_rows * 8, counter_rows, "int64"):
-                    errors.append(error)
+            counter_rows, error = key_rows(files["counter_keys"])
+            error = error or _size_error(
+                files["counter_counts"], counter_rows * 8, counter_rows, "int64 counts",
+                files["counter_keys"].name,
+            )  # fmt: skip
+            if error:
+                errors.append(error)
         shards.append(SavedShard(rank, rows, counter_rows, files))
     if errors:
         return None, errors

@@ -1,6 +1,7 @@
 """Loads a checkpoint in NVIDIA DynamicEmb's layout (see dynamicemb_layout.py) at any
 world size and dist_type: validate every file first, then route every key to its owner."""
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from dynemb.checkpoint.dynamicemb_layout import (
 )
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
+    StepLimits,
     op_threads,
     prepare_tables,
     report_dropped,
@@ -28,7 +30,6 @@ from dynemb.checkpoint.exchange import (
     route_rows,
 )
 from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError
-from dynemb.checkpoint.manifest import INT64_MAX
 from dynemb.checkpoint.tables import NamedTable, admission_counter, named_tables
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.dynamicemb_config import evict_strategy_of
@@ -76,21 +77,41 @@ def _check_opt_args(t: NamedTable, directory: Path, optim: bool, allow_mismatch:
     for key in _HYPER_PARAMETERS:
         if key in args and (isinstance(args[key], bool) or not isinstance(args[key], int | float)):
             errors.append(f"{file}: {key} must be a number, got {args[key]!r}")
-    for key in ("iters", "step_score"):  # steps: a table keeps them as int64
+    limits = StepLimits.of(t)
+    steps = {  # key -> (largest value, why)
+        "iters": (limits.optimizer, "the next step must fit an int64"),
+        "step_score": (limits.score, limits.score_rule),
+    }
+    for key, (high, why) in steps.items():
         value = args.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
-            errors.append(f"{file}: {key} must be an integer in [0, {INT64_MAX}], got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            errors.append(f"{file}: {key} must be an integer in [0, {high}] ({why}), got {value!r}")
     if not optim:
         return args, errors, False
     model_opt = opt_type_name(t.group.optimizer_config.optimizer)
     if args.get("opt_type") == model_opt:
-        return args, errors, True
+        return args, errors + _hyper_parameter_errors(t, file, args), True
     if not allow_mismatch:
         errors.append(
             f"{file}: opt_type {args.get('opt_type')!r}, the model trains {t.name!r} with "
             f"{model_opt!r}; pass allow_optimizer_mismatch=True to load rows only"
         )
     return args, errors, False
+
+
+def _hyper_parameter_errors(t: NamedTable, file: Path, args: dict) -> list[str]:
+    """The saved hyper-parameters the model's optimizer would refuse at its next step
+    (OptimizerConfig.validate): with optim=True they replace the model's."""
+    errors = []
+    for key, field in _HYPER_PARAMETERS.items():
+        value = args.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # absent, or not a number (refused above)
+        try:
+            dataclasses.replace(t.group.optimizer_config, **{field: value}).validate()
+        except ValueError as e:
+            errors.append(f"{file}: {key} {value!r} cannot be trained with ({e})")
+    return errors
 
 
 def _validate(path: Path, tables: list[NamedTable], table_names, optim, counter, allow_mismatch):

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from dynemb import _ops
+from dynemb.checkpoint.manifest import INT64_MAX
 from dynemb.checkpoint.tables import NamedTable, admission_counter
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.distributed.rank_faults import collective
@@ -193,6 +194,34 @@ def restored_step(current: int, saved: int, merge: bool) -> int:
     return max(current, saved) if merge else saved
 
 
+@dataclasses.dataclass(frozen=True)
+class StepLimits:
+    """The largest steps a load may restore into a table and still train it: each counter
+    goes one step further at the next batch, which the ops take as an int64 (a DECAYED_LFU
+    table's scores only up to the core's MAX_DECAY_STEP, csrc/core/decay.h).
+
+    Attributes:
+        score: the largest ``table.score_step``.
+        optimizer: the largest optimizer step (the module's ``step``, Adam's count).
+        score_rule: why ``score`` is the largest, for messages.
+    """
+
+    score: int
+    optimizer: int
+    score_rule: str
+
+    @staticmethod
+    def of(t: NamedTable) -> "StepLimits":
+        """The limits of table ``t`` under its score strategy."""
+        if t.table.score_half_life_steps is not None:  # DECAYED_LFU, alone or compound
+            rule = (
+                f"table {t.name!r} scores by DECAYED_LFU, whose next step must not pass "
+                f"{_ops.MAX_DECAY_STEP}, the core's largest decay step"
+            )
+            return StepLimits(_ops.MAX_DECAY_STEP - 1, INT64_MAX - 1, rule)
+        return StepLimits(INT64_MAX - 1, INT64_MAX - 1, "the next step must fit an int64")
+
+
 def restore_rows(t: NamedTable, fields: dict, rows: dict) -> int:
     """Stores the received entries exactly (rows, state, scores, timestamps) in one
     pass of the table op; returns the rows it dropped: saved keys that failed, and,
@@ -289,6 +318,7 @@ __all__ = [
     "report_dropped",
     "restore_rows",
     "restored_step",
+    "StepLimits",
     "check_held_everywhere",
     "check_no_column_slices",
     "route_rows",

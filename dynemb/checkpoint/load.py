@@ -12,6 +12,7 @@ from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
+    StepLimits,
     check_held_everywhere,
     check_no_column_slices,
     held_by,
@@ -36,6 +37,7 @@ from dynemb.distributed.collectives import (
     rank_and_size,
 )
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.table.batches_in_flight import refuse_batches_in_flight
 from dynemb.table.score_strategies import score_strategy_label
 
 
@@ -50,6 +52,16 @@ def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatc
         if meta[field] != mine:
             raise CheckpointError(
                 f"table {t.name!r}: the checkpoint has {field}={meta[field]!r}, the model {mine!r}"
+            )
+    limits = StepLimits.of(t)
+    for field, high, why in (
+        ("table_step", limits.score, limits.score_rule),
+        ("optimizer_step", limits.optimizer, "the next step must fit an int64"),
+    ):
+        if not 0 <= meta[field] <= high:
+            raise CheckpointError(
+                f"table {t.name!r}: the checkpoint's {field} must be in [0, {high}] ({why}), "
+                f"got {meta[field]}"
             )
     if not optim:
         return False
@@ -151,6 +163,9 @@ def DynamicEmbLoad(  # DynamicEmb's public name
             The tables are unchanged.
         RuntimeError: keys that did not fit in a NO_EVICTION table, or (``strict``)
             rows an evicting table dropped; raised after loading the rest.
+        RuntimeError: a loaded table has batches in flight (a training forward whose
+            backward has not run, a pending prefetch: their gradients and staged rows
+            would overwrite the loaded rows); raised before any table changes.
         RankFailure (a RuntimeError): another rank failed or died; names it and its error.
         ValueError: a ``fault_timeout`` that is not a positive number.
 
@@ -163,6 +178,10 @@ def DynamicEmbLoad(  # DynamicEmb's public name
     pg = process_group(pg)
     path = Path(path)
     with RankAgreement(pg, "DynamicEmbLoad", fault_timeout), load_lock(path):
+        refuse_batches_in_flight(
+            [(t.name, t.group.tables[t.index]) for t in named_tables(model, table_names)],
+            "DynamicEmbLoad",
+        )
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             what = "DynamicEmbLoad of DynamicEmb's layout"
             check_no_column_slices(named_tables(model, table_names), what)

@@ -66,6 +66,10 @@ class MemoryBatches:
         if log is not None:
             log.end_writes()
 
+    def batches_in_flight(self) -> int:
+        """Training forwards before their backward (and one-off upserts running)."""
+        return self._state.pins.in_flight()
+
     # ---------------------------------------------------- eval reads, prefetches
 
     def eval_rows(self, keys: torch.Tensor) -> tuple[TableStorage | None, torch.Tensor]:

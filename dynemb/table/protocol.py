@@ -157,6 +157,11 @@ class Table(Protocol):
         """The number of the next forward's prefetched batch, or None."""
         ...
 
+    def batches_in_flight(self) -> int:
+        """Training forwards before their backward (and a cache's pending prefetches);
+        a load refuses while any is (dynemb.table.batches_in_flight)."""
+        ...
+
     @property
     def cache_stats(self) -> Any:
         """A cache's dynemb.tiering.CacheStats, or None."""

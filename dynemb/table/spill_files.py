@@ -34,27 +34,72 @@ META_FILE = "table.json"
 FORMAT_VERSION = 1
 
 
-class MappedBuffer:
-    """A tensor whose memory is a shared mapping of ``path`` (created zero-filled)."""
+def buffer_bytes(shape: tuple, dtype: torch.dtype) -> int:
+    """Bytes of a buffer of ``shape`` and ``dtype``: the size of its file."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    return numel * torch.empty((), dtype=dtype).element_size()
 
-    def __init__(self, path: str, shape: tuple, dtype: torch.dtype) -> None:
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+
+def saved_size_error(path: str, shape: tuple, dtype: torch.dtype) -> str | None:
+    """Why the file ``path`` cannot be reopened as a buffer of ``shape`` and ``dtype``
+    (its size is not the buffer's), or None. A buffer of no bytes has no file."""
+    nbytes = buffer_bytes(shape, dtype)
+    what = f"a {tuple(shape)} {dtype} buffer, as table.json implies"
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return None if nbytes == 0 else f"{path}: missing, expected {nbytes} bytes ({what})"
+    if size != nbytes:
+        return (
+            f"{path}: {size} bytes, expected {nbytes} ({what}): truncated or extended; "
+            "refused, the file is left as it is"
+        )
+    return None
+
+
+class MappedBuffer:
+    """A tensor whose memory is a shared mapping of the file ``path``: ``create`` makes a
+    new zero-filled file, ``reopen`` maps a flushed one as it is."""
+
+    def __init__(self, path: str, tensor: torch.Tensor, mapping: mmap.mmap | None) -> None:
         self.path = path
-        self._mmap = None
-        if nbytes == 0:
-            self.tensor = torch.empty(shape, dtype=dtype)
-            return
-        with open(path, "a+b") as f:
-            if os.fstat(f.fileno()).st_size != nbytes:
-                f.truncate(nbytes)  # sparse: zero-filled without writing
-            self._mmap = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_WRITE)
+        self.tensor = tensor
+        self._mmap = mapping
+
+    @classmethod
+    def create(cls, path: str, shape: tuple, dtype: torch.dtype) -> "MappedBuffer":
+        """A new buffer, zero-filled; whatever ``path`` held is discarded (a generation
+        left by a growth that never committed must not lend its slots to this one)."""
+        if buffer_bytes(shape, dtype) == 0:
+            return cls(path, torch.empty(shape, dtype=dtype), None)
+        with open(path, "w+b") as f:  # emptied, then sized: sparse, zero-filled
+            f.truncate(buffer_bytes(shape, dtype))
+            return cls._map(path, f, shape, dtype)
+
+    @classmethod
+    def reopen(cls, path: str, shape: tuple, dtype: torch.dtype) -> "MappedBuffer":
+        """The flushed buffer ``path`` holds, mapped as it is.
+
+        Raises:
+            ValueError: the file's size is not the buffer's (``saved_size_error``);
+                nothing is mapped or changed.
+        """
+        if error := saved_size_error(path, shape, dtype):
+            raise ValueError(error)
+        if buffer_bytes(shape, dtype) == 0:
+            return cls(path, torch.empty(shape, dtype=dtype), None)
+        with open(path, "r+b") as f:
+            return cls._map(path, f, shape, dtype)
+
+    @classmethod
+    def _map(cls, path: str, f, shape: tuple, dtype: torch.dtype) -> "MappedBuffer":
+        mapping = mmap.mmap(f.fileno(), buffer_bytes(shape, dtype), access=mmap.ACCESS_WRITE)
         with warnings.catch_warnings():  # frombuffer warns about non-resizable buffers
             warnings.simplefilter("ignore")
-            flat = torch.frombuffer(self._mmap, dtype=dtype, count=numel)
-        self.tensor = flat.view(shape)
+            flat = torch.frombuffer(mapping, dtype=dtype)
+        return cls(path, flat.view(shape), mapping)
 
     def sync(self) -> None:
         """Writes the mapping's dirty pages to the file (msync)."""
@@ -94,10 +139,28 @@ class SpillDirectory:
     def generation_dir(self, generation: int) -> str:
         return os.path.join(self.path, f"g{generation}")
 
-    def buffer(self, generation: int, name: str, shape: tuple, dtype: torch.dtype) -> MappedBuffer:
+    def create_buffer(
+        self, generation: int, name: str, shape: tuple, dtype: torch.dtype
+    ) -> MappedBuffer:
+        """A new zero-filled buffer ``name`` of generation ``generation`` (MappedBuffer.create)."""
         directory = self.generation_dir(generation)
         os.makedirs(directory, exist_ok=True)
-        return MappedBuffer(os.path.join(directory, name), shape, dtype)
+        return MappedBuffer.create(os.path.join(directory, name), shape, dtype)
+
+    def reopen_buffer(
+        self, generation: int, name: str, shape: tuple, dtype: torch.dtype
+    ) -> MappedBuffer:
+        """The flushed buffer ``name`` of generation ``generation`` (MappedBuffer.reopen).
+
+        Raises:
+            ValueError: naming the spill directory, the file, its size and the size
+                expected; nothing changes.
+        """
+        path = os.path.join(self.generation_dir(generation), name)
+        try:
+            return MappedBuffer.reopen(path, shape, dtype)
+        except ValueError as e:
+            raise ValueError(f"spill directory {self.path!r}: {e}") from None
 
     def remove_generations_except(self, keep: int) -> None:
         for entry in os.listdir(self.path):

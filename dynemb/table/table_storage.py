@@ -11,7 +11,6 @@ empty ``slow_values``. Which memory holds each buffer is ``placement.py``'s rule
 """
 
 import dataclasses
-import os
 
 import torch
 
@@ -84,8 +83,12 @@ class TableStorage:
             mappings in generation ``generation`` of that directory; the others are
             written there by ``sync``.
         generation: the spill generation (growth makes a new one).
-        reopen: map the existing files of that generation (they must have the sizes
-            this storage expects) instead of starting empty.
+        reopen: map the existing files of that generation instead of new zero-filled
+            ones.
+
+    Raises:
+        ValueError: with ``reopen``, a file whose size is not the one this storage
+            expects (SpillDirectory.reopen_buffer); no file changes.
     """
 
     def __init__(
@@ -125,16 +128,14 @@ class TableStorage:
             for name in self.placement.resident_spill_buffers():
                 buffer = getattr(self, name)
                 file = _spill_file_name(name)
-                _check_spill_file(spill, generation, file, buffer.shape, buffer.dtype)
-                if buffer.numel():
-                    buffer.copy_(spill.buffer(generation, file, buffer.shape, buffer.dtype).tensor)
+                saved = spill.reopen_buffer(generation, file, buffer.shape, buffer.dtype)
+                buffer.copy_(saved.tensor)
 
     def _buffer(self, name: str, shape: tuple, dtype: torch.dtype, reopen: bool) -> torch.Tensor:
         memory = self.placement.memory[name]
         if memory is Memory.FILE:
-            if reopen:
-                _check_spill_file(self.spill, self.generation, name, shape, dtype)
-            mapped = self.spill.buffer(self.generation, name, shape, dtype)
+            map_file = self.spill.reopen_buffer if reopen else self.spill.create_buffer
+            mapped = map_file(self.generation, name, shape, dtype)
             self._mapped.append(mapped)
             buffer = mapped.tensor
         else:
@@ -240,7 +241,7 @@ class TableStorage:
             buffer = getattr(self, name)
             if buffer.numel():
                 file = _spill_file_name(name)
-                mapped = self.spill.buffer(self.generation, file, buffer.shape, buffer.dtype)
+                mapped = self.spill.create_buffer(self.generation, file, buffer.shape, buffer.dtype)
                 mapped.tensor.copy_(buffer)
                 mapped.sync()
         for mapped in self._mapped:
@@ -249,16 +250,3 @@ class TableStorage:
 
 def _spill_file_name(buffer: str) -> str:
     return "fast_values" if buffer == "values" else buffer
-
-
-def _check_spill_file(spill, generation, name, shape, dtype) -> None:
-    numel = 1
-    for s in shape:
-        numel *= s
-    want = numel * torch.empty((), dtype=dtype).element_size()
-    path = os.path.join(spill.generation_dir(generation), name)
-    have = os.path.getsize(path) if os.path.exists(path) else None
-    if want and have != want:
-        raise ValueError(
-            f"spill directory {spill.path!r}: {path} has {have} bytes, the table needs {want}"
-        )

@@ -11,6 +11,7 @@ import math
 import torch
 
 from dynemb.optimizer import OptimizerConfig
+from dynemb.table.batches_in_flight import refuse_batches_in_flight
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_stats import CacheStats
 from dynemb.types import DynamicEmbScoreStrategy
@@ -88,6 +89,7 @@ class CachingMembers:
 
         Raises:
             ValueError: ``load_factor`` outside (0, 1] or ``tolerance`` outside [0, 1).
+            RuntimeError: a table has batches in flight (dynemb.table.batches_in_flight).
         """
         if (
             isinstance(load_factor, bool)
@@ -101,6 +103,7 @@ class CachingMembers:
             or not 0 <= tolerance < 1
         ):
             raise ValueError(f"fill_tables: `tolerance` must be in [0, 1), got {tolerance!r}")
+        refuse_batches_in_flight(list(zip(self.table_names, self.tables)), "fill_tables")
         generator = torch.Generator().manual_seed(0)
         for table in self.tables:
             _fill(table.persistent_table(), load_factor - tolerance, generator)

@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 
 from dynemb.checkpoint.dynamicemb_layout import (
+    FIELDS,
     continuous_keys,
     file_name,
+    key_rows,
     read_field,
     read_opt_args,
     saved_tables,
@@ -33,19 +35,45 @@ def _find(path: Path, table_name: str) -> tuple[str, str]:
     return found[0]
 
 
+def _columns(file: Path, rows: int, element: int, keys_file: Path) -> int:
+    """Columns of ``element`` bytes in the ``rows`` rows of ``file`` (0 if there is none).
+
+    Raises:
+        CheckpointError: a size that is not whole rows, naming the file and both sizes.
+    """
+    if not file.is_file():
+        return 0
+    size, row_bytes = file.stat().st_size, rows * element
+    if size % row_bytes:
+        whole = size - size % row_bytes
+        raise CheckpointError(
+            f"{file}: {size} bytes, expected a multiple of {row_bytes} ({rows} rows, as "
+            f"{keys_file.name} implies, e.g. {whole} or {whole + row_bytes}): truncated or "
+            "extended"
+        )
+    return size // row_bytes
+
+
 def _widths(directory: Path, table: str) -> tuple[int, int, int]:
-    """``(dim, score columns, state columns)`` from the first saved rank with rows."""
+    """``(dim, score columns, state columns)`` from the first saved rank with rows.
+
+    Raises:
+        CheckpointError: a keys file that is not whole int64 keys, or a file of that
+            rank whose size is not whole rows, naming the file and both sizes.
+    """
     for keys_file in sorted(directory.glob(f"{table}_emb_keys.rank_*")):
-        rows = keys_file.stat().st_size // 8
+        rows, error = key_rows(keys_file)
+        if error:
+            raise CheckpointError(error)
         if not rows:
             continue
         rank, world = keys_file.name.split(".rank_")[1].split(".world_size_")
-
-        def columns(field: str, element: int, rank=int(rank), world=int(world), rows=rows):
-            file = directory / file_name(table, field, rank, world)
-            return file.stat().st_size // (rows * element) if file.is_file() else 0
-
-        return columns("values", 4), columns("scores", 8), columns("state", 4)
+        files = {f: directory / file_name(table, f, int(rank), int(world)) for f in FIELDS}
+        return (
+            _columns(files["values"], rows, 4, keys_file),
+            _columns(files["scores"], rows, 8, keys_file),
+            _columns(files["state"], rows, 4, keys_file),
+        )
     raise ValueError(f"WarmStart.from_dump: table {table!r} of {directory} holds no rows")
 
 

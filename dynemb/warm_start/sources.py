@@ -91,11 +91,13 @@ class WarmStart:
             ids: how a key finds its row: None or ``"identity"`` (key k is row k,
                 0 <= k < rows), ``"modulo"`` (row = key mod rows), a (rows,) int64
                 tensor (row i holds key ``ids[i]``, distinct), or a function from (n,)
-                int64 keys to (n,) int64 rows (-1 or out of range: not found).
+                int64 keys to (n,) int64 rows (-1 or out of range: not found). A weight
+                of no rows holds no key (its table starts from its initializer).
             state: optional (rows, state_columns) optimizer state of the rows.
 
         Raises:
-            ValueError: a weight, ids or state of the wrong shape or dtype.
+            ValueError: a weight, ids or state of the wrong shape or dtype, or a weight
+                of no rows under ``"modulo"`` (no row to map a key to).
         """
         weight = _check_weight("weight", weight)
         if state is not None:
@@ -113,6 +115,11 @@ class WarmStart:
             raise ValueError(
                 f"WarmStart: `ids` must be None, one of {MAPPINGS}, an int64 tensor or a "
                 f"function of the keys, got {ids!r}"
+            )
+        if ids == "modulo" and weight.shape[0] == 0:
+            raise ValueError(
+                "WarmStart: `weight` must have rows under ids='modulo' (row = key mod rows), "
+                f"got a {tuple(weight.shape)} tensor; an empty source: ids='identity'"
             )
         return MappedRows(weight, ids, state)
 
@@ -201,6 +208,14 @@ def _gather(t: torch.Tensor | None, at: torch.Tensor) -> torch.Tensor | None:
     return None if t is None else torch.index_select(t, 0, at.to(t.device))
 
 
+def _nothing_found(keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor | None):
+    """The WarmRows of a source of no rows: no key found, rows of zeros."""
+    n = keys.numel()
+    zeros = None if state is None else state.new_zeros((n, state.shape[1]))
+    found = torch.zeros_like(keys, dtype=torch.bool)
+    return WarmRows(found, values.new_zeros((n, values.shape[1])), zeros)
+
+
 class MappedRows(WarmStart):
     """A weight and a rule from a key to its row (see ``WarmStart.from_tensor``)."""
 
@@ -232,7 +247,9 @@ class MappedRows(WarmStart):
         return rows
 
     def rows(self, keys: torch.Tensor) -> WarmRows:
-        row = self._row_of(keys).to(self.weight.device)
+        row = self._row_of(keys).to(self.weight.device)  # a function's rows checked even so
+        if self.weight.shape[0] == 0:  # no row 0 to read in place of the keys not found
+            return _nothing_found(keys, self.weight, self.state)
         found = (row >= 0) & (row < self.weight.shape[0])
         at = torch.where(found, row, 0)
         return WarmRows(found.to(keys.device), _gather(self.weight, at), _gather(self.state, at))
@@ -256,14 +273,7 @@ class KeyedRows(WarmStart):
     def rows(self, keys: torch.Tensor) -> WarmRows:
         sorted_keys = self.keys.to(keys.device)
         if sorted_keys.numel() == 0:
-            found = torch.zeros_like(keys, dtype=torch.bool)
-            empty = self.values.new_zeros((keys.numel(), self.dim))
-            state = (
-                None
-                if self.state is None
-                else self.state.new_zeros((keys.numel(), self.state_columns))
-            )
-            return WarmRows(found, empty, state)
+            return _nothing_found(keys, self.values, self.state)
         pos = torch.searchsorted(sorted_keys, keys).clamp_(max=sorted_keys.numel() - 1)
         found = sorted_keys[pos] == keys
         return WarmRows(found, _gather(self.values, pos), _gather(self.state, pos))

@@ -128,7 +128,7 @@ def test_spill_reopen_refuses_another_layout_and_damaged_files(tmp_path):
         ScoredHashTable(dim=4, capacity=1024, bucket_capacity=32, spill_directory=path)
     keys_file = os.path.join(path, "g0", "keys")
     os.truncate(keys_file, os.path.getsize(keys_file) - 8)
-    with pytest.raises(ValueError, match="keys has 8184 bytes, the table needs 8192"):
+    with pytest.raises(ValueError, match="keys: 8184 bytes, expected 8192"):
         ScoredHashTable(dim=4, capacity=1024, bucket_capacity=16, spill_directory=path)
 
 
