@@ -11,10 +11,14 @@
 //   DYNEMB_CUDA_NS            the executor's namespace (dynemb::cuda, or
 //                             dynemb::cuda_emulated: both can live in one library)
 //   DYNEMB_CUDA_DEVICE_CODE   1 where device atomics exist (device code, emulation)
-//   DYNEMB_LAUNCH(grid, block, stream, kernel)(args...)   a kernel launch
+//   DYNEMB_LAUNCH(grid, block, stream, kernel)(args...)   a kernel launch, checked
+//                             (launch_check.h: an empty grid runs nothing; a failure
+//                             names the kernel, the op and its table)
 //   DYNEMB_SPIN_PAUSE()       inside spin loops (emulated threads share few cores)
 //   load_acquire32(p)         a 32-bit load with acquire order (device scope)
 #pragma once
+
+#include "cuda/launch_check.h"
 
 #if defined(DYNEMB_CUDA_EMULATION)
 #include "emulated/cuda_shim.h"
@@ -37,8 +41,31 @@
 #else
 #define DYNEMB_CUDA_DEVICE_CODE 0
 #endif
-#define DYNEMB_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+#define DYNEMB_LAUNCH(grid, block, stream, ...) \
+  ::dynemb::cuda::Launch{(grid), (block), (stream), #__VA_ARGS__}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE()
+#if defined(__CUDACC__)
+namespace dynemb::cuda {
+/// One checked launch (launch_check.h): DYNEMB_LAUNCH(grid, block, stream, kernel)(args...).
+struct Launch {
+  uint64_t grid, block;
+  cudaStream_t stream;
+  const char* name;  // the kernel's source text
+  template <class... P>
+  auto of(void (*kernel)(P...)) const {
+    return [kernel, l = *this](auto&&... args) {
+      if (!check_launch_shape(l.name, l.grid, l.block)) return;
+      kernel<<<static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block), 0, l.stream>>>(
+          static_cast<decltype(args)&&>(args)...);
+      cudaError_t error = cudaGetLastError();
+      const bool synced = sync_launches();
+      if (error == cudaSuccess && synced) error = cudaStreamSynchronize(l.stream);
+      if (error != cudaSuccess) throw_launch_error(l.name, cudaGetErrorString(error), synced);
+    };
+  }
+};
+}  // namespace dynemb::cuda
+#endif
 #if defined(__CUDA_ARCH__)
 __device__ inline int32_t load_acquire32(int32_t* p) {
   return cuda::atomic_ref<int32_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_acquire);

@@ -24,6 +24,7 @@
 #include <source_location>
 #include <type_traits>
 
+#include "cuda/launch_check.h"
 #include "emulated/lockstep.h"
 
 #define __global__
@@ -269,16 +270,32 @@ Counters counters();
 void count_host_read();  // launch.cpp: counters()
 
 /// DYNEMB_LAUNCH(grid, block, stream, kernel)(args...) in emulation.
+/// DYNEMB_EMULATION_FAULT_KERNEL=<text>: launches of kernels whose source text contains
+/// it fail as a kernel that faulted on a GPU would (tests of the launch errors' path).
+bool injected_fault(const char* kernel);  // launch.cpp
+
+/// One checked launch (cuda/launch_check.h), run as on a GPU with
+/// DYNEMB_CUDA_SYNC_LAUNCHES=1: a launch returns when its grid has run, and an error
+/// raised inside a kernel names it.
 struct Launch {
-  unsigned grid;
-  unsigned block;
+  uint64_t grid;
+  uint64_t block;
   cudaStream_t stream;
   const char* name;
   template <class Kernel>
   auto of(Kernel* kernel) const {
-    const unsigned g = grid, b = block;
-    const char* n = name;
-    return [kernel, g, b, n](auto... args) { run_grid(g, b, n, [&] { kernel(args...); }); };
+    return [kernel, l = *this](auto... args) {
+      if (!check_launch_shape(l.name, l.grid, l.block)) return;
+      if (injected_fault(l.name)) {
+        throw_launch_error(l.name, "an illegal memory access was encountered (injected)", true);
+      }
+      try {
+        run_grid(static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block), l.name,
+                 [&] { kernel(args...); });
+      } catch (const std::exception& e) {
+        throw_launch_error(l.name, e.what(), true);
+      }
+    };
   }
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <random>
@@ -175,5 +176,13 @@ void run_grid(unsigned grid, unsigned block, const char* kernel, const std::func
 }
 
 void spin_pause() { lane_yield(); }
+
+bool injected_fault(const char* kernel) {
+  static const std::string fault = [] {
+    const char* v = std::getenv("DYNEMB_EMULATION_FAULT_KERNEL");
+    return std::string(v != nullptr ? v : "");
+  }();
+  return !fault.empty() && std::strstr(kernel, fault.c_str()) != nullptr;
+}
 
 }  // namespace dynemb::emulation

@@ -27,6 +27,7 @@
 #include "core/pooling.h"
 #include "torch/cache_op_impls.h"
 #include "torch/embedding_op_checks.h"
+#include "torch/op_scope.h"
 #include "torch/table_op_impls.h"
 
 namespace dynemb {
@@ -385,16 +386,16 @@ struct EmbeddingOpImpls {
 #define DYNEMB_REGISTER_EMBEDDING_OPS(m, Backend)                                 \
   do {                                                                            \
     using EImpl = ::dynemb::EmbeddingOpImpls<Backend>;                            \
-    (m).impl("embedding_pool", &EImpl::pool);                                     \
-    (m).impl("embedding_pool_into", &EImpl::pool_into);                           \
-    (m).impl("embedding_pool_into_grouped", &EImpl::pool_into_grouped);           \
-    (m).impl("embedding_gather", &EImpl::gather);                                 \
-    (m).impl("embedding_backward", &EImpl::backward);                             \
-    (m).impl("embedding_backward_grouped", &EImpl::backward_grouped);             \
-    (m).impl("unique_keys", &EImpl::unique_keys);                                 \
-    (m).impl("unique_keys_grouped", &EImpl::unique_keys_grouped);                 \
-    (m).impl("unique_keys_grouped_padded", &EImpl::unique_keys_grouped_padded);   \
-    (m).impl("table_cache_exchange", &::dynemb::CacheOpImpls<Backend>::cache_exchange); \
+    DYNEMB_IMPL(m, "embedding_pool", &EImpl::pool);                                     \
+    DYNEMB_IMPL(m, "embedding_pool_into", &EImpl::pool_into);                           \
+    DYNEMB_IMPL(m, "embedding_pool_into_grouped", &EImpl::pool_into_grouped);           \
+    DYNEMB_IMPL(m, "embedding_gather", &EImpl::gather);                                 \
+    DYNEMB_IMPL(m, "embedding_backward", &EImpl::backward);                             \
+    DYNEMB_IMPL(m, "embedding_backward_grouped", &EImpl::backward_grouped);             \
+    DYNEMB_IMPL(m, "unique_keys", &EImpl::unique_keys);                                 \
+    DYNEMB_IMPL(m, "unique_keys_grouped", &EImpl::unique_keys_grouped);                 \
+    DYNEMB_IMPL(m, "unique_keys_grouped_padded", &EImpl::unique_keys_grouped_padded);   \
+    DYNEMB_IMPL(m, "table_cache_exchange", &::dynemb::CacheOpImpls<Backend>::cache_exchange); \
   } while (0)
 
 }  // namespace dynemb

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "torch/embedding_op_impls.h"
+#include "torch/op_scope.h"
 
 namespace dynemb {
 
@@ -175,8 +176,8 @@ struct SlotOpImpls {
 #define DYNEMB_REGISTER_SLOT_OPS(m, Backend)                                             \
   do {                                                                                   \
     using SImpl = ::dynemb::SlotOpImpls<Backend>;                                        \
-    (m).impl("table_find_or_insert_slots", &SImpl::find_or_insert_slots);                \
-    (m).impl("table_find_or_insert_slots_grouped", &SImpl::find_or_insert_slots_grouped); \
+    DYNEMB_IMPL(m, "table_find_or_insert_slots", &SImpl::find_or_insert_slots);                \
+    DYNEMB_IMPL(m, "table_find_or_insert_slots_grouped", &SImpl::find_or_insert_slots_grouped); \
   } while (0)
 
 }  // namespace dynemb

@@ -30,6 +30,7 @@
 #include <tuple>
 
 #include "torch/op_args.h"
+#include "torch/op_scope.h"
 
 namespace dynemb {
 
@@ -283,15 +284,15 @@ struct TableOpImpls {
 #define DYNEMB_REGISTER_TABLE_OPS(m, Backend)                                     \
   do {                                                                            \
     using Impl = ::dynemb::TableOpImpls<Backend>;                                 \
-    (m).impl("hash_keys", &Impl::hash_keys);                                      \
-    (m).impl("scores_after_hit", &Impl::scores_after_hit);                        \
-    (m).impl("table_find", &Impl::find);                                          \
-    (m).impl("table_find_slots", &Impl::find_slots);                              \
-    (m).impl("table_find_or_insert", &Impl::find_or_insert);                      \
-    (m).impl("table_insert_or_assign", &Impl::insert_or_assign);                  \
-    (m).impl("table_restore", &Impl::restore);                                    \
-    (m).impl("table_erase", &Impl::erase);                                        \
-    (m).impl("table_rehash", &Impl::rehash);                                      \
+    DYNEMB_IMPL(m, "hash_keys", &Impl::hash_keys);                                      \
+    DYNEMB_IMPL(m, "scores_after_hit", &Impl::scores_after_hit);                        \
+    DYNEMB_IMPL(m, "table_find", &Impl::find);                                          \
+    DYNEMB_IMPL(m, "table_find_slots", &Impl::find_slots);                              \
+    DYNEMB_IMPL(m, "table_find_or_insert", &Impl::find_or_insert);                      \
+    DYNEMB_IMPL(m, "table_insert_or_assign", &Impl::insert_or_assign);                  \
+    DYNEMB_IMPL(m, "table_restore", &Impl::restore);                                    \
+    DYNEMB_IMPL(m, "table_erase", &Impl::erase);                                        \
+    DYNEMB_IMPL(m, "table_rehash", &Impl::rehash);                                      \
   } while (0)
 
 }  // namespace dynemb

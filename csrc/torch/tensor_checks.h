@@ -22,6 +22,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/table_ref.h"
+#include "torch/op_scope.h"
 
 namespace dynemb {
 
@@ -116,6 +117,7 @@ inline void check_table(const char* op, at::TensorList table) {
   for (int64_t k = 0; k < kTableTensors; ++k) {
     if (k != kSlowValues) check_same_device(op, kTableTensorNames[k], table[k], digests);
   }
+  record_launch_table(num_buckets, capacity, values.size(1), c10::toString(values.scalar_type()));
   if (slow.numel() == 0) return;
   if (digests.is_cuda()) {
     TORCH_CHECK_VALUE(slow.is_cpu() && slow.is_pinned(), "dynemb.", op,
