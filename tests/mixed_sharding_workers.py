@@ -26,7 +26,12 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.modules.embedding_configs import PoolingType
 
-from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
+from dynemb import (
+    BatchedDynamicEmbeddingTables,
+    DynamicEmbDump,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+)
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 from tests.plan_entries import dynamic_entry, sharded_model
@@ -158,9 +163,10 @@ def _entries(table) -> dict[str, torch.Tensor]:
     return {"keys": keys[order], "values": values[order], "scores": scores[order]}
 
 
-def train_mixed(rank: int, world_size: int, cases: list[Case]):
+def train_mixed(rank: int, world_size: int, cases: list[Case], refused_dir: str):
     """Per case: this rank's outputs (per step, per feature), its dynamic tables'
-    entries, and the ordinary table's rows on the rank holding it (else None)."""
+    entries, the ordinary table's rows on the rank holding it (else None), and the
+    error of a dump of the model in DynamicEmb's layout into ``refused_dir``."""
     results = []
     start, stop = rank * BATCH, (rank + 1) * BATCH
     os.environ["LOCAL_WORLD_SIZE"] = str(min(LOCAL, world_size))  # TorchRec's node size
@@ -193,7 +199,12 @@ def train_mixed(rank: int, world_size: int, cases: list[Case]):
             prefix = "embeddings" if case.pooling == "NONE" else "embedding_bags"
             shards = model.state_dict()[f"{prefix}.{ORDINARY}.weight"].local_shards()
             ordinary = shards[0].tensor.clone() if shards else None
-        results.append((outputs, tables, ordinary))
+        try:
+            DynamicEmbDump(refused_dir, model, format="dynamicemb")
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        results.append((outputs, tables, ordinary, refused))
     return results
 
 

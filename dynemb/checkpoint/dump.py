@@ -19,7 +19,7 @@ from dynemb.checkpoint.dump_lock import (
     remove_superseded_dumps,
 )
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
-from dynemb.checkpoint.exchange import check_held_everywhere, check_no_column_slices
+from dynemb.checkpoint.exchange import check_row_wise_everywhere
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
 from dynemb.checkpoint.manifest import (
     FORMAT,
@@ -213,13 +213,12 @@ def DynamicEmbDump(  # DynamicEmb's public name
     path = Path(path)
     tables = named_tables(model, table_names)
     if format == "dynamicemb":
-        check_no_column_slices(tables, "DynamicEmbDump(format='dynamicemb')")
         with RankAgreement(pg, "DynamicEmbDump", fault_timeout):
+            check_row_wise_everywhere(tables, pg, "DynamicEmbDump(format='dynamicemb')")
             # Rank 0 resolves the path once; every rank writes inside that directory.
             occupied, resolved = all_gather((holds_checkpoint(path), str(path.resolve())), pg)[0]
             if occupied and not allow_overwrite:
                 raise FileExistsError(_occupied_message(path))
-            check_held_everywhere(tables, pg, "DynamicEmbDump(format='dynamicemb')")
             _dump_dynamicemb_layout(Path(resolved), tables, optim, counter, pg)
         return path
     with RankAgreement(pg, "DynamicEmbDump", fault_timeout) as ranks:

@@ -45,20 +45,6 @@ def table_holders(tables: list[NamedTable], pg) -> dict[str, list[int]]:
     return holders
 
 
-def check_held_everywhere(tables: list[NamedTable], pg, what: str) -> None:
-    """Raises ValueError on every rank when a table is not held by every rank of ``pg``
-    (table-wise): ``what`` (DynamicEmb's file layout) has files per rank of a row-wise
-    table only. Every rank calls it."""
-    world_size = rank_and_size(pg)[1]
-    holders = table_holders(tables, pg)
-    whole = sorted(name for name, ranks in holders.items() if len(ranks) < world_size)
-    if whole:
-        raise ValueError(
-            f"{what}: tables {whole} are sharded table-wise or table-row-wise (not on every rank); DynamicEmb's "
-            "layout holds row-wise tables only: use format='dynemb'"
-        )
-
-
 def sliced_tables(tables: list[NamedTable], pg) -> set[str]:
     """The tables held in column slices on any rank of ``pg``. Every rank calls it."""
     return {
@@ -66,14 +52,28 @@ def sliced_tables(tables: list[NamedTable], pg) -> set[str]:
     }
 
 
-def check_no_column_slices(tables: list[NamedTable], what: str) -> None:
-    """Raises ValueError naming the column-wise tables among ``tables`` (a slice holds
-    some columns of every row: ``what``, DynamicEmb's layout, holds whole rows)."""
-    sliced = sorted(t.name for t in tables if t.is_slice)
+def check_row_wise_everywhere(tables: list[NamedTable], pg, what: str) -> None:
+    """Raises ValueError on every rank naming every table ``what`` (DynamicEmb's file
+    layout: whole rows, files per rank of a row-wise table) cannot hold: tables sharded
+    column-wise (on any rank), and tables not held by every rank of ``pg`` (table-wise,
+    table-row-wise). Every rank calls it."""
+    world_size = rank_and_size(pg)[1]
+    sliced = sliced_tables(tables, pg)
+    holders = table_holders(tables, pg)
+    partial = sorted(
+        n for n, ranks in holders.items() if len(ranks) < world_size and n not in sliced
+    )
+    problems = []
     if sliced:
+        problems.append(f"tables {sorted(sliced)} are sharded column-wise")
+    if partial:
+        problems.append(
+            f"tables {partial} are sharded table-wise or table-row-wise (not on every rank)"
+        )
+    if problems:
         raise ValueError(
-            f"{what}: tables {sliced} are sharded column-wise; DynamicEmb's layout holds "
-            "whole rows of row-wise tables only: use format='dynemb'"
+            f"{what}: {'; '.join(problems)}; DynamicEmb's layout holds whole rows of row-wise "
+            "tables only: use format='dynemb'"
         )
 
 
@@ -319,8 +319,7 @@ __all__ = [
     "restore_rows",
     "restored_step",
     "StepLimits",
-    "check_held_everywhere",
-    "check_no_column_slices",
+    "check_row_wise_everywhere",
     "route_rows",
     "HeldBy",
     "held_by",

@@ -13,8 +13,7 @@ from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
     StepLimits,
-    check_held_everywhere,
-    check_no_column_slices,
+    check_row_wise_everywhere,
     held_by,
     op_threads,
     prepare_tables,
@@ -184,8 +183,7 @@ def DynamicEmbLoad(  # DynamicEmb's public name
         )
         if not (path / MANIFEST).is_file() and is_dynamicemb_layout(path):
             what = "DynamicEmbLoad of DynamicEmb's layout"
-            check_no_column_slices(named_tables(model, table_names), what)
-            check_held_everywhere(named_tables(model, table_names), pg, what)
+            check_row_wise_everywhere(named_tables(model, table_names), pg, what)
             load_dynamicemb_layout(
                 path, model, table_names, optim, counter, pg, allow_optimizer_mismatch, merge,
                 strict,

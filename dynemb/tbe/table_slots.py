@@ -15,7 +15,7 @@ import torch
 from dynemb import _ops
 from dynemb.table import lookup_undo
 from dynemb.table.growth import DeferredLookup, find_or_insert_slots_grouped
-from dynemb.types import DynamicEmbCheckMode
+from dynemb.types import DynamicEmbCheckMode, DynamicEmbScoreStrategy
 
 
 class TableSlots:
@@ -186,7 +186,7 @@ class TableSlots:
         self.safe_check_failures[t] += stats.failed
         what = (
             f"dynamic table {self.table_names[t]!r}: {stats.failed} keys could not be stored "
-            f"(table full at capacity {table.capacity()})"
+            f"({_why_failed(table)})"
         )
         if mode == DynamicEmbCheckMode.ERROR:
             stored = self._undo_forward() if undoable else "the keys that fit are stored"
@@ -215,3 +215,19 @@ class TableSlots:
                 f"undone): {lost}"
             )
         return stored
+
+
+def _why_failed(table) -> str:
+    """Why a lookup's keys found no slot, and what avoids it (for safe-check messages)."""
+    if getattr(table, "strategy_code", None) == DynamicEmbScoreStrategy.NO_EVICTION.value:
+        return (
+            f"NO_EVICTION: the table grows no further than max_capacity "
+            f"{table.max_capacity()} and each key's buckets were full; raise max_capacity, "
+            f"or let the table evict with another score_strategy"
+        )
+    return (
+        f"each key's bucket held only keys of batches in flight (this batch's own, or "
+        f"forwards awaiting their backward), which are never evicted; the table holds "
+        f"{table.size()} of {table.capacity()} keys in buckets of {table.bucket_capacity}: "
+        f"a larger bucket_capacity, smaller batches or a larger max_capacity avoid it"
+    )

@@ -2,18 +2,33 @@
 
 import torch
 
-from dynemb import _ops
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.dump_load import get_dynamic_emb_module
 from tests.sharded_workers import Case, build_model
 
 CASE = Case("EXACT_SGD", "hash_roundrobin")
 _OLD_SALT = 0x5BD1E9955BD1E995  # the routing of earlier dynemb versions
+_U64 = (1 << 64) - 1
+
+
+def _old_fmix64(k: int) -> int:
+    """MurmurHash3's 64-bit finaliser, as the earlier versions' routing hashed a key:
+    written out here, so that the old owners stay the old ones whatever the C++ hash
+    becomes."""
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _U64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _U64
+    return k ^ (k >> 33)
 
 
 def old_owner(keys: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The rank earlier dynemb versions sent a hash_roundrobin key to."""
-    return _ops.hash_keys(torch.bitwise_xor(keys, _OLD_SALT).contiguous(), world_size)[0]
+    """The rank earlier dynemb versions sent a hash_roundrobin key to: the high 32 bits
+    of fmix64(key ^ salt), scaled to [0, world_size)."""
+    owners = [
+        ((_old_fmix64((k & _U64) ^ _OLD_SALT) >> 32) * world_size) >> 32 for k in keys.tolist()
+    ]
+    return torch.tensor(owners, dtype=torch.int64)
 
 
 def saved_keys() -> torch.Tensor:
