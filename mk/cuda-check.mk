@@ -3,6 +3,9 @@
 # --no-build-isolation -e .` builds for a GPU user, against the CUDA build of torch 2.13.0,
 # downloaded once per machine into TORCH_CUDA_CACHE. Sources and flags come from setup.py
 # and from that torch (tools/cuda_check.py writes them into $(BUILD)/flags.mk).
+# ptxas reports each kernel's registers, stack, spills and shared memory for every arch
+# (-Xptxas -v, kept in $(BUILD)/<source>.ptxas); tools/ptxas_resources.py gathers them into
+# $(BUILD)/resources.{json,tsv,md} and fails the check on any spill.
 PYTHON     ?= python3
 NVCC       ?= nvcc
 CUDA_HOME  ?= /usr/local/cuda
@@ -16,6 +19,7 @@ comma    := ,
 FLAGS_MK := $(BUILD)/flags.mk
 CACHED   := $(TORCH_CUDA_CACHE)/.complete
 SO       := $(BUILD)/_C.so
+RESOURCES := $(BUILD)/resources.checked
 
 .PHONY: all FORCE
 .DELETE_ON_ERROR:
@@ -39,11 +43,19 @@ SRCS     := $(sort $(wildcard $(CUDA_CHECK_SOURCE_PATTERNS)))
 CU_SRCS  := $(filter %.cu,$(SRCS))
 CXX_SRCS := $(filter %.cpp,$(SRCS))
 OBJS     := $(SRCS:%=$(BUILD)/%.o)
+PTXAS    := $(CU_SRCS:%=$(BUILD)/%.ptxas)
 
-# -Werror all-warnings: cuda-check's own strictness; it changes no generated code.
-$(BUILD)/%.cu.o: %.cu $(FLAGS_MK)
+# -Werror all-warnings and -Xptxas -v: cuda-check's own strictness and ptxas's resource
+# report; neither changes the generated code. The report (stderr) goes to the .ptxas file,
+# one per source so that parallel compiles do not interleave; everything else nvcc says
+# (an error, say) is shown. A pattern rule's targets are made together: an object without
+# its report is rebuilt.
+$(BUILD)/%.cu.o $(BUILD)/%.cu.ptxas: %.cu $(FLAGS_MK)
 	@mkdir -p $(@D)
-	$(NVCC) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ $(CUDA_CHECK_NVCCFLAGS) -Werror all-warnings
+	$(NVCC) -MMD -MP -MF $(BUILD)/$<.d -c $< -o $(BUILD)/$<.o $(CUDA_CHECK_NVCCFLAGS) \
+	  -Werror all-warnings -Xptxas -v 2> $(BUILD)/$<.ptxas; rc=$$?; \
+	  grep -v -e '^ptxas info' -e '^ *[0-9]* bytes stack frame' $(BUILD)/$<.ptxas >&2; \
+	  exit $$rc
 
 # -O0 (after setup.py's -O3): the C++ sources compile here to prove that they build
 # against the CUDA torch and link with the CUDA objects; the CPU build compiles the same
@@ -64,7 +76,12 @@ $(BUILD)/objects: FORCE
 	@echo $(OBJS) > $@.tmp
 	@if cmp -s $@.tmp $@; then rm $@.tmp; else mv $@.tmp $@; fi
 
-$(SO).checked: $(SO)
+# Registers, spills and shared memory of every kernel and arch; fails on any spill (the
+# report is written either way).
+$(RESOURCES): $(PTXAS) tools/ptxas_resources.py
+	$(PYTHON) tools/ptxas_resources.py --checked $@ --nvcc $(NVCC) $(BUILD) $(PTXAS)
+
+$(SO).checked: $(SO) $(RESOURCES)
 	@undefined=$$(nm -D --undefined-only -C $(SO) | grep 'dynemb::' || true); \
 	if [ -n "$$undefined" ]; then \
 	  echo "cuda-check: $(SO) leaves dynemb symbols undefined:"; echo "$$undefined"; exit 1; \
@@ -72,6 +89,7 @@ $(SO).checked: $(SO)
 	$(if $(CUDA_CHECK_PYLIB),$(CXX) $(OBJS) $(CUDA_CHECK_LDFLAGS) $(CUDA_CHECK_PYLIB) \
 	  -Wl$(comma)--no-undefined -o $(BUILD)/_C.no-undefined.so && rm $(BUILD)/_C.no-undefined.so)
 	@echo "cuda-check: compiled $(words $(CU_SRCS)) CUDA sources (sm_$(subst $() $(),$(comma) sm_,$(CUDA_ARCHS))) and $(words $(CXX_SRCS)) C++ sources against torch 2.13.0+cu130, linked $(SO)$(if $(CUDA_CHECK_PYLIB), (also with --no-undefined)), 0 undefined dynemb symbols" > $@
+	@cat $(RESOURCES) >> $@
 
 FORCE:
 

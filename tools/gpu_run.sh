@@ -5,8 +5,10 @@
 #   where pip works, once:  tools/gpu_run.sh fetch [TORCH_MINOR]   (fills wheels-offline/)
 #   there, in a checkout:   tools/gpu_run.sh all
 #                           or one step: build | test [pytest args...] | bench
+#                           after build:  tools/gpu_run.sh sanitize   (not part of `all`)
 #   anywhere, no GPU:       tools/gpu_run.sh dry [pytest args...]  (test and bench on the
 #                           CPU at --quick sizes: checks this script; TEST_WORKERS=1: no -n)
+#                           tools/gpu_run.sh dry-sanitize  (the sanitize step on the CPU)
 #
 # fetch  downloads into wheels-offline/ the pure-Python and CPU wheels that match that torch
 #        (default 2.11: torchrec 1.6.1, fbgemm-gpu-cpu 1.6.0; fbgemm's CUDA wheel is 465 MB
@@ -20,13 +22,24 @@
 # bench  benchmark/bench_table.py --only hkv (HierarchicalKV's configurations beside the
 #        same-run torch.index_select) and benchmark/profile_train_gpu.py for W-train and
 #        W-train-wide (beside nn.EmbeddingBag + the same row-wise Adagrad in torch ops).
+# sanitize  NVIDIA compute-sanitizer's memcheck, synccheck and initcheck (--error-exitcode 1),
+#        one after another, each over SANITIZE_TESTS below (in one pytest process, on cpu and
+#        cuda, the CUDA caching allocator off so that each tensor is an allocation of its own);
+#        arguments replace that list. compute-sanitizer is looked for on PATH, then beside
+#        nvcc, in $CUDA_HOME/bin and /usr/local/cuda/bin (SANITIZER=path overrides); where
+#        none is found, or dynemb is not built with CUDA, the step says so and exits 2.
+#        dry-sanitize runs the same step on the CPU (cpu only, the CPU build): it checks
+#        the step's plumbing where there is no GPU.
 #
 # Each step runs under `timeout`; the caps (seconds) add up to 410 for `all`:
 # BUILD_SECONDS 150, TEST_SECONDS 110, HKV_SECONDS 90, TRAIN_SECONDS 30 per workload
-# (a step over its cap is stopped, 2 s later killed).
-# Output in ${OUT:-gpu-out}/ (7 files): steps.jsonl (one line a step: exit status, seconds,
-# cap), tests.jsonl (one line a test), bench_hkv.jsonl, train.jsonl (JSON lines), and
-# build.log, tests.log, bench.log (the benchmarks' tables and profiles).
+# (a step over its cap is stopped, 2 s later killed). `sanitize` has its own,
+# SANITIZE_SECONDS 180, a third for each tool's step.
+# Output in ${OUT:-gpu-out}/ (7 files, 8 with sanitize.log): steps.jsonl (one line a step:
+# exit status, seconds, cap; the sanitize steps are sanitize_memcheck, sanitize_synccheck
+# and sanitize_initcheck), tests.jsonl (one line a test), bench_hkv.jsonl, train.jsonl
+# (JSON lines), and build.log, tests.log, bench.log (the benchmarks' tables and profiles),
+# sanitize.log (each tool's pytest output and compute-sanitizer's report).
 set -o pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$self")/.."
@@ -48,6 +61,18 @@ GPU_TESTS=(
 )
 # Those that compare with fbgemm's CPU kernels (tests/fbgemm_reference.py), when it imports.
 FBGEMM_TESTS=(tests/tbe/test_batched_tables_reference.py tests/tbe/test_batched_tables_vs_fbgemm.py)
+# The sanitize step's subset of GPU_TESTS (72 tests on a GPU): every kind of table and
+# embedding kernel (upsert with eviction and tiers, pins, erase, rehash, restore,
+# de-duplication, pooling, gather, backward and each optimizer, cache exchange; hashing;
+# the grouped lookup of a training module), every dtype instantiation, at one CPU thread
+# and sum pooling only (mean runs the same kernels), so that each tool's run fits its
+# third of SANITIZE_SECONDS.
+SANITIZE_TESTS=(
+  tests/csrc/test_executor_parity.py tests/table/test_hash_keys.py::test_edge_keys
+  tests/tbe/test_grouped_lookup.py::test_a_module_trains_as_with_a_lookup_per_table
+  -k "not cpu-2-threads and not mean"
+)
+SANITIZE_TOOLS=(memcheck synccheck initcheck)
 
 # capped NAME SECONDS COMMAND...: runs COMMAND under `timeout` (which stops its whole
 # process group, pytest's workers too), appends its line to steps.jsonl and returns its
@@ -127,6 +152,68 @@ step_bench() {
   return "$rc"
 }
 
+# The compute-sanitizer to run: SANITIZER when set, else the first found on PATH, beside
+# nvcc (where it is a link into the toolkit), in $CUDA_HOME/bin, in /usr/local/cuda/bin.
+sanitizer() {
+  local c nvcc
+  if [ -n "${SANITIZER:-}" ]; then
+    [ -x "$SANITIZER" ] && echo "$SANITIZER"
+    return
+  fi
+  nvcc=$(command -v nvcc) && nvcc=$(readlink -f "$nvcc")
+  for c in "$(command -v compute-sanitizer)" "${nvcc:+$(dirname "$nvcc")/compute-sanitizer}" \
+      "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer; do
+    [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+# _sanitize TOOL [pytest args...]: one tool's run, its output appended to sanitize.log.
+_sanitize() {
+  local tool=$1 cs args=(-v -rfE -p no:cacheprovider -p no:benchmark -p no:xdist)
+  shift
+  local files=("$@")
+  [ ${#files[@]} -eq 0 ] && files=("${SANITIZE_TESTS[@]}")
+  {
+    echo "== $tool: $(date -u +%FT%TZ)"
+    cs=$(sanitizer) || {
+      echo "compute-sanitizer not found (SANITIZER, PATH, beside nvcc, \$CUDA_HOME/bin," \
+        "/usr/local/cuda/bin): install the CUDA toolkit's compute-sanitizer or set SANITIZER"
+      return 2
+    }
+    if [ "$device" = cuda ] && ! python3 -c 'import sys, dynemb._C as C, torch
+sys.exit(not (C.with_cuda and torch.cuda.is_available()))' 2>/dev/null; then
+      echo "dynemb is not built with CUDA or torch sees no GPU: run 'tools/gpu_run.sh build' first"
+      return 2
+    fi
+    printf '%q ' "$cs" --tool "$tool" --error-exitcode 1 python3 -m pytest "${args[@]}" "${files[@]}"
+    echo
+    DYNEMB_TEST_CUDA=$([ "$device" = cuda ] && echo 1 || echo 0) \
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool "$tool" --error-exitcode 1 \
+      python3 -m pytest "${args[@]}" "${files[@]}"
+  } >> "$out/sanitize.log" 2>&1
+}
+
+step_sanitize() {
+  local rc=0 tool cap=$(( ${SANITIZE_SECONDS:-180} / ${#SANITIZE_TOOLS[@]} ))
+  rm -f "$out/sanitize.log"
+  for tool in "${SANITIZE_TOOLS[@]}"; do
+    capped "sanitize_$tool" "$cap" bash "$self" _sanitize "$tool" "$@" || rc=1
+    # What this tool's run said: a missing prerequisite, or the failures, the tests'
+    # summary and the sanitizer's error count; else (pytest never got to its summary)
+    # the run's last lines.
+    awk -v head="== $tool:" '
+      index($0, head) == 1 { n = 0; said = "" }
+      { last[++n] = $0 }
+      /^(compute-sanitizer not found|dynemb is not built)|ERROR SUMMARY|^(FAILED|ERROR) / ||
+      /^=+ .* in [0-9.]+s/ { if (++m <= 20) said = said $0 "\n" }
+      /^=+ .* in [0-9.]+s|^(compute-sanitizer not found|dynemb is not built)/ { done = 1 }
+      END { if (done) printf "%s", said; else for (i = (n > 8 ? n - 7 : 1); i <= n; i++) print last[i] }
+    ' "$out/sanitize.log"
+  done
+  return "$rc"
+}
+
 case "${1:-}" in
 fetch)
   minor=${2:-11}
@@ -160,10 +247,17 @@ dry)  # test and bench on the CPU at --quick sizes: checks this script without a
   step_bench || rc=1
   cat "$out/steps.jsonl"
   exit "$rc" ;;
-_build | _test)  # the steps' bodies, run under `capped`
+sanitize | dry-sanitize)  # not part of `all`: after `build`, a step of its own; dry- runs
+  # it on the CPU (the cpu device, the CPU build), which checks its plumbing without a GPU
+  [ "$1" = dry-sanitize ] && { export GPU_RUN_DEVICE=cpu; device=cpu; }
+  shift
+  step_sanitize "$@"; rc=$?
+  grep '"step": "sanitize_' "$out/steps.jsonl"
+  exit "$rc" ;;
+_build | _test | _sanitize)  # the steps' bodies, run under `capped`
   "$@" ;;
 *)
   echo "usage: $0 fetch [TORCH_MINOR] | build | test [pytest args...] | bench | all" \
-    "| dry [pytest args...]" >&2
+    "| sanitize [pytest args...] | dry [pytest args...] | dry-sanitize [pytest args...]" >&2
   exit 2 ;;
 esac
