@@ -45,12 +45,14 @@ def upsert(
     ``defer``: where the table cannot grow (``can_defer``) its status counts are read
     later: the stats are then a ``DeferredLookup``, folded into ``size`` when read.
     ``warm``: the keys the op inserts read the table's warm-start source
-    (``state.warm_start``; a training lookup's op only; such an upsert is not deferred).
+    (``state.warm_start``; a training lookup's op only; such an upsert is not deferred),
+    before the op: a source that fails leaves the table as it was.
     """
     log = state.change_log
     if log is not None and evicted is None:  # the op reports the residents it evicts
         evicted = state.evicted_buffers(keys.numel())
     with state.lock.write():
+        new_rows = _read_warm(state, keys) if warm else None
         begun = begin_upsert(state, hold, pins)
         generation, batch_value, pin = begun
         try:
@@ -66,7 +68,7 @@ def upsert(
                 return status if return_status else stats
             status, stats = end_upsert(
                 state, op, keys, scores, values, evicted, status, read_to_host(counts, "status counts").tolist(), begun,
-                slots, per_key, log, warm,
+                slots, per_key, log, new_rows,
             )  # fmt: skip
         finally:
             if hold is None and pin is not None:
@@ -101,14 +103,14 @@ def begin_upsert(state: TableState, hold=None, pins=True) -> tuple[int, int, Pin
 
 def end_upsert(
     state: TableState, op, keys, scores, values, evicted, status, counts, begun,
-    slots=None, per_key=None, log=None, warm=False,
+    slots=None, per_key=None, log=None, new_rows=None,
 ):  # fmt: skip
     """After the op of a batch upsert (under ``lock.write()``, ``counts`` a list):
     grows and retries the keys that failed while the table may grow, then counts
     what was stored and records it in ``log`` (the change log the batch started
-    with; ``evicted`` then holds the op's evicted keys); with ``warm``, the keys
-    inserted take their rows from the warm-start source. Returns ``(status,
-    BatchStats)``. ``begun``: what ``begin_upsert`` returned."""
+    with; ``evicted`` then holds the op's evicted keys); ``new_rows``: the
+    warm-start rows ``_read_warm`` read before the op, which the keys inserted take.
+    Returns ``(status, BatchStats)``. ``begun``: what ``begin_upsert`` returned."""
     generation, batch_value, pin = begun
     while counts[_ops.Status.FAILED] and state.num_buckets < state.max_buckets:
         if not _grow(state):
@@ -119,8 +121,8 @@ def end_upsert(
     state.size += counts[_ops.Status.INSERTED]
     if slots is not None and state.generation != generation:
         slots.copy_(_ops.table_find_slots(state.storage.tensors(), keys))  # moved by growth
-    if warm and state.warm_start is not None:
-        _warm_fill(state, keys, status, values, slots)
+    if new_rows is not None and new_rows.positions.numel():
+        _warm_fill(state, keys, status, values, slots, new_rows)
     if log is not None:
         log.touched(keys[status != _ops.Status.FAILED])
         if counts[_ops.Status.EVICTED]:
@@ -135,10 +137,17 @@ def end_upsert(
     return status, stats
 
 
-def _warm_fill(state: TableState, keys, status, values, slots) -> None:
+def _read_warm(state: TableState, keys):
+    """The warm-start rows of the keys the table does not hold (``TableFill.read_new``,
+    under ``lock.write()`` before the op), or None without a warm-start source."""
+    return None if state.warm_start is None else state.warm_start.read_new(state.storage, keys)
+
+
+def _warm_fill(state: TableState, keys, status, values, slots, new_rows) -> None:
     """The keys the batch inserted (INSERTED, or EVICTED: in an evicted resident's
-    slot) read the warm-start source once (dynemb.warm_start.table_fill); ``values``:
-    the op's output rows when ``slots`` is None (they get the source's rows too)."""
+    slot) take the warm-start rows ``new_rows`` read before the op
+    (dynemb.warm_start.table_fill); ``values``: the op's output rows when ``slots``
+    is None (they get the source's rows too)."""
     new = torch.nonzero(
         (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED), as_tuple=True
     )[0]
@@ -149,7 +158,7 @@ def _warm_fill(state: TableState, keys, status, values, slots) -> None:
         new_slots = slots[new]
     else:
         new_slots = _ops.table_find_slots(state.storage.tensors(), new_keys)
-    pos, rows = state.warm_start.fill_slots(state.storage, new_keys, new_slots)
+    pos, rows = new_rows.fill_slots(state.storage, new, new_slots)
     if slots is None and pos.numel():
         values[new[pos]] = rows[:, : state.dim]
 
@@ -297,6 +306,8 @@ def find_or_insert_slots_grouped(
     with contextlib.ExitStack() as stack:
         for state in states:
             stack.enter_context(state.lock.write())
+        # Every warm-start source read before any table changes: one that fails changes none.
+        new_rows = [_read_warm(state, k) for state, k in zip(states, keys)]
         # upsert's own steps around one op call for every table.
         begun = [begin_upsert(state, holds[t] if holds else None) for t, state in enumerate(states)]
         if not holds:  # the pins of this call alone
@@ -321,7 +332,7 @@ def find_or_insert_slots_grouped(
         for t, state in enumerate(states):
             _, stats = end_upsert(
                 state, slot_upsert, keys[t], None, slots[t], None, status[t], counts[t],
-                begun[t], slots[t], accesses[t] if accesses else None, warm=True,
+                begun[t], slots[t], accesses[t] if accesses else None, new_rows=new_rows[t],
             )  # fmt: skip
             results.append((slots[t], stats))
     return results

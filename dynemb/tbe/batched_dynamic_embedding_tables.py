@@ -44,6 +44,7 @@ from dynemb.tbe.table_slots import TableSlots
 from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.types import DynamicEmbPoolingMode
+from dynemb.warm_start.optimizer_step import carried_step
 from dynemb.warm_start.table_fill import check_source
 
 
@@ -167,7 +168,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             admission_missing(o.admit_strategy, table) if o.admit_strategy is not None else missing
             for o, table, missing in zip(options, self.tables, self._eval_missing)
         ]
-        self.step = 0  # optimizer updates applied (Adam's bias correction uses it)
+        # Optimizer updates applied (Adam's bias correction uses it): from the dump whose
+        # optimizer state the tables warm-start from, as a load restores it.
+        self.step = carried_step(names, options, config.state_columns)
         # Per cached table: batch number -> (keys, distinct keys) of a prefetch, so that
         # the batch's forward reuses the de-duplication (and the table the slots).
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]

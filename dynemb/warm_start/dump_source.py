@@ -15,7 +15,7 @@ import torch
 from dynemb.checkpoint.columns import join_states, saved_slices
 from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.format import CheckpointError
-from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.checkpoint.manifest import INT64_MAX, MANIFEST, read_manifest
 from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units
 from dynemb.checkpoint.verify import verify_all
 from dynemb.warm_start.dynamicemb_source import read_dynamicemb_table
@@ -38,19 +38,28 @@ def find_table(saved: dict, table_name: str, path: Path) -> str:
 
 def read_dumped_table(path, table_name: str, optim: bool = True, num_embeddings=None):
     """``(keys (N,) int64, values (N, dim), state (N, state_columns) or None)`` of table
-    ``table_name`` of the dump at ``path``; ``state`` is None when the dump holds no
-    optimizer state, the optimizer keeps none, or ``optim`` is False. A directory in
-    NVIDIA DynamicEmb's layout is read by dynamicemb_source.py (``num_embeddings``:
-    see there).
+    ``table_name`` of the dump at ``path`` (``read_table`` without the step)."""
+    return read_table(path, table_name, optim, num_embeddings)[:3]
+
+
+def read_table(path, table_name: str, optim: bool = True, num_embeddings=None) -> tuple:
+    """``(keys (N,) int64, values (N, dim), state (N, state_columns) or None, step)`` of
+    table ``table_name`` of the dump at ``path``; ``state`` is None when the dump holds
+    no optimizer state, the optimizer keeps none, or ``optim`` is False; ``step`` is
+    the dumping module's optimizer step (Adam's bias-correction count) when ``state``
+    is given, else None. A directory in NVIDIA DynamicEmb's layout is read by
+    dynamicemb_source.py (``num_embeddings``: see there).
 
     Raises:
         ValueError: ``path`` holds no dynemb dump, or no such table (CheckpointError,
-            a ValueError, for a damaged dump).
+            a ValueError, for a damaged dump or a step outside [0, 2**63 - 2]: the next
+            step must fit an int64).
     """
     path = Path(path)
     if not (path / MANIFEST).is_file():
         if is_dynamicemb_layout(path):
-            return read_dynamicemb_table(path, table_name, optim, num_embeddings)
+            table = read_dynamicemb_table(path, table_name, optim, num_embeddings)
+            return _checked_step(table, path, f"{table_name} opt_args.json iters")
         raise ValueError(
             f"WarmStart.from_dump: {path} holds no DynamicEmbDump checkpoint (no {MANIFEST}, "
             f"no DynamicEmb key files)"
@@ -78,7 +87,23 @@ def read_dumped_table(path, table_name: str, optim: bool = True, num_embeddings=
         elif "state" in rows:
             parts["state"].append(rows["state"].clone())
     cat = {field: torch.cat(p) for field, p in parts.items() if p}
-    return cat["keys"], cat["values"], cat.get("state")
+    step = meta["optimizer_step"] if "state" in cat else None
+    table = cat["keys"], cat["values"], cat.get("state"), step
+    return _checked_step(table, path, f"tables[{name!r}].optimizer_step")
 
 
-__all__ = ["find_table", "read_dumped_table"]
+def _checked_step(table: tuple, path: Path, field: str) -> tuple:
+    """``table``, its step checked: the module that carries it counts one step more at
+    its next update, an int64 (as DynamicEmbLoad checks it)."""
+    step = table[3]
+    if step is not None and (
+        isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < INT64_MAX
+    ):
+        raise CheckpointError(
+            f"WarmStart.from_dump: {path}: {field} must be an integer in [0, {INT64_MAX - 1}] "
+            f"(the next step must fit an int64), got {step!r}"
+        )
+    return table
+
+
+__all__ = ["find_table", "read_dumped_table", "read_table"]

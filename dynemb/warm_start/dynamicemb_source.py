@@ -78,9 +78,10 @@ def _widths(directory: Path, table: str) -> tuple[int, int, int]:
 
 
 def read_dynamicemb_table(path: Path, table_name: str, optim: bool, num_embeddings: int | None):
-    """``(keys, values, state or None)`` of a table in DynamicEmb's layout under ``path``
-    (as dump_source.read_dumped_table). Under ``dist_type="continuous"`` (in the
-    table's opt_args.json) a saved rank holds local ids: ``num_embeddings`` (the
+    """``(keys, values, state or None, optimizer step or None)`` of a table in
+    DynamicEmb's layout under ``path`` (as dump_source.read_table; the step: opt_args'
+    ``iters``, 0 if absent, given with the state). Under ``dist_type="continuous"`` (in
+    the table's opt_args.json) a saved rank holds local ids: ``num_embeddings`` (the
     dumping model's) turns them back into keys.
 
     Raises:
@@ -113,7 +114,10 @@ def read_dynamicemb_table(path: Path, table_name: str, optim: bool, num_embeddin
         values.append(read_field(shard, "values", 0, shard.rows, dim))
         if state_columns:
             state.append(read_field(shard, "state", 0, shard.rows, state_columns))
-    return torch.cat(keys), torch.cat(values), torch.cat(state) if state_columns else None
+    if not state_columns:
+        return torch.cat(keys), torch.cat(values), None, None
+    step = (args or {}).get("iters", 0)  # Adam's count; a dump of another optimizer has none
+    return torch.cat(keys), torch.cat(values), torch.cat(state), step
 
 
 __all__ = ["read_dynamicemb_table"]

@@ -15,7 +15,9 @@ columns (``WarmRows``). Every source is one of four kinds:
   column-wise shard's share of a whole table's rows).
 
 ``WarmStart.from_*`` build them; ``dynemb.warm_start.table_fill`` applies one to the
-keys a table inserts.
+keys a table inserts. A key is read at its first lookup, possibly long after the
+source was built: a source over tensors holds copies of them (their values at
+construction), while a Storage and an ids function are called at each read.
 """
 
 import dataclasses
@@ -44,6 +46,10 @@ class WarmRows:
 class WarmStart:
     """A warm-start source (see the module docstring): ``dim`` columns per row, in
     ``dtype``, and ``state_columns`` optimizer-state columns (0: none kept).
+    ``optimizer_step``: the optimizer step its state was trained to (a dump's, which
+    a module whose table takes the state starts from, as DynamicEmbLoad restores
+    it: Adam's bias correction goes on from there), or None (no state, or a source
+    that does not know it).
 
     Example::
 
@@ -54,6 +60,7 @@ class WarmStart:
     dim: int
     dtype: torch.dtype
     state_columns: int = 0
+    optimizer_step: int | None = None
 
     def rows(self, keys: torch.Tensor) -> WarmRows:
         """The source's rows of ``keys`` ((n,) int64, distinct), in one gather."""
@@ -84,7 +91,12 @@ class WarmStart:
         ids: torch.Tensor | str | Callable | None = None,
         state: torch.Tensor | None = None,
     ) -> "WarmStart":
-        """A source over a (rows, dim) weight.
+        """A source over a (rows, dim) weight, copied (as are ``state`` and an ``ids``
+        tensor): the source holds their values at this call, whatever the caller
+        does to its tensors afterwards (in-place edits, training the model they came
+        from). The copy takes the weight's memory once more, on its device, while the
+        caller keeps the original: drop it (e.g. the static model) once the module is
+        built, or move it to the CPU first. An ``ids`` function is called at each read.
 
         Args:
             weight: (rows, dim) floating tensor (e.g. a static table's weight).
@@ -121,7 +133,9 @@ class WarmStart:
                 "WarmStart: `weight` must have rows under ids='modulo' (row = key mod rows), "
                 f"got a {tuple(weight.shape)} tensor; an empty source: ids='identity'"
             )
-        return MappedRows(weight, ids, state)
+        # A copy: a source is read at each key's first lookup, possibly long after, and
+        # its rows must be what the caller passed (KeyedRows copies by sorting).
+        return MappedRows(weight.clone(), ids, None if state is None else state.clone())
 
     @staticmethod
     def from_state_dict(
@@ -130,7 +144,8 @@ class WarmStart:
         ids: torch.Tensor | str | Callable | None = None,
     ) -> "WarmStart":
         """A source over a static table of a TorchRec ``EmbeddingBagCollection`` /
-        ``EmbeddingCollection`` state dict (of the collection or of a model holding it).
+        ``EmbeddingCollection`` state dict (of the collection or of a model holding it),
+        its weight copied as ``from_tensor`` copies it.
 
         Args:
             state_dict: the state dict.
@@ -163,24 +178,36 @@ class WarmStart:
     ) -> "WarmStart":
         """A source over one table of a ``DynamicEmbDump`` checkpoint, written at any
         world size, in dynemb's format or NVIDIA DynamicEmb's layout: every saved row,
-        with its optimizer state when the dump has it and ``optim``.
-        ``num_embeddings``: the dumping model's table size, needed only for
-        DynamicEmb's layout dumped by several ranks under ``dist_type="continuous"``
-        (its files hold local ids). See ``dynemb.warm_start.dump_source``.
+        with its optimizer state when the dump has it and ``optim``, and then the
+        dump's optimizer step (``optimizer_step``: a module whose table takes the state
+        starts from it). ``num_embeddings``: the dumping model's table size, needed
+        only for DynamicEmb's layout dumped by several ranks under
+        ``dist_type="continuous"`` (its files hold local ids). See
+        ``dynemb.warm_start.dump_source``.
 
         Raises:
             ValueError: no dump at ``path``, or no table ``table_name`` in it.
             CheckpointError: a damaged dump (a ValueError too).
         """
-        from dynemb.warm_start.dump_source import read_dumped_table
+        from dynemb.warm_start.dump_source import read_table
 
-        keys, values, state = read_dumped_table(path, table_name, optim, num_embeddings)
-        return KeyedRows(keys, values, state)
+        keys, values, state, step = read_table(path, table_name, optim, num_embeddings)
+        return KeyedRows(keys, values, state, step)
 
     @staticmethod
     def from_storage(storage, dim: int, state_columns: int = 0) -> "WarmStart":
         """A source over a ``dynemb.tiering.Storage`` instance whose rows are ``dim``
-        embedding columns followed by ``state_columns`` optimizer-state columns."""
+        embedding columns followed by ``state_columns`` optimizer-state columns. The
+        storage is not copied: each read calls its ``find``, so a key reads what the
+        storage holds at the key's first lookup.
+
+        Raises:
+            ValueError: ``storage`` is not a Storage, or ``dim`` / ``state_columns`` not
+                ints >= 1 / >= 0; when read (a lookup's new keys, before the table
+                changes), a ``find`` result that is not ``(rows (n, dim +
+                state_columns) floating, scores (n,) int64, found (n,) bool)`` for n
+                keys, naming the storage's class and what it returned.
+        """
         from dynemb.tiering.storage import Storage
 
         if not isinstance(storage, Storage):
@@ -259,8 +286,13 @@ class KeyedRows(WarmStart):
     """Rows with one key each (distinct), found by binary search in the sorted keys."""
 
     def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, state: torch.Tensor | None = None
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        state: torch.Tensor | None = None,
+        optimizer_step: int | None = None,
     ) -> None:
+        self.optimizer_step = None if state is None else optimizer_step
         order = torch.argsort(keys)
         self.keys = keys[order]
         if self.keys.numel() > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
@@ -287,25 +319,53 @@ class StorageRows(WarmStart):
         self.dtype = None  # whatever the storage returns (checked per read)
 
     def rows(self, keys: torch.Tensor) -> WarmRows:
+        n, width = keys.numel(), self.dim + self.state_columns
         result = self.storage.find(keys)
-        rows, found = result[0], result[2]
-        width = self.dim + self.state_columns
+        if not isinstance(result, tuple | list) or len(result) != 3:
+            got = (
+                f"a {type(result).__name__} of {len(result)}"
+                if isinstance(result, tuple | list)
+                else _described(result)
+            )
+            self._fail(f"{got}, expected (rows, scores, found)")
+        rows, scores, found = result
+        # Every result checked: a wrong one would misalign the rows and their keys. The
+        # dtypes of empty results are not (as a cache's checked_find).
+        want_rows = (
+            f"a ({n}, {width}) floating tensor (dim {self.dim} + state {self.state_columns})"
+        )
         if (
             not isinstance(rows, torch.Tensor)
-            or rows.shape != (keys.numel(), width)
-            or not rows.is_floating_point()
+            or rows.shape != (n, width)
+            or (n and not rows.is_floating_point())
         ):
-            got = (
-                f"{tuple(rows.shape)} {rows.dtype}"
-                if isinstance(rows, torch.Tensor)
-                else repr(rows)
-            )
-            raise ValueError(
-                f"WarmStart: storage {self.storage!r} find returned rows {got}, expected "
-                f"({keys.numel()}, {width}) floating (dim {self.dim} + state {self.state_columns})"
-            )
+            self._fail(f"rows {_described(rows)} for {n} keys, expected {want_rows}")
+        for what, value, dtype in (("scores", scores, torch.int64), ("found", found, torch.bool)):
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.shape != (n,)
+                or (n and value.dtype != dtype)
+            ):
+                self._fail(
+                    f"{what} {_described(value)} for {n} keys, expected a ({n},) {dtype} tensor"
+                )
+        found = found.to(torch.bool)  # an empty one of another dtype
         state = rows[:, self.dim :] if self.state_columns else None
-        return WarmRows(found.to(torch.bool), rows[:, : self.dim], state)
+        return WarmRows(found, rows[:, : self.dim], state)
+
+    def _fail(self, what: str):
+        raise ValueError(
+            f"WarmStart.from_storage: {type(self.storage).__name__}.find returned {what} "
+            "(a Storage's find returns (rows (n, dim + state_columns) floating, scores (n,) "
+            "int64, found (n,) bool))"
+        )
+
+
+def _described(value) -> str:
+    """``value`` in an error message: a tensor's shape and dtype, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a {tuple(value.shape)} {value.dtype} tensor"
+    return f"a {type(value).__name__}"
 
 
 class ColumnSlice(WarmStart):

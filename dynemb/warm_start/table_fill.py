@@ -1,19 +1,61 @@
 """``TableFill``: a warm-start source bound to one table, applied to the keys a batch
-has just inserted.
+inserts.
 
-A training lookup inserts a batch's new keys with the initializer's rows; the
-table's upsert then hands the keys whose status is INSERTED or EVICTED (inserted in
-the slot of a resident it evicted) and their slots to ``fill_slots``: one gather
-from the source for all of them, one scatter into the slots. A key the source has
-gets its row (and its optimizer state when the source keeps one of the table's
-width; otherwise the initialised state stays); a key it lacks keeps the
-initializer's row. Keys found or refused (admission, a full table) are never
-passed, so the source is read once per key, the first time the key is stored.
+A training lookup of a table (a ScoredHashTable) reads the source first, under the
+table's write lock and before its upsert changes anything (``read_new``): one
+gather of the batch's keys the table does not hold. So a source that fails (raises,
+or gives rows of the wrong shape) fails the lookup with the table as it was, and a
+later lookup of those keys reads the source again. The upsert then inserts the new
+keys with the initializer's rows and ``NewRows.fill_slots`` writes the rows read
+into the slots of the keys whose status is INSERTED or EVICTED (inserted in the slot
+of a resident it evicted). A key the source has gets its row (and its optimizer
+state when the source keeps one of the table's width; otherwise the initialised
+state stays); a key it lacks keeps the initializer's row. Found keys are never
+read, so the source is read once per key, the first time the key is stored; only a
+key the upsert then refuses (a full table) is read and not stored (and read again
+by its next lookup). Keys refused by admission never reach the table.
+
+A cached table (dynemb.tiering) reads the source for the keys new to both of its
+tiers, after its claim (``read``, ``fill_slots``).
 """
+
+import dataclasses
 
 import torch
 
+from dynemb import _ops
 from dynemb.warm_start.sources import WarmRows, WarmStart
+
+
+@dataclasses.dataclass
+class NewRows:
+    """The source's rows of a batch's keys, read before the batch's upsert
+    (``TableFill.read_new``).
+
+    Attributes:
+        count: n, the batch's keys.
+        positions: (m,) int64, positions in the batch of the keys the source has
+            (not stored before the upsert).
+        rows: (m, dim [+ state_columns]) their rows, in the table's dtype.
+    """
+
+    count: int
+    positions: torch.Tensor
+    rows: torch.Tensor
+
+    def fill_slots(self, storage, new: torch.Tensor, slots: torch.Tensor) -> tuple:
+        """Writes the rows read of the keys at positions ``new`` ((k,) int64, the keys the
+        upsert inserted) into their ``slots`` ((k,) int64) of ``storage`` (a
+        TableStorage). Returns ``(at, rows)``: the positions in ``new`` written and
+        their rows."""
+        row_of = torch.full((self.count,), -1, dtype=torch.int64, device=new.device)
+        row_of[self.positions] = torch.arange(self.positions.numel(), device=new.device)
+        r = row_of[new]
+        at = torch.nonzero(r >= 0, as_tuple=True)[0]
+        rows = self.rows.index_select(0, r[at])
+        if at.numel():
+            storage.write_rows(slots[at], rows)
+        return at, rows
 
 
 class TableFill:
@@ -59,6 +101,18 @@ class TableFill:
             values = torch.cat([values, state.to(values.device)], dim=1)
         return pos, values.to(device=keys.device, dtype=self.value_dtype)
 
+    def read_new(self, storage, keys: torch.Tensor) -> NewRows:
+        """The source's rows of the distinct ``keys`` ((n,) int64) that ``storage`` (a
+        TableStorage, under its table's write lock) does not hold: read before an
+        upsert of ``keys``, so that a source that fails changes nothing. No key
+        missing: no read."""
+        missing = torch.nonzero(_ops.table_find_slots(storage.tensors(), keys) < 0)[:, 0]
+        if not missing.numel():
+            empty = keys.new_empty((0, self.dim + self.state_columns), dtype=self.value_dtype)
+            return NewRows(keys.numel(), missing, empty)
+        pos, rows = self.read(keys[missing])
+        return NewRows(keys.numel(), missing[pos], rows)
+
     def fill_slots(self, storage, keys: torch.Tensor, slots: torch.Tensor) -> tuple:
         """Overwrites the rows of ``slots`` (the slots of newly inserted ``keys``, (n,)
         each) in ``storage`` (a TableStorage) with the source's rows of the keys it
@@ -92,4 +146,4 @@ def check_source(name: str, source, dim: int, state_columns: int) -> None:
         )
 
 
-__all__ = ["TableFill", "check_source"]
+__all__ = ["NewRows", "TableFill", "check_source"]
