@@ -16,6 +16,10 @@ from tests.dropped_forwards_workers import forwards_without_backward
 from tests.multiprocess import run_ranks
 from tests.sharded_workers import Case
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "the ledgers under test are Python; the executor's table ops are the emulated pass's elsewhere"
+)
+
 CASES = {
     "in_memory": Case("EXACT_SGD", "roundrobin"),
     "cached": Case("EXACT_SGD", "roundrobin", cache_rows=16),
