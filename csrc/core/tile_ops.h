@@ -11,14 +11,11 @@
 // (a bucket's keys are all in one range), and pass 2, where one tile serves every
 // deferred key of the batch in batch order (it owns the whole table), so no other
 // lane reads or writes the bucket meanwhile. Hence no bucket lock and no fence; the
-// tile's own order is kept by tile.sync() (votes and shuffles order no memory): one
-// lane writes the slot's metadata (touch and overflow flags lane 0; a claim the slot's
-// digest_lane, the one lane whose scan read what a claim of a free slot overwrites),
-// every lane calls the sink with its Lanes (batch_sinks.h: its elements of the rows),
-// and the tile syncs after an eviction's capture (every lane read the victim's score,
-// key and row before they are overwritten), before pass 2 sets an overflow flag (every
-// lane read the flags) and after each key (the next key's scans and rows must see its
-// writes).
+// tile's own order is kept by tile.sync(): lane 0 writes the slot's metadata (touch,
+// claim, overflow flags), every lane calls the sink with its Lanes (batch_sinks.h: its
+// elements of the rows), and the tile syncs after an eviction's capture (before the
+// newcomer's row overwrites the victim's) and after each key (the next key's scans
+// and rows must see its writes).
 #pragma once
 
 #include "core/batch_sinks.h"
@@ -75,9 +72,7 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
     tile.sync();  // the victim's row and key are read before they are overwritten
   }
   if (claimed >= 0) {
-    if (tile.rank() == digest_lane(tile, t, claimed)) {
-      claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
-    }
+    if (tile.rank() == 0) claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
     sink.fresh(i, o, claimed, key, l);
   } else {
     sink.failed(i, o, key, l);
@@ -113,7 +108,7 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
 }
 
 /// upsert_spill by the one tile of pass 2 (it owns the table): the same walk and
-/// decisions, each bucket of the window scanned by the tile, one lane writing the
+/// decisions, each bucket of the window scanned by the tile, lane 0 writing the
 /// metadata (touch, claim, overflow flags). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
@@ -135,12 +130,11 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     sink.hit(i, o, found, l);
     status = Status::kHit;
   } else {
-    tile.sync();  // every lane read the overflow flags that lane 0 sets below
     b = p.bucket;
     for (int k = 0; k < window; ++k) {
       const int64_t slot = tile_free_slot(tile, t, b, p.order);  // every lane agrees
       if (slot >= 0) {
-        if (tile.rank() == digest_lane(tile, t, slot)) {
+        if (tile.rank() == 0) {
           claim(t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
         }
         sink.fresh(i, o, slot, key, l);
