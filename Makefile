@@ -99,7 +99,8 @@ test-emulated: build
 # `make sanitize` (part of `make test`): sanitize-asan builds an ASan + UBSan copy of the
 # extension into build/sanitize/site (setup.py, DYNEMB_SANITIZE=1; the normal build stays)
 # and runs the table, kernel and checkpoint tests on it; sanitize-tsan builds and runs the
-# torch-free ThreadSanitizer driver of the table algorithm (tests/native/tsan_tables.cpp).
+# torch-free ThreadSanitizer driver of the table algorithm (tests/native/tsan_tables.cpp),
+# the lockstep primitives and the memory model's litmus kernels under TSan.
 # Tests that spawn rank processes are skipped under ASan (slow); ASAN_SPAWNED=1 runs them.
 SANITIZE_SITE  := build/sanitize/site
 SANITIZE_STAMP := build/sanitize/.extension-built
@@ -131,12 +132,13 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
   ASAN_OPTIONS=detect_leaks=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 DYNEMB_EXPECT_EXTENSION_IN=$(SANITIZE_SITE) \
   $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
-# The emulated executor's runtime: grid pool, lockstep blocks, fibers.
+# The emulated executor's runtime: grid pool, lockstep blocks, fibers, memory model.
 EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp \
-  csrc/emulated/lockstep_rules.cpp csrc/emulated/fiber.cpp
+  csrc/emulated/lockstep_rules.cpp csrc/emulated/fiber.cpp csrc/emulated/memory_model.cpp
 TSAN_SOURCES := $(wildcard tests/native/tsan_*.cpp) $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
 TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels
+TSAN_LITMUS   := build/sanitize/tsan/litmus_kernels
 
 sanitize: sanitize-asan sanitize-tsan
 
@@ -161,12 +163,23 @@ $(TSAN_DRIVER): $(TSAN_SOURCES) tests/native/tsan_common.h $(EXT_SOURCES) $(STAM
 # The lockstep primitives under TSan too: its fiber switches are announced to it.
 $(TSAN_LOCKSTEP): tests/native/lockstep_kernels.cpp tests/native/lockstep_checks.h $(EXT_SOURCES) $(STAMP)
 	@mkdir -p $(@D)
-	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wall -Icsrc -isystem $$($(PY) -c 'import \
-	  torch.utils.cpp_extension as c; print(c.include_paths()[0])') $< $(EMULATION_RUNTIME) -o $@
+	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wno-tsan -Wall -Wno-unknown-pragmas -Icsrc \
+	  -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])') \
+	  $< $(EMULATION_RUNTIME) -o $@
 
-sanitize-tsan: $(TSAN_DRIVER) $(TSAN_LOCKSTEP)
+# The memory model's litmus kernels: racy patterns must be reported, ordered ones not
+# (tests/csrc/test_emulated_memory_model.py runs each case and checks which).
+$(TSAN_LITMUS): tests/native/litmus_kernels.cpp $(EXT_SOURCES) $(STAMP)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++20 -O1 -g -fsanitize=thread -Wno-tsan -Wall -Wno-unknown-pragmas -Icsrc \
+	  -isystem $$($(PY) -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])') \
+	  $< $(EMULATION_RUNTIME) -o $@
+
+sanitize-tsan: $(TSAN_DRIVER) $(TSAN_LOCKSTEP) $(TSAN_LITMUS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(TSAN_DRIVER)
 	TSAN_OPTIONS=halt_on_error=1 $(TSAN_LOCKSTEP) $$($(TSAN_LOCKSTEP) list)
+	DYNEMB_TSAN_LITMUS=$(TSAN_LITMUS) $(PY) -m pytest tests/csrc/test_emulated_memory_model.py -q \
+	  -p no:cacheprovider
 
 BENCHMARKS := $(wildcard benchmark/bench_*.py)
 

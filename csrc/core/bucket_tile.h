@@ -31,7 +31,11 @@
 //     template <class T> T shfl(T v, int src) const;  // lane src's v
 //     uint64_t min(uint64_t v) const;             // the minimum of v over the lanes
 //     void sync() const;                          // a lane's earlier writes are seen
-//   };                                            //   by the tile's lanes after it
+//                                                 //   by the tile's lanes after it
+//     template <int kBytes>                       // match_chunk<kBytes>: one load of
+//     uint32_t match(const uint8_t* digests,      //   kBytes at a kBytes-aligned
+//                    uint8_t digest) const;       //   address (a device faults on
+//   };                                            //   another)
 #pragma once
 
 #include "core/bucket.h"
@@ -49,11 +53,25 @@ struct SerialTile {
   }
   DYNEMB_HD uint64_t min(uint64_t v) const { return v; }
   DYNEMB_HD void sync() const {}
+  template <int kBytes>
+  DYNEMB_HD uint32_t match(const uint8_t* digests, uint8_t digest) const {
+    return match_chunk<kBytes>(digests, digest);
+  }
 };
 
 /// Digest bytes one lane of a tile of `size` lanes reads at a time: 128 / size,
 /// clamped to [4, 16] (one load per lane covers a 128-slot bucket).
 constexpr int chunk_bytes(int size) { return size >= 32 ? 4 : size >= 16 ? 8 : 16; }
+
+/// The lane whose chunks hold `slot`'s digest in the scans below (tile_bucket_find,
+/// tile_free_slot), and so the only lane that read it, or the slot's key (read for a
+/// digest match only): that lane may overwrite them (claim, erase) without a sync after
+/// the scans, whose votes and shuffles order no memory between lanes.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE int digest_lane(const Tile&, const TableRef<V>& t, int64_t slot) {
+  constexpr int kChunk = chunk_bytes(Tile::kSize);
+  return static_cast<int>(slot % t.bucket_capacity / kChunk % Tile::kSize);
+}
 
 /// @return the slot of `key` in `bucket`, or -1, the same in every lane.
 template <class Tile, class V>
@@ -65,7 +83,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRe
     const int64_t mine = first + kChunk * tile.rank();
     int64_t slot = -1;
     if (mine < t.bucket_capacity) {
-      uint32_t mask = match_chunk<kChunk>(t.digests + base + mine, digest);
+      uint32_t mask = tile.template match<kChunk>(t.digests + base + mine, digest);
       while (mask != 0 && slot < 0) {
         const int64_t s = base + mine + lowest_bit(mask);
         if (t.keys[s] == key) slot = s;
@@ -106,7 +124,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_free_slot(const Tile& tile, const TableRef<
   uint64_t best = ~uint64_t{0};
   for (int64_t mine = kChunk * tile.rank(); mine < t.bucket_capacity;
        mine += kChunk * Tile::kSize) {
-    const uint32_t mask = match_chunk<kChunk>(t.digests + base + mine, kEmptyDigest);
+    const uint32_t mask = tile.template match<kChunk>(t.digests + base + mine, kEmptyDigest);
     if (mask == 0) continue;
     const int64_t s = mine + lowest_bit(mask);
     const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));

@@ -19,7 +19,8 @@
 //     // load32 ACQUIRE and store32 RELEASE (a thread that reads kReadyCell from load32
 //     // must then see the key the claiming thread wrote before its store32: a relaxed
 //     // load32 is a data race on the cell's key, as ThreadSanitizer showed on the CUDA
-//     // platform); cas32 acquire-release; fetch_add32 may be relaxed.
+//     // platform); cas32 and fetch_add32 may be relaxed (CudaPlatform's are: CUDA's
+//     // atomicCAS and atomicAdd).
 //     static int32_t load32(int32_t*); static void store32(int32_t*, int32_t);
 //     static int32_t cas32(int32_t*, int32_t expected, int32_t desired);  // returns old
 //     static int32_t fetch_add32(int32_t*, int32_t);

@@ -129,15 +129,27 @@ DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const Ups
   if (t.pins) t.pins[slot] = u.pin;
 }
 
+/// A claim's two halves, which a tile writes from different lanes (tile_claim): the
+/// slot's identity (what the probe reads) and its entry metadata.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void claim_identity(const TableRef<V>& t, int64_t slot, int64_t key,
+                                            uint8_t digest) {
+  t.keys[slot] = key;
+  t.digests[slot] = digest;
+}
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void claim_metadata(const TableRef<V>& t, int64_t slot, uint64_t score,
+                                            uint64_t timestamp, uint32_t pin) {
+  if (t.scores) t.scores[slot] = score;
+  if (t.timestamps) t.timestamps[slot] = timestamp;
+  if (t.pins) t.pins[slot] = pin;
+}
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim(const TableRef<V>& t, int64_t slot, int64_t key,
                                    uint8_t digest, uint64_t score, uint64_t timestamp,
                                    uint32_t pin) {
-  t.keys[slot] = key;
-  t.digests[slot] = digest;
-  if (t.scores) t.scores[slot] = score;
-  if (t.timestamps) t.timestamps[slot] = timestamp;
-  if (t.pins) t.pins[slot] = pin;
+  claim_identity(t, slot, key, digest);
+  claim_metadata(t, slot, score, timestamp, pin);
 }
 
 /// Locks (or unlocks) the `window` buckets starting at `home`, in ascending index order.

@@ -9,7 +9,8 @@
 // erase_key's in batch order: erasing one key never changes where another is or
 // whether it is stored (overflow flags are never cleared), so the keys of different
 // ranges commute, and a repeated key's first occurrence erases it in either pass.
-// Lane 0 writes the erased slot's digest; the tile syncs before the next key's scan.
+// The erased slot's digest_lane (the one lane whose scan read its digest and key: no
+// sync before) writes its digest; the tile syncs before the next key's scan.
 #pragma once
 
 #include "core/bucket_tile.h"
@@ -27,7 +28,7 @@ DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int6
   const KeyProbe p(t, key);
   const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
   if (slot >= 0) {
-    if (tile.rank() == 0) t.digests[slot] = kEmptyDigest;
+    if (tile.rank() == digest_lane(tile, t, slot)) t.digests[slot] = kEmptyDigest;
     tile.sync();
     return EraseHome::kErased;
   }
@@ -45,7 +46,7 @@ DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t ke
   for (int k = 0; k < window; ++k) {
     const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest);
     if (slot >= 0) {
-      if (tile.rank() == 0) t.digests[slot] = kEmptyDigest;
+      if (tile.rank() == digest_lane(tile, t, slot)) t.digests[slot] = kEmptyDigest;
       tile.sync();
       return true;
     }

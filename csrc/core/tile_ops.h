@@ -11,11 +11,15 @@
 // (a bucket's keys are all in one range), and pass 2, where one tile serves every
 // deferred key of the batch in batch order (it owns the whole table), so no other
 // lane reads or writes the bucket meanwhile. Hence no bucket lock and no fence; the
-// tile's own order is kept by tile.sync(): lane 0 writes the slot's metadata (touch,
-// claim, overflow flags), every lane calls the sink with its Lanes (batch_sinks.h: its
-// elements of the rows), and the tile syncs after an eviction's capture (before the
-// newcomer's row overwrites the victim's) and after each key (the next key's scans
-// and rows must see its writes).
+// tile's own order is kept by tile.sync() (votes and shuffles order no memory): one
+// lane writes each field (touch and overflow flags lane 0; a claim's key and digest the
+// slot's digest_lane, the one lane whose scan read them, its score, timestamp and pin
+// lane 0, the sinks' lead lane, which may overwrite them next: tile_claim),
+// every lane calls the sink with its Lanes (batch_sinks.h: its elements of the rows),
+// and the tile syncs after an eviction's capture (every lane read the victim's score,
+// key and row before they are overwritten), before pass 2 sets an overflow flag (every
+// lane read the flags) and after each key (the next key's scans and rows must see its
+// writes).
 #pragma once
 
 #include "core/batch_sinks.h"
@@ -28,6 +32,17 @@ namespace dynemb {
 template <class Tile>
 DYNEMB_HD DYNEMB_INLINE Lanes lanes_of(const Tile& tile) {
   return Lanes{tile.rank(), Tile::kSize};
+}
+
+/// claim by a tile, without a sync: the slot's digest_lane writes its key and digest
+/// (the one lane whose scan read them), lane 0 its score, timestamp and pin (the lane
+/// that writes them next: the sinks' lead lane, e.g. RestoreSink's saved score).
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE void tile_claim(const Tile& tile, const TableRef<V>& t, int64_t slot,
+                                        int64_t key, uint8_t digest, uint64_t score,
+                                        uint64_t timestamp, uint32_t pin) {
+  if (tile.rank() == digest_lane(tile, t, slot)) claim_identity(t, slot, key, digest);
+  if (tile.rank() == 0) claim_metadata(t, slot, score, timestamp, pin);
 }
 
 /// touch_stored (hits_first's pass) by a tile that owns `key`'s home bucket.
@@ -72,7 +87,7 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
     tile.sync();  // the victim's row and key are read before they are overwritten
   }
   if (claimed >= 0) {
-    if (tile.rank() == 0) claim(t, claimed, key, p.digest, score, a.batch_value, u.pin);
+    tile_claim(tile, t, claimed, key, p.digest, score, a.batch_value, u.pin);
     sink.fresh(i, o, claimed, key, l);
   } else {
     sink.failed(i, o, key, l);
@@ -108,7 +123,7 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
 }
 
 /// upsert_spill by the one tile of pass 2 (it owns the table): the same walk and
-/// decisions, each bucket of the window scanned by the tile, lane 0 writing the
+/// decisions, each bucket of the window scanned by the tile, one lane writing the
 /// metadata (touch, claim, overflow flags). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
@@ -130,13 +145,12 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     sink.hit(i, o, found, l);
     status = Status::kHit;
   } else {
+    tile.sync();  // every lane read the overflow flags that lane 0 sets below
     b = p.bucket;
     for (int k = 0; k < window; ++k) {
       const int64_t slot = tile_free_slot(tile, t, b, p.order);  // every lane agrees
       if (slot >= 0) {
-        if (tile.rank() == 0) {
-          claim(t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
-        }
+        tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
         sink.fresh(i, o, slot, key, l);
         status = Status::kInserted;
         break;

@@ -5,9 +5,10 @@
 // bucket (which the tile owns: the destination is written by no one else); pass 2,
 // one tile, places what did not fit along its window, in source-slot order (it owns
 // the table). The free slot is tile_free_slot's (bucket_free_slot's answer), so every
-// entry lands where the serial rehash puts it. Lane 0 claims the slot (and sets
-// overflow flags), lanes copy the row over elements, and the tile syncs after each
-// entry (the next entry's scan must see the claim).
+// entry lands where the serial rehash puts it. tile_claim claims it (the slot's key and
+// digest by the one lane whose scan read them: no sync before), lane 0 sets overflow flags
+// (which no lane reads meanwhile), lanes copy the row over elements, and the tile
+// syncs after each entry (the next entry's scan must see the claim).
 #pragma once
 
 #include "core/batch_sinks.h"
@@ -31,7 +32,8 @@ DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const 
   for (int k = 0; k < window && slot < 0; ++k) {
     slot = tile_free_slot(tile, t, b, order);  // every lane agrees
     if (slot >= 0) {
-      if (tile.rank() == 0) claim_moved(t, slot, src, s, digest_of(h));
+      tile_claim(tile, t, slot, src.keys[s], digest_of(h), src.scores ? src.scores[s] : 0,
+                 src.timestamps ? src.timestamps[s] : 0, src.pins ? src.pins[s] : 0);
       copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
     } else {
       if (flag_full && tile.rank() == 0) t.overflow[b] = 1;

@@ -31,6 +31,7 @@ struct CudaPlatform {
 
   /// One 16-byte load and four SWAR compares (core match_chunk), not 16 byte loads.
   DYNEMB_HD static uint32_t match16(const uint8_t* group, uint8_t digest) {
+    DYNEMB_VECTOR_LOAD(group, 16);
     return match_chunk<16>(group, digest);
   }
 

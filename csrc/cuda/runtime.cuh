@@ -15,6 +15,8 @@
 //                             (launch_check.h: an empty grid runs nothing; a failure
 //                             names the kernel, the op and its table)
 //   DYNEMB_SPIN_PAUSE()       inside spin loops (emulated threads share few cores)
+//   DYNEMB_VECTOR_LOAD(p, n)  before an n-byte vector load of p: a device faults on a
+//                             misaligned one, emulation checks it (cuda_shim.h)
 //   load_acquire32(p)         a 32-bit load with acquire order (device scope)
 #pragma once
 
@@ -27,6 +29,8 @@
 #define DYNEMB_LAUNCH(grid, block, stream, ...) \
   ::dynemb::emulation::Launch{(grid), (block), (stream), #__VA_ARGS__}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE() ::dynemb::emulation::spin_pause()
+#define DYNEMB_VECTOR_LOAD(p, bytes) \
+  ::dynemb::emulation::check_aligned((p), (bytes), "a vector load")
 #else
 #if defined(__CUDACC__)  // libcu++ (cccl): nvcc's include path only; host .cpp files never use it
 #include <cooperative_groups.h>
@@ -44,6 +48,7 @@
 #define DYNEMB_LAUNCH(grid, block, stream, ...) \
   ::dynemb::cuda::Launch{(grid), (block), (stream), #__VA_ARGS__}.of(__VA_ARGS__)
 #define DYNEMB_SPIN_PAUSE()
+#define DYNEMB_VECTOR_LOAD(p, bytes)
 #if defined(__CUDACC__)
 namespace dynemb::cuda {
 /// One checked launch (launch_check.h): DYNEMB_LAUNCH(grid, block, stream, kernel)(args...).

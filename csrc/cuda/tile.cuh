@@ -34,6 +34,12 @@ struct CgTile {
     return v;
   }
   __device__ void sync() const { g.sync(); }
+  /// core match_chunk: one kBytes vector load, of a kBytes-aligned address.
+  template <int kBytes>
+  __device__ uint32_t match(const uint8_t* digests, uint8_t digest) const {
+    DYNEMB_VECTOR_LOAD(digests, kBytes);
+    return match_chunk<kBytes>(digests, digest);
+  }
 };
 
 /// Lanes per key of a kernel that copies rows of `width` elements: 8 for width <= 8,

@@ -11,7 +11,15 @@
 // cooperative-groups tiles of a block (cooperative_groups::tiled_partition<N>). Not
 // supported: dynamic (extern) shared memory, grid-wide sync. Launches are synchronous:
 // a launch returns when its grid has run, which keeps the stream order of the real
-// device. What emulation cannot show: the GPU memory model, warp scheduling, speed.
+// device.
+//
+// No stronger than CUDA: the atomics are relaxed, as CUDA's atomicAdd, atomicCAS, ...
+// are, and under ThreadSanitizer only what orders memory on a GPU orders it here
+// (memory_model.h: fences, __syncwarp, __syncthreads, the launch), so a missing fence
+// or __syncwarp is reported. An atomic or a vector load (core match_chunk) of a
+// misaligned address fails the launch, as cudaErrorMisalignedAddress does on a GPU.
+// What emulation cannot show: the hardware's own reorderings (x86 keeps stores in
+// order), warp scheduling, speed.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -26,6 +34,7 @@
 
 #include "cuda/launch_check.h"
 #include "emulated/lockstep.h"
+#include "emulated/memory_model.h"
 
 #define __global__
 #define __device__
@@ -63,28 +72,85 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_
   return cudaSuccess;
 }
 
+namespace dynemb::emulation {
+
+/// Fails the launch like a GPU's misaligned access (lane_fault) when `p` is not a
+/// multiple of `bytes`. `access` names it ("a vector load").
+void misaligned(const void* p, unsigned bytes, const char* access, std::source_location where);
+inline void check_aligned(const void* p, unsigned bytes, const char* access,
+                          std::source_location where = std::source_location::current()) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) misaligned(p, bytes, access, where);
+}
+
+/// The atomic at `p`, which must be aligned to its size (CUDA's atomics fault otherwise).
 template <class T>
-T atomicAdd(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_relaxed);
+std::atomic_ref<T> atomic_at(T* p, std::source_location where) {
+  check_aligned(p, sizeof(T), "an atomic", where);
+  return std::atomic_ref<T>(*p);
+}
+
+/// atomicMax / atomicMin: replaces *p by v while `better(v, *p)`; returns the old value.
+template <class T, class Better>
+T atomic_extreme(T* p, T v, Better better, std::source_location where) {
+  std::atomic_ref<T> a = atomic_at(p, where);
+  T old = a.load(std::memory_order_relaxed);
+  while (better(v, old)) {
+    memory::before_atomic_write(p);
+    if (a.compare_exchange_weak(old, v, std::memory_order_relaxed)) break;
+  }
+  memory::after_atomic_read(p);
+  return old;
+}
+
+}  // namespace dynemb::emulation
+
+// CUDA's atomics: relaxed (ordered by fences only, memory_model.h). Each tells the
+// memory model (under ThreadSanitizer) that it reads *p and, before it, that it writes.
+template <class T>
+T atomicAdd(T* p, T v, std::source_location w = std::source_location::current()) {
+  std::atomic_ref<T> a = dynemb::emulation::atomic_at(p, w);
+  dynemb::emulation::memory::before_atomic_write(p);
+  const T old = a.fetch_add(v, std::memory_order_relaxed);
+  dynemb::emulation::memory::after_atomic_read(p);
+  return old;
 }
 template <class T>
-T atomicCAS(T* p, T expected, T desired) {
-  std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired, std::memory_order_acq_rel);
+T atomicCAS(T* p, T expected, T desired, std::source_location w = std::source_location::current()) {
+  std::atomic_ref<T> a = dynemb::emulation::atomic_at(p, w);
+  if constexpr (dynemb::emulation::memory::kTracked) {
+    // Only a write releases: a CAS that a relaxed load shows would fail writes nothing
+    // (a spinning lock waiter's CAS must not publish the waiter's state).
+    const T seen = a.load(std::memory_order_relaxed);
+    dynemb::emulation::memory::after_atomic_read(p);
+    if (seen != expected) return seen;
+    dynemb::emulation::memory::before_atomic_write(p);
+  }
+  a.compare_exchange_strong(expected, desired, std::memory_order_relaxed);
+  dynemb::emulation::memory::after_atomic_read(p);
   return expected;
 }
 template <class T>
-T atomicExch(T* p, T v) {
-  return std::atomic_ref<T>(*p).exchange(v, std::memory_order_acq_rel);
-}
-template <class T>
-T atomicMax(T* p, T v) {
-  std::atomic_ref<T> a(*p);
-  T old = a.load(std::memory_order_relaxed);
-  while (old < v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
-  }
+T atomicExch(T* p, T v, std::source_location w = std::source_location::current()) {
+  std::atomic_ref<T> a = dynemb::emulation::atomic_at(p, w);
+  dynemb::emulation::memory::before_atomic_write(p);
+  const T old = a.exchange(v, std::memory_order_relaxed);
+  dynemb::emulation::memory::after_atomic_read(p);
   return old;
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class T>
+T atomicMax(T* p, T v, std::source_location w = std::source_location::current()) {
+  return dynemb::emulation::atomic_extreme(p, v, [](T a, T b) { return b < a; }, w);
+}
+template <class T>
+T atomicMin(T* p, T v, std::source_location w = std::source_location::current()) {
+  return dynemb::emulation::atomic_extreme(p, v, [](T a, T b) { return a < b; }, w);
+}
+/// A device-scope fence: orders this thread's accesses before it with those after it,
+/// for any thread that observes them through atomics and fences (memory_model.h).
+inline void __threadfence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  dynemb::emulation::memory::thread_fence();
+}
 /// cuda/runtime.cuh's load_acquire32 (cuda::atomic_ref's acquire load on a device).
 inline int32_t load_acquire32(int32_t* p) {
   return std::atomic_ref<int32_t>(*p).load(std::memory_order_acquire);

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "emulated/memory_model.h"
+
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define DYNEMB_FIBER_ASAN 1
@@ -143,6 +145,7 @@ namespace {
 /// frame popped (TSan's shadow stack of a fiber whose entries never returned grew until
 /// it overflowed) and the next entry needs no fresh stack.
 [[noreturn]] void Fiber::run_entries(Context* c) {
+  memory::ignore_begin();  // the entries end it around the program's code (fiber.h)
   for (;;) {
     c->parked = false;
     c->entry(c->arg);
@@ -218,12 +221,15 @@ void Fiber::resume() {
                                  static_cast<char*>(stack_) + page_size(),
                                  mapped_bytes_ - page_size());
 #endif
+#if defined(__x86_64__)
+  void* const next = c->fiber_sp;  // read before TSan takes this thread for the fiber
+#endif
 #if defined(DYNEMB_FIBER_TSAN)
   c->tsan_scheduler = __tsan_get_current_fiber();
-  __tsan_switch_to_fiber(c->tsan_fiber, 0);
+  __tsan_switch_to_fiber(c->tsan_fiber, __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(__x86_64__)
-  dynemb_fiber_switch(&c->scheduler_sp, c->fiber_sp);
+  dynemb_fiber_switch(&c->scheduler_sp, next);
 #else
   swapcontext(&c->scheduler, &c->fiber);
 #endif
@@ -237,19 +243,37 @@ void Fiber::switch_out() {
 #if defined(DYNEMB_FIBER_ASAN)
   __sanitizer_start_switch_fiber(&c->fiber_fake_stack, c->scheduler_bottom, c->scheduler_size);
 #endif
+#if defined(__x86_64__)
+  void* const next = c->scheduler_sp;  // read before TSan takes this thread for the scheduler
+#endif
 #if defined(DYNEMB_FIBER_TSAN)
-  __tsan_switch_to_fiber(c->tsan_scheduler, 0);
+  // Called with the fiber's accesses ignored (fiber.h); a suspended fiber holds no ignore
+  // (TSan reports a thread destroyed with one).
+  void* const scheduler = c->tsan_scheduler;
+  memory::ignore_end();
+  __tsan_switch_to_fiber(scheduler, __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(__x86_64__)
-  dynemb_fiber_switch(&c->fiber_sp, c->scheduler_sp);
+  dynemb_fiber_switch(&c->fiber_sp, next);
 #else
   swapcontext(&c->fiber, &c->scheduler);
 #endif
+  memory::ignore_begin();
 #if defined(DYNEMB_FIBER_ASAN)
   __sanitizer_finish_switch_fiber(c->fiber_fake_stack, &c->scheduler_bottom, &c->scheduler_size);
 #endif
 }
 
 void Fiber::suspend() { switch_out(); }
+
+void Fiber::adopt() {
+#if defined(DYNEMB_FIBER_TSAN)
+  // Switches that synchronise, with no stack switch between them: the fiber's history
+  // is released to the caller (it runs no instrumented code meanwhile).
+  void* caller = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(context_->tsan_fiber, 0);
+  __tsan_switch_to_fiber(caller, 0);
+#endif
+}
 
 }  // namespace dynemb::emulation

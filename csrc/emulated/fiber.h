@@ -7,7 +7,10 @@
 // fibers of an OS thread share its floating-point control words) and with
 // <ucontext.h> elsewhere. The switches are announced to
 // AddressSanitizer and ThreadSanitizer, which otherwise take a fiber's stack for a
-// corrupted thread stack.
+// corrupted thread stack. To ThreadSanitizer a fiber is a thread of its own, and a
+// switch does not order it with the scheduler (memory_model.h says what does); its
+// entries run with TSan ignoring their memory accesses, the fiber's bookkeeping being
+// shared with the scheduler: an entry ends the ignore around the program's own code.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +36,10 @@ class Fiber {
 
   /// From inside the fiber: back to the scheduler; the next resume() continues here.
   void suspend();
+
+  /// ThreadSanitizer: everything the fiber did happens before the caller's next step.
+  /// For a fiber left inside an entry (an error), whose history no exit will publish.
+  void adopt();
 
   struct Context;  // the saved registers or ucontext, and the sanitizers' fiber state
   [[noreturn]] static void run_entries(Context* c);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -74,6 +75,7 @@ class GridPool {
       std::unique_lock<std::mutex> lock(mutex_);
       done_.wait(lock, [this] { return busy_ == 0; });
     }
+    memory::acquire(&launch);  // every thread of the grid released it as it exited
     if (job_error_) {
       std::exception_ptr error = job_error_;
       job_error_ = nullptr;
@@ -90,8 +92,11 @@ class GridPool {
   };
 
   void run_blocks(const Job& job) {
-    gridDim = dim3(job.grid);
-    blockDim = dim3(job.block);
+    {
+      memory::RuntimeScope runtime;  // the last grid's threads read them, unordered
+      gridDim = dim3(job.grid);
+      blockDim = dim3(job.block);
+    }
     for (uint64_t b = job.next ? job.next->fetch_add(1) : 0; b < job.grid;
          b = job.next ? job.next->fetch_add(1) : b + 1) {
       try {
@@ -183,6 +188,16 @@ bool injected_fault(const char* kernel) {
     return std::string(v != nullptr ? v : "");
   }();
   return !fault.empty() && std::strstr(kernel, fault.c_str()) != nullptr;
+}
+
+void misaligned(const void* p, unsigned bytes, const char* access, std::source_location where) {
+  char text[256];
+  const char* file = std::strrchr(where.file_name(), '/');
+  std::snprintf(text, sizeof text,
+                "misaligned address: %s of %u bytes at %p, called at %s:%u (a GPU faults: "
+                "cudaErrorMisalignedAddress)",
+                access, bytes, p, file ? file + 1 : where.file_name(), where.line());
+  lane_fault(text);
 }
 
 }  // namespace dynemb::emulation

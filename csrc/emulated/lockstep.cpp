@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,7 @@
 #include "emulated/cuda_shim.h"
 #include "emulated/fiber.h"
 #include "emulated/lockstep_rules.h"
+#include "emulated/memory_model.h"
 
 namespace dynemb::emulation {
 
@@ -43,6 +45,7 @@ struct Lane {
   std::source_location where;
   uint64_t result = 0;
   unsigned rank = 0;  // the lane's place in this block's drawn order
+  memory::LaneFences fences;
 };
 
 /// One per OS thread: runs the blocks that thread takes, one at a time.
@@ -56,11 +59,14 @@ class BlockRunner {
   void barrier(std::source_location where);
   unsigned active_mask();
   void yield();
+  [[noreturn]] void fault(const std::string& what);
+  memory::LaneFences& fences() { return lanes_[current_].fences; }
 
  private:
   static constexpr unsigned kNone = ~0u;
   static void lane_main(void* runner);
-  Fiber* take_fiber();
+  Fiber* take_fiber(unsigned t);
+  const void* warp_sync(unsigned warp, unsigned mask);
 
   void push_ready(unsigned t) { ready_.push_back(t); }
   void release_in_order(std::vector<unsigned>& lanes);
@@ -88,18 +94,47 @@ class BlockRunner {
   const LaunchInfo* launch_ = nullptr;
   const std::function<void()>* thread_ = nullptr;
   std::string lane_error_;
+
+  // ThreadSanitizer's sync objects (memory_model.h), used by address only. A collective
+  // instance's lanes release at arrival and acquire at departure; instances alternate
+  // between two objects, so a lane that runs on to the next instance before a partner
+  // of this one departed releases into the other (it cannot reach the one after next
+  // without that partner). Blocks of this OS thread alternate the same way.
+  struct WarpSync {
+    uint64_t done = 0;  // completed __syncwarp instances of this (warp, mask)
+    uint64_t object[2] = {};
+  };
+  std::map<std::pair<unsigned, unsigned>, WarpSync> warp_syncs_;
+  uint64_t barriers_done_ = 0, barrier_object_[2] = {};
+  uint64_t blocks_run_ = 0, block_exits_[2] = {}, block_start_ = 0;
 };
 
 thread_local BlockRunner runner;
 
+// Entered with TSan ignoring accesses (fiber.h), which the kernel's own code must not be.
 void BlockRunner::lane_main(void* self) {
   auto* r = static_cast<BlockRunner*>(self);
   const unsigned t = r->current_;
-  (*r->thread_)();
+  r->lanes_[t].fences.clear();
+  // The launch, and the blocks this OS thread ran before, happen before this thread.
+  memory::acquire(&r->block_start_);
+  memory::acquire(&r->block_exits_[(r->blocks_run_ + 1) % 2]);
+  const std::function<void()>& thread = *r->thread_;
+  memory::ignore_end();
+  thread();
+  memory::ignore_begin();
+  memory::release(&r->block_exits_[r->blocks_run_ % 2]);
+  memory::release(r->launch_);
   r->lanes_[t].state = LaneState::kExited;
 }
 
-Fiber* BlockRunner::take_fiber() {
+Fiber* BlockRunner::take_fiber(unsigned t) {
+  if constexpr (memory::kTracked) {
+    // Under TSan each thread of a block has its own stack: a stack another thread of the
+    // block left would hold that thread's accesses, unordered with this one's.
+    while (fibers_.size() <= t) fibers_.push_back(std::make_unique<Fiber>(kFiberStack));
+    return fibers_[t].get();
+  }
   if (free_fibers_.empty()) {
     fibers_.push_back(std::make_unique<Fiber>(kFiberStack));
     return fibers_.back().get();
@@ -116,6 +151,8 @@ void BlockRunner::run(const LaunchInfo& launch, unsigned block_index, unsigned b
   for (const auto& fiber : fibers_) free_fibers_.push_back(fiber.get());
   launch_ = &launch;
   thread_ = &thread;
+  ++blocks_run_;
+  memory::release(&block_start_);
   block_index_ = block_index;
   block_size_ = block_size;
   at_barrier_ = exited_ = 0;
@@ -135,9 +172,12 @@ void BlockRunner::run(const LaunchInfo& launch, unsigned block_index, unsigned b
     if (head_ == ready_.size() && !release_active_masks()) fail(stall_report());
     const unsigned t = ready_[head_++];
     current_ = t;
-    threadIdx = dim3(t);
+    {
+      memory::RuntimeScope runtime;  // the lanes read it, unordered with this write
+      threadIdx = dim3(t);
+    }
     if (lanes_[t].fiber == nullptr) {
-      lanes_[t].fiber = take_fiber();
+      lanes_[t].fiber = take_fiber(t);
       lanes_[t].fiber->reset(&BlockRunner::lane_main, this);
     }
     lanes_[t].fiber->resume();
@@ -145,7 +185,7 @@ void BlockRunner::run(const LaunchInfo& launch, unsigned block_index, unsigned b
     if (!lane_error_.empty()) fail(lane_error_);
     switch (lanes_[t].state) {
       case LaneState::kExited:
-        free_fibers_.push_back(lanes_[t].fiber);
+        if constexpr (!memory::kTracked) free_fibers_.push_back(lanes_[t].fiber);
         ++exited_;
         if (at_barrier_ > 0) fail(stall_report());
         break;
@@ -189,6 +229,9 @@ void BlockRunner::try_complete_warp(unsigned t) {
     }
   }
   compute_results(warp, call);
+  if (memory::kTracked && call.kind == Collective::kSyncWarp) {
+    ++warp_syncs_[{warp, call.mask}].done;
+  }
   std::vector<unsigned> members;
   for (unsigned bit = 0; bit < kWarp; ++bit) {
     if (call.mask >> bit & 1u) members.push_back(warp * kWarp + bit);
@@ -210,6 +253,7 @@ void BlockRunner::try_complete_barrier() {
     all.push_back(t);
   }
   at_barrier_ = 0;
+  ++barriers_done_;
   release_in_order(all);
 }
 
@@ -262,15 +306,29 @@ uint64_t BlockRunner::collective(const CollectiveCall& call, std::source_locatio
   lane.call = call;
   lane.where = where;
   lane.state = LaneState::kAtWarp;
+  // Of the collectives only __syncwarp orders memory (memory_model.h).
+  const void* sync =
+      call.kind == Collective::kSyncWarp ? warp_sync(current_ / kWarp, call.mask) : nullptr;
+  if (sync != nullptr) memory::release(sync);
   lane.fiber->suspend();
+  if (sync != nullptr) memory::acquire(sync);
   return lane.result;
+}
+
+const void* BlockRunner::warp_sync(unsigned warp, unsigned mask) {
+  if constexpr (!memory::kTracked) return nullptr;
+  WarpSync& sync = warp_syncs_[{warp, mask}];
+  return &sync.object[sync.done % 2];
 }
 
 void BlockRunner::barrier(std::source_location where) {
   Lane& lane = lanes_[current_];
   lane.where = where;
   lane.state = LaneState::kAtBarrier;
+  const void* sync = &barrier_object_[barriers_done_ % 2];
+  memory::release(sync);
   lane.fiber->suspend();
+  memory::acquire(sync);
 }
 
 unsigned BlockRunner::active_mask() {
@@ -304,6 +362,11 @@ void BlockRunner::yield() {
   lanes_[current_].fiber->suspend();
 }
 
+void BlockRunner::fault(const std::string& what) {
+  lane_error_ = what;
+  abandon_lane();
+}
+
 void BlockRunner::abandon_lane() {
   // No object of this frame owns memory: the fiber is never resumed (run() raises
   // lane_error_), so nothing here would be freed.
@@ -313,6 +376,14 @@ void BlockRunner::abandon_lane() {
 
 void BlockRunner::fail(const std::string& what) {
   current_ = kNone;
+  if constexpr (memory::kTracked) {
+    // The threads left inside the kernel never exit: what they did happens before what
+    // this OS thread runs next (their stacks, the launch's error, the next launch).
+    for (unsigned t = 0; t < block_size_; ++t) {
+      const Lane& lane = lanes_[t];
+      if (lane.fiber != nullptr && lane.state != LaneState::kExited) lane.fiber->adopt();
+    }
+  }
   throw std::runtime_error("dynemb emulation: kernel " + std::string(launch_->kernel) + ", block " +
                            std::to_string(block_index_) + ": " + what + " (DYNEMB_EMULATION_SEED=" +
                            std::to_string(launch_->seed) + " replays this lane order)");
@@ -367,6 +438,7 @@ std::string BlockRunner::stall_report() const {
 }  // namespace
 
 uint64_t warp_collective(const CollectiveCall& call, std::source_location where) {
+  memory::RuntimeScope runtime;
   if (!runner.in_lane()) {
     throw std::runtime_error(std::string("dynemb emulation: ") + collective_name(call.kind) +
                              " called outside a kernel");
@@ -375,13 +447,18 @@ uint64_t warp_collective(const CollectiveCall& call, std::source_location where)
 }
 
 void block_barrier(std::source_location where) {
+  memory::RuntimeScope runtime;
   if (!runner.in_lane()) throw std::runtime_error("dynemb emulation: __syncthreads outside a kernel");
   runner.barrier(where);
 }
 
-unsigned active_lanes() { return runner.in_lane() ? runner.active_mask() : 0u; }
+unsigned active_lanes() {
+  memory::RuntimeScope runtime;
+  return runner.in_lane() ? runner.active_mask() : 0u;
+}
 
 void lane_yield() {
+  memory::RuntimeScope runtime;
   if (runner.in_lane()) {
     runner.yield();
   } else {
@@ -391,8 +468,23 @@ void lane_yield() {
 
 void run_block(const LaunchInfo& launch, unsigned block_index, unsigned block_size,
                const std::function<void()>& thread) {
-  blockIdx = dim3(block_index);
+  {
+    memory::RuntimeScope runtime;  // the previous block's threads read it, unordered
+    blockIdx = dim3(block_index);
+  }
   runner.run(launch, block_index, block_size, thread);
 }
+
+void lane_fault(const std::string& what) {
+  memory::RuntimeScope runtime;
+  if (!runner.in_lane()) throw std::runtime_error("dynemb emulation: " + what);
+  runner.fault(what);
+}
+
+namespace memory {
+
+LaneFences* current_lane_fences() { return runner.in_lane() ? &runner.fences() : nullptr; }
+
+}  // namespace memory
 
 }  // namespace dynemb::emulation

@@ -23,11 +23,16 @@
 // not a power of two) the emulation refuses it. __activemask() returns the lanes of
 // the warp that reach it together: it waits until no thread of the block can run,
 // then hands each waiting lane the set of its warp's lanes waiting there.
+//
+// Under ThreadSanitizer each thread is a TSan thread of its own, ordered with the
+// others only where CUDA orders them (memory_model.h): __syncwarp and __syncthreads
+// order memory, the other collectives do not.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <source_location>
+#include <string>
 
 namespace dynemb::emulation {
 
@@ -77,6 +82,11 @@ unsigned active_lanes();
 
 /// Inside a spin loop: lets the block's other threads (and other OS threads) run.
 void lane_yield();
+
+/// A fault of the calling thread, where a GPU traps (a misaligned access): the launch
+/// throws std::runtime_error naming the kernel, the block and `what`; the block's other
+/// threads stop where they are. Outside a kernel it throws at once.
+[[noreturn]] void lane_fault(const std::string& what);
 
 /// What the block runner needs of the launch it serves.
 struct LaunchInfo {

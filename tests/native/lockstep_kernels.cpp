@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/runtime.cuh"
+#include "cuda/tile.cuh"
 #include "lockstep_checks.h"
 
 namespace cg = cooperative_groups;
@@ -159,9 +160,15 @@ void match_and_reduce() {
 // (stamp: a value per launch, since shared memory keeps what the last block left there)
 __global__ void neighbour_kernel(bool synced, int stamp, int* out) {
   __shared__ int slots[64];
-  slots[threadIdx.x] = static_cast<int>(threadIdx.x) + stamp;
-  if (synced) __syncwarp();
-  out[threadIdx.x] = slots[(threadIdx.x + 1) % 32 + threadIdx.x / 32 * 32];
+  const unsigned next = (threadIdx.x + 1) % 32 + threadIdx.x / 32 * 32;
+  if (synced) {
+    slots[threadIdx.x] = static_cast<int>(threadIdx.x) + stamp;
+    __syncwarp();
+    out[threadIdx.x] = slots[next];
+  } else {  // atomics: a race of values, not a data race (ThreadSanitizer runs this)
+    atomicExch(&slots[threadIdx.x], static_cast<int>(threadIdx.x) + stamp);
+    out[threadIdx.x] = atomicAdd(&slots[next], 0);
+  }
 }
 
 void syncwarp_orders() {
@@ -257,9 +264,11 @@ void activemask() {
 // ---------------------------------------------------------------- a lock inside a block
 __global__ void locked_count_kernel(int* lock, int* count) {
   while (atomicCAS(lock, 0, 1) != 0) DYNEMB_SPIN_PAUSE();
+  __threadfence();  // CUDA's atomics are relaxed: the fences order the count
   const int seen = *count;
   DYNEMB_SPIN_PAUSE();  // the holder is set aside while its block's other threads spin
   *count = seen + 1;
+  __threadfence();
   atomicExch(lock, 0);
 }
 
@@ -299,6 +308,12 @@ __global__ void mismatched_kernel(int* out) {
     out[threadIdx.x] = __shfl_sync(kFull, 1, 0);
   }
 }
+__global__ void misaligned_load_kernel(const uint8_t* digests, int* out) {
+  out[threadIdx.x] = static_cast<int>(dynemb::cuda_emulated::CgTile<8>().match<16>(digests + 8, 0));
+}
+__global__ void misaligned_atomic_kernel(int* out) {
+  atomicAdd(reinterpret_cast<int*>(reinterpret_cast<char*>(out) + 2), 1);
+}
 __global__ void late_block_kernel(int* out) {
   if (blockIdx.x == 6 && threadIdx.x == 3) return;
   __syncwarp();
@@ -325,6 +340,14 @@ void errors() {
                {"mismatched_kernel", "never reaches", "it waits at"});
   expect_error([&] { DYNEMB_LAUNCH(16, 64, nullptr, late_block_kernel)(o); },
                {"late_block_kernel", "block 6", "lane 3 of warp 0"});
+  // A GPU faults on a misaligned vector load or atomic (cudaErrorMisalignedAddress).
+  alignas(16) static uint8_t digests[32] = {};
+  expect_error([&] { DYNEMB_LAUNCH(1, 8, nullptr, misaligned_load_kernel)(digests, o); },
+               {"misaligned_load_kernel", "misaligned address: a vector load of 16 bytes",
+                "tile.cuh:"});
+  expect_error([&] { DYNEMB_LAUNCH(1, 32, nullptr, misaligned_atomic_kernel)(o); },
+               {"misaligned_atomic_kernel", "misaligned address: an atomic of 4 bytes",
+                "lockstep_kernels.cpp:"});
   // The pool serves the next launch as before.
   std::vector<int> in(256, 1), sum(1);
   DYNEMB_LAUNCH(1, 256, nullptr, block_sum_kernel)(in.data(), sum.data());

@@ -119,6 +119,7 @@ void cpu_locked_upsert_erase_find();
 void cpu_partitioned_evicting();
 void cpu_dedup_shared_set();
 void emulated_upsert_find_erase_rehash();
+void emulated_restore();
 void emulated_dedup();
 void emulated_upsert_grouped();
 void emulated_pool();

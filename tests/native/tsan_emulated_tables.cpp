@@ -52,6 +52,38 @@ void emulated_upsert_find_erase_rehash() {
         static_cast<long long>(stored));
 }
 
+/// Saved entries restored into an evicting table (RestoreSink, the checkpoint load): a
+/// claim's score and the saved score that replaces it are written by one lane (a claim's
+/// fields split over lanes without a sync would race), and every key keeps its own.
+void emulated_restore() {
+  Table table(32, 128, true);
+  constexpr int64_t kKeys = 3000;
+  std::vector<int64_t> keys(kKeys), saved_scores(kKeys);
+  std::vector<float> values(kKeys * kDim);
+  for (int64_t i = 0; i < kKeys; ++i) {
+    keys[i] = (i + 1) * 998244353LL;
+    saved_scores[i] = 1000 + i;
+    for (int64_t j = 0; j < kDim; ++j) values[i * kDim + j] = row_value(keys[i], j);
+  }
+  std::vector<int8_t> status(kKeys);
+  std::vector<int64_t> counts(kStatusCount);
+  HeapWorkspace ws;
+  RestoreSink<float> sink{table.ref(), uniform_init(), kDim,
+                          SavedEntries<float>{values.data(), nullptr, 0, saved_scores.data(),
+                                              nullptr},
+                          {}};
+  emu::launch_upsert_keys(sink, args_for(ScoreStrategy::kStep, 7), keys.data(), kKeys, nullptr,
+                          status.data(), counts.data(), ws, nullptr);
+  CHECK(counts[static_cast<int>(Status::kFailed)] == 0, "emulated restore failed keys");
+  for (const auto& [key, slot] : table.stored()) {
+    const int64_t i = key / 998244353LL - 1;
+    CHECK(table.scores[slot] == static_cast<uint64_t>(saved_scores[i]),
+          "emulated restore: key %lld has score %llu", static_cast<long long>(key),
+          static_cast<unsigned long long>(table.scores[slot]));
+    CHECK(table.values[slot * kDim + 1] == row_value(key, 1), "emulated restore row");
+  }
+}
+
 /// Two large batches with many repeats through one launch_dedup (a grouped call of two
 /// parts, as unique_keys_grouped makes it): each part's uids in its own first-occurrence
 /// order, at its own range of the outputs.

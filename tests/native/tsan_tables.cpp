@@ -10,7 +10,8 @@
 //   emulated   the csrc/cuda launchers built for the host (csrc/emulated), whose grids run
 //              on a pool of OS threads: upsert / find / erase / rehash / dedup from several
 //              host threads under a reader-writer lock (dynemb/table/rw_lock.py's rule);
-//              and, each host thread on tables of its own (writers of different tables
+//              restore (RestoreSink: saved scores over an evicting table's claims, every
+//              key its own score); and, each host thread on tables of its own (writers of different tables
 //              run together) or as readers under the shared lock:
 //                upsert_grouped  launch_upsert_grouped, 3 parts a call (an evicting table
 //                                given ~2x more distinct keys than it holds, and repeats:
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
       {"cpu_partitioned_evicting", cpu_partitioned_evicting},
       {"cpu_dedup_shared_set", cpu_dedup_shared_set},
       {"emulated_upsert_find_erase_rehash", emulated_upsert_find_erase_rehash},
+      {"emulated_restore", emulated_restore},
       {"emulated_dedup", emulated_dedup},
       {"emulated_upsert_grouped", emulated_upsert_grouped},
       {"emulated_pool", emulated_pool},
