@@ -7,8 +7,11 @@ Two small interfaces (names mirror NVIDIA DynamicEmb):
 - an ``AdmissionStrategy`` decides from those counts which keys a table stores
   (``FrequencyAdmissionStrategy``: count >= threshold).
 
-A table opts in with ``DynamicEmbTableOptions(admit_strategy=..., admission_counter=...)``;
-BatchedDynamicEmbeddingTables does the counting (see DynamicEmb_APIs.md, "Admission").
+A table opts in with ``DynamicEmbTableOptions(admit_strategy=FrequencyAdmissionStrategy(
+threshold, counter=KVCounter(capacity)))``, the strategy carrying the counter it counts
+with, as in DynamicEmb; the table option ``admission_counter`` is DynamicEmb's older,
+deprecated place for it. BatchedDynamicEmbeddingTables does the counting (see
+DynamicEmb_APIs.md, "Admission").
 """
 
 import abc
@@ -286,7 +289,14 @@ def _saturating_sum(values: torch.Tensor, groups: torch.Tensor, n: int) -> torch
 
 
 class AdmissionStrategy(abc.ABC):
-    """Decides which new keys a table stores, from their counts."""
+    """Decides which new keys a table stores, from their counts.
+
+    Attributes:
+        counter: the Counter (a template: each table builds its own with ``create``)
+            whose counts ``admit`` reads, or None: the table's ``admission_counter``.
+    """
+
+    counter: Counter | None = None
 
     @abc.abstractmethod
     def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
@@ -311,19 +321,29 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         initializer_args: rows of keys not yet admitted, for the lookup that sees
             them (``None``: the table's own ``initializer_args``, so a key keeps the
             row it will start from once admitted).
+        counter: the Counter that counts the keys not yet admitted (e.g.
+            ``KVCounter(capacity)``), as in DynamicEmb; each table builds its own from
+            it. ``None``: the table's (deprecated) ``admission_counter`` is used.
 
     Raises:
-        TypeError / ValueError: on a bad threshold or initializer_args.
+        TypeError / ValueError: on a bad threshold, initializer_args or counter.
+
+    Two strategies are equal when their class, threshold, initializer mode and counter
+    configuration (class, bucket capacity, key type; not its capacity) are, as
+    DynamicEmb groups tables.
 
     Example::
 
-        >>> s = FrequencyAdmissionStrategy(threshold=3)
+        >>> s = FrequencyAdmissionStrategy(threshold=3, counter=KVCounter(1 << 20))
         >>> s.admit(torch.tensor([1, 2]), torch.tensor([3, 2]))
         tensor([ True, False])
     """
 
     def __init__(
-        self, threshold: int, initializer_args: DynamicEmbInitializerArgs | None = None
+        self,
+        threshold: int,
+        initializer_args: DynamicEmbInitializerArgs | None = None,
+        counter: Counter | None = None,
     ) -> None:
         if not isinstance(threshold, int) or isinstance(threshold, bool):
             raise TypeError(
@@ -338,14 +358,42 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
                     f"or None, got {initializer_args!r}"
                 )
             initializer_args.validate()
+        if counter is not None and not isinstance(counter, Counter):
+            raise TypeError(
+                f"FrequencyAdmissionStrategy: counter must be a Counter (e.g. KVCounter) or "
+                f"None, got {counter!r}"
+            )
         self.threshold = threshold
         self.initializer_args = initializer_args
+        self.counter = counter
+
+    def with_counter(self, counter: Counter) -> "FrequencyAdmissionStrategy":
+        """A copy of this strategy counting with ``counter`` (this one is unchanged):
+        how a table's deprecated ``admission_counter`` reaches the strategy, per table,
+        when one strategy serves several tables of different counter capacities."""
+        return FrequencyAdmissionStrategy(self.threshold, self.initializer_args, counter)
 
     def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
         return frequencies >= self.threshold
 
     def get_initializer_args(self) -> DynamicEmbInitializerArgs | None:
         return self.initializer_args
+
+    def get_grouped_key(self) -> tuple:
+        """What two tables must agree on to share a module (DynamicEmb's grouping key)."""
+        c = self.counter
+        counter = None if c is None else (type(c), getattr(c, "bucket_capacity", None),
+                                          getattr(c, "key_type", None))  # fmt: skip
+        mode = None if self.initializer_args is None else self.initializer_args.mode
+        return (type(self), self.threshold, mode, counter)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FrequencyAdmissionStrategy):
+            return NotImplemented
+        return self.get_grouped_key() == other.get_grouped_key()
+
+    def __hash__(self) -> int:
+        return hash(self.get_grouped_key())
 
 
 def _describe(x) -> str:

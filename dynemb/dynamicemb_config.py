@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import math
 import numbers
+import warnings
 from typing import Any
 
 import torch
@@ -278,7 +279,15 @@ class DynamicEmbTableOptions:
         index_type: key dtype (``None`` or ``torch.int64``).
         dist_type: routing of keys to ranks: "continuous", "roundrobin" or
             "hash_roundrobin".
-        admit_strategy, admission_counter: admission of new keys (see dynemb.admission).
+        admit_strategy: admission of new keys (see dynemb.admission), e.g.
+            ``FrequencyAdmissionStrategy(threshold, counter=KVCounter(capacity))``.
+        admission_counter: deprecated (as in DynamicEmb): the counter now goes on the
+            strategy. Given here it warns (DeprecationWarning) and, when the strategy
+            is a FrequencyAdmissionStrategy without a counter, is folded into a copy
+            of it (the caller's strategy is unchanged; a strategy with a counter of
+            its own keeps it); the field is then None. Without a strategy (or with one
+            that takes no counter) the field stays: the table counts with it, and
+            without a strategy admits every key.
         seed: (dynemb) initializer seed (rows are a function of (seed, key)).
         spill_directory: (dynemb) keep each table's slot buffers and slow-tier rows in
             memory-mapped files under ``<spill_directory>/<table>.rank<r>``.
@@ -347,6 +356,37 @@ class DynamicEmbTableOptions:
         self.score_strategy = normalize_score_strategy(self.score_strategy)
         name = "DynamicEmbTableOptions.score_half_life_steps"
         check_score_half_life(self.score_strategy, self.score_half_life_steps, name)
+        if self.admission_counter is not None:
+            self._fold_admission_counter()
+
+    def _fold_admission_counter(self) -> None:
+        """DynamicEmb's deprecation of ``admission_counter``: warn, and give the counter
+        to a copy of the strategy (a copy: one strategy often serves several tables,
+        each with its own counter capacity). A strategy that cannot take one (no
+        ``with_counter``) or has its own keeps its own; the table then reads the
+        counter here (dynemb.tbe.table_options.admission_counter_of)."""
+        strategy = self.admit_strategy
+        fold = getattr(strategy, "with_counter", None)
+        own = getattr(strategy, "counter", None)
+        if own is not None:
+            detail = f"the strategy's own counter {own!r} is used, this one is ignored"
+        elif fold is not None:
+            detail = "it is given to a copy of the strategy"
+        else:
+            detail = "the table counts with it"
+        warnings.warn(
+            "DynamicEmbTableOptions.admission_counter is deprecated: pass the counter to "
+            "the strategy, FrequencyAdmissionStrategy(threshold, counter=KVCounter(...)); "
+            f"{detail}",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if fold is not None and own is None:
+            self.admit_strategy = fold(self.admission_counter)
+        if getattr(self.admit_strategy, "counter", None) is not None:
+            # One place holds it: copies of these options (dataclasses.replace) neither
+            # warn again nor fold twice.
+            self.admission_counter = None
 
     def _key(self) -> tuple:
         return (

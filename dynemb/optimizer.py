@@ -18,6 +18,7 @@ __all__ = [
     "OptimizerArgs",
     "OptimizerConfig",
     "SUPPORTED_OPTIMIZERS",
+    "get_optimizer_state_dim",
     "hyper_parameter",
 ]
 
@@ -95,6 +96,49 @@ class OptimizerConfig:
             float(self.beta2),
             float(self.weight_decay),
         ]
+
+
+def get_optimizer_state_dim(
+    optimizer_type: EmbOptimType, dim: int, dtype: torch.dtype | None = None
+) -> int:
+    """Optimizer-state elements a table keeps per row beside its ``dim`` embedding
+    columns (DynamicEmb's function): a row holds ``dim + get_optimizer_state_dim(...)``
+    elements of the table's dtype, as ``get_table_value_bytes`` counts them.
+
+    ADAM ``2 * dim`` (m then v), EXACT_ADAGRAD ``dim``, EXACT_ROWWISE_ADAGRAD 1 (its
+    accumulator: DynamicEmb reserves 16 bytes there, ``16 // dtype size`` elements),
+    SGD / EXACT_SGD and optimizers dynemb does not run 0 (as DynamicEmb).
+
+    Args:
+        optimizer_type: an ``EmbOptimType``.
+        dim: embedding columns of a row, an int >= 1.
+        dtype: the table's embedding dtype; required with EXACT_ROWWISE_ADAGRAD (as in
+            DynamicEmb), ignored otherwise.
+
+    Raises:
+        TypeError: ``optimizer_type`` is not an EmbOptimType.
+        ValueError: ``dim`` is not an int >= 1, or EXACT_ROWWISE_ADAGRAD without a
+            ``dtype``.
+
+    Example::
+
+        get_optimizer_state_dim(EmbOptimType.ADAM, 16)  # 32
+    """
+    if not isinstance(optimizer_type, EmbOptimType):
+        raise TypeError(
+            f"get_optimizer_state_dim: `optimizer_type` must be an EmbOptimType, "
+            f"got {optimizer_type!r}"
+        )
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"get_optimizer_state_dim: `dim` must be an int >= 1, got {dim!r}")
+    if optimizer_type == EmbOptimType.EXACT_ROWWISE_ADAGRAD and dtype is None:
+        raise ValueError(
+            "get_optimizer_state_dim: `dtype` is required with EXACT_ROWWISE_ADAGRAD "
+            "(the table's embedding dtype), got None"
+        )
+    if optimizer_type not in _KERNEL_CODE:
+        return 0
+    return _ops.state_columns(_KERNEL_CODE[optimizer_type], dim)
 
 
 def hyper_parameter(name: str, value) -> float:

@@ -27,8 +27,9 @@ def counts_of(counter: Counter) -> dict:
 def make(threshold=3, admission_init=None, initializer=DEBUG, admission=True, **kw):
     opts = DynamicEmbTableOptions(
         dim=4, max_capacity=256, bucket_capacity=16, initializer_args=initializer,
-        admit_strategy=FrequencyAdmissionStrategy(threshold, admission_init) if admission else None,
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16) if admission else None,
+        admit_strategy=FrequencyAdmissionStrategy(
+            threshold, admission_init, counter=KVCounter(capacity=64, bucket_capacity=16)
+        ) if admission else None,
     )  # fmt: skip
     return BatchedDynamicEmbeddingTables(
         [opts], feature_table_map=[0], pooling_mode=DynamicEmbPoolingMode.SUM,
@@ -177,29 +178,28 @@ def test_eval_mode_neither_counts_nor_inserts():
 
 
 def test_tables_sharing_a_counter_template_count_separately():
+    template = KVCounter(capacity=64, bucket_capacity=16)
     opts = DynamicEmbTableOptions(
         dim=4, max_capacity=256, bucket_capacity=16,
-        admit_strategy=FrequencyAdmissionStrategy(5),
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16),
+        admit_strategy=FrequencyAdmissionStrategy(5, counter=template),
     )  # fmt: skip
     m = BatchedDynamicEmbeddingTables([opts, opts], feature_table_map=[0, 1])
     m(*bags([3], [], [], [4]))  # feature 0: key 3 (table 0); feature 1: key 4 (table 1)
     assert m.admission_counters[0] is not m.admission_counters[1]
     assert counts_of(m.admission_counters[0]) == {3: 1}
     assert counts_of(m.admission_counters[1]) == {4: 1}
-    assert counts_of(opts.admission_counter) == {}
+    assert counts_of(template) == {}
 
 
 @pytest.mark.parametrize(
     "strategy, counter, error, text",
     [
-        (FrequencyAdmissionStrategy(2), None, ValueError, "both admit_strategy"),
-        (None, KVCounter(64, 16), ValueError, "both admit_strategy"),
+        (FrequencyAdmissionStrategy(2), None, ValueError, "has no counter to count keys with"),
         (3, KVCounter(64, 16), TypeError, "admit_strategy must be an AdmissionStrategy"),
-        (FrequencyAdmissionStrategy(2), {}, TypeError, "admission_counter must be a Counter"),
+        (None, {}, TypeError, "admission counter must be a Counter"),
     ],
 )
-def test_bad_admission_options_name_the_table(strategy, counter, error, text):
+def test_bad_admission_options_name_the_table(strategy, counter, error, text, recwarn):
     opts = DynamicEmbTableOptions(
         dim=4, max_capacity=256, admit_strategy=strategy, admission_counter=counter
     )

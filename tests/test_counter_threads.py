@@ -103,12 +103,13 @@ def test_options_and_module_holding_a_counter_copy():
     the module that counts with it; neither copy is refused for its lock."""
     opts = DynamicEmbTableOptions(
         dim=4, max_capacity=256, bucket_capacity=16,
-        admit_strategy=FrequencyAdmissionStrategy(3),
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16),
+        admit_strategy=FrequencyAdmissionStrategy(
+            3, counter=KVCounter(capacity=64, bucket_capacity=16)
+        ),
     )  # fmt: skip
-    opts.admission_counter.add(torch.tensor([1]))
+    opts.admit_strategy.counter.add(torch.tensor([1]))
     for copied in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
-        assert counts_of(copied.admission_counter) == {1: 1}
+        assert counts_of(copied.admit_strategy.counter) == {1: 1}
     m = BatchedDynamicEmbeddingTables(
         [opts], feature_table_map=[0], pooling_mode=DynamicEmbPoolingMode.SUM
     )

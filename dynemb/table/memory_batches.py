@@ -54,6 +54,9 @@ class MemoryBatches:
         the table's ``buffers`` (under ``lock.read()``) at their slots."""
         return None, slots
 
+    def widen_batch(self, batch: PinHold, positions: torch.Tensor, count: int) -> None:
+        """A lookup of some of a forward's keys: nothing to re-address (no staged rows)."""
+
     def staged_rows(self, batch: PinHold) -> tuple[TableStorage, torch.Tensor] | None:
         """Rows of the batch held outside ``buffers``: none in a table in memory."""
         return None

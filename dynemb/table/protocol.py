@@ -82,6 +82,11 @@ class Table(Protocol):
         """(n,) int64 slots of keys, -1 where not stored; changes nothing."""
         ...
 
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: whether each key is stored (a cache: in either tier); changes
+        nothing."""
+        ...
+
     def find_or_insert_slots(
         self, keys: torch.Tensor, accesses: torch.Tensor | None = None, hold: Any = None
     ) -> tuple[torch.Tensor, BatchStats]:
@@ -118,6 +123,12 @@ class Table(Protocol):
         """Where the forward of ``batch`` reads the rows of its distinct keys, ``slots``
         those of its lookup: ``(None, slots)``, ``buffers`` at those slots (under
         ``lock.read()``), or ``(storage, slots in it)``, a private copy."""
+        ...
+
+    def widen_batch(self, batch: Any, positions: torch.Tensor, count: int) -> None:
+        """The training lookup under ``batch`` was of ``positions`` ((m,) int64) of the
+        forward's ``count`` distinct keys (admission stores the others nowhere):
+        ``batch_rows`` and ``staged_rows`` then address all ``count`` (-1: no row)."""
         ...
 
     def staged_rows(self, batch: Any) -> tuple[TableStorage, torch.Tensor] | None:

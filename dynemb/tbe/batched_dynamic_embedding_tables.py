@@ -35,6 +35,7 @@ from dynemb.tbe.batch_layout import (
 from dynemb.tbe.forward_pass import ForwardPass
 from dynemb.tbe.lookup_function import LookupFunction
 from dynemb.tbe.table_options import (
+    admission_counter_of,
     admission_missing,
     check_options,
     init_list,
@@ -70,9 +71,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         TypeError / ValueError: a bad argument, naming it and the value, before any table
             is built (e.g. ``table_names`` holding a name twice, with its positions).
 
-    Admission: a table whose options set ``admit_strategy`` and ``admission_counter``
-    stores a new key only once the strategy admits it (see dynemb.admission); its
-    counter is ``admission_counters[t]`` (built with ``admission_counter.create``).
+    Admission: a table whose options set ``admit_strategy`` (with its counter) stores a
+    new key only once the strategy admits it, cached or not (see dynemb.admission); its
+    counter is ``admission_counters[t]`` (built with the counter's ``create``).
 
     Inputs follow fbgemm's TBE: ``forward(indices, offsets, per_sample_weights=None)``
     with feature-major ``indices`` and ``offsets`` of length ``B * T + 1``; a
@@ -158,8 +159,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         ]
         # Each table counts in its own counter: the one in the options is a template
         # that several tables (or shards) may share.
+        # A counter without a strategy is kept (dumped, loaded) but admits every key.
         self.admission_counters: list[Counter | None] = [
-            o.admission_counter.create(self.device) if o.admit_strategy is not None else None
+            None if (c := admission_counter_of(o)) is None else c.create(self.device)
             for o in options
         ]
         # Rows of keys not stored in training: the admission initializer's, else those an
@@ -306,7 +308,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             table = self.tables[t]
             if not table.has_cache or not self._inserts(t):
                 continue
-            b = table.prefetch(distinct[0] if tb is not None else indices[:0])
+            keys = distinct[0] if tb is not None else indices[:0]
+            if self._admits(t) and keys.numel():
+                # only keys already stored: the forward's counter decides on the others
+                keys = keys[table.contains(keys)]
+            b = table.prefetch(keys)
             if tb is not None:
                 pending = self._prefetched[t]
                 pending[b] = (tb.keys, distinct)

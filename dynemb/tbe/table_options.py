@@ -84,13 +84,21 @@ def check_options(name: str, o: DynamicEmbTableOptions) -> None:
     check_admission(name, o)
 
 
+def admission_counter_of(o: DynamicEmbTableOptions) -> Counter | None:
+    """The counter a table counts with (a template: the table builds its own with
+    ``create``): its strategy's ``counter``, else its (deprecated) ``admission_counter``,
+    else None."""
+    counter = getattr(o.admit_strategy, "counter", None)
+    return counter if counter is not None else o.admission_counter
+
+
 def check_admission(name: str, o: DynamicEmbTableOptions) -> None:
-    strategy, counter = o.admit_strategy, o.admission_counter
-    if (strategy is None) != (counter is None):
-        raise ValueError(
-            f"table {name!r}: admission needs both admit_strategy and admission_counter, "
-            f"got admit_strategy={strategy!r}, admission_counter={counter!r}"
-        )
+    """Raises TypeError / ValueError, naming the table, on admission options that cannot
+    work: a strategy that is not an AdmissionStrategy, a counter that is not a Counter,
+    or a strategy with no counter to read (neither its ``counter`` nor the table's
+    ``admission_counter``). A counter without a strategy is accepted (as in DynamicEmb:
+    every key is admitted)."""
+    strategy, counter = o.admit_strategy, admission_counter_of(o)
     if strategy is not None and not isinstance(strategy, AdmissionStrategy):
         raise TypeError(
             f"table {name!r}: admit_strategy must be an AdmissionStrategy "
@@ -98,8 +106,22 @@ def check_admission(name: str, o: DynamicEmbTableOptions) -> None:
         )
     if counter is not None and not isinstance(counter, Counter):
         raise TypeError(
-            f"table {name!r}: admission_counter must be a Counter (e.g. KVCounter), got {counter!r}"
+            f"table {name!r}: the admission counter must be a Counter (e.g. KVCounter), "
+            f"got {counter!r}"
+        )
+    if strategy is not None and counter is None:
+        raise ValueError(
+            f"table {name!r}: admit_strategy={strategy!r} has no counter to count keys "
+            "with: pass one to the strategy, e.g. FrequencyAdmissionStrategy(threshold, "
+            "counter=KVCounter(capacity))"
         )
 
 
-__all__ = ["admission_missing", "check_admission", "check_options", "init_list", "table_names_of"]
+__all__ = [
+    "admission_counter_of",
+    "admission_missing",
+    "check_admission",
+    "check_options",
+    "init_list",
+    "table_names_of",
+]

@@ -27,7 +27,7 @@ class TableSlots:
         the keys again if it changed). ``keys`` may be PaddedKeys (with their counts as
         the accesses) where ``_takes_padded_keys(t)``."""
         table = self.tables[t]
-        if self.admission_counters[t] is not None:
+        if self._admits(t):
             return self._admitted_slots(t, keys, accesses, hold), table.mutations
         slots = self._checked_lookup(t, keys, accesses, hold)
         return slots, table.mutations
@@ -89,7 +89,7 @@ class TableSlots:
         whose lookups need no undo record (no table in ERROR mode)."""
         return (
             self._inserts(t)
-            and self.admission_counters[t] is None
+            and not self._admits(t)
             and getattr(self, "_forward_lookups", None) is None
             and self.tables[t].groups_lookups
         )
@@ -97,21 +97,23 @@ class TableSlots:
     def _takes_padded_keys(self, t: int) -> bool:
         """Whether table t's training lookup of this forward takes padded distinct keys
         (``Table.takes_padded_keys``), without admission (which sizes them first)."""
-        return (
-            self._inserts(t)
-            and self.admission_counters[t] is None
-            and self.tables[t].takes_padded_keys
-        )
+        return self._inserts(t) and not self._admits(t) and self.tables[t].takes_padded_keys
+
+    def _admits(self, t: int) -> bool:
+        """Whether table t's training lookups go through admission: it has a strategy
+        (a counter alone admits every key)."""
+        return self.table_options[t].admit_strategy is not None
 
     def _admitted_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
-        """Training slots of table t under admission (-1 for keys not admitted).
+        """Training slots of table t under admission (-1 for keys not admitted, and for
+        a cache's staged keys, which ``batch_rows`` serves).
 
-        Only keys not stored yet are counted (each distinct key once, with its
+        Only keys not stored yet (in either tier of a cache) are counted (each distinct key once, with its
         occurrences in the batch); admitted keys are inserted together with the stored
         ones (whose scores the upsert updates) and leave the counter.
         """
         table, counter = self.tables[t], self.admission_counters[t]
-        upsert = table.find_slots(keys) >= 0
+        upsert = table.contains(keys)  # a cache: stored in either tier
         new = torch.nonzero(~upsert, as_tuple=True)[0]
         if new.numel():
             new_keys = keys[new]
@@ -136,8 +138,14 @@ class TableSlots:
         pos = torch.nonzero(upsert, as_tuple=True)[0]
         if pos.numel():
             slots[pos] = self._admitted_lookup(t, keys[pos], accesses[pos], hold)
+            if pos.numel() != keys.numel() and hold is not None:
+                table.widen_batch(hold, pos, keys.numel())
         if new.numel():
-            stored = new[slots[new] >= 0]  # admitted and stored: no longer counted
+            held = slots >= 0
+            staged = table.staged_rows(hold) if hold is not None else None
+            if staged is not None:  # a cache's staged keys are stored too
+                held |= staged[1] >= 0
+            stored = new[held[new]]  # admitted and stored: no longer counted
             if stored.numel():
                 counter.erase(keys[stored])
         return slots
@@ -192,11 +200,7 @@ class TableSlots:
             stored = self._undo_forward() if undoable else "the keys that fit are stored"
             raise RuntimeError(f"{what}; safe_check_mode ERROR: {stored}")
         if mode == DynamicEmbCheckMode.WARNING:
-            rows = (
-                "the eval initializer's rows"
-                if self.admission_counters[t] is None
-                else "non-admitted rows"
-            )
+            rows = "the eval initializer's rows" if not self._admits(t) else "non-admitted rows"
             warnings.warn(f"{what}; they got {rows}", stacklevel=stacklevel)
 
     def _undo_forward(self) -> str:

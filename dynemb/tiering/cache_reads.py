@@ -78,7 +78,9 @@ class CacheReads:
             return None, slots
         with self.lock.read():
             rows = staged.batch_rows(self.buffers, slots)
-        return rows, torch.arange(slots.numel(), device=slots.device)
+        at = torch.arange(slots.numel(), device=slots.device)
+        # -1 for keys held nowhere (not admitted): they read the missing-row initializer
+        return rows, torch.where((slots < 0) & (staged.unique_slots < 0), -1, at)
 
     def staged_rows(self, batch: BatchHold) -> tuple[TableStorage, torch.Tensor] | None:
         """Rows of ``batch`` held outside the cache, which its backward updates as the

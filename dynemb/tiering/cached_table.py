@@ -238,6 +238,36 @@ class CachedTable(CacheFill, CacheReads, Cache):
         """Cache slots of keys (-1 where not cached); changes nothing."""
         return self.cache.find_slots(keys)
 
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: whether each key is stored in either tier (cached, staged or in the
+        storage); changes nothing. Admission counts only keys it says are not."""
+        self._settle()
+        with self.lock.read():
+            found = _ops.table_find_slots(self.buffers.tensors(), keys) >= 0
+            busy = self._staging.busy(keys)
+            if busy is not None:
+                found |= busy
+            rest = torch.nonzero(~found, as_tuple=True)[0]
+            if rest.numel():
+                backing = self.backing_table()
+                with self._storage_lock:
+                    if backing is not None:
+                        found[rest] = backing.contains(keys[rest])
+                    else:
+                        found[rest] = self._storage_find(keys[rest])[2]
+        return found
+
+    def widen_batch(self, batch: BatchHold, positions: torch.Tensor, count: int) -> None:
+        """The lookup under ``batch`` was of ``positions`` ((m,) int64) of the forward's
+        ``count`` distinct keys (admission: the others are stored nowhere): its staged
+        keys are re-addressed by position among all ``count``, so that ``batch_rows``
+        and ``staged_rows`` line up with the forward's keys (-1: not staged)."""
+        staged = batch.payload
+        if staged is not None:
+            wide = torch.full((count,), -1, dtype=torch.int64, device=positions.device)
+            wide[positions] = staged.unique_slots
+            staged.unique_slots = wide
+
     def lookup(
         self, keys: torch.Tensor, accesses: torch.Tensor | None, batch: BatchHold
     ) -> tuple[torch.Tensor, Staged | None]:

@@ -82,11 +82,6 @@ def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_colu
             f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, DECAYED_LFU, CUSTOMIZED or "
             "NO_EVICTION"
         )
-    if o.admit_strategy is not None:
-        raise ValueError(
-            f"table {name!r}: caching=True does not support admission "
-            f"(admit_strategy={o.admit_strategy!r})"
-        )
 
 
 def make_table(

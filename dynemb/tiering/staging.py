@@ -68,14 +68,17 @@ class Staged:
 
         Args:
             cache: the cache's storage (the caller holds its read lock).
-            cache_slots: (U,) int64, each distinct key's cache slot, -1 for staged keys.
+            cache_slots: (U,) int64, each distinct key's cache slot, -1 for staged keys
+                (and for keys not stored, whose rows stay unset).
         """
         width = cache.layout.row_width
         out = TableStorage(
             _layout(width, cache.values.dtype, cache.values.device), _buckets(len(cache_slots))
         )
         cached = torch.nonzero(cache_slots >= 0, as_tuple=True)[0]
-        staged = torch.nonzero(cache_slots < 0, as_tuple=True)[0]
+        # neither cached nor staged: a key admission stores nowhere (its row is the
+        # non-admitted initializer's, see CacheReads.batch_rows)
+        staged = torch.nonzero((cache_slots < 0) & (self.unique_slots >= 0), as_tuple=True)[0]
         out.values[cached] = cache.rows(cache_slots[cached], width)
         area = self.storage
         out.values[staged] = area.rows(self.unique_slots[staged], width)
