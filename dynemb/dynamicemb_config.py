@@ -297,6 +297,10 @@ class DynamicEmbTableOptions:
             column_offset + dim)`` of a wider table's rows, and its new rows are those
             columns of the rows the whole table would start with. The column-wise
             sharding sets it on each slice; 0 otherwise.
+        block_size, io_block_size, io_by_cpu, use_constant_memory,
+            reserved_key_start_bit, num_of_buckets_per_alloc: DynamicEmb's
+            HierarchicalKV tuning fields, which DynamicEmb asks users to ignore;
+            accepted, no effect.
         warm_start: (dynemb) a ``dynemb.warm_start.WarmStart`` source: a key a training
             lookup inserts takes its first row (and its optimizer state, when the
             source keeps one of the table's width) from it instead of the initializer
@@ -346,6 +350,14 @@ class DynamicEmbTableOptions:
     score_half_life_steps: int | None = None
     column_offset: int = 0
     warm_start: Any | None = None
+    # DynamicEmb's HierarchicalKV tuning fields ("will be removed, please ignore them"
+    # in DynamicEmb): accepted so that code setting them runs; no effect in dynemb.
+    block_size: int = 128
+    io_block_size: int = 1024
+    io_by_cpu: bool = False
+    use_constant_memory: bool = False
+    reserved_key_start_bit: int = 0
+    num_of_buckets_per_alloc: int = 1
 
     def __post_init__(self) -> None:
         if self.dist_type not in DIST_TYPES:
