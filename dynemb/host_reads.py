@@ -20,7 +20,7 @@ import threading
 
 import torch
 
-from dynemb import _executor
+from dynemb import _executor, streams
 
 _lock = threading.Lock()
 _reads: collections.Counter = collections.Counter()
@@ -87,7 +87,9 @@ def _read_packed(tensor: torch.Tensor, riders: list, why: str) -> torch.Tensor:
     with _lock:
         _reads[why] += 1
     if not riders:
-        return tensor.cpu()
+        host = tensor.cpu()
+        streams.host_read(tensor)  # a host stream model runs the stream's work now
+        return host
     parts = [tensor] + [d.tensor for d in riders]
     flat = [p.contiguous().reshape(-1).view(torch.uint8) for p in parts]
     host = torch.cat(flat).cpu()
@@ -96,6 +98,7 @@ def _read_packed(tensor: torch.Tensor, riders: list, why: str) -> torch.Tensor:
         end = start + bytes_.numel()
         out.append(host[start:end].clone().view(part.dtype).reshape(part.shape))
         start = end
+    streams.host_read(tensor)  # as above: the packed copy and its slices are written
     for d, value in zip(riders, out[1:], strict=True):
         d.deliver(value)
     return out[0]

@@ -57,7 +57,7 @@ GPU_TESTS=(
   tests/csrc/test_extension_build.py tests/test_devices.py tests/csrc/test_executor_selection.py
   tests/csrc/test_executor_parity.py tests/table/test_table_placement.py tests/table/test_hash_keys.py
   tests/table/test_lfu_saturation.py tests/table/test_table_restore.py tests/tbe/test_grouped_lookup.py
-  tests/tbe/test_torch_rowwise_adagrad.py
+  tests/tbe/test_torch_rowwise_adagrad.py tests/tiering/test_prefetch_streams.py
 )
 # Those that compare with fbgemm's CPU kernels (tests/fbgemm_reference.py), when it imports.
 FBGEMM_TESTS=(tests/tbe/test_batched_tables_reference.py tests/tbe/test_batched_tables_vs_fbgemm.py)

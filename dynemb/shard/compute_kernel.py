@@ -250,12 +250,13 @@ class _DynamicKernel(BaseEmbedding, FusedOptimizerModule):
         indices = features.values().to(torch.int64)
         return indices, features.offsets().to(torch.int64), weights, counts
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, forward_stream=None) -> None:
         """Caching mode: brings the keys of a future batch (this kernel's part of its
-        input dist) into the caches (BatchedDynamicEmbeddingTables.prefetch)."""
+        input dist) into the caches (BatchedDynamicEmbeddingTables.prefetch; the
+        forward's ``forward_stream`` waits for it)."""
         self._emb_module.train(self.training)
         indices, offsets, weights, _ = self._batch(features)  # counts: read by forward
-        self._emb_module.prefetch(indices, offsets, weights)
+        self._emb_module.prefetch(indices, offsets, weights, forward_stream)
 
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         # The rows are saved by dynemb's dump; TorchRec's state_dict gets placeholders.

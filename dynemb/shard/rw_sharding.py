@@ -213,7 +213,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
     def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:
-        _prefetch_dynamic(self, sparse_features)
+        _prefetch_dynamic(self, sparse_features, forward_stream)
 
 
 class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
@@ -235,15 +235,17 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
         return super()._create_embedding_kernel(config, pg, device, env)
 
     def prefetch(self, sparse_features, forward_stream=None, *args, **kwargs) -> None:
-        _prefetch_dynamic(self, sparse_features)
+        _prefetch_dynamic(self, sparse_features, forward_stream)
 
 
-def _prefetch_dynamic(lookup, sparse_features) -> None:
+def _prefetch_dynamic(lookup, sparse_features, forward_stream) -> None:
     """TorchRec's lookup prefetch hook (ShardedModule.prefetch): each dynamic kernel
-    prefetches its features (caching mode); ordinary kernels are left alone."""
+    prefetches its features (caching mode); ordinary kernels are left alone.
+    ``forward_stream`` (TorchRec's prefetch pipeline: its default stream) waits for
+    the prefetch."""
     # TorchRec's GroupedEmbeddingsLookup keeps its splits and kernels private.
     groups = sparse_features.split(lookup._feature_splits)  # noqa: SLF001 - no public accessor
     kernels = lookup._emb_modules  # noqa: SLF001 - no public accessor in TorchRec
     for emb_op, features in zip(kernels, groups, strict=True):
         if isinstance(emb_op, (BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag)):
-            emb_op.prefetch(features)
+            emb_op.prefetch(features, forward_stream)

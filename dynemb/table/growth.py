@@ -222,6 +222,7 @@ def _grow(state: TableState) -> bool:
             state.spill.remove_generations_except(old.generation)
         return False
     state.storage = new
+    state.lock.order.retire(old.tensors())  # rehash read them on this stream
     state.generation += 1
     if state.spill is not None:  # the committed state must not name a removed generation
         commit_spill(state)

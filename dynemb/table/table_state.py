@@ -53,7 +53,9 @@ class TableState:
         change_log: the keys changed, for deltas (None: nothing recorded; locked).
         last_stats: the BatchStats of the latest batch upsert (a deferred lookup's
             when it is the latest).
-        lock: readers of ``storage`` hold ``read()``, ops that move keys ``write()``.
+        lock: readers of ``storage`` hold ``read()``, ops that move keys ``write()``;
+            it orders the device's streams too (stream_order.py). Default: a new
+            one for the layout's device.
         clock: the TIMESTAMP strategy's clock (tests replace it).
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
         token: the table's identity in its snapshots (only it rolls back to them).
@@ -78,7 +80,7 @@ class TableState:
     change_log: ChangeLog | None = None
     _last_stats: BatchStats | None = None
     _deferred: list = dataclasses.field(default_factory=list)
-    lock: RWLock = dataclasses.field(default_factory=RWLock)
+    lock: RWLock = None  # type: ignore[assignment] - the layout's device's, made below
     clock: Callable[[], int] = time.monotonic_ns
     pins: PinLedger = dataclasses.field(default_factory=PinLedger)
     token: object = dataclasses.field(default_factory=object)
@@ -86,6 +88,8 @@ class TableState:
     warm_start: Any = None
 
     def __post_init__(self) -> None:
+        if self.lock is None:
+            self.lock = RWLock(self.layout.device)
         self.telemetry = TableTelemetry(self)
 
     def defer(self, lookup) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from dynemb import streams
 from dynemb.admission import Counter
 from dynemb.dynamicemb_config import (
     DynamicEmbTableOptions,
@@ -275,6 +276,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         indices: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
+        forward_stream=None,
     ) -> None:
         """Brings the keys of a future training batch into the caches (caching mode).
 
@@ -284,9 +286,20 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         from dynemb.tiering.PrefetchPipeline, which overlaps it with the compute
         of the previous batch); it may run in another thread than forward.
 
+        On a GPU it may run on another stream than the forward (TorchRec's prefetch
+        pipeline): each table's ops wait for the table's earlier ops on other streams
+        (dynemb.table.stream_order), and ``forward_stream`` waits for this prefetch.
+
         Args:
             indices, offsets, per_sample_weights: the future batch, as in forward.
+            forward_stream: None, or the stream the batch's forward runs on: its work
+                queued from now on starts after this prefetch's, and what the
+                prefetch keeps for the forward stays allocated until it is used.
+
+        Raises:
+            TypeError: ``forward_stream`` is not a stream of the tables' device.
         """
+        streams.check_stream(self.device, forward_stream)
         batch_size, bounds = check_batch_layout(
             indices, offsets, per_sample_weights, len(self.feature_table_map)
         )
@@ -304,6 +317,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # Last table first: the forward then starts with the tables whose fills are
         # freshest in the CPU caches (a fill touches megabytes of rows per table).
         work = list(enumerate(zip(cached, distinct_keys(cached), strict=True)))
+        kept: list[torch.Tensor] = []
         for t, (tb, distinct) in reversed(work):
             table = self.tables[t]
             if not table.has_cache or not self._inserts(t):
@@ -316,8 +330,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             if tb is not None:
                 pending = self._prefetched[t]
                 pending[b] = (tb.keys, distinct)
+                kept += [tb.keys, *distinct]
                 while len(pending) > MAX_PENDING_PREFETCHES:  # retired, never consumed
                     del pending[min(pending)]
+        streams.hand_over(self.device, forward_stream, kept)
 
     def cache_stats(self) -> list:
         """Per table: its dynemb.tiering.CacheStats (caching mode), else None."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dynemb import _ops
+from dynemb import _ops, streams
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.tbe.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
 from dynemb.tbe.grouped_calls import pool_grouped, table_locked
@@ -102,6 +102,7 @@ class ForwardPass:
             entry = self._prefetched[t].pop(b, None) if b is not None else None
             if entry is not None and torch.equal(entry[0], tb.keys):
                 reused[t] = entry[1]
+                streams.used_here(entry[1])  # made on the prefetch's stream
         fresh = [tb if r is None else None for tb, r in zip(batches, reused)]
         padded = access_counts is None and any(
             tb is not None and self._takes_padded_keys(t) for t, tb in enumerate(fresh)

@@ -51,7 +51,7 @@ import threading
 
 import torch
 
-from dynemb import _ops
+from dynemb import _ops, streams
 from dynemb.host_reads import read_to_host
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
@@ -291,6 +291,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
             keys, accesses, claim = self._claim_padded(keys, accesses, batch.number)
             if ready is not None and ready[0] is keys and ready[2] == self._moves:
                 slots, hits = ready[1], keys.numel()  # pinned for `batch`
+                streams.used_here((slots,))  # made on the prefetch's stream
                 failed = joined = None
             else:
                 slots, hits, failed, joined = self._fill(
