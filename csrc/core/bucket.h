@@ -213,13 +213,18 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
   return base + victim;
 }
 
+/// bucket_victim_in<true>'s answer, reading the pin column only where it must: the
+/// victim among the slots the score floor leaves (pins aside) is the victim among the
+/// fewer slots pins leave too whenever its own pin is below the floor, the usual case
+/// (a batch pins the keys it touched, whose scores are the newest, rarely the lowest);
+/// else the bucket is scanned again with its pins. One pin line read, not eight.
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
                                               uint64_t pin_mask, uint64_t evict_below,
                                               uint32_t pin_floor) {
-  return t.pins != nullptr
-             ? bucket_victim_in<true>(t, bucket, pin_mask, evict_below, pin_floor)
-             : bucket_victim_in<false>(t, bucket, pin_mask, evict_below, pin_floor);
+  const int64_t v = bucket_victim_in<false>(t, bucket, pin_mask, evict_below, pin_floor);
+  if (t.pins == nullptr || v < 0 || t.pins[v] < pin_floor) return v;
+  return bucket_victim_in<true>(t, bucket, pin_mask, evict_below, pin_floor);
 }
 
 /// The slot a lookup of `digest` in `bucket` will most likely touch, judged from

@@ -41,7 +41,10 @@
 //      strategy (hits_first) touch_stored for all of them, then upsert_home for
 //      those not stored (a key repeated in the batch is a hit the second time), so
 //      that a hit is pinned before any newcomer looks for a victim, wherever the
-//      two stand in the batch; under NO_EVICTION upsert_home alone.
+//      two stand in the batch; under NO_EVICTION upsert_home alone. (An executor
+//      may run touch_or_place_free instead of touch_stored: it also places the keys
+//      that find a free home slot, as upsert_home would, and leaves only those that
+//      need a victim, with the same outcome in one probe.)
 //      Pass 1 reads and writes the home bucket only, so buckets are independent:
 //      any executor may run different buckets concurrently, without locks.
 //   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
@@ -306,6 +309,38 @@ DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t 
   }
   P::unlock(&t.locks[home]);
   return slot >= 0;
+}
+
+/// Pass 1 of a hits-first batch in one probe where one is enough: a stored key is
+/// touched and reported (touch_stored), *status kHit; a key not stored whose home
+/// bucket has a free slot takes it (place_new_home), *status kInserted. That is what
+/// upsert_home gives it after every touch of the pass: touches write no digest, so the
+/// free slots, and the order the bucket's new keys take them in, are the same. Only a
+/// key whose home bucket is full (or has overflowed) needs the bucket's hits pinned
+/// before it looks for a victim: returns false for it, having changed nothing, and
+/// upsert_home decides it after the pass. Evicting strategies only (hits_first).
+template <class P, class V, class Sink>
+DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                                   const KeyProbe& p, const UpsertArgs& u, Sink& sink,
+                                   Status* status, int64_t hint = -1) {
+  const int64_t home = p.bucket;
+  P::lock(&t.locks[home]);
+  bool decided = false;
+  const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
+  if (slot >= 0) {
+    touch(t, slot, u, i);
+    sink.hit(i, o, slot);
+    *status = Status::kHit;
+    decided = true;
+  } else if (!t.overflow[home]) {
+    const int64_t free = bucket_free_slot<P>(t, home, p.order);
+    if (free >= 0) {
+      *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
+      decided = true;
+    }
+  }
+  P::unlock(&t.locks[home]);
+  return decided;
 }
 
 /// Removes `key`; @return true when it was stored. Holds one bucket lock at a time,

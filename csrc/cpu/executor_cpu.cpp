@@ -73,23 +73,46 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
-  // Positions to upsert: [begin, end), or under hits_first those whose key the touch
-  // pass found absent (pending[x] for x in [0, size)).
+  // Positions to upsert: [begin, end), or under hits_first those the first pass
+  // (touch_or_place_free: hits and keys with a free home slot) left, which need a
+  // victim (pending[x] for x in [0, size)).
   const bool first_hits = hits_first(args);
   std::vector<int64_t> pending;
+  // victims: std::bool_constant, whether the loop's body looks for victims (the first
+  // pass of hits_first leaves them to the second: it need not fetch a full bucket's
+  // scores, which the second fetches again).
+  auto run_loop = [&](auto victims, auto&& key_at, auto&& body, int64_t first, int64_t last) {
+    auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
+      prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup,
+                      decltype(victims)::value>(t, first, last, key_at, body);
+    };
+    if constexpr (Sink::kRowOnHit) {
+      if (assigned_rows_streamed(sink)) {
+        loop(kRows<RowUse::kNone>);
+      } else if (new_rows_streamed(sink)) {
+        loop(kRows<RowUse::kHitsOnly>);
+      } else {
+        loop(kRows<RowUse::kAll>);
+      }
+    } else if (touches_new_rows(sink)) {
+      loop(kRows<RowUse::kNewOnly>);
+    } else {
+      loop(kRows<RowUse::kNone>);
+    }
+  };
   if (first_hits) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    auto touch = [&](int64_t j, int64_t hint) {
+    auto touch = [&](int64_t j, int64_t hint, const KeyProbe& probe) {
       const int64_t i = index_of(j);
-      if (touch_stored<Q>(t, i, j, keys[j], args, sink, hint)) {
-        status[j] = static_cast<int8_t>(Status::kHit);
-        ++counts.by_status[static_cast<int>(Status::kHit)];
+      Status s;
+      if (touch_or_place_free<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+        status[j] = static_cast<int8_t>(s);
+        ++counts.by_status[static_cast<int>(s)];
       } else {
         pending.push_back(j);
       }
     };
-    prefetched_loop<kUpsertTouches<Q>, RowUse::kNone, kWriteGroup>(t, begin, end, key_at,
-                                                                   touch);
+    run_loop(std::false_type{}, key_at, touch, begin, end);
   }
   const bool all = !first_hits;
   auto position = [&](int64_t x) { return all ? x : pending[x]; };
@@ -115,23 +138,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
       deferred.push_back(j);
     }
   };
-  auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
-    prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup>(t, first, last,
-                                                                          key_at, body);
-  };
-  if constexpr (Sink::kRowOnHit) {
-    if (assigned_rows_streamed(sink)) {
-      loop(kRows<RowUse::kNone>);
-    } else if (new_rows_streamed(sink)) {
-      loop(kRows<RowUse::kHitsOnly>);
-    } else {
-      loop(kRows<RowUse::kAll>);
-    }
-  } else if (touches_new_rows(sink)) {
-    loop(kRows<RowUse::kNewOnly>);
-  } else {
-    loop(kRows<RowUse::kNone>);
-  }
+  if (first < last) run_loop(std::true_type{}, key_at, body, first, last);
   P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
 

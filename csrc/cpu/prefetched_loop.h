@@ -1,7 +1,7 @@
 // dynemb CPU executor: batch loops that overlap the cache misses of many keys.
 //
 // Software-pipelined group prefetching: keys go in groups of kGroup; while the
-// body runs on group g, the key, score and row of each key's likely slot are
+// body runs on group g, the key, score, pin and row of each key's likely slot are
 // prefetched for group g + 1 (whose digests arrived meanwhile), and the digests
 // (the key's home line or the whole bucket, see BucketSpan) for group g + 2, with
 // what else a writer's body reads first (the bucket's overflow byte, and its lock
@@ -72,7 +72,8 @@ enum class RowUse { kNone, kNewOnly, kHitsOnly, kAll };
 /// What a loop body touches besides digests, keys and rows.
 enum class Touches {
   kRead,          ///< nothing else (find, erase: their lock, if any, is rare)
-  kWrite,         ///< a writer without locks: the overflow byte, the slot's score
+  kWrite,         ///< a writer without locks: the overflow byte, the slot's score,
+                  ///< timestamp and pin
   kWriteLocked,   ///< a writer that locks buckets: also the lock word
 };
 
@@ -109,7 +110,7 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
 /// find_slot_hinted. When the home line holds no match, the likely slot is sought in
 /// the whole bucket if `span` prefetched it, else the bucket's other lines are
 /// prefetched for the body.
-template <Touches kTouches, RowUse kRows, class V>
+template <Touches kTouches, RowUse kRows, bool kVictims, class V>
 DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, BucketSpan& span) {
   const int64_t b = p.bucket;
   const ProbeOrder& order = p.order;
@@ -125,15 +126,22 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
   }
   if (slot < 0) {
     // A full bucket without a match: an upsert of a new key scans every score for
-    // its victim (bucket_victim).
-    if (kTouches != Touches::kRead && t.scores && span.whole()) {
-      const uint64_t* first = t.scores + b * t.bucket_capacity;
-      for (int64_t s = 0; s < t.bucket_capacity; s += 8) CpuPlatform::prefetch(first + s);
+    // its victim (bucket_victim), unless the loop leaves victims to a later one.
+    if (kTouches != Touches::kRead && kVictims && t.scores && span.whole()) {
+      const int64_t first = b * t.bucket_capacity;
+      CpuPlatform::prefetch_lines(t.scores + first, t.bucket_capacity * int64_t{sizeof(uint64_t)});
     }
     return slot;
   }
   CpuPlatform::prefetch(t.keys + slot);
-  if (kTouches != Touches::kRead && t.scores) CpuPlatform::prefetch(t.scores + slot);
+  if (kTouches != Touches::kRead) {
+    // What touch and claim write (core table_ops.h): the score, the timestamp beside
+    // it (compound strategies) and the batch's pin. A line left to the body's write is
+    // a demand miss per key.
+    if (t.scores) CpuPlatform::prefetch_for_write(t.scores + slot);
+    if (t.timestamps) CpuPlatform::prefetch_for_write(t.timestamps + slot);
+    if (t.pins) CpuPlatform::prefetch_for_write(t.pins + slot);
+  }
   const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
   if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new) ||
       (kRows == RowUse::kHitsOnly && !is_new)) {
@@ -148,7 +156,8 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
 /// (kGroup keys per group); key_at(j) is the key body(j) will look up and hint its
 /// likely slot (or -1). A body that takes a third argument gets the key's KeyProbe
 /// too: each key is hashed once, in stage 1.
-template <Touches kTouches, RowUse kRows, int64_t kGroup, class V, class KeyAt, class Body>
+template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true, class V,
+          class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
   // Entry (j - begin) % kRing of each ring: j's probe from stage 1 and hint from
@@ -169,7 +178,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       const int64_t r = (j - begin) % kRing;
-      hints[r] = detail::prefetch_slot<kTouches, kRows>(t, probes[r], span);
+      hints[r] = detail::prefetch_slot<kTouches, kRows, kVictims>(t, probes[r], span);
     }
   };
   digests(begin);

@@ -129,8 +129,11 @@ class _Run:
 def test_random_sequences_match_the_reference_table(sequence):
     with tempfile.TemporaryDirectory() as directory:
         run = _Run(Path(directory))
-        for step, op in enumerate(sequence):
-            note(f"step {step}: {op!r}")
-            run.apply(op)
-        run.versions = run.publisher.publish()
-        run.check_serving()
+        try:
+            for step, op in enumerate(sequence):
+                note(f"step {step}: {op!r}")
+                run.apply(op)
+            run.versions = run.publisher.publish()
+            run.check_serving()
+        finally:  # its writer and capture threads end with each example
+            run.publisher.close()
