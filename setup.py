@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CPU_SOURCES = ["csrc/cpu/*.cpp", "csrc/torch/*.cpp", "csrc/emulated/*.cpp"]
 CUDA_SOURCES = ["csrc/cuda/*.cu", "csrc/torch/*_cuda.cpp"]
 # -ffp-contract=off (g++) and --fmad=false (nvcc): no fused multiply-add contraction, so
-# every code path, on either executor, and the reference formulas in tests round the same way.
+# every code path, on either executor, and the reference formulas in tests round the same way
+# (a fused multiply-add happens only where the code calls fmaf: core/pooling.h's forward).
 CXX_FLAGS = [
     "-O3",
     "-std=c++20",

@@ -4,11 +4,20 @@
 // A batch arrives as fbgemm's TBE: `slots` (IndexSlots) gives the slot of each index
 // (-1 when its key is not stored: the row is then the `missing` initializer's row
 // for that key, zeros by default) and `offsets` (num_bags + 1) delimits the bags.
-// SUM pools w_i * row_i over a bag; MEAN divides the sum by the bag's length;
-// per-sample weights w_i (1 when absent). An empty bag pools to zeros. The
+// SUM pools w_i * row_i over a bag; MEAN multiplies the sum by 1 / the bag's
+// length; per-sample weights w_i (1 when absent). An empty bag pools to zeros. The
 // gradient of index i in bag b is scale_b * w_i * grad_out[b], scale_b = 1 for
 // SUM and 1 / len(b) for MEAN.
+//
+// Forward rounding, fbgemm's CPU TBE's (and nn.EmbeddingBag's for SUM): each
+// element is summed in float from +0 in index order, a term at a time by one fused
+// multiply-add, acc = fma(w_i, row_i[j], acc) (one rounding; unweighted, fma(1, x,
+// acc) is acc + x); MEAN then multiplies by the float 1.0f / len, it does not divide
+// (nn.EmbeddingBag divides: within one ulp of this). fmaf is explicit, so it holds
+// under -ffp-contract=off / --fmad=false.
 #pragma once
+
+#include <math.h>
 
 #include "core/initializer.h"
 #include "core/table_ref.h"
@@ -74,9 +83,9 @@ DYNEMB_HD void pool_bag(const TableRef<V>& t, IndexSlots slots, const int64_t* k
     const int64_t slot = slots[i];
     if (slot >= 0) {
       const V* row = t.row(slot);
-      for (int64_t j = 0; j < dim; ++j) out[j] += w * static_cast<float>(row[j]);
+      for (int64_t j = 0; j < dim; ++j) out[j] = fmaf(w, static_cast<float>(row[j]), out[j]);
     } else {
-      for (int64_t j = 0; j < dim; ++j) out[j] += w * missing_element(missing, keys[i], j);
+      for (int64_t j = 0; j < dim; ++j) out[j] = fmaf(w, missing_element(missing, keys[i], j), out[j]);
     }
   }
   if (mode == PoolingMode::kMean && end > begin) {
@@ -97,8 +106,9 @@ DYNEMB_HD DYNEMB_INLINE float pool_bag_element(const TableRef<V>& t, IndexSlots 
   for (int64_t i = begin; i < end; ++i) {
     const float w = weights ? weights[i] : 1.0f;
     const int64_t slot = slots[i];
-    acc += slot >= 0 ? w * static_cast<float>(t.row(slot)[j])
-                     : w * missing_element(missing, keys[i], j);
+    const float x = slot >= 0 ? static_cast<float>(t.row(slot)[j])
+                              : missing_element(missing, keys[i], j);
+    acc = fmaf(w, x, acc);
   }
   if (mode == PoolingMode::kMean && end > begin) acc *= 1.0f / static_cast<float>(end - begin);
   return acc;

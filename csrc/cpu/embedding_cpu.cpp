@@ -96,7 +96,7 @@ DYNEMB_INLINE void for_each_bag(const PoolPart<V>& p, int64_t b0, int64_t b1, Po
 
 /// pool_bag of bag b for float rows of dim kDim (row_lanes.h), into out; false, with
 /// nothing written, when an index of the bag has no stored row (pool_bag draws it).
-/// An unweighted term is the row itself: pool_bag's 1.0f * x is x.
+/// An unweighted term is added: pool_bag's fmaf(1.0f, x, acc) is acc + x.
 template <int64_t kDim>
 DYNEMB_INLINE bool pool_stored_bag(const PoolPart<float>& p, PoolingMode mode, int64_t b,
                                    float* out) {
@@ -108,7 +108,7 @@ DYNEMB_INLINE bool pool_stored_bag(const PoolPart<float>& p, PoolingMode mode, i
     if (p.weights == nullptr) {
       sum.add(p.table.row(slot));
     } else {
-      sum.add_scaled(p.weights[i], p.table.row(slot));
+      sum.add_fused(p.weights[i], p.table.row(slot));
     }
   }
   if (mode == PoolingMode::kMean && end > begin) sum.scale(1.0f / static_cast<float>(end - begin));

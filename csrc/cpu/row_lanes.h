@@ -5,11 +5,15 @@
 // stores the whole output row (the compiler cannot keep it in registers), behind a
 // run-time alias check. For float tables whose dim is a multiple of 8 up to kMaxLaneDim
 // (most embedding dims), the executor instead keeps the row being summed in dim / 8
-// registers of 8 floats. Each element still gets the same terms, multiplied and added
-// in the same order (no contraction: -ffp-contract=off), so the bits are pooling.h's.
+// registers of 8 floats. Each element still gets the same terms, in the same order and
+// rounded the same way (a fused multiply-add where pooling.h has fmaf; no other
+// contraction: -ffp-contract=off), so the bits are pooling.h's.
 #pragma once
 
 #include <math.h>
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
 
 #include <cstdint>
 #include <utility>
@@ -33,6 +37,18 @@ typedef float UnalignedLane8 __attribute__((vector_size(32), aligned(4), may_ali
 
 /// The largest dim with a register kernel (16 registers of 8 floats).
 constexpr int64_t kMaxLaneDim = 128;
+
+/// fmaf(w, x[l], acc[l]) for each lane l: one vfmadd where the target has FMA (the
+/// build's -march=native), otherwise libm's fmaf per lane (same bits, slower).
+DYNEMB_INLINE Lane8 fma8(float w, Lane8 x, Lane8 acc) {
+#ifdef __FMA__
+  return reinterpret_cast<Lane8>(_mm256_fmadd_ps(_mm256_set1_ps(w), reinterpret_cast<__m256>(x),
+                                                 reinterpret_cast<__m256>(acc)));
+#else
+  for (int l = 0; l < 8; ++l) acc[l] = fmaf(w, x[l], acc[l]);
+  return acc;
+#endif
+}
 
 /// A row of kDim floats held in registers.
 template <int64_t kDim>
@@ -60,7 +76,14 @@ struct LaneRow {
     DYNEMB_UNROLL_LANES
     for (int64_t c = 0; c < kLanes; ++c) lane[c] += x.lane[c];
   }
-  /// this += w * x: each element w * x[j] rounded, then added (pooling.h's order).
+  /// this = fma(w, x, this): each element w * x[j] + this[j] rounded once (pooling.h's
+  /// forward rounding).
+  DYNEMB_INLINE void add_fused(float w, const float* x) {
+    DYNEMB_UNROLL_LANES
+    for (int64_t c = 0; c < kLanes; ++c) lane[c] = fma8(w, load(x, c), lane[c]);
+  }
+  /// this += w * x: each element w * x[j] rounded, then added (pooling.h's gradient
+  /// order, add_gradient).
   DYNEMB_INLINE void add_scaled(float w, const float* x) {
     DYNEMB_UNROLL_LANES
     for (int64_t c = 0; c < kLanes; ++c) lane[c] += w * load(x, c);
