@@ -66,7 +66,9 @@ class Case:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
 
 
-def build_model(case: Case, plan: str, world_size: int):
+def build_model(case: Case, plan: str, world_size: int, **fields):
+    """``case``'s model under ``plan``; ``fields``: more DynamicEmbTableOptions of every
+    table."""
     config, collection, sharder = (
         (EmbeddingConfig, EmbeddingCollection, DynamicEmbeddingCollectionSharder)
         if case.sequence
@@ -90,9 +92,8 @@ def build_model(case: Case, plan: str, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in DIMS.items():  # table_row_wise() names no compute kernel
-        mplan[name] = dynamic_entry(
-            mplan[name], serving_options(dim), compute_kernel="customized_kernel"
-        )
+        options = dataclasses.replace(serving_options(dim), **fields)
+        mplan[name] = dynamic_entry(mplan[name], options, compute_kernel="customized_kernel")
     return sharded_model(module, mplan, sharder)
 
 

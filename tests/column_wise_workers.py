@@ -4,6 +4,7 @@ holding each slice as a table of its own (the slices' meaning: same keys, own co
 and optimizer state) and with the whole table unsharded at full width."""
 
 import dataclasses
+import warnings
 
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -15,9 +16,10 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.modules.embedding_configs import PoolingType
 
-from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode
+from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbCheckMode, DynamicEmbPoolingMode
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests import checkpoint_plans_workers as plans
 from tests.plan_entries import dynamic_entry, sharded_model
 from tests.sharded_workers import dynamic_tables
 from tests.table_wise_workers import (
@@ -45,12 +47,13 @@ class Case:
         return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
 
 
-def _options(name: str, dim: int):
+def _options(name: str, dim: int, **fields):
     options = dynamic_options("tw" if name == "cw" else "rw", "table_wise")  # cw: evicting
-    return dataclasses.replace(options, dim=dim)
+    return dataclasses.replace(options, dim=dim, **fields)
 
 
-def build_model(case: Case, world_size: int):
+def build_model(case: Case, world_size: int, **fields):
+    """The sharded model; ``fields``: more DynamicEmbTableOptions of both tables."""
     pooling = PoolingType[case.pooling]
     configs = [
         EmbeddingBagConfig(name="cw", embedding_dim=CW_DIM, num_embeddings=ROWS,
@@ -69,8 +72,62 @@ def build_model(case: Case, world_size: int):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in (("cw", CW_DIM), ("rw", RW_DIM)):
-        mplan[name] = dynamic_entry(mplan[name], _options(name, dim))
+        mplan[name] = dynamic_entry(mplan[name], _options(name, dim, **fields))
     return sharded_model(module, mplan, sharder)
+
+
+def lose_a_key_sequence(rank: int, world_size: int, mode: str):
+    """``lose_a_key`` for an EmbeddingCollection whose two tables are sliced over the
+    ranks (one in reverse rank order): one training step of global batch 0, a key of it
+    erased from rank 1's slice of table a, then batch 0 again. Returns the same triple."""
+    case = plans.Case("EXACT_SGD", sequence=True)
+    model = plans.build_model(case, "column_wise", world_size,
+                              safe_check_mode=DynamicEmbCheckMode[mode])  # fmt: skip
+    try:
+        plans.step(model, rank, world_size, 0)
+    except RuntimeError as e:
+        return str(e), None, []
+    if rank == 1:
+        assert dynamic_tables(model)["a"].erase(plans.erased_keys()[:1]) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            plans.step(model, rank, world_size, 0)
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+    return None, error, [str(w.message) for w in caught if "dynamic table" in str(w.message)]
+
+
+def lose_a_key(rank: int, world_size: int, mode: str, steps: int):
+    """Trains ``steps`` steps with both tables in safe_check_mode ``mode`` (the slices
+    evict, and agree), then erases one key of the last batch from the last rank's slice
+    only and runs that batch again. Returns ``(error of the training steps, error of the
+    forward after the erase, dynemb's warnings of that forward)`` (messages, or None)."""
+    model = build_model(Case("EXACT_SGD", "SUM"), world_size,
+                        safe_check_mode=DynamicEmbCheckMode[mode])  # fmt: skip
+
+    def forward(step: int):
+        lengths, keys = global_batch(step, BATCH * world_size, len(FEATURES))
+        out = model(local_kjt(lengths, keys, rank * BATCH, (rank + 1) * BATCH)).to_dict()
+        return torch.cat([out[f] for f in FEATURES], dim=1), keys[: int(lengths[0].sum())]
+
+    try:
+        for step in range(steps):
+            values, cw_keys = forward(step)
+            values.sum().backward()
+    except RuntimeError as e:
+        return str(e), None, []
+    if rank == world_size - 1:
+        assert dynamic_tables(model)["cw"].erase(cw_keys[:1]) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            forward(steps - 1)
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+    return None, error, [str(w.message) for w in caught if "dynamic table" in str(w.message)]
 
 
 def train_column_wise(rank: int, world_size: int, cases: list[Case], path: str):

@@ -16,7 +16,9 @@ batch inserts, scores and evicts the same keys into the same slots of every slic
 key placement never depends on the row width. (TIMESTAMP scores are the time each
 rank's batch ran, so they differ between slices by a few microseconds; the order of
 keys within a rank, which decides evictions, is the same as long as the ranks' clocks
-do not run backwards between batches: all keys of one batch share one time.)
+do not run backwards between batches: all keys of one batch share one time.) Slices
+made to disagree from outside (a key erased on one rank only) are reported by the
+safe-check modes (slice_agreement.py).
 
 A slice's new rows are its columns of the rows the unsharded table would give
 (``DynamicEmbTableOptions.column_offset``, core/initializer.h): the slices side by side
@@ -33,12 +35,14 @@ from torchrec.distributed.sharding.cw_sequence_sharding import CwSequenceEmbeddi
 from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
+from dynemb.shard.compute_kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.rw_sharding import (
     DynamicEmbGroupedEmbeddingsLookup,
     DynamicEmbGroupedPooledEmbeddingsLookup,
     dynamic_options,
     is_dynamic,
 )
+from dynemb.shard.slice_agreement import SliceAgreement
 from dynemb.shard.tw_sharding import check_whole_tables
 
 
@@ -92,6 +96,7 @@ class _DynamicSlices:
         check_whole_tables(sharding_infos)
         check_one_slice_per_rank(sharding_infos)
         self._table_options = dynamic_options(sharding_infos)
+        self.agreement = SliceAgreement(sharding_infos, env, device)
         super().__init__(
             sharding_infos,
             env,
@@ -104,11 +109,41 @@ class _DynamicSlices:
         return slice_options(self._grouped_embedding_configs, self._table_options)
 
 
+class _CheckedSlices:
+    """A column-wise lookup whose training forwards end with its sharding's
+    SliceAgreement check (slice_agreement.py), its dynamic kernels registered there."""
+
+    def __init__(self, agreement: SliceAgreement, *args, **kwargs):
+        object.__setattr__(self, "_agreement", agreement)  # read during super init
+        super().__init__(*args, **kwargs)
+
+    def _create_embedding_kernel(self, *args, **kwargs):
+        kernel = super()._create_embedding_kernel(*args, **kwargs)
+        if isinstance(kernel, (BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag)):
+            self._agreement.add(kernel.emb_module)
+        return kernel
+
+    def forward(self, sparse_features):
+        out = super().forward(sparse_features)
+        if self.training:
+            self._agreement.check()
+        return out
+
+
+class DynamicEmbCwPooledLookup(_CheckedSlices, DynamicEmbGroupedPooledEmbeddingsLookup):
+    """The pooled lookup of column slices (checked for agreement)."""
+
+
+class DynamicEmbCwSequenceLookup(_CheckedSlices, DynamicEmbGroupedEmbeddingsLookup):
+    """The sequence lookup of column slices (checked for agreement)."""
+
+
 class DynamicEmbCwPooledEmbeddingSharding(_DynamicSlices, CwPooledEmbeddingSharding):
     """Column-wise pooled sharding (EBC) holding dynamic tables."""
 
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
-        return DynamicEmbGroupedPooledEmbeddingsLookup(
+        return DynamicEmbCwPooledLookup(
+            self.agreement,
             self._slice_options(),
             {},
             grouped_configs=self._grouped_embedding_configs,
@@ -126,7 +161,8 @@ class DynamicEmbCwSequenceEmbeddingSharding(_DynamicSlices, CwSequenceEmbeddingS
     row; TorchRec's output dist sends them back and the EC joins the slices."""
 
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
-        return DynamicEmbGroupedEmbeddingsLookup(
+        return DynamicEmbCwSequenceLookup(
+            self.agreement,
             self._slice_options(),
             {},
             grouped_configs=self._grouped_embedding_configs,
@@ -138,6 +174,8 @@ class DynamicEmbCwSequenceEmbeddingSharding(_DynamicSlices, CwSequenceEmbeddingS
 
 __all__ = [
     "DynamicEmbCwPooledEmbeddingSharding",
+    "DynamicEmbCwPooledLookup",
+    "DynamicEmbCwSequenceLookup",
     "DynamicEmbCwSequenceEmbeddingSharding",
     "check_one_slice_per_rank",
 ]

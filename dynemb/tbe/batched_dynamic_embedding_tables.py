@@ -178,6 +178,12 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # the batch's forward reuses the de-duplication (and the table the slots).
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
+        # Per table, the last forward's training lookup counts (hits, inserted, evicted,
+        # failed), summed over its lookup calls; None for a table that forward did not
+        # look up in training, or whose counts are read later (a grouped lookup of
+        # tables all in safe_check_mode IGNORE that cannot grow). Column slices compare
+        # them (dynemb.shard.slice_agreement).
+        self.lookup_outcomes: list[tuple[int, int, int, int] | None] = [None] * len(options)
         # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
         # row-wise sharded kernel (dynemb.shard.compute_kernel); checkpoints re-route with it.
         self.routing: list[tuple[str, int]] | None = None

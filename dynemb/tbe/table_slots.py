@@ -4,8 +4,8 @@ lookup of the keys admitted; keys that could not be stored are reported by the
 table's safe-check mode.
 
 ``TableSlots`` is a part of BatchedDynamicEmbeddingTables (it uses its ``tables``,
-``table_options``, ``table_names``, ``admission_counters``, ``safe_check_failures``
-and ``_inserts``).
+``table_options``, ``table_names``, ``admission_counters``, ``safe_check_failures``,
+``lookup_outcomes`` and ``_inserts``).
 """
 
 import warnings
@@ -61,8 +61,18 @@ class TableSlots:
         of table t could not store."""
         if isinstance(stats, DeferredLookup):
             self._deferred_failures.append((t, stats))
-        elif stats.failed:
+            return
+        self._record_outcome(t, stats)
+        if stats.failed:
             self._report_failed(t, stats, undoable=False, stacklevel=stacklevel)
+
+    def _record_outcome(self, t: int, stats) -> None:
+        """Adds a training lookup's counts to table t's ``lookup_outcomes`` of this forward."""
+        counts = (stats.hits, stats.inserted, stats.evicted, stats.failed)
+        before = self.lookup_outcomes[t]
+        if before is not None:
+            counts = tuple(a + b for a, b in zip(before, counts, strict=True))
+        self.lookup_outcomes[t] = counts
 
     @property
     def safe_check_failures(self) -> list[int]:
@@ -170,6 +180,7 @@ class TableSlots:
         table this forward changed (see dynemb.table.lookup_undo)."""
         error = any(o.safe_check_mode == DynamicEmbCheckMode.ERROR for o in self.table_options)
         self._forward_lookups = [] if error else None
+        self.lookup_outcomes = [None] * len(self.tables)
 
     def _checked_lookup(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
         """``find_or_insert_slots`` of table t; keys that could not be stored are
@@ -182,6 +193,7 @@ class TableSlots:
         slots, stats = table.find_or_insert_slots(keys, accesses, hold)
         if undoable:
             log.append((t, before, slots, stats))
+        self._record_outcome(t, stats)
         if stats.failed:
             self._report_failed(t, stats, undoable, stacklevel=5)
         return slots
