@@ -61,6 +61,8 @@ NO_PINS: int = _CORE["no_pins"]
 # policy strategy of a cache tier's claims: ScoreStrategy::kCache (internal; the
 # public strategies are dynemb.DynamicEmbScoreStrategy).
 CACHE_SCORES: int = SCORE_STRATEGY_CODES["CACHE"]
+# the bits of a cache tier's score that hold its latest batch (core kCacheBatchMask)
+CACHE_BATCH_MASK: int = _CORE["cache_batch_mask"]
 TIMESTAMP_LFU: int = SCORE_STRATEGY_CODES["TIMESTAMP_LFU"]  # the (TIMESTAMP, LFU) compound
 # DECAYED_LFU and its (TIMESTAMP, DECAYED_LFU) compound (core/decay.h): scores count steps
 # in units of 2**-DECAY_FRACTION_BITS; the policy carries the half-life and the step.

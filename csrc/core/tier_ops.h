@@ -9,6 +9,10 @@
 //   2. fetch_entry: the slot gets the key's entry in the slow table, its row and
 //      score, or for a key the slow table lacks the initial row (a pure function of
 //      (seed, key), as an uncached table would give it) and score 0.
+// A key's entry under the table's strategy is one score column, or two for the
+// compounds (TIMESTAMP, LFU) / (TIMESTAMP, DECAYED_LFU): (score, last-access time),
+// the slow table's `scores` and `timestamps`. The cache keeps them per slot, row-major
+// (user_scores[slot * score_columns + c]); victims leave with both.
 // Keys are independent (each owns its slot; the slow table is only read), so step
 // 1 of a key needs only to precede its own step 2. tile_exchange runs both steps by
 // a tile of lanes (core/tile_ops.h): the slow table's probe by the tile, the rows by
@@ -67,13 +71,13 @@ DYNEMB_HD inline MoveCounts compact_moves(const int8_t* status, const int64_t* s
 
 /// One fill's arguments, over the claim's per-key arrays (n keys) and the positions
 /// of those that move in (`moved`, ascending: compact_moves). The
-/// cache keeps a key's score under the table's strategy beside its own eviction
-/// score, in user_scores (one per cache slot).
+/// cache keeps a key's score columns under the table's strategy beside its own
+/// eviction score, in user_scores (score_columns per cache slot).
 template <class V>
 struct CacheExchange {
   InitArgs init;                // the table's initializer (and seed)
   int64_t dim;                  // initialised embedding columns
-  int64_t* user_scores;         // (cache slots) table scores of the cached keys
+  int64_t* user_scores;         // (cache slots, score_columns) table scores of the cached keys
   const int64_t* keys;          // (n) the claimed keys
   const int64_t* slots;         // (n) their cache slots
   const int64_t* evicted_keys;  // (n) the resident key i's claim evicted, where it did
@@ -83,7 +87,8 @@ struct CacheExchange {
   bool* found;                  // (n) out: the slow table held the key (false: not moved)
   int64_t* victim_keys;         // (victims) out
   V* victim_rows;               // (victims, row_width) out
-  int64_t* victim_scores;       // (victims) out
+  int64_t* victim_scores;       // (victims, score_columns) out
+  int64_t score_columns = 1;    // 1: score; 2: score, last-access time (the compounds)
   // Where the host sized m and the outputs from the claim's counts without reading the
   // device's compaction (CUDA executors), its own counts (moved, victims) bound what is
   // read and written: counts that disagreed (a caller's bug) would leave moves undone
@@ -105,6 +110,26 @@ DYNEMB_HD DYNEMB_INLINE int64_t victim_of(const CacheExchange<V>& x, int64_t j) 
   return v < x.victim_capacity ? v : -1;
 }
 
+/// The score columns of cache slot `slot` leave with victim v.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void save_victim_scores(const CacheExchange<V>& x, int64_t slot,
+                                                int64_t v) {
+  const int64_t c = x.score_columns;
+  for (int64_t k = 0; k < c; ++k) x.victim_scores[v * c + k] = x.user_scores[slot * c + k];
+}
+
+/// Cache slot `slot` takes the score columns of the slow table's slot `from` (the
+/// compounds' second column: its timestamp), or zeros when from < 0.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void fetch_scores(const TableRef<V>& slow, const CacheExchange<V>& x,
+                                          int64_t slot, int64_t from) {
+  int64_t* out = x.user_scores + slot * x.score_columns;
+  out[0] = from >= 0 && slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
+  if (x.score_columns > 1) {
+    out[1] = from >= 0 && slow.timestamps ? static_cast<int64_t>(slow.timestamps[from]) : 0;
+  }
+}
+
 /// Step 1 for the j-th moved key.
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheExchange<V>& x,
@@ -114,7 +139,7 @@ DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheEx
   const int64_t i = x.moved[j];
   x.victim_keys[v] = x.evicted_keys[i];
   copy_row(cache.row(x.slots[i]), x.victim_rows + v * cache.row_width, cache.row_width);
-  x.victim_scores[v] = x.user_scores[x.slots[i]];
+  save_victim_scores(x, x.slots[i], v);
 }
 
 /// Step 2 for the j-th moved key; `hint` is a likely slot of it in `slow` (or -1).
@@ -129,11 +154,10 @@ DYNEMB_HD DYNEMB_INLINE void fetch_entry(const TableRef<V>& cache, const TableRe
   x.found[i] = from >= 0;
   if (from >= 0) {
     copy_row(slow.row(from), row, cache.row_width);
-    x.user_scores[slot] = slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
   } else {
     init_row(x.init, key, row, x.dim, cache.row_width);
-    x.user_scores[slot] = 0;
   }
+  fetch_scores(slow, x, slot, from);
 }
 
 /// save_victim, then fetch_entry, for the j-th moved key by a tile of lanes (the same
@@ -151,7 +175,7 @@ DYNEMB_HD void tile_exchange(const Tile& tile, const TableRef<V>& cache, const T
   if (v >= 0) {
     if (l.lead()) {
       x.victim_keys[v] = x.evicted_keys[i];
-      x.victim_scores[v] = x.user_scores[slot];
+      save_victim_scores(x, slot, v);
     }
     copy_row(row, x.victim_rows + v * width, width, l);
   }
@@ -163,7 +187,7 @@ DYNEMB_HD void tile_exchange(const Tile& tile, const TableRef<V>& cache, const T
   }
   if (l.lead()) {
     x.found[i] = from >= 0;
-    x.user_scores[slot] = from >= 0 && slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
+    fetch_scores(slow, x, slot, from);
   }
 }
 

@@ -21,8 +21,9 @@ struct CacheOpImpls {
   using V = typename Backend::template Value<TorchV>;
 
   /// A cache fill's row moves (core/tier_ops.h fetch_entry). Returns (victim_keys (v),
-  /// victim_rows (v, row_width), victim_scores (v), found (n)), the victims in key
-  /// order; fills the cache rows and user_scores at `slots`.
+  /// victim_rows (v, row_width), victim_scores (v) or (v, 2), found (n)), the victims in
+  /// key order; fills the cache rows and user_scores at `slots`. user_scores is (cache
+  /// slots), or (cache slots, 2) of (score, timestamp) where `slow` keeps timestamps.
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cache_exchange(
       at::TensorList cache_list, at::TensorList slow_list, at::ArrayRef<double> init, int64_t seed,
       int64_t dim, const at::Tensor& user_scores, const at::Tensor& keys,
@@ -40,9 +41,17 @@ struct CacheOpImpls {
     check_dim(op, cache, dim);
     const InitArgs init_args = parse_missing(op, init, seed);
     const int64_t num_slots = cache.digests.numel(), n = keys.numel();
-    check_tensor(op, "user_scores", user_scores, at::kLong, 1);
-    TORCH_CHECK_VALUE(user_scores.numel() == num_slots, "dynemb.", op, ": `user_scores` has ",
-                      user_scores.numel(), " elements, the cache has ", num_slots, " slots");
+    // One score column a slot, or (score, last-access time) where `slow` keeps
+    // timestamps (the compounds): a timestamp is never dropped nor invented.
+    const int64_t columns = slow.timestamps.numel() ? 2 : 1;
+    TORCH_CHECK_VALUE(user_scores.scalar_type() == at::kLong && user_scores.is_contiguous() &&
+                          user_scores.dim() == columns && user_scores.size(0) == num_slots &&
+                          (columns == 1 || user_scores.size(1) == columns),
+                      "dynemb.", op, ": `user_scores` must be a contiguous int64 tensor of shape (",
+                      num_slots, columns == 1 ? ")" : ", 2) (score, timestamp: `slow` keeps "
+                      "timestamps)", ", one entry per cache slot, got ", user_scores.scalar_type(),
+                      " of shape ", user_scores.sizes(),
+                      user_scores.is_contiguous() ? "" : " (not contiguous)");
     check_same_device(op, "user_scores", user_scores, cache.digests);
     check_keys(op, keys);
     check_same_device(op, "keys", keys, cache.digests);
@@ -75,7 +84,8 @@ struct CacheOpImpls {
     const int64_t m = moves.moved.numel(), nv = moves.victims;
     at::Tensor victim_keys = at::empty({nv}, keys.options());
     at::Tensor victim_rows = at::empty({nv, cache.values.size(1)}, cache.values.options());
-    at::Tensor victim_scores = at::empty({nv}, keys.options());
+    at::Tensor victim_scores =
+        columns == 1 ? at::empty({nv}, keys.options()) : at::empty({nv, columns}, keys.options());
     at::Tensor found = at::zeros(keys.sizes(), keys.options().dtype(at::kBool));
     dispatch_values(op, cache.values, [&](auto v) {
       using W = V<decltype(v)>;
@@ -91,7 +101,8 @@ struct CacheOpImpls {
                          found.data_ptr<bool>(),
                          victim_keys.data_ptr<int64_t>(),
                          reinterpret_cast<W*>(victim_rows.data_ptr()),
-                         victim_scores.data_ptr<int64_t>()};
+                         victim_scores.data_ptr<int64_t>(),
+                         columns};
       if (!moves.counted) {
         x.device_counts = moves.device_counts.data_ptr<int64_t>();
         x.victim_capacity = nv;

@@ -43,6 +43,7 @@ inline pybind11::dict core_constants() {
   out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
   out["max_score"] = static_cast<int64_t>(kMaxScore);
   out["no_pins"] = static_cast<int64_t>(kNoPins);
+  out["cache_batch_mask"] = static_cast<int64_t>(kCacheBatchMask);  // a cache score's batch
   out["decay_fraction_bits"] = kDecayFractionBits;  // core/decay.h
   out["max_half_life"] = static_cast<int64_t>(kMaxHalfLife);
   out["max_decay_step"] = static_cast<int64_t>(kMaxDecayStep);

@@ -57,8 +57,10 @@
   /* A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots, */                \
   /* status, evicted_keys: the claim's): for each key that took a slot, the resident */               \
   /* its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user */              \
-  /* score, then the key's entry of `slow` (or its initial row, init = the table's) */                \
-  /* fills the slot. moved, victims: the claim's counts of those keys and of their */                \
+  /* scores (user_scores (slots), or (slots, 2) of score and timestamp where */                       \
+  /* `slow` keeps timestamps), then the key's entry of `slow` (or its initial */                      \
+  /* row, init = the table's) fills the slot. moved, victims: the claim's counts */                   \
+  /* of those keys and of their */                                                                    \
   /* victims (-1: the op counts them; a CUDA executor then reads the device). */                      \
   /* -> (victim_keys, victim_rows, victim_scores, found). */                                          \
   (m).def(                                                                                            \

@@ -21,7 +21,7 @@ from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts
 from dynemb.table.entry_transfer import EntryTransfer
-from dynemb.table.growth import DeferredErase, upsert
+from dynemb.table.growth import upsert
 from dynemb.table.memory_batches import MemoryBatches
 from dynemb.table.placement import canonical_device
 from dynemb.table.slot_access import SlotAccess
@@ -344,14 +344,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         """Removes keys; returns (n,) bool: whether each was stored."""
         keys = self._check_keys(keys)
         with self._state.lock.write():
-            self._state.mutations += 1
-            erased = _ops.table_erase(self._state.storage.tensors(), keys)
-            if self._state.change_log is not None:
-                self._state.size -= read_to_host(erased.sum(), "erased count").item()
-                self._state.change_log.removed(keys[erased])
-            else:  # the size is read when needed: no wait here
-                self._state.defer(DeferredErase(erased))
-        return erased
+            return self.erase_held(keys)
 
     def clear(self) -> None:
         """Removes every key (capacity is kept)."""

@@ -16,7 +16,7 @@ from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.change_log import ChangeLog
-from dynemb.table.growth import slot_upsert, upsert
+from dynemb.table.growth import DeferredErase, slot_upsert, upsert
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_state import TableState
@@ -185,6 +185,19 @@ class SlotAccess:
         self._state.telemetry.after_upsert(status, keys, counts)  # counted, never sampled
         return slots, status, counts
 
+    def erase_held(self, keys: torch.Tensor) -> torch.Tensor:
+        """``erase_keys`` by a caller that holds ``lock.write()`` (a cache tier dropping
+        keys mid-operation); ``keys`` (n,) int64 on the table's device, checked by the
+        caller. Returns (n,) bool: whether each was stored."""
+        self._state.mutations += 1
+        erased = _ops.table_erase(self._state.storage.tensors(), keys)
+        if self._state.change_log is not None:
+            self._state.size -= read_to_host(erased.sum(), "erased count").item()
+            self._state.change_log.removed(keys[erased])
+        else:  # the size is read when needed: no wait here
+            self._state.defer(DeferredErase(erased))
+        return erased
+
     def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Whole rows (embedding + extra columns) and scores of keys: ``(rows (n,
         row_width), scores (n,), found (n,) bool)``, zeros where not stored."""
@@ -237,15 +250,21 @@ class SlotAccess:
         return stored, rows, scores, missing
 
     def write_back(
-        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
+        timestamps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Stores distinct keys with whole rows and exactly these scores (CUSTOMIZED
-        admits by them), not counting a step: a cache's write-back.
+        admits by them), not counting a step: a cache's write-back. ``timestamps``:
+        (n,) int64 last-access times a compound (TIMESTAMP, ...) table stores with them
+        (None: the write-back's clock, as a restore without them).
 
         Returns ``(keys, rows, scores)`` of every entry the table no longer holds:
         the residents evicted, then the given keys that could not be stored.
         """
-        status, evicted = self._write_back(keys, rows, scores, defer=False)
+        status, evicted = self._write_back(keys, rows, scores, timestamps, defer=False)
         stats = self._state.last_stats
         if not stats.evicted and not stats.failed:  # the common case: nothing to report
             return evicted[0][:0], evicted[1][:0], evicted[2][:0]
@@ -260,20 +279,27 @@ class SlotAccess:
         )
 
     def write_back_counted(
-        self, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
+        timestamps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``write_back`` that returns only how many entries the table no longer holds
         (residents evicted + keys not stored), a 0-dim int64 tensor on the table's
         device: nothing is read now where the table cannot grow (its status counts
         are read with the next read, as a deferred lookup's)."""
-        status, _ = self._write_back(keys, rows, scores, defer=True)
+        status, _ = self._write_back(keys, rows, scores, timestamps, defer=True)
         return ((status == _ops.Status.EVICTED) | (status == _ops.Status.FAILED)).sum()
 
-    def _write_back(self, keys, rows, scores, defer: bool):
+    def _write_back(self, keys, rows, scores, timestamps, defer: bool):
         """The upsert of ``write_back``: returns its status and the evicted buffers."""
         n, width = keys.numel(), self._state.layout.row_width
         rows = rows.contiguous()
         saved_scores = scores.contiguous() if self._state.layout.keeps_scores else None
+        saved_times = None
+        if timestamps is not None and self._state.layout.keeps_timestamps:
+            saved_times = timestamps.contiguous()
         evicted = self._state.evicted_buffers(n)
 
         def op(table, policy, init, k, _scores, _values, ev, per_key):
@@ -282,8 +308,9 @@ class SlotAccess:
             part = per_key.numel() != n
             r = rows[per_key] if part else rows
             sc = saved_scores[per_key] if part and saved_scores is not None else saved_scores
+            ts = saved_times[per_key] if part and saved_times is not None else saved_times
             policy = policy._replace(dim=width)
-            return _ops.table_restore(table, policy, init, k, r, None, sc, None, ev)
+            return _ops.table_restore(table, policy, init, k, r, None, sc, ts, ev)
 
         step = self._state.step  # a write-back is not a training step (STEP scores count those)
         positions = torch.arange(n, device=self.device)

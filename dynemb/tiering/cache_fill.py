@@ -4,6 +4,11 @@ over), how staged rows go home, and the score rule of the rows it holds.
 
 ``CacheFill`` is a part of CachedTable (it uses the table's ``cache``, ``storage``,
 ``stats``, ``_batches``, ``_buffers``, ``_user_scores``, ``_staging`` and its locks).
+
+Score entries: a key's scores under the table's strategy move as one int64 (n,)
+tensor, or (n, 2) of (score, last-access time) for the compounds (TIMESTAMP, LFU) /
+(TIMESTAMP, DECAYED_LFU), which the built-in slow tier stores as its ``scores`` and
+``timestamps``.
 """
 
 import torch
@@ -15,6 +20,7 @@ from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage_results import checked_find, checked_insert
 from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.warm_start.table_fill import NewRows
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 
@@ -49,7 +55,33 @@ class CacheFill:
         keys, _, accesses = keys.sized()  # read already, with the claim's counts
         return keys, accesses, claim
 
-    def _fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None):
+    def _read_warm(self, keys: torch.Tensor) -> NewRows | None:
+        """The warm-start rows of the distinct ``keys`` new to both tiers (neither cached,
+        staged nor in the storage), read before the claim, under ``lock.write()``, so
+        that a source that fails changes nothing (as an uncached table's ``read_new``).
+        None without a source."""
+        if self.warm_start is None:
+            return None
+        new = _ops.table_find_slots(self.buffers.tensors(), keys) < 0
+        busy = self._staging.busy(keys)
+        if busy is not None:
+            new &= ~busy
+        at = torch.nonzero(new, as_tuple=True)[0]
+        if at.numel():
+            backing = self.backing_table()
+            with self._storage_lock:
+                if backing is not None:
+                    stored = backing.contains(keys[at])
+                else:
+                    stored = self._storage_find(keys[at])[2]
+            at = at[~stored]
+        width = self.dim + self.warm_start.state_columns
+        if not at.numel():
+            return NewRows(keys.numel(), at, keys.new_empty((0, width), dtype=self.value_dtype))
+        pos, rows = self.warm_start.read(keys[at])
+        return NewRows(keys.numel(), at[pos], rows)
+
+    def _fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None, warm=None):
         """Steps 1-3 under the cache's write lock.
 
         One slot claim over the batch pins the hits (their batch number rises to
@@ -61,6 +93,8 @@ class CacheFill:
         by batches in flight are not claimed: their rows stay in the staging area.
 
         ``claim``: ``_claim_padded``'s claim of all keys, done already (no key staged).
+        ``warm``: ``_read_warm(keys)``, the rows of the keys new to both tiers (None:
+        no warm-start source).
 
         Returns ``(slots, hits, failed, joined)``: slots (-1 for keys not cached);
         ``failed`` is None, or (with ``stage``) ``(positions, rows, scores)`` of the
@@ -74,6 +108,10 @@ class CacheFill:
                 claimed = torch.nonzero(~busy, as_tuple=True)[0]
                 joined = torch.nonzero(busy, as_tuple=True)[0]
         claim_keys = keys if claimed is None else keys[claimed].contiguous()
+
+        def batch_positions(p):  # positions in claim_keys -> in keys (warm's)
+            return p if claimed is None else claimed[p]
+
         slots, status, counts = claim if claim is not None else self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
         failed = None
@@ -81,15 +119,21 @@ class CacheFill:
         if hits == claim_keys.numel():
             pass
         elif backing is not None:  # one C++ op moves the rows
-            self._exchange(claim_keys, slots, status, counts, backing)
+            found = self._exchange(claim_keys, slots, status, counts, backing)
+            if warm is not None and warm.positions.numel():  # keys new to both tiers
+                claimed_now = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
+                new = torch.nonzero(claimed_now & ~found, as_tuple=True)[0]
+                at, rows = warm.select(batch_positions(new))
+                if at.numel():
+                    self.buffers.write_rows(slots[new[at]], rows)
             if counts[_ops.Status.FAILED]:
                 self.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
                     out = _positions(status == _ops.Status.FAILED, counts[_ops.Status.FAILED])
-                    failed = (out, *self._fetch(claim_keys[out]))
+                    failed = (out, *self._fetch(claim_keys[out], warm, batch_positions(out)))
         else:
             missed = _positions(status != _ops.Status.HIT, claim_keys.numel() - hits)
-            rows, scores = self._fetch(claim_keys[missed])
+            rows, scores = self._fetch(claim_keys[missed], warm, batch_positions(missed))
             self._move_in(slots, status, counts, missed, rows, scores)
             if counts[_ops.Status.FAILED]:
                 out = _positions(status[missed] == _ops.Status.FAILED, counts[_ops.Status.FAILED])
@@ -110,7 +154,7 @@ class CacheFill:
         this lookup's scores."""
 
         def rule(pos, old):
-            return self._rule(old, None if accesses is None else accesses[pos], now)
+            return self._rescore(old, None if accesses is None else accesses[pos], now)
 
         new = None
         if failed is not None:
@@ -144,12 +188,18 @@ class CacheFill:
         evicted_keys = self._scratch("evicted_keys", (n,), torch.int64)
         return self.cache.claim_cache_slots(keys, batch, self._batches.floor(), evicted_keys)
 
-    def _fetch(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and scores of keys from the storage; keys it lacks get the initial
-        row (a pure function of (seed, key), as an uncached table's insert), or the
-        warm-start source's, and 0."""
+    def _fetch(
+        self, keys: torch.Tensor, warm: NewRows | None = None, at: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and score entries of keys from the storage; keys it lacks get the
+        initial row (a pure function of (seed, key), as an uncached table's insert),
+        or the warm-start row read before the claim (``warm``, the keys' positions in
+        its batch ``at``), and 0."""
         with self._storage_lock:
             rows, scores, found = self._storage_find(keys)
+            if self._score_columns == 2:  # a compound: the built-in slow tier's times
+                times = self.backing_table().get_timestamps(keys)
+                scores = torch.stack([scores, times], dim=1)
         new = torch.nonzero(~found, as_tuple=True)[0]
         self.stats.add(fetched=keys.numel() - new.numel())  # no read of a pending count
         if new.numel():
@@ -161,16 +211,17 @@ class CacheFill:
             rows[new, : self.dim] = init.to(rows.dtype)
             rows[new, self.dim :] = init_values[5]
             scores[new] = 0
-            if self.warm_start is not None:  # keys new to both tiers: the source's rows
-                pos, warm = self.warm_start.read(keys[new])
-                rows[new[pos], : warm.shape[1]] = warm
+            if warm is not None and warm.positions.numel():  # read before the claim
+                pos, warm_rows = warm.select(at[new])
+                rows[new[pos], : warm_rows.shape[1]] = warm_rows.to(rows.dtype)
         return rows, scores
 
-    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> None:
+    def _exchange(self, keys, slots, status, counts, backing: ScoredHashTable) -> torch.Tensor:
         """Steps 2-3 with the built-in slow table, whose buffers the cache reads
         directly: one op takes the claim's outputs, moves each victim's row out and
         each new key's row in; then the victims are written back. The claim's
-        ``counts`` (read already) size the op's outputs: no read of the device."""
+        ``counts`` (read already) size the op's outputs: no read of the device.
+        Returns found: (n,) bool, the keys moved in from the slow table."""
         evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
         evicted = counts[_ops.Status.EVICTED]
         with self._storage_lock, backing.lock.read():
@@ -180,12 +231,8 @@ class CacheFill:
                 counts[_ops.Status.INSERTED] + evicted, evicted,
             )  # fmt: skip
         self.stats.add_later(fetched=victims[3].sum())  # read with the next read
-        if self.warm_start is not None:  # keys new to both tiers: the source's rows
-            claimed = (status == _ops.Status.INSERTED) | (status == _ops.Status.EVICTED)
-            new = torch.nonzero(claimed & ~victims[3], as_tuple=True)[0]
-            if new.numel():
-                self.warm_start.fill_slots(self.buffers, keys[new], slots[new])
-        self._write_back(*victims[:3])
+        self._write_back(*victims[:3])  # victims[2]: the score entries
+        return victims[3]
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions
@@ -219,16 +266,34 @@ class CacheFill:
         return buf[: shape[0]]
 
     def _write_back(self, keys, rows, scores) -> None:
+        """Stores entries in the slow tier; ``scores`` are their score entries."""
         if not keys.numel():
             return
         backing = self.backing_table()
+        times = None
+        if scores.dim() == 2:  # a compound: (score, last-access time)
+            scores, times = scores[:, 0], scores[:, 1]
         with self._storage_lock:
             if backing is not None:  # its drops counted on the device, read later
-                self.stats.add_later(storage_drops=backing.write_back_counted(keys, rows, scores))
+                dropped = backing.write_back_counted(keys, rows, scores, times)
+                self.stats.add_later(storage_drops=dropped)
             else:
                 dropped = checked_insert(self.storage, keys, rows, scores, self.name)
                 self.stats.storage_drops += dropped.numel()
         self.stats.written_back += keys.numel()
+
+    def _rescore(
+        self, old: torch.Tensor, accesses: torch.Tensor | None, value: int
+    ) -> torch.Tensor:
+        """Score entries after a training lookup: ``_rule`` on the scores and, for a
+        compound, the last-access time set to ``value`` (the batch's clock), as an
+        uncached table's lookup sets its timestamps (core table_ops.h touch / claim)."""
+        if old.dim() == 1:
+            return self._rule(old, accesses, value)
+        out = torch.empty_like(old)
+        out[:, 0] = self._rule(old[:, 0].contiguous(), accesses, value)
+        out[:, 1] = value
+        return out
 
     def _rule(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
         """Scores after a training lookup under the table's strategy, by the core's

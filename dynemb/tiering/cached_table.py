@@ -16,7 +16,11 @@ resident used least often, the older among equals: on W-train's Zipf ids this
 keeps ~4 points more hits than evicting the oldest (0.52 -> 0.56 at 25%). The key's
 score under the table's strategy (what a slow-tier eviction and the checkpoints
 see) is kept beside it, ``user_scores[slot]``, updated by each training lookup
-with the strategy's rule, and written back with the row.
+with the strategy's rule, and written back with the row. A compound (TIMESTAMP,
+LFU) / (TIMESTAMP, DECAYED_LFU) keeps two columns a slot, ``user_scores[slot] =
+(score, last-access time)``, as the slow tier keeps its ``scores`` and
+``timestamps``: every move between the tiers (fills, write-backs, the staging
+area, checkpoints through the slow tier) carries both.
 
 Pinning. Every batch is *in flight* from its prefetch (or forward) until its
 backward, or until its forward's graph is dropped without one (batch_ledger.py),
@@ -53,6 +57,7 @@ import torch
 
 from dynemb import _ops, streams
 from dynemb.host_reads import read_to_host
+from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.tiering.backing import HashTableStorage, ScoreContext
@@ -67,7 +72,7 @@ from dynemb.types import DynamicEmbScoreStrategy
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
 # Strategies scored by the table's step: a training lookup counts one.
-_STEPPED = (_STEP, DynamicEmbScoreStrategy.DECAYED_LFU.value)
+_STEPPED = (_STEP, DynamicEmbScoreStrategy.DECAYED_LFU.value, _ops.TIMESTAMP_DECAYED_LFU)
 
 
 class CachedTable(CacheFill, CacheReads, Cache):
@@ -76,8 +81,9 @@ class CachedTable(CacheFill, CacheReads, Cache):
     Args:
         cache: the fast table (STEP strategy, no growth, ``extra_columns`` = state).
         storage: the slow tier holding every row.
-        score_strategy: the table's score strategy (``user_scores`` rule); not
-            a compound (TIMESTAMP, LFU) / (TIMESTAMP, DECAYED_LFU).
+        score_strategy: the table's score strategy (``user_scores`` rule); a
+            compound (TIMESTAMP, LFU) / (TIMESTAMP, DECAYED_LFU) needs the built-in
+            slow tier (a Storage keeps one score column).
         capacity: the table's configured ``max_capacity`` (initializer bounds).
         name: the table's name, for messages about its storage.
         score_half_life_steps: DECAYED_LFU's half-life (with it only, checked by the
@@ -105,10 +111,16 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.score_strategy = score_strategy
         self.score_half_life_steps = score_half_life_steps
         self._strategy = (
-            score_strategy.value
-            if isinstance(score_strategy, DynamicEmbScoreStrategy)
-            else int(score_strategy)
+            int(score_strategy)
+            if isinstance(score_strategy, int)
+            else strategy_code(score_strategy)
         )
+        if self._strategy in TIMESTAMP_CODES and not isinstance(storage, HashTableStorage):
+            raise ValueError(
+                f"table {name!r}: score_strategy={score_strategy!r} keeps a last-access time "
+                f"a row, which storage {type(storage).__name__} cannot store (a Storage keeps "
+                "one score); use the built-in slow tier"
+            )
         self._capacity = capacity
         self.dim = cache.dim
         self.extra_columns = cache.extra_columns
@@ -117,13 +129,16 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.stats = CacheStats()
         backing = self.backing_table()
         self._ctx = backing if backing is not None else ScoreContext()
-        self._user_scores = torch.zeros(cache.capacity(), dtype=torch.int64, device=cache.device)
+        # (slots,), or (slots, 2) of (score, last-access time) for the compounds
+        self._score_columns = 2 if self._strategy in TIMESTAMP_CODES else 1
+        shape = (cache.capacity(),) + ((2,) if self._score_columns == 2 else ())
+        self._user_scores = torch.zeros(shape, dtype=torch.int64, device=cache.device)
         self._moves = 0  # bumped when cached rows may have moved (empty_cache, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
         self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
         self._storage_lock = threading.Lock()  # one storage call at a time
         self._staging = StagingArea(
-            cache.dim + cache.extra_columns, cache.value_dtype, cache.device
+            cache.dim + cache.extra_columns, cache.value_dtype, cache.device, self._score_columns
         )
         self._batches = BatchLedger()
         # batch -> (keys, slots, moves) of a prefetch that cached every key: the
@@ -168,7 +183,18 @@ class CachedTable(CacheFill, CacheReads, Cache):
         return self.cache.capacity()
 
     def max_capacity(self) -> int:
-        """The table's configured capacity (both tiers)."""
+        """The table's configured capacity: the keys the slow tier holds, which after
+        every ``sync`` (checkpoints, ``size``, incremental dumps) is the whole table.
+
+        Between syncs the cache may hold up to ``capacity()`` keys more that the slow
+        tier has not taken yet (a key enters the slow tier when it leaves the cache), and
+        they are findable: an evicting slow tier then drops its lowest-scored keys as
+        they arrive. A sync writes every cached key back and drops from the cache the
+        ones the slow tier did not keep (keys of batches in flight stay until their
+        backward), so that after a sync with no batch in flight the table holds no more
+        keys than an uncached table of this ``max_capacity``. Holding it at every step
+        instead would take a slow-tier insert for every key new to the table and a
+        cache eviction for every slow-tier eviction of a cached key."""
         return self._capacity
 
     def cache_size(self) -> int:
@@ -283,19 +309,26 @@ class CachedTable(CacheFill, CacheReads, Cache):
             backward to both, then calls ``end_batch``.
         """
         self._settle()
-        if self._strategy in _STEPPED:
-            self._ctx.score_step += 1
-        now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
         with self.lock.write():
-            ready = self._prefetched.pop(batch.number, None)
+            ready = self._prefetched.get(batch.number)
+            reuse = ready is not None and ready[0] is keys and ready[2] == self._moves
+            warm = None
+            if self.warm_start is not None and not reuse:  # read before anything changes
+                if isinstance(keys, PaddedKeys):
+                    keys, _, accesses = keys.sized()
+                warm = self._read_warm(keys)
+            self._prefetched.pop(batch.number, None)
+            if self._strategy in _STEPPED:
+                self._ctx.score_step += 1
+            now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
             keys, accesses, claim = self._claim_padded(keys, accesses, batch.number)
-            if ready is not None and ready[0] is keys and ready[2] == self._moves:
+            if reuse:
                 slots, hits = ready[1], keys.numel()  # pinned for `batch`
                 streams.used_here((slots,))  # made on the prefetch's stream
                 failed = joined = None
             else:
                 slots, hits, failed, joined = self._fill(
-                    keys, batch.number, stage=True, claim=claim
+                    keys, batch.number, stage=True, claim=claim, warm=warm
                 )
             live, acc = slots, accesses
             if failed is not None or joined is not None:  # staged keys have no slot
@@ -303,7 +336,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
                 live, acc = slots[ok], None if accesses is None else accesses[ok]
             # index_select / index_copy_: about half the time of indexed get and set
             scores = self._user_scores.index_select(0, live)
-            self._user_scores.index_copy_(0, live, self._rule(scores, acc, now))
+            self._user_scores.index_copy_(0, live, self._rescore(scores, acc, now))
             self.stats.lookup_keys += keys.numel()
             self.stats.lookup_hits += hits
             staged = None
@@ -344,18 +377,23 @@ class CachedTable(CacheFill, CacheReads, Cache):
         Returns the batch number.
         """
         self._settle()
+        if not keys.numel():
+            return self._begin_prefetch()
+        with self.lock.write():
+            warm = self._read_warm(keys)  # before the batch is numbered: a failure changes nothing
+            b = self._begin_prefetch()
+            slots, hits, _, _ = self._fill(keys, b, stage=False, warm=warm)
+            self.stats.prefetch_keys += keys.numel()
+            self.stats.prefetch_hits += hits
+            if read_to_host((slots >= 0).all(), "all cached").item():
+                self._prefetched[b] = (keys, slots, self._moves)  # its lookup may reuse them
+        return b
+
+    def _begin_prefetch(self) -> int:
+        """Numbers a prefetch's batch (pending until its forward)."""
         b, retired = self._batches.begin_prefetch()
         for old in retired:
             self._prefetched.pop(old, None)
-        if keys.numel():
-            with self.lock.write():
-                slots, hits, _, _ = self._fill(keys, b, stage=False)
-                self.stats.prefetch_keys += keys.numel()
-                self.stats.prefetch_hits += hits
-                if read_to_host(
-                    (slots >= 0).all(), "all cached"
-                ).item():  # the batch's lookup may reuse the slots
-                    self._prefetched[b] = (keys, slots, self._moves)
         return b
 
     # ------------------------------------------------------------ whole table
@@ -371,10 +409,27 @@ class CachedTable(CacheFill, CacheReads, Cache):
             s = self.buffers
             slots = s.occupied(0, s.num_slots)
             if slots.numel():
-                self._write_back(s.keys[slots], s.values[slots], self._user_scores[slots])
+                keys = s.keys[slots]
+                self._write_back(keys, s.values[slots], self._user_scores[slots])
+                self._drop_unkept(keys, s.scores[slots])
             if len(self._staging):
                 self._write_back(*self._staging.entries())
             self._dirty = False
+
+    def _drop_unkept(self, keys: torch.Tensor, cache_scores: torch.Tensor) -> None:
+        """After a sync's write-back of the cached ``keys``: the ones the slow tier did not
+        keep (refused, or evicted by the same write-back) leave the cache too, so that the
+        table holds at most ``max_capacity`` keys after every sync (see ``max_capacity``).
+        They were counted in ``cache_stats.storage_drops``. Keys of batches in flight stay
+        (``cache_scores``: their cache scores): their backward writes their slots."""
+        backing = self.backing_table()
+        with self._storage_lock:
+            kept = backing.contains(keys) if backing is not None else self._storage_find(keys)[2]
+        pinned = (cache_scores & _ops.CACHE_BATCH_MASK) >= self._batches.floor()
+        drop = ~kept & ~pinned
+        if read_to_host(drop.any(), "keys dropped").item():
+            self.cache.erase_held(keys[drop])
+            self._moves += 1
 
     def empty_cache(self) -> None:
         """``sync`` then empties the cache (e.g. before loading into the storage)."""

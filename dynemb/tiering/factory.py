@@ -4,9 +4,8 @@ import os
 
 import torch
 
-from dynemb._ops import TIMESTAMP_DECAYED_LFU
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.table.batch_arguments import TIMESTAMP_LFU, strategy_code
+from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.backing import make_backing_storage
 from dynemb.tiering.cached_table import CachedTable
@@ -76,11 +75,12 @@ def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_colu
             f"table {name!r}: local_hbm_for_values={hbm} bytes hold {rows} rows of "
             f"dim + optimizer state = {o.dim + state_columns} columns; a cache needs >= 16"
         )
-    if strategy_code(o.score_strategy) in (TIMESTAMP_LFU, TIMESTAMP_DECAYED_LFU):
-        raise ValueError(  # a compound's two scores a row: the cache tier keeps one
-            f"table {name!r}: caching=True does not support score_strategy="
-            f"{o.score_strategy!r}; use TIMESTAMP, STEP, LFU, DECAYED_LFU, CUSTOMIZED or "
-            "NO_EVICTION"
+    if o.external_storage is not None and strategy_code(o.score_strategy) in TIMESTAMP_CODES:
+        raise ValueError(  # Storage.find / insert carry one score column a row
+            f"table {name!r}: external_storage={o.external_storage!r} cannot keep the "
+            f"last-access time of score_strategy={o.score_strategy!r} (a Storage stores one "
+            "score a row); use the built-in slow tier (external_storage=None) or a strategy "
+            "with one score"
         )
 
 

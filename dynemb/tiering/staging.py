@@ -12,7 +12,8 @@ backward, or its graph dropped) the row goes back to the slow tier
 never both.
 
 Layout: slot i of ``storage`` (a TableStorage that the ops read by slot only)
-holds the row of ``keys[i]`` with its score ``scores[i]``; ``users[i]`` counts the
+holds the row of ``keys[i]`` with its score ``scores[i]`` (the cache's score
+columns: a compound's row is (score, last-access time)); ``users[i]`` counts the
 batches in flight holding it, and a slot without users is free. An erased key's
 slot is dead: kept for its users, found by no lookup, never written back. Growth
 copies the rows into a larger storage at the same slots, so a batch's slots stay
@@ -90,14 +91,22 @@ class StagingArea:
 
     Args:
         row_width: dim + state columns. value_dtype, device: those of the cache.
+        score_columns: 1 (scores (n,)), or 2 (scores (n, 2): score, last-access time).
     """
 
-    def __init__(self, row_width: int, value_dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        row_width: int,
+        value_dtype: torch.dtype,
+        device: torch.device,
+        score_columns: int = 1,
+    ) -> None:
         self._lock = threading.Lock()
         self.storage = TableStorage(_layout(row_width, value_dtype, device), 1)
         n = self.storage.num_slots
         self._keys = torch.zeros(n, dtype=torch.int64, device=device)
-        self._scores = torch.zeros(n, dtype=torch.int64, device=device)
+        shape = (n,) if score_columns == 1 else (n, score_columns)
+        self._scores = torch.zeros(shape, dtype=torch.int64, device=device)
         self._users = torch.zeros(n, dtype=torch.int32, device=device)
         self._live = torch.zeros(n, dtype=torch.bool, device=device)
         self._reindex()
@@ -124,7 +133,7 @@ class StagingArea:
             keys: (U,) int64, the batch's distinct keys.
             new: None, or ``(pos, rows, scores)``: keys ``keys[pos]`` not staged yet,
                 their rows ((F, row_width), the value dtype) and scores after this
-                lookup.
+                lookup ((F,) or (F, score_columns) int64).
             joined: None, or (J,) int64 positions of keys staged by other batches in
                 flight: the batch shares their rows.
             rescore: the joined keys' scores after this lookup, from their scores.
@@ -222,7 +231,7 @@ class StagingArea:
             self.storage = grown
             extra = grown.num_slots - n
             self._keys, self._scores, self._users, self._live = (
-                torch.cat([t, t.new_zeros(extra)])
+                torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])
                 for t in (self._keys, self._scores, self._users, self._live)
             )
             free = torch.nonzero(self._users == 0, as_tuple=True)[0]

@@ -15,8 +15,9 @@ read, so the source is read once per key, the first time the key is stored; only
 key the upsert then refuses (a full table) is read and not stored (and read again
 by its next lookup). Keys refused by admission never reach the table.
 
-A cached table (dynemb.tiering) reads the source for the keys new to both of its
-tiers, after its claim (``read``, ``fill_slots``).
+A cached table (dynemb.tiering) reads the source in the same way, before its slot
+claim, for the keys new to both of its tiers (``read``), and writes the rows read
+into the cache slots (or staged rows) those keys take.
 """
 
 import dataclasses
@@ -43,16 +44,21 @@ class NewRows:
     positions: torch.Tensor
     rows: torch.Tensor
 
+    def select(self, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows read of the keys at batch positions ``new`` ((k,) int64): ``(at,
+        rows)``, the indices into ``new`` of the keys the source has and their rows."""
+        row_of = torch.full((self.count,), -1, dtype=torch.int64, device=new.device)
+        row_of[self.positions] = torch.arange(self.positions.numel(), device=new.device)
+        r = row_of[new]
+        at = torch.nonzero(r >= 0, as_tuple=True)[0]
+        return at, self.rows.index_select(0, r[at])
+
     def fill_slots(self, storage, new: torch.Tensor, slots: torch.Tensor) -> tuple:
         """Writes the rows read of the keys at positions ``new`` ((k,) int64, the keys the
         upsert inserted) into their ``slots`` ((k,) int64) of ``storage`` (a
         TableStorage). Returns ``(at, rows)``: the positions in ``new`` written and
         their rows."""
-        row_of = torch.full((self.count,), -1, dtype=torch.int64, device=new.device)
-        row_of[self.positions] = torch.arange(self.positions.numel(), device=new.device)
-        r = row_of[new]
-        at = torch.nonzero(r >= 0, as_tuple=True)[0]
-        rows = self.rows.index_select(0, r[at])
+        at, rows = self.select(new)
         if at.numel():
             storage.write_rows(slots[at], rows)
         return at, rows
@@ -112,15 +118,6 @@ class TableFill:
             return NewRows(keys.numel(), missing, empty)
         pos, rows = self.read(keys[missing])
         return NewRows(keys.numel(), missing[pos], rows)
-
-    def fill_slots(self, storage, keys: torch.Tensor, slots: torch.Tensor) -> tuple:
-        """Overwrites the rows of ``slots`` (the slots of newly inserted ``keys``, (n,)
-        each) in ``storage`` (a TableStorage) with the source's rows of the keys it
-        has. Returns ``(positions, rows)`` as ``read``."""
-        pos, rows = self.read(keys)
-        if pos.numel():
-            storage.write_rows(slots[pos], rows)
-        return pos, rows
 
 
 def check_source(name: str, source, dim: int, state_columns: int) -> None:

@@ -169,16 +169,3 @@ def test_decayed_count_reads_scores_back_as_counts():
         dynemb.decayed_count(scores, -1, 10)
     with pytest.raises(ValueError, match="half_life_steps must be an int in"):
         dynemb.decayed_count(scores, 3, 0)
-
-
-def test_caching_refuses_the_compound():
-    """A cache tier keeps one score a row: (TIMESTAMP, DECAYED_LFU) keeps two (DECAYED_LFU
-    alone in caching mode: tests/tiering/test_caching_checkpoint.py)."""
-    options = DynamicEmbTableOptions(
-        dim=4, max_capacity=1024, bucket_capacity=16, score_strategy=(S.TIMESTAMP, S.DECAYED_LFU),
-        score_half_life_steps=10, caching=True, local_hbm_for_values=64 * 16 * 4,
-    )  # fmt: skip
-    with pytest.raises(ValueError, match="caching=True does not support score_strategy"):
-        dynemb.BatchedDynamicEmbeddingTables(
-            [options], [0], optimizer=EmbOptimType.EXACT_SGD, table_names=["t"]
-        )

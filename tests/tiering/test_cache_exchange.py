@@ -127,8 +127,12 @@ def test_bad_arguments_are_named_and_change_nothing():
         _call(cache, slow, slots=torch.tensor([-1, 0]))
     with pytest.raises(TypeError, match="status"):
         _call(cache, slow, status=torch.tensor([1, 0]))
-    with pytest.raises(ValueError, match="`user_scores` has 3 elements"):
+    with pytest.raises(
+        ValueError, match=f"`user_scores` must be .* shape \\({n}\\).*got Long of shape \\[3\\]"
+    ):
         _call(cache, slow, user_scores=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="`user_scores` must be .*got Int"):
+        _call(cache, slow, user_scores=torch.zeros(n, dtype=torch.int32))
     with pytest.raises(ValueError, match="need one element per key \\(2\\), got 1"):
         _call(cache, slow, slots=torch.tensor([0]))
     other = dynemb.ScoredHashTable(
@@ -194,3 +198,57 @@ def test_given_counts_read_nothing_of_the_device():
         _call(cache, slow, counts=counts)
         reads.append(host_reads() - start)
     assert reads == ([0, 0] if dynemb.executor() == "cpu" else [1, 0])
+
+
+def _compound_slow(slots: int):
+    return dynemb.ScoredHashTable(
+        dim=DIM, capacity=4 * slots, bucket_capacity=64, extra_columns=EXTRA,
+        score_strategy=(DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+    )  # fmt: skip
+
+
+def test_compound_entries_move_with_their_timestamps():
+    """A slow table that keeps timestamps: user_scores is (slots, 2), (score, time); a
+    victim leaves with both, a fetched key takes the slow table's both, a new key 0, 0."""
+    rng = np.random.default_rng(3)
+    n = 300
+    cache, _ = _tables(2 * n)
+    slow = _compound_slow(2 * n)
+    c = cache.buffers
+    user = torch.from_numpy(rng.integers(1, 10**9, (c.values.shape[0], 2)))
+    keys = torch.from_numpy(rng.choice(2**40, size=n, replace=False)).to(torch.int64)
+    stored = torch.from_numpy(rng.random(n) < 0.5)
+    m = int(stored.sum())
+    slow_scores = torch.from_numpy(rng.integers(1, 10**6, m))
+    slow_times = torch.from_numpy(rng.integers(1, 10**12, m))
+    slow.restore(keys[stored], torch.randn(m, DIM), torch.randn(m, EXTRA), slow_scores, slow_times)
+    slots = torch.from_numpy(rng.choice(c.values.shape[0], size=n, replace=False))
+    S = _ops.Status
+    status = torch.from_numpy(rng.choice([S.HIT, S.INSERTED, S.EVICTED], n)).to(torch.int8)
+    evicted, moved = status == S.EVICTED, status != S.HIT
+    before = user.clone()
+    victim_keys, _, victim_scores, found = _ops.table_cache_exchange(
+        c.tensors(), slow.buffers.tensors(), cache.state.init, cache.seed, DIM, user, keys,
+        slots, status, keys + 1,
+    )  # fmt: skip
+    assert torch.equal(victim_keys, keys[evicted] + 1)
+    assert torch.equal(victim_scores, before[slots[evicted]])  # (v, 2): score and time
+    assert torch.equal(found, stored & moved)
+    fetched = slots[stored & moved]
+    assert torch.equal(user[fetched, 0], slow_scores[moved[stored]])
+    assert torch.equal(user[fetched, 1], slow_times[moved[stored]])
+    assert bool((user[slots[~stored & moved]] == 0).all())
+    assert torch.equal(user[slots[~moved]], before[slots[~moved]])
+
+
+def test_score_columns_must_match_the_slow_table():
+    """One column against a slow table that keeps timestamps would drop them, two
+    against one that does not would invent them: both refused, naming the shape."""
+    cache, slow = _tables(64)
+    n = cache.buffers.values.shape[0]
+    before = cache.buffers.values.clone()
+    with pytest.raises(ValueError, match=f"shape \\({n}, 2\\) \\(score, timestamp"):
+        _call(cache, _compound_slow(64))
+    with pytest.raises(ValueError, match=f"shape \\({n}\\), one entry"):
+        _call(cache, slow, user_scores=torch.zeros((n, 2), dtype=torch.int64))
+    assert torch.equal(cache.buffers.values, before)

@@ -209,8 +209,9 @@ def test_external_storage_trains_like_uncached():
                 caching=True,
                 local_hbm_for_values=1 << 16,
                 score_strategy=(DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+                external_storage=DictStorage,
             ),
-            "does not support score_strategy",
+            "cannot keep the last-access time",
         ),  # fmt: skip
     ],
 )
