@@ -54,12 +54,11 @@ NVCC_FLAGS = [
 ]
 CUDA_DEFINES = ["-DDYNEMB_WITH_CUDA"]
 # The shared libstdc++, named before the compiler's own: a g++ that links it statically
-# (-static-libstdc++, as one GPU machine's g++ wrapper did) gives the extension a private
-# copy whose streams have no locale, so torch's error messages lost their numbers or
-# crashed the process while formatting one (tests/csrc/test_extension_build.py). `-lstdc++`
+# (-static-libstdc++, as some g++ wrappers do) gives the extension a private
+# copy whose streams have no locale, so torch's error messages lose their numbers or
+# crash the process while formatting one (tests/csrc/test_extension_build.py). `-lstdc++`
 # is replaced by the path of the one torch runs on (`_shared_libstdcxx`): a compiler whose
-# own library folder holds only libstdc++.a (the H100 machine's /opt/gcc, 2026-11-26)
-# resolves `-lstdc++` to that archive.
+# own library folder holds only libstdc++.a resolves `-lstdc++` to that archive.
 LINK_FLAGS = ["-fopenmp", "-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"]
 # DYNEMB_SANITIZE=1: these replace -O3 (-O1 -g: readable reports at a bearable speed); the
 # first UBSan report aborts the process, so no test can pass over undefined behaviour.

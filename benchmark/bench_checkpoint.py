@@ -10,7 +10,7 @@ module. Peer in the same run: a raw sequential write (64 MiB chunks, then fsync)
 read of as many bytes in one file on the same disk. Before each read (raw or load)
 the files are dropped from the page cache (``posix_fadvise(DONTNEED)``), so reads
 come from the disk as far as the kernel allows. Throughput is MB/s of checkpoint
-bytes; the target (issue #6) is at least 50% of the raw speed.
+bytes; the target (WORKLOADS.md) is at least 50% of the raw speed.
 """
 
 import argparse

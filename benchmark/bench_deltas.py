@@ -1,4 +1,4 @@
-"""Publishing deltas while training (issue 21): delta size and write time per 1,000
+"""Publishing deltas while training: delta size and write time per 1,000
 training steps on W-train, and the step-time overhead of background publication, each
 beside a blocking full dump in the same run.
 

@@ -1,7 +1,7 @@
 """A key repeated in one batch: one rule in every op and executor. The batch acts as if
 its occurrences came in order (``insert_or_assign`` keeps the last value, CUSTOMIZED the
 last score; ``find_or_insert`` inserts at the first, the rest are hits); ``restore``
-refuses repeated keys (it used to keep the last silently)."""
+refuses repeated keys, naming one and its positions, before storing anything."""
 
 import pytest
 import torch

@@ -1,6 +1,7 @@
 """A caching table's outputs equal the uncached table's bit for bit, also when a batch
-holds more keys than the cache takes: the cached and the staged rows used to be pooled
-apart and the two sums added, which rounded differently (up to 2.4e-7 here)."""
+holds more keys than the cache takes: the cached and the staged rows of a bag are pooled
+in one sum, in index order (two partial sums added would round differently, by up to
+2.4e-7 here)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """A dump directory given as a symbolic link is resolved once, when the dump starts,
 and every file goes inside the directory it led to then: a link moved during the dump
-used to send the rest of the dump (and its commit) to the link's new target."""
+sends nothing (neither the rest of the dump nor its commit) to the link's new target."""
 
 import pytest
 import torch

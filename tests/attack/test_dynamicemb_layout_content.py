@@ -1,6 +1,6 @@
 """DynamicEmb's layout carries no checksum; what can be verified is, before any table
-changes: a key saved twice (it used to load silently) and a negative score or count
-(they used to fail half way through the load, the tables already emptied)."""
+changes: a key saved twice and a negative score or count are refused before the first
+table is emptied, never half way through the load."""
 
 import numpy as np
 import pytest

@@ -1,7 +1,7 @@
 """Values that enter from user code are checked where they enter: a custom admission
-strategy must return a bool tensor (an int or float one used to be taken, 0.7 counting
-as admitted), and ``set_score`` takes int64 scores only (``2**63`` used to be accepted
-and the next training step failed with an int64 overflow)."""
+strategy must return a bool tensor (an int or float one is refused: 0.7 would count as
+admitted), and ``set_score`` takes int64 scores only (``2**63`` is refused when it is
+set, not by an int64 overflow in the next training step)."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """A delta whose checksums were recomputed by whoever changed it is still checked for
 what they cannot vouch for: a key upserted and tombstoned at once, a key given twice, a
 negative score, or a table its base checkpoint does not hold, are refused naming the
-delta (they used to be applied), and the served tables do not change."""
+delta, and the served tables do not change."""
 
 import dataclasses
 import shutil

@@ -1,5 +1,5 @@
 """A checkpoint's or a delta's JSON nested deeper than any dynemb writes is refused as a
-CheckpointError naming the file: a deeply nested manifest used to raise RecursionError."""
+CheckpointError naming the file, never a RecursionError."""
 
 import json
 

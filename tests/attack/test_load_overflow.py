@@ -1,7 +1,7 @@
 """A checkpoint with more rows than an evicting table holds: the table keeps the
 highest (score, digest, key) entries of each bucket and the load reports the count it
-dropped (a CheckpointWarning, or a RuntimeError with ``strict=True``); it used to keep
-an arbitrary subset without a word, while NO_EVICTION raised."""
+dropped (a CheckpointWarning, or a RuntimeError with ``strict=True``), never an
+arbitrary subset without a word; NO_EVICTION raises."""
 
 import warnings
 

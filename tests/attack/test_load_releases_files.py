@@ -1,6 +1,6 @@
 """After a load, nothing the tables keep pins the checkpoint's files: the stats of the
-load's last batch (``last_stats.failed_keys``) used to be a view of a mapped keys file,
-which kept the file mapped and open, so the checkpoint could not be unmounted."""
+load's last batch (``last_stats.failed_keys``) own their memory, not a view of a mapped
+keys file, so no file stays mapped or open and the checkpoint can be unmounted."""
 
 import gc
 import os

@@ -2,7 +2,7 @@
 before any table changes, against what the model can train with: the table's step (a
 DECAYED_LFU table's next step must not pass the core's MAX_DECAY_STEP; any table's
 must fit an int64), Adam's step, and the hyper-parameters that replace the model's.
-A forged ``step_score`` of 2**60 used to load, after which every step raised."""
+A forged ``step_score`` of 2**60 is refused at load, not by every step after it."""
 
 import json
 

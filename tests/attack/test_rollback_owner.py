@@ -1,6 +1,6 @@
-"""``rollback`` takes back only a snapshot of its own table: another table's snapshot
-used to be accepted when the layouts matched (the table became a copy of the other) and
-gave a raw size error otherwise."""
+"""``rollback`` takes back only a snapshot of its own table: another table's snapshot is
+refused with a ValueError saying so, whether or not the layouts match (with matching
+layouts, the table would become a copy of the other)."""
 
 import pytest
 import torch

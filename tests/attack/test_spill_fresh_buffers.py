@@ -1,7 +1,7 @@
 """A spilled table's new buffers start zero-filled whatever their files held: a growth
 that never committed (the process stopped before ``table.json`` named its generation)
-leaves a generation directory behind, and the next growth into it used to map the
-stale slots, fail its rehash and drop the batch's new keys."""
+leaves a generation directory behind, and the next growth into it maps fresh slots, not
+the stale ones (whose rehash would fail and drop the batch's new keys)."""
 
 import gc
 import shutil

@@ -1,5 +1,6 @@
 """An external Storage whose results do not fit the table's rows is named in the error:
-rows of the wrong width used to surface as a raw shape error from inside the cache."""
+results of the wrong shape are refused with a TypeError naming the table, the Storage
+method and what it returned, not a raw shape error from inside the cache."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Every reader of headerless files refuses a file whose size is not what its layout
 implies, naming the file, its size and the size expected, before anything changes:
-admission counter files (a 12-byte key file used to load one key and drop the rest),
+admission counter files (a 12-byte key file is refused, not read as one key),
 DynamicEmb's layout (loads and warm starts), and the buffers of a flushed spill
 directory (a reopen must neither truncate nor extend them)."""
 

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.no_emulated_pass("how the extension is linked: the same
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
 def test_the_extension_uses_the_shared_libstdcxx():
     """A private (static) libstdc++ has streams without a locale: torch's messages lose
-    their numbers, or the process crashes formatting one (seen on an H100 machine whose
-    g++ linked -static-libstdc++); setup.py names the shared one first."""
+    their numbers, or the process crashes formatting one (a g++ that links
+    -static-libstdc++ gives one); setup.py names the shared one first."""
     dynamic = subprocess.run(
         ["readelf", "-d", _C.__file__], check=True, capture_output=True, text=True
     ).stdout
