@@ -31,7 +31,7 @@ class MemoryBatches:
         """A batch in flight for ``find_or_insert_slots(..., hold=)``: the keys its
         lookups find or store are not evicted until ``release()`` (a training
         forward releases it once its backward has written the rows)."""
-        return hold_pins(self._state)
+        return self._hold_locked()
 
     # ------------------------------------------------ a training forward's batch
 
@@ -42,7 +42,13 @@ class MemoryBatches:
         log = self._state.change_log
         if log is not None:
             log.begin_writes()
-        return hold_pins(self._state)
+        return self._hold_locked()
+
+    def _hold_locked(self) -> PinHold:
+        # Under the write guard: a hold may renumber the pins buffer in place, which no
+        # op of another thread (nor, on a GPU, of another stream) may see half done.
+        with self._state.lock.write():
+            return hold_pins(self._state)
 
     def skip_batch(self) -> None:
         """A training forward without keys of this table: nothing to do."""

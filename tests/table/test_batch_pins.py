@@ -9,6 +9,7 @@ by exactly -1 per element, so a shadow of the stored rows predicts every row.
 """
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -206,3 +207,22 @@ def test_random_batches_keep_every_row_its_own(strategy, buckets, bucket, seed, 
         out = _lookup(module, keys)
         out.sum().backward()
         _check_step(module, keys, out, before, _stored(module), init)
+
+
+def test_a_batch_begins_under_the_tables_guard():
+    """A hold may renumber the pins buffer in place: it waits for an op in progress
+    (here a reader holding the table's guard) and no op runs while it renumbers."""
+    table = dynemb.ScoredHashTable(dim=4, capacity=64, bucket_capacity=16, score_strategy=S.LFU)
+    state = table._state  # the guard and the ledger under test
+    state.pins = PinLedger(limit=4)
+    holds = [table.begin_batch() for _ in range(3)]  # numbers 1..3: the next renumbers
+    for h in holds[:2]:
+        table.end_batch(h)
+    began = []
+    with state.lock.read():  # an op in progress
+        thread = threading.Thread(target=lambda: began.append(table.begin_batch()))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive() and not began, "the hold did not wait for the op"
+    thread.join(5)
+    assert began and began[0].number == 2 and holds[2].number == 1, "renumbered 3 -> 1"
