@@ -44,7 +44,7 @@ def embedding_pool(table, slots, keys, offsets, weights, mode: int, missing, see
     Args:
         slots, keys: (n,) int64; a slot of -1 takes the ``missing`` initializer's row of its key.
         offsets: (num_bags + 1,) int64. weights: (n,) float32 or None.
-        mode: 0 SUM, 1 MEAN. missing: init list ``[mode, a, b, lower, upper, extra]``.
+        mode: 0 SUM, 1 MEAN. missing: the ``Init`` of keys without a row.
     """
     return _dynemb.embedding_pool(
         list(table), slots, keys, offsets, weights, mode, missing, seed, dim
@@ -72,8 +72,8 @@ def embedding_pool_into_grouped(
 ) -> None:  # fmt: skip
     """embedding_pool_into of several tables in one executor call (one launch on a GPU):
     every argument but ``mode`` and ``out`` is a list with one entry per table (``tables``:
-    each table's eight tensors; ``weights``: None or one tensor per table; ``missing``:
-    one init list per table). The tables' values must share a dtype.
+    each table's ``TABLE_TENSORS``; ``weights``: None or one tensor per table;
+    ``missing``: one ``Init`` per table). The tables' values must share a dtype.
 
     ``inverse``: None (``slots[t]`` holds a slot per index), or one (n,) int64 tensor per
     table: ``slots[t]`` then holds a slot per distinct key (a lookup's ``unique_slots``)

@@ -3,8 +3,11 @@ ops' wrappers live in _embedding_ops.py and the executor's choice in _executor.p
 this module re-exports both, and the rest of dynemb imports only it).
 
 The dispatcher picks the device implementation (CPU always; CUDA in CUDA builds),
-so nothing here branches on the device. ``table`` is the list of eight tensors
-described in ``csrc/torch/tensor_checks.h`` (built by ``TableStorage.tensors()``).
+so nothing here branches on the device. The positional lists the ops take (a
+table's tensors, ``Policy``, ``Init``, ``OptimizerArgs``) are named once, in
+``csrc/torch/op_lists.h``; ``OP_LISTS`` holds their field names as C++ exports them,
+which the named tuples here and ``TableStorage.tensors()`` follow
+(tests/csrc/test_op_lists.py).
 
 ``DYNEMB_EXECUTOR`` (read once, at import) chooses who runs the table and embedding
 ops: ``cpu`` or ``cuda`` (the default: the tensors' device decides) or
@@ -98,8 +101,15 @@ def spill_window(strategy_code: int, num_buckets: int) -> int:
     return _C.spill_window(strategy_code, num_buckets)
 
 
+OP_LISTS: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in _CORE["op_lists"].items()}
+"""Field names of each positional op list, in order: ``table``, ``policy``, ``init``,
+``optimizer`` (csrc/torch/op_lists.h)."""
+TABLE_TENSORS: tuple[str, ...] = OP_LISTS["table"]
+"""The op argument ``table``: these buffers of a table, in this order."""
+
+
 class Policy(NamedTuple):
-    """The op argument ``policy`` of upserts (csrc/torch/op_args.h PolicyArgs)."""
+    """The op argument ``policy`` of upserts (csrc/torch/op_lists.h op_list::Policy)."""
 
     strategy: int  # a SCORE_STRATEGY_CODES value
     batch_value: int  # the batch's timestamp or step (csrc/core/score_policy.h)
@@ -110,6 +120,31 @@ class Policy(NamedTuple):
     pin_floor: int = NO_PINS  # residents pinned at or above it are not evicted
     half_life: int = 0  # DECAYED_LFU strategies: the half-life in steps, else 0
     decay_step: int = 0  # DECAYED_LFU strategies: the batch's step, else 0
+
+
+class Init(NamedTuple):
+    """The op argument ``init`` (and ``missing``) of ops that write new rows
+    (csrc/torch/op_lists.h op_list::Init); the op takes it as a float list."""
+
+    mode: float  # an INIT_MODE_CODES value
+    a: float  # UNIFORM: lower bound; NORMAL: mean; CONSTANT: the value
+    b: float  # UNIFORM: upper bound; NORMAL: std_dev
+    lower: float  # the truncation bounds
+    upper: float
+    extra_value: float = 0.0  # the extra (optimizer-state) columns of a new row
+    column_offset: float = 0.0  # the first column of a wider row the table holds
+
+
+class OptimizerArgs(NamedTuple):
+    """The op argument ``optimizer`` of backward ops (csrc/torch/op_lists.h
+    op_list::Optimizer)."""
+
+    kind: float  # an OPTIMIZER_CODES value
+    learning_rate: float
+    eps: float
+    beta1: float
+    beta2: float
+    weight_decay: float
 
 
 class UpsertResult(NamedTuple):
@@ -175,14 +210,12 @@ def table_find_or_insert(
 ) -> UpsertResult:
     """Finds each key or stores it with an initialised row; copies rows into ``values``.
 
-    ``policy = [strategy, batch_value, seed, evict_below, dim, pin, pin_floor,
-    half_life, decay_step]`` (the last two: DECAYED_LFU strategies; see Policy): a
+    ``policy``: a ``Policy`` (its decay fields: DECAYED_LFU strategies only): a
     full bucket evicts its minimum resident only when that resident's score is
     ``< evict_below`` (``EVICT_ANY`` = -1: any resident; 0: never, the key fails) and
     its pin is ``< pin_floor`` (a key of a batch in flight is never evicted; every key
     the batch finds or stores gets pin ``pin``), stored keys are touched before new
-    ones are placed (evicting strategies),
-    ``init = [mode, a, b, lower, upper, extra_value, column_offset]``,
+    ones are placed (evicting strategies), ``init``: an ``Init``,
     ``evicted = []`` or ``[keys (n,), rows (n, row_width), scores (n,)]`` filled at the
     positions whose status is EVICTED.
     """

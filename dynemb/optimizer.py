@@ -88,14 +88,16 @@ class OptimizerConfig:
             ValueError: as ``validate``.
         """
         self.validate()
-        return [
-            float(_KERNEL_CODE[self.optimizer]),
-            float(self.learning_rate),
-            float(self.eps),
-            float(self.beta1),
-            float(self.beta2),
-            float(self.weight_decay),
-        ]
+        return list(
+            _ops.OptimizerArgs(
+                kind=float(_KERNEL_CODE[self.optimizer]),
+                learning_rate=float(self.learning_rate),
+                eps=float(self.eps),
+                beta1=float(self.beta1),
+                beta2=float(self.beta2),
+                weight_decay=float(self.weight_decay),
+            )
+        )
 
 
 def get_optimizer_state_dim(

@@ -1,6 +1,7 @@
-// dynemb torch layer: the op contract's codes and rules, exported to Python as
-// dynemb._C.constants (a dict) and dynemb._C.state_columns / spill_window, so that
-// dynemb/_ops.py reads them from csrc/core instead of restating them. The test
+// dynemb torch layer: the op contract's codes, rules and positional lists (op_lists.h),
+// exported to Python as dynemb._C.constants (a dict) and dynemb._C.state_columns /
+// spill_window, so that dynemb/_ops.py reads them from csrc/core instead of restating
+// them. The test
 // oracle (tests/reference.py) keeps its own copy on purpose, and
 // tests/csrc/test_core_constants.py checks the Python enums against these.
 #pragma once
@@ -14,6 +15,8 @@
 #include "core/score_policy.h"
 #include "core/table_ops.h"
 #include "core/table_ref.h"
+#include "torch/op_lists.h"
+#include "torch/tensor_checks.h"
 
 namespace dynemb {
 
@@ -23,6 +26,17 @@ pybind11::dict codes(const char* const (&names)[N]) {
   pybind11::dict d;
   for (size_t code = 0; code < N; ++code) d[names[code]] = static_cast<int64_t>(code);
   return d;
+}
+
+/// [name, ...] of a list's fields, in order; `prefix` (e.g. "table.") left out.
+template <size_t N>
+pybind11::list field_names(const char* const (&names)[N], const std::string& prefix = "") {
+  pybind11::list out;
+  for (const char* name : names) {
+    const std::string n(name);
+    out.append(n.rfind(prefix, 0) == 0 ? n.substr(prefix.size()) : n);
+  }
+  return out;
 }
 
 inline pybind11::dict core_constants() {
@@ -47,6 +61,13 @@ inline pybind11::dict core_constants() {
   out["decay_fraction_bits"] = kDecayFractionBits;  // core/decay.h
   out["max_half_life"] = static_cast<int64_t>(kMaxHalfLife);
   out["max_decay_step"] = static_cast<int64_t>(kMaxDecayStep);
+  pybind11::dict lists;  // the ops' positional lists, field names in order (op_lists.h)
+  lists["table"] = field_names(kTableTensorNames, "table.");
+  lists["policy"] = field_names(op_list::kPolicyFieldNames);
+  lists["init"] = field_names(op_list::kInitFieldNames);
+  lists["optimizer"] = field_names(op_list::kOptimizerFieldNames);
+  out["op_lists"] = lists;
+  out["policy_size_no_decay"] = static_cast<int64_t>(op_list::kPolicySizeNoDecay);
   return out;
 }
 

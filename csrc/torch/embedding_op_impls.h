@@ -27,6 +27,7 @@
 #include "core/pooling.h"
 #include "torch/cache_op_impls.h"
 #include "torch/embedding_op_checks.h"
+#include "torch/op_lists.h"
 #include "torch/op_scope.h"
 #include "torch/table_op_impls.h"
 
@@ -368,17 +369,21 @@ struct EmbeddingOpImpls {
   static const float* opt_ptr(const std::optional<at::Tensor>& t) {
     return t.has_value() ? t->data_ptr<float>() : nullptr;
   }
+  /// The op argument `optimizer` (op_lists.h op_list::Optimizer) with `step`.
   static OptimizerArgs parse_optimizer(const char* op, at::ArrayRef<double> o, int64_t step) {
-    TORCH_CHECK_VALUE(o.size() == 6, "dynemb.", op,
-                      ": `optimizer` must be [kind, learning_rate, eps, beta1, beta2, "
-                      "weight_decay], got ", o.size(), " values");
-    const auto kind = static_cast<int64_t>(o[0]);
+    namespace L = op_list;
+    TORCH_CHECK_VALUE(o.size() == L::kOptimizerSize, "dynemb.", op, ": `optimizer` must be ",
+                      L::names_of(L::kOptimizerFieldNames), ", got ", o.size(), " values");
+    const auto kind = static_cast<int64_t>(o[L::kKind]);
     TORCH_CHECK_VALUE(kind >= 0 && kind < kOptimizerKindCount, "dynemb.", op,
                       ": unknown optimizer kind ", kind);
     TORCH_CHECK_VALUE(step >= 1, "dynemb.", op, ": `step` must be >= 1, got ", step);
-    return OptimizerArgs{static_cast<OptimizerKind>(kind), static_cast<float>(o[1]),
-                         static_cast<float>(o[2]),         static_cast<float>(o[3]),
-                         static_cast<float>(o[4]),         static_cast<float>(o[5]),
+    return OptimizerArgs{static_cast<OptimizerKind>(kind),
+                         static_cast<float>(o[L::kLearningRate]),
+                         static_cast<float>(o[L::kEps]),
+                         static_cast<float>(o[L::kBeta1]),
+                         static_cast<float>(o[L::kBeta2]),
+                         static_cast<float>(o[L::kWeightDecay]),
                          step};
   }
 };

@@ -8,6 +8,7 @@
 
 #include "core/batch_sinks.h"
 #include "core/table_ops.h"
+#include "torch/op_lists.h"
 #include "torch/tensor_checks.h"
 
 namespace dynemb {
@@ -33,9 +34,8 @@ inline void check_rows(const char* op, const char* name, const at::Tensor& rows,
   check_same_device(op, name, rows, table_values);
 }
 
-/// The op argument `policy` by name: [strategy, batch_value, seed, evict_below, dim,
-/// pin, pin_floor, half_life, decay_step]; the last two (DECAYED_LFU strategies only)
-/// may be left out of a single table's policy.
+/// The op argument `policy` by name (op_lists.h op_list::Policy); the decay fields
+/// (DECAYED_LFU strategies only) may be left out of a single table's policy.
 struct PolicyArgs {
   ScoreStrategy strategy;
   int64_t batch_value;  // the batch's timestamp or step (score_policy.h)
@@ -47,27 +47,26 @@ struct PolicyArgs {
   int64_t half_life;    // DECAYED_LFU strategies: steps (core/decay.h), else 0
   int64_t decay_step;   // DECAYED_LFU strategies: the batch's step, else 0
 };
-constexpr size_t kPolicySize = 9;
-constexpr size_t kPolicySizeNoDecay = 7;
-constexpr size_t kInitSize = 7;
+constexpr size_t kPolicySize = op_list::kPolicySize;
+constexpr size_t kPolicySizeNoDecay = op_list::kPolicySizeNoDecay;
+constexpr size_t kInitSize = op_list::kInitSize;
 
 inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
+  namespace L = op_list;
   TORCH_CHECK_VALUE(policy.size() == kPolicySize || policy.size() == kPolicySizeNoDecay,
-                    "dynemb.", op,
-                    ": `policy` must be [strategy, batch_value, seed, evict_below, dim, pin, "
-                    "pin_floor, half_life, decay_step], got ",
-                    policy.size(), " values");
-  const int64_t strategy = policy[0];
+                    "dynemb.", op, ": `policy` must be ", L::names_of(L::kPolicyFieldNames),
+                    ", got ", policy.size(), " values");
+  const int64_t strategy = policy[L::kStrategy];
   TORCH_CHECK_VALUE(strategy >= 0 && strategy < kScoreStrategyCount,
                     "dynemb.", op, ": unknown score strategy ", strategy);
   const int64_t no_pins = static_cast<int64_t>(kNoPins);
-  TORCH_CHECK_VALUE(policy[5] >= 0 && policy[5] < no_pins && policy[6] >= 0 &&
-                        policy[6] <= no_pins,
+  const int64_t pin = policy[L::kPin], pin_floor = policy[L::kPinFloor];
+  TORCH_CHECK_VALUE(pin >= 0 && pin < no_pins && pin_floor >= 0 && pin_floor <= no_pins,
                     "dynemb.", op, ": `policy` pin must be in [0, ", no_pins,
-                    ") and pin_floor in [0, ", no_pins, "], got ", policy[5], " and ", policy[6]);
+                    ") and pin_floor in [0, ", no_pins, "], got ", pin, " and ", pin_floor);
   const bool full = policy.size() == kPolicySize;
-  const int64_t half_life = full ? policy[7] : 0;
-  const int64_t decay_step = full ? policy[8] : 0;
+  const int64_t half_life = full ? policy[L::kHalfLife] : 0;
+  const int64_t decay_step = full ? policy[L::kDecayStep] : 0;
   const auto s = static_cast<ScoreStrategy>(strategy);
   if (decays(s)) {
     TORCH_CHECK_VALUE(half_life >= 1 && static_cast<uint64_t>(half_life) <= kMaxHalfLife,
@@ -78,29 +77,40 @@ inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
                       "dynemb.", op, ": `policy` decay_step must be in [0, ", kMaxDecayStep,
                       "], got ", decay_step);
   }
-  return PolicyArgs{s,         policy[1], policy[2],  policy[3], policy[4],
-                    policy[5], policy[6], half_life, decay_step};
+  return PolicyArgs{s,
+                    policy[L::kBatchValue],
+                    policy[L::kSeed],
+                    policy[L::kEvictBelow],
+                    policy[L::kDim],
+                    pin,
+                    pin_floor,
+                    half_life,
+                    decay_step};
 }
 
-/// The op argument `init` ([mode, a, b, lower, upper, extra_value, column_offset]) with
-/// `seed`.
+/// The op argument `init` (op_lists.h op_list::Init) with `seed`.
 inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double> init,
                            int64_t seed) {
-  TORCH_CHECK_VALUE(init.size() == kInitSize, "dynemb.", op, ": `", name,
-                    "` must be [mode, a, b, lower, upper, extra_value, column_offset], got ",
-                    init.size(), " values");
-  const auto mode = static_cast<int64_t>(init[0]);
+  namespace L = op_list;
+  TORCH_CHECK_VALUE(init.size() == kInitSize, "dynemb.", op, ": `", name, "` must be ",
+                    L::names_of(L::kInitFieldNames), ", got ", init.size(), " values");
+  const auto mode = static_cast<int64_t>(init[L::kMode]);
   TORCH_CHECK_VALUE(mode >= 0 && mode < kInitModeCount, "dynemb.", op,
                     ": unknown initializer mode ", mode);
   // Column counters are 32 bits (draw32): an offset is a whole number below 2^31.
-  TORCH_CHECK_VALUE(init[6] >= 0 && init[6] < 2147483648.0 &&
-                        init[6] == static_cast<double>(static_cast<int64_t>(init[6])),
+  const double offset = init[L::kColumnOffset];
+  TORCH_CHECK_VALUE(offset >= 0 && offset < 2147483648.0 &&
+                        offset == static_cast<double>(static_cast<int64_t>(offset)),
                     "dynemb.", op, ": `", name, "`'s column_offset must be a whole number in [0, ",
-                    "2^31), got ", init[6]);
-  return InitArgs{static_cast<InitMode>(mode),   static_cast<float>(init[1]),
-                  static_cast<float>(init[2]),   static_cast<float>(init[3]),
-                  static_cast<float>(init[4]),   static_cast<float>(init[5]),
-                  static_cast<uint64_t>(seed),   static_cast<int64_t>(init[6])};
+                    "2^31), got ", offset);
+  return InitArgs{static_cast<InitMode>(mode),
+                  static_cast<float>(init[L::kA]),
+                  static_cast<float>(init[L::kB]),
+                  static_cast<float>(init[L::kLower]),
+                  static_cast<float>(init[L::kUpper]),
+                  static_cast<float>(init[L::kExtraValue]),
+                  static_cast<uint64_t>(seed),
+                  static_cast<int64_t>(offset)};
 }
 
 inline UpsertCall check_upsert(const char* op, at::TensorList table_list,

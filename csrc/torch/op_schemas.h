@@ -41,7 +41,7 @@
   (m).def("table_rehash(Tensor[] src, Tensor(a!)[] dst, int window) -> int");                         \
   /* Embedding kernels (csrc/core/pooling.h, optimizer_rules.h). */                                   \
   /* missing = init list of the rows given to keys that are not stored; */                            \
-  /* optimizer = [kind, learning_rate, eps, beta1, beta2, weight_decay]. */                           \
+  /* optimizer: op_lists.h op_list::Optimizer. */                                                     \
   /* live: (1) int64 on the keys' device, the number of keys looked up (the first; */                 \
   /* a padded batch): slots and status past them are not written, counts omit them. */               \
   (m).def(                                                                                            \
@@ -49,7 +49,7 @@
       "Tensor? scores, Tensor? accesses, bool init_rows=True, Tensor(b!)? evicted_keys=None, "        \
       "Tensor? live=None) -> (Tensor slots, Tensor status, Tensor counts)");                          \
   /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
-  /* table t is tables[9t .. 9t + 9), policies[9t .. 9t + 9), inits[6t .. 6t + 6); */                 \
+  /* table t's lists at [t * size, t * size + size) of tables, policies, inits (op_lists.h); */       \
   /* accesses: none or one per table; counts (T, 4). */                                               \
   (m).def(                                                                                            \
       "table_find_or_insert_slots_grouped(Tensor(a!)[] tables, int[] policies, float[] inits, "       \
@@ -83,7 +83,7 @@
       "Tensor? weights, int mode, float[] missing, int seed, int dim, Tensor(b!) out, "               \
       "Tensor columns) -> ()");                                                                       \
   /* embedding_pool_into of every table of a batch in one executor call: table t is */                \
-  /* tables[9t .. 9t + 9), missing[6t .. 6t + 6); weights: none or one per table; */                 \
+  /* tables[t * 9 ..) and missing[t * 7 ..) (op_lists.h); weights: none or one per table; */        \
   /* inverse: none (slots per index) or one per table (slots per distinct key). */                   \
   (m).def(                                                                                            \
       "embedding_pool_into_grouped(Tensor[] tables, Tensor[] slots, Tensor[] inverse, "               \

@@ -74,8 +74,7 @@ class Table(Protocol):
 
     @property
     def init_values(self) -> list[float]:
-        """The ops' initializer list for new rows: ``[mode, a, b, lower, upper, extra,
-        column_offset]``."""
+        """The ops' initializer list for new rows (``_ops.Init``'s fields)."""
         ...
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:

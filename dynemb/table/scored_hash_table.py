@@ -149,8 +149,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         self.seed = seed
         init_buckets, max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         bounds_for = initializer_capacity or capacity
-        init = [float(v) for v in initializer.resolved(bounds_for)]
-        init += [float(extra_init), float(column_offset)]
+        resolved = (float(v) for v in initializer.resolved(bounds_for))
+        init = list(_ops.Init(*resolved, float(extra_init), float(column_offset)))
         meta = spill.read_meta() if spill is not None else None
         size = step = 0
         if meta is None:

@@ -127,8 +127,7 @@ class SlotAccess:
 
     @property
     def init_values(self) -> list[float]:
-        """The initializer list of the ops (``[mode, a, b, lower, upper, extra_init,
-        column_offset]``)."""
+        """The initializer list of the ops (``_ops.Init``'s fields)."""
         return list(self._state.init)
 
     def find_slots(self, keys: torch.Tensor) -> torch.Tensor:

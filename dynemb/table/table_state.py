@@ -41,7 +41,7 @@ class TableState:
         strategy: the score strategy's code (``_ops`` / csrc/core/score_policy.h).
         score_half_life_steps: DECAYED_LFU's half-life in steps (None: no decay).
         max_buckets: the bucket count growth stops at.
-        init: the ops' initializer list ``[mode, a, b, lower, upper, extra_init]``.
+        init: the ops' initializer list (``_ops.Init``'s fields).
         spill: the spill directory, or None (the table is in memory).
         storage: the buffers the ops address by slot; growth replaces it (locked).
         size: stored keys (locked; lookups deferred by ``defer`` are folded in when

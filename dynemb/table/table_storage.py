@@ -11,6 +11,7 @@ empty ``slow_values``. Which memory holds each buffer is ``placement.py``'s rule
 """
 
 import dataclasses
+import operator
 
 import torch
 
@@ -18,6 +19,8 @@ from dynemb import _ops
 from dynemb.table.host_memory import PageLock
 from dynemb.table.placement import BUFFERS, Memory, table_placement
 from dynemb.table.spill_files import SpillDirectory
+
+_TABLE_TENSORS = operator.attrgetter(*_ops.TABLE_TENSORS)
 
 _HUGE_PAGE_MIN_BYTES = 4 << 20
 
@@ -153,18 +156,9 @@ class TableStorage:
         return self.num_buckets * self.layout.bucket_capacity
 
     def tensors(self) -> list[torch.Tensor]:
-        """The op argument ``table`` (order fixed by csrc/torch/tensor_checks.h)."""
-        return [
-            self.digests,
-            self.keys,
-            self.scores,
-            self.timestamps,
-            self.values,
-            self.locks,
-            self.overflow,
-            self.slow_values,
-            self.pins,
-        ]
+        """The op argument ``table``: the buffers ``_ops.TABLE_TENSORS`` names, in its
+        order (csrc/torch/op_lists.h)."""
+        return list(_TABLE_TENSORS(self))
 
     def rows(
         self, slots: torch.Tensor, width: int, out: torch.Tensor | None = None

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dynemb import _ops
 from dynemb.admission import AdmissionStrategy, Counter
 from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.table.protocol import Table
@@ -48,7 +49,9 @@ def table_names_of(table_names: Sequence[str] | None, count: int) -> list[str]:
 def init_list(args: DynamicEmbInitializerArgs, table: Table) -> list:
     args.validate()
     # The table's column offset (its new rows and these missing rows: the same columns).
-    return [float(v) for v in args.resolved(table.max_capacity())] + [0.0, table.init_values[6]]
+    resolved = (float(v) for v in args.resolved(table.max_capacity()))
+    offset = _ops.Init(*table.init_values).column_offset
+    return list(_ops.Init(*resolved, extra_value=0.0, column_offset=offset))
 
 
 def admission_missing(strategy: AdmissionStrategy, table: Table) -> list:
