@@ -27,8 +27,9 @@ def _module(strategy=DynamicEmbScoreStrategy.LFU):
         dim=4,
         max_capacity=256,
         score_strategy=strategy,
-        admit_strategy=FrequencyAdmissionStrategy(threshold=2),
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16),
+        admit_strategy=FrequencyAdmissionStrategy(
+            threshold=2, counter=KVCounter(capacity=64, bucket_capacity=16)
+        ),
     )
     return BatchedDynamicEmbeddingTables([options], [0], table_names=["t"])
 

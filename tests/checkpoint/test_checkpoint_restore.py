@@ -59,8 +59,9 @@ def test_admission_counts_are_restored_not_merged(tmp_path):
         options = DynamicEmbTableOptions(
             dim=4,
             max_capacity=1024,
-            admit_strategy=FrequencyAdmissionStrategy(threshold=5),
-            admission_counter=KVCounter(capacity=1024),
+            admit_strategy=FrequencyAdmissionStrategy(
+                threshold=5, counter=KVCounter(capacity=1024)
+            ),
         )
         return BatchedDynamicEmbeddingTables([options], [0], table_names=["t"])
 

@@ -211,8 +211,9 @@ def test_admission_counts_survive_a_checkpoint(tmp_path):
         options = DynamicEmbTableOptions(
             dim=4,
             max_capacity=1024,
-            admit_strategy=FrequencyAdmissionStrategy(threshold=3),
-            admission_counter=KVCounter(capacity=1024),
+            admit_strategy=FrequencyAdmissionStrategy(
+                threshold=3, counter=KVCounter(capacity=1024)
+            ),
         )
         return BatchedDynamicEmbeddingTables([options], [0], table_names=["t"])
 

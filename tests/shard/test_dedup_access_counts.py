@@ -42,8 +42,7 @@ def _module(device, caching=False, pooling=DynamicEmbPoolingMode.SUM):
         t0.caching, t0.local_hbm_for_values = True, 32 * 4 * 4  # 32 rows (SGD: no state)
     t1 = DynamicEmbTableOptions(
         dim=4, max_capacity=256, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.LFU,
-        admit_strategy=FrequencyAdmissionStrategy(3),
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16),
+        admit_strategy=FrequencyAdmissionStrategy(3, counter=KVCounter(capacity=64, bucket_capacity=16)),
     )  # fmt: skip
     return BatchedDynamicEmbeddingTables(
         [t0, t1], [0, 0, 1], pooling_mode=pooling, table_names=["t0", "t1"], device=device

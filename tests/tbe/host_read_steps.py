@@ -55,8 +55,9 @@ SCENARIOS = {
         [
             _options(
                 4096,
-                admit_strategy=FrequencyAdmissionStrategy(2),
-                admission_counter=KVCounter(capacity=4096, bucket_capacity=128),
+                admit_strategy=FrequencyAdmissionStrategy(
+                    2, counter=KVCounter(capacity=4096, bucket_capacity=128)
+                ),
             )  # fmt: skip
         ],
         [0],

@@ -49,8 +49,7 @@ def _module(mode):
         initializer_args=dynemb.DynamicEmbInitializerArgs(
             mode=dynemb.DynamicEmbInitializerMode.UNIFORM, lower=-1.0, upper=1.0
         ),
-        admit_strategy=FrequencyAdmissionStrategy(2),
-        admission_counter=KVCounter(capacity=64, bucket_capacity=16),
+        admit_strategy=FrequencyAdmissionStrategy(2, counter=KVCounter(capacity=64, bucket_capacity=16)),
     )  # fmt: skip
     return dynemb.BatchedDynamicEmbeddingTables(
         [options], [0], pooling_mode=dynemb.DynamicEmbPoolingMode.SUM,

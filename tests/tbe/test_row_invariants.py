@@ -61,8 +61,9 @@ class Config:
             extra.update(caching=True, local_hbm_for_values=self.bucket * DIM * 4)
         if self.admission:
             extra.update(
-                admit_strategy=FrequencyAdmissionStrategy(2),
-                admission_counter=KVCounter(capacity=1024, bucket_capacity=128),
+                admit_strategy=FrequencyAdmissionStrategy(
+                    2, counter=KVCounter(capacity=1024, bucket_capacity=128)
+                ),
             )
         return DynamicEmbTableOptions(
             dim=DIM, max_capacity=capacity or self.capacity, bucket_capacity=self.bucket,

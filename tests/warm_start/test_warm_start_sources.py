@@ -67,8 +67,7 @@ def test_a_key_not_admitted_reads_nothing(device):
     weight = torch.randn(100, 8)
     source = CountingSource(WarmStart.from_tensor(weight))
     module = dynamic_twin({"t0": source}, device,
-                          admit_strategy=FrequencyAdmissionStrategy(2),
-                          admission_counter=KVCounter(capacity=1024, bucket_capacity=128))  # fmt: skip
+                          admit_strategy=FrequencyAdmissionStrategy(2, counter=KVCounter(capacity=1024, bucket_capacity=128)),)  # fmt: skip
     g = torch.Generator().manual_seed(9)
     for step in range(4):
         _, indices, offsets = batch(g, high={"t0": 100, "t1": 30})
