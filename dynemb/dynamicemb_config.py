@@ -268,7 +268,7 @@ class DynamicEmbTableOptions:
             to ``max_capacity`` before it evicts.
         max_load_factor: accepted for DynamicEmb compatibility (a float); dynemb's
             tables grow when a key finds its buckets full, not at a load factor (see
-            "Differences from DynamicEmb" in DynamicEmb_APIs.md).
+            "Differences from DynamicEmb" in docs/dynamicemb.md).
         score_strategy: eviction score (see DynamicEmbScoreStrategy), or a compound
             ``(TIMESTAMP, LFU)`` / ``(TIMESTAMP, DECAYED_LFU)``; a 1-tuple is unwrapped.
         bucket_capacity: slots per bucket (multiple of 16).

@@ -2,7 +2,7 @@
 // embedding_op_impls.h that launches the CUDA executor (csrc/cuda). It maps torch
 // types to the torch-free launchers, allocates their temporaries and outputs with
 // torch, and reads back only the sizes an op must return (listed in
-// DynamicEmb_APIs.md, "Host synchronisation").
+// docs/design.md, "Host synchronisation").
 //
 // Included by two translation units: ops_cuda.cpp (nvcc-built launchers, CUDA
 // tensors) and csrc/emulated/ops_emulated.cpp (the same launchers built for the host

@@ -98,7 +98,7 @@ def DynamicEmbLoad(  # DynamicEmb's public name
     ...) is read as DynamicEmb's layout, with every file's size checked against the
     model's tables before any table changes (see DynamicEmb_APIs.md).
 
-    Any plan loads into any other (see DynamicEmb_APIs.md, "Any plan to any plan"):
+    Any plan loads into any other (see docs/guides/checkpoints-across-plans.md):
     each table may be row-wise, table-wise or column-wise, on other ranks, in the
     checkpoint and in the model. Each rank verifies and reads a share of the files
     (a column-wise table's slices together, as whole rows), sends every key to the
