@@ -1,5 +1,7 @@
 // ThreadSanitizer cases of the emulated CUDA executor's pooling and backward
 // (tsan_tables.cpp).
+#include <cmath>
+
 #include "tsan_common.h"
 
 namespace dynemb::tsan {
@@ -90,11 +92,12 @@ void emulated_pool() {
           const int64_t begin = offsets[p][b], end = offsets[p][b + 1];
           const float* out = parts[p].out.at(b);
           for (int64_t j = 0; j < dims[p]; ++j) {
-            float sum = 0.0f;  // pooling.h's order: indices ascending, from zero
+            // pooling.h's rule: indices ascending, from zero, one fused multiply-add each
+            float sum = 0.0f;
             for (int64_t i = begin; i < end; ++i) {
               const int64_t key = keys[p][i];
               const float v = key >= 0 ? row_value(key, j) : missing_element(missing_init(), key, j);
-              sum += weights[p][i] * v;
+              sum = std::fmaf(weights[p][i], v, sum);
             }
             if (mode == PoolingMode::kMean && end > begin)
               sum *= 1.0f / static_cast<float>(end - begin);
