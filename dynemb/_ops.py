@@ -343,18 +343,22 @@ def table_find_or_insert_slots_grouped(
     inits: Sequence[list[float]],
     keys: Sequence[torch.Tensor],
     accesses: Sequence[torch.Tensor] | None = None,
+    distinct_keys: bool = False,
 ) -> tuple:
     """``table_find_or_insert_slots`` (rows initialised, no evicted keys) of each table in one op call: table t's buffers, policy, init list,
-    distinct keys and (optionally) accesses. Each table's result is the per-table
-    op's; every argument is checked before any table changes, and a table may appear
-    once. Returns ``(slots, status, counts)``: lists of one (n_t,) tensor per table,
-    and counts (T, 4) int64 (one read of it serves every table)."""
+    keys and (optionally) accesses. Each table's result is the per-table op's; every
+    argument is checked before any table changes, and a table may appear once.
+    ``distinct_keys``: the caller's promise that each table's keys are pairwise distinct
+    (a de-duplicated batch), which spares an evicting table's new keys a second probe;
+    a repeated key would be stored twice. Returns ``(slots, status, counts)``: lists of
+    one (n_t,) tensor per table, and counts (T, 4) int64 (one read of it serves every
+    table)."""
     keys = list(keys)
     if not keys:
         raise ValueError("table_find_or_insert_slots_grouped needs at least one table, got none")
     return _dynemb.table_find_or_insert_slots_grouped(
         [x for table in tables for x in table], [v for p in policies for v in p],
-        [v for init in inits for v in init], keys, list(accesses or []),
+        [v for init in inits for v in init], keys, list(accesses or []), distinct_keys,
     )  # fmt: skip
 
 

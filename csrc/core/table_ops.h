@@ -44,7 +44,9 @@
 //      two stand in the batch; under NO_EVICTION upsert_home alone. (An executor
 //      may run touch_or_place_free instead of touch_stored: it also places the keys
 //      that find a free home slot, as upsert_home would, and leaves only those that
-//      need a victim, with the same outcome in one probe.)
+//      need a victim, with the same outcome in one probe; in a batch of distinct keys
+//      (UpsertArgs::distinct) those go to place_by_victim, without upsert_home's second
+//      probe.)
 //      Pass 1 reads and writes the home bucket only, so buckets are independent:
 //      any executor may run different buckets concurrently, without locks.
 //   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
@@ -74,6 +76,10 @@ struct UpsertArgs {
   uint32_t pin;
   /// Residents whose pin is >= pin_floor are not victims (kNoPins: none is pinned).
   uint32_t pin_floor;
+  /// The caller's promise that the batch's keys are pairwise distinct (a de-duplicated
+  /// batch): a key pass 1 finds neither stored nor with a free home slot goes straight
+  /// to its victim search (place_by_victim). A repeated key would then be stored twice.
+  bool distinct = false;
 };
 
 /// The keys an upsert of n keys looks up when the caller gives their number on the
@@ -286,6 +292,21 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
     if (status == Status::kFailed) sink.failed(i, o, key);
   }
   lock_window<P>(t, home, window, false);
+  return status;
+}
+
+/// upsert_home of a key of a distinct batch (UpsertArgs::distinct) that
+/// touch_or_place_free left, in one step: the key is not stored (pass 1 found it
+/// absent, and no other key of the batch is it) and its home bucket has no free slot
+/// (pass 1 found none, and an upsert frees none), so upsert_home's scans for both
+/// would only confirm that; the outcome is its: the bucket's victim or failed.
+template <class P, class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status place_by_victim(const TableRef<V>& t, int64_t i, int64_t o,
+                                               int64_t key, const KeyProbe& p,
+                                               const UpsertArgs& u, Sink& sink) {
+  P::lock(&t.locks[p.bucket]);
+  const Status status = place_new_home<P>(t, i, o, key, p, u, sink, -1);
+  P::unlock(&t.locks[p.bucket]);
   return status;
 }
 

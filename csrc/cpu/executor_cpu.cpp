@@ -131,7 +131,11 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     const int64_t j = position(x);
     const int64_t i = index_of(j);
     Status s;
-    if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+    if (first_hits && args.distinct) {
+      s = place_by_victim<Q>(t, i, j, keys[j], probe, args, sink);
+      status[j] = static_cast<int8_t>(s);
+      ++counts.by_status[static_cast<int>(s)];
+    } else if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
       status[j] = static_cast<int8_t>(s);
       ++counts.by_status[static_cast<int>(s)];
     } else {

@@ -50,10 +50,12 @@
       "Tensor? live=None) -> (Tensor slots, Tensor status, Tensor counts)");                          \
   /* table_find_or_insert_slots of every table of a batch (init_rows, no evicted keys): */          \
   /* table t's lists at [t * size, t * size + size) of tables, policies, inits (op_lists.h); */       \
-  /* accesses: none or one per table; counts (T, 4). */                                               \
+  /* accesses: none or one per table; counts (T, 4). distinct_keys: the caller's promise */          \
+  /* that each table's keys are pairwise distinct (core/table_ops.h UpsertArgs::distinct). */         \
   (m).def(                                                                                            \
       "table_find_or_insert_slots_grouped(Tensor(a!)[] tables, int[] policies, float[] inits, "       \
-      "Tensor[] keys, Tensor[] accesses) -> (Tensor[] slots, Tensor[] status, Tensor counts)");       \
+      "Tensor[] keys, Tensor[] accesses, bool distinct_keys=False) "                                  \
+      "-> (Tensor[] slots, Tensor[] status, Tensor counts)");                                         \
   /* A cache fill's row moves (core/tier_ops.h), after its slot claim (keys, slots, */                \
   /* status, evicted_keys: the claim's): for each key that took a slot, the resident */               \
   /* its claim evicted (status EVICTED: evicted_keys[i]) leaves with its row and user */              \

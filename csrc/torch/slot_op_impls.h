@@ -56,7 +56,7 @@ struct SlotOpImpls {
   static std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor>
   find_or_insert_slots_grouped(at::TensorList tables, at::IntArrayRef policies,
                                at::ArrayRef<double> inits, at::TensorList keys,
-                               at::TensorList accesses) {
+                               at::TensorList accesses, bool distinct_keys) {
     constexpr const char* op = "table_find_or_insert_slots_grouped";
     const size_t n = keys.size();
     check_list_size(op, "tables", tables.size(), n * kTableTensors, n);
@@ -85,6 +85,7 @@ struct SlotOpImpls {
       calls.push_back(check_upsert(name, table_list, policies.slice(t * kPolicySize, kPolicySize),
                                    inits.slice(t * kInitSize, kInitSize), keys[t],
                                    std::nullopt, {}));
+      calls.back().args.distinct = distinct_keys;
       check_same_device(name, "keys", keys[t], keys[0]);
       table.push_back(table_tensors(table_list));
       const std::optional<at::Tensor> a =

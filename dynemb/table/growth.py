@@ -286,6 +286,7 @@ def find_or_insert_slots_grouped(
     accesses: Sequence[torch.Tensor] | None = None,
     holds: Sequence[PinHold] | None = None,
     defer: bool = False,
+    distinct_keys: bool = False,
 ) -> list:
     """``find_or_insert_slots(keys[t], accesses[t], holds[t])`` of each table of
     ``tables`` (ScoredHashTables whose ``groups_lookups`` holds, distinct, on one
@@ -293,6 +294,9 @@ def find_or_insert_slots_grouped(
     fit grows and retries them as alone (``accesses``: none, or the occurrences of
     each table's keys; ``holds``: none, or each table's PinHold of the batch).
     Write locks are taken in list order. Returns ``(slots, BatchStats)`` per table.
+
+    ``distinct_keys``: each table's keys are pairwise distinct (the caller de-duplicated
+    them; see ``_ops.table_find_or_insert_slots_grouped``).
 
     ``defer``: when no table can grow (each at its capacity, without a change log or
     a warm-start source), the status counts are not read now: each table's second
@@ -317,7 +321,7 @@ def find_or_insert_slots_grouped(
         slots, status, counts = _ops.table_find_or_insert_slots_grouped(
             [state.storage.tensors() for state in states],
             [policy(state, value, pin) for state, (_, value, pin) in zip(states, begun)],
-            [list(state.init) for state in states], keys, accesses,
+            [list(state.init) for state in states], keys, accesses, distinct_keys,
         )  # fmt: skip
         # A sampled step of a table's telemetry records its evictions now.
         if defer and not any(state.telemetry.sampling for state in states):

@@ -47,7 +47,7 @@ class TableSlots:
         )
         results = find_or_insert_slots_grouped(
             tables, [distinct[t][0] for t in ts], [distinct[t][2] for t in ts],
-            [holds[t] for t in ts], defer=ignore,
+            [holds[t] for t in ts], defer=ignore, distinct_keys=True,
         )  # fmt: skip
         found = {}
         self._count_deferred_failures(ready_only=True)
@@ -168,8 +168,9 @@ class TableSlots:
             return self._checked_lookup(t, keys, accesses, hold)
         ignore = self.table_options[t].safe_check_mode == DynamicEmbCheckMode.IGNORE
         [(slots, stats)] = find_or_insert_slots_grouped(
-            [self.tables[t]], [keys], [accesses], None if hold is None else [hold], defer=ignore
-        )
+            [self.tables[t]], [keys], [accesses], None if hold is None else [hold],
+            defer=ignore, distinct_keys=True,
+        )  # fmt: skip
         self._count_deferred_failures(ready_only=True)
         self._account(t, stats, stacklevel=6)
         return slots

@@ -203,3 +203,63 @@ def test_tables_of_several_value_dtypes_are_looked_up_one_by_one(library):
         for x, y in zip(bufs[t], alone):
             _assert_equal(x, y, f"table {t}: buffers")
     assert int(counts[:, _ops.Status.INSERTED].sum()) == 60
+
+
+# (strategy, half-life steps): every strategy that evicts and takes no caller scores.
+DISTINCT_STRATEGIES = [
+    (DynamicEmbScoreStrategy.TIMESTAMP, 0),
+    (DynamicEmbScoreStrategy.STEP, 0),
+    (DynamicEmbScoreStrategy.LFU, 0),
+    (DynamicEmbScoreStrategy.DECAYED_LFU, 8),
+    ((DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU), 0),
+]
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_distinct_keys_decide_as_the_full_probe(library, threads):
+    """``distinct_keys=True`` (new keys of an evicting table go straight to the victim
+    search) gives the bits of the full probe: slots, statuses, counts and every buffer,
+    with pinned residents (the previous batch still in flight), a score floor that
+    refuses victims, hits and evictions in one batch, on one and two threads."""
+    lib = LIBRARIES[library]
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tables = [
+            ScoredHashTable(dim=4, capacity=2048, bucket_capacity=128, score_strategy=s,
+                            seed=3 + t, extra_columns=1, score_half_life_steps=h or None)
+            for t, (s, h) in enumerate(DISTINCT_STRATEGIES)
+        ]  # fmt: skip
+        ours = [[x.clone() for x in t.buffers.tensors()] for t in tables]
+        full = [[x.clone() for x in t.buffers.tensors()] for t in tables]
+        g = torch.Generator().manual_seed(11)
+        evicted = refused = 0
+        for batch in range(1, 7):
+            keys = [torch.randperm(12000, generator=g)[:3000] * 7919 - 10**7 for _ in tables]
+            accesses = [torch.randint(1, 4, (3000,), generator=g) for _ in tables]
+            # The last batch evicts only residents scored below its floor: some refused.
+            floor = _ops.EVICT_ANY if batch < 6 else 3
+            policies = [
+                _ops.Policy(t.strategy_code, 100 + batch, t.seed, floor, 4, batch, batch - 1,
+                            t.score_half_life_steps or 0, batch)
+                for t in tables
+            ]  # fmt: skip
+            results = []
+            for bufs, distinct in ((ours, True), (full, False)):
+                results.append(lib.table_find_or_insert_slots_grouped(
+                    [x for b in bufs for x in b], [v for p in policies for v in p],
+                    [v for t in tables for v in t.init_values], keys, accesses, distinct,
+                ))  # fmt: skip
+            (slots, status, counts), (want_slots, want_status, want_counts) = results
+            for t in range(len(tables)):
+                _assert_equal(slots[t], want_slots[t], f"batch {batch}, table {t}: slots")
+                _assert_equal(status[t], want_status[t], f"batch {batch}, table {t}: status")
+                for x, y in zip(ours[t], full[t]):
+                    _assert_equal(x, y, f"batch {batch}, table {t}: buffers")
+            _assert_equal(counts, want_counts, f"batch {batch}: counts")
+            evicted += int(counts[:, _ops.Status.EVICTED].sum())
+            refused += int(counts[:, _ops.Status.FAILED].sum())
+        assert evicted > 0 and refused > 0, (evicted, refused)
+    finally:
+        torch.set_num_threads(torch_threads)
