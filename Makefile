@@ -191,7 +191,7 @@ bench-quick: build
 # On a machine with a GPU, nvcc 13 and network (docs/gpu.md, "Run it on a GPU machine"):
 #   make gpu-test    .venv-cuda with the CUDA builds of torch/fbgemm-gpu, dynemb built with
 #                    DYNEMB_WITH_CUDA=1, then the whole suite with the cuda executor and the
-#                    cuda test device (tests/devices.py)
+#                    cuda test device (tests/support/devices.py)
 #   make gpu-bench   the benchmarks with --device cuda
 # Without network: `make wheels-cuda` where pip works, copy wheels-cuda/ beside the
 # checkout, then `make gpu-test WHEELS=wheels-cuda`. With a CUDA torch already installed:

@@ -1,5 +1,5 @@
 """Shared fixtures: every table test takes a `device` (cpu always, cuda when built and present;
-``DYNEMB_TEST_CUDA`` switches cuda on or off: see tests/devices.py).
+``DYNEMB_TEST_CUDA`` switches cuda on or off: see tests/support/devices.py).
 
 The marker ``no_emulated_pass("reason")`` skips a test in the suite's second pass
 (DYNEMB_EXECUTOR=cuda-emulated), for tests that exercise no executor-specific code: the
@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from tests.devices import test_devices
+from tests.support.devices import test_devices
 
 DEVICES = test_devices()
 

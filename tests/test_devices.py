@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests import devices
+from tests.support import devices
 
 pytestmark = pytest.mark.no_emulated_pass("the test-device switch and backend choice: Python only")
 

@@ -6,7 +6,7 @@
 //   EXACT_ROWWISE_ADAGRAD  1    accumulator    s += mean(g^2) over the row
 //                                               (sum_of_squares' order)
 //   ADAM                   2*dim  m (dim), v (dim)
-// Maths follow fbgemm's TBE (tests/fbgemm_reference.py documents and checks
+// Maths follow fbgemm's TBE (tests/support/fbgemm_reference.py documents and checks
 // them): w -= lr * g / (sqrt(s) + eps) for the Adagrads; Adam with bias
 // correction by the module's global step and decoupled weight decay. Weight
 // decay for SGD and the Adagrads is L2 (g += weight_decay * w). Arithmetic is in

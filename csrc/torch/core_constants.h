@@ -2,7 +2,7 @@
 // exported to Python as dynemb._C.constants (a dict) and dynemb._C.state_columns /
 // spill_window, so that dynemb/_ops.py reads them from csrc/core instead of restating
 // them. The test
-// oracle (tests/reference.py) keeps its own copy on purpose, and
+// oracle (tests/support/reference.py) keeps its own copy on purpose, and
 // tests/csrc/test_core_constants.py checks the Python enums against these.
 #pragma once
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dynemb import DynamicEmbPoolingMode as P
-from tests.tiering.caching_models import batches, contents, module, options
+from tests.support.caching_models import batches, contents, module, options
 
 
 def _train(m, batch, weights):

@@ -12,7 +12,7 @@ import torch
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.deltas import delta_path
 from dynemb.deltas.format import read_delta, table_delta_meta, write_delta
-from tests.delta_chains import lookup, one_table_chain, serving_base
+from tests.support.delta_chains import lookup, one_table_chain, serving_base
 
 KEYS = torch.arange(-5, 30)
 

@@ -27,7 +27,7 @@ from dynemb import (
 )
 from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests import reference as ref
+from tests.support import reference as ref
 
 DIM, CAPACITY, BUCKET, SEED = 4, 1024, 128, 5
 OPTIONS = DynamicEmbTableOptions(

@@ -58,7 +58,7 @@ from dynemb import (
 from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.incremental_dump import incremental_dump
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests import reference as ref
+from tests.support import reference as ref
 
 S = DynamicEmbScoreStrategy
 STRATEGIES = {

@@ -19,7 +19,7 @@ from dynemb import (
     _ops,
 )
 from dynemb.optimizer import EmbOptimType
-from tests.checkpoint_tables import edit_manifest
+from tests.support.checkpoint_tables import edit_manifest
 
 INT64_MAX = 2**63 - 1
 KEYS = torch.arange(1, 17)

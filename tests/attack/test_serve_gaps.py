@@ -13,7 +13,7 @@ import torch
 from dynemb.deltas import delta_path
 from dynemb.example import publishing
 from examples import serve
-from tests.example_runs import run_example
+from tests.support.example_runs import run_example
 
 pytestmark = pytest.mark.no_emulated_pass(
     "the files of a publish directory; the executor's ops are those of test_example_serve.py"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dynemb.warm_start import WarmStart
-from tests.warm_start.static_models import TABLES, batch, dynamic_twin
+from tests.support.static_models import TABLES, batch, dynamic_twin
 
 DIM = TABLES["t0"][1]
 EMPTY = torch.empty(0, DIM)

@@ -10,14 +10,14 @@ import torch
 
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.shard.routing import route_keys
-from tests.checkpoint_workers import (
+from tests.support.checkpoint_workers import (
     dump_then_continue,
     load_then_continue,
     reshard,
     with_dist_type,
 )
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import NUM_EMBEDDINGS, Case
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import NUM_EMBEDDINGS, Case
 
 pytestmark = pytest.mark.no_emulated_pass(
     "spawned-rank dump, load and resharding: the CPU pass covers the protocol; the table ops they use are tested per executor elsewhere"

@@ -23,7 +23,7 @@ from dynemb.checkpoint.manifest import read_manifest
 from dynemb.deltas import delta_path, read_delta
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from dynemb.warm_start.dump_source import read_dumped_table
-from tests.checkpoint_plans_workers import (
+from tests.support.checkpoint_plans_workers import (
     DIMS,
     GLOBAL_BATCH,
     STEPS,
@@ -38,9 +38,9 @@ from tests.checkpoint_plans_workers import (
     through_two_ranks,
     train_and_dump,
 )
-from tests.checkpoint_tables import edit_manifest
-from tests.multiprocess import run_ranks
-from tests.table_wise_workers import global_batch
+from tests.support.checkpoint_tables import edit_manifest
+from tests.support.multiprocess import run_ranks
+from tests.support.table_wise_workers import global_batch
 
 pytestmark = pytest.mark.no_emulated_pass(
     "spawned-rank dumps and loads under TorchRec plans: the table ops they use are tested per executor elsewhere"

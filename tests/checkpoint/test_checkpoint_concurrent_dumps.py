@@ -12,7 +12,7 @@ import torch
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint import dump as dump_module
 from dynemb.checkpoint.dump import committed_dump
-from tests.checkpoint_tables import contents, make_module, same, train
+from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("dump locking between threads and processes: Python only")
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.manifest import checksum
-from tests.checkpoint_tables import contents, make_module, same, train
+from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("file formats: no table op differs per executor")
 

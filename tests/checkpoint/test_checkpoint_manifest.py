@@ -10,7 +10,7 @@ import torch
 
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.dump import committed_dump
-from tests.checkpoint_tables import contents, edit_manifest, make_module, same, train
+from tests.support.checkpoint_tables import contents, edit_manifest, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("manifest validation: Python only")
 

@@ -7,9 +7,9 @@ import pytest
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint.dump import committed_dump
-from tests.checkpoint_fault_workers import FAULT_TIMEOUT_S, STAY_ALIVE_S, dump_with_a_fault
-from tests.checkpoint_tables import contents, make_module, same
-from tests.multiprocess import run_ranks
+from tests.support.checkpoint_fault_workers import FAULT_TIMEOUT_S, STAY_ALIVE_S, dump_with_a_fault
+from tests.support.checkpoint_tables import contents, make_module, same
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "spawned gloo ranks: the fault protocol is Python and process code, run in the CPU pass"

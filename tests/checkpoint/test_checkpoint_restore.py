@@ -8,7 +8,7 @@ import torch
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from tests.checkpoint_tables import contents, make_module, same, train
+from tests.support.checkpoint_tables import contents, make_module, same, train
 
 FORMATS = ["dynemb", "dynamicemb"]
 

@@ -15,10 +15,10 @@ from dynemb.checkpoint import verify as verify_module
 from dynemb.checkpoint.dump import committed_dump
 from dynemb.checkpoint.manifest import checksum
 from dynemb.optimizer import EmbOptimType
-from tests.checkpoint_tables import contents as _contents
-from tests.checkpoint_tables import make_module as _module
-from tests.checkpoint_tables import same as _same
-from tests.checkpoint_tables import train as _train
+from tests.support.checkpoint_tables import contents as _contents
+from tests.support.checkpoint_tables import make_module as _module
+from tests.support.checkpoint_tables import same as _same
+from tests.support.checkpoint_tables import train as _train
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
 from dynemb.types import DynamicEmbScoreStrategy as S
-from tests.dynamicemb_files import read_table, write_table
+from tests.support.dynamicemb_files import read_table, write_table
 
 pytestmark = pytest.mark.no_emulated_pass(
     "file format: the layout's readers and writers are Python"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from tests.checkpoint_tables import contents, make_module, same, train
+from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("file format: no table op differs per executor")
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from tests.checkpoint_workers import contents
-from tests.dynamicemb_files import read_table, write_table
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import NUM_EMBEDDINGS, Case, build_model
+from tests.support.checkpoint_workers import contents
+from tests.support.dynamicemb_files import read_table, write_table
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import NUM_EMBEDDINGS, Case, build_model
 
 pytestmark = pytest.mark.no_emulated_pass(
     "file format over spawned ranks: readers and writers are Python"

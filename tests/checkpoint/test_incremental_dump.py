@@ -14,8 +14,8 @@ from dynemb import (
 )
 from dynemb import incremental_dump as inc
 from dynemb.incremental_dump import get_score, set_score
-from tests.incremental_dump_workers import TOUCHED, FakeClock, dump_after_training
-from tests.multiprocess import run_ranks
+from tests.support.incremental_dump_workers import TOUCHED, FakeClock, dump_after_training
+from tests.support.multiprocess import run_ranks
 
 S = DynamicEmbScoreStrategy
 

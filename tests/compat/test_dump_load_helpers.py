@@ -3,8 +3,8 @@ get_dynamic_emb_module on a sharded model, over 1 and 2 gloo ranks."""
 
 import pytest
 
-from tests.compat.dump_load_workers import helpers
-from tests.multiprocess import run_ranks
+from tests.support.dump_load_workers import helpers
+from tests.support.multiprocess import run_ranks
 
 
 @pytest.mark.no_emulated_pass("module discovery runs no table op")

@@ -5,8 +5,8 @@ structures its users read."""
 import pytest
 import torch
 
-from tests.compat.example_checklist_workers import DIM, ROWS, run_checklist
-from tests.multiprocess import run_ranks
+from tests.support.example_checklist_workers import DIM, ROWS, run_checklist
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "DynamicEmb's example calls over spawned gloo ranks: the API's structure; their table ops are tested per executor elsewhere"

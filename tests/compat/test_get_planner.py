@@ -10,7 +10,7 @@ from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.get_planner import get_planner
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingCollectionSharder
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 CONFIGS = [
     EmbeddingConfig(name=n, embedding_dim=8, num_embeddings=100, feature_names=[f"f_{n}"])

@@ -8,13 +8,13 @@ import torch
 
 from dynemb import _ops
 from dynemb.shard.routing import route_keys
-from tests.compat.hash_roundrobin_workers import (
+from tests.support.hash_roundrobin_workers import (
     dump_old_routing,
     load_new_routing,
     old_owner,
     saved_keys,
 )
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "a routing rule over spawned gloo ranks: the key hash is tested per executor in test_hash_keys.py"

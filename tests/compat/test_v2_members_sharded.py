@@ -5,8 +5,8 @@ incremental_dump gathered with ``pg``, dump and load of the module's tables."""
 import pytest
 import torch
 
-from tests.compat.dump_load_workers import module_members
-from tests.multiprocess import run_ranks
+from tests.support.dump_load_workers import module_members
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "members of a sharded module over spawned gloo ranks: Python; the table ops are tested per executor elsewhere"

@@ -1,5 +1,5 @@
 """Python reads the op contract's codes from csrc/core (dynemb._C.constants); the public
-enums must agree with them. tests/reference.py keeps an independent copy on purpose."""
+enums must agree with them. tests/support/reference.py keeps an independent copy on purpose."""
 
 import pytest
 import torch
@@ -8,8 +8,8 @@ from dynemb import _ops
 from dynemb.dynamicemb_config import init_mode_code
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
 from dynemb.types import DynamicEmbInitializerMode, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
-from tests import decay_reference as decay
-from tests import reference as ref
+from tests.support import decay_reference as decay
+from tests.support import reference as ref
 
 pytestmark = pytest.mark.no_emulated_pass("constants read from csrc/core: the same in every pass")
 
@@ -84,7 +84,7 @@ def test_scores_after_hit_is_the_cores_score_rule():
 
 def test_scores_after_hit_decays_and_scores_a_zero_as_a_new_key():
     """DECAYED_LFU in a cache tier: 0 is a key new to the table (its access scored as
-    new, tests/decay_reference.py), any other score merges the batch's accesses."""
+    new, tests/support/decay_reference.py), any other score merges the batch's accesses."""
     old = decay.access_score(3, 2, 5)
     scores = torch.tensor([0, old, 0], dtype=torch.int64)
     acc = torch.tensor([3, 1, 0], dtype=torch.int64)

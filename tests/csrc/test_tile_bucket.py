@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.native_programs import build_native_program
+from tests.support.native_programs import build_native_program
 
 pytestmark = pytest.mark.no_emulated_pass("builds and runs its own program: no executor choice")
 

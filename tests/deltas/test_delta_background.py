@@ -15,7 +15,7 @@ import torch
 from dynemb.deltas import DeltaPublisher, delta_path, precapture, read_delta
 from dynemb.deltas import publisher as publisher_module
 from dynemb.table.change_log import ChangeLog
-from tests.deltas.background_models import (
+from tests.support.background_models import (
     NAMES,
     SPACE,
     STRATEGIES,

@@ -12,7 +12,7 @@ from dynemb.deltas import publisher as publisher_module
 from dynemb.deltas.capture import Capture
 from dynemb.deltas.publisher import COMPACT_PARTS
 from dynemb.table.change_log import ChangeLog
-from tests.deltas.background_models import (
+from tests.support.background_models import (
     assert_delta_is_the_state_now,
     assert_serving_follows,
     model_of,

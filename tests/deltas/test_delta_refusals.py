@@ -12,7 +12,7 @@ from dynemb.checkpoint.manifest import checksum
 from dynemb.deltas import DeltaPublisher, DeltaVersionError, delta_path
 from dynemb.deltas.format import write_delta
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests.delta_chains import OPTIONS, lookup, one_table_chain, serving_base
+from tests.support.delta_chains import OPTIONS, lookup, one_table_chain, serving_base
 
 KEYS = torch.arange(-5, 40)
 

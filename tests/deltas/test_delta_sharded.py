@@ -9,14 +9,14 @@ import torch
 
 from dynemb.deltas import delta_path, read_delta
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests.delta_sharded_workers import (
+from tests.support.delta_sharded_workers import (
     EVAL_VALUE,
     FEATURE_TABLE,
     FEATURES,
     table_options,
     train_and_publish,
 )
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "spawned gloo ranks; the lookups and the replay run on the executor in test_delta_replay.py"

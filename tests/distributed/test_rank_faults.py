@@ -6,14 +6,14 @@ never a gloo transport error nor a wait of the process-group timeout.
 
 import pytest
 
-from tests.checkpoint_fault_workers import (
+from tests.support.checkpoint_fault_workers import (
     FAULT_TIMEOUT_S,
     STAY_ALIVE_S,
     incremental_dump_with_a_fault,
     load_with_a_fault,
     plan_with_a_fault,
 )
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "spawned gloo ranks: the fault protocol is Python and process code, run in the CPU pass"

@@ -11,8 +11,8 @@ import torch
 from dynemb.deltas import delta_path, read_delta
 from dynemb.example import publishing
 from examples import serve
-from tests.example_runs import run_example
-from tests.multiprocess import free_port
+from tests.support.example_runs import run_example
+from tests.support.multiprocess import free_port
 
 # 8 steps per epoch; tables of 256 rows for 1,000 ids per feature (rows are evicted).
 SIZES = "--num_train 2048 --num_eval 600 --vocab_size 1000 --capacity 256 --batch_size 256"

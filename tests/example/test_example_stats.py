@@ -3,8 +3,8 @@ its dynamic tables' telemetry; each rank's counts are its own shard's."""
 
 import pytest
 
-from tests.example_runs import run_example
-from tests.multiprocess import free_port
+from tests.support.example_runs import run_example
+from tests.support.multiprocess import free_port
 
 # 256 rows per table for 1,000 ids per feature: the tables evict.
 SIZES = "--num_train 2048 --num_eval 600 --vocab_size 1000 --capacity 256 --batch_size 256"

@@ -13,9 +13,9 @@ from dynemb.inference.exportable_tables import (
     InferenceEmbeddingBagCollection,
     InferenceEmbeddingCollection,
 )
-from tests.inference_workers import inference_module, train_and_build
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import Case
+from tests.support.inference_workers import inference_module, train_and_build
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import Case
 
 CASES = [
     Case("ADAM", "roundrobin", "SUM"),

@@ -28,7 +28,7 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.types import DynamicEmbScoreStrategy
-from tests.planner.test_planner import cpu_topology, entries
+from tests.support.planner_models import cpu_topology, entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 from train_workloads import Config, spread_ids, zipf_ids

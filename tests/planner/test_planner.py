@@ -1,8 +1,8 @@
 """DynamicEmbeddingShardingPlanner: plans of a model with dynamic and ordinary tables.
 
 The filled per-rank options are checked against values computed by hand (below, per
-world size), the plan entries against TorchRec's row-wise layout. The model helpers
-here are shared by the other test_planner_* files.
+world size), the plan entries against TorchRec's row-wise layout (the model:
+tests/support/planner_models.py).
 """
 
 import copy
@@ -11,12 +11,12 @@ import pickle
 
 import pytest
 import torch
-from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
@@ -26,79 +26,20 @@ from dynemb.planner import (
     DynamicEmbParameterConstraints,
     DynamicEmbParameterSharding,
 )
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests.support.planner_models import (
+    DYNAMIC_KERNEL,
+    DYNAMIC_TABLES,
+    ROW_WISE,
+    Model,
+    all_configs,
+    cpu_topology,
+    entries,
+    make_constraints,
+    sharders,
+)
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
-
-ROW_WISE = "row_wise"
-DYNAMIC_KERNEL = "customized_kernel"
-DYNAMIC_TABLES = ("user", "item", "query")
-
-
-def bag_configs() -> list[EmbeddingBagConfig]:
-    return [
-        EmbeddingBagConfig(name="user", embedding_dim=8, num_embeddings=1000, feature_names=["u"]),
-        EmbeddingBagConfig(name="item", embedding_dim=16, num_embeddings=40, feature_names=["i"]),
-        EmbeddingBagConfig(
-            name="country", embedding_dim=8, num_embeddings=300, feature_names=["c"]
-        ),
-    ]
-
-
-def sequence_configs() -> list[EmbeddingConfig]:
-    return [
-        EmbeddingConfig(name="query", embedding_dim=8, num_embeddings=500, feature_names=["q"]),
-        EmbeddingConfig(name="lang", embedding_dim=8, num_embeddings=100, feature_names=["l"]),
-    ]
-
-
-def all_configs() -> list:
-    return bag_configs() + sequence_configs()
-
-
-class Model(torch.nn.Module):
-    """An EBC and an EC on the meta device, as a planner sees a real model."""
-
-    def __init__(self, bags=None, sequences=None) -> None:
-        super().__init__()
-        meta = torch.device("meta")
-        self.ebc = EmbeddingBagCollection(tables=bags or bag_configs(), device=meta)
-        self.ec = EmbeddingCollection(tables=sequences or sequence_configs(), device=meta)
-
-
-def sharders() -> list:
-    return [DynamicEmbeddingBagCollectionSharder(), DynamicEmbeddingCollectionSharder()]
-
-
-def make_constraints() -> dict:
-    return {
-        "user": DynamicEmbParameterConstraints(
-            use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(
-                bucket_capacity=128, init_capacity=100, global_hbm_for_values=1001
-            ),
-        ),
-        "item": DynamicEmbParameterConstraints(use_dynamicemb=True),
-        "query": DynamicEmbParameterConstraints(
-            use_dynamicemb=True,
-            pooling_factors=[3.0],
-            dynamicemb_options=DynamicEmbTableOptions(
-                bucket_capacity=64,
-                initializer_args=DynamicEmbInitializerArgs(lower=-0.5),
-            ),
-        ),
-        # An ordinary table with constraints, and one ("lang") without.
-        "country": ParameterConstraints(pooling_factors=[1.0]),
-    }
-
-
-def cpu_topology(world_size: int, **kwargs) -> Topology:
-    return Topology(world_size=world_size, compute_device="cpu", **kwargs)
-
-
-def entries(plan) -> dict:
-    """{table name: ParameterSharding} over every module of the plan."""
-    return {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}
 
 
 # Hand-computed per world size (ws):

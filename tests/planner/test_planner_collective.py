@@ -2,15 +2,15 @@
 
 Rank 1 builds its planner with other options (bucket_capacity 64, not 128): it can
 only end up with rank 0's values if the plan was broadcast. A rank that hangs is
-killed at the deadline by tests/multiprocess.py and the test fails.
+killed at the deadline by tests/support/multiprocess.py and the test fails.
 """
 
 import pytest
 
 from dynemb import DynamicEmbTableOptions
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from tests.multiprocess import run_ranks
-from tests.planner.test_planner import Model, all_configs, cpu_topology, entries, sharders
+from tests.support.multiprocess import run_ranks
+from tests.support.planner_models import Model, all_configs, cpu_topology, entries, sharders
 
 pytestmark = pytest.mark.no_emulated_pass("planning over spawned ranks: no table op runs")
 

@@ -9,30 +9,19 @@ from torchrec.distributed.planner.types import Storage
 
 from dynemb import DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
-from dynemb.planner import DynamicEmbeddingEnumerator, DynamicEmbParameterConstraints
+from dynemb.planner import DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from tests.planner.test_planner import DYNAMIC_KERNEL, ROW_WISE, Model, make_constraints, sharders
+from tests.support.planner_models import (
+    DYNAMIC_KERNEL,
+    ROW_WISE,
+    USER_ROWS_PER_RANK,
+    Model,
+    by_table,
+    enumerate_options,
+    make_constraints,
+)
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
-
-# A dynamic "user" table of 1000 x 8 on 2 ranks: 512 rows per rank.
-USER_ROWS_PER_RANK = 512
-
-
-def enumerate_options(compute_device="cpu", constraints=None, module_sharders=None, ws=2):
-    enumerator = DynamicEmbeddingEnumerator(
-        topology=Topology(world_size=ws, compute_device=compute_device),
-        batch_size=128,
-        constraints=make_constraints() if constraints is None else constraints,
-    )
-    return enumerator.enumerate(Model(), module_sharders or sharders())
-
-
-def by_table(options) -> dict:
-    tables: dict = {}
-    for so in options:
-        tables.setdefault(so.name, []).append(so)
-    return tables
 
 
 @pytest.mark.parametrize("compute_device", ["cpu", "cuda"])

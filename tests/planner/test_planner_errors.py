@@ -9,7 +9,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, DynamicEmbTableOptions
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from tests.planner.test_planner import Model, all_configs, bag_configs, cpu_topology, sharders
+from tests.support.planner_models import Model, all_configs, bag_configs, cpu_topology, sharders
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 

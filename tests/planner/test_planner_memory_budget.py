@@ -16,8 +16,7 @@ from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from tests.planner.test_planner import entries
-from tests.planner.test_planner_enumerator import USER_ROWS_PER_RANK, by_table, enumerate_options
+from tests.support.planner_models import USER_ROWS_PER_RANK, by_table, entries, enumerate_options
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 

@@ -17,7 +17,7 @@ from dynemb.planner import (
 )
 from dynemb.planner.rank_options import table_ranks
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
-from tests.planner.test_planner import (
+from tests.support.planner_models import (
     DYNAMIC_KERNEL,
     ROW_WISE,
     Model,

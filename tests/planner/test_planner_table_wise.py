@@ -14,7 +14,7 @@ from dynemb.planner import (
     get_table_value_bytes,
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
-from tests.planner.test_planner import (
+from tests.support.planner_models import (
     DYNAMIC_KERNEL,
     ROW_WISE,
     Model,

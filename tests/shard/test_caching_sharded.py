@@ -7,9 +7,9 @@ test_caching.py; here the plumbing through DMP is."""
 
 import pytest
 
-from tests.multiprocess import run_ranks
-from tests.shard.test_sharded_training import _check
-from tests.sharded_workers import Case, train_sharded
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_checks import check_sharded_training
+from tests.support.sharded_workers import Case, train_sharded
 
 CASES = [
     Case("EXACT_ROWWISE_ADAGRAD", "roundrobin", "SUM", cache_rows=16),
@@ -21,4 +21,4 @@ CASES = [
 @pytest.mark.parametrize("batch_sizes", [[3, 5]], ids=["2ranks"])
 def test_sharded_caching_equals_reference(batch_sizes):
     results = run_ranks(train_sharded, len(batch_sizes), CASES, batch_sizes)
-    _check(CASES, batch_sizes, results)
+    check_sharded_training(CASES, batch_sizes, results)

@@ -6,9 +6,9 @@ that agree (10 steps that evict) are never reported. Pooled (EBC) and sequence (
 
 import pytest
 
-from tests.column_wise_workers import lose_a_key, lose_a_key_sequence
-from tests.multiprocess import run_ranks
-from tests.table_wise_workers import STEPS
+from tests.support.column_wise_workers import lose_a_key, lose_a_key_sequence
+from tests.support.multiprocess import run_ranks
+from tests.support.table_wise_workers import STEPS
 
 WORLD = 2
 MODES = ["ERROR", "WARNING", "IGNORE"]

@@ -8,9 +8,9 @@ columns), and its outputs and rows throughout under the element-wise SGD and Ada
 import pytest
 import torch
 
-from tests.column_wise_workers import CW_DIM, Case, train_column_wise, train_reference
-from tests.multiprocess import run_ranks
-from tests.table_wise_workers import BATCH, SMALL, STEPS, entries
+from tests.support.column_wise_workers import CW_DIM, Case, train_column_wise, train_reference
+from tests.support.multiprocess import run_ranks
+from tests.support.table_wise_workers import BATCH, SMALL, STEPS, entries
 
 pytestmark = pytest.mark.no_emulated_pass(
     "TorchRec's column-wise plumbing on gloo ranks: the table ops are the emulated pass's elsewhere"

@@ -18,7 +18,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
-from tests.dedup_access_counts_workers import (
+from tests.support.dedup_access_counts_workers import (
     STEPS,
     ordinary_tables_outputs,
     reference_tables,
@@ -26,8 +26,8 @@ from tests.dedup_access_counts_workers import (
     tables_after_training,
     tables_state,
 )
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import global_batch, local_kjt
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import global_batch, local_kjt
 
 # ------------------------------------------------------------ the forward argument
 

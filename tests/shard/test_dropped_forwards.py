@@ -12,9 +12,9 @@ torchrec.distributed.comm_ops.Request); every collected one was forgotten.
 
 import pytest
 
-from tests.dropped_forwards_workers import forwards_without_backward
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import Case
+from tests.support.dropped_forwards_workers import forwards_without_backward
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import Case
 
 pytestmark = pytest.mark.no_emulated_pass(
     "the ledgers under test are Python; the executor's table ops are the emulated pass's elsewhere"

@@ -8,7 +8,7 @@ every table's keys, rows, optimizer state and scores, equal the unsharded tables
 import pytest
 import torch
 
-from tests.mixed_sharding_workers import (
+from tests.support.mixed_sharding_workers import (
     BATCH,
     DIM,
     LOCAL,
@@ -20,7 +20,7 @@ from tests.mixed_sharding_workers import (
     train_mixed,
     train_reference,
 )
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass(
     "TorchRec's sharding plumbing on gloo ranks: the table ops are the emulated pass's elsewhere"

@@ -13,8 +13,8 @@ from dynemb.planner import DynamicEmbeddingShardingPlanner
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.shard.sharders import check_cpu_optimizer
 from dynemb.types import DynamicEmbScoreStrategy
-from tests.multiprocess import run_ranks
-from tests.ordinary_tables_workers import (
+from tests.support.multiprocess import run_ranks
+from tests.support.ordinary_tables_workers import (
     ROWS,
     adam_without_the_switch_is_a_clear_error,
     ordinary_table_checkpoint_loads,

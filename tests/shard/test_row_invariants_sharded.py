@@ -6,8 +6,8 @@ gradient only, and a stored row stays unless a new key took its place."""
 import pytest
 
 from dynemb import DynamicEmbScoreStrategy
-from tests.multiprocess import run_ranks
-from tests.row_invariant_workers import train_checked
+from tests.support.multiprocess import run_ranks
+from tests.support.row_invariant_workers import train_checked
 
 S = DynamicEmbScoreStrategy
 SPAWNED = pytest.mark.no_emulated_pass("spawned ranks: the sharding and dedup are Python")

@@ -3,13 +3,13 @@ with empty batches everywhere, and with TorchRec's optimizer, eval and state_dic
 
 import pytest
 
-from tests.mixed_model_workers import (
+from tests.support.mixed_model_workers import (
     dynamic_tables_behave_like_torchrec_tables,
     mixed_model_matches_torchrec,
 )
-from tests.multiprocess import run_ranks
-from tests.shard.test_sharded_training import _check
-from tests.sharded_workers import Case, train_sharded
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_checks import check_sharded_training
+from tests.support.sharded_workers import Case, train_sharded
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -28,4 +28,4 @@ def test_all_ranks_empty():
     for rank_result in results:
         for _, keys, _ in rank_result:
             assert keys.numel() == 0
-    _check(cases, batch_sizes, results)
+    check_sharded_training(cases, batch_sizes, results)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dynemb.shard.routing import route_keys
-from tests.multiprocess import run_ranks
-from tests.table_row_wise_workers import (
+from tests.support.multiprocess import run_ranks
+from tests.support.table_row_wise_workers import (
     BATCH,
     DIST_TYPES,
     ROWS,

@@ -6,12 +6,12 @@ state and scores."""
 import pytest
 import torch
 
-from tests.multiprocess import run_ranks
-from tests.shard.test_sharded_training import _sequence_slice
-from tests.sharded_workers import Case as SeqCase
-from tests.sharded_workers import train_reference as train_sequence_reference
-from tests.sharded_workers import train_sharded
-from tests.table_wise_workers import (
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_checks import sequence_slice
+from tests.support.sharded_workers import Case as SeqCase
+from tests.support.sharded_workers import train_reference as train_sequence_reference
+from tests.support.sharded_workers import train_sharded
+from tests.support.table_wise_workers import (
     SMALL,
     STEPS,
     Case,
@@ -122,7 +122,7 @@ def test_table_wise_sequence_table_beside_row_wise_equals_unsharded():
             outputs, keys, rows = results[rank][c]
             a, b = sum(batch_sizes[:rank]), sum(batch_sizes[: rank + 1])
             for step in range(STEPS):
-                want = _sequence_slice(case, step, ref_outputs[step], batch_sizes, a, b)
+                want = sequence_slice(case, step, ref_outputs[step], batch_sizes, a, b)
                 for got, wanted in zip(outputs[step], want, strict=True):
                     _close(got, wanted, f"{case} rank {rank} step {step}")
             assert ("t1" in rows) == (rank == WORLD - 1), (case, rank)

@@ -5,9 +5,9 @@ are its own counts."""
 
 import pytest
 
-from tests.multiprocess import run_ranks
-from tests.sharded_workers import FEATURE_TABLE, FEATURES, STEPS, global_batch
-from tests.telemetry_workers import COUNTS, trained_telemetry
+from tests.support.multiprocess import run_ranks
+from tests.support.sharded_workers import FEATURE_TABLE, FEATURES, STEPS, global_batch
+from tests.support.telemetry_workers import COUNTS, trained_telemetry
 
 
 def _global_counts(batch_size: int) -> dict:

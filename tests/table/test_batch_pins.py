@@ -17,101 +17,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dynemb
-from dynemb import (
-    DynamicEmbCheckMode,
-    DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
-    DynamicEmbPoolingMode,
-    DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
-)
-from dynemb.optimizer import EmbOptimType
 from dynemb.table.pin_ledger import PinLedger
-
-S = DynamicEmbScoreStrategy
-UNIFORM = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-1.0, upper=1.0)
-CONSTANT = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.0)
-
-
-def _options(strategy, capacity, bucket, dim=4, init=UNIFORM):
-    return DynamicEmbTableOptions(
-        dim=dim, max_capacity=capacity, bucket_capacity=bucket, score_strategy=strategy,
-        initializer_args=init, safe_check_mode=DynamicEmbCheckMode.IGNORE, seed=3,
-    )  # fmt: skip
-
-
-def _module(strategy, capacity, bucket, dim=4, init=UNIFORM, pooling=DynamicEmbPoolingMode.NONE):
-    options = _options(strategy, capacity, bucket, dim, init)
-    return dynemb.BatchedDynamicEmbeddingTables(
-        [options], [0], pooling_mode=pooling, optimizer=EmbOptimType.EXACT_SGD, learning_rate=1.0
-    )
-
-
-def _initial_rows(keys, dim=4):
-    """Each key's initial row: a function of (seed, key), read from a large table."""
-    big = _module(S.NO_EVICTION, 1 << 14, 128, dim)
-    with torch.no_grad():
-        return big(keys, torch.arange(keys.numel() + 1))
-
-
-def _stored(module):
-    table = module.tables[0]
-    keys, values, _, _ = table.export_batch(0, table.capacity())
-    return {int(k): v.clone() for k, v in zip(keys, values, strict=True)}
-
-
-def _lookup(module, keys):
-    return module(keys, torch.arange(keys.numel() + 1))
-
-
-def _check_step(module, keys, out, before, after, init):
-    """Every lookup read its own stored row, its own initial row, or (not stored)
-    zeros; every stored key of the batch moved by exactly its own lookups."""
-    counts, first = {}, {}
-    for i, k in enumerate(keys.tolist()):
-        counts[k] = counts.get(k, 0) + 1
-        first.setdefault(k, i)
-    for i, k in enumerate(keys.tolist()):
-        row = out[i].detach()
-        if k in before:
-            assert torch.equal(row, before[k]), f"key {k}: not its stored row"
-        elif k in after:
-            assert torch.equal(row, init[i]), f"key {k}: not its initial row"
-        else:
-            assert not row.any(), f"key {k} (not stored): not the eval initializer's row"
-    for k, row in after.items():
-        if k in counts:
-            start = before.get(k, init[first[k]])
-            assert torch.equal(row, start - counts[k]), f"key {k}: another key's gradient"
-        elif k in before:
-            assert torch.equal(row, before[k]), f"key {k}: changed without a lookup"
+from tests.support.batch_pins import (
+    CONSTANT,
+    S,
+    check_own_rows,
+    initial_rows,
+    lookup_rows,
+    pin_module,
+    stored_rows,
+)
 
 
 def test_a_batch_larger_than_the_table_never_lends_rows():
     """2,000 distinct keys into 256 slots: 256 stored, each moved by one step; the
     1,744 others failed (counted), read zeros and trained nothing."""
-    module = _module(S.TIMESTAMP, 256, 128)
+    module = pin_module(S.TIMESTAMP, 256, 128)
     keys = torch.randperm(1 << 20, generator=torch.Generator().manual_seed(0))[:2000] + 7
-    init = _initial_rows(keys)
-    out = _lookup(module, keys)
+    init = initial_rows(keys)
+    out = lookup_rows(module, keys)
     out.sum().backward()
-    after = _stored(module)
+    after = stored_rows(module)
     assert len(after) == 256
     assert module.safe_check_failures == [1744]
     assert module.tables[0].last_stats.failed == 1744
-    _check_step(module, keys, out, {}, after, init)
+    check_own_rows(module, keys, out, {}, after, init)
 
 
 def test_a_hit_is_not_evicted_by_an_earlier_new_key_of_its_batch():
     """The reproducer of a hit reset: key 0, oldest in a full bucket, looked up after
     a new key of its batch keeps its row; another resident leaves."""
-    module = _module(S.STEP, 16, 16, dim=2, init=CONSTANT)
-    _lookup(module, torch.arange(16)).sum().backward()  # every row -1
-    _lookup(module, torch.arange(1, 16)).sum().backward()  # key 0 now the oldest
-    out = _lookup(module, torch.tensor([100, 0]))
+    module = pin_module(S.STEP, 16, 16, dim=2, init=CONSTANT)
+    lookup_rows(module, torch.arange(16)).sum().backward()  # every row -1
+    lookup_rows(module, torch.arange(1, 16)).sum().backward()  # key 0 now the oldest
+    out = lookup_rows(module, torch.tensor([100, 0]))
     assert out[1].tolist() == [-1.0, -1.0]
     out.sum().backward()
-    after = _stored(module)
+    after = stored_rows(module)
     assert after[0].tolist() == [-2.0, -2.0] and after[100].tolist() == [-1.0, -1.0]
     assert len(after) == 16
 
@@ -123,29 +65,29 @@ def test_zipf_training_reads_and_trains_own_rows(strategy):
     """A table 4x smaller than a step's distinct keys, Zipf ids, 6 steps: every
     lookup and every update is its own key's (the LFU case lent 25% of lookups)."""
     gen = torch.Generator().manual_seed(1)
-    module = _module(strategy, 256, 128)
+    module = pin_module(strategy, 256, 128)
     for _ in range(6):
         ids = torch.distributions.Categorical(
             probs=1.0 / torch.arange(1, 4001, dtype=torch.float64) ** 1.05
         ).sample((1024,))
         keys = (ids * 7919 + int(torch.randint(0, 3, (1,), generator=gen))) % 100003
-        before = _stored(module)
-        init = _initial_rows(keys)
-        out = _lookup(module, keys)
+        before = stored_rows(module)
+        init = initial_rows(keys)
+        out = lookup_rows(module, keys)
         out.sum().backward()
-        _check_step(module, keys, out, before, _stored(module), init)
+        check_own_rows(module, keys, out, before, stored_rows(module), init)
 
 
 def test_forwards_before_one_backward_keep_their_rows():
     """Three forwards (towers) before one backward: a later forward never evicts a
     key an earlier one looked up, so the backward trains each key's own row."""
-    module = _module(S.TIMESTAMP, 32, 16)
+    module = pin_module(S.TIMESTAMP, 32, 16)
     batches = [torch.arange(t * 100, t * 100 + 24) for t in range(3)]
-    inits = [_initial_rows(k) for k in batches]
-    outs = [_lookup(module, k) for k in batches]
+    inits = [initial_rows(k) for k in batches]
+    outs = [lookup_rows(module, k) for k in batches]
     assert module.tables[0].last_stats.failed > 0  # the third batch found no room
     sum(o.sum() for o in outs).backward()
-    after = _stored(module)
+    after = stored_rows(module)
     for keys, out, init in zip(batches, outs, inits, strict=True):
         for i, k in enumerate(keys.tolist()):
             if k in after:
@@ -157,18 +99,18 @@ def test_forwards_before_one_backward_keep_their_rows():
 
 
 def test_pins_end_with_the_backward_or_the_dropped_graph():
-    module = _module(S.LFU, 32, 16)
+    module = pin_module(S.LFU, 32, 16)
     ledger = module.tables[0].state.pins
-    out = _lookup(module, torch.arange(8))
+    out = lookup_rows(module, torch.arange(8))
     assert ledger.in_flight() == 1
     out.sum().backward()
     assert ledger.in_flight() == 0
-    out = _lookup(module, torch.arange(8))
+    out = lookup_rows(module, torch.arange(8))
     del out
     gc.collect()
     assert ledger.in_flight() == 0
     with torch.no_grad():
-        _lookup(module, torch.arange(8))
+        lookup_rows(module, torch.arange(8))
     assert ledger.in_flight() == 0
 
 
@@ -198,15 +140,15 @@ def test_pin_numbers_are_renumbered_before_they_run_out():
 )
 def test_random_batches_keep_every_row_its_own(strategy, buckets, bucket, seed, steps):
     gen = torch.Generator().manual_seed(seed)
-    module = _module(strategy, buckets * bucket, bucket)
+    module = pin_module(strategy, buckets * bucket, bucket)
     for _ in range(steps):
         n = int(torch.randint(1, 4 * buckets * bucket, (1,), generator=gen))
         keys = torch.randint(0, 3 * buckets * bucket, (n,), generator=gen)
-        before = _stored(module)
-        init = _initial_rows(keys)
-        out = _lookup(module, keys)
+        before = stored_rows(module)
+        init = initial_rows(keys)
+        out = lookup_rows(module, keys)
         out.sum().backward()
-        _check_step(module, keys, out, before, _stored(module), init)
+        check_own_rows(module, keys, out, before, stored_rows(module), init)
 
 
 def test_a_batch_begins_under_the_tables_guard():

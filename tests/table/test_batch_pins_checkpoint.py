@@ -13,13 +13,13 @@ from dynemb import DynamicEmbDump, DynamicEmbLoad, DynamicEmbScoreStrategy
 from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.incremental_dump import incremental_dump
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from tests.table.test_batch_pins import (
-    _check_step,
-    _initial_rows,
-    _lookup,
-    _module,
-    _options,
-    _stored,
+from tests.support.batch_pins import (
+    check_own_rows,
+    initial_rows,
+    lookup_rows,
+    pin_module,
+    pin_options,
+    stored_rows,
 )
 
 S = DynamicEmbScoreStrategy
@@ -38,12 +38,12 @@ def _train_checked(module, on_step=None) -> dict[int, torch.Tensor]:
     gen = torch.Generator().manual_seed(5)
     for step in range(STEPS):
         keys = _zipf_batch(gen)
-        before = _stored(module)
-        init = _initial_rows(keys)
-        out = _lookup(module, keys)
+        before = stored_rows(module)
+        init = initial_rows(keys)
+        out = lookup_rows(module, keys)
         out.sum().backward()
-        after = _stored(module)
-        _check_step(module, keys, out, before, after, init)
+        after = stored_rows(module)
+        check_own_rows(module, keys, out, before, after, init)
         assert module.tables[0].last_stats.evicted + module.tables[0].last_stats.failed > 0
         if on_step is not None:
             on_step(step)
@@ -58,18 +58,18 @@ def _assert_rows(keys: torch.Tensor, rows: torch.Tensor, proven: dict[int, torch
 
 @pytest.mark.parametrize("strategy", [S.LFU, S.TIMESTAMP])
 def test_dump_and_load_after_overflowing_batches_hold_own_rows(tmp_path, strategy):
-    module = _module(strategy, 256, 128)
+    module = pin_module(strategy, 256, 128)
     proven = _train_checked(module)
     DynamicEmbDump(tmp_path / "ckpt", module, optim=True)
-    loaded = _module(strategy, 256, 128)
+    loaded = pin_module(strategy, 256, 128)
     DynamicEmbLoad(tmp_path / "ckpt", loaded, optim=True)
-    restored = _stored(loaded)
+    restored = stored_rows(loaded)
     _assert_rows(torch.tensor(list(restored)), torch.stack(list(restored.values())), proven)
 
 
 @pytest.mark.parametrize("strategy", [S.LFU, S.STEP])
 def test_incremental_dump_after_overflowing_batches_holds_own_rows(strategy):
-    module = _module(strategy, 256, 128)
+    module = pin_module(strategy, 256, 128)
     proven = _train_checked(module)
     dumped, _ = incremental_dump(module, 0)
     ((keys, rows),) = dumped["model"].values()
@@ -79,7 +79,7 @@ def test_incremental_dump_after_overflowing_batches_holds_own_rows(strategy):
 def test_served_deltas_after_overflowing_batches_hold_own_rows(tmp_path):
     """A serving table built from a base and a delta per step reads each stored key's
     proven row, and the eval initializer's (zeros) for keys the table no longer has."""
-    module = _module(S.LFU, 256, 128)
+    module = pin_module(S.LFU, 256, 128)
     publisher = DeltaPublisher(module, tmp_path)
     seen = []
 
@@ -94,13 +94,13 @@ def test_served_deltas_after_overflowing_batches_hold_own_rows(tmp_path):
         seen.append(_zipf_batch(gen))
     proven = _train_checked(module, publish)
     serving = InferenceEmbeddingCollection(
-        [_options(S.LFU, 256, 128)], table_names=module.table_names, feature_table_map=[0]
+        [pin_options(S.LFU, 256, 128)], table_names=module.table_names, feature_table_map=[0]
     )
     serving.load_from_dynamicemb_file(publisher.base_path)
     for version in range(1, publisher.version + 1):
         serving.apply_delta(delta_path(tmp_path, version))
     every = torch.unique(torch.cat(seen))
-    got = _lookup(serving, every)
+    got = lookup_rows(serving, every)
     for k, row in zip(every.tolist(), got, strict=True):
         expected = proven.get(k, torch.zeros(4))
         assert torch.equal(row, expected), f"key {k}: the served row is not its own"

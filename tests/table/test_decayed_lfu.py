@@ -1,6 +1,6 @@
 """DECAYED_LFU: a key's score is its access count decayed by elapsed steps (core/decay.h).
 
-Scores are checked bit for bit against tests/decay_reference.py (the core's fixed point
+Scores are checked bit for bit against tests/support/decay_reference.py (the core's fixed point
 redone from its definition) and, in value, against the exact decayed count in floating
 point; run under DYNEMB_EXECUTOR=cuda-emulated too (the CUDA kernels' code). The
 dict-based table oracle covers the strategy in test_table_oracle.py.
@@ -15,8 +15,8 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
-from tests import decay_reference as decay
-from tests import reference as ref
+from tests.support import decay_reference as decay
+from tests.support import reference as ref
 
 S = DynamicEmbScoreStrategy
 DECAYED = {"decayed_lfu": S.DECAYED_LFU, "timestamp_decayed_lfu": (S.TIMESTAMP, S.DECAYED_LFU)}

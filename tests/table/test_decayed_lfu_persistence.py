@@ -16,7 +16,7 @@ from dynemb import (
 from dynemb.deltas import DeltaPublisher, delta_path, read_delta
 from dynemb.incremental_dump import get_score, incremental_dump
 from dynemb.optimizer import EmbOptimType
-from tests import decay_reference as decay
+from tests.support import decay_reference as decay
 
 S = DynamicEmbScoreStrategy
 DECAYED = {"decayed_lfu": S.DECAYED_LFU, "timestamp_decayed_lfu": (S.DECAYED_LFU, S.TIMESTAMP)}

@@ -11,7 +11,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy, _ops
-from tests import reference as ref
+from tests.support import reference as ref
 
 
 def _step_table_and_oracle(dim, cap=64, bc=16):

@@ -12,7 +12,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
-from tests.reference import digest_of
+from tests.support.reference import digest_of
 
 BC = 16
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynemb import _ops
-from tests.reference import bucket_of, digest_of
+from tests.support.reference import bucket_of, digest_of
 
 EDGE_KEYS = [0, 1, -1, 2**63 - 1, -(2**63), 2**31, -(2**31), 255, 256]
 

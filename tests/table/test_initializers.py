@@ -9,7 +9,7 @@ import dynemb
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb import DynamicEmbInitializerArgs as Args
 from dynemb import DynamicEmbInitializerMode as M
-from tests import reference as ref
+from tests.support import reference as ref
 
 KEYS = torch.randint(-(2**63), 2**63 - 1, (20_000,), generator=torch.Generator().manual_seed(0))
 

@@ -13,7 +13,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, DynamicEmbScoreStrategy
-from tests import reference as ref
+from tests.support import reference as ref
 
 S = DynamicEmbScoreStrategy
 STRATEGIES = {

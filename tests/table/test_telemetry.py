@@ -1,4 +1,4 @@
-"""A table's TableTelemetry against the dict-based oracle (tests/reference.py).
+"""A table's TableTelemetry against the dict-based oracle (tests/support/reference.py).
 
 Random batches of find_or_insert and insert_or_assign (repeated keys, keys of
 earlier batches, growth, evictions, failures) replayed through ScoredHashTable and
@@ -24,7 +24,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb.table.rw_lock import RWLock
-from tests import reference as ref
+from tests.support import reference as ref
 
 STRATEGIES = {
     "timestamp": (S.TIMESTAMP, ref.TIMESTAMP),

@@ -13,7 +13,7 @@ from torch import nn
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
-from tests import fbgemm_reference as fb
+from tests.support import fbgemm_reference as fb
 
 ROWS, DIM = 25, 8
 

@@ -12,7 +12,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynemb.optimizer import EmbOptimType
-from tests import fbgemm_reference as fb
+from tests.support import fbgemm_reference as fb
 
 OPTIMIZERS = {
     "sgd": EmbOptimType.EXACT_SGD,

@@ -1,6 +1,6 @@
 """Checks our understanding of the peer: fbgemm's CPU TBE against hand computations.
 
-Every claim of tests/fbgemm_reference.py's docstring is verified here on one table of
+Every claim of tests/support/fbgemm_reference.py's docstring is verified here on one table of
 2 rows, dim 4, one step (a few checks use 3 rows, 2 tables or 2 steps), then the
 pure-PyTorch references are checked against fbgemm on random multi-step input.
 
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from tests.fbgemm_reference import (
+from tests.support.fbgemm_reference import (
     adagrad_reference_step,
     adam_reference_step,
     bag_row_grads,

@@ -39,7 +39,7 @@ from dynemb.optimizer import EmbOptimType
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The most reads a step of each scenario (tests/tbe/host_read_steps.py) may take, per
+# The most reads a step of each scenario (tests/support/host_read_steps.py) may take, per
 # executor: the layout read, the distinct count (an op's read, CUDA executors only) and
 # what each scenario adds.
 BUDGETS = {
@@ -57,7 +57,7 @@ BUDGETS = {
 def _reads(executor: str) -> dict[str, list[int]]:
     env = {**os.environ, "DYNEMB_EXECUTOR": executor}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.tbe.host_read_steps"], cwd=ROOT, env=env,
+        [sys.executable, "-m", "tests.support.host_read_steps"], cwd=ROOT, env=env,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

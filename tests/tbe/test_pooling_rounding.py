@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
-from tests import fbgemm_reference as fb
+from tests.support import fbgemm_reference as fb
 
 ROWS = 64
 BAGS = 300

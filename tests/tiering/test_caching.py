@@ -14,7 +14,7 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.tiering import PrefetchPipeline
-from tests.tiering.caching_models import (
+from tests.support.caching_models import (
     BATCH,
     DIM,
     DictStorage,

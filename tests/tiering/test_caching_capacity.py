@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynemb import DynamicEmbScoreStrategy as S
-from tests.tiering.caching_models import BATCH, POOL, module, options
+from tests.support.caching_models import BATCH, POOL, module, options
 
 STRATEGIES = {
     "decayed_lfu": {"score_strategy": S.DECAYED_LFU, "score_half_life_steps": 2},

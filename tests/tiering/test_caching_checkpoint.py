@@ -8,7 +8,7 @@ from dynemb import DynamicEmbScoreStrategy
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.incremental_dump import get_score, incremental_dump
 from dynemb.optimizer import EmbOptimType
-from tests.tiering.caching_models import batches, check_tiers, contents, module, options, step
+from tests.support.caching_models import batches, check_tiers, contents, module, options, step
 
 ADAM_STATE = 2 * 8
 

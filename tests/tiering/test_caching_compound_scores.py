@@ -15,7 +15,7 @@ from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.incremental_dump import get_score, incremental_dump
 from dynemb.optimizer import EmbOptimType
 from dynemb.tiering import PrefetchPipeline
-from tests.tiering.caching_models import DIM, DictStorage, batches, check_tiers, module, options
+from tests.support.caching_models import DIM, DictStorage, batches, check_tiers, module, options
 
 COMPOUNDS = {
     "timestamp_lfu": {"score_strategy": (S.TIMESTAMP, S.LFU)},

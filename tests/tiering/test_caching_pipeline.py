@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynemb.tiering import CachedTable, PrefetchPipeline
-from tests.tiering.caching_models import batches, module, options, step
+from tests.support.caching_models import batches, module, options, step
 
 
 def test_pipeline_overlap_defaults_to_a_spare_core(monkeypatch):

@@ -17,7 +17,7 @@ from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering import CacheStats
 from dynemb.tiering.storage_results import checked_insert
 from dynemb.types import DynamicEmbScoreStrategy
-from tests.tiering.caching_models import (
+from tests.support.caching_models import (
     DIM,
     DictStorage,
     assert_same_tables,

@@ -18,8 +18,8 @@ import torch
 from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
-from tests.tiering.caching_models import contents
-from tests.tiering.test_caching_forwards import batch, loss, module
+from tests.support.caching_models import contents
+from tests.support.caching_towers import batch, loss, module
 
 KEYS = batch(np.arange(24))
 

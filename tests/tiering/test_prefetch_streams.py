@@ -17,8 +17,8 @@ import torch
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, _ops, streams
 from dynemb.emulated_streams import StreamModel, emulated_streams
 from dynemb.optimizer import EmbOptimType
-from tests.devices import cuda_ready
-from tests.tiering.caching_models import batches, options
+from tests.support.caching_models import batches, options
+from tests.support.devices import cuda_ready
 
 EMULATED = _ops.executor() == "cuda-emulated"
 

@@ -7,7 +7,7 @@ import torch
 
 from dynemb import DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynemb.tiering import HashTableStorage, StorageSpec, make_backing_storage
-from tests.tiering.caching_models import DictStorage
+from tests.support.caching_models import DictStorage
 
 SPEC = StorageSpec(
     dim=4, state_columns=2, value_dtype=torch.float32, capacity=1024,

@@ -10,8 +10,8 @@ nn.EmbeddingBag divides the sum by the length instead (core/pooling.h)."""
 import pytest
 import torch
 
-from tests import fbgemm_reference as fb
-from tests.warm_start.static_models import (
+from tests.support import fbgemm_reference as fb
+from tests.support.static_models import (
     TABLES,
     batch,
     dynamic_twin,

@@ -6,7 +6,7 @@ import torch
 from dynemb import ScoredHashTable
 from dynemb.optimizer import EmbOptimType
 from dynemb.warm_start import TableFill, WarmStart
-from tests.warm_start.static_models import dynamic_twin, static_model
+from tests.support.static_models import dynamic_twin, static_model
 
 
 def _module(source, **kwargs):

@@ -7,27 +7,8 @@ import torch
 
 from dynemb import ScoredHashTable
 from dynemb.warm_start import TableFill, WarmStart
-from tests.warm_start.static_models import batch, dynamic_twin
-
-WEIGHT = torch.randn(1000, 4, generator=torch.Generator().manual_seed(1))
-
-
-class Flaky:
-    """An ids function (key k -> row k) that fails for non-empty batches while ``fail``
-    is set: by raising, or by returning one row too few."""
-
-    def __init__(self, how: str) -> None:
-        self.how, self.fail, self.calls = how, False, 0
-
-    def __call__(self, keys: torch.Tensor) -> torch.Tensor:
-        if keys.numel():
-            self.calls += 1
-        if self.fail and keys.numel():
-            if self.how == "raises":
-                raise KeyError("source offline")
-            return keys[1:]
-        return keys
-
+from tests.support.flaky_sources import WEIGHT, Flaky
+from tests.support.static_models import batch, dynamic_twin
 
 ERRORS = {"raises": (KeyError, "source offline"), "shape": (ValueError, r"must return \(")}
 

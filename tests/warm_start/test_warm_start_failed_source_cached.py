@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from dynemb.warm_start import WarmStart
-from tests.tiering.caching_models import DictStorage
-from tests.warm_start.static_models import batch, dynamic_twin
-from tests.warm_start.test_warm_start_failed_source import WEIGHT, Flaky
+from tests.support.caching_models import DictStorage
+from tests.support.flaky_sources import WEIGHT, Flaky
+from tests.support.static_models import batch, dynamic_twin
 
 
 @pytest.mark.parametrize("external", [False, True])

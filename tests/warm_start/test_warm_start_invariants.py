@@ -14,8 +14,8 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.warm_start import TableFill, WarmStart
-from tests.warm_start.counting import CountingSource
-from tests.warm_start.static_models import batch, dynamic_twin, static_model
+from tests.support.counting import CountingSource
+from tests.support.static_models import batch, dynamic_twin, static_model
 
 
 def _distinct_new(indices, offsets, stored: set, t: int, batch_size: int) -> set:

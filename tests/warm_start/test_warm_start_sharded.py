@@ -14,8 +14,8 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.warm_start import WarmStart
-from tests.multiprocess import run_ranks
-from tests.warm_start.warm_start_workers import (
+from tests.support.multiprocess import run_ranks
+from tests.support.warm_start_workers import (
     BATCH,
     DIMS,
     FEATURES,

@@ -6,7 +6,7 @@ import torch
 
 from dynemb import ScoredHashTable
 from dynemb.warm_start import TableFill, WarmStart
-from tests.warm_start.static_models import dynamic_twin, static_model, train_static
+from tests.support.static_models import dynamic_twin, static_model, train_static
 
 
 def _table(source, device, state_columns=0):

@@ -10,9 +10,9 @@ from dynemb import FrequencyAdmissionStrategy, KVCounter
 from dynemb.tiering import StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
 from dynemb.warm_start import WarmStart
-from tests.tiering.caching_models import DictStorage
-from tests.warm_start.counting import CountingSource
-from tests.warm_start.static_models import batch, dynamic_twin, static_model, train_static
+from tests.support.caching_models import DictStorage
+from tests.support.counting import CountingSource
+from tests.support.static_models import batch, dynamic_twin, static_model, train_static
 
 
 def _dict_storage(dim: int, rows: dict) -> DictStorage:

@@ -10,7 +10,7 @@ from dynemb import ScoredHashTable
 from dynemb.tiering import StorageSpec
 from dynemb.types import DynamicEmbScoreStrategy
 from dynemb.warm_start import TableFill, WarmStart
-from tests.tiering.caching_models import DictStorage
+from tests.support.caching_models import DictStorage
 
 
 class BadStorage(DictStorage):

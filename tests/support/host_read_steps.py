@@ -1,7 +1,7 @@
 """Training steps whose reads of device values tests/tbe/test_host_reads.py counts: one
 module per scenario, a warm-up step, then steps counted one by one with
 ``dynemb.host_reads.host_reads`` (the Python layer's reads and the emulated executor's
-ops' own). ``python -m tests.tbe.host_read_steps`` prints ``{scenario: [reads per
+ops' own). ``python -m tests.support.host_read_steps`` prints ``{scenario: [reads per
 step]}`` as JSON for the executor that DYNEMB_EXECUTOR selects."""
 
 import json

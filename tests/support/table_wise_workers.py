@@ -22,8 +22,8 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import dynamic_tables, table_options
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import dynamic_tables, table_options
 
 ROWS = 40  # num_embeddings of every table (nominal for the dynamic ones)
 DIMS = {"tw": 4, "rw": 8, "ord": 4}

@@ -21,7 +21,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, dynamic_embedding_tables
-from tests.sharded_workers import table_options
+from tests.support.sharded_workers import table_options
 
 ROWS = 40
 FUSED = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05, "eps": 1e-3}

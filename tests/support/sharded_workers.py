@@ -1,5 +1,5 @@
 """Rank-side code of the sharded-training tests: models, batches, and the single-process
-reference they are compared with (run by tests/multiprocess.py on real gloo ranks)."""
+reference they are compared with (run by tests/support/multiprocess.py on real gloo ranks)."""
 
 import dataclasses
 

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from tests.sharded_workers import (
+from tests.support.sharded_workers import (
     Case,
     build_model,
     dynamic_tables,

@@ -3,7 +3,7 @@ dynamic tables trained on this rank's share of the global batches, and what its
 tables' telemetry counted."""
 
 from dynemb import DynamicEmbTelemetry, table_telemetry
-from tests.sharded_workers import STEPS, Case, build_model, global_batch, local_kjt
+from tests.support.sharded_workers import STEPS, Case, build_model, global_batch, local_kjt
 
 COUNTS = ("hits", "inserted", "evicted", "failed")
 

@@ -12,7 +12,7 @@ window full.
 import numpy as np
 
 from dynemb.table.capacity import bucket_counts
-from tests import decay_reference as decay
+from tests.support import decay_reference as decay
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
@@ -24,7 +24,7 @@ TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
 CACHE = 6
 CACHE_BATCH_MASK, CACHE_MAX_USES = 0xFFFFFFFF, 0x7FFFFFFF
 MAX_SCORE = 2**63 - 1  # LFU counts saturate here (core/score_policy.h kMaxScore)
-# Decayed counts (core/decay.h; tests/decay_reference.py) and their compound.
+# Decayed counts (core/decay.h; tests/support/decay_reference.py) and their compound.
 DECAYED_LFU, TIMESTAMP_DECAYED_LFU = 7, 8
 DECAYED = (DECAYED_LFU, TIMESTAMP_DECAYED_LFU)
 STAMPED = (TIMESTAMP_LFU, TIMESTAMP_DECAYED_LFU)  # a last-access time beside the score

@@ -19,10 +19,10 @@ from torchrec.modules.embedding_configs import PoolingType
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbCheckMode, DynamicEmbPoolingMode
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from tests import checkpoint_plans_workers as plans
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import dynamic_tables
-from tests.table_wise_workers import (
+from tests.support import checkpoint_plans_workers as plans
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import dynamic_tables
+from tests.support.table_wise_workers import (
     BATCH,
     LR,
     ROWS,

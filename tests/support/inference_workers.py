@@ -8,7 +8,14 @@ from dynemb.inference.exportable_tables import (
     InferenceEmbeddingBagCollection,
     InferenceEmbeddingCollection,
 )
-from tests.sharded_workers import FEATURE_TABLE, Case, build_model, dims, global_batch, local_kjt
+from tests.support.sharded_workers import (
+    FEATURE_TABLE,
+    Case,
+    build_model,
+    dims,
+    global_batch,
+    local_kjt,
+)
 
 TRAIN_STEPS = 4
 EVAL_STEP = 99  # a batch never trained on: some keys are missing (eval initializer rows)
@@ -16,7 +23,7 @@ EVAL_STEP = 99  # a batch never trained on: some keys are missing (eval initiali
 
 def inference_module(case: Case):
     """The inference counterpart of ``build_model(case)``: same tables, features, options."""
-    from tests.sharded_workers import table_options
+    from tests.support.sharded_workers import table_options
 
     options = [table_options(d, case.dist_type, 256) for d in dims(case)]
     if case.pooling == "NONE":

@@ -21,7 +21,7 @@ from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingCollectionSharder, dynamic_embedding_tables
 from dynemb.tiering import CachedTable
-from tests.sharded_workers import (
+from tests.support.sharded_workers import (
     FEATURE_TABLE,
     FEATURES,
     NUM_EMBEDDINGS,

@@ -32,9 +32,9 @@ from dynemb.shard import (
     DynamicEmbeddingCollectionSharder,
     dynamic_embedding_tables,
 )
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import table_options
-from tests.table_wise_workers import entries, global_batch, local_kjt, out_grad
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import table_options
+from tests.support.table_wise_workers import entries, global_batch, local_kjt, out_grad
 
 DIMS = {"a": 8, "b": 8}  # table -> dim (TorchRec cuts 4 columns or more per slice)
 FEATURES = ["f0", "f1"]
@@ -249,7 +249,7 @@ def _slices_that_disagree(model, rank: int, path: str) -> list[str]:
     """The column-wise ``model`` with a key erased from rank 1's slices only: what
     DynamicEmbDump and incremental_dump raise (every rank gets the outcome)."""
     from dynemb.incremental_dump import incremental_dump
-    from tests.sharded_workers import dynamic_tables
+    from tests.support.sharded_workers import dynamic_tables
 
     if rank == 1:
         assert dynamic_tables(model)["a"].erase(erased_keys()[:1]) == 1
@@ -276,7 +276,7 @@ def publish_under_plans(rank: int, world_size: int, case: Case, root: str, plans
     rank's count of erased keys: 3 on each holder of a whole row, 3 in all over a
     table-row-wise table's shares)."""
     from dynemb.deltas import DeltaPublisher
-    from tests.sharded_workers import dynamic_tables
+    from tests.support.sharded_workers import dynamic_tables
 
     results = {}
     for plan in plans:

@@ -24,7 +24,7 @@ from dynemb import (
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingCollectionSharder
-from tests.sharded_workers import dynamic_tables
+from tests.support.sharded_workers import dynamic_tables
 
 DIM = 4
 FEATURES = ["f0", "f1", "f2"]

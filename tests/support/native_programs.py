@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.utils.cpp_extension
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The emulated executor's runtime: the grid, lockstep blocks and their rules, fibers,
 # the memory model (the Makefile's EMULATION_RUNTIME).
 EMULATION_RUNTIME = [

@@ -8,7 +8,7 @@ One switch, the environment variable ``DYNEMB_TEST_CUDA`` (``make gpu-test`` set
 - ``0``: ``cpu`` only.
 
 Device-parametrised tests take the ``device`` fixture of ``tests/conftest.py``, which
-reads ``test_devices()``. Multi-process tests (``tests/multiprocess.py``) ask
+reads ``test_devices()``. Multi-process tests (``tests/support/multiprocess.py``) ask
 ``process_group_backend`` which backend their ranks use.
 """
 

@@ -34,8 +34,8 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import dynamic_tables, table_options
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import dynamic_tables, table_options
 
 DIM = 8  # every table's (an EmbeddingCollection's tables share one dim)
 ROWS = 40  # num_embeddings (nominal for the dynamic tables)

@@ -25,8 +25,8 @@ from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.shard.routing import route_keys
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import dynamic_tables, table_options
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import dynamic_tables, table_options
 
 DIM = 8
 ROWS = 64  # num_embeddings (nominal: the keys are raw ids far beyond it)

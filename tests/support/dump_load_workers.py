@@ -7,7 +7,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from dynemb.batched_dynamicemb_tables import BatchedDynamicEmbeddingTablesV2
 from dynemb.dump_load import find_sharded_modules, get_dynamic_emb_module
-from tests.sharded_workers import Case, build_model, global_batch, local_kjt
+from tests.support.sharded_workers import Case, build_model, global_batch, local_kjt
 
 CASE = Case("EXACT_SGD", "roundrobin")
 

@@ -25,9 +25,9 @@ from dynemb.planner import (
 )
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from dynemb.warm_start import WarmStart
-from tests.sharded_workers import dynamic_tables
-from tests.table_wise_workers import entries
-from tests.warm_start.counting import CountingSource
+from tests.support.counting import CountingSource
+from tests.support.sharded_workers import dynamic_tables
+from tests.support.table_wise_workers import entries
 
 ROWS = 40
 DIMS = {"rw": 4, "cw": 8}

@@ -6,7 +6,7 @@ import gc
 from dynemb.table.pin_ledger import PinHold
 from dynemb.tiering import CachedTable
 from dynemb.tiering.batch_ledger import BatchHold
-from tests.sharded_workers import (
+from tests.support.sharded_workers import (
     Case,
     build_model,
     dynamic_tables,

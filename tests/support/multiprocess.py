@@ -1,7 +1,7 @@
 """Runs a function on N real ranks (processes of their own) with short timeouts.
 
 ``run_ranks(fn, world_size, *args)`` returns the list of ``fn(rank, world_size, *args)``
-results. The ranks' backend is ``tests.devices.process_group_backend``: gloo for ranks
+results. The ranks' backend is ``tests.support.devices.process_group_backend``: gloo for ranks
 on CPU tensors (every worker today), NCCL for ranks on ``device="cuda"`` when the cuda
 test device is on and every rank has a GPU (rank r then runs on ``cuda:r``; a worker
 reads its device from ``rank_device()``). A rank that raises fails the call with its traceback; a rank still alive
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.devices import process_group_backend
+from tests.support.devices import process_group_backend
 
 PG_TIMEOUT_S = 30  # a collective that waits longer fails inside the rank
 # Ranks are forked from a server process that imported these once (the forkserver start
@@ -37,7 +37,7 @@ _PRELOAD = [
     "torchrec",
     "dynemb",
     "dynemb.shard",
-    "tests.multiprocess",
+    "tests.support.multiprocess",
 ]
 
 

@@ -4,7 +4,7 @@ import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.dump_load import get_dynamic_emb_module
-from tests.sharded_workers import Case, build_model
+from tests.support.sharded_workers import Case, build_model
 
 CASE = Case("EXACT_SGD", "hash_roundrobin")
 _OLD_SALT = 0x5BD1E9955BD1E995  # the routing of earlier dynemb versions

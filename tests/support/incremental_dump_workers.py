@@ -5,7 +5,7 @@ import torch.distributed as dist
 from torchrec import KeyedJaggedTensor
 
 from dynemb.incremental_dump import get_score, incremental_dump
-from tests.sharded_workers import (
+from tests.support.sharded_workers import (
     FEATURES,
     Case,
     build_model,

@@ -12,8 +12,8 @@ from dynemb.deltas import DeltaPublisher, delta_path
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingCollectionSharder
 from dynemb.table.change_log import ChangeLog
-from tests.plan_entries import dynamic_entry, sharded_model
-from tests.sharded_workers import dynamic_tables
+from tests.support.plan_entries import dynamic_entry, sharded_model
+from tests.support.sharded_workers import dynamic_tables
 
 DIM = 4
 FEATURES = ["f0", "f1", "f2"]

@@ -12,7 +12,7 @@ import torch
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.checkpoint import dump as dump_module
 from dynemb.checkpoint.dump import committed_dump
-from tests.checkpoint_tables import make_module, train
+from tests.support.checkpoint_tables import make_module, train
 
 FAULT_TIMEOUT_S = 3.0
 STAY_ALIVE_S = 8.0  # a rank that caught its error lives on this long
@@ -114,7 +114,7 @@ def plan_with_a_fault(rank: int, world_size: int, fault: str) -> dict:
     """collective_plan where rank 0 cannot plan: its topology has 1 KiB of DDR per
     rank (a real PlannerError), or it is killed while planning."""
     from dynemb.planner import DynamicEmbeddingShardingPlanner
-    from tests.planner.test_planner import Model, all_configs, cpu_topology, sharders
+    from tests.support.planner_models import Model, all_configs, cpu_topology, sharders
 
     topology = cpu_topology(world_size, ddr_cap=1024 if rank == 0 else None)
     planner = DynamicEmbeddingShardingPlanner(all_configs(), topology=topology, debug=False)

@@ -1,0 +1,1 @@
+"""What tests share: oracles, rank workers, models and their helpers (no tests)."""
