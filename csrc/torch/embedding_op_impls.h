@@ -66,8 +66,8 @@ struct EmbeddingOpImpls {
   }
 
   /// embedding_pool_into of every table of a batch in one executor call: table t is
-  /// tables[9t .. 9t + 9) with slots[t], keys[t], offsets[t], weights[t] (weights: none
-  /// or one per table), missing[6t .. 6t + 6), seeds[t], dims[t], columns[t]. inverse:
+  /// tables[t * kTableTensors ..) with slots[t], keys[t], offsets[t], weights[t] (weights:
+  /// none or one per table), missing[t * kInitSize ..), seeds[t], dims[t], columns[t]. inverse:
   /// empty (slots[t] has a slot per index), or one per table: slots[t] then has a slot
   /// per distinct key (the lookup's unique_slots) and index i's is slots[t][inverse[t][i]].
   static void pool_into_grouped(at::TensorList tables, at::TensorList slots,

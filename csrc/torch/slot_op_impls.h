@@ -45,8 +45,8 @@ struct SlotOpImpls {
   }
 
   /// table_find_or_insert_slots (init_rows, no evicted keys) of every
-  /// table of a batch in one call: table t is tables[9t .. 9t + 9) with
-  /// policies[9t .. 9t + 9), inits[6t .. 6t + 6), keys[t] and accesses[t] (accesses:
+  /// table of a batch in one call: table t is tables[t * kTableTensors ..) with
+  /// policies[t * kPolicySize ..), inits[t * kInitSize ..), keys[t] and accesses[t] (accesses:
   /// none or one per table). Each table's result is the per-table op's, bit for bit:
   /// the executor runs the tables of one value dtype as the parts of one upsert
   /// (core/grouped.h UpsertPart; on a GPU one launch per phase for all of them).

@@ -6,8 +6,8 @@
 the tables' eval initializer, as a trained model's eval-mode lookup gives them. Nothing
 is ever inserted, evicted or updated.
 
-Export: each table's state is the eight tensors of the op argument ``table``
-(csrc/torch/tensor_checks.h), held as module buffers, so an exported program carries
+Export: each table's state is the tensors of the op argument ``table``
+(``_ops.TABLE_TENSORS``), held as module buffers, so an exported program carries
 them; the lookup is three dynemb ops (``table_find_slots``, ``embedding_pool``,
 ``embedding_gather``) whose fake kernels (dynemb/_fake_kernels.py) give output shapes
 from input shapes, so tracing needs no data. Forward has no data-dependent shapes: each
