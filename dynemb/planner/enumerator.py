@@ -49,7 +49,7 @@ from dynemb.optimizer import EmbOptimType
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
 from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage
-from dynemb.planner.rank_options import table_ranks
+from dynemb.planner.rank_options import planner_inputs, table_ranks
 
 __all__ = ["DynamicEmbeddingEnumerator"]
 
@@ -206,7 +206,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     ) -> Storage:
         """Storage of one shard (``dim`` columns) of a dynamic table's values and
         optimizer state on the rank holding it."""
-        o = c.dynamicemb_options
+        o = planner_inputs(c.dynamicemb_options)
         rows, full = so.tensor.shape
         if dim != full:  # a column slice gets its columns' share of the HBM budget
             o = dataclasses.replace(o, global_hbm_for_values=o.global_hbm_for_values * dim // full)

@@ -37,7 +37,12 @@ from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom
 from dynemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynemb.planner.plan_sources import with_warm_start, without_warm_start
-from dynemb.planner.rank_options import fill_rank_options, table_ranks
+from dynemb.planner.rank_options import (
+    fill_rank_options,
+    fill_user_options,
+    planner_inputs,
+    table_ranks,
+)
 from dynemb.planner.validation import check_planner_inputs
 
 __all__ = ["DynamicEmbeddingShardingPlanner"]
@@ -76,7 +81,12 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             in TorchRec's ``EmbeddingShardingPlanner`` (same defaults).
         constraints: per-table constraints by table name: ``ParameterConstraints`` or
             ``DynamicEmbParameterConstraints`` (``use_dynamicemb=True`` for dynamic tables).
-            Never modified.
+            As DynamicEmb's planner, each plan fills a dynamic table's
+            ``dynamicemb_options`` in place with its per-rank values (``max_capacity``,
+            ``local_hbm_for_values``, ``dim``, ...; ``rank_options.fill_user_options``:
+            an object shared by tables gets what they agree on); planning again starts
+            from the user's values (``rank_options.planner_inputs``). Nothing else is
+            modified.
         ordinary_tables_as_dynamic: (dynemb only) plan every table of ``eb_configs``
             that is not dynamic as a dynamic table that keeps an ordinary table's
             meaning (ids in ``[0, num_embeddings)``, TorchRec's row-wise blocks and
@@ -153,7 +163,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
         # Filled now so that bad options fail at construction; refilled by each plan
         # so that no two plans share option objects.
         for name, options in self._dynamic.items():
-            fill_rank_options(name, self._configs[name], options, topology.world_size)
+            fill_rank_options(
+                name, self._configs[name], planner_inputs(options), topology.world_size
+            )
         self._planner = EmbeddingShardingPlanner(
             topology=topology,
             batch_size=batch_size,
@@ -179,7 +191,8 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                 DynamicEmbeddingCollectionSharder()]``.
 
         Returns:
-            TorchRec's plan, with a ``DynamicEmbParameterSharding`` for each dynamic table.
+            TorchRec's plan, with a ``DynamicEmbParameterSharding`` for each dynamic table
+            (its own copy of the per-rank options, also written into the user's).
 
         Raises:
             ValueError: a dynamic table whose sharder does not offer its sharding types /
@@ -189,6 +202,9 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                 / ``ddr_cap``) cannot hold its shards of the dynamic tables (the message
                 names the rank, the memory and the tables), or TorchRec found no plan.
         """
+        return self._fill_user_options(self._plan(module, sharders))
+
+    def _plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         sharding_plan = self._planner.plan(module, sharders)
         for module_plan in sharding_plan.plan.values():
             for name, ps in module_plan.items():
@@ -224,10 +240,20 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
                 )
             pg = dist.GroupMember.WORLD
         with RankAgreement(pg, "collective_plan", fault_timeout):
-            plan = self.plan(module, sharders) if pg.rank() == 0 else None
+            plan = self._plan(module, sharders) if pg.rank() == 0 else None
             sent = without_warm_start(plan)  # sources stay on their rank (plan_sources.py)
             plan = collective(invoke_on_rank_and_broadcast_result, pg, 0, lambda: sent)
-            return with_warm_start(plan, self._dynamic)
+            return self._fill_user_options(with_warm_start(plan, self._dynamic))
+
+    def _fill_user_options(self, plan: ShardingPlan) -> ShardingPlan:
+        # As DynamicEmb: the user's options get the per-rank values, on every rank.
+        fill_user_options(
+            (name, self._dynamic[name], ps.dynamicemb_options)
+            for module_plan in plan.plan.values()
+            for name, ps in module_plan.items()
+            if name in self._dynamic and name not in self._ordinary
+        )
+        return plan
 
     def _dynamic_entry(self, name: str, ps: ParameterSharding) -> DynamicEmbParameterSharding:
         if (
@@ -255,7 +281,7 @@ class DynamicEmbeddingShardingPlanner(ShardingPlanner):
             ps.sharding_type, self._topology.world_size, self._topology.intra_group_size
         )
         options: DynamicEmbTableOptions = fill_rank_options(
-            name, config, self._dynamic[name], ranks
+            name, config, planner_inputs(self._dynamic[name]), ranks
         )
         ordinary = name in self._ordinary
         if ordinary:

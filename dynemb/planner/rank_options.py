@@ -3,6 +3,8 @@
 import copy
 import dataclasses
 import math
+import warnings
+from collections.abc import Iterable
 
 import torch
 from torchrec.distributed.types import ShardingType
@@ -16,7 +18,30 @@ from dynemb.dynamicemb_config import (
 from dynemb.planner.capacity import effective_bucket_capacity, get_sharded_table_capacity
 from dynemb.types import DynamicEmbInitializerMode
 
-__all__ = ["fill_rank_options", "local_hbm_bytes", "table_ranks"]
+__all__ = [
+    "FILLED_FIELDS",
+    "fill_rank_options",
+    "fill_user_options",
+    "local_hbm_bytes",
+    "planner_inputs",
+    "table_ranks",
+]
+
+FILLED_FIELDS = (
+    "dim",
+    "max_capacity",
+    "init_capacity",
+    "bucket_capacity",
+    "local_hbm_for_values",
+    "initializer_args",
+    "embedding_dtype",
+    "index_type",
+    "evict_strategy",
+)
+"""The fields ``fill_rank_options`` fills, which a plan also writes into the user's options."""
+
+# Set on a user's options by fill_user_options: {field: (the user's value, the plan's)}.
+_PLANNED = "_dynemb_planned"
 
 
 def table_ranks(sharding_type: str, world_size: int, node_size: int | None = None) -> int:
@@ -120,3 +145,71 @@ def _with_default_bounds(
         lower=-bound if args.lower is None else args.lower,
         upper=bound if args.upper is None else args.upper,
     )
+
+
+def planner_inputs(options: DynamicEmbTableOptions) -> DynamicEmbTableOptions:
+    """``options`` as the user gave them to the plan that filled them in place.
+
+    A plan writes its per-rank values into the user's options (``fill_user_options``);
+    planning again (another planner, another world size) must start from the user's
+    values, not from the last plan's. Each field that still holds the value a plan
+    wrote gets the user's value back; a field the user set since is the user's. Returns
+    ``options`` itself when no plan filled it, else a copy (``options`` is not modified).
+    """
+    record = getattr(options, _PLANNED, None)
+    if not record:
+        return options
+    restored = {
+        field: user
+        for field, (user, filled) in record.items()
+        if _same(getattr(options, field), filled)
+    }
+    return dataclasses.replace(options, **restored) if restored else options
+
+
+def fill_user_options(
+    entries: Iterable[tuple[str, DynamicEmbTableOptions, DynamicEmbTableOptions]],
+) -> None:
+    """Writes each table's filled per-rank values (``FILLED_FIELDS`` of its plan entry's
+    options) into the user's options object, in place, as DynamicEmb's planner does.
+
+    ``entries``: ``(table name, the user's options, the plan entry's options)``. One
+    options object shared by several tables gets the values its tables agree on; a field
+    they disagree on (``max_capacity`` of tables of different sizes, ...) keeps the
+    user's value, with a UserWarning naming the tables and fields: each table's values
+    are in its plan entry. A field the user's value already equals is not written (the
+    user's initializer args stay the user's object).
+    """
+    groups: dict[int, tuple[DynamicEmbTableOptions, list]] = {}
+    for name, user, filled in entries:
+        groups.setdefault(id(user), (user, []))[1].append((name, filled))
+    for user, tables in groups.values():
+        inputs = planner_inputs(user)
+        record, disagree = {}, []
+        for field in FILLED_FIELDS:
+            given = getattr(inputs, field)
+            values = [getattr(filled, field) for _, filled in tables]
+            if any(not _same(v, values[0]) for v in values[1:]):
+                disagree.append(field)
+                value = given
+            else:
+                value = values[0]
+            if not _same(value, given):
+                record[field] = (given, value)
+            setattr(user, field, value)
+        object.__setattr__(user, _PLANNED, record)
+        if disagree:
+            names = sorted(name for name, _ in tables)
+            warnings.warn(
+                f"tables {names} share one DynamicEmbTableOptions object; their plans "
+                f"disagree on {disagree}, which keep the values you gave: read each "
+                "table's values from its plan entry "
+                "(plan.plan[path][table].dynamicemb_options), or give each table its own "
+                "options",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _same(a: object, b: object) -> bool:
+    return a is b or (type(a) is type(b) and a == b)

@@ -17,6 +17,7 @@ from dynemb.distributed.sharding_names import (
 from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
+from dynemb.planner.rank_options import planner_inputs
 
 __all__ = ["check_planner_inputs"]
 
@@ -97,6 +98,7 @@ def _check_dynamic(name: str, c: ParameterConstraints, config: BaseEmbeddingConf
         raise TypeError(
             f"table {name!r}: dynamicemb_options must be DynamicEmbTableOptions, got {o!r}"
         )
+    o = planner_inputs(o)  # the user's values, not those an earlier plan filled in
     if o.dim is not None and o.dim != config.embedding_dim:
         raise ValueError(
             f"table {name!r}: dynamicemb_options.dim={o.dim} disagrees with the config's "

@@ -6,6 +6,7 @@ tests/support/planner_models.py).
 """
 
 import copy
+import dataclasses
 import math
 import pickle
 
@@ -26,6 +27,7 @@ from dynemb.planner import (
     DynamicEmbParameterConstraints,
     DynamicEmbParameterSharding,
 )
+from dynemb.planner.rank_options import FILLED_FIELDS
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from tests.support.planner_models import (
     DYNAMIC_KERNEL,
@@ -125,15 +127,21 @@ def test_ordinary_tables_keep_torchrec_entries(planned):
         assert got[name].compute_kernel in ("fused", "dense")
 
 
-def test_user_constraints_are_not_modified(planned):
+def test_user_options_are_filled_in_place(planned):
+    # As DynamicEmb's planner: the user's options get the per-rank values; the plan
+    # entry keeps its own copy (no two plans share option objects).
     _, plan, constraints, before = planned
-    assert constraints == before
     got = entries(plan)
     for name in DYNAMIC_TABLES:
         user_options = constraints[name].dynamicemb_options
-        assert user_options.max_capacity is None and user_options.dim is None
-        assert got[name].dynamicemb_options is not user_options
-        assert got[name].dynamicemb_options.initializer_args is not user_options.initializer_args
+        entry = got[name].dynamicemb_options
+        assert entry is not user_options
+        for field in dataclasses.fields(DynamicEmbTableOptions):
+            given = getattr(before[name].dynamicemb_options, field.name)
+            want = getattr(entry, field.name) if field.name in FILLED_FIELDS else given
+            assert getattr(user_options, field.name) == want, (name, field.name)
+        assert (user_options.bucket_capacity, user_options.max_capacity, user_options.init_capacity,
+                user_options.local_hbm_for_values) == EXPECTED[name][planned[0]]  # fmt: skip
 
 
 def test_plan_pickles(planned):
