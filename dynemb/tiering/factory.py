@@ -1,6 +1,7 @@
 """Builds a table from its options: a ScoredHashTable, or a CachedTable (caching mode)."""
 
 import os
+import warnings
 
 import torch
 
@@ -22,6 +23,11 @@ from dynemb.warm_start.table_fill import TableFill
 # of 539k) at the same speed. Staged keys are never lost, but cost a private table
 # each batch; 16-slot buckets staged keys even with a 25% cache.
 CACHE_BUCKET_CAPACITY = 32
+
+MIN_CACHE_ROWS = 16
+"""Rows of the smallest cache: one bucket of the narrowest width (16 slots). A
+``local_hbm_for_values`` that holds fewer rows gets this cache, as DynamicEmb rounds a
+cache smaller than one bucket up to one bucket."""
 
 
 def cache_rows(options: DynamicEmbTableOptions, state_columns: int) -> int:
@@ -69,12 +75,6 @@ def check_tiering_options(name: str, options: DynamicEmbTableOptions, state_colu
             f"table {name!r}: caching=True needs local_hbm_for_values > 0 (bytes of cache "
             f"rows), got {hbm!r}"
         )
-    rows = cache_rows(o, state_columns)
-    if rows < 16:
-        raise ValueError(
-            f"table {name!r}: local_hbm_for_values={hbm} bytes hold {rows} rows of "
-            f"dim + optimizer state = {o.dim + state_columns} columns; a cache needs >= 16"
-        )
     if o.external_storage is not None and strategy_code(o.score_strategy) in TIMESTAMP_CODES:
         raise ValueError(  # Storage.find / insert carry one score column a row
             f"table {name!r}: external_storage={o.external_storage!r} cannot keep the "
@@ -93,7 +93,8 @@ def make_table(
     """The table of one DynamicEmbTableOptions (options already checked).
 
     Caching mode: a cache of ``cache_rows(options)`` rows (rounded to the bucket
-    layout), buckets of ``min(CACHE_BUCKET_CAPACITY, rows)`` slots, in front of
+    layout; at least ``MIN_CACHE_ROWS``, with a UserWarning when the budget holds
+    fewer), buckets of ``min(CACHE_BUCKET_CAPACITY, rows)`` slots, in front of
     ``make_backing_storage`` (with ``spill_directory``: a spilled slow tier).
     Otherwise a ScoredHashTable, hybrid when ``local_hbm_for_values`` holds fewer rows
     than the table (``fast_rows = cache_rows(options)``), spilled with ``spill_path``.
@@ -128,6 +129,15 @@ def _make_table(name, options, state_columns, device) -> ScoredHashTable | Cache
             score_half_life_steps=o.score_half_life_steps,
         )
     rows = cache_rows(o, state_columns)
+    if rows < MIN_CACHE_ROWS:
+        warnings.warn(
+            f"table {name!r}: local_hbm_for_values={o.local_hbm_for_values} bytes hold "
+            f"{rows} rows of dim + optimizer state = {o.dim + state_columns} columns, "
+            f"less than one cache bucket; the cache gets one bucket of {MIN_CACHE_ROWS} rows",
+            UserWarning,
+            stacklevel=2,
+        )
+        rows = MIN_CACHE_ROWS
     bucket = min(CACHE_BUCKET_CAPACITY, rows // 16 * 16)
     cache = ScoredHashTable(
         dim=o.dim,
@@ -159,4 +169,10 @@ def _make_table(name, options, state_columns, device) -> ScoredHashTable | Cache
     )
 
 
-__all__ = ["CACHE_BUCKET_CAPACITY", "cache_rows", "check_tiering_options", "make_table"]
+__all__ = [
+    "CACHE_BUCKET_CAPACITY",
+    "MIN_CACHE_ROWS",
+    "cache_rows",
+    "check_tiering_options",
+    "make_table",
+]

@@ -14,6 +14,7 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.tiering import PrefetchPipeline
+from dynemb.tiering.factory import MIN_CACHE_ROWS
 from tests.support.caching_models import (
     BATCH,
     DIM,
@@ -197,10 +198,6 @@ def test_external_storage_trains_like_uncached():
     "extra, match",
     [
         (dict(caching=True), "local_hbm_for_values > 0"),
-        (
-            dict(caching=True, local_hbm_for_values=100),
-            "local_hbm_for_values=100 bytes hold 2 rows",
-        ),
         (dict(caching=True, local_hbm_for_values=-5), "got -5"),
         (dict(external_storage=DictStorage), "needs caching=True"),
         (dict(caching=True, local_hbm_for_values=1 << 16, external_storage=3), "Storage subclass"),
@@ -218,6 +215,24 @@ def test_external_storage_trains_like_uncached():
 def test_bad_options(extra, match):
     with pytest.raises((ValueError, TypeError), match=match):
         module([options(**extra), options()])
+
+
+@pytest.mark.parametrize("budget, held", [(100, 2), (1, 0)])
+def test_budget_under_one_bucket_builds_a_minimal_cache(budget, held):
+    # As DynamicEmb rounds such a cache up to one bucket: here one 16-slot bucket.
+    data = batches(4, seed=5)
+    plain = module([options(), options()])
+    small = options(caching=True, local_hbm_for_values=budget)  # 9 float32 columns a row
+    match = rf"local_hbm_for_values={budget} bytes hold {held} rows.*one bucket of 16 rows"
+    with pytest.warns(UserWarning, match=match):
+        cached = module([small, options(64, state=1)])
+    assert cached.tables[0].cache.capacity() == MIN_CACHE_ROWS == 16
+    for b in data:
+        torch.testing.assert_close(step(cached, b), step(plain, b), rtol=0, atol=1e-5)
+    for t in range(2):
+        assert_same_tables(contents(cached.tables[t]), contents(plain.tables[t]))
+    stats = cached.cache_stats()[0]
+    assert stats.written_back > 0 and stats.storage_drops == 0
 
 
 def test_spilled_slow_tier_trains_like_uncached(tmp_path):
