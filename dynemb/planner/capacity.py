@@ -2,9 +2,9 @@
 
 A dynamic table has ``num_buckets x bucket_capacity`` slots. Sharded row-wise over
 ``world_size`` ranks, each rank owns about ``num_embeddings / world_size`` keys, so
-its table is that many rows rounded up to whole buckets. A bucket never needs to be
-wider than the rank's (16-aligned) row count: a 40-row table gets one 48-slot bucket
-per rank, not a 128-slot one.
+its table is that many rows rounded up to whole buckets of ``bucket_capacity`` slots,
+as in DynamicEmb: a 40-row table with 128-slot buckets gets one 128-slot bucket per
+rank (MAX_BUCKET_CAPACITY: one bucket of the rows rounded up to 16, 48 slots).
 """
 
 import torch
@@ -75,7 +75,8 @@ def _rows_per_rank(num_embeddings: int, world_size: int) -> int:
 
 
 def effective_bucket_capacity(num_embeddings: int, world_size: int, bucket_capacity: int) -> int:
-    """The bucket width a rank uses: ``min(bucket_capacity, rows per rank rounded up to 16)``.
+    """The bucket width a rank uses, as DynamicEmb: ``bucket_capacity``; for
+    MAX_BUCKET_CAPACITY the rows per rank rounded up to 16 (one bucket).
 
     Args:
         num_embeddings: rows of the whole table (the TorchRec config's ``num_embeddings``).
@@ -89,11 +90,14 @@ def effective_bucket_capacity(num_embeddings: int, world_size: int, bucket_capac
 
     Example::
 
-        effective_bucket_capacity(100, 2, 128)  # 64: 50 rows per rank fit one 64-slot bucket
+        effective_bucket_capacity(100, 2, 128)  # 128: one 128-slot bucket for 50 rows
+        effective_bucket_capacity(100, 2, MAX_BUCKET_CAPACITY)  # 64
     """
     check_bucket_capacity(bucket_capacity)
     rows = _rows_per_rank(num_embeddings, world_size)
-    return min(bucket_capacity, _round_up(rows, BUCKET_ALIGNMENT))
+    if bucket_capacity == MAX_BUCKET_CAPACITY:
+        return _round_up(rows, BUCKET_ALIGNMENT)
+    return bucket_capacity
 
 
 def get_sharded_table_capacity(

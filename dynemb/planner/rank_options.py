@@ -83,7 +83,7 @@ def fill_rank_options(
 ) -> DynamicEmbTableOptions:
     """Returns a copy of ``options`` holding what one rank's table of ``config`` needs.
 
-    - ``bucket_capacity``: ``min(bucket_capacity, rows per rank rounded up to 16)``.
+    - ``bucket_capacity``: kept; MAX_BUCKET_CAPACITY: rows per rank rounded up to 16.
     - ``max_capacity``: ``ceil(num_embeddings / world_size)`` rounded up to buckets.
     - ``init_capacity``: ``None`` gives ``max_capacity``; otherwise (rows per rank)
       rounded up to buckets and clamped to ``[bucket_capacity, max_capacity]``.

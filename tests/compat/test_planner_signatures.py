@@ -113,7 +113,8 @@ def test_plan_fills_dynamicembs_fields():
     entry = _plan_options(DynamicEmbTableOptions(score_strategy=DynamicEmbScoreStrategy.STEP))
     o = entry.dynamicemb_options
     assert entry.dist_type == "roundrobin" and entry.compute_kernel == "customized_kernel"
-    assert (o.dim, o.max_capacity, o.init_capacity) == (8, 64, 64)
+    # 100 rows over 2 ranks: 50 a rank, one whole 128-slot bucket (get_sharded_table_capacity).
+    assert (o.dim, o.max_capacity, o.init_capacity, o.bucket_capacity) == (8, 128, 128, 128)
     assert o.embedding_dtype == torch.float32 and o.index_type == torch.int64
     assert o.evict_strategy == DynamicEmbEvictStrategy.CUSTOMIZED  # STEP -> CUSTOMIZED
 

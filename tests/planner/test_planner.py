@@ -48,13 +48,13 @@ pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 #   user  (1000 rows, bucket 128, init 100, 1001 HBM bytes): rows/rank 1000 | 500 | 334
 #         -> max 1024 | 512 | 384 (whole 128-buckets); init 100 -> one bucket = 128;
 #         local_hbm ceil(1001 / ws) = 1001 | 501 | 334.
-#   item  (40 rows, default bucket 128): rows/rank 40 | 20 | 14 -> 16-aligned 48 | 32 | 16,
-#         narrower than 128, so the bucket is that wide and max = init = 48 | 32 | 16.
+#   item  (40 rows, default bucket 128): rows/rank 40 | 20 | 14 -> one whole 128-slot
+#         bucket, as in DynamicEmb: max = init = 128.
 #   query (500 rows, bucket 64): rows/rank 500 | 250 | 167 -> max 512 | 256 | 192.
 EXPECTED = {
     # table: {ws: (bucket_capacity, max_capacity, init_capacity, local_hbm_for_values)}
     "user": {1: (128, 1024, 128, 1001), 2: (128, 512, 128, 501), 3: (128, 384, 128, 334)},
-    "item": {1: (48, 48, 48, 0), 2: (32, 32, 32, 0), 3: (16, 16, 16, 0)},
+    "item": {1: (128, 128, 128, 0), 2: (128, 128, 128, 0), 3: (128, 128, 128, 0)},
     "query": {1: (64, 512, 512, 0), 2: (64, 256, 256, 0), 3: (64, 192, 192, 0)},
 }
 DIMS = {"user": 8, "item": 16, "query": 8}

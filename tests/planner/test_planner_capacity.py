@@ -55,7 +55,14 @@ def test_sharded_table_capacity_accepts_embedding_config():
 
 @pytest.mark.parametrize(
     "num_embeddings, world_size, bucket_capacity, expected",
-    [(1000, 2, 128, 128), (100, 2, 128, 64), (40, 3, 128, 16), (40, 1, 32, 32)],
+    [
+        (1000, 2, 128, 128),
+        (100, 2, 128, 128),  # as DynamicEmb: one whole bucket, however few the rows
+        (40, 3, 128, 128),
+        (40, 1, 32, 32),
+        (100, 2, MAX_BUCKET_CAPACITY, 64),  # one bucket: 50 rows rounded up to 16
+        (40, 3, MAX_BUCKET_CAPACITY, 16),
+    ],
 )
 def test_effective_bucket_capacity(num_embeddings, world_size, bucket_capacity, expected):
     assert effective_bucket_capacity(num_embeddings, world_size, bucket_capacity) == expected
