@@ -194,7 +194,9 @@ def fill_user_options(
                 value = given
             else:
                 value = values[0]
-            if not _same(value, given):
+            if _same(value, given):
+                value = given  # e.g. the user's initializer args object, not a copy
+            else:
                 record[field] = (given, value)
             setattr(user, field, value)
         object.__setattr__(user, _PLANNED, record)

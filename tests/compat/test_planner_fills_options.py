@@ -12,7 +12,12 @@ import torch
 from torchrec import EmbeddingCollection, EmbeddingConfig
 from torchrec.distributed.planner import Topology
 
-from dynemb import DynamicEmbTableOptions, get_sharded_table_capacity
+from dynemb import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbTableOptions,
+    get_sharded_table_capacity,
+)
 from dynemb.get_planner import get_planner
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingCollectionSharder
@@ -64,6 +69,14 @@ def test_the_users_options_get_the_per_rank_values(world_size, init_capacity, wa
     bound = math.sqrt(1 / 1000)  # UNIFORM bounds left None: +-sqrt(1 / num_embeddings)
     assert (options.initializer_args.lower, options.initializer_args.upper) == (-bound, bound)
     assert entry is not options  # the plan keeps its own copy
+
+
+def test_a_value_already_filled_is_not_replaced():
+    args = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.1)
+    options = DynamicEmbTableOptions(initializer_args=args, dim=8)
+    _plan({"big": options}, 2)
+    assert options.initializer_args is args  # no bound to fill: the user's object stays
+    assert options.max_capacity == 512
 
 
 def test_get_planner_fills_the_options_of_its_dict():
