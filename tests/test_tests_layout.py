@@ -38,3 +38,14 @@ def test_no_test_module_imports_another():
 def test_support_holds_no_tests():
     found = sorted(p.name for p in (TESTS / "support").glob("test_*.py"))
     assert not found, f"tests/support is collected by nobody: {found}"
+
+
+def test_shared_modules_live_in_support():
+    stray = sorted(
+        str(p.relative_to(TESTS.parent))
+        for p in TESTS.rglob("*.py")
+        if "support" not in p.relative_to(TESTS).parts
+        and not p.name.startswith("test_")
+        and p.name not in ("conftest.py", "__init__.py")
+    )
+    assert not stray, f"modules that are not tests belong in tests/support: {stray}"

@@ -10,13 +10,13 @@ combination is its own test case."""
 
 import pytest
 
-from tests.compat.alignment_workers import (
+from tests.support.alignment_workers import (
     TABLES,
     check_combinations,
     combination_id,
     combinations,
 )
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 COMBINATIONS = combinations()
 # Over 2 ranks: Adam, dim 16, a quarter of the table in the fast tier.

@@ -21,7 +21,7 @@ from dynemb import (
 from dynemb.get_planner import get_planner
 from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynemb.shard import DynamicEmbeddingCollectionSharder
-from tests.multiprocess import run_ranks
+from tests.support.multiprocess import run_ranks
 
 pytestmark = pytest.mark.no_emulated_pass("planning: no table op runs")
 
