@@ -7,6 +7,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
+from dynemb.config.score_strategies import decayed_count
 from dynemb.dynamicemb_config import (
     BATCH_SIZE_PER_DUMP,
     DynamicEmbInitializerArgs,
@@ -22,7 +23,6 @@ from dynemb.planner.capacity import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
-from dynemb.table.score_strategies import decayed_count
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.table.telemetry import TableTelemetry
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables

@@ -30,6 +30,7 @@ from dynemb.checkpoint.manifest import (
     write_manifest,
 )
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
+from dynemb.config.score_strategies import score_strategy_label
 from dynemb.distributed.collectives import (
     all_gather,
     process_group,
@@ -42,7 +43,6 @@ from dynemb.distributed.rank_faults import (
     collective,
 )
 from dynemb.distributed.sharding_names import COLUMN_SLICES
-from dynemb.table.score_strategies import score_strategy_label
 
 FORMATS = ("dynemb", "dynamicemb")
 

@@ -18,8 +18,8 @@ from dynemb.checkpoint.exchange import route_rows
 from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter
 from dynemb.checkpoint.manifest import MANIFEST
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.config.score_strategies import evict_strategy_of
 from dynemb.distributed.collectives import all_gather, rank_and_size
-from dynemb.dynamicemb_config import evict_strategy_of
 from dynemb.optimizer import EmbOptimType
 
 

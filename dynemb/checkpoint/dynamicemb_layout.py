@@ -25,8 +25,8 @@ import torch
 
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.json_files import parse_json
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.optimizer import EmbOptimType
-from dynemb.types import DynamicEmbScoreStrategy
 
 OPT_ARGS = "{table}_opt_args.json"
 FIELDS = {  # field -> (file stem, dtype)

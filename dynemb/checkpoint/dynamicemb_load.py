@@ -31,8 +31,8 @@ from dynemb.checkpoint.exchange import (
 )
 from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError
 from dynemb.checkpoint.tables import NamedTable, admission_counter, named_tables
+from dynemb.config.score_strategies import evict_strategy_of
 from dynemb.distributed.collectives import all_gather, rank_and_size
-from dynemb.dynamicemb_config import evict_strategy_of
 
 _HYPER_PARAMETERS = {  # opt_args.json key -> OptimizerConfig field
     "lr": "learning_rate",

@@ -30,6 +30,7 @@ from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units, routed_fields
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
 from dynemb.checkpoint.verify import verify_all
+from dynemb.config.score_strategies import score_strategy_label
 from dynemb.distributed.collectives import (
     all_gather,
     process_group,
@@ -37,7 +38,6 @@ from dynemb.distributed.collectives import (
 )
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
 from dynemb.table.batches_in_flight import refuse_batches_in_flight
-from dynemb.table.score_strategies import score_strategy_label
 
 
 def _check_table(t: NamedTable, meta: dict, optim: bool, allow_optimizer_mismatch: bool) -> bool:

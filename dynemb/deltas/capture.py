@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from dynemb.config.score_strategies import score_strategy_label
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.format import TableDelta, table_delta_meta
 from dynemb.deltas.precapture import read_entries
-from dynemb.table.score_strategies import score_strategy_label
 from dynemb.table.scored_hash_table import ScoredHashTable
 
 

@@ -5,8 +5,8 @@ tracing (torch.export, fake tensors) needs no data."""
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.tbe.batch_layout import check_batch
-from dynemb.types import DynamicEmbPoolingMode
 
 # DynamicEmb's pooling codes (DYNAMICEMB_API.md section 11): -1 none, 1 sum, 2 mean.
 DYNAMICEMB_POOLING = {

@@ -24,9 +24,10 @@ from torch import nn
 from dynemb import _ops
 from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.config.table_options import DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.deltas import read_delta
 from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.inference.arguments import (
     check_inference_batch,
     feature_map,
@@ -36,7 +37,6 @@ from dynemb.inference.lookup import TableLookups
 from dynemb.inference.rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
 from dynemb.table.placement import BUFFERS, canonical_device
 from dynemb.tbe.table_options import check_options, init_list, table_names_of
-from dynemb.types import DynamicEmbPoolingMode
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Serializes the writers of every module (loads, apply_delta); lookups take no lock:

@@ -8,8 +8,8 @@ import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm (TorchRec's mean di
 import torch
 
 from dynemb import _ops
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
-from dynemb.types import DynamicEmbPoolingMode
+from dynemb.config.table_options import DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbPoolingMode
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,12 +16,12 @@ from dynemb.checkpoint.exchange import RowsDroppedError
 from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import CollectionGroups, named_tables
+from dynemb.config.table_options import DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.distributed.collectives import all_gather, process_group
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.shard.sharded_modules import ROOT_COLLECTION, collection_path
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.types import DynamicEmbScoreStrategy
 
 Rows = tuple[torch.Tensor, torch.Tensor]  # keys (n,) int64, embeddings (n, dim)
 

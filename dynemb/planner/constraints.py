@@ -4,7 +4,7 @@ import dataclasses
 
 from torchrec.distributed.planner.types import ParameterConstraints
 
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbTableOptions
 
 __all__ = ["DynamicEmbParameterConstraints", "is_dynamic"]
 

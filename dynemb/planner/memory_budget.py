@@ -18,7 +18,7 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.planner.rank_options import local_hbm_bytes
 
 __all__ = ["check_rank_budgets", "dynamic_rank_storage"]

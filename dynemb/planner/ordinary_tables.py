@@ -19,10 +19,14 @@ from collections.abc import Mapping
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
+from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.config.types import (
+    DynamicEmbCheckMode,
+    DynamicEmbInitializerMode,
+    DynamicEmbScoreStrategy,
+)
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
-from dynemb.types import DynamicEmbCheckMode, DynamicEmbInitializerMode, DynamicEmbScoreStrategy
 
 __all__ = ["ordinary_table_constraints", "with_headroom"]
 

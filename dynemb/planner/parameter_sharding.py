@@ -5,7 +5,7 @@ import dataclasses
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ParameterSharding
 
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbTableOptions
 
 
 @dataclasses.dataclass

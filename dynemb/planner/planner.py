@@ -29,9 +29,9 @@ from torchrec.distributed.types import (
 from torchrec.distributed.utils import get_device_type
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
+from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement, collective
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPES
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.enumerator import DynamicEmbeddingEnumerator
 from dynemb.planner.ordinary_tables import ordinary_table_constraints, with_headroom

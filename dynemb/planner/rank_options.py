@@ -10,13 +10,10 @@ import torch
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
 
-from dynemb.dynamicemb_config import (
-    DynamicEmbInitializerArgs,
-    DynamicEmbTableOptions,
-    resolved_evict_strategy,
-)
+from dynemb.config.score_strategies import resolved_evict_strategy
+from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbInitializerMode
 from dynemb.planner.capacity import effective_bucket_capacity, get_sharded_table_capacity
-from dynemb.types import DynamicEmbInitializerMode
 
 __all__ = [
     "FILLED_FIELDS",

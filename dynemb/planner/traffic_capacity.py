@@ -39,10 +39,10 @@ import dataclasses
 
 import torch
 
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.planner.id_sample import IdSample, check_id_sample, keep_ids
 from dynemb.table.batch_arguments import ScoreStrategyArg, check_half_life
 from dynemb.table.scored_hash_table import ScoredHashTable
-from dynemb.types import DynamicEmbScoreStrategy
 
 __all__ = ["TrafficRates", "measure_traffic_rates", "recommend_capacity"]
 

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.id_sample import IdSample
 from dynemb.planner.traffic_capacity import TrafficRates, recommend_capacity
-from dynemb.types import DynamicEmbScoreStrategy
 
 __all__ = ["configs_with_capacities", "recommend_capacities"]
 

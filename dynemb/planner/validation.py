@@ -9,12 +9,12 @@ import torch
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
 
+from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.distributed.sharding_names import (
     DYNAMIC_KERNEL_NAME,
     DYNAMIC_SHARDING_TYPES,
     POOLED_ONLY_SHARDING_TYPES,
 )
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.planner.capacity import check_bucket_capacity
 from dynemb.planner.constraints import is_dynamic
 from dynemb.planner.rank_options import planner_inputs

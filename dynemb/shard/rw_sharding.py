@@ -19,12 +19,12 @@ from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddi
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
+from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.distributed.sharding_names import (
     DYNAMIC_KERNEL,
     DYNAMIC_KERNEL_NAME,
     DYNAMIC_SHARDING_TYPES,
 )
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
 from dynemb.shard.compute_kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
 from dynemb.shard.routing import (

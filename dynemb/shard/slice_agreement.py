@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.types import ShardingEnv
 
+from dynemb.config.types import DynamicEmbCheckMode
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
-from dynemb.types import DynamicEmbCheckMode
 
 _COUNTS = ("hits", "inserted", "evicted", "failed")
 

@@ -4,9 +4,9 @@ argument, its value and what was expected, before the table changes."""
 import torch
 
 from dynemb._ops import TIMESTAMP_DECAYED_LFU, TIMESTAMP_LFU
+from dynemb.config.score_strategies import check_score_half_life
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.host_reads import read_to_host
-from dynemb.table.score_strategies import check_score_half_life
-from dynemb.types import DynamicEmbScoreStrategy
 
 ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 

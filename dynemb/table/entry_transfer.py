@@ -8,11 +8,11 @@ TableState (``_state``, table_state.py) only, through the helpers of growth.py.
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.growth import upsert
 from dynemb.table.table_state import TableState
-from dynemb.types import DynamicEmbScoreStrategy
 
 
 class EntryTransfer:

@@ -8,6 +8,7 @@ prefetches and of checkpoints, each the trivial version of a cache's.
 
 import torch
 
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table import lookup_undo
 from dynemb.table.growth import hold_pins
 from dynemb.table.lookup_undo import LookupRecord
@@ -15,7 +16,6 @@ from dynemb.table.pin_ledger import PinHold
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
 from dynemb.table.telemetry import TableTelemetry
-from dynemb.types import DynamicEmbScoreStrategy
 
 
 class MemoryBatches:

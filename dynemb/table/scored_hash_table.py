@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, check_float32
+from dynemb.config.table_options import DynamicEmbInitializerArgs, check_float32
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
@@ -29,7 +30,6 @@ from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.spill_persistence import commit_spill, reopen, spill_meta
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableLayout, TableStorage
-from dynemb.types import DynamicEmbScoreStrategy
 
 _VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
@@ -21,7 +22,6 @@ from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
-from dynemb.types import DynamicEmbScoreStrategy
 from dynemb.warm_start.table_fill import TableFill
 
 # stored_entries de-duplicates n slots by a mark per slot when n * MARK_RATIO >= the

@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table.batch_arguments import TIMESTAMP_CODES
 from dynemb.table.telemetry_reports import (
     BucketFill,
@@ -35,7 +36,6 @@ from dynemb.table.telemetry_reports import (
     eviction_ranks,
     summarize_evictions,
 )
-from dynemb.types import DynamicEmbScoreStrategy
 
 # What an evicted resident's age is measured from, per strategy code: its score
 # ("score": TIMESTAMP and STEP scores are the batch value of the last access), its

@@ -14,9 +14,9 @@ distinct key of each table the forward trained, in place, the same for every tab
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.tbe.forward_pass import POOLING_CODE, TableForward
 from dynemb.tbe.grouped_calls import backward_grouped
-from dynemb.types import DynamicEmbPoolingMode
 
 
 class BackwardPass:

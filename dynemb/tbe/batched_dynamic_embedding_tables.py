@@ -17,10 +17,8 @@ from torch import nn
 
 from dynemb import streams
 from dynemb.admission import Counter
-from dynemb.dynamicemb_config import (
-    DynamicEmbTableOptions,
-    with_kernel_defaults,
-)
+from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defaults
+from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
@@ -45,7 +43,6 @@ from dynemb.tbe.table_options import (
 from dynemb.tbe.table_slots import TableSlots
 from dynemb.tiering.batch_ledger import MAX_PENDING_PREFETCHES
 from dynemb.tiering.factory import check_tiering_options, make_table
-from dynemb.types import DynamicEmbPoolingMode
 from dynemb.warm_start.optimizer_step import carried_step
 from dynemb.warm_start.table_fill import check_source
 

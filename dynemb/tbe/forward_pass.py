@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from dynemb import _ops, streams
+from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.tbe.batch_layout import TableBatch, count_accesses, distinct_keys, split_by_table
 from dynemb.tbe.grouped_calls import pool_grouped, table_locked
-from dynemb.types import DynamicEmbPoolingMode
 
 POOLING_CODE = {
     mode: _ops.POOLING_CODES[mode.name]

@@ -7,9 +7,9 @@ import torch
 
 from dynemb import _ops
 from dynemb.admission import AdmissionStrategy, Counter
-from dynemb.dynamicemb_config import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbCheckMode
 from dynemb.table.protocol import Table
-from dynemb.types import DynamicEmbCheckMode
 
 _INT64_MAX = 2**63 - 1
 

@@ -13,9 +13,9 @@ import warnings
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbCheckMode, DynamicEmbScoreStrategy
 from dynemb.table import lookup_undo
 from dynemb.table.growth import DeferredLookup, find_or_insert_slots_grouped
-from dynemb.types import DynamicEmbCheckMode, DynamicEmbScoreStrategy
 
 
 class TableSlots:

@@ -10,11 +10,11 @@ import math
 
 import torch
 
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.optimizer import OptimizerConfig
 from dynemb.table.batches_in_flight import refuse_batches_in_flight
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_stats import CacheStats
-from dynemb.types import DynamicEmbScoreStrategy
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 _FILL_ROUNDS = 64  # insert rounds per table in fill_tables (evictions and growth take a few)

@@ -10,7 +10,7 @@ are used: they import the sharded modules, which build this class.
 import torch
 import torch.distributed as dist
 
-from dynemb.dynamicemb_config import BATCH_SIZE_PER_DUMP
+from dynemb.config.table_options import BATCH_SIZE_PER_DUMP
 
 # The collection name of a module dumped or scored by itself.
 _SELF = "model"

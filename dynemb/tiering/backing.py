@@ -8,7 +8,7 @@ full ``max_capacity`` whose rows are in host memory (on a GPU: ``backing_fast_ro
 
 import time
 
-from dynemb.dynamicemb_config import DynamicEmbTableOptions
+from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.table.placement import backing_fast_rows
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.storage import Storage, StorageSpec

@@ -14,12 +14,12 @@ tensor, or (n, 2) of (score, last-access time) for the compounds (TIMESTAMP, LFU
 import torch
 
 from dynemb import _ops
+from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.host_reads import read_to_host
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage_results import checked_find, checked_insert
-from dynemb.types import DynamicEmbScoreStrategy
 from dynemb.warm_start.table_fill import NewRows
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value

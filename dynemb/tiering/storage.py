@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from dynemb.types import DynamicEmbScoreStrategy
+from dynemb.config.types import DynamicEmbScoreStrategy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,10 @@ deltas record (strategy and half-life)."""
 
 import warnings
 
-from dynemb.types import DynamicEmbEvictStrategy, DynamicEmbScoreStrategy
+import torch
+
+from dynemb._ops import DECAY_FRACTION_BITS, MAX_HALF_LIFE  # the core's bounds (csrc/core/decay.h)
+from dynemb.config.types import DynamicEmbEvictStrategy, DynamicEmbScoreStrategy
 
 ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 """A score strategy, or a compound ``(TIMESTAMP, LFU)`` / ``(TIMESTAMP, DECAYED_LFU)``
@@ -81,8 +84,6 @@ def check_score_half_life(score_strategy, half_life, name: str = "score_half_lif
         ValueError: missing under DECAYED_LFU, out of range, or given to another
             strategy (it would be ignored).
     """
-    from dynemb._ops import MAX_HALF_LIFE  # the core's bound (csrc/core/decay.h)
-
     if half_life is not None and (isinstance(half_life, bool) or not isinstance(half_life, int)):
         raise TypeError(f"{name} must be an int number of steps or None, got {half_life!r}")
     if not score_strategy_decays(score_strategy):
@@ -164,10 +165,6 @@ def decayed_count(scores, step: int, half_life_steps: int):
         >>> decayed_count(t.get_scores(torch.tensor([7])), t.score_step + 10, 10)
         tensor([1.4018], dtype=torch.float64)  # (1 + 2**-0.1 + 2**-0.2) / 2
     """
-    import torch
-
-    from dynemb._ops import DECAY_FRACTION_BITS
-
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.int64:
         raise TypeError(
             f"decayed_count: `scores` must be an int64 tensor, got "
