@@ -9,11 +9,7 @@ from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.shard.sharded_modules import (
-    ROOT_COLLECTION,
-    collection_path,
-    dynamic_kernels_by_path,
-)
+from dynemb.table_groups import ROOT_COLLECTION, collection_path, table_groups
 
 _SHARDED_TYPES = (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection)
 
@@ -48,19 +44,15 @@ def find_sharded_modules(module: nn.Module, path: str = "") -> list[tuple[str, s
 
 def get_dynamic_emb_module(model: nn.Module) -> list[nn.Module]:
     """The dynamic-table modules (``BatchedDynamicEmbeddingTablesV2``, one per group of
-    tables) inside the sharded collections of ``model`` on this rank, in module order.
+    tables) of ``model`` on this rank, in module order: those inside its sharded
+    collections, and those it holds as submodules (dynemb.table_groups finds them).
 
     Example::
 
         for tables in get_dynamic_emb_module(dmp_model):
             print(tables.table_names, tables.get_score())
     """
-    seen, modules = set(), []
-    for _, tables in dynamic_kernels_by_path(model):
-        if id(tables) not in seen:
-            seen.add(id(tables))
-            modules.append(tables)
-    return modules
+    return [group for _, group in table_groups(model)]
 
 
 __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "find_sharded_modules", "get_dynamic_emb_module"]

@@ -44,10 +44,9 @@ from torch import nn
 from dynemb import _ops
 from dynemb.distributed.collectives import all_gather
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
-from dynemb.shard import dynamic_embedding_tables
-from dynemb.shard.sharded_modules import public_collection_path
 from dynemb.table.batch_arguments import TIMESTAMP_CODES
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.table_groups import public_collection_path, table_groups
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.types import DynamicEmbScoreStrategy
 
@@ -239,22 +238,8 @@ def _column_offsets(model: nn.Module) -> dict[str, dict[str, int]]:
 
 def _groups(model: nn.Module) -> Iterator[tuple[str, BatchedDynamicEmbeddingTables]]:
     """``(collection path, group)`` of every group of dynamic tables of this rank."""
-    groups = []
-    for key, group in dynamic_embedding_tables(model).items():
-        first = group.table_names[0]
-        groups.append(
-            (public_collection_path(key[: -len(first) - 1] if key != first else ""), group)
-        )
-    groups += [
-        (public_collection_path(p), m)
-        for p, m in model.named_modules()
-        if isinstance(m, BatchedDynamicEmbeddingTables)
-    ]
-    seen = set()
-    for path, group in groups:
-        if id(group) not in seen:
-            seen.add(id(group))
-            yield path, group
+    for path, group in table_groups(model):
+        yield public_collection_path(path), group
 
 
 def _by_path(collections, named: Mapping) -> dict:

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from dynemb.table.telemetry import StepCounts, TableTelemetry
 from dynemb.table.telemetry_reports import BucketFill, EvictionSummary
+from dynemb.table_groups import table_groups
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _COUNTS = ("hits", "inserted", "evicted", "failed")
@@ -43,17 +44,7 @@ def table_telemetry(model: nn.Module) -> dict[str, TableTelemetry]:
 
 
 def _modules(model: nn.Module) -> Iterable[BatchedDynamicEmbeddingTables]:
-    if isinstance(model, BatchedDynamicEmbeddingTables):
-        return [model]
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    from dynemb.dump_load import get_dynamic_emb_module  # imports TorchRec: when needed
-
-    modules = {id(m): m for m in get_dynamic_emb_module(model)}
-    for m in model.modules():  # unsharded models hold the tables as submodules
-        if isinstance(m, BatchedDynamicEmbeddingTables):
-            modules.setdefault(id(m), m)
-    return list(modules.values())
+    return [group for _, group in table_groups(model)]
 
 
 def step_metrics(telemetry: TableTelemetry) -> dict[str, float]:

@@ -5,12 +5,8 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from dynemb.shard.sharded_modules import (
-    collection_path,
-    dynamic_kernels_by_path,
-    public_collection_path,
-)
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.table_groups import collection_path, public_collection_path, table_groups
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 TableNames = Mapping[str, Sequence[str]] | Sequence[str] | None
@@ -75,20 +71,20 @@ class CollectionGroups(nn.Module):
         super().__init__()
         self.groups = dict(groups)  # not submodules: the groups belong to the caller
 
+    def dynamic_table_groups(self) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
+        """The groups given, at their paths (dynemb.table_groups' protocol)."""
+        return list(self.groups.items())
+
 
 def named_tables(model: nn.Module, table_names=None) -> list[NamedTable]:
     """Every dynamic table of ``model`` on this rank, sorted by name.
 
-    ``model``: a (DMP-)sharded model, a BatchedDynamicEmbeddingTables, or CollectionGroups.
+    ``model``: a (DMP-)sharded model, a module holding BatchedDynamicEmbeddingTables
+    (or one), or CollectionGroups (dynemb.table_groups finds the tables).
     ``table_names``: keep these only; each may be the full name or the bare table
     name when that is unambiguous. Unknown names raise ValueError.
     """
-    if isinstance(model, BatchedDynamicEmbeddingTables):
-        groups = [("", model)]
-    elif isinstance(model, CollectionGroups):
-        groups = [(collection_path(path), g) for path, g in model.groups.items()]
-    else:
-        groups = [(collection_path(path), g) for path, g in dynamic_kernels_by_path(model)]
+    groups = [(collection_path(path), g) for path, g in table_groups(model)]
     found = [
         NamedTable(f"{path}.{name}" if path else name, group, i, path)
         for path, group in groups

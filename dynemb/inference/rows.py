@@ -19,8 +19,8 @@ from dynemb.checkpoint.tables import CollectionGroups, named_tables
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.distributed.collectives import all_gather, process_group
-from dynemb.shard.sharded_modules import ROOT_COLLECTION, collection_path
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.table_groups import ROOT_COLLECTION, collection_path
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 Rows = tuple[torch.Tensor, torch.Tensor]  # keys (n,) int64, embeddings (n, dim)

@@ -39,6 +39,7 @@ from dynemb.shard.tw_sharding import (
     DynamicEmbTwSequenceEmbeddingSharding,
 )
 from dynemb.shard.twrw_sharding import DynamicEmbTwRwPooledEmbeddingSharding
+from dynemb.table_groups import table_groups
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _TABLE_WISE = ShardingType.TABLE_WISE.value
@@ -76,7 +77,8 @@ def _reset_ordinary_rows(plan, configs, lookups, device) -> None:
 
 
 def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
-    # TorchRec keeps lookups in a plain list: nn.Module.modules() does not reach them.
+    # The kernels (their placeholders, ordinary rows), from lookups TorchRec keeps in a
+    # plain list that nn.Module.modules() does not reach.
     kernels = []
     for lookup in lookups:
         module = getattr(lookup, "module", lookup)  # unwrap DistributedDataParallel
@@ -84,41 +86,10 @@ def _dynamic_kernels(lookups) -> list[_DynamicKernel]:
     return kernels
 
 
-_WRAPPERS = ("_dmp_wrapped_module", "module")  # DMP / DDP wrappers: not part of a name
-
-
-def collection_path(path: str) -> str:
-    """A module path without DMP / DDP wrapper levels, so that a collection (and its
-    tables) has the same name wrapped or not, at any world size."""
-    parts = path.split(".") if path else []
-    while parts and parts[0] in _WRAPPERS:
-        parts.pop(0)
-    return ".".join(parts)
-
-
-ROOT_COLLECTION = "model"
-"""DynamicEmb's path of the model itself; a collection inside it is ``model.<path>``."""
-
-
-def public_collection_path(path: str) -> str:
-    """DynamicEmb's name of a collection: ``"model"`` for the model itself, else
-    ``"model.<module path without DMP / DDP wrapper levels>"``.
-
-    Example::
-
-        public_collection_path("module.sparse.ebc")  # "model.sparse.ebc" (DMP's "module")
-    """
-    inner = collection_path(path)
-    return f"{ROOT_COLLECTION}.{inner}" if inner else ROOT_COLLECTION
-
-
-def dynamic_kernels_by_path(model: nn.Module) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
-    """``(sharded module path, tables)`` for each group of dynamic tables of this rank."""
-    return [
-        (path, kernel.emb_module)
-        for path, module in model.named_modules()
-        for kernel in _dynamic_kernels(getattr(module, "_lookups", []))
-    ]
+def _lookup_groups(lookups) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
+    # TorchRec keeps lookups in a plain list, out of nn.Module.modules()' reach: each
+    # is walked, and its groups belong to the collection itself (path "").
+    return [("", group) for lookup in lookups for _, group in table_groups(lookup)]
 
 
 def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbeddingTables]:
@@ -130,7 +101,7 @@ def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbedd
             print(path, tables.table_names, [t.size() for t in tables.tables])
     """
     found = {}
-    for path, tables in dynamic_kernels_by_path(model):
+    for path, tables in table_groups(model):
         found[f"{path}.{tables.table_names[0]}" if path else tables.table_names[0]] = tables
     return found
 
@@ -199,6 +170,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
         )
 
+    def dynamic_table_groups(self) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
+        """The groups of dynamic tables of this rank (dynemb.table_groups' protocol)."""
+        return _lookup_groups(self._lookups)
+
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
         _register_placeholders(
@@ -266,6 +241,10 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry
         )
+
+    def dynamic_table_groups(self) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
+        """The groups of dynamic tables of this rank (dynemb.table_groups' protocol)."""
+        return _lookup_groups(self._lookups)
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)

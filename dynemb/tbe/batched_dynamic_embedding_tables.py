@@ -347,6 +347,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         is its cache's). The dynemb.telemetry module gathers them over a model."""
         return {name: t.telemetry for name, t in zip(self.table_names, self.tables)}
 
+    def dynamic_table_groups(self) -> tuple[tuple[str, "BatchedDynamicEmbeddingTables"], ...]:
+        """This module itself: how dynemb.table_groups finds a group of tables in a model."""
+        return (("", self),)
+
     # -------------------------------------------------------------- internals
 
     def _inserts(self, t: int) -> bool:
