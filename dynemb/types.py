@@ -7,6 +7,7 @@ types: ``dynemb.config.types``) and no module of dynemb imports it.
 """
 
 from dynemb.admission import AdmissionStrategy, Counter
+from dynemb.config.storage import Storage
 from dynemb.config.table_options import DynamicEmbInitializerArgs
 from dynemb.config.types import (
     COUNTER_TYPE,
@@ -26,7 +27,6 @@ from dynemb.config.types import (
 )
 from dynemb.planner.capacity import BUCKET_ALIGNMENT, DEMB_TABLE_ALIGN_SIZE, MAX_BUCKET_CAPACITY
 from dynemb.tiering.cache import Cache
-from dynemb.tiering.storage import Storage
 
 __all__ = [
     "COUNTER_TYPE",

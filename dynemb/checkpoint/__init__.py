@@ -2,9 +2,9 @@
 
 from dynemb.checkpoint.dump import DynamicEmbDump
 from dynemb.checkpoint.exchange import CheckpointWarning
-from dynemb.checkpoint.format import CheckpointError
 from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.distributed.rank_faults import RankFailure
+from dynemb.dump_files.format import CheckpointError
 
 __all__ = [
     "CheckpointError",

@@ -20,15 +20,6 @@ from dynemb.checkpoint.dump_lock import (
 )
 from dynemb.checkpoint.dynamicemb_dump import prepare_directory, write_table
 from dynemb.checkpoint.exchange import check_row_wise_everywhere
-from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
-from dynemb.checkpoint.manifest import (
-    FORMAT,
-    MANIFEST,
-    SLICES_VERSION,
-    VERSION,
-    read_manifest,
-    write_manifest,
-)
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
 from dynemb.config.score_strategies import score_strategy_label
 from dynemb.distributed.collectives import (
@@ -43,6 +34,15 @@ from dynemb.distributed.rank_faults import (
     collective,
 )
 from dynemb.distributed.sharding_names import COLUMN_SLICES
+from dynemb.dump_files.format import CHUNK_ROWS, FieldWriter, dtype_name, fsync_dir
+from dynemb.dump_files.manifest import (
+    FORMAT,
+    MANIFEST,
+    SLICES_VERSION,
+    VERSION,
+    read_manifest,
+    write_manifest,
+)
 
 FORMATS = ("dynemb", "dynamicemb")
 

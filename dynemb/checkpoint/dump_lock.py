@@ -29,8 +29,8 @@ import os
 import shutil
 from pathlib import Path
 
-from dynemb.checkpoint.format import CheckpointError
-from dynemb.checkpoint.manifest import MANIFEST, read_manifest
+from dynemb.dump_files.format import CheckpointError
+from dynemb.dump_files.manifest import MANIFEST, read_manifest
 
 LOCK = ".dynemb-dump.lock"
 DUMP_PREFIX = "dump-"

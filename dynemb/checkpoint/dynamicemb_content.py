@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from dynemb.checkpoint.dynamicemb_layout import SavedShard, SavedTable, read_field
+from dynemb.dump_files.dynamicemb_layout import SavedShard, SavedTable, read_field
 
 KeysOf = Callable[[SavedShard, torch.Tensor], torch.Tensor]  # saved ids -> raw keys
 

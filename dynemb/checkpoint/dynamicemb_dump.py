@@ -6,7 +6,11 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.dynamicemb_layout import (
+from dynemb.checkpoint.exchange import route_rows
+from dynemb.checkpoint.tables import NamedTable
+from dynemb.config.score_strategies import evict_strategy_of
+from dynemb.distributed.collectives import all_gather, rank_and_size
+from dynemb.dump_files.dynamicemb_layout import (
     FIELDS,
     OPT_ARGS,
     continuous_local_ids,
@@ -14,12 +18,8 @@ from dynemb.checkpoint.dynamicemb_layout import (
     opt_type_name,
     score_columns,
 )
-from dynemb.checkpoint.exchange import route_rows
-from dynemb.checkpoint.format import CHUNK_ROWS, FieldWriter
-from dynemb.checkpoint.manifest import MANIFEST
-from dynemb.checkpoint.tables import NamedTable
-from dynemb.config.score_strategies import evict_strategy_of
-from dynemb.distributed.collectives import all_gather, rank_and_size
+from dynemb.dump_files.format import CHUNK_ROWS, FieldWriter
+from dynemb.dump_files.manifest import MANIFEST
 from dynemb.optimizer import EmbOptimType
 
 

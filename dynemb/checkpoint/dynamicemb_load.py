@@ -7,7 +7,20 @@ from pathlib import Path
 import torch
 
 from dynemb.checkpoint.dynamicemb_content import content_errors
-from dynemb.checkpoint.dynamicemb_layout import (
+from dynemb.checkpoint.exchange import (
+    RESTORE_THREADS,
+    StepLimits,
+    op_threads,
+    prepare_tables,
+    report_dropped,
+    restore_rows,
+    restored_step,
+    route_rows,
+)
+from dynemb.checkpoint.tables import NamedTable, admission_counter, named_tables
+from dynemb.config.score_strategies import evict_strategy_of
+from dynemb.distributed.collectives import all_gather, rank_and_size
+from dynemb.dump_files.dynamicemb_layout import (
     OPT_ARGS,
     SavedShard,
     SavedTable,
@@ -19,20 +32,7 @@ from dynemb.checkpoint.dynamicemb_layout import (
     score_columns,
     validate_table,
 )
-from dynemb.checkpoint.exchange import (
-    RESTORE_THREADS,
-    StepLimits,
-    op_threads,
-    prepare_tables,
-    report_dropped,
-    restore_rows,
-    restored_step,
-    route_rows,
-)
-from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError
-from dynemb.checkpoint.tables import NamedTable, admission_counter, named_tables
-from dynemb.config.score_strategies import evict_strategy_of
-from dynemb.distributed.collectives import all_gather, rank_and_size
+from dynemb.dump_files.format import CHUNK_ROWS, CheckpointError
 
 _HYPER_PARAMETERS = {  # opt_args.json key -> OptimizerConfig field
     "lr": "learning_rate",

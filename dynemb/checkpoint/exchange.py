@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 
 from dynemb import _ops
-from dynemb.checkpoint.manifest import INT64_MAX
 from dynemb.checkpoint.tables import NamedTable, admission_counter
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.distributed.rank_faults import collective
-from dynemb.shard.routing import route_keys
+from dynemb.distributed.routing import route_keys
+from dynemb.dump_files.manifest import INT64_MAX
 
 # Threads of the table ops while loading. One op thread restored 4M rows of 192
 # floats in 0.5-0.8 s where two took 1.5-3.8 s (same runs, 2-core machine shared

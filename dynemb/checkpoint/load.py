@@ -6,9 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.columns import for_table
 from dynemb.checkpoint.dump_lock import load_lock
-from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
 from dynemb.checkpoint.dynamicemb_load import load_dynamicemb_layout
 from dynemb.checkpoint.exchange import (
     RESTORE_THREADS,
@@ -25,11 +23,7 @@ from dynemb.checkpoint.exchange import (
     table_holders,
     table_routes,
 )
-from dynemb.checkpoint.format import CHUNK_ROWS, CheckpointError, dtype_name, read_rows
-from dynemb.checkpoint.manifest import MANIFEST, read_manifest
-from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units, routed_fields
 from dynemb.checkpoint.tables import NamedTable, TableNames, admission_counter, named_tables
-from dynemb.checkpoint.verify import verify_all
 from dynemb.config.score_strategies import score_strategy_label
 from dynemb.distributed.collectives import (
     all_gather,
@@ -37,6 +31,12 @@ from dynemb.distributed.collectives import (
     rank_and_size,
 )
 from dynemb.distributed.rank_faults import DEFAULT_TIMEOUT_S, RankAgreement
+from dynemb.dump_files.columns import for_table
+from dynemb.dump_files.dynamicemb_layout import is_dynamicemb_layout
+from dynemb.dump_files.format import CHUNK_ROWS, CheckpointError, dtype_name, read_rows
+from dynemb.dump_files.manifest import MANIFEST, read_manifest
+from dynemb.dump_files.saved_rows import MappedUnit, file_fields, read_units, routed_fields
+from dynemb.dump_files.verify import verify_all
 from dynemb.table.batches_in_flight import refuse_batches_in_flight
 
 

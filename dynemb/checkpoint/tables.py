@@ -1,13 +1,18 @@
 """The dynamic tables of a model, by a name that does not depend on the world size."""
 
+from __future__ import annotations
+
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.table_groups import collection_path, public_collection_path, table_groups
-from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
+
+if TYPE_CHECKING:  # annotations only: groups are found by protocol, not class
+    from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 TableNames = Mapping[str, Sequence[str]] | Sequence[str] | None
 """``table_names`` of DynamicEmbDump / DynamicEmbLoad: DynamicEmb's ``{collection path:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from dynemb.checkpoint.dump_lock import dump_lock
-from dynemb.checkpoint.format import (
+from dynemb.dump_files.format import (
     VERIFY_BLOCK,
     CheckpointError,
     FieldWriter,
@@ -45,8 +45,8 @@ from dynemb.checkpoint.format import (
     fsync_dir,
     read_rows,
 )
-from dynemb.checkpoint.json_files import parse_json
-from dynemb.checkpoint.manifest import INT64_MAX, MANIFEST, checksum, write_manifest
+from dynemb.dump_files.json_files import parse_json
+from dynemb.dump_files.manifest import INT64_MAX, MANIFEST, checksum, write_manifest
 
 FORMAT = "dynemb-delta"
 VERSION = 1

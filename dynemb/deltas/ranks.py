@@ -1,11 +1,11 @@
 """The collective parts of a DeltaPublisher over several processes (any sharding type).
 
 A row-wise table has a shard on every rank, and a key is routed to exactly one rank
-(dynemb/shard/routing.py): the ranks' changes to it are disjoint, so its delta is the
+(dynemb/distributed/routing.py): the ranks' changes to it are disjoint, so its delta is the
 concatenation of the ranks'. A table-wise table's delta is its one rank's. Each slice
 of a column-wise table stores, updates and evicts the same keys (dynemb/shard/
 cw_sharding.py), so its delta is the slices' joined by key: their columns side by side
-(and their optimizer state, as a checkpoint joins it: dynemb/checkpoint/columns.py),
+(and their optimizer state, as a checkpoint joins it: dynemb/dump_files/columns.py),
 the first slice's scores and tombstones. Rank 0 gathers the ranks' changes and writes
 the one delta of whole rows (the on-disk format does not depend on the sharding);
 its outcome, committed or the error, is posted to every rank through the group's
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dynemb.checkpoint.columns import join_states
 from dynemb.deltas.capture import Capture, delta_bytes, entries, restore
 from dynemb.deltas.commit import DeltaCommit
 from dynemb.deltas.format import TableDelta, table_delta_meta
 from dynemb.distributed.rank_faults import RankAgreement, RankFailure
+from dynemb.dump_files.columns import join_states
 
 
 def agree_on_tables(ranks: RankAgreement, pg, local_error: str | None, tables: dict) -> None:

@@ -13,7 +13,8 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
-import dynemb
+from dynemb.checkpoint.dump import DynamicEmbDump
+from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.datasets import roc_auc
 from dynemb.tiering import PrefetchPipeline, distribute_for_prefetch, prefetch_distributed
 
@@ -103,14 +104,14 @@ def evaluate_logits(
 def load_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
     """Dynamic tables from dynemb's checkpoint (any world size), the rest (dense layers,
     ordinary TorchRec tables) from torch.distributed.checkpoint."""
-    dynemb.DynamicEmbLoad(os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True)
+    DynamicEmbLoad(os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True)
     state = model.state_dict()
     dcp.load(state, checkpoint_id=os.path.join(args.checkpoint_dir, "torchrec"))
     model.load_state_dict(state, strict=False)
 
 
 def dump_checkpoint(model: nn.Module, args: argparse.Namespace) -> None:
-    dynemb.DynamicEmbDump(
+    DynamicEmbDump(
         os.path.join(args.checkpoint_dir, "dynamic"), model, optim=True, allow_overwrite=True
     )
     dcp.save(model.state_dict(), checkpoint_id=os.path.join(args.checkpoint_dir, "torchrec"))

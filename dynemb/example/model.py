@@ -27,13 +27,18 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlann
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-import dynemb
+from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
+from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrategy
 from dynemb.example.arguments import NUM_FEATURES, SEQUENCE_FEATURE
 from dynemb.example.data import dynamic_features
 from dynemb.models import SequenceDLRM
 from dynemb.optimizer import EmbOptimType, OptimizerConfig
-from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+from dynemb.planner.constraints import DynamicEmbParameterConstraints
+from dynemb.planner.planner import DynamicEmbeddingShardingPlanner
+from dynemb.shard.sharders import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+)
 
 # TorchRec's planner reserves this share of each device's memory for what is not an
 # embedding table (dense layers, optimizer state, input batches).
@@ -183,15 +188,15 @@ def dynamic_planner(
     return sharders, planner
 
 
-def dynamic_table_options(args: argparse.Namespace) -> dynemb.DynamicEmbTableOptions:
+def dynamic_table_options(args: argparse.Namespace) -> DynamicEmbTableOptions:
     """Every dynamic table's options (the planner fills in dim and capacity per rank)."""
-    return dynemb.DynamicEmbTableOptions(
-        initializer_args=dynemb.DynamicEmbInitializerArgs(
-            mode=dynemb.DynamicEmbInitializerMode.UNIFORM,
+    return DynamicEmbTableOptions(
+        initializer_args=DynamicEmbInitializerArgs(
+            mode=DynamicEmbInitializerMode.UNIFORM,
             lower=-args.init_bound,
             upper=args.init_bound,
         ),
-        score_strategy=dynemb.DynamicEmbScoreStrategy[args.score_strategy],
+        score_strategy=DynamicEmbScoreStrategy[args.score_strategy],
         dist_type=args.dist_type,
         seed=args.seed,
         **cache_options(args),

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from dynemb.checkpoint.format import fsync_dir
 from dynemb.deltas import DeltaPublisher, delta_path
+from dynemb.dump_files.format import fsync_dir
 
 CONFIG = "example.json"
 _DENSE = re.compile(r"^dense-(\d{8})\.pt$")

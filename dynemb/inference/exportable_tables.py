@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from dynemb import _ops
-from dynemb.checkpoint.format import CheckpointError
-from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.deltas import read_delta
 from dynemb.deltas.replay import check_order, replayed_rows, served_tables, stored_rows
+from dynemb.dump_files.format import CheckpointError
+from dynemb.dump_files.manifest import MANIFEST, read_manifest
 from dynemb.inference.arguments import (
     check_inference_batch,
     feature_map,

@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout, saved_tables
 from dynemb.checkpoint.exchange import RowsDroppedError
 from dynemb.checkpoint.load import DynamicEmbLoad
-from dynemb.checkpoint.manifest import MANIFEST, read_manifest
 from dynemb.checkpoint.tables import CollectionGroups, named_tables
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.distributed.collectives import all_gather, process_group
+from dynemb.dump_files.dynamicemb_layout import is_dynamicemb_layout, saved_tables
+from dynemb.dump_files.manifest import MANIFEST, read_manifest
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.table_groups import ROOT_COLLECTION, collection_path
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables

@@ -20,6 +20,12 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from dynemb.config.table_options import DynamicEmbTableOptions
+from dynemb.distributed.routing import (
+    STATIC,
+    DynamicEmbRwSparseFeaturesDist,
+    check_dist_type,
+    continuous_block,
+)
 from dynemb.distributed.sharding_names import (
     DYNAMIC_KERNEL,
     DYNAMIC_KERNEL_NAME,
@@ -27,12 +33,6 @@ from dynemb.distributed.sharding_names import (
 )
 from dynemb.shard.compute_kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
-from dynemb.shard.routing import (
-    STATIC,
-    DynamicEmbRwSparseFeaturesDist,
-    check_dist_type,
-    continuous_block,
-)
 
 
 def is_dynamic(info: EmbeddingShardingInfo) -> bool:

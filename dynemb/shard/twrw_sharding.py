@@ -29,8 +29,8 @@ from torchrec.distributed.sharding.twrw_sharding import (
 from torchrec.distributed.types import Awaitable, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynemb.distributed.routing import bucketize_by_route
 from dynemb.shard.output_dist import TwRwUnevenPooledEmbeddingDist
-from dynemb.shard.routing import bucketize_by_route
 from dynemb.shard.rw_sharding import (
     DynamicEmbGroupedPooledEmbeddingsLookup,
     dynamic_options,

@@ -3,13 +3,15 @@
 Each is the model-level function of dynemb applied to this module alone (its tables
 form the collection ``"model"``): ``dump`` / ``load`` are DynamicEmbDump /
 DynamicEmbLoad, ``get_score`` / ``set_score`` / ``incremental_dump`` those of
-dynemb.incremental_dump, so they write, read and return the same things. Those modules are imported where they
-are used: they import the sharded modules, which build this class.
+dynemb.checkpoint.incremental, so they write, read and return the same things.
 """
 
 import torch
 import torch.distributed as dist
 
+from dynemb.checkpoint import incremental
+from dynemb.checkpoint.dump import DynamicEmbDump
+from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.config.table_options import BATCH_SIZE_PER_DUMP
 
 # The collection name of a module dumped or scored by itself.
@@ -40,8 +42,6 @@ class CheckpointMembers:
 
             tables.dump("/ckpt/tables", optim=True)
         """
-        from dynemb.checkpoint import DynamicEmbDump
-
         DynamicEmbDump(
             save_dir, self, table_names=table_names, optim=optim, counter=counter, pg=pg,
             allow_overwrite=True, format=format,
@@ -62,8 +62,6 @@ class CheckpointMembers:
 
             fresh.load("/ckpt/tables", optim=True)
         """
-        from dynemb.checkpoint import DynamicEmbLoad
-
         DynamicEmbLoad(save_dir, self, table_names=table_names, optim=optim, counter=counter, pg=pg)
 
     def export_keys_values(
@@ -107,21 +105,17 @@ class CheckpointMembers:
         """``{table name: score reference}``: for timestamp strategies the current time,
         for STEP the next step, for the others the table's score (see
         dynemb.incremental_dump.get_score)."""
-        from dynemb.incremental_dump import get_score
-
-        return get_score(self)[_SELF]
+        return incremental.get_score(self)[_SELF]
 
     def set_score(self, named_score: dict[str, int]) -> None:
         """Sets the score that keys of the named CUSTOMIZED tables get from now on
         (``{table name: int}``; see dynemb.incremental_dump.set_score for errors and
         the warning on a decrease)."""
-        from dynemb.incremental_dump import set_score
-
         if not isinstance(named_score, dict):
             raise TypeError(
                 f"set_score: `named_score` must be a dict of table name -> int, got {named_score!r}"
             )
-        set_score(self, {_SELF: named_score})
+        incremental.set_score(self, {_SELF: named_score})
 
     def incremental_dump(
         self,
@@ -146,8 +140,6 @@ class CheckpointMembers:
             ...train...
             rows, ref = tables.incremental_dump(ref)
         """
-        from dynemb.incremental_dump import incremental_dump
-
         if named_thresholds is None:
             threshold = 0
         elif isinstance(named_thresholds, dict):
@@ -157,7 +149,7 @@ class CheckpointMembers:
                 "incremental_dump: `named_thresholds` must be a dict of table name -> int "
                 f"or None, got {named_thresholds!r}"
             )
-        dumped, scores = incremental_dump(self, threshold, pg)
+        dumped, scores = incremental.incremental_dump(self, threshold, pg)
         return dumped.get(_SELF, {}), scores[_SELF]
 
 

@@ -1,5 +1,6 @@
 """Caching mode: a fast cache table in front of a slow ``Storage`` (see DynamicEmb_APIs.md)."""
 
+from dynemb.config.storage import Storage, StorageSpec
 from dynemb.tiering.backing import HashTableStorage, make_backing_storage
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cached_table import CachedTable, CacheStats
@@ -9,7 +10,6 @@ from dynemb.tiering.pipeline import (
     distribute_for_prefetch,
     prefetch_distributed,
 )
-from dynemb.tiering.storage import Storage, StorageSpec
 
 __all__ = [
     "Cache",

@@ -8,10 +8,10 @@ full ``max_capacity`` whose rows are in host memory (on a GPU: ``backing_fast_ro
 
 import time
 
+from dynemb.config.storage import Storage, StorageSpec
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.table.placement import backing_fast_rows
 from dynemb.table.scored_hash_table import ScoredHashTable
-from dynemb.tiering.storage import Storage, StorageSpec
 
 
 class HashTableStorage(Storage):

@@ -56,6 +56,7 @@ import threading
 import torch
 
 from dynemb import _ops, streams
+from dynemb.config.storage import Storage
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.host_reads import read_to_host
 from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
@@ -68,7 +69,6 @@ from dynemb.tiering.cache_fill import CacheFill
 from dynemb.tiering.cache_reads import CacheReads
 from dynemb.tiering.cache_stats import CacheStats
 from dynemb.tiering.staging import Staged, StagingArea
-from dynemb.tiering.storage import Storage
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
 # Strategies scored by the table's step: a training lookup counts one.

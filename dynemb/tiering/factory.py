@@ -5,13 +5,13 @@ import warnings
 
 import torch
 
+from dynemb.config.storage import Storage, StorageSpec
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.backing import make_backing_storage
 from dynemb.tiering.cached_table import CachedTable
-from dynemb.tiering.storage import Storage, StorageSpec
 from dynemb.warm_start.table_fill import TableFill
 
 # Slots per cache bucket. DynamicEmb uses 1024 (a GPU warp scans a bucket at once);

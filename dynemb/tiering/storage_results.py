@@ -6,7 +6,7 @@ cast)."""
 
 import torch
 
-from dynemb.tiering.storage import Storage
+from dynemb.config.storage import Storage
 
 
 def checked_find(

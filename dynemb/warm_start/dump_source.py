@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.columns import join_states, saved_slices
-from dynemb.checkpoint.dynamicemb_layout import is_dynamicemb_layout
-from dynemb.checkpoint.format import CheckpointError
-from dynemb.checkpoint.manifest import INT64_MAX, MANIFEST, read_manifest
-from dynemb.checkpoint.saved_rows import MappedUnit, file_fields, read_units
-from dynemb.checkpoint.verify import verify_all
+from dynemb.dump_files.columns import join_states, saved_slices
+from dynemb.dump_files.dynamicemb_layout import is_dynamicemb_layout
+from dynemb.dump_files.format import CheckpointError
+from dynemb.dump_files.manifest import INT64_MAX, MANIFEST, read_manifest
+from dynemb.dump_files.saved_rows import MappedUnit, file_fields, read_units
+from dynemb.dump_files.verify import verify_all
 from dynemb.warm_start.dynamicemb_source import read_dynamicemb_table
 
 

@@ -2,14 +2,14 @@
 ``DynamicEmbDump(..., format="dynamicemb")``, or DynamicEmb's own dump) whole, for a
 warm start. The files are headerless: a row's widths (embedding, scores, optimizer
 state) come from the sizes of a saved rank's files, then every file is checked
-against them (dynemb.checkpoint.dynamicemb_layout.validate_table) before a row is read.
+against them (dynemb.dump_files.dynamicemb_layout.validate_table) before a row is read.
 """
 
 from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.dynamicemb_layout import (
+from dynemb.dump_files.dynamicemb_layout import (
     FIELDS,
     continuous_keys,
     file_name,
@@ -19,7 +19,7 @@ from dynemb.checkpoint.dynamicemb_layout import (
     saved_tables,
     validate_table,
 )
-from dynemb.checkpoint.format import CheckpointError
+from dynemb.dump_files.format import CheckpointError
 
 
 def _find(path: Path, table_name: str) -> tuple[str, str]:

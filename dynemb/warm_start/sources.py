@@ -25,6 +25,9 @@ from collections.abc import Callable
 
 import torch
 
+from dynemb.config.storage import Storage
+from dynemb.warm_start.dump_source import read_table
+
 MAPPINGS = ("identity", "modulo")
 
 
@@ -189,8 +192,6 @@ class WarmStart:
             ValueError: no dump at ``path``, or no table ``table_name`` in it.
             CheckpointError: a damaged dump (a ValueError too).
         """
-        from dynemb.warm_start.dump_source import read_table
-
         keys, values, state, step = read_table(path, table_name, optim, num_embeddings)
         return KeyedRows(keys, values, state, step)
 
@@ -208,8 +209,6 @@ class WarmStart:
                 state_columns) floating, scores (n,) int64, found (n,) bool)`` for n
                 keys, naming the storage's class and what it returned.
         """
-        from dynemb.tiering.storage import Storage
-
         if not isinstance(storage, Storage):
             raise ValueError(
                 f"WarmStart.from_storage: `storage` must be a Storage, got {storage!r}"

@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from dynemb.checkpoint.format import CheckpointError
 from dynemb.deltas import delta_path
 from dynemb.deltas.format import read_delta, table_delta_meta, write_delta
+from dynemb.dump_files.format import CheckpointError
 from tests.support.delta_chains import lookup, one_table_chain, serving_base
 
 KEYS = torch.arange(-5, 30)

@@ -13,7 +13,7 @@ from dynemb import (
     DynamicEmbLoad,
     DynamicEmbTableOptions,
 )
-from dynemb.checkpoint.json_files import MAX_DEPTH, parse_json
+from dynemb.dump_files.json_files import MAX_DEPTH, parse_json
 
 pytestmark = pytest.mark.no_emulated_pass("JSON parsing: Python only")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dynemb.checkpoint.dump import committed_dump
-from dynemb.shard.routing import route_keys
+from dynemb.distributed.routing import route_keys
 from tests.support.checkpoint_workers import (
     dump_then_continue,
     load_then_continue,

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from dynemb.checkpoint import CheckpointError
-from dynemb.checkpoint.manifest import read_manifest
 from dynemb.deltas import delta_path, read_delta
+from dynemb.dump_files.manifest import read_manifest
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from dynemb.warm_start.dump_source import read_dumped_table
 from tests.support.checkpoint_plans_workers import (

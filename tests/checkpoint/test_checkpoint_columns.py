@@ -1,4 +1,4 @@
-"""How a checkpoint load turns saved rows into a table's view (dynemb.checkpoint.columns):
+"""How a checkpoint load turns saved rows into a table's view (dynemb.dump_files.columns):
 a slice's columns and optimizer state out of whole rows, whole rows out of slices, for
 every optimizer's state layout and slices of unequal widths; the oracle is the state
 layout of core/optimizer_rules.h written out by hand."""
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dynemb.checkpoint.columns import for_table, join_states, per_column_groups, slice_state
+from dynemb.dump_files.columns import for_table, join_states, per_column_groups, slice_state
 
 SLICES = [(0, 3), (3, 5)]  # unequal widths: a whole row of 8 columns
 DIM = 8

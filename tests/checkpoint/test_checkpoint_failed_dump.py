@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint import format as format_module
-from dynemb.checkpoint import manifest as manifest_module
 from dynemb.checkpoint.dump import committed_dump
+from dynemb.dump_files import format as format_module
+from dynemb.dump_files import manifest as manifest_module
 from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("filesystem failures during a dump: Python only")

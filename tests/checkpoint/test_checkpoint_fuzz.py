@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.manifest import checksum
+from dynemb.dump_files.manifest import checksum
 from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("file formats: no table op differs per executor")

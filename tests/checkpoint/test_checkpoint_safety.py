@@ -11,9 +11,9 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint import verify as verify_module
 from dynemb.checkpoint.dump import committed_dump
-from dynemb.checkpoint.manifest import checksum
+from dynemb.dump_files import verify as verify_module
+from dynemb.dump_files.manifest import checksum
 from dynemb.optimizer import EmbOptimType
 from tests.support.checkpoint_tables import contents as _contents
 from tests.support.checkpoint_tables import make_module as _module

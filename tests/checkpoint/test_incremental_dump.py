@@ -12,7 +12,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynemb import incremental_dump as inc
+from dynemb.checkpoint import incremental as inc
 from dynemb.incremental_dump import get_score, set_score
 from tests.support.incremental_dump_workers import TOUCHED, FakeClock, dump_after_training
 from tests.support.multiprocess import run_ranks

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dynemb import _ops
-from dynemb.shard.routing import route_keys
+from dynemb.distributed.routing import route_keys
 from tests.support.hash_roundrobin_workers import (
     dump_old_routing,
     load_new_routing,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynemb import _ops
-from dynemb.checkpoint.format import crc32_combine
+from dynemb.dump_files.format import crc32_combine
 
 pytestmark = pytest.mark.no_emulated_pass(
     "crc32 is a host op (torch.ops.dynemb), the same in every pass"

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from dynemb import BatchedDynamicEmbeddingTables
-from dynemb.checkpoint.format import CheckpointError
-from dynemb.checkpoint.manifest import checksum
 from dynemb.deltas import DeltaPublisher, DeltaVersionError, delta_path
 from dynemb.deltas.format import write_delta
+from dynemb.dump_files.format import CheckpointError
+from dynemb.dump_files.manifest import checksum
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
 from tests.support.delta_chains import OPTIONS, lookup, one_table_chain, serving_base
 

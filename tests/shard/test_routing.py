@@ -1,10 +1,10 @@
-"""Row-wise routing of raw keys (dynemb.shard.routing): every rule, every key range."""
+"""Row-wise routing of raw keys (dynemb.distributed.routing): every rule, every key range."""
 
 import pytest
 import torch
 
 from dynemb import _ops
-from dynemb.shard.routing import DIST_TYPES, STATIC, check_dist_type, route_keys
+from dynemb.distributed.routing import DIST_TYPES, STATIC, check_dist_type, route_keys
 
 EDGE_KEYS = torch.tensor([0, 1, 39, 40, 41, -1, -40, 1 << 40, (1 << 63) - 1, -(1 << 63)])
 

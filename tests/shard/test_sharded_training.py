@@ -5,9 +5,7 @@ and every key lives on exactly the rank its routing rule names."""
 import pytest
 
 from tests.support.multiprocess import run_ranks
-from tests.support.sharded_checks import (
-    check_sharded_training,
-)
+from tests.support.sharded_checks import check_sharded_training
 from tests.support.sharded_workers import (
     Case,
     train_sharded,

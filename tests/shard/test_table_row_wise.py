@@ -7,7 +7,7 @@ ranks of their table's node, each on the rank its routing names."""
 import pytest
 import torch
 
-from dynemb.shard.routing import route_keys
+from dynemb.distributed.routing import route_keys
 from tests.support.multiprocess import run_ranks
 from tests.support.table_row_wise_workers import (
     BATCH,

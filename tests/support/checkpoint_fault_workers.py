@@ -96,7 +96,7 @@ def load_with_a_fault(rank: int, world_size: int, path: str, failing: int, fault
 
 def incremental_dump_with_a_fault(rank: int, world_size: int, failing: int, fault: str) -> dict:
     """incremental_dump over the group with ``fault`` on rank ``failing``."""
-    import dynemb.incremental_dump as incremental
+    import dynemb.checkpoint.incremental as incremental
 
     module = make_module()
     train(module, torch.arange(rank * 1000, rank * 1000 + 400))

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbScoreStrategy, DynamicEmbTableOptions
-from dynemb.checkpoint.manifest import checksum
+from dynemb.dump_files.manifest import checksum
 from dynemb.optimizer import EmbOptimType
 
 

@@ -3,7 +3,7 @@ outputs, step by step, and each key held by exactly its owner with the reference
 
 import torch
 
-from dynemb.shard.routing import route_keys
+from dynemb.distributed.routing import route_keys
 from tests.support.sharded_workers import (
     FEATURES,
     NUM_EMBEDDINGS,

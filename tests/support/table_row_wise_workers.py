@@ -21,10 +21,10 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, t
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
+from dynemb.distributed.routing import route_keys
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
 from dynemb.optimizer import EmbOptimType
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
-from dynemb.shard.routing import route_keys
 from tests.support.plan_entries import dynamic_entry, sharded_model
 from tests.support.sharded_workers import dynamic_tables, table_options
 

@@ -6,7 +6,7 @@ the checksum and schema checks that walk the document)."""
 import json
 from pathlib import Path
 
-from dynemb.checkpoint.format import CheckpointError
+from dynemb.dump_files.format import CheckpointError
 
 MAX_DEPTH = 32  # levels of arrays / objects; dynemb writes at most 5
 

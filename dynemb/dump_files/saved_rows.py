@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.columns import saved_slices, state_widths
-from dynemb.checkpoint.format import dtype_of
-from dynemb.checkpoint.verify import field_bytes
+from dynemb.dump_files.columns import saved_slices, state_widths
+from dynemb.dump_files.format import dtype_of
+from dynemb.dump_files.verify import field_bytes
 
 
 def routed_fields(meta: dict, with_state: bool, keeps_ts: bool) -> dict:

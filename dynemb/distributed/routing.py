@@ -28,7 +28,7 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dynemb.shard.hash_routing import hash_roundrobin_ranks
+from dynemb.distributed.hash_routing import hash_roundrobin_ranks
 
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 STATIC = "static"  # an ordinary TorchRec table: block routing, keys become local rows

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from dynemb.checkpoint.format import (
+from dynemb.dump_files.format import (
     VERIFY_BLOCK,
     CheckpointError,
     check_size,

@@ -35,8 +35,8 @@ import os
 import re
 from pathlib import Path
 
-from dynemb.checkpoint.format import CheckpointError, dtype_of, fsync_dir
-from dynemb.checkpoint.json_files import parse_json
+from dynemb.dump_files.format import CheckpointError, dtype_of, fsync_dir
+from dynemb.dump_files.json_files import parse_json
 from dynemb.optimizer import EmbOptimType
 
 FORMAT = "dynemb-checkpoint"
