@@ -65,9 +65,11 @@ else
 	@cat build/cuda-check/_C.so.checked
 endif
 
+# lint-imports: the import contracts of pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 # The whole suite runs twice: on the CPU executor (test-cpu), then on the emulated CUDA
 # executor (test-emulated: the csrc/cuda kernels built for the host; see

@@ -1,4 +1,4 @@
-"""Figures of dynemb's import graph: cycles, imports of the front, function-level imports.
+"""Figures of dynemb's import graph: cycles, the front, function-level imports.
 
 Usage: python tools/import_graph.py [--list]
 
@@ -10,6 +10,7 @@ not count. --list prints every offending import, not only the counts.
 import argparse
 import ast
 import pathlib
+import sys
 
 import grimp
 
@@ -77,6 +78,28 @@ def cycles(graph) -> list[set[str]]:
     return found
 
 
+def drop_extension_imports(graph) -> None:
+    """Removes ``import dynemb._C``: grimp, which sees Python sources only, records an
+    import of the compiled extension as one of the package ``dynemb``."""
+    for importer in sorted(graph.find_modules_that_directly_import("dynemb")):
+        details = graph.get_import_details(importer=importer, imported="dynemb")
+        if details and all("_C" in d["line_contents"] for d in details):
+            graph.remove_import(importer=importer, imported="dynemb")
+
+
+def add_package_imports(graph) -> None:
+    """Adds what Python does on ``import a.b.c`` from outside ``a.b``: it runs
+    ``a/b/__init__.py`` first. A package whose ``__init__`` re-exports makes a cycle of
+    its own (``dynemb`` itself is left out: every module is inside it)."""
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            parts = imported.split(".")
+            for depth in range(2, len(parts)):
+                package = ".".join(parts[:depth])
+                if not (importer == package or importer.startswith(package + ".")):
+                    graph.add_import(importer=importer, imported=package)
+
+
 def front_imports(graph) -> list[tuple[str, str]]:
     """(importer, front module) for every import of the front by a module behind it."""
     return sorted(
@@ -85,6 +108,30 @@ def front_imports(graph) -> list[tuple[str, str]]:
         for importer in graph.find_modules_that_directly_import(front)
         if importer not in FRONT
     )
+
+
+def _front_file(module: str) -> pathlib.Path:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return path if path.exists() else ROOT / module.replace(".", "/") / "__init__.py"
+
+
+def front_definitions() -> list[tuple[str, int, str]]:
+    """(file, line, statement) of every statement of a front module other than its
+    docstring, imports and ``__all__``: a front re-exports, it defines nothing."""
+    found = []
+    for module in FRONT:
+        path = _front_file(module)
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "__all__"
+            ]:
+                continue
+            found.append((str(path.relative_to(ROOT)), node.lineno, type(node).__name__))
+    return found
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -146,10 +193,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print every offending import")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))  # this checkout's dynemb, not an installed one
     graph = grimp.build_graph("dynemb", exclude_type_checking_imports=True, cache_dir=None)
-    found = cycles(graph)
+    drop_extension_imports(graph)
     front = front_imports(graph)
+    found = cycles(graph)
+    add_package_imports(graph)
+    found_at_run_time = cycles(graph)
     local = function_imports()
+    defined = front_definitions()
     internal = [entry for entry in local if entry[2].startswith(("dynemb", "."))]
     checks = tbe_isinstance()
     print(f"modules: {len(graph.modules)}")
@@ -157,15 +209,26 @@ def main() -> None:
         f"import cycles (strongly connected components): {len(found)}, sizes {sorted(map(len, found), reverse=True)}"
     )
     print(
+        "import cycles counting package __init__ runs: "
+        f"{len(found_at_run_time)}, sizes {sorted(map(len, found_at_run_time), reverse=True)}"
+    )
+    print(
         f"imports of the front by other modules: {len(front)} from {len({i for i, _ in front})} modules"
+    )
+    print(
+        f"definitions in front modules: {len(defined)} in {len({f for f, _, _ in defined})} modules"
     )
     print(f"function-level imports: {len(local)} ({len(internal)} of dynemb's own modules)")
     print(f"isinstance/issubclass on TBE module classes: {len(checks)}")
     if args.list:
         for component in found:
             print("cycle:", " ".join(sorted(component)))
+        for component in found_at_run_time:
+            print("cycle at run time:", " ".join(sorted(component)))
         for importer, imported in front:
             print(f"front import: {importer} -> {imported}")
+        for file, line, kind in defined:
+            print(f"front definition: {file}:{line} {kind}")
         for file, line, name in local:
             print(f"function-level import: {file}:{line} {name}")
         for file, line in checks:

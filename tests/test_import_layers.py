@@ -1,0 +1,82 @@
+"""dynemb's import graph: no cycle, counting what Python runs on an import (a package's
+``__init__``) too; no function-level import of dynemb's own modules; the front (DynamicEmb's
+module paths, ``dynemb/__init__.py``) imported by no module behind it. ``make lint``
+checks the front by import-linter's contracts (pyproject.toml); these tests check the
+graph those contracts cannot, with the functions of tools/import_graph.py."""
+
+import importlib.util
+import pathlib
+
+import grimp
+import pytest
+
+pytestmark = pytest.mark.no_emulated_pass("reads the sources' imports; runs no table op")
+
+_TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "import_graph.py"
+_spec = importlib.util.spec_from_file_location("import_graph", _TOOL)
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    built = grimp.build_graph("dynemb", exclude_type_checking_imports=True, cache_dir=None)
+    import_graph.drop_extension_imports(built)
+    return built
+
+
+def _described(components) -> list[str]:
+    return [" ".join(sorted(c)) for c in components]
+
+
+def test_no_import_cycle(graph):
+    assert not _described(import_graph.cycles(graph))
+
+
+def test_no_import_cycle_through_package_inits(graph):
+    # Importing dynemb.a.b runs dynemb/a/__init__.py first: a package that re-exports
+    # pulls its modules in, and a module below it that imports one of them (e.g.
+    # dynemb.table importing dynemb.tiering.x, while dynemb.tiering re-exports a module
+    # that imports dynemb.table) fails on a partially initialised module.
+    with_inits = grimp.build_graph("dynemb", exclude_type_checking_imports=True, cache_dir=None)
+    import_graph.drop_extension_imports(with_inits)
+    import_graph.add_package_imports(with_inits)
+    assert not _described(import_graph.cycles(with_inits))
+
+
+def test_no_function_level_import_of_dynemb():
+    # A lazy import of an optional dependency is fine (with a comment saying so); one
+    # of dynemb's own modules would hide a cycle.
+    found = [entry for entry in import_graph.function_imports() if entry[2].startswith("dynemb")]
+    assert not found
+
+
+# dynemb.optimizer defines the optimizers until they move to dynemb.config.optimizer.
+_DEFINING = "dynemb.optimizer"
+
+
+def test_front_is_imported_by_no_module_behind_it(graph):
+    assert not [i for i in import_graph.front_imports(graph) if i[1] != _DEFINING]
+
+
+def test_front_only_re_exports():
+    assert not [d for d in import_graph.front_definitions() if d[0] != "dynemb/optimizer.py"]
+
+
+def test_no_isinstance_on_tbe_classes():
+    # Models are walked through dynemb.table_groups' protocol, not by class.
+    assert not import_graph.tbe_isinstance()
+
+
+def test_cycle_finder_finds_cycles():
+    made = grimp.ImportGraph()
+    for importer, imported in [("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")]:
+        made.add_import(importer=importer, imported=imported)
+    assert _described(import_graph.cycles(made)) == ["p.a p.b p.c"]
+    inits = grimp.ImportGraph()
+    inits.add_module("p.q")
+    for importer, imported in [("p.q", "p.q.x"), ("p.q.x", "p.t"), ("p.t", "p.q.y")]:
+        inits.add_import(importer=importer, imported=imported)
+    assert not import_graph.cycles(inits)
+    import_graph.add_package_imports(inits)  # p.t -> p.q.y runs p.q first
+    assert _described(import_graph.cycles(inits)) == ["p.q p.q.x p.t"]
