@@ -7,6 +7,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
+from dynemb.config.optimizer import EmbOptimType, OptimizerArgs
 from dynemb.config.score_strategies import decayed_count
 from dynemb.dynamicemb_config import (
     BATCH_SIZE_PER_DUMP,
@@ -14,7 +15,6 @@ from dynemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     ScoreStrategy,
 )
-from dynemb.optimizer import EmbOptimType, OptimizerArgs
 from dynemb.planner.capacity import (
     BUCKET_ALIGNMENT,
     DEMB_TABLE_ALIGN_SIZE,

@@ -8,6 +8,7 @@ import torch
 
 from dynemb.checkpoint.exchange import route_rows
 from dynemb.checkpoint.tables import NamedTable
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.config.score_strategies import evict_strategy_of
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.dump_files.dynamicemb_layout import (
@@ -20,7 +21,6 @@ from dynemb.dump_files.dynamicemb_layout import (
 )
 from dynemb.dump_files.format import CHUNK_ROWS, FieldWriter
 from dynemb.dump_files.manifest import MANIFEST
-from dynemb.optimizer import EmbOptimType
 
 
 def opt_args(t: NamedTable) -> dict:

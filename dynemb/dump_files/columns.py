@@ -21,7 +21,7 @@ and the rank holding a table turns that into its own view (``for_table``):
 
 import torch
 
-from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.config.optimizer import EmbOptimType, OptimizerConfig
 
 
 def saved_slices(meta: dict) -> list[tuple[int, int]]:

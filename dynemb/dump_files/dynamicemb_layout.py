@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.dump_files.format import CheckpointError
 from dynemb.dump_files.json_files import parse_json
-from dynemb.optimizer import EmbOptimType
 
 OPT_ARGS = "{table}_opt_args.json"
 FIELDS = {  # field -> (file stem, dtype)

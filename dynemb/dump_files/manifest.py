@@ -35,9 +35,9 @@ import os
 import re
 from pathlib import Path
 
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.dump_files.format import CheckpointError, dtype_of, fsync_dir
 from dynemb.dump_files.json_files import parse_json
-from dynemb.optimizer import EmbOptimType
 
 FORMAT = "dynemb-checkpoint"
 VERSION = 2

@@ -10,7 +10,7 @@ rank (MAX_BUCKET_CAPACITY: one bucket of the rows rounded up to 16, 48 slots).
 import torch
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
 
-from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.config.optimizer import EmbOptimType, OptimizerConfig
 
 __all__ = [
     "BUCKET_ALIGNMENT",

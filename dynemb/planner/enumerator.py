@@ -44,8 +44,8 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
-from dynemb.optimizer import EmbOptimType
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
 from dynemb.planner.memory_budget import check_rank_budgets, dynamic_rank_storage

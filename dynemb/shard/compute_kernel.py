@@ -18,10 +18,10 @@ from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.distributed.sharding_names import COLUMN_SLICES
-from dynemb.optimizer import EmbOptimType
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.tbe.v2_tables import BatchedDynamicEmbeddingTablesV2
 

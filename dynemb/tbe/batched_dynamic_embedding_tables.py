@@ -17,9 +17,9 @@ from torch import nn
 
 from dynemb import streams
 from dynemb.admission import Counter
+from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defaults
 from dynemb.config.types import DynamicEmbPoolingMode
-from dynemb.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
 from dynemb.table.telemetry import TableTelemetry

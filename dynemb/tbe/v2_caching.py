@@ -10,8 +10,8 @@ import math
 
 import torch
 
+from dynemb.config.optimizer import OptimizerConfig
 from dynemb.config.types import DynamicEmbScoreStrategy
-from dynemb.optimizer import OptimizerConfig
 from dynemb.table.batches_in_flight import refuse_batches_in_flight
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_stats import CacheStats

@@ -13,9 +13,9 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
+from dynemb.config.optimizer import EmbOptimType
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode
-from dynemb.optimizer import EmbOptimType
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.tbe.v2_caching import CachingMembers
 from dynemb.tbe.v2_checkpoint import CheckpointMembers

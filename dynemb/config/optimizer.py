@@ -1,0 +1,207 @@
+"""Optimizers of dynamic tables: ``EmbOptimType`` is fbgemm's (same members, same object).
+
+dynemb runs EXACT_SGD (and SGD, its alias), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD and
+ADAM fused into the backward pass; their state lives in each row's extra columns.
+``dynemb.optimizer`` re-exports this module's names at DynamicEmb's path.
+"""
+
+import dataclasses
+import numbers
+import sys
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+from dynemb import _ops
+
+__all__ = [
+    "EmbOptimType",
+    "OptimizerArgs",
+    "OptimizerConfig",
+    "SUPPORTED_OPTIMIZERS",
+    "get_optimizer_state_dim",
+    "hyper_parameter",
+]
+
+# EmbOptimType -> kernel code of csrc/core/optimizer_rules.h (OptimizerKind).
+_KERNEL_CODE = {
+    EmbOptimType.SGD: _ops.OPTIMIZER_CODES["SGD"],
+    EmbOptimType.EXACT_SGD: _ops.OPTIMIZER_CODES["SGD"],
+    EmbOptimType.EXACT_ADAGRAD: _ops.OPTIMIZER_CODES["ADAGRAD"],
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: _ops.OPTIMIZER_CODES["ROWWISE_ADAGRAD"],
+    EmbOptimType.ADAM: _ops.OPTIMIZER_CODES["ADAM"],
+}
+SUPPORTED_OPTIMIZERS = tuple(_KERNEL_CODE)
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """Hyper-parameters of the fused optimizer; mutable between steps (LR schedulers).
+
+    Args:
+        optimizer: one of SUPPORTED_OPTIMIZERS.
+        learning_rate: step size (>= 0): a float, or a one-element tensor read at
+            each update (so it may be changed in place). Every hyper-parameter must be
+            finite.
+        eps: added to the denominator of the Adagrads and Adam (> 0).
+        beta1, beta2: Adam's moment decays, in [0, 1).
+        weight_decay: L2 for SGD and the Adagrads (g += weight_decay * w), decoupled for
+            Adam (w -= lr * weight_decay * w), as in fbgemm.
+    """
+
+    optimizer: EmbOptimType
+    learning_rate: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        """Raises ValueError naming the hyper-parameter that is not a finite number in its
+        range (inf or NaN would turn every updated row into NaN). The TBE module calls it
+        before each update, so a value changed in place (a one-element tensor
+        ``learning_rate`` a scheduler mutates) is checked too."""
+        if self.optimizer not in _KERNEL_CODE:
+            names = ", ".join(o.name for o in SUPPORTED_OPTIMIZERS)
+            raise ValueError(f"optimizer must be one of {names}; got {self.optimizer!r}")
+        lr, eps, beta1, beta2, decay = (
+            hyper_parameter(name, getattr(self, name))
+            for name in ("learning_rate", "eps", "beta1", "beta2", "weight_decay")
+        )
+        if not lr >= 0:
+            raise ValueError(f"learning_rate must be >= 0, got {lr}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        for name, v in (("beta1", beta1), ("beta2", beta2)):
+            if not 0 <= v < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {v}")
+        if not decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {decay}")
+
+    def state_columns(self, dim: int) -> int:
+        """Extra columns this optimizer keeps per row of width ``dim``."""
+        return _ops.state_columns(_KERNEL_CODE[self.optimizer], dim)
+
+    def kernel_args(self) -> list:
+        """The op argument ``optimizer``, after ``validate`` (the fields are mutable).
+
+        Raises:
+            ValueError: as ``validate``.
+        """
+        self.validate()
+        return list(
+            _ops.OptimizerArgs(
+                kind=float(_KERNEL_CODE[self.optimizer]),
+                learning_rate=float(self.learning_rate),
+                eps=float(self.eps),
+                beta1=float(self.beta1),
+                beta2=float(self.beta2),
+                weight_decay=float(self.weight_decay),
+            )
+        )
+
+
+def get_optimizer_state_dim(
+    optimizer_type: EmbOptimType, dim: int, dtype: torch.dtype | None = None
+) -> int:
+    """Optimizer-state elements a table keeps per row beside its ``dim`` embedding
+    columns (DynamicEmb's function): a row holds ``dim + get_optimizer_state_dim(...)``
+    elements of the table's dtype, as ``get_table_value_bytes`` counts them.
+
+    ADAM ``2 * dim`` (m then v), EXACT_ADAGRAD ``dim``, EXACT_ROWWISE_ADAGRAD 1 (its
+    accumulator: DynamicEmb reserves 16 bytes there, ``16 // dtype size`` elements),
+    SGD / EXACT_SGD and optimizers dynemb does not run 0 (as DynamicEmb).
+
+    Args:
+        optimizer_type: an ``EmbOptimType``.
+        dim: embedding columns of a row, an int >= 1.
+        dtype: the table's embedding dtype; required with EXACT_ROWWISE_ADAGRAD (as in
+            DynamicEmb), ignored otherwise.
+
+    Raises:
+        TypeError: ``optimizer_type`` is not an EmbOptimType.
+        ValueError: ``dim`` is not an int >= 1, or EXACT_ROWWISE_ADAGRAD without a
+            ``dtype``.
+
+    Example::
+
+        get_optimizer_state_dim(EmbOptimType.ADAM, 16)  # 32
+    """
+    if not isinstance(optimizer_type, EmbOptimType):
+        raise TypeError(
+            f"get_optimizer_state_dim: `optimizer_type` must be an EmbOptimType, "
+            f"got {optimizer_type!r}"
+        )
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"get_optimizer_state_dim: `dim` must be an int >= 1, got {dim!r}")
+    if optimizer_type == EmbOptimType.EXACT_ROWWISE_ADAGRAD and dtype is None:
+        raise ValueError(
+            "get_optimizer_state_dim: `dtype` is required with EXACT_ROWWISE_ADAGRAD "
+            "(the table's embedding dtype), got None"
+        )
+    if optimizer_type not in _KERNEL_CODE:
+        return 0
+    return _ops.state_columns(_KERNEL_CODE[optimizer_type], dim)
+
+
+def hyper_parameter(name: str, value) -> float:
+    """``value`` as a float: a real number or a one-element tensor, finite.
+
+    Raises:
+        ValueError: naming ``name``, for another type, a tensor of several elements, or
+            inf / NaN.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise ValueError(
+                f"{name} must be a number or a one-element real tensor, got a tensor of "
+                f"shape {tuple(value.shape)} and dtype {value.dtype}"
+            )
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    exact = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not abs(exact) <= _FLOAT_MAX:  # inf, NaN, or an int no float holds
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(exact)
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+@dataclasses.dataclass
+class OptimizerArgs:
+    """DynamicEmb's bag of optimizer hyper-parameters (fields and defaults as in
+    DynamicEmb). dynemb's fused optimizers read ``learning_rate``, ``eps``, ``beta1``,
+    ``beta2`` and ``weight_decay`` (see ``OptimizerConfig``); the other fields are
+    kept for compatibility.
+
+    Example::
+
+        OptimizerArgs(learning_rate=0.05).learning_rate  # 0.05
+    """
+
+    stochastic_rounding: bool = True
+    gradient_clipping: bool = False
+    max_gradient: float = 1.0
+    max_norm: float = 0.0
+    learning_rate: float = 0.01
+    eps: float = 1.0e-8
+    initial_accumulator_value: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    weight_decay_mode: int = 0
+    eta: float = 0.001
+    momentum: float = 0.9
+    counter_halflife: int = -1
+    adjustment_iter: int = -1
+    adjustment_ub: float = 1.0
+    learning_rate_mode: int = -1
+    grad_sum_decay: int = -1
+    tail_id_threshold: float = 0
+    is_tail_id_thresh_ratio: int = 0
+    total_hash_size: int = 0
+    weight_norm_coefficient: float = 0
+    lower_bound: float = 0
+    regularization_mode: int = 0
