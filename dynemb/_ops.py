@@ -133,6 +133,7 @@ class Init(NamedTuple):
     upper: float
     extra_value: float = 0.0  # the extra (optimizer-state) columns of a new row
     column_offset: float = 0.0  # the first column of a wider row the table holds
+    extra_zeros: float = 0.0  # the first extra columns start at 0, not extra_value
 
 
 class OptimizerArgs(NamedTuple):
@@ -145,6 +146,10 @@ class OptimizerArgs(NamedTuple):
     beta1: float
     beta2: float
     weight_decay: float
+    learning_rate_power: float = -0.5  # FTRL
+    ftrl_beta: float = 0.0  # FTRL
+    l1_reg: float = 0.0  # FTRL
+    l2_reg: float = 0.0  # FTRL
 
 
 class UpsertResult(NamedTuple):

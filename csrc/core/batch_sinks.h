@@ -140,7 +140,9 @@ struct AssignSink {
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     V* row = t.row(slot);
-    for (int64_t j = in_width; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
+    for (int64_t j = in_width; j < t.row_width; ++j) {
+      row[j] = static_cast<V>(extra_element(init, j - dim));
+    }
     hit(i, o, slot);
   }
   DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
@@ -152,7 +154,7 @@ struct AssignSink {
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t, Lanes l) {
     V* row = t.row(slot);
     for (int64_t j = in_width + l.first; j < t.row_width; j += l.stride) {
-      row[j] = static_cast<V>(init.extra_value);
+      row[j] = static_cast<V>(extra_element(init, j - dim));
     }
     hit(i, o, slot, l);
   }
@@ -195,7 +197,7 @@ struct SlotSink {
 template <class V>
 struct SavedEntries {
   const V* values;             // (n, dim)
-  const V* state;              // (n, state_width), or null: state columns get init.extra_value
+  const V* state;              // (n, state_width), or null: state columns get extra_element
   int64_t state_width;         // 0 or row_width - dim
   const int64_t* scores;       // (n), or null: the strategy's score stays
   const int64_t* timestamps;   // (n), or null: the batch value stays
@@ -224,7 +226,9 @@ struct RestoreSink {
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
     if (!in.state) {
       V* row = t.row(slot);
-      for (int64_t j = dim; j < t.row_width; ++j) row[j] = static_cast<V>(init.extra_value);
+      for (int64_t j = dim; j < t.row_width; ++j) {
+        row[j] = static_cast<V>(extra_element(init, j - dim));
+      }
     }
     hit(i, o, slot);
   }
@@ -243,7 +247,7 @@ struct RestoreSink {
     if (!in.state) {
       V* row = t.row(slot);
       for (int64_t j = dim + l.first; j < t.row_width; j += l.stride) {
-        row[j] = static_cast<V>(init.extra_value);
+        row[j] = static_cast<V>(extra_element(init, j - dim));
       }
     }
     hit(i, o, slot, l);

@@ -6,7 +6,9 @@
 // A column slice of a wider table (column-wise sharding) starts at `column_offset`:
 // its element j is column column_offset + j of the whole table's row, so the slices
 // side by side are the row the unsharded table would give.
-// Extra columns (optimizer state) start at `extra_value`.
+// Extra columns (optimizer state) start at `extra_value`, but for the first
+// `extra_zeros` of them, which start at 0 (FTRL: its linear term, before the
+// accumulator that starts at the initial accumulator value).
 //
 // UNIFORM, the default mode, draws one 32-bit word per element (draw32): 32-bit
 // multiplies, so a row's draws run in vector lanes (AVX2 has no 64-bit multiply;
@@ -48,7 +50,13 @@ struct InitArgs {
   float extra_value;  // value of the extra (optimizer state) columns
   uint64_t seed;
   int64_t column_offset = 0;  // the first column of a column slice (0: a whole row)
+  int64_t extra_zeros = 0;    // the first extra columns start at 0, not extra_value
 };
+
+/// Extra (optimizer-state) column e (0: the first past the embedding) of a new row.
+DYNEMB_HD DYNEMB_INLINE float extra_element(const InitArgs& a, int64_t e) {
+  return e < a.extra_zeros ? 0.0f : a.extra_value;
+}
 
 /// A uniform in [0, 1) (24-bit resolution) from the top bits of a 32-bit draw.
 DYNEMB_HD DYNEMB_INLINE float unit_of(uint32_t r) {
@@ -135,7 +143,7 @@ struct Lanes {
 };
 
 /// Writes a new row: out[j] for j < dim from the initializer, then the extra
-/// columns (j < row_width) at `extra_value`.
+/// columns (j < row_width) at extra_element.
 template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width) {
   const uint64_t stream = stream_of(a.seed, key);
@@ -164,7 +172,7 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
       out[j] = static_cast<V>(init_element(a, stream, key, first + j));
     }
   }
-  for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(a.extra_value);
+  for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(extra_element(a, j - dim));
 }
 
 /// init_row's elements j = l.first, l.first + l.stride, ... only: the same values, so
@@ -178,7 +186,7 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
   for (int64_t j = l.first; j < row_width; j += l.stride) {
     float v;
     if (j >= dim) {
-      v = a.extra_value;
+      v = extra_element(a, j - dim);
     } else {
       v = init_element(a, stream, key, a.column_offset + j);
     }

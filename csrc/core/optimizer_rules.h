@@ -6,11 +6,19 @@
 //   EXACT_ROWWISE_ADAGRAD  1    accumulator    s += mean(g^2) over the row
 //                                               (sum_of_squares' order)
 //   ADAM                   2*dim  m (dim), v (dim)
+//   FTRL                   2*dim  linear z (dim), accumulator n (dim)
 // Maths follow fbgemm's TBE (tests/support/fbgemm_reference.py documents and checks
 // them): w -= lr * g / (sqrt(s) + eps) for the Adagrads; Adam with bias
 // correction by the module's global step and decoupled weight decay. Weight
 // decay for SGD and the Adagrads is L2 (g += weight_decay * w). Arithmetic is in
 // float whatever the storage type.
+//
+// FTRL is FTRL-Proximal (McMahan et al. 2013, Algorithm 1) with the accumulator's
+// exponent generalised as TensorFlow's learning_rate_power p (-0.5: the paper's square
+// root), per element, with s(n) = n^(-p):
+//   n' = n + g^2;  z += g - (s(n') - s(n)) / lr * w;  n = n'
+//   w = 0 if |z| <= l1, else (sign(z) * l1 - z) / ((beta + s(n')) / lr + l2)
+// The paper's (and DynamicEmb's) l2: TensorFlow's kernel adds 2 * l2 instead.
 #pragma once
 
 #include <math.h>
@@ -25,12 +33,13 @@ enum class OptimizerKind : int64_t {
   kAdagrad = 1,
   kRowwiseAdagrad = 2,
   kAdam = 3,
+  kFtrl = 4,
 };
 /// Number of OptimizerKind values (codes 0 .. kOptimizerKindCount - 1).
-constexpr int64_t kOptimizerKindCount = static_cast<int64_t>(OptimizerKind::kAdam) + 1;
+constexpr int64_t kOptimizerKindCount = static_cast<int64_t>(OptimizerKind::kFtrl) + 1;
 /// Their names, by code (exported to Python: dynemb._ops.OPTIMIZER_CODES).
 constexpr const char* kOptimizerNames[kOptimizerKindCount] = {"SGD", "ADAGRAD", "ROWWISE_ADAGRAD",
-                                                              "ADAM"};
+                                                              "ADAM", "FTRL"};
 
 struct OptimizerArgs {
   OptimizerKind kind;
@@ -39,6 +48,10 @@ struct OptimizerArgs {
   float beta1;
   float beta2;
   float weight_decay;
+  float learning_rate_power;  // FTRL's p (<= 0)
+  float ftrl_beta;
+  float l1_reg;
+  float l2_reg;
   int64_t step;  // 1-based count of updates so far, for Adam's bias correction
 };
 
@@ -48,6 +61,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t state_columns(OptimizerKind kind, int64_t dim) {
     case OptimizerKind::kAdagrad: return dim;
     case OptimizerKind::kRowwiseAdagrad: return 1;
     case OptimizerKind::kAdam: return 2 * dim;
+    case OptimizerKind::kFtrl: return 2 * dim;
     default: return 0;
   }
 }
@@ -86,6 +100,12 @@ DYNEMB_HD DYNEMB_INLINE float sum_of_squares(const V* row, int64_t dim, const fl
     lane[l] += gj * gj;
   }
   return add_square_lanes(lane);
+}
+
+/// n^(-p), FTRL's per-coordinate step scale; the square root when p is -0.5 (correctly
+/// rounded on every device, where powf is not).
+DYNEMB_HD DYNEMB_INLINE float ftrl_scale(float n, float p) {
+  return p == -0.5f ? sqrtf(n) : powf(n, -p);
 }
 
 /// Applies one update to `row` ([w | state], float-convertible V) with gradient g (dim).
@@ -134,6 +154,24 @@ DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const flo
         v[j] = static_cast<V>(vj);
         const float update = (mj / correction1) / (sqrtf(vj / correction2) + a.eps) + wd * w;
         row[j] = static_cast<V>(w - lr * update);
+      }
+      break;
+    }
+    case OptimizerKind::kFtrl: {
+      V* linear = state;
+      V* accum = state + dim;
+      const float p = a.learning_rate_power, l1 = a.l1_reg;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float w = static_cast<float>(row[j]);
+        const float n = static_cast<float>(accum[j]);
+        const float n_new = n + g[j] * g[j];
+        const float s_new = ftrl_scale(n_new, p);
+        const float sigma = (s_new - ftrl_scale(n, p)) / lr;
+        const float z = static_cast<float>(linear[j]) + g[j] - sigma * w;
+        linear[j] = static_cast<V>(z);
+        accum[j] = static_cast<V>(n_new);
+        const float quadratic = (a.ftrl_beta + s_new) / lr + a.l2_reg;
+        row[j] = static_cast<V>(fabsf(z) > l1 ? (copysignf(l1, z) - z) / quadratic : 0.0f);
       }
       break;
     }

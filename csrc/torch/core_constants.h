@@ -68,6 +68,8 @@ inline pybind11::dict core_constants() {
   lists["optimizer"] = field_names(op_list::kOptimizerFieldNames);
   out["op_lists"] = lists;
   out["policy_size_no_decay"] = static_cast<int64_t>(op_list::kPolicySizeNoDecay);
+  out["init_size_no_zeros"] = static_cast<int64_t>(op_list::kInitSizeNoZeros);
+  out["optimizer_size_no_ftrl"] = static_cast<int64_t>(op_list::kOptimizerSizeNoFtrl);
   return out;
 }
 

@@ -372,11 +372,17 @@ struct EmbeddingOpImpls {
   /// The op argument `optimizer` (op_lists.h op_list::Optimizer) with `step`.
   static OptimizerArgs parse_optimizer(const char* op, at::ArrayRef<double> o, int64_t step) {
     namespace L = op_list;
-    TORCH_CHECK_VALUE(o.size() == L::kOptimizerSize, "dynemb.", op, ": `optimizer` must be ",
+    TORCH_CHECK_VALUE(o.size() == L::kOptimizerSize || o.size() == L::kOptimizerSizeNoFtrl,
+                      "dynemb.", op, ": `optimizer` must be ",
                       L::names_of(L::kOptimizerFieldNames), ", got ", o.size(), " values");
     const auto kind = static_cast<int64_t>(o[L::kKind]);
     TORCH_CHECK_VALUE(kind >= 0 && kind < kOptimizerKindCount, "dynemb.", op,
                       ": unknown optimizer kind ", kind);
+    const bool ftrl = static_cast<OptimizerKind>(kind) == OptimizerKind::kFtrl;
+    TORCH_CHECK_VALUE(!ftrl || o.size() == L::kOptimizerSize, "dynemb.", op,
+                      ": FTRL's `optimizer` must be ", L::names_of(L::kOptimizerFieldNames),
+                      " (with its fields), got ", o.size(), " values");
+    auto field = [&](size_t i) { return i < o.size() ? static_cast<float>(o[i]) : 0.0f; };
     TORCH_CHECK_VALUE(step >= 1, "dynemb.", op, ": `step` must be >= 1, got ", step);
     return OptimizerArgs{static_cast<OptimizerKind>(kind),
                          static_cast<float>(o[L::kLearningRate]),
@@ -384,6 +390,10 @@ struct EmbeddingOpImpls {
                          static_cast<float>(o[L::kBeta1]),
                          static_cast<float>(o[L::kBeta2]),
                          static_cast<float>(o[L::kWeightDecay]),
+                         field(L::kLearningRatePower),
+                         field(L::kFtrlBeta),
+                         field(L::kL1Reg),
+                         field(L::kL2Reg),
                          step};
   }
 };

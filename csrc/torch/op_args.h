@@ -92,8 +92,9 @@ inline PolicyArgs parse_policy(const char* op, at::IntArrayRef policy) {
 inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double> init,
                            int64_t seed) {
   namespace L = op_list;
-  TORCH_CHECK_VALUE(init.size() == kInitSize, "dynemb.", op, ": `", name, "` must be ",
-                    L::names_of(L::kInitFieldNames), ", got ", init.size(), " values");
+  TORCH_CHECK_VALUE(init.size() == kInitSize || init.size() == L::kInitSizeNoZeros, "dynemb.",
+                    op, ": `", name, "` must be ", L::names_of(L::kInitFieldNames), ", got ",
+                    init.size(), " values");
   const auto mode = static_cast<int64_t>(init[L::kMode]);
   TORCH_CHECK_VALUE(mode >= 0 && mode < kInitModeCount, "dynemb.", op,
                     ": unknown initializer mode ", mode);
@@ -103,6 +104,11 @@ inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double
                         offset == static_cast<double>(static_cast<int64_t>(offset)),
                     "dynemb.", op, ": `", name, "`'s column_offset must be a whole number in [0, ",
                     "2^31), got ", offset);
+  const double zeros = init.size() > L::kExtraZeros ? init[L::kExtraZeros] : 0.0;
+  TORCH_CHECK_VALUE(zeros >= 0 && zeros < 2147483648.0 &&
+                        zeros == static_cast<double>(static_cast<int64_t>(zeros)),
+                    "dynemb.", op, ": `", name, "`'s extra_zeros must be a whole number in [0, ",
+                    "2^31), got ", zeros);
   return InitArgs{static_cast<InitMode>(mode),
                   static_cast<float>(init[L::kA]),
                   static_cast<float>(init[L::kB]),
@@ -110,7 +116,8 @@ inline InitArgs parse_init(const char* op, const char* name, at::ArrayRef<double
                   static_cast<float>(init[L::kUpper]),
                   static_cast<float>(init[L::kExtraValue]),
                   static_cast<uint64_t>(seed),
-                  static_cast<int64_t>(offset)};
+                  static_cast<int64_t>(offset),
+                  static_cast<int64_t>(zeros)};
 }
 
 inline UpsertCall check_upsert(const char* op, at::TensorList table_list,

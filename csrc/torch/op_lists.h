@@ -44,10 +44,13 @@ enum Init : size_t {
   kUpper,         //
   kExtraValue,    // the value of the extra (optimizer-state) columns of a new row
   kColumnOffset,  // the first column of a wider row the table holds (a whole number)
+  kExtraZeros,    // the first extra columns that start at 0, not extra_value (a whole number)
   kInitSize
 };
 inline constexpr const char* kInitFieldNames[kInitSize] = {
-    "mode", "a", "b", "lower", "upper", "extra_value", "column_offset"};
+    "mode", "a", "b", "lower", "upper", "extra_value", "column_offset", "extra_zeros"};
+/// A single op's init may stop before extra_zeros (0); a grouped op's lists may not.
+inline constexpr size_t kInitSizeNoZeros = kExtraZeros;
 
 /// `optimizer` of backward ops (float[]): OptimizerArgs (core/optimizer_rules.h).
 enum Optimizer : size_t {
@@ -57,10 +60,17 @@ enum Optimizer : size_t {
   kBeta1,
   kBeta2,
   kWeightDecay,
+  kLearningRatePower,  // FTRL
+  kFtrlBeta,           // FTRL
+  kL1Reg,              // FTRL
+  kL2Reg,              // FTRL
   kOptimizerSize
 };
 inline constexpr const char* kOptimizerFieldNames[kOptimizerSize] = {
-    "kind", "learning_rate", "eps", "beta1", "beta2", "weight_decay"};
+    "kind",         "learning_rate",       "eps",       "beta1",  "beta2",
+    "weight_decay", "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg"};
+/// The list may stop before FTRL's fields (the other optimizers do not read them).
+inline constexpr size_t kOptimizerSizeNoFtrl = kLearningRatePower;
 
 /// "[a, b, c]": a list's field names, for the parsers' errors.
 template <size_t N>

@@ -8,7 +8,8 @@
 // (evict_below: a full bucket evicts only a resident scored below it; -1 = any, 0 =
 // never; pin: written to every slot the batch finds or claims; pin_floor: residents
 // pinned at or above it are not evicted, core/table_ops.h "Pins");
-// init = [mode, a, b, lower, upper, extra_value, column_offset] (see core/initializer.h);
+// init = [mode, a, b, lower, upper, extra_value, column_offset, extra_zeros] (see
+// core/initializer.h);
 // evicted = [] or [keys (n) int64, rows (n, row_width), scores (n) int64].
 // Table ops: table_op_impls.h; training lookups by slot: slot_op_impls.h; embedding ops:
 // embedding_op_impls.h.

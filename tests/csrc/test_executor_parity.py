@@ -168,7 +168,13 @@ def test_unique_keys(cpu_threads):
             assert_same(expected, list(lib.unique_keys(keys)), "unique_keys")
 
 
-@pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["sgd", "adagrad", "rowwise", "adam"])
+# FTRL's fields: learning_rate_power (-0.5: the square root; -0.3: powf), beta, l1, l2.
+FTRL_FIELDS = {4: [-0.5, 1.0, 0.02, 0.01], 5: [-0.3, 0.5, 0.02, 0.0]}
+
+
+@pytest.mark.parametrize(
+    "optimizer", [0, 1, 2, 3, 4, 5], ids=["sgd", "adagrad", "rowwise", "adam", "ftrl", "ftrl-pow"]
+)
 @pytest.mark.parametrize("mode", [0, 1], ids=["sum", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # dims 64 and 16: the CPU executor's register kernels (csrc/cpu/row_lanes.h; 16: two
@@ -179,7 +185,7 @@ def test_unique_keys(cpu_threads):
     ids=["dim4-weighted", "dim64-weighted", "dim64", "dim16", "dim20"],
 )  # fmt: skip
 def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_threads):
-    row = dim + {0: 0, 1: dim, 2: 1, 3: 2 * dim}[optimizer]
+    row = dim + {0: 0, 1: dim, 2: 1, 3: 2 * dim, 4: 2 * dim, 5: 2 * dim}[optimizer]
     g = torch.Generator().manual_seed(6)
     num_bags = 3000
     lengths = torch.randint(0, 6, (num_bags,), generator=g)
@@ -200,7 +206,8 @@ def test_pool_gather_and_backward(optimizer, mode, dtype, dim, weighted, cpu_thr
         table, [LFU, 1, 2, 0, dim, 1, 1], UNIFORM_INIT, unique, None, counts, True, None
     )
     assert (slots < 0).any() and (slots >= 0).any()  # bags with and without missing rows
-    opt = [float(optimizer), 0.05, 1e-8, 0.9, 0.99, 0.01]
+    opt = [float(min(optimizer, 4)), 0.05, 1e-8, 0.9, 0.99, 0.01]
+    opt += FTRL_FIELDS.get(optimizer, [])
 
     def step(lib, t):
         pooled = lib.embedding_pool(

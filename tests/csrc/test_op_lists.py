@@ -10,7 +10,7 @@ import torch
 
 import dynemb
 from dynemb import _embedding_ops, _ops
-from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.optimizer import DynamicEmbOptimType, EmbOptimType, OptimizerConfig
 from dynemb.table.table_storage import TableStorage
 
 
@@ -21,6 +21,11 @@ def test_the_named_tuples_follow_the_exported_lists():
     # The decay fields are the ones a single table's policy may leave out.
     short = _ops._CORE["policy_size_no_decay"]  # the exported rule
     assert _ops.OP_LISTS["policy"][short:] == ("half_life", "decay_step")
+    # A single op's init may leave out extra_zeros, an optimizer list FTRL's fields.
+    assert _ops.OP_LISTS["init"][_ops._CORE["init_size_no_zeros"] :] == ("extra_zeros",)
+    assert _ops.OP_LISTS["optimizer"][_ops._CORE["optimizer_size_no_ftrl"] :] == (
+        "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg",
+    )  # fmt: skip
 
 
 def test_a_tables_tensors_are_its_buffers_in_the_exported_order():
@@ -47,9 +52,12 @@ def test_the_tables_lists_are_what_the_ops_parse():
     assert init.extra_value == 0.5 and init.column_offset == 0.0
     args = OptimizerConfig(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.25).kernel_args()
     assert _ops.OptimizerArgs(*args).learning_rate == 0.25
+    ftrl = OptimizerConfig(DynamicEmbOptimType.FTRL, l1_reg=0.5, initial_accumulator_value=0.25)
+    assert _ops.OptimizerArgs(*ftrl.kernel_args()).l1_reg == 0.5
+    assert ftrl.state_init(4) == (0.25, 4)  # linear 0, then the accumulator's 0.25
     keys = torch.tensor([1, 2])
     policy = _ops.Policy(_ops.SCORE_STRATEGY_CODES["NO_EVICTION"], 0, 0, _ops.EVICT_ANY, 4)
-    bad_init = list(init)[:-1]
+    bad_init = list(init)[:-2]  # neither the whole list nor the one without extra_zeros
     with pytest.raises(ValueError, match=r"`init` must be \[" + ", ".join(_ops.OP_LISTS["init"])):
         _ops.table_find_or_insert_slots(table.buffers.tensors(), policy, bad_init, keys, None)
 

@@ -16,7 +16,7 @@ from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingT
 
 LIBRARIES = {"cpu": torch.ops.dynemb, "cuda-emulated": torch.ops.dynemb_cuda_emulated}
 B = 40
-UNIFORM = [2.0, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+UNIFORM = [2.0, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]
 # (dim, features) per table; the third table's bags are all empty.
 TABLES = [(4, 2), (8, 1), (3, 3), (16, 1)]
 WIDTH = sum(d * k for d, k in TABLES)
@@ -183,7 +183,7 @@ def test_grouped_pool_refuses_mixed_dtypes_and_bad_tables_before_writing(library
     bad_slots[3][0] = 64
     with pytest.raises(ValueError, match=r"embedding_pool_into_grouped, table 3: `slots` must"):
         call(slots=bad_slots)
-    with pytest.raises(ValueError, match=r"`missing` must hold 28 entries for 4 tables"):
+    with pytest.raises(ValueError, match=r"`missing` must hold 32 entries for 4 tables"):
         call(missing=UNIFORM)
     by_key = {"slots": [b[4] for b in batches], "inverse": [b[5] for b in batches]}
     call(**by_key, out=torch.zeros(B, WIDTH))  # well formed: accepted
