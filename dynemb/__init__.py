@@ -7,7 +7,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 from dynemb._ops import executor
 from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
-from dynemb.config.optimizer import EmbOptimType, OptimizerArgs
+from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType, OptimizerArgs
 from dynemb.config.score_strategies import decayed_count
 from dynemb.dynamicemb_config import (
     BATCH_SIZE_PER_DUMP,
@@ -60,6 +60,7 @@ __all__ = [
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
     "DynamicEmbLoad",
+    "DynamicEmbOptimType",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",

@@ -8,7 +8,7 @@ import torch
 
 from dynemb.checkpoint.exchange import route_rows
 from dynemb.checkpoint.tables import NamedTable
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType
 from dynemb.config.score_strategies import evict_strategy_of
 from dynemb.distributed.collectives import all_gather, rank_and_size
 from dynemb.dump_files.dynamicemb_layout import (
@@ -37,6 +37,14 @@ def opt_args(t: NamedTable) -> dict:
         )
     elif config.optimizer in (EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD):
         args.update(eps=config.eps, initial_accumulator_value=0.0)
+    elif config.optimizer == DynamicEmbOptimType.FTRL:
+        args.update(
+            learning_rate_power=config.learning_rate_power,
+            ftrl_beta=config.ftrl_beta,
+            l1_reg=config.l1_reg,
+            l2_reg=config.l2_reg,
+            initial_accumulator_value=config.initial_accumulator_value,
+        )
     args.update(
         evict_strategy=str(evict_strategy_of(table.score_strategy).value),
         dist_type=t.group.table_routing(t.index)[0],

@@ -40,6 +40,12 @@ _HYPER_PARAMETERS = {  # opt_args.json key -> OptimizerConfig field
     "beta2": "beta2",
     "eps": "eps",
     "weight_decay": "weight_decay",
+    # FTRL's. Its initial_accumulator_value is not loaded: it is the state of rows not
+    # yet stored, fixed when the tables are built (as their initializer).
+    "learning_rate_power": "learning_rate_power",
+    "ftrl_beta": "ftrl_beta",
+    "l1_reg": "l1_reg",
+    "l2_reg": "l2_reg",
 }
 
 

@@ -1,11 +1,13 @@
-"""Optimizers of dynamic tables: ``EmbOptimType`` is fbgemm's (same members, same object).
+"""Optimizers of dynamic tables: ``EmbOptimType`` is fbgemm's (same members, same object);
+``DynamicEmbOptimType`` holds those fbgemm has no kernel for (DynamicEmb's enum: FTRL).
 
-dynemb runs EXACT_SGD (and SGD, its alias), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD and
-ADAM fused into the backward pass; their state lives in each row's extra columns.
+dynemb runs EXACT_SGD (and SGD, its alias), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD, ADAM
+and FTRL fused into the backward pass; their state lives in each row's extra columns.
 ``dynemb.optimizer`` re-exports this module's names at DynamicEmb's path.
 """
 
 import dataclasses
+import enum
 import numbers
 import sys
 
@@ -15,13 +17,28 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from dynemb import _ops
 
 __all__ = [
+    "DynamicEmbOptimType",
     "EmbOptimType",
     "OptimizerArgs",
     "OptimizerConfig",
     "SUPPORTED_OPTIMIZERS",
     "get_optimizer_state_dim",
     "hyper_parameter",
+    "optimizer_type_of",
 ]
+
+
+class DynamicEmbOptimType(enum.Enum):
+    """Optimizers of DynamicEmb's own (fbgemm's ``EmbOptimType`` has no kernel for them).
+
+    FTRL: FTRL-Proximal (McMahan et al. 2013, Algorithm 1), per element; its state is
+    the linear term then the accumulator (``2 * dim`` columns). Hyper-parameters
+    ``learning_rate``, ``learning_rate_power``, ``ftrl_beta``, ``l1_reg``, ``l2_reg``,
+    ``initial_accumulator_value`` (see OptimizerConfig).
+    """
+
+    FTRL = "ftrl"
+
 
 # EmbOptimType -> kernel code of csrc/core/optimizer_rules.h (OptimizerKind).
 _KERNEL_CODE = {
@@ -30,8 +47,30 @@ _KERNEL_CODE = {
     EmbOptimType.EXACT_ADAGRAD: _ops.OPTIMIZER_CODES["ADAGRAD"],
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: _ops.OPTIMIZER_CODES["ROWWISE_ADAGRAD"],
     EmbOptimType.ADAM: _ops.OPTIMIZER_CODES["ADAM"],
+    DynamicEmbOptimType.FTRL: _ops.OPTIMIZER_CODES["FTRL"],
 }
 SUPPORTED_OPTIMIZERS = tuple(_KERNEL_CODE)
+OptimType = EmbOptimType | DynamicEmbOptimType
+
+
+def optimizer_type_of(name: str) -> OptimType:
+    """The optimizer of a name as checkpoints save it (``EmbOptimType`` member names, and
+    ``FTRL``).
+
+    Raises:
+        ValueError: no optimizer has that name.
+
+    Example::
+
+        optimizer_type_of("FTRL")  # DynamicEmbOptimType.FTRL
+    """
+    if isinstance(name, str):
+        if name in EmbOptimType.__members__:
+            return EmbOptimType[name]
+        if name in DynamicEmbOptimType.__members__:
+            return DynamicEmbOptimType[name]
+    names = [*EmbOptimType.__members__, *DynamicEmbOptimType.__members__]
+    raise ValueError(f"optimizer must be one of {names}, got {name!r}")
 
 
 @dataclasses.dataclass
@@ -46,15 +85,29 @@ class OptimizerConfig:
         eps: added to the denominator of the Adagrads and Adam (> 0).
         beta1, beta2: Adam's moment decays, in [0, 1).
         weight_decay: L2 for SGD and the Adagrads (g += weight_decay * w), decoupled for
-            Adam (w -= lr * weight_decay * w), as in fbgemm.
+            Adam (w -= lr * weight_decay * w), as in fbgemm; FTRL takes none (0).
+        learning_rate_power: FTRL's exponent p of the accumulator (<= 0; -0.5: the
+            paper's square root): the step of a coordinate scales as n^p.
+        ftrl_beta: FTRL's beta (>= 0), added to n^(-p) in the denominator.
+        l1_reg: FTRL's L1 strength (>= 0): a weight whose |linear| <= l1_reg is 0.
+        l2_reg: FTRL's L2 strength (>= 0), as in the paper and DynamicEmb:
+            w = (sign(z) * l1 - z) / ((beta + n^(-p)) / lr + l2_reg); TensorFlow's
+            kernel adds 2 * l2 instead (halve a TensorFlow l2 to port it).
+        initial_accumulator_value: FTRL's accumulator n of a new row (>= 0; its linear
+            term starts at 0). FTRL needs ``learning_rate`` > 0.
     """
 
-    optimizer: EmbOptimType
+    optimizer: OptimType
     learning_rate: float = 0.01
     eps: float = 1e-8
     beta1: float = 0.9
     beta2: float = 0.999
     weight_decay: float = 0.0
+    learning_rate_power: float = -0.5
+    ftrl_beta: float = 0.0
+    l1_reg: float = 0.0
+    l2_reg: float = 0.0
+    initial_accumulator_value: float = 0.0
 
     def validate(self) -> None:
         """Raises ValueError naming the hyper-parameter that is not a finite number in its
@@ -77,10 +130,38 @@ class OptimizerConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {v}")
         if not decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {decay}")
+        power, beta, l1, l2, accumulator = (
+            hyper_parameter(name, getattr(self, name)) for name in _FTRL_FIELDS
+        )
+        if self.optimizer == DynamicEmbOptimType.FTRL:
+            if not lr > 0:
+                raise ValueError(f"learning_rate must be > 0 with FTRL (it divides), got {lr}")
+            if not power <= 0:
+                raise ValueError(f"learning_rate_power must be <= 0, got {power}")
+            for name, v in (("ftrl_beta", beta), ("l1_reg", l1), ("l2_reg", l2)):
+                if not v >= 0:
+                    raise ValueError(f"{name} must be >= 0, got {v}")
+            if not accumulator >= 0:
+                raise ValueError(f"initial_accumulator_value must be >= 0, got {accumulator}")
+            if decay != 0:
+                raise ValueError(f"weight_decay must be 0 with FTRL (use l2_reg), got {decay}")
+        elif accumulator != 0:
+            raise ValueError(
+                "initial_accumulator_value must be 0.0 except with FTRL (new rows start "
+                f"with a zero optimizer state), got {accumulator}"
+            )
 
     def state_columns(self, dim: int) -> int:
         """Extra columns this optimizer keeps per row of width ``dim``."""
         return _ops.state_columns(_KERNEL_CODE[self.optimizer], dim)
+
+    def state_init(self, dim: int) -> tuple[float, int]:
+        """``(value, zeros)``: a new row's state columns start at ``value``, but for the
+        first ``zeros`` of them, at 0 (FTRL: linear 0, accumulator
+        ``initial_accumulator_value``)."""
+        if self.optimizer == DynamicEmbOptimType.FTRL:
+            return float(self.initial_accumulator_value), dim
+        return 0.0, 0
 
     def kernel_args(self) -> list:
         """The op argument ``optimizer``, after ``validate`` (the fields are mutable).
@@ -97,29 +178,37 @@ class OptimizerConfig:
                 beta1=float(self.beta1),
                 beta2=float(self.beta2),
                 weight_decay=float(self.weight_decay),
+                learning_rate_power=float(self.learning_rate_power),
+                ftrl_beta=float(self.ftrl_beta),
+                l1_reg=float(self.l1_reg),
+                l2_reg=float(self.l2_reg),
             )
         )
 
 
+_FTRL_FIELDS = ("learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg", "initial_accumulator_value")
+
+
 def get_optimizer_state_dim(
-    optimizer_type: EmbOptimType, dim: int, dtype: torch.dtype | None = None
+    optimizer_type: OptimType, dim: int, dtype: torch.dtype | None = None
 ) -> int:
     """Optimizer-state elements a table keeps per row beside its ``dim`` embedding
     columns (DynamicEmb's function): a row holds ``dim + get_optimizer_state_dim(...)``
     elements of the table's dtype, as ``get_table_value_bytes`` counts them.
 
-    ADAM ``2 * dim`` (m then v), EXACT_ADAGRAD ``dim``, EXACT_ROWWISE_ADAGRAD 1 (its
+    ADAM ``2 * dim`` (m then v), ``DynamicEmbOptimType.FTRL`` ``2 * dim`` (linear then
+    accumulator), EXACT_ADAGRAD ``dim``, EXACT_ROWWISE_ADAGRAD 1 (its
     accumulator: DynamicEmb reserves 16 bytes there, ``16 // dtype size`` elements),
     SGD / EXACT_SGD and optimizers dynemb does not run 0 (as DynamicEmb).
 
     Args:
-        optimizer_type: an ``EmbOptimType``.
+        optimizer_type: an ``EmbOptimType`` or ``DynamicEmbOptimType``.
         dim: embedding columns of a row, an int >= 1.
         dtype: the table's embedding dtype; required with EXACT_ROWWISE_ADAGRAD (as in
             DynamicEmb), ignored otherwise.
 
     Raises:
-        TypeError: ``optimizer_type`` is not an EmbOptimType.
+        TypeError: ``optimizer_type`` is neither an EmbOptimType nor a DynamicEmbOptimType.
         ValueError: ``dim`` is not an int >= 1, or EXACT_ROWWISE_ADAGRAD without a
             ``dtype``.
 
@@ -127,10 +216,10 @@ def get_optimizer_state_dim(
 
         get_optimizer_state_dim(EmbOptimType.ADAM, 16)  # 32
     """
-    if not isinstance(optimizer_type, EmbOptimType):
+    if not isinstance(optimizer_type, (EmbOptimType, DynamicEmbOptimType)):
         raise TypeError(
-            f"get_optimizer_state_dim: `optimizer_type` must be an EmbOptimType, "
-            f"got {optimizer_type!r}"
+            f"get_optimizer_state_dim: `optimizer_type` must be an EmbOptimType or a "
+            f"DynamicEmbOptimType, got {optimizer_type!r}"
         )
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"get_optimizer_state_dim: `dim` must be an int >= 1, got {dim!r}")

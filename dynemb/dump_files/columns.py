@@ -21,7 +21,7 @@ and the rank holding a table turns that into its own view (``for_table``):
 
 import torch
 
-from dynemb.config.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.config.optimizer import OptimizerConfig, optimizer_type_of
 
 
 def saved_slices(meta: dict) -> list[tuple[int, int]]:
@@ -32,7 +32,7 @@ def saved_slices(meta: dict) -> list[tuple[int, int]]:
 
 def state_widths(optimizer: str, widths: list[int]) -> list[int]:
     """Optimizer-state columns of a row of each width in ``widths``."""
-    config = OptimizerConfig(EmbOptimType[optimizer])
+    config = OptimizerConfig(optimizer_type_of(optimizer))
     return [config.state_columns(w) for w in widths]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType, OptimType
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.dump_files.format import CheckpointError
 from dynemb.dump_files.json_files import parse_json
@@ -44,6 +44,7 @@ _OPT_TYPE = {
     EmbOptimType.ADAM: "adam",
     EmbOptimType.EXACT_ADAGRAD: "exact_adagrad",
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: "exact_row_wise_adagrad",
+    DynamicEmbOptimType.FTRL: "ftrl",
 }
 _MASK64 = (1 << 64) - 1
 
@@ -53,7 +54,7 @@ def file_name(table: str, field: str, rank: int, world_size: int) -> str:
     return f"{table}_{FIELDS[field][0]}.rank_{rank}.world_size_{world_size}"
 
 
-def opt_type_name(optimizer: EmbOptimType) -> str:
+def opt_type_name(optimizer: OptimType) -> str:
     """DynamicEmb's ``opt_type`` string of an optimizer (EXACT_SGD is saved as "sgd")."""
     return _OPT_TYPE[optimizer]
 

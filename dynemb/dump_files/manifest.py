@@ -35,7 +35,7 @@ import os
 import re
 from pathlib import Path
 
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType
 from dynemb.dump_files.format import CheckpointError, dtype_of, fsync_dir
 from dynemb.dump_files.json_files import parse_json
 
@@ -62,6 +62,9 @@ _TABLE_INTS = {  # field -> smallest value allowed
 }
 _TABLE_STRS = ("value_dtype", "optimizer", "score_strategy", "dist_type")
 _TABLE_KEYS = {*_TABLE_INTS, *_TABLE_STRS, "files"}
+
+# checkpoints name an optimizer by its member name (EmbOptimType's, and FTRL)
+_OPTIMIZER_NAMES = [*EmbOptimType.__members__, *DynamicEmbOptimType.__members__]
 
 
 def checksum(manifest: dict) -> str:
@@ -176,10 +179,8 @@ class _Schema:
             dtype_of(meta["value_dtype"])
         except CheckpointError:
             self.fail(f"{where}.value_dtype", "float32, float16 or bfloat16", meta["value_dtype"])
-        if meta["optimizer"] not in EmbOptimType.__members__:
-            self.fail(
-                f"{where}.optimizer", f"one of {list(EmbOptimType.__members__)}", meta["optimizer"]
-            )
+        if meta["optimizer"] not in _OPTIMIZER_NAMES:
+            self.fail(f"{where}.optimizer", f"one of {_OPTIMIZER_NAMES}", meta["optimizer"])
         if meta["dist_type"] not in _DIST_TYPES:
             self.fail(f"{where}.dist_type", f"one of {_DIST_TYPES}", meta["dist_type"])
         files = meta["files"]

@@ -18,7 +18,7 @@ from torchrec.modules.embedding_configs import pooling_type_to_pooling_mode
 from torchrec.optim.fused import FusedOptimizer, FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.distributed.sharding_names import COLUMN_SLICES
@@ -26,7 +26,11 @@ from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingT
 from dynemb.tbe.v2_tables import BatchedDynamicEmbeddingTablesV2
 
 # fused_params keys that are the optimizer's hyper-parameters (TorchRec / fbgemm names).
-_OPTIMIZER_KWARGS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay")
+_OPTIMIZER_KWARGS = (
+    "learning_rate", "eps", "beta1", "beta2", "weight_decay",
+    # FTRL's (DynamicEmb's names)
+    "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg", "initial_accumulator_value",
+)  # fmt: skip
 _POOLING = {
     PoolingMode.SUM: DynamicEmbPoolingMode.SUM,
     PoolingMode.MEAN: DynamicEmbPoolingMode.MEAN,
@@ -75,9 +79,10 @@ def _build_tables(
 ) -> BatchedDynamicEmbeddingTables:
     fused = dict(config.fused_params or {})
     optimizer = fused.get("optimizer", EmbOptimType.EXACT_SGD)
-    if not isinstance(optimizer, EmbOptimType):
+    if not isinstance(optimizer, (EmbOptimType, DynamicEmbOptimType)):
         raise TypeError(
-            f"fused_params['optimizer'] must be a dynemb.optimizer.EmbOptimType, got {optimizer!r}"
+            "fused_params['optimizer'] must be a dynemb.optimizer.EmbOptimType or "
+            f"DynamicEmbOptimType, got {optimizer!r}"
         )
     kwargs = {k: fused[k] for k in _OPTIMIZER_KWARGS if k in fused}
     options, feature_table_map, names = [], [], []

@@ -62,6 +62,8 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         seed: initializer seed.
         device: where the table lives (CPU always; CUDA in CUDA builds).
         extra_init: initial value of the extra columns (a float32 number).
+        extra_zeros: the first this many extra columns of a new row start at 0 rather
+            than ``extra_init`` (FTRL's linear term, before its accumulator).
         fast_rows: hybrid tiers: at most this many value rows live in the fast tier
             (device memory on a GPU), the rest in the slow tier (host memory); a
             slot's index decides its tier (``None``: every row is fast; with a
@@ -108,6 +110,7 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         initializer_capacity: int | None = None,
         score_half_life_steps: int | None = None,
         column_offset: int = 0,
+        extra_zeros: int = 0,
     ) -> None:
         init_capacity = args.check_sizes(
             dim, capacity, init_capacity, bucket_capacity, extra_columns, column_offset
@@ -121,6 +124,11 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
             raise TypeError(f"initializer must be DynamicEmbInitializerArgs, got {initializer!r}")
         initializer.validate()
         check_float32("extra_init", extra_init)
+        args.check_int("extra_zeros", extra_zeros, 0)
+        if extra_zeros > extra_columns:
+            raise ValueError(
+                f"extra_zeros must be <= extra_columns ({extra_columns}), got {extra_zeros}"
+            )
         code = args.strategy_code(score_strategy)
         half_life = args.check_half_life(score_strategy, score_half_life_steps)
         if initializer_capacity is not None:
@@ -150,7 +158,9 @@ class ScoredHashTable(EntryTransfer, SlotAccess, MemoryBatches):
         init_buckets, max_buckets = bucket_counts(init_capacity, capacity, bucket_capacity)
         bounds_for = initializer_capacity or capacity
         resolved = (float(v) for v in initializer.resolved(bounds_for))
-        init = list(_ops.Init(*resolved, float(extra_init), float(column_offset)))
+        init = list(
+            _ops.Init(*resolved, float(extra_init), float(column_offset), float(extra_zeros))
+        )
         meta = spill.read_meta() if spill is not None else None
         size = step = 0
         if meta is None:

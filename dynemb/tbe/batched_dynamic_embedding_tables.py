@@ -17,7 +17,7 @@ from torch import nn
 
 from dynemb import streams
 from dynemb.admission import Counter
-from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, hyper_parameter
+from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, OptimType, hyper_parameter
 from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defaults
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.table.placement import canonical_device
@@ -57,10 +57,14 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             features may share a table).
         pooling_mode: SUM, MEAN, or NONE (sequence: one row per index; every table
             must then have the same dim).
-        optimizer: EXACT_SGD (or SGD), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD or ADAM.
+        optimizer: EXACT_SGD (or SGD), EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD, ADAM
+            (``EmbOptimType``) or FTRL (``DynamicEmbOptimType``).
         learning_rate, eps, beta1, beta2, weight_decay: optimizer hyper-parameters
             (see dynemb.optimizer.OptimizerConfig); change them between steps with
             ``set_learning_rate`` or ``optimizer_config``.
+        learning_rate_power, ftrl_beta, l1_reg, l2_reg, initial_accumulator_value:
+            FTRL's (OptimizerConfig); ``initial_accumulator_value`` must be 0 with the
+            other optimizers.
         table_names: one name per table, each used once (default ``table_0``, ...):
             messages, checkpoints and loads find a table by its name.
         device: where the tables live (default CPU).
@@ -94,7 +98,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         table_options: Sequence[DynamicEmbTableOptions],
         feature_table_map: Sequence[int],
         pooling_mode: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
-        optimizer: EmbOptimType = EmbOptimType.EXACT_SGD,
+        optimizer: OptimType = EmbOptimType.EXACT_SGD,
         learning_rate: float = 0.01,
         eps: float = 1e-8,
         beta1: float = 0.9,
@@ -102,6 +106,11 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         weight_decay: float = 0.0,
         table_names: Sequence[str] | None = None,
         device: str | torch.device | None = None,
+        learning_rate_power: float = -0.5,
+        ftrl_beta: float = 0.0,
+        l1_reg: float = 0.0,
+        l2_reg: float = 0.0,
+        initial_accumulator_value: float = 0.0,
     ) -> None:
         super().__init__()
         options = list(table_options)
@@ -114,7 +123,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
             )
         if not isinstance(pooling_mode, DynamicEmbPoolingMode):
             raise TypeError(f"pooling_mode must be a DynamicEmbPoolingMode, got {pooling_mode!r}")
-        config = OptimizerConfig(optimizer, learning_rate, eps, beta1, beta2, weight_decay)
+        config = OptimizerConfig(
+            optimizer, learning_rate, eps, beta1, beta2, weight_decay,
+            learning_rate_power, ftrl_beta, l1_reg, l2_reg, initial_accumulator_value,
+        )  # fmt: skip
         config.validate()
         names = table_names_of(table_names, len(options))
         for name, o in zip(names, options):
@@ -148,7 +160,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # A ScoredHashTable, or a CachedTable in caching mode (dynemb.tiering): the
         # kernel uses them through the Table protocol only (never by their class).
         self.tables: list[Table] = [
-            make_table(name, o, config.state_columns(o.dim), self.device)
+            make_table(name, o, config.state_columns(o.dim), self.device, config.state_init(o.dim))
             for name, o in zip(names, options)
         ]
         # Rows of unknown keys in eval mode, resolved once (the op's init list per table).

@@ -13,7 +13,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import EmbOptimType, OptimType
 from dynemb.config.table_options import DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
@@ -23,6 +23,8 @@ from dynemb.tbe.v2_checkpoint import CheckpointMembers
 __all__ = ["BatchedDynamicEmbeddingTablesV2"]
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# DynamicEmb's FTRL hyper-parameters, which its constructor takes among **kwargs.
+_FTRL_KWARGS = ("learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg")
 
 
 class BatchedDynamicEmbeddingTablesV2(
@@ -51,20 +53,23 @@ class BatchedDynamicEmbeddingTablesV2(
         device: where the tables live (default CPU).
         enforce_hbm, bounds_check_mode, stochastic_rounding: accepted; no effect (keys
             are unbounded; rows are rounded to nearest).
-        optimizer: SGD (default), EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD or
-            ADAM.
+        optimizer: SGD (default), EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD,
+            ADAM, or ``DynamicEmbOptimType.FTRL``.
         learning_rate, eps, beta1, beta2, weight_decay: the optimizer's
             hyper-parameters (as in BatchedDynamicEmbeddingTables).
         gradient_clipping, max_gradient, max_norm, momentum, eta, weight_decay_mode,
             counter_based_regularization, cowclip_regularization: accepted; no
             effect on the supported optimizers (weight decay is applied as fbgemm's GPU
             kernels do: L2 for SGD and the Adagrads, decoupled for Adam).
-        initial_accumulator_value: the Adagrad state of new rows; only 0.0.
+        initial_accumulator_value: FTRL's accumulator of new rows; 0.0 with the other
+            optimizers.
+        learning_rate_power, ftrl_beta, l1_reg, l2_reg (keywords): FTRL's
+            hyper-parameters (dynemb.optimizer.OptimizerConfig).
 
     Raises:
         ValueError: an ``output_dtype`` other than float32 / float16 / bfloat16, a
-            non-zero ``initial_accumulator_value``, and BatchedDynamicEmbeddingTables'
-            errors.
+            non-zero ``initial_accumulator_value`` without FTRL, and
+            BatchedDynamicEmbeddingTables' errors.
 
     Example::
 
@@ -87,7 +92,7 @@ class BatchedDynamicEmbeddingTablesV2(
         device: str | torch.device | None = None,
         enforce_hbm: bool = False,
         bounds_check_mode: BoundsCheckMode = BoundsCheckMode.WARNING,
-        optimizer: EmbOptimType = EmbOptimType.SGD,
+        optimizer: OptimType = EmbOptimType.SGD,
         stochastic_rounding: bool = True,
         gradient_clipping: bool = False,
         max_gradient: float = 1.0,
@@ -108,11 +113,6 @@ class BatchedDynamicEmbeddingTablesV2(
     ) -> None:
         if output_dtype not in _OUTPUT_DTYPES:
             raise ValueError(f"output_dtype must be one of {_OUTPUT_DTYPES}, got {output_dtype!r}")
-        if initial_accumulator_value != 0.0:
-            raise ValueError(
-                "initial_accumulator_value must be 0.0 (new rows start with a zero "
-                f"optimizer state in dynemb), got {initial_accumulator_value!r}"
-            )
         options = list(table_options)
         super().__init__(
             options,
@@ -128,6 +128,8 @@ class BatchedDynamicEmbeddingTablesV2(
             weight_decay=weight_decay,
             table_names=table_names,
             device=device,
+            initial_accumulator_value=initial_accumulator_value,
+            **{k: kwargs.pop(k) for k in _FTRL_KWARGS if k in kwargs},
         )
         self.output_dtype = output_dtype
         self.use_index_dedup = use_index_dedup

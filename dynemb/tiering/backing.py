@@ -61,6 +61,7 @@ def make_backing_storage(
     spec: StorageSpec,
     extra_init: float = 0.0,
     spill_directory: str | None = None,
+    extra_zeros: int = 0,
 ) -> Storage:
     """Builds the slow tier of a cached table.
 
@@ -69,6 +70,7 @@ def make_backing_storage(
             ``score_strategy``, ``init_capacity``, ``seed``).
         spec: sizes, dtype and device of the rows.
         extra_init: initial value of the optimizer-state columns.
+        extra_zeros: the first state columns start at 0 instead (FTRL's linear term).
         spill_directory: the built-in table's spill directory (rows in memory-mapped
             files, see ScoredHashTable), or None (in memory).
 
@@ -100,6 +102,7 @@ def make_backing_storage(
         column_offset=options.column_offset,
         device=spec.device,
         extra_init=extra_init,
+        extra_zeros=extra_zeros,
         fast_rows=backing_fast_rows(spec.device),
         spill_directory=spill_directory,
         score_half_life_steps=options.score_half_life_steps,

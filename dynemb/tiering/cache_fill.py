@@ -209,7 +209,10 @@ class CacheFill:
                 self.buffers.tensors(), none, keys[new], init_values, self.seed, self.dim
             )
             rows[new, : self.dim] = init.to(rows.dtype)
-            rows[new, self.dim :] = _ops.Init(*init_values).extra_value
+            init_args = _ops.Init(*init_values)
+            zeros = self.dim + int(init_args.extra_zeros)
+            rows[new, self.dim : zeros] = 0
+            rows[new, zeros:] = init_args.extra_value
             scores[new] = 0
             if warm is not None and warm.positions.numel():  # read before the claim
                 pos, warm_rows = warm.select(at[new])

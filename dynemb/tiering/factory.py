@@ -89,6 +89,7 @@ def make_table(
     options: DynamicEmbTableOptions,
     state_columns: int,
     device: torch.device,
+    state_init: tuple[float, int] = (0.0, 0),
 ) -> ScoredHashTable | CachedTable:
     """The table of one DynamicEmbTableOptions (options already checked).
 
@@ -99,16 +100,19 @@ def make_table(
     Otherwise a ScoredHashTable, hybrid when ``local_hbm_for_values`` holds fewer rows
     than the table (``fast_rows = cache_rows(options)``), spilled with ``spill_path``.
     With ``warm_start``, its keys new to the table read the source (a TableFill).
+    ``state_init``: ``(value, zeros)`` of a new row's state columns (OptimizerConfig's
+    ``state_init``).
     """
-    table = _make_table(name, options, state_columns, device)
+    table = _make_table(name, options, state_columns, device, state_init)
     if options.warm_start is not None:
         dtype = table.value_dtype
         table.warm_start = TableFill(options.warm_start, options.dim, state_columns, dtype, name)
     return table
 
 
-def _make_table(name, options, state_columns, device) -> ScoredHashTable | CachedTable:
+def _make_table(name, options, state_columns, device, state_init):
     o = options
+    extra_init, extra_zeros = state_init
     spill_directory = spill_path(o, name)
     if not o.caching:
         fast_rows = cache_rows(o, state_columns) if o.local_hbm_for_values else None
@@ -120,6 +124,8 @@ def _make_table(name, options, state_columns, device) -> ScoredHashTable | Cache
             score_strategy=o.score_strategy,
             value_dtype=o.embedding_dtype,
             extra_columns=state_columns,
+            extra_init=extra_init,
+            extra_zeros=extra_zeros,
             initializer=o.initializer_args,
             seed=o.seed,
             column_offset=o.column_offset,
@@ -146,6 +152,8 @@ def _make_table(name, options, state_columns, device) -> ScoredHashTable | Cache
         score_strategy=DynamicEmbScoreStrategy.STEP,
         value_dtype=o.embedding_dtype,
         extra_columns=state_columns,
+        extra_init=extra_init,
+        extra_zeros=extra_zeros,
         initializer=o.initializer_args,
         seed=o.seed,
         column_offset=o.column_offset,
@@ -163,7 +171,9 @@ def _make_table(name, options, state_columns, device) -> ScoredHashTable | Cache
         device=device,
         table_name=name,
     )
-    storage = make_backing_storage(o, spec, spill_directory=spill_directory)
+    storage = make_backing_storage(
+        o, spec, extra_init=extra_init, spill_directory=spill_directory, extra_zeros=extra_zeros
+    )
     return CachedTable(
         cache, storage, o.score_strategy, o.max_capacity, name, o.score_half_life_steps
     )

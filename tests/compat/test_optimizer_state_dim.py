@@ -8,7 +8,7 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingConfig
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions, get_table_value_bytes
-from dynemb.optimizer import EmbOptimType, get_optimizer_state_dim
+from dynemb.optimizer import DynamicEmbOptimType, EmbOptimType, get_optimizer_state_dim
 
 pytestmark = pytest.mark.no_emulated_pass("a rule read from the core: Python only")
 
@@ -20,6 +20,7 @@ STATE = {
     EmbOptimType.ADAM: lambda d: 2 * d,
     EmbOptimType.EXACT_ADAGRAD: lambda d: d,
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: lambda d: 1,
+    DynamicEmbOptimType.FTRL: lambda d: 2 * d,  # linear then accumulator, per element
 }
 
 
@@ -54,7 +55,11 @@ def test_an_optimizer_dynemb_does_not_run_keeps_no_state():
 @pytest.mark.parametrize(
     "args, error, text",
     [
-        (("adam", 4), TypeError, "`optimizer_type` must be an EmbOptimType, got 'adam'"),
+        (
+            ("adam", 4),
+            TypeError,
+            "`optimizer_type` must be an EmbOptimType or a DynamicEmbOptimType, got 'adam'",
+        ),
         ((EmbOptimType.ADAM, 0), ValueError, "`dim` must be an int >= 1, got 0"),
     ],
 )

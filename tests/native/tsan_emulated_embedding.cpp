@@ -194,7 +194,9 @@ void emulated_backward() {
       const OptimizerKind kind = me == 0 ? OptimizerKind::kSgd : OptimizerKind::kRowwiseAdagrad;
       const PoolingMode mode = (me + round) % 2 == 0 ? PoolingMode::kSum : PoolingMode::kMean;
       const bool exact = me == 0 && round == 0;  // SGD, SUM, no weight decay
-      const OptimizerArgs opt{kind, 0.25f, 1e-8f, 0.9f, 0.999f, exact ? 0.0f : 0.01f, round + 1};
+      // FTRL's fields (learning_rate_power, beta, l1, l2) unused by these kinds.
+      const OptimizerArgs opt{kind,  0.25f, 1e-8f, 0.9f, 0.999f, exact ? 0.0f : 0.01f,
+                              -0.5f, 0.0f,  0.0f,  0.0f, round + 1};
       BackwardBatch batch[2];
       for (int64_t b = 0; b < 48; ++b) {  // part 0: the hot key 7 indices in 8
         for (int64_t k = 0; k < 52 + (b + me) % 5; ++k) {

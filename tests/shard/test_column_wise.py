@@ -20,7 +20,7 @@ WORLD = 2
 ATOL = 1e-6
 CASES = [
     Case(optimizer, pooling)
-    for optimizer in ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
+    for optimizer in ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL")
     for pooling in ("SUM", "MEAN")
 ]
 

@@ -11,7 +11,7 @@ from tests.support.sharded_workers import (
     train_sharded,
 )
 
-OPTIMIZERS = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM"]
+OPTIMIZERS = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL"]
 DIST_TYPES = ["continuous", "roundrobin", "hash_roundrobin"]
 
 

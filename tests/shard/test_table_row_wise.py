@@ -33,7 +33,7 @@ ATOL = 1e-6
 LOCAL_SIZE = 2
 CASES = [
     Case(optimizer, pooling)
-    for optimizer in ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
+    for optimizer in ("EXACT_SGD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL")
     for pooling in ("SUM", "MEAN")
 ]
 

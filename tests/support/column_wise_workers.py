@@ -17,9 +17,10 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.modules.embedding_configs import PoolingType
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbCheckMode, DynamicEmbPoolingMode
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import optimizer_type_of
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
 from tests.support import checkpoint_plans_workers as plans
+from tests.support.ftrl_reference import optimizer_kwargs
 from tests.support.plan_entries import dynamic_entry, sharded_model
 from tests.support.sharded_workers import dynamic_tables
 from tests.support.table_wise_workers import (
@@ -44,7 +45,10 @@ class Case:
     pooling: str  # SUM / MEAN
 
     def fused_params(self) -> dict:
-        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+        return {
+            "optimizer": optimizer_type_of(self.optimizer), "learning_rate": LR, "eps": 1e-3,
+            **optimizer_kwargs(self.optimizer),
+        }  # fmt: skip
 
 
 def _options(name: str, dim: int, **fields):
@@ -169,9 +173,10 @@ def train_reference(case: Case, world_size: int):
     ]
     common = dict(
         pooling_mode=DynamicEmbPoolingMode[case.pooling],
-        optimizer=EmbOptimType[case.optimizer],
+        optimizer=optimizer_type_of(case.optimizer),
         learning_rate=LR,
         eps=1e-3,
+        **optimizer_kwargs(case.optimizer),
     )
     tables = BatchedDynamicEmbeddingTables(
         [*slices, _options("rw", RW_DIM)],

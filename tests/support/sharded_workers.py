@@ -29,7 +29,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynemb.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.optimizer import OptimizerConfig, optimizer_type_of
 from dynemb.planner import (
     DynamicEmbeddingShardingPlanner,
     DynamicEmbParameterConstraints,
@@ -46,6 +46,7 @@ from dynemb.tiering import (
     distribute_for_prefetch,
     prefetch_distributed,
 )
+from tests.support.ftrl_reference import optimizer_kwargs
 
 NUM_EMBEDDINGS = 40  # nominal: keys go far beyond it, and below 0
 FEATURES = ["f0", "f1", "f2"]
@@ -67,7 +68,10 @@ class Case:
     table_wise: bool = False  # t1 sharded table-wise, whole on the last rank
 
     def fused_params(self) -> dict:
-        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+        return {
+            "optimizer": optimizer_type_of(self.optimizer), "learning_rate": LR, "eps": 1e-3,
+            **optimizer_kwargs(self.optimizer),
+        }  # fmt: skip
 
 
 def table_options(
@@ -80,7 +84,7 @@ def table_options(
         dim=dim, max_capacity=capacity, dist_type=dist_type, initializer_args=init, seed=3
     )
     if case is not None and case.cache_rows:
-        state = OptimizerConfig(EmbOptimType[case.optimizer]).state_columns(dim)
+        state = OptimizerConfig(optimizer_type_of(case.optimizer)).state_columns(dim)
         options.caching = True
         options.local_hbm_for_values = case.cache_rows * (dim + state) * 4
     return options
@@ -293,10 +297,11 @@ def train_reference(case: Case, batch_sizes: list[int], world_size: int):
         [table_options(d[0], case.dist_type, 4096), table_options(d[1], case.dist_type, 4096)],
         FEATURE_TABLE,
         pooling_mode=pooling,
-        optimizer=EmbOptimType[case.optimizer],
+        optimizer=optimizer_type_of(case.optimizer),
         learning_rate=LR,
         eps=1e-3,
         table_names=["t0", "t1"],
+        **optimizer_kwargs(case.optimizer),
     )
     # TorchRec divides the embedding gradient by the world size in its collectives.
     scale = 1.0 / world_size if get_gradient_division() else 1.0

@@ -23,8 +23,9 @@ from torchrec.modules.embedding_configs import PoolingType
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbScoreStrategy
 from dynemb.distributed.routing import route_keys
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import optimizer_type_of
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests.support.ftrl_reference import optimizer_kwargs
 from tests.support.plan_entries import dynamic_entry, sharded_model
 from tests.support.sharded_workers import dynamic_tables, table_options
 
@@ -45,7 +46,10 @@ class Case:
     pooling: str  # SUM or MEAN
 
     def fused_params(self) -> dict:
-        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+        return {
+            "optimizer": optimizer_type_of(self.optimizer), "learning_rate": LR, "eps": 1e-3,
+            **optimizer_kwargs(self.optimizer),
+        }  # fmt: skip
 
 
 def features() -> list[str]:
@@ -136,9 +140,10 @@ def _reference_table(case: Case, name: str, pooling: str) -> BatchedDynamicEmbed
         [dynamic_options(name)],
         [0],
         pooling_mode=DynamicEmbPoolingMode[pooling],
-        optimizer=EmbOptimType[case.optimizer],
+        optimizer=optimizer_type_of(case.optimizer),
         learning_rate=LR,
         eps=1e-3,
+        **optimizer_kwargs(case.optimizer),
         table_names=[name],
     )
 

@@ -20,8 +20,9 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import optimizer_type_of
 from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+from tests.support.ftrl_reference import optimizer_kwargs
 from tests.support.plan_entries import dynamic_entry, sharded_model
 from tests.support.sharded_workers import dynamic_tables, table_options
 
@@ -51,7 +52,10 @@ class Case:
         return ["tw", "rw", "ord"] if self.ordinary else ["tw", "rw"]
 
     def fused_params(self) -> dict:
-        return {"optimizer": EmbOptimType[self.optimizer], "learning_rate": LR, "eps": 1e-3}
+        return {
+            "optimizer": optimizer_type_of(self.optimizer), "learning_rate": LR, "eps": 1e-3,
+            **optimizer_kwargs(self.optimizer),
+        }  # fmt: skip
 
 
 def ordinary_rows() -> torch.Tensor:
@@ -190,9 +194,10 @@ def train_reference(case: Case, world_size: int):
         options,
         list(range(len(names))),
         pooling_mode=DynamicEmbPoolingMode[case.pooling],
-        optimizer=EmbOptimType[case.optimizer],
+        optimizer=optimizer_type_of(case.optimizer),
         learning_rate=LR,
         eps=1e-3,
+        **optimizer_kwargs(case.optimizer),
         table_names=names,
     )
     if case.ordinary:

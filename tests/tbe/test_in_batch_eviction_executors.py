@@ -20,6 +20,7 @@ CASES = [
     ("EXACT_ROWWISE_ADAGRAD", "MEAN", True),
     ("ADAM", "MEAN", True),
     ("EXACT_ADAGRAD", "NONE", True),
+    ("FTRL", "MEAN", True),
 ]
 
 
@@ -28,7 +29,7 @@ def train_and_save(optimizer: str, pooling: str, hot: bool) -> dict:
     ``hot``: every third index is one key. Returns the table sorted by key."""
     import dynemb
     from dynemb import DynamicEmbCheckMode, DynamicEmbPoolingMode, DynamicEmbTableOptions
-    from dynemb.optimizer import EmbOptimType
+    from dynemb.optimizer import optimizer_type_of
 
     options = DynamicEmbTableOptions(
         dim=8, max_capacity=256, bucket_capacity=128,
@@ -36,7 +37,9 @@ def train_and_save(optimizer: str, pooling: str, hot: bool) -> dict:
     )  # fmt: skip
     module = dynemb.BatchedDynamicEmbeddingTables(
         [options], [0], pooling_mode=getattr(DynamicEmbPoolingMode, pooling),
-        optimizer=getattr(EmbOptimType, optimizer), learning_rate=0.1,
+        optimizer=optimizer_type_of(optimizer), learning_rate=0.1,
+        **({"l1_reg": 0.01, "ftrl_beta": 1.0, "learning_rate_power": -0.4,
+            "initial_accumulator_value": 0.1} if optimizer == "FTRL" else {}),
     )  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     for _ in range(12):
