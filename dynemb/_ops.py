@@ -150,6 +150,8 @@ class OptimizerArgs(NamedTuple):
     ftrl_beta: float = 0.0  # FTRL
     l1_reg: float = 0.0  # FTRL
     l2_reg: float = 0.0  # FTRL
+    stochastic_rounding: float = 0.0  # 1: 16-bit rows round stochastically, 0: to nearest
+    rounding_seed: float = 0.0  # the rounding bits' seed (a whole number below 2**53)
 
 
 class UpsertResult(NamedTuple):

@@ -239,7 +239,8 @@ DYNEMB_HD DYNEMB_INLINE float chunk_total_element(const float* chunk, int64_t st
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void update_key(const BackwardPart<V>& p, const OptimizerArgs& opt,
                                         int64_t u, float* acc) {
-  update_row(opt, p.table.row(p.unique_slots[u]), p.dim, acc);
+  const int64_t slot = p.unique_slots[u];
+  update_row(opt, p.table.row(slot), p.dim, acc, p.table.keys[slot]);
 }
 
 }  // namespace dynemb

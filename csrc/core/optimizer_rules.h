@@ -11,7 +11,8 @@
 // them): w -= lr * g / (sqrt(s) + eps) for the Adagrads; Adam with bias
 // correction by the module's global step and decoupled weight decay. Weight
 // decay for SGD and the Adagrads is L2 (g += weight_decay * w). Arithmetic is in
-// float whatever the storage type.
+// float whatever the storage type; a 16-bit row stores it rounded to nearest, or
+// stochastically (core/rounding.h) with OptimizerArgs::stochastic_rounding.
 //
 // FTRL is FTRL-Proximal (McMahan et al. 2013, Algorithm 1) with the accumulator's
 // exponent generalised as TensorFlow's learning_rate_power p (-0.5: the paper's square
@@ -24,6 +25,7 @@
 #include <math.h>
 
 #include "core/macros.h"
+#include "core/rounding.h"
 
 namespace dynemb {
 
@@ -53,6 +55,8 @@ struct OptimizerArgs {
   float l1_reg;
   float l2_reg;
   int64_t step;  // 1-based count of updates so far, for Adam's bias correction
+  bool stochastic_rounding = false;  // 16-bit rows: core/rounding.h, else to nearest
+  uint64_t rounding_seed = 0;
 };
 
 /// Extra columns each optimizer keeps per row.
@@ -108,16 +112,19 @@ DYNEMB_HD DYNEMB_INLINE float ftrl_scale(float n, float p) {
   return p == -0.5f ? sqrtf(n) : powf(n, -p);
 }
 
-/// Applies one update to `row` ([w | state], float-convertible V) with gradient g (dim).
+/// Applies one update to `row` ([w | state], float-convertible V) with gradient g (dim);
+/// `key` is the row's key (the stochastic rounding's bits depend on it).
 template <typename V>
-DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const float* g) {
+DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const float* g,
+                          int64_t key = 0) {
   V* state = row + dim;
+  const RowRounding rr{a.stochastic_rounding, a.rounding_seed, key, a.step};
   const float lr = a.learning_rate, wd = a.weight_decay;
   switch (a.kind) {
     case OptimizerKind::kSgd:
       for (int64_t j = 0; j < dim; ++j) {
         const float w = static_cast<float>(row[j]);
-        row[j] = static_cast<V>(w - lr * (g[j] + wd * w));
+        row[j] = rr.to<V>(w - lr * (g[j] + wd * w), j);
       }
       break;
     case OptimizerKind::kAdagrad:
@@ -125,18 +132,18 @@ DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const flo
         const float w = static_cast<float>(row[j]);
         const float gj = g[j] + wd * w;
         const float s = static_cast<float>(state[j]) + gj * gj;
-        state[j] = static_cast<V>(s);
-        row[j] = static_cast<V>(w - lr * gj / (sqrtf(s) + a.eps));
+        state[j] = rr.to<V>(s, dim + j);
+        row[j] = rr.to<V>(w - lr * gj / (sqrtf(s) + a.eps), j);
       }
       break;
     case OptimizerKind::kRowwiseAdagrad: {
       const float sum_sq = sum_of_squares(row, dim, g, wd);
       const float s = static_cast<float>(state[0]) + sum_sq / static_cast<float>(dim);
-      state[0] = static_cast<V>(s);
+      state[0] = rr.to<V>(s, dim);
       const float scale = lr / (sqrtf(s) + a.eps);
       for (int64_t j = 0; j < dim; ++j) {
         const float w = static_cast<float>(row[j]);
-        row[j] = static_cast<V>(w - scale * (g[j] + wd * w));
+        row[j] = rr.to<V>(w - scale * (g[j] + wd * w), j);
       }
       break;
     }
@@ -150,10 +157,10 @@ DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const flo
         const float w = static_cast<float>(row[j]);
         const float mj = a.beta1 * static_cast<float>(m[j]) + (1.0f - a.beta1) * g[j];
         const float vj = a.beta2 * static_cast<float>(v[j]) + (1.0f - a.beta2) * g[j] * g[j];
-        m[j] = static_cast<V>(mj);
-        v[j] = static_cast<V>(vj);
+        m[j] = rr.to<V>(mj, dim + j);
+        v[j] = rr.to<V>(vj, 2 * dim + j);
         const float update = (mj / correction1) / (sqrtf(vj / correction2) + a.eps) + wd * w;
-        row[j] = static_cast<V>(w - lr * update);
+        row[j] = rr.to<V>(w - lr * update, j);
       }
       break;
     }
@@ -168,10 +175,10 @@ DYNEMB_HD void update_row(const OptimizerArgs& a, V* row, int64_t dim, const flo
         const float s_new = ftrl_scale(n_new, p);
         const float sigma = (s_new - ftrl_scale(n, p)) / lr;
         const float z = static_cast<float>(linear[j]) + g[j] - sigma * w;
-        linear[j] = static_cast<V>(z);
-        accum[j] = static_cast<V>(n_new);
+        linear[j] = rr.to<V>(z, dim + j);
+        accum[j] = rr.to<V>(n_new, 2 * dim + j);
         const float quadratic = (a.ftrl_beta + s_new) / lr + a.l2_reg;
-        row[j] = static_cast<V>(fabsf(z) > l1 ? (copysignf(l1, z) - z) / quadratic : 0.0f);
+        row[j] = rr.to<V>(fabsf(z) > l1 ? (copysignf(l1, z) - z) / quadratic : 0.0f, j);
       }
       break;
     }

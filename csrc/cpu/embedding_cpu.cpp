@@ -209,14 +209,14 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
   }
   float* const acc = scratch(2 * dim);
   float* const chunk_acc = acc + dim;  // one chunk's sum (a key of > kGradientChunk terms)
-  // Calls update(k0, k1, row) for each stored key, its terms [k0, k1) and row.
+  // Calls update(k0, k1, row, key) for each stored key, its terms [k0, k1) and row.
   auto for_each_key = [&](auto&& update) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t ahead = u + kUpdateDistance;
       if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
       const int64_t slot = p.unique_slots[u];
       if (slot < 0) continue;
-      update(u == u0 ? 0 : end[u - u0 - 1], end[u - u0], p.table.row(slot));
+      update(u == u0 ? 0 : end[u - u0 - 1], end[u - u0], p.table.row(slot), p.table.keys[slot]);
     }
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {
@@ -236,20 +236,20 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
     };
     if constexpr (std::is_same_v<V, float>) {
       if (opt.kind == OptimizerKind::kRowwiseAdagrad) {
-        for_each_key([&](int64_t k0, int64_t k1, float* row) {
+        for_each_key([&](int64_t k0, int64_t k1, float* row, int64_t) {
           rowwise_adagrad_update(opt, row, gradient(k0, k1));
         });
         return;
       }
     }
     // The dim as a constant: the update's loops have fixed trip counts.
-    for_each_key([&](int64_t k0, int64_t k1, V* row) {
+    for_each_key([&](int64_t k0, int64_t k1, V* row, int64_t key) {
       gradient(k0, k1).store(acc);
-      update_row(opt, row, kDim, acc);
+      update_row(opt, row, kDim, acc, key);
     });
   });
   if (done) return;
-  for_each_key([&](int64_t k0, int64_t k1, V* row) {
+  for_each_key([&](int64_t k0, int64_t k1, V* row, int64_t key) {
     std::fill(acc, acc + dim, 0.0f);
     if (k1 - k0 <= kGradientChunk) {
       for (int64_t k = k0; k < k1; ++k) add_gradient(acc, terms[k].scale, terms[k].g, dim);
@@ -262,7 +262,7 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
         add_chunk(acc, chunk_acc, dim);
       }
     }
-    update_row(opt, row, dim, acc);
+    update_row(opt, row, dim, acc, key);
   });
 }
 

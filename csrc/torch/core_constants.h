@@ -70,6 +70,7 @@ inline pybind11::dict core_constants() {
   out["policy_size_no_decay"] = static_cast<int64_t>(op_list::kPolicySizeNoDecay);
   out["init_size_no_zeros"] = static_cast<int64_t>(op_list::kInitSizeNoZeros);
   out["optimizer_size_no_ftrl"] = static_cast<int64_t>(op_list::kOptimizerSizeNoFtrl);
+  out["optimizer_size_no_rounding"] = static_cast<int64_t>(op_list::kOptimizerSizeNoRounding);
   return out;
 }
 

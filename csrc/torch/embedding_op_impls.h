@@ -372,17 +372,26 @@ struct EmbeddingOpImpls {
   /// The op argument `optimizer` (op_lists.h op_list::Optimizer) with `step`.
   static OptimizerArgs parse_optimizer(const char* op, at::ArrayRef<double> o, int64_t step) {
     namespace L = op_list;
-    TORCH_CHECK_VALUE(o.size() == L::kOptimizerSize || o.size() == L::kOptimizerSizeNoFtrl,
+    TORCH_CHECK_VALUE(o.size() == L::kOptimizerSize || o.size() == L::kOptimizerSizeNoFtrl ||
+                          o.size() == L::kOptimizerSizeNoRounding,
                       "dynemb.", op, ": `optimizer` must be ",
                       L::names_of(L::kOptimizerFieldNames), ", got ", o.size(), " values");
     const auto kind = static_cast<int64_t>(o[L::kKind]);
     TORCH_CHECK_VALUE(kind >= 0 && kind < kOptimizerKindCount, "dynemb.", op,
                       ": unknown optimizer kind ", kind);
     const bool ftrl = static_cast<OptimizerKind>(kind) == OptimizerKind::kFtrl;
-    TORCH_CHECK_VALUE(!ftrl || o.size() == L::kOptimizerSize, "dynemb.", op,
+    TORCH_CHECK_VALUE(!ftrl || o.size() > L::kL2Reg, "dynemb.", op,
                       ": FTRL's `optimizer` must be ", L::names_of(L::kOptimizerFieldNames),
                       " (with its fields), got ", o.size(), " values");
     auto field = [&](size_t i) { return i < o.size() ? static_cast<float>(o[i]) : 0.0f; };
+    const double rounding = o.size() > L::kStochasticRounding ? o[L::kStochasticRounding] : 0.0;
+    const double seed = o.size() > L::kRoundingSeed ? o[L::kRoundingSeed] : 0.0;
+    TORCH_CHECK_VALUE(rounding == 0.0 || rounding == 1.0, "dynemb.", op,
+                      ": `optimizer`'s stochastic_rounding must be 0 or 1, got ", rounding);
+    TORCH_CHECK_VALUE(seed >= 0 && seed < 9007199254740992.0 &&
+                          seed == static_cast<double>(static_cast<int64_t>(seed)),
+                      "dynemb.", op, ": `optimizer`'s rounding_seed must be a whole number in ",
+                      "[0, 2^53), got ", seed);
     TORCH_CHECK_VALUE(step >= 1, "dynemb.", op, ": `step` must be >= 1, got ", step);
     return OptimizerArgs{static_cast<OptimizerKind>(kind),
                          static_cast<float>(o[L::kLearningRate]),
@@ -394,7 +403,9 @@ struct EmbeddingOpImpls {
                          field(L::kFtrlBeta),
                          field(L::kL1Reg),
                          field(L::kL2Reg),
-                         step};
+                         step,
+                         rounding == 1.0,
+                         static_cast<uint64_t>(seed)};
   }
 };
 

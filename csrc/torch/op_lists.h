@@ -64,13 +64,18 @@ enum Optimizer : size_t {
   kFtrlBeta,           // FTRL
   kL1Reg,              // FTRL
   kL2Reg,              // FTRL
+  kStochasticRounding,  // 1: 16-bit rows round stochastically (core/rounding.h), 0: to nearest
+  kRoundingSeed,        // the rounding bits' seed (a whole number below 2^53)
   kOptimizerSize
 };
 inline constexpr const char* kOptimizerFieldNames[kOptimizerSize] = {
     "kind",         "learning_rate",       "eps",       "beta1",  "beta2",
-    "weight_decay", "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg"};
-/// The list may stop before FTRL's fields (the other optimizers do not read them).
+    "weight_decay", "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg",
+    "stochastic_rounding", "rounding_seed"};
+/// The list may stop before FTRL's fields (the other optimizers do not read them), or
+/// before the rounding's (rounded to nearest).
 inline constexpr size_t kOptimizerSizeNoFtrl = kLearningRatePower;
+inline constexpr size_t kOptimizerSizeNoRounding = kStochasticRounding;
 
 /// "[a, b, c]": a list's field names, for the parsers' errors.
 template <size_t N>

@@ -163,8 +163,10 @@ class OptimizerConfig:
             return float(self.initial_accumulator_value), dim
         return 0.0, 0
 
-    def kernel_args(self) -> list:
-        """The op argument ``optimizer``, after ``validate`` (the fields are mutable).
+    def kernel_args(self, stochastic_rounding: bool = False, rounding_seed: int = 0) -> list:
+        """The op argument ``optimizer``, after ``validate`` (the fields are mutable), for
+        a table whose 16-bit rows round stochastically with ``rounding_seed`` (a whole
+        number below 2**53), or to nearest.
 
         Raises:
             ValueError: as ``validate``.
@@ -182,6 +184,8 @@ class OptimizerConfig:
                 ftrl_beta=float(self.ftrl_beta),
                 l1_reg=float(self.l1_reg),
                 l2_reg=float(self.l2_reg),
+                stochastic_rounding=float(bool(stochastic_rounding)),
+                rounding_seed=float(rounding_seed),
             )
         )
 

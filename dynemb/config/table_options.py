@@ -247,6 +247,12 @@ class DynamicEmbTableOptions:
             that takes no counter) the field stays: the table counts with it, and
             without a strategy admits every key.
         seed: (dynemb) initializer seed (rows are a function of (seed, key)).
+        stochastic_rounding: (dynemb) a float16 / bfloat16 table stores each optimizer
+            result (weights and state) rounded stochastically rather than to nearest:
+            random bits of (seed, key, column, step) below the kept mantissa, then
+            truncation, so small updates do not vanish and the stored value is right in
+            expectation; the same bits on every executor, in a replay and after a
+            restart. Off by default; no effect on float32 tables.
         spill_directory: (dynemb) keep each table's slot buffers and slow-tier rows in
             memory-mapped files under ``<spill_directory>/<table>.rank<r>``.
         score_half_life_steps: (dynemb) DECAYED_LFU's half-life: the training steps
@@ -304,6 +310,7 @@ class DynamicEmbTableOptions:
     admit_strategy: Any | None = None
     admission_counter: Any | None = None
     seed: int = 0
+    stochastic_rounding: bool = False
     spill_directory: str | None = None
     score_half_life_steps: int | None = None
     column_offset: int = 0

@@ -37,14 +37,15 @@ class BackwardPass:
 
     def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
         """``_apply_gradients``' updates of the tables ``saved`` (a training forward's)."""
-        optimizer = self.optimizer_config.kernel_args()  # validates: raises before any change
+        # validates: raises before any change. Per table: its rounding of 16-bit rows.
+        optimizers = [self.optimizer_config.kernel_args(*r) for r in self._rounding]
         grad_out = grad_out.to(torch.float32)
         self.step += 1
         entries = [(t, e) for t, e in enumerate(saved) if e is not None]
         if self.pooling_mode != DynamicEmbPoolingMode.NONE:  # one op call for all
             grouped = [(t, e.tb, e.unique, e.unique_slots, e.inverse, e.token) for t, e in entries]
             pooling = POOLING_CODE[self.pooling_mode]
-            backward_grouped(self, self._table_columns, grouped, pooling, grad_out, optimizer)
+            backward_grouped(self, self._table_columns, grouped, pooling, grad_out, optimizers)
         for t, e in entries:
             table = self.tables[t]
             staged = table.staged_rows(e.batch)
@@ -57,13 +58,13 @@ class BackwardPass:
                     if table.mutations != e.token:  # keys moved since forward: find them again
                         slots = _ops.table_find_slots(table.buffers.tensors(), e.unique)
                     _ops.embedding_backward(
-                        table.buffers.tensors(), slots, e.inverse, *grad[:4], optimizer,
+                        table.buffers.tensors(), slots, e.inverse, *grad[:4], optimizers[t],
                         self.step, table.dim, grad[4],
                     )  # fmt: skip
             if staged is not None:  # keys held outside the buffers: the same update
                 storage, slots = staged
                 _ops.embedding_backward(
-                    storage.tensors(), slots, e.inverse, *grad[:4], optimizer, self.step,
+                    storage.tensors(), slots, e.inverse, *grad[:4], optimizers[t], self.step,
                     table.dim, grad[4],
                 )  # fmt: skip
 

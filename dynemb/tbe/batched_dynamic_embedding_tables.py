@@ -144,6 +144,8 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         self.feature_table_map = fmap
         self.pooling_mode = pooling_mode
         self.optimizer_config = config
+        # Per table, its optimizer list's rounding: (stochastic_rounding, seed).
+        self._rounding = [(o.stochastic_rounding, o.seed & _ROUNDING_SEED_MASK) for o in options]
         self.table_names = names
         self.dims = dims
         self.feature_dims = [dims[t] for t in fmap]
@@ -367,6 +369,10 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
 
     def _inserts(self, t: int) -> bool:
         return self.training and self.table_options[t].training
+
+
+# The rounding seed crosses the op boundary as a float: its low 53 bits.
+_ROUNDING_SEED_MASK = (1 << 53) - 1
 
 
 def _feature_columns(dims):

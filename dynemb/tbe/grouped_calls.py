@@ -33,11 +33,18 @@ def pool_grouped(module, columns, grouped: list, pooling: int, out: torch.Tensor
             )  # fmt: skip
 
 
-def backward_grouped(module, columns, entries: list, pooling: int, grad_out, optimizer) -> None:
+def backward_grouped(module, columns, entries: list, pooling: int, grad_out, optimizers) -> None:
     """The fused backward of the tables of ``entries``, (t, TableBatch, unique keys,
     their slots, inverse, mutation count at forward) each: slots are found again in a
-    table whose keys moved since."""
-    for group in _by_value_dtype(entries, module.tables):
+    table whose keys moved since. ``optimizers[t]``: table t's optimizer list; one op
+    call takes the tables of one value dtype and one list."""
+    parts = _by_value_dtype(entries, module.tables)
+    groups: dict = {}
+    for part in parts:
+        for item in part:
+            groups.setdefault((id(part), tuple(optimizers[item[0]])), []).append(item)
+    for group in groups.values():
+        optimizer = optimizers[group[0][0]]
         ts, batches, unique, unique_slots, inverse, tokens = zip(*group, strict=True)
         tables = [module.tables[t] for t in ts]
         with _all_locked([table.lock.write for table in tables]):

@@ -71,6 +71,10 @@ def check_options(name: str, o: DynamicEmbTableOptions) -> None:
             f"table {name!r}: max_capacity must be an int in [1, 2**63 - 1] (and its bytes "
             f"must fit in int64), got {o.max_capacity!r}"
         )
+    if not isinstance(o.stochastic_rounding, bool):
+        raise TypeError(
+            f"table {name!r}: stochastic_rounding must be a bool, got {o.stochastic_rounding!r}"
+        )
     if o.index_type not in (None, torch.int64):
         raise ValueError(f"table {name!r}: index_type must be torch.int64, got {o.index_type}")
     if not isinstance(o.safe_check_mode, DynamicEmbCheckMode):

@@ -52,7 +52,7 @@ class BatchedDynamicEmbeddingTablesV2(
             are pooled in float32, then cast).
         device: where the tables live (default CPU).
         enforce_hbm, bounds_check_mode, stochastic_rounding: accepted; no effect (keys
-            are unbounded; rows are rounded to nearest).
+            are unbounded; a table's rounding is its options' ``stochastic_rounding``).
         optimizer: SGD (default), EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD,
             ADAM, or ``DynamicEmbOptimType.FTRL``.
         learning_rate, eps, beta1, beta2, weight_decay: the optimizer's

@@ -23,7 +23,10 @@ def test_the_named_tuples_follow_the_exported_lists():
     assert _ops.OP_LISTS["policy"][short:] == ("half_life", "decay_step")
     # A single op's init may leave out extra_zeros, an optimizer list FTRL's fields.
     assert _ops.OP_LISTS["init"][_ops._CORE["init_size_no_zeros"] :] == ("extra_zeros",)
-    assert _ops.OP_LISTS["optimizer"][_ops._CORE["optimizer_size_no_ftrl"] :] == (
+    # ... or stop before the rounding's fields (to nearest) or FTRL's too.
+    no_rounding = _ops._CORE["optimizer_size_no_rounding"]
+    assert _ops.OP_LISTS["optimizer"][no_rounding:] == ("stochastic_rounding", "rounding_seed")
+    assert _ops.OP_LISTS["optimizer"][_ops._CORE["optimizer_size_no_ftrl"] : no_rounding] == (
         "learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg",
     )  # fmt: skip
 
