@@ -310,11 +310,11 @@ class DynamicEmbTableOptions:
     admit_strategy: Any | None = None
     admission_counter: Any | None = None
     seed: int = 0
-    stochastic_rounding: bool = False
     spill_directory: str | None = None
     score_half_life_steps: int | None = None
     column_offset: int = 0
     warm_start: Any | None = None
+    stochastic_rounding: bool = False
     # DynamicEmb's HierarchicalKV tuning fields ("will be removed, please ignore them"
     # in DynamicEmb): accepted so that code setting them runs; no effect in dynemb.
     block_size: int = 128

@@ -47,7 +47,10 @@ def test_fields_in_dynamicembs_order_with_its_defaults():
     options = DynamicEmbTableOptions()
     names = [f.name for f in dataclasses.fields(DynamicEmbTableOptions)]
     assert names[: len(DYNAMICEMB_FIELDS)] == [n for n, _ in DYNAMICEMB_FIELDS]
-    extras = ["seed", "spill_directory", "score_half_life_steps", "column_offset", "warm_start"]
+    extras = [
+        "seed", "spill_directory", "score_half_life_steps", "column_offset", "warm_start",
+        "stochastic_rounding",
+    ]  # fmt: skip
     # DynamicEmb's HierarchicalKV tuning fields (tests/compat/test_hkv_option_fields.py)
     hkv = ["block_size", "io_block_size", "io_by_cpu", "use_constant_memory"]
     hkv += ["reserved_key_start_bit", "num_of_buckets_per_alloc"]
