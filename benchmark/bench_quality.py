@@ -55,7 +55,18 @@ from dynemb.example import model as example_model
 WORKLOAD = "W-quality"
 PEER_IMPL = "torchrec.static"
 DYNEMB_IMPL = "dynemb.dynamic"
-OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD", "ADAM")
+OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD", "ADAM", "FTRL")
+# --variants: dynemb's tables under each (optimizer, row dtype, stochastic rounding), the
+# first the baseline, all on the same rows in one run (no TorchRec peer); the baseline
+# runs again last, so that its two throughputs show what the order costs (the first
+# run of a process pays its warm-up).
+VARIANTS = (
+    ("EXACT_ROWWISE_ADAGRAD", "float32", False),
+    ("FTRL", "float32", False),
+    ("EXACT_ROWWISE_ADAGRAD", "bfloat16", False),
+    ("EXACT_ROWWISE_ADAGRAD", "bfloat16", True),
+    ("EXACT_ROWWISE_ADAGRAD", "float32", False),
+)
 PEER_OPTIMIZERS = OPTIMIZERS[:3]  # fbgemm's CPU TBE has no Adam
 
 # example.py flags of W-quality's sizes (one-hot sequence feature), then of --quick.
@@ -121,6 +132,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="EXACT_ROWWISE_ADAGRAD")
     parser.add_argument("--only", choices=("torchrec", "dynemb"), help="run one side only")
     parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="dynemb only: row-wise Adagrad float32, FTRL float32, row-wise Adagrad "
+        "bfloat16 with and without stochastic rounding, on the same rows",
+    )
+    parser.add_argument(
         "--score_strategy",
         choices=example_arguments.SCORE_STRATEGIES,
         default="TIMESTAMP",
@@ -150,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     dyn_args = example_args(sizes, args.optimizer, static=False)
     data = example_data.make_dataset(peer_args)  # the same rows for both; views differ
     rec = Recorder(commit_hash())
+    if args.variants:
+        return run_variants(args, sizes, data, rec, threads)
     if args.capacity_ratio is not None:
         dyn_args.capacity = capacity_of(data, args.capacity_ratio)
         rec.add(WORKLOAD, DYNEMB_IMPL, "capacity_rows", dyn_args.capacity, threads=threads)
@@ -180,6 +199,28 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.optimizer}: no CPU peer (fbgemm's CPU TBE has no Adam); dynemb alone.",
             file=sys.stderr,
         )
+
+
+def run_variants(args, sizes, data, rec, threads) -> None:
+    """``--variants``: each of VARIANTS trained and evaluated on ``data``, beside the first."""
+    base = None
+    with single_process_group():
+        for optimizer, dtype, rounding in VARIANTS:
+            dyn_args = example_args(sizes, optimizer, static=False)
+            dyn_args.score_strategy = args.score_strategy
+            dyn_args.embedding_dtype, dyn_args.stochastic_rounding = dtype, rounding
+            label = f"{DYNEMB_IMPL}[{optimizer} {dtype}{' sr' if rounding else ''}]"
+            label += " again" if base and label == base[0] else ""
+            result = train_and_evaluate(dyn_args, data, label)
+            for metric in ("auc", "train_loss", "samples_per_s"):
+                rec.add(
+                    WORKLOAD, label, metric, result[metric], threads=threads,
+                    peer=base[0] if base else None,
+                    peer_value=base[1][metric] if base else None,
+                )  # fmt: skip
+            base = base or (label, result)
+    print(file=sys.stderr)
+    rec.print_table()
 
 
 if __name__ == "__main__":

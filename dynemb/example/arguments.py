@@ -4,7 +4,8 @@ are dynamic) and the checks of flags that cannot run together."""
 import argparse
 from pathlib import Path
 
-OPTIMIZERS = ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM")
+OPTIMIZERS = ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL")
+EMBEDDING_DTYPES = ("float32", "bfloat16", "float16")
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 # CUSTOMIZED needs scores from the caller; NO_EVICTION grows instead of evicting.
 SCORE_STRATEGIES = ("TIMESTAMP", "STEP", "LFU")
@@ -74,6 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="embedding optimizer (fused into the backward)",
     )
     model.add_argument("--learning_rate", type=float, default=0.05, help="embedding LR")
+    model.add_argument(
+        "--embedding_dtype",
+        choices=EMBEDDING_DTYPES,
+        default="float32",
+        help="dynamic tables' row storage (with its optimizer state)",
+    )
+    model.add_argument(
+        "--stochastic_rounding",
+        action="store_true",
+        help="16-bit rows round optimizer results stochastically (else to nearest)",
+    )
     model.add_argument("--dense_learning_rate", type=float, default=1e-3, help="Adam LR")
     model.add_argument("--batch_size", type=int, default=1024, help="samples per rank")
     model.add_argument(

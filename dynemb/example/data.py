@@ -23,8 +23,9 @@ def make_dataset(args: argparse.Namespace) -> SyntheticClicks:
 
 
 def no_cpu_adam(args: argparse.Namespace) -> bool:
-    """ADAM on CPU, which fbgemm's CPU TBE (TorchRec's FUSED kernel) does not have."""
-    return args.optimizer == "ADAM" and not torch.cuda.is_available()
+    """ADAM on CPU, which fbgemm's CPU TBE (TorchRec's FUSED kernel) does not have, or
+    FTRL, which fbgemm has on no device: every table is then dynamic."""
+    return args.optimizer == "FTRL" or (args.optimizer == "ADAM" and not torch.cuda.is_available())
 
 
 def dynamic_features(args: argparse.Namespace) -> set[str]:

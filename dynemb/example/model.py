@@ -27,18 +27,14 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlann
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dynemb.config.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.config.optimizer import OptimizerConfig, optimizer_type_of
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrategy
 from dynemb.example.arguments import NUM_FEATURES, SEQUENCE_FEATURE
 from dynemb.example.data import dynamic_features
 from dynemb.models import SequenceDLRM
-from dynemb.planner.constraints import DynamicEmbParameterConstraints
-from dynemb.planner.planner import DynamicEmbeddingShardingPlanner
-from dynemb.shard.sharders import (
-    DynamicEmbeddingBagCollectionSharder,
-    DynamicEmbeddingCollectionSharder,
-)
+from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
 
 # TorchRec's planner reserves this share of each device's memory for what is not an
 # embedding table (dense layers, optimizer state, input batches).
@@ -82,9 +78,11 @@ def build_model(
     pooled, sequence = table_configs(args)
     model = unsharded_model(args, num_dense)
     fused_params = {
-        "optimizer": EmbOptimType[args.optimizer],
+        "optimizer": optimizer_type_of(args.optimizer),
         "learning_rate": args.learning_rate,
         "eps": 1e-8,
+        # FTRL: the paper's square root, beta 1 to damp the first steps, no regularisation
+        **({"ftrl_beta": 1.0} if args.optimizer == "FTRL" else {}),
     }
     world_size = dist.get_world_size(pg)
     # Through TopologyFactory, as TorchRec asks (it validates the hardware figures);
@@ -199,6 +197,8 @@ def dynamic_table_options(args: argparse.Namespace) -> DynamicEmbTableOptions:
         score_strategy=DynamicEmbScoreStrategy[args.score_strategy],
         dist_type=args.dist_type,
         seed=args.seed,
+        embedding_dtype=getattr(torch, args.embedding_dtype),
+        stochastic_rounding=args.stochastic_rounding,
         **cache_options(args),
     )
 
@@ -214,8 +214,8 @@ def cache_options(args: argparse.Namespace) -> dict:
     """``--caching``: the cache's bytes over all ranks (the planner splits them)."""
     if not args.caching:
         return {}
-    state = OptimizerConfig(EmbOptimType[args.optimizer]).state_columns(args.embedding_dim)
-    row_bytes = 4 * (args.embedding_dim + state)
+    state = OptimizerConfig(optimizer_type_of(args.optimizer)).state_columns(args.embedding_dim)
+    row_bytes = getattr(torch, args.embedding_dtype).itemsize * (args.embedding_dim + state)
     return {
         "caching": True,
         "global_hbm_for_values": int(args.cache_fraction * args.capacity) * row_bytes,
