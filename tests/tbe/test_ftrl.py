@@ -223,3 +223,19 @@ def test_dynamicemb_opt_args_name_ftrl(tmp_path):
 def test_optimizer_config_is_a_dataclass_with_ftrl_fields():
     names = {f.name for f in dataclasses.fields(_module((-0.5, 0, 0, 0, 0)).optimizer_config)}
     assert {"learning_rate_power", "ftrl_beta", "l1_reg", "l2_reg"} <= names
+
+
+def test_incremental_dump_gives_the_trained_weights():
+    """An FTRL table's incremental dump: every touched key with its weights (no state)."""
+    module = _module((-0.5, 0.1, 1.0, 0.3, 0.0), cls=BatchedDynamicEmbeddingTablesV2)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        keys, offsets = _batch(gen)
+        module(keys, offsets).backward(torch.randn(B, FEATURES * DIM, generator=gen))
+    rows, _ = module.incremental_dump(None)
+    keys, values = rows["t"]
+    stored = _rows(module)
+    assert sorted(keys.tolist()) == sorted(stored)
+    for k, v in zip(keys.tolist(), values):
+        assert torch.equal(v.double(), stored[k][:DIM])
+    assert (values == 0).any()  # l1 zeros reach the dump as zeros
