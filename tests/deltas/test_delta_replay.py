@@ -14,7 +14,7 @@ from dynemb import (
 )
 from dynemb.deltas import DeltaPublisher, delta_path, read_delta
 from dynemb.inference.exportable_tables import InferenceEmbeddingCollection
-from dynemb.optimizer import EmbOptimType
+from dynemb.optimizer import DynamicEmbOptimType, EmbOptimType
 
 DIM = 4
 STEPS, EVERY = 24, 4
@@ -55,13 +55,23 @@ def _lookup(module, keys: torch.Tensor) -> torch.Tensor:
     return module(both, torch.arange(both.numel() + 1))
 
 
+OPTIMIZERS = {
+    "adam": {"optimizer": EmbOptimType.ADAM},
+    "ftrl": {"optimizer": DynamicEmbOptimType.FTRL, "l1_reg": 0.01, "ftrl_beta": 1.0,
+             "initial_accumulator_value": 0.1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("optim", [False, True])
 @pytest.mark.parametrize("strategies", list(STRATEGIES), ids=list(STRATEGIES))
-def test_a_serving_table_replays_the_deltas_to_the_training_state(tmp_path, strategies, optim):
+def test_a_serving_table_replays_the_deltas_to_the_training_state(
+    tmp_path, strategies, optim, optimizer
+):
     options = _options(STRATEGIES[strategies])
     model = BatchedDynamicEmbeddingTables(
-        options, [0, 1], pooling_mode=DynamicEmbPoolingMode.NONE,
-        optimizer=EmbOptimType.ADAM, learning_rate=0.1, table_names=["a", "b"],
+        options, [0, 1], pooling_mode=DynamicEmbPoolingMode.NONE, learning_rate=0.1,
+        table_names=["a", "b"], **OPTIMIZERS[optimizer],
     )  # fmt: skip
     publisher = DeltaPublisher(model, tmp_path, optim=optim)
     seen = []
