@@ -5,7 +5,13 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 """
 
 from dynemb._ops import executor
-from dynemb.admission import AdmissionStrategy, Counter, FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission import (
+    AdmissionStrategy,
+    Counter,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+    ProbabilisticAdmissionStrategy,
+)
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad, RankFailure
 from dynemb.config.optimizer import DynamicEmbOptimType, EmbOptimType, OptimizerArgs
 from dynemb.config.score_strategies import decayed_count
@@ -69,6 +75,7 @@ __all__ = [
     "FrequencyAdmissionStrategy",
     "KVCounter",
     "OptimizerArgs",
+    "ProbabilisticAdmissionStrategy",
     "RankFailure",
     "ScoreStrategy",
     "ScoredHashTable",

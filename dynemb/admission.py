@@ -32,6 +32,7 @@ __all__: Sequence[str] = [
     "Counter",
     "FrequencyAdmissionStrategy",
     "KVCounter",
+    "ProbabilisticAdmissionStrategy",
 ]
 
 
@@ -297,6 +298,9 @@ class AdmissionStrategy(abc.ABC):
     """
 
     counter: Counter | None = None
+    #: Whether the table counts keys for this strategy (in ``counter``); a strategy
+    #: that does not is given each key's occurrences in the batch as its frequency.
+    counts_keys: bool = True
 
     @abc.abstractmethod
     def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
@@ -306,6 +310,11 @@ class AdmissionStrategy(abc.ABC):
             keys: (n,) int64 keys not stored in the table.
             frequencies: (n,) int64, their counts (this batch included).
         """
+
+    def admit_at(self, keys: torch.Tensor, frequencies: torch.Tensor, step: int) -> torch.Tensor:
+        """The table's call: ``admit`` at the table's ``step`` (its ``score_step`` before
+        the batch), for a strategy whose choice depends on it; by default ``admit``."""
+        return self.admit(keys, frequencies)
 
     @abc.abstractmethod
     def get_initializer_args(self) -> DynamicEmbInitializerArgs | None:
@@ -394,6 +403,157 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
 
     def __hash__(self) -> int:
         return hash(self.get_grouped_key())
+
+
+class ProbabilisticAdmissionStrategy(AdmissionStrategy):
+    """Admits a missing key with probability ``probability`` each time a batch holds it,
+    with no counter: a key seen k times in one batch is admitted with probability
+    ``1 - (1 - probability) ** k``, so on average it takes ``1 / probability``
+    appearances. Nothing is counted, so nothing is stored or checkpointed besides the
+    table.
+
+    The draw is a pure function of (key, ``seed``, the table's step): a 64-bit mix of
+    them in torch integer ops, its top 53 bits a uniform float64 ``u``; the key is
+    admitted when ``u < 1 - (1 - probability) ** k``, the power taken by squaring with
+    host-computed factors (float64 products, exact IEEE operations). The same bits on
+    every device and executor, and a replay or a restart from a checkpoint (which keeps
+    the table's step) admits the same keys. Tables that share a seed draw the same coin
+    for the same key at the same step; give tables their own ``seed`` to decorrelate them.
+
+    Args:
+        probability: float in [0, 1]: the chance of admission per occurrence.
+        initializer_args: rows of keys not admitted (``None``: the table's own
+            ``initializer_args``, so a key keeps the row it will start from).
+        seed: int64, mixed into every draw.
+
+    Raises:
+        TypeError / ValueError: on a bad argument, naming it and its value.
+
+    Example::
+
+        >>> s = ProbabilisticAdmissionStrategy(probability=0.1)
+        >>> s.admit(torch.arange(100_000), torch.ones(100_000, dtype=torch.int64)).sum()
+        tensor(9910)
+    """
+
+    counts_keys = False
+
+    def __init__(
+        self,
+        probability: float,
+        initializer_args: DynamicEmbInitializerArgs | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(probability, (int, float)) or isinstance(probability, bool):
+            raise TypeError(
+                f"ProbabilisticAdmissionStrategy: probability must be a float, got {probability!r}"
+            )
+        if not 0.0 <= float(probability) <= 1.0:
+            raise ValueError(
+                f"ProbabilisticAdmissionStrategy: probability must be in [0, 1], got {probability}"
+            )
+        if initializer_args is not None:
+            if not isinstance(initializer_args, DynamicEmbInitializerArgs):
+                raise TypeError(
+                    "ProbabilisticAdmissionStrategy: initializer_args must be "
+                    f"DynamicEmbInitializerArgs or None, got {initializer_args!r}"
+                )
+            initializer_args.validate()
+        if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
+            raise ValueError(f"ProbabilisticAdmissionStrategy: seed must be an int64, got {seed!r}")
+        self.probability = float(probability)
+        self.initializer_args = initializer_args
+        self.seed = seed
+
+    def admit(self, keys: torch.Tensor, frequencies: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """(n,) bool: the keys admitted at table step ``step``; ``frequencies`` (n,)
+        int64 are their occurrences in the batch (k; k <= 0 is never admitted)."""
+        if keys.numel() == 0:
+            return torch.zeros_like(keys, dtype=torch.bool)
+        u = admission_draws(keys, self.seed, step)
+        return u < 1.0 - _power(1.0 - self.probability, frequencies.to(keys.device))
+
+    def admit_at(self, keys: torch.Tensor, frequencies: torch.Tensor, step: int) -> torch.Tensor:
+        return self.admit(keys, frequencies, step)
+
+    def get_initializer_args(self) -> DynamicEmbInitializerArgs | None:
+        return self.initializer_args
+
+    def get_grouped_key(self) -> tuple:
+        """What two tables must agree on to share a module (DynamicEmb's grouping key)."""
+        mode = None if self.initializer_args is None else self.initializer_args.mode
+        return (type(self), self.probability, mode, self.seed)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProbabilisticAdmissionStrategy):
+            return NotImplemented
+        return self.get_grouped_key() == other.get_grouped_key()
+
+    def __hash__(self) -> int:
+        return hash(self.get_grouped_key())
+
+    def __repr__(self) -> str:
+        return (
+            f"ProbabilisticAdmissionStrategy(probability={self.probability}, "
+            f"initializer_args={self.initializer_args!r}, seed={self.seed})"
+        )
+
+
+_M64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment and finaliser constants
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _signed(v: int) -> int:
+    v &= _M64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _mix_host(v: int) -> int:
+    """splitmix64's finaliser on a Python int (mod 2**64)."""
+    v &= _M64
+    v = ((v ^ (v >> 30)) * _MIX1) & _M64
+    v = ((v ^ (v >> 27)) * _MIX2) & _M64
+    return v ^ (v >> 31)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """``_mix_host`` on an int64 tensor: int64 products wrap mod 2**64 on every device."""
+    x = (x ^ _shr(x, 30)) * _signed(_MIX1)
+    x = (x ^ _shr(x, 27)) * _signed(_MIX2)
+    return x ^ _shr(x, 31)
+
+
+def admission_draws(keys: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+    """(n,) float64 in [0, 1): the uniform draw of each key at (seed, step), a pure
+    function of them (the salt is mixed on the host, the keys by torch integer ops)."""
+    salt = _mix_host(_mix_host(seed * _GAMMA) + (step + 1) * _GAMMA)
+    h = _mix(_mix(keys) ^ _signed(salt))
+    return _shr(h, 11).to(torch.float64) * 2.0**-53  # 53 bits: exact in float64
+
+
+def _power(q: float, k: torch.Tensor) -> torch.Tensor:
+    """(n,) float64 ``q ** k`` (k int64; k <= 0 gives 1) by squaring: the factors
+    q ** (2 ** i) computed on the host, multiplied in bit order, so every device rounds
+    the same products."""
+    k = k.clamp(min=0, max=2**32 - 1)
+    out = torch.ones(k.shape, dtype=torch.float64, device=k.device)
+    factor = q
+    for i in range(32):
+        if factor == 1.0:  # q == 1 (probability 0 or below float64's resolution)
+            break
+        if factor == 0.0:  # q ** (2 ** i) underflows: every k >= 2 ** i gives 0
+            out.masked_fill_(k >= (1 << i), 0.0)
+            break
+        bit = ((k >> i) & 1).bool()
+        out = torch.where(bit, out * factor, out)
+        factor *= factor
+    return out
 
 
 def _describe(x) -> str:

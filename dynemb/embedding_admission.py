@@ -1,10 +1,16 @@
-"""DynamicEmb's ``dynamicemb.embedding_admission``: the admission counters and strategy.
+"""DynamicEmb's ``dynamicemb.embedding_admission``: the admission counters and strategies.
 
-A front module: ``KVCounter`` and ``FrequencyAdmissionStrategy`` are dynemb.admission's,
-``MultiTableKVCounter`` dynemb.multi_table_counter's; no module of dynemb imports it.
+A front module: ``KVCounter``, ``FrequencyAdmissionStrategy`` and
+``ProbabilisticAdmissionStrategy`` are dynemb.admission's, ``MultiTableKVCounter``
+dynemb.multi_table_counter's; no module of dynemb imports it.
 """
 
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission import FrequencyAdmissionStrategy, KVCounter, ProbabilisticAdmissionStrategy
 from dynemb.multi_table_counter import MultiTableKVCounter
 
-__all__ = ["FrequencyAdmissionStrategy", "KVCounter", "MultiTableKVCounter"]
+__all__ = [
+    "FrequencyAdmissionStrategy",
+    "KVCounter",
+    "MultiTableKVCounter",
+    "ProbabilisticAdmissionStrategy",
+]

@@ -63,6 +63,11 @@ class Table(Protocol):
         ...
 
     @property
+    def score_step(self) -> int:
+        """The table's step: training lookups counted so far (kept by checkpoints)."""
+        ...
+
+    @property
     def mutations(self) -> int:
         """Changes whenever stored keys may have moved: older slots must be found again."""
         ...

@@ -94,7 +94,9 @@ def check_options(name: str, o: DynamicEmbTableOptions) -> None:
 def admission_counter_of(o: DynamicEmbTableOptions) -> Counter | None:
     """The counter a table counts with (a template: the table builds its own with
     ``create``): its strategy's ``counter``, else its (deprecated) ``admission_counter``,
-    else None."""
+    else None. None for a strategy that counts nothing (``counts_keys`` False)."""
+    if not getattr(o.admit_strategy, "counts_keys", True):
+        return None
     counter = getattr(o.admit_strategy, "counter", None)
     return counter if counter is not None else o.admission_counter
 
@@ -116,7 +118,7 @@ def check_admission(name: str, o: DynamicEmbTableOptions) -> None:
             f"table {name!r}: the admission counter must be a Counter (e.g. KVCounter), "
             f"got {counter!r}"
         )
-    if strategy is not None and counter is None:
+    if strategy is not None and counter is None and strategy.counts_keys:
         raise ValueError(
             f"table {name!r}: admit_strategy={strategy!r} has no counter to count keys "
             "with: pass one to the strategy, e.g. FrequencyAdmissionStrategy(threshold, "

@@ -123,12 +123,17 @@ class TableSlots:
         ones (whose scores the upsert updates) and leave the counter.
         """
         table, counter = self.tables[t], self.admission_counters[t]
+        strategy = self.table_options[t].admit_strategy
         upsert = table.contains(keys)  # a cache: stored in either tier
         new = torch.nonzero(~upsert, as_tuple=True)[0]
         if new.numel():
             new_keys = keys[new]
-            counts = counter.add_distinct(new_keys, accesses[new])
-            admit = self.table_options[t].admit_strategy.admit(new_keys, counts)
+            if strategy.counts_keys:
+                counts = counter.add_distinct(new_keys, accesses[new])
+            else:  # no counter: the strategy sees this batch's occurrences
+                counts = accesses[new]
+            # The table's step before this batch: a replay or a restart sees the same.
+            admit = strategy.admit_at(new_keys, counts, table.score_step)
             if (
                 not isinstance(admit, torch.Tensor)
                 or admit.dtype != torch.bool
@@ -156,7 +161,7 @@ class TableSlots:
             if staged is not None:  # a cache's staged keys are stored too
                 held |= staged[1] >= 0
             stored = new[held[new]]  # admitted and stored: no longer counted
-            if stored.numel():
+            if counter is not None and stored.numel():
                 counter.erase(keys[stored])
         return slots
 

@@ -72,7 +72,6 @@ from dynemb.tiering.staging import Staged, StagingArea
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
 # Strategies scored by the table's step: a training lookup counts one.
-_STEPPED = (_STEP, DynamicEmbScoreStrategy.DECAYED_LFU.value, _ops.TIMESTAMP_DECAYED_LFU)
 
 
 class CachedTable(CacheFill, CacheReads, Cache):
@@ -197,6 +196,12 @@ class CachedTable(CacheFill, CacheReads, Cache):
         cache eviction for every slow-tier eviction of a cached key."""
         return self._capacity
 
+    @property
+    def score_step(self) -> int:
+        """Training lookups counted so far (ScoredHashTable's ``score_step``; the slow
+        tier's when it is built in, which a checkpoint keeps)."""
+        return self._ctx.score_step
+
     def cache_size(self) -> int:
         return self.cache.size()
 
@@ -318,8 +323,8 @@ class CachedTable(CacheFill, CacheReads, Cache):
                     keys, _, accesses = keys.sized()
                 warm = self._read_warm(keys)
             self._prefetched.pop(batch.number, None)
-            if self._strategy in _STEPPED:
-                self._ctx.score_step += 1
+            # Every strategy steps: probabilistic admission draws at the table's step.
+            self._ctx.score_step += 1
             now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
             keys, accesses, claim = self._claim_padded(keys, accesses, batch.number)
             if reuse:
