@@ -47,6 +47,9 @@ def _modules(model: nn.Module) -> Iterable[BatchedDynamicEmbeddingTables]:
     return [group for _, group in table_groups(model)]
 
 
+_RULE_COUNTS = ("rule_passes", "rule_buckets", "rule_erased")  # eviction by rule
+
+
 def step_metrics(telemetry: TableTelemetry) -> dict[str, float]:
     """One table's cheap metrics (host counters only): totals, the last step's counts,
     the rates over the recent window (per distinct key looked up), load factor."""
@@ -54,6 +57,7 @@ def step_metrics(telemetry: TableTelemetry) -> dict[str, float]:
     window = telemetry.window_totals()
     looked_up = sum(getattr(window, f) for f in _COUNTS)
     out = {f: float(getattr(telemetry, f)) for f in ("steps", *_COUNTS)}
+    out.update({f: float(getattr(telemetry, f)) for f in _RULE_COUNTS})
     out.update({f"step_{f}": float(getattr(last, f)) for f in _COUNTS})
     for f, rate in (("hits", "hit_rate"), ("evicted", "eviction_rate"), ("failed", "failure_rate")):
         out[f"window_{rate}"] = getattr(window, f) / looked_up if looked_up else 0.0

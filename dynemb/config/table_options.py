@@ -261,6 +261,10 @@ class DynamicEmbTableOptions:
             column_offset + dim)`` of a wider table's rows, and its new rows are those
             columns of the rows the whole table would start with. The column-wise
             sharding sets it on each slice; 0 otherwise.
+        eviction_rule: (dynemb) an ``EvictionRule`` (dynemb.eviction_rules): the keys
+            it says are stale are erased on a schedule (its ``every_n_steps`` /
+            ``load_factor_above``, ``buckets_per_step`` buckets per training forward)
+            and by ``erase_stale()``; None: a table evicts only when a bucket is full.
         block_size, io_block_size, io_by_cpu, use_constant_memory,
             reserved_key_start_bit, num_of_buckets_per_alloc: DynamicEmb's
             HierarchicalKV tuning fields, which DynamicEmb asks users to ignore;
@@ -314,6 +318,7 @@ class DynamicEmbTableOptions:
     score_half_life_steps: int | None = None
     column_offset: int = 0
     warm_start: Any | None = None
+    eviction_rule: Any | None = None
     stochastic_rounding: bool = False
     # DynamicEmb's HierarchicalKV tuning fields ("will be removed, please ignore them"
     # in DynamicEmb): accepted so that code setting them runs; no effect in dynemb.

@@ -68,6 +68,22 @@ class Table(Protocol):
         ...
 
     @property
+    def strategy_code(self) -> int:
+        """The score strategy's code (``DynamicEmbScoreStrategy`` value or a compound's)."""
+        ...
+
+    def rule_thresholds(self, rule: Any) -> Any:
+        """An ``EvictionRule``'s ``RuleThresholds`` now, from the table's step and clock."""
+        ...
+
+    def erase_stale_buckets(
+        self, thresholds: Any, begin: int, end: int
+    ) -> tuple[torch.Tensor, int]:
+        """Erases the stale keys of buckets ``[begin, end)`` but those of batches in
+        flight; returns ``(erased keys, number of buckets)``."""
+        ...
+
+    @property
     def mutations(self) -> int:
         """Changes whenever stored keys may have moved: older slots must be found again."""
         ...

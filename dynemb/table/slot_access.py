@@ -197,6 +197,36 @@ class SlotAccess:
             self._state.defer(DeferredErase(erased))
         return erased
 
+    def rule_thresholds(self, rule):
+        """``RuleThresholds`` of an ``EvictionRule`` for this table now (its step and
+        clock, read once on the host)."""
+        from dynemb.eviction_rules import RuleThresholds
+
+        st = self._state
+        return RuleThresholds.of(rule, st.strategy, st.step, st.clock(), st.score_half_life_steps)
+
+    def erase_stale_buckets(self, thresholds, begin: int, end: int) -> tuple[torch.Tensor, int]:
+        """Erases the keys of buckets ``[begin, end)`` that ``thresholds`` (RuleThresholds) say
+        are stale, except those pinned by a batch in flight (pin >= the floor); one
+        ``lock.write()`` for the scan and the erase. Returns ``(erased keys, number of
+        buckets now)`` (a range past the end is cut)."""
+        from dynemb.eviction_rules import stale_slots
+
+        st = self._state
+        with st.lock.write():
+            s, cap = st.storage, st.layout.bucket_capacity
+            n = s.num_buckets
+            begin, end = min(begin, n), min(end, n)
+            slots = s.occupied(begin * cap, end * cap)
+            if slots.numel() == 0:
+                return s.keys[:0], n
+            stale = stale_slots(s, slots, thresholds, self.dim)
+            stale &= s.pins[slots] < st.pins.floor()  # never a key of a batch in flight
+            keys = s.keys[slots[stale]]
+            if keys.numel():
+                self.erase_held(keys)
+        return keys, n
+
     def find_entries(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Whole rows (embedding + extra columns) and scores of keys: ``(rows (n,
         row_width), scores (n,), found (n,) bool)``, zeros where not stored."""

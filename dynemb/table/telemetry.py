@@ -102,6 +102,8 @@ class TableTelemetry:
     Attributes:
         enabled: False stops all counting (the table then runs as without telemetry).
         steps / hits / inserted / evicted / failed: totals.
+        rule_passes / rule_buckets / rule_erased: eviction by rule (an
+            ``EvictionRule``): passes started, buckets scanned, keys erased; totals.
         recent: the last ``window`` StepCounts, oldest first.
     """
 
@@ -161,6 +163,8 @@ class TableTelemetry:
     def reset(self) -> None:
         """Forgets every count and sample (the settings stay)."""
         self.steps = self.hits = self.inserted = self.evicted = self.failed = 0
+        # Eviction by rule (dynemb.eviction_rules): passes started, buckets scanned, keys erased.
+        self.rule_passes = self.rule_buckets = self.rule_erased = 0
         self.recent = collections.deque(maxlen=self.window)
         self.sampled_steps = 0
         self._evictions: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []

@@ -33,6 +33,7 @@ from dynemb.tbe.batch_layout import (
 )
 from dynemb.tbe.forward_pass import ForwardPass
 from dynemb.tbe.lookup_function import LookupFunction
+from dynemb.tbe.stale_keys import StaleKeys
 from dynemb.tbe.table_options import (
     admission_counter_of,
     admission_missing,
@@ -47,7 +48,7 @@ from dynemb.warm_start.optimizer_step import carried_step
 from dynemb.warm_start.table_fill import check_source
 
 
-class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Module):
+class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, BackwardPass, nn.Module):
     """Several dynamic tables looked up in one call, with a fused optimizer.
 
     Args:
@@ -189,6 +190,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, ForwardPass, BackwardPass, nn.Mo
         # the batch's forward reuses the de-duplication (and the table the slots).
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
         self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
+        self._init_stale_keys()  # eviction by rule (dynemb.tbe.stale_keys)
         # Per table, the last forward's training lookup counts (hits, inserted, evicted,
         # failed), summed over its lookup calls; None for a table that forward did not
         # look up in training, or whose counts are read later (a grouped lookup of

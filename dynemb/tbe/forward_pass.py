@@ -61,6 +61,8 @@ class ForwardPass:
         does. ``access_counts``: (n,) int64 or None, as in ``forward``; ``bounds``: the
         features' first indices (``check_batch_layout``'s; None: read from ``offsets``)."""
         self._start_forward()
+        if self.training:  # before this batch's lookups: the rule's chunk of this step
+            self._scheduled_erase()
         # 1. The keys are read during this forward only (its backward reads the offsets
         # and weights): a copy of them would cost a pass over the batch for nothing.
         batches = split_by_table(

@@ -9,6 +9,8 @@ from dynemb import _ops
 from dynemb.admission import AdmissionStrategy, Counter
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbCheckMode
+from dynemb.eviction_rules import EvictionRule
+from dynemb.table.batch_arguments import strategy_code
 from dynemb.table.protocol import Table
 
 _INT64_MAX = 2**63 - 1
@@ -89,6 +91,19 @@ def check_options(name: str, o: DynamicEmbTableOptions) -> None:
             f"table {name!r}: spill_directory must be a path or None, got {o.spill_directory!r}"
         )
     check_admission(name, o)
+    if o.eviction_rule is not None:
+        if not isinstance(o.eviction_rule, EvictionRule):
+            raise TypeError(
+                f"table {name!r}: eviction_rule must be an EvictionRule or None, "
+                f"got {o.eviction_rule!r}"
+            )
+        if o.caching and o.eviction_rule.load_factor_above is not None:
+            raise ValueError(
+                f"table {name!r}: EvictionRule.load_factor_above needs a table in memory "
+                "(in caching mode the table's size takes a sync of the cache); use every_n_steps"
+            )
+        if o.score_strategy is not None:  # None: the kernel's default, checked at build
+            o.eviction_rule.check(strategy_code(o.score_strategy), name)
 
 
 def admission_counter_of(o: DynamicEmbTableOptions) -> Counter | None:

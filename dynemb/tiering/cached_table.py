@@ -197,6 +197,11 @@ class CachedTable(CacheFill, CacheReads, Cache):
         return self._capacity
 
     @property
+    def strategy_code(self) -> int:
+        """The score strategy's code (ScoredHashTable's ``strategy_code``)."""
+        return self._strategy
+
+    @property
     def score_step(self) -> int:
         """Training lookups counted so far (ScoredHashTable's ``score_step``; the slow
         tier's when it is built in, which a checkpoint keeps)."""
@@ -468,6 +473,52 @@ class CachedTable(CacheFill, CacheReads, Cache):
             )
         self.sync()
         return backing
+
+    def rule_thresholds(self, rule):
+        """``RuleThresholds`` of an ``EvictionRule`` now (the slow tier's step and
+        clock, read once on the host); syncs the cache, so the slow tier's scores are
+        those of every access so far."""
+        from dynemb.eviction_rules import RuleThresholds
+
+        self.persistent_table()  # syncs; raises for an external storage
+        return RuleThresholds.of(
+            rule, self._strategy, self._ctx.score_step, self._ctx.now(), self.score_half_life_steps
+        )
+
+    def erase_stale_buckets(self, thresholds, begin: int, end: int) -> tuple[torch.Tensor, int]:
+        """ScoredHashTable.erase_stale_buckets over the slow tier's buckets, erasing
+        from both tiers. Kept: keys of batches in flight (pinned in the cache, or
+        staged) and, once the cache has trained since ``rule_thresholds`` synced it,
+        every cached key (its slow-tier score may be older than its last access)."""
+        from dynemb.eviction_rules import stale_slots
+
+        backing = self.backing_table()
+        if backing is None:
+            raise ValueError(f"table {self.name!r}: eviction by rule needs the built-in slow tier")
+        with backing.lock.read():
+            s, cap = backing.buffers, backing.bucket_capacity
+            n = s.num_buckets
+            slots = s.occupied(min(begin, n) * cap, min(end, n) * cap)
+            keys = (
+                s.keys[slots[stale_slots(s, slots, thresholds, self.dim)]]
+                if slots.numel()
+                else s.keys[:0]
+            )
+        if keys.numel():
+            self._settle()
+            cache = self.cache
+            with self.lock.read():  # the cache's lock: its slots and pins stay put
+                at = _ops.table_find_slots(cache.buffers.tensors(), keys)
+                cached = at >= 0
+                pins = cache.buffers.pins[at.clamp(min=0)]
+                keep = cached & (pins >= cache.state.pins.floor()) if not self._dirty else cached
+                staged = self._staging.busy(keys)
+                if staged is not None:
+                    keep |= staged
+                keys = keys[~keep]
+            if keys.numel():
+                self.erase(keys)
+        return keys, n
 
     def size(self) -> int:
         """Distinct keys in both tiers (syncs the cache first)."""
