@@ -21,6 +21,7 @@ from dynemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     ScoreStrategy,
 )
+from dynemb.eviction_rules import EvictionRule, erase_stale, erased_mark, erased_since
 from dynemb.planner.capacity import (
     BUCKET_ALIGNMENT,
     DEMB_TABLE_ALIGN_SIZE,
@@ -72,6 +73,7 @@ __all__ = [
     "DynamicEmbTableOptions",
     "DynamicEmbTelemetry",
     "EmbOptimType",
+    "EvictionRule",
     "FrequencyAdmissionStrategy",
     "KVCounter",
     "OptimizerArgs",
@@ -82,6 +84,9 @@ __all__ = [
     "Storage",
     "TableTelemetry",
     "WarmStart",
+    "erase_stale",
+    "erased_mark",
+    "erased_since",
     "executor",
     "align_to_table_size",
     "data_type_to_dtype",
