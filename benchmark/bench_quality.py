@@ -4,7 +4,7 @@ Usage::
 
     python benchmark/bench_quality.py [--quick] [--optimizer NAME] [--only torchrec|dynemb]
                                       [--threads N] [--score_strategy TIMESTAMP|STEP|LFU]
-                                      [--capacity_ratio R]
+                                      [--capacity_ratio R] [--admission_probability P]
 
 The data is ``dynemb.datasets.SyntheticClicks`` at its defaults (8 one-hot features
 with Zipf(1.05) ids over 1M ids each, a hidden vector per id, 1M training rows, 100k
@@ -23,6 +23,9 @@ and Adam (LR 1e-3) on the dense part, world size 1 through
   example.py's one ordinary TorchRec table (feature f6, identical in both runs).
 - Evicting (``--capacity_ratio 0.25 --score_strategy LFU``, say): each dynamic table
   holds R times the distinct ids of a feature in the epoch, and evicts by the strategy.
+- Admission (``--admission_probability 0.1``): each dynamic table admits a new id with
+  that probability per occurrence (``ProbabilisticAdmissionStrategy``); an id not
+  admitted reads the table's initializer row and gets no update.
 
 Both runs see the same rows in the same order and start from the same torch seed;
 initial rows are uniform in the same bounds but not the same values (a dynamic row is
@@ -150,6 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "feature in the training rows (default: a fixed capacity above them, no eviction)",
     )
     parser.add_argument(
+        "--admission_probability",
+        type=float,
+        help="dynamic tables admit a new key with this probability per occurrence "
+        "(ProbabilisticAdmissionStrategy; default: no admission)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -173,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
         dyn_args.capacity = capacity_of(data, args.capacity_ratio)
         rec.add(WORKLOAD, DYNEMB_IMPL, "capacity_rows", dyn_args.capacity, threads=threads)
     dyn_args.score_strategy = args.score_strategy
+    dyn_args.admission_probability = args.admission_probability
+    if args.admission_probability is not None:
+        rec.add(WORKLOAD, DYNEMB_IMPL, "admission_probability", args.admission_probability,
+                threads=threads)  # fmt: skip
     rec.add(WORKLOAD, "SyntheticClicks.bayes", "auc", data.bayes_auc("eval"), threads=threads)
     peer = None
     with single_process_group():

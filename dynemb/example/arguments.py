@@ -112,6 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--init_bound", type=float, default=0.05, help="new rows are uniform in [-bound, bound]"
     )
     model.add_argument(
+        "--admission_probability",
+        type=float,
+        default=None,
+        help="dynamic tables admit a new key with this probability per occurrence "
+        "(ProbabilisticAdmissionStrategy; default: every key)",
+    )
+    model.add_argument(
         "--caching",
         action="store_true",
         help="dynamic tables in caching mode: a cache of --cache_fraction of the rows in "

@@ -27,6 +27,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlann
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dynemb.admission import ProbabilisticAdmissionStrategy
 from dynemb.config.optimizer import OptimizerConfig, optimizer_type_of
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrategy
@@ -199,8 +200,16 @@ def dynamic_table_options(args: argparse.Namespace) -> DynamicEmbTableOptions:
         seed=args.seed,
         embedding_dtype=getattr(torch, args.embedding_dtype),
         stochastic_rounding=args.stochastic_rounding,
+        admit_strategy=admission_strategy(args),
         **cache_options(args),
     )
+
+
+def admission_strategy(args: argparse.Namespace):
+    """``--admission_probability``: a ProbabilisticAdmissionStrategy (a key not admitted
+    reads the table's initializer row), else None (every key is stored)."""
+    p = getattr(args, "admission_probability", None)
+    return None if p is None else ProbabilisticAdmissionStrategy(p, seed=args.seed)
 
 
 def storage_reservation() -> FixedPercentageStorageReservation:
