@@ -23,6 +23,7 @@ from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
 
 N = 100_000
+CACHE_ROWS = 256  # below the ~600 keys trained: the cache evicts to the slow tier
 
 
 def within_binomial(admitted: int, n: int, p: float) -> bool:
@@ -87,7 +88,7 @@ def make(p=0.3, caching=False, seed=0):
     opts = DynamicEmbTableOptions(
         dim=4, max_capacity=4096, bucket_capacity=64, initializer_args=uniform, seed=5,
         admit_strategy=ProbabilisticAdmissionStrategy(p, seed=seed), caching=caching,
-        local_hbm_for_values=1024 * 8 * 4 if caching else 0,  # Adagrad: 8 columns
+        local_hbm_for_values=CACHE_ROWS * 8 * 4 if caching else 0,  # Adagrad: 8 columns
     )  # fmt: skip
     return BatchedDynamicEmbeddingTables(
         [opts], feature_table_map=[0], pooling_mode=DynamicEmbPoolingMode.SUM,
@@ -184,3 +185,11 @@ def test_both_executors_store_the_same_bits(tmp_path):
         a, b = saved["cpu"][caching], saved["cuda-emulated"][caching]
         assert a["keys"].numel() > 0
         assert torch.equal(a["keys"], b["keys"]) and torch.equal(a["values"], b["values"])
+
+
+def test_a_key_gets_a_fresh_draw_at_each_step():
+    m = make(p=0.3)
+    keys = torch.arange(1000) * 31
+    for _ in range(10):  # each batch a new draw: stored after 10 sights with 1 - 0.7^10
+        m(keys, torch.arange(0, 1001, 4)).sum().backward()
+    assert within_binomial(table_of(m)["keys"].numel(), 1000, 1 - 0.7**10)
