@@ -6,8 +6,8 @@ the model erases in every shard."""
 import pytest
 import torch
 
-from tests.multiprocess import run_ranks
-from tests.rules_sharded_workers import train_with_rules
+from tests.support.multiprocess import run_ranks
+from tests.support.rules_sharded_workers import train_with_rules
 
 pytestmark = pytest.mark.no_emulated_pass(
     "TorchRec's sharded plumbing on gloo ranks: the rules' table ops are the emulated pass's elsewhere"

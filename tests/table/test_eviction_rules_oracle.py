@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dynemb.eviction_rules import EvictionRule
-from tests import reference as ref
+from tests.support import reference as ref
 from tests.table.test_table_oracle import Harness
 
 BIG = 1 << 40  # past the last bucket

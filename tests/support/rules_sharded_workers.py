@@ -1,13 +1,13 @@
 """Rank-side code of tests/shard/test_rules_sharded.py: the column-wise + row-wise model
-of tests/column_wise_workers.py with probabilistic admission and a scheduled eviction
+of tests/support/column_wise_workers.py with probabilistic admission and a scheduled eviction
 rule on both tables."""
 
 import torch
 
 from dynemb import EvictionRule, ProbabilisticAdmissionStrategy, erase_stale
-from tests.column_wise_workers import BATCH, CW_DIM, FEATURES, RW_DIM, Case, build_model
-from tests.sharded_workers import dynamic_tables
-from tests.table_wise_workers import STEPS, entries, global_batch, local_kjt, out_grad
+from tests.support.column_wise_workers import BATCH, CW_DIM, FEATURES, RW_DIM, Case, build_model
+from tests.support.sharded_workers import dynamic_tables
+from tests.support.table_wise_workers import STEPS, entries, global_batch, local_kjt, out_grad
 
 
 def train_with_rules(rank: int, world_size: int):
