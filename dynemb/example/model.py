@@ -34,8 +34,12 @@ from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrate
 from dynemb.example.arguments import NUM_FEATURES, SEQUENCE_FEATURE
 from dynemb.example.data import dynamic_features
 from dynemb.models import SequenceDLRM
-from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from dynemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+from dynemb.planner.constraints import DynamicEmbParameterConstraints
+from dynemb.planner.planner import DynamicEmbeddingShardingPlanner
+from dynemb.shard.sharders import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+)
 
 # TorchRec's planner reserves this share of each device's memory for what is not an
 # embedding table (dense layers, optimizer state, input batches).
