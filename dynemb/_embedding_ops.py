@@ -89,6 +89,31 @@ def embedding_gather(table, slots, keys, missing, seed: int, dim: int) -> torch.
     return _dynemb.embedding_gather(list(table), slots, keys, missing, seed, dim)
 
 
+def embedding_pool_quantized(
+    table, rows, format: int, slots, keys, offsets, weights, mode: int, missing, seed: int,
+    dim: int,
+):  # fmt: skip
+    """embedding_pool over 8-bit rows (csrc/core/quantized_rows.h): (num_bags, dim) float32.
+
+    Args:
+        table: the hash table's op tensors (its keys give the slots; values not read).
+        rows: (num_slots, row_bytes) uint8, the 8-bit row of each slot.
+        format: ROW_FORMAT_CODES (0 INT8, 1 E4M3). Others as ``embedding_pool``.
+    """
+    return _dynemb.embedding_pool_quantized(
+        list(table), rows, format, slots, keys, offsets, weights, mode, missing, seed, dim
+    )
+
+
+def embedding_gather_quantized(
+    table, rows, format: int, slots, keys, missing, seed: int, dim: int
+) -> torch.Tensor:
+    """embedding_gather over 8-bit rows: one decoded row per index, (n, dim) float32."""
+    return _dynemb.embedding_gather_quantized(
+        list(table), rows, format, slots, keys, missing, seed, dim
+    )
+
+
 def embedding_backward(
     table, unique_slots, inverse, offsets, weights, mode: int, grad, optimizer, step: int, dim: int,
     columns=None,

@@ -28,7 +28,23 @@ def _gather(table, slots, keys, missing, seed, dim):
     return keys.new_empty((keys.shape[0], dim), dtype=torch.float32)
 
 
-_FAKES = {"table_find_slots": _find_slots, "embedding_pool": _pool, "embedding_gather": _gather}
+def _pool_quantized(table, rows, format, slots, keys, offsets, weights, mode, missing, seed, dim):
+    """embedding_pool_quantized: (num_bags, dim) float32."""
+    return offsets.new_empty((offsets.shape[0] - 1, dim), dtype=torch.float32)
+
+
+def _gather_quantized(table, rows, format, slots, keys, missing, seed, dim):
+    """embedding_gather_quantized: (n, dim) float32."""
+    return keys.new_empty((keys.shape[0], dim), dtype=torch.float32)
+
+
+_FAKES = {
+    "table_find_slots": _find_slots,
+    "embedding_pool": _pool,
+    "embedding_gather": _gather,
+    "embedding_pool_quantized": _pool_quantized,
+    "embedding_gather_quantized": _gather_quantized,
+}
 
 
 def register() -> None:

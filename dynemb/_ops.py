@@ -27,9 +27,11 @@ from dynemb._embedding_ops import (  # noqa: F401 - re-exported
     embedding_backward,
     embedding_backward_grouped,
     embedding_gather,
+    embedding_gather_quantized,
     embedding_pool,
     embedding_pool_into,
     embedding_pool_into_grouped,
+    embedding_pool_quantized,
     unique_keys,
     unique_keys_grouped,
     unique_keys_grouped_padded,
@@ -52,6 +54,7 @@ _CORE = _C.constants
 SCORE_STRATEGY_CODES: dict[str, int] = dict(_CORE["score_strategies"])  # core ScoreStrategy
 INIT_MODE_CODES: dict[str, int] = dict(_CORE["init_modes"])  # core InitMode
 POOLING_CODES: dict[str, int] = dict(_CORE["pooling_modes"])  # core PoolingMode
+ROW_FORMAT_CODES: dict[str, int] = dict(_CORE["row_formats"])  # core RowFormat (8-bit rows)
 OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKind
 # strategy code -> "clock" | "step" | "batch_number" | "unused" (core batch_value_source)
 BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])

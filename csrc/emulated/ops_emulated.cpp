@@ -45,6 +45,7 @@ TORCH_LIBRARY(dynemb_cuda_emulated, m) {
 TORCH_LIBRARY_IMPL(dynemb_cuda_emulated, CPU, m) {
   DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend<EmulatedRuntime>);
   DYNEMB_REGISTER_EMBEDDING_OPS(m, CudaBackend<EmulatedRuntime>);
+  DYNEMB_REGISTER_QUANTIZED_OPS(m, CudaBackend<EmulatedRuntime>);
   DYNEMB_REGISTER_SLOT_OPS(m, CudaBackend<EmulatedRuntime>);
 }
 

@@ -12,6 +12,7 @@
 #include "core/macros.h"
 #include "core/optimizer_rules.h"
 #include "core/pooling.h"
+#include "core/quantized_rows.h"
 #include "core/score_policy.h"
 #include "core/table_ops.h"
 #include "core/table_ref.h"
@@ -46,6 +47,7 @@ inline pybind11::dict core_constants() {
   out["status_count"] = kStatusCount;
   out["init_modes"] = codes(kInitModeNames);
   out["pooling_modes"] = codes(kPoolingModeNames);
+  out["row_formats"] = codes(kRowFormatNames);
   out["optimizers"] = codes(kOptimizerNames);
   pybind11::dict sources;  // strategy code -> what its batch_value is
   for (int64_t code = 0; code < kScoreStrategyCount; ++code) {

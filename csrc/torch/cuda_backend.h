@@ -23,7 +23,9 @@
 #include <vector>
 
 #include "cuda/launchers_cuda.h"
+#include "cuda/launchers_quantized_cuda.h"
 #include "torch/embedding_op_impls.h"
+#include "torch/quantized_op_impls.h"
 #include "torch/slot_op_impls.h"
 #include "torch/table_op_impls.h"
 
@@ -113,6 +115,17 @@ struct CudaBackend {
   static void gather(const TableRef<V>& t, const int64_t* slots, const int64_t* keys, int64_t n,
                      const InitArgs& missing, float* out, int64_t dim) {
     DYNEMB_CUDA_NS::launch_gather(t, slots, keys, n, missing, out, dim, Runtime::stream());
+  }
+  static void pool_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
+                             const int64_t* offsets, const float* weights, int64_t num_bags,
+                             PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    DYNEMB_CUDA_NS::launch_pool_quantized(r, slots, keys, offsets, weights, num_bags, mode,
+                                          missing, out, dim, Runtime::stream());
+  }
+  static void gather_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
+                               int64_t n, const InitArgs& missing, float* out, int64_t dim) {
+    DYNEMB_CUDA_NS::launch_gather_quantized(r, slots, keys, n, missing, out, dim,
+                                            Runtime::stream());
   }
   static void dedup(const std::vector<DedupPart>& parts, const PartTotals& totals,
                     at::Tensor& unique, at::Tensor& inverse, at::Tensor& counts,

@@ -95,6 +95,14 @@
   (m).def(                                                                                            \
       "embedding_gather(Tensor[] table, Tensor slots, Tensor keys, float[] missing, int seed, "       \
       "int dim) -> Tensor");                                                                          \
+  /* Lookups of 8-bit rows (csrc/core/quantized_rows.h): `rows` (num_slots, row_bytes) */          \
+  /* uint8, the row of each slot of `table`; format: 0 INT8, 1 E4M3. */                               \
+  (m).def(                                                                                            \
+      "embedding_pool_quantized(Tensor[] table, Tensor rows, int format, Tensor slots, Tensor keys, "  \
+      "Tensor offsets, Tensor? weights, int mode, float[] missing, int seed, int dim) -> Tensor");    \
+  (m).def(                                                                                            \
+      "embedding_gather_quantized(Tensor[] table, Tensor rows, int format, Tensor slots, "            \
+      "Tensor keys, float[] missing, int seed, int dim) -> Tensor");                                  \
   (m).def(                                                                                            \
       "embedding_backward(Tensor(a!)[] table, Tensor unique_slots, Tensor inverse, Tensor offsets, "  \
       "Tensor? weights, int mode, Tensor grad, float[] optimizer, int step, int dim, "                \

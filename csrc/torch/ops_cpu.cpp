@@ -4,7 +4,9 @@
 #include "cpu/dedup_cpu.h"
 #include "cpu/embedding_cpu.h"
 #include "cpu/executor_cpu.h"
+#include "cpu/quantized_cpu.h"
 #include "torch/embedding_op_impls.h"
+#include "torch/quantized_op_impls.h"
 #include "torch/slot_op_impls.h"
 #include "torch/table_op_impls.h"
 
@@ -73,6 +75,15 @@ struct CpuBackend {
                      const InitArgs& missing, float* out, int64_t dim) {
     cpu::gather(t, slots, keys, n, missing, out, dim);
   }
+  static void pool_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
+                             const int64_t* offsets, const float* weights, int64_t num_bags,
+                             PoolingMode mode, const InitArgs& missing, float* out, int64_t dim) {
+    cpu::pool_quantized(r, slots, keys, offsets, weights, num_bags, mode, missing, out, dim);
+  }
+  static void gather_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
+                               int64_t n, const InitArgs& missing, float* out, int64_t dim) {
+    cpu::gather_quantized(r, slots, keys, n, missing, out, dim);
+  }
   static void dedup(const std::vector<DedupPart>& parts, const PartTotals&, at::Tensor& unique,
                     at::Tensor& inverse, at::Tensor& counts, at::Tensor& num_unique) {
     cpu::dedup(parts.data(), static_cast<int64_t>(parts.size()), unique.data_ptr<int64_t>(),
@@ -112,6 +123,7 @@ struct CpuBackend {
 TORCH_LIBRARY_IMPL(dynemb, CPU, m) {
   DYNEMB_REGISTER_TABLE_OPS(m, CpuBackend);
   DYNEMB_REGISTER_EMBEDDING_OPS(m, CpuBackend);
+  DYNEMB_REGISTER_QUANTIZED_OPS(m, CpuBackend);
   DYNEMB_REGISTER_SLOT_OPS(m, CpuBackend);
 }
 

@@ -29,6 +29,7 @@ struct CudaRuntime {
 TORCH_LIBRARY_IMPL(dynemb, CUDA, m) {
   DYNEMB_REGISTER_TABLE_OPS(m, CudaBackend<CudaRuntime>);
   DYNEMB_REGISTER_EMBEDDING_OPS(m, CudaBackend<CudaRuntime>);
+  DYNEMB_REGISTER_QUANTIZED_OPS(m, CudaBackend<CudaRuntime>);
   DYNEMB_REGISTER_SLOT_OPS(m, CudaBackend<CudaRuntime>);
 }
 
