@@ -2,6 +2,6 @@
 
 ``exportable_tables`` holds the modules (``InferenceEmbeddingCollection``,
 ``InferenceEmbeddingBagCollection``); ``rows`` says where their rows come from (a
-trained model or a checkpoint), ``arguments`` checks their arguments and ``lookup``
-serves a batch.
+trained model or a checkpoint), ``arguments`` checks their arguments, ``lookup``
+serves a batch and ``quantize`` holds the 8-bit rows' format (``weights_dtype``).
 """

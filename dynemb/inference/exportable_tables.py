@@ -14,6 +14,7 @@ from input shapes, so tracing needs no data. Forward has no data-dependent shape
 table finds every key of the batch and the features it serves are cut out by position.
 """
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,14 @@ from dynemb.inference.arguments import (
     pooling_mode_of,
 )
 from dynemb.inference.lookup import TableLookups
-from dynemb.inference.rows import Rows, checkpoint_rows, frozen_table, gather_model_rows
+from dynemb.inference.quantize import FORMATS, check_weights_dtype, quantize_rows, row_bytes
+from dynemb.inference.rows import (
+    Rows,
+    checkpoint_rows,
+    frozen_table,
+    gather_model_rows,
+    quantized_table,
+)
 from dynemb.table.placement import BUFFERS, canonical_device
 from dynemb.tbe.table_options import check_options, init_list, table_names_of
 
@@ -45,11 +53,14 @@ _WRITERS = threading.Lock()
 
 
 class _TableBuffers(nn.Module):
-    """One table's nine op tensors as buffers (names of dynemb.table.placement.BUFFERS)."""
+    """One table's nine op tensors as buffers (names of dynemb.table.placement.BUFFERS),
+    and for an 8-bit table ``rows``: the 8-bit row of each slot."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], rows: torch.Tensor | None = None) -> None:
         super().__init__()
         self.set(tensors)
+        if rows is not None:
+            self.register_buffer("rows", rows)
 
     def set(self, tensors: Sequence[torch.Tensor]) -> None:
         for name, tensor in zip(BUFFERS, tensors, strict=True):
@@ -78,6 +89,12 @@ class InferenceEmbeddingCollection(nn.Module):
         output_dtype: float32, float16 or bfloat16.
         device: where the tables live (default CPU; CUDA in CUDA builds).
         key_type: torch.int64 (int32 keys are accepted too).
+        weights_dtype: how rows are stored: None (default) as trained, in
+            ``embedding_dtype``; ``torch.int8`` (8-bit rowwise: per row a float32 scale
+            and bias, fbgemm's INT8 rows) or ``torch.float8_e4m3fn`` (e4m3 codes and a
+            float32 scale per row), quantized as rows arrive (a load, each delta's
+            rows) and dequantized in the pooling kernel. Error bounds:
+            dynemb.inference.quantize.
 
     Raises:
         TypeError / ValueError: a bad argument, naming it and the value.
@@ -109,8 +126,10 @@ class InferenceEmbeddingCollection(nn.Module):
         output_dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         key_type: torch.dtype = torch.int64,
+        weights_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        check_weights_dtype(weights_dtype)
         options = list(table_options)
         if not options:
             raise ValueError("table_options must hold at least one DynamicEmbTableOptions")
@@ -147,11 +166,13 @@ class InferenceEmbeddingCollection(nn.Module):
         self.feature_table_map = fmap
         self.output_dtype = output_dtype
         self.device = canonical_device(device if device is not None else "cpu")
+        self.weights_dtype = weights_dtype
+        self.row_format = FORMATS[weights_dtype] if weights_dtype is not None else None
         empty = [frozen_table(o, None, self.device) for o in options]
         # Rows of keys not stored: the eval initializer for a table of the options'
         # capacity (a trained table's, so that its eval lookups and ours agree).
         self.missing = [init_list(o.eval_initializer_args, t) for o, t in zip(options, empty)]
-        self.tables = nn.ModuleList(_TableBuffers(t.buffers.tensors()) for t in empty)
+        self.tables = nn.ModuleList(self._built(t, None)[0] for t in range(len(options)))
         self.sizes = [0] * len(options)
         # The delta chain: the base checkpoint's dump id and the last version applied
         # (None: not loaded from a dynemb checkpoint, no delta applies).
@@ -273,7 +294,10 @@ class InferenceEmbeddingCollection(nn.Module):
             rows = {}
             for name, change in changes.items():
                 t = self.table_names.index(name)
-                current = stored_rows(tables[t].tensors(), self.table_options[t].dim)
+                current = self._stored_rows(tables[t], self.table_options[t].dim)
+                if self.weights_dtype is not None:  # only the delta's rows are quantized
+                    values = quantize_rows(change.values, self.weights_dtype)
+                    change = dataclasses.replace(change, values=values)
                 rows[name] = replayed_rows(current, change)
             self._swap_rows(rows, self.base_dump_id, delta.version)
         return delta.version
@@ -315,9 +339,11 @@ class InferenceEmbeddingCollection(nn.Module):
         current = self.tables  # one state for the whole batch (apply_delta swaps it)
         tables = {t: current[t].tensors() for t in used}
         slots = {t: _ops.table_find_slots(tables[t], keys) for t in used}
+        rows = {t: current[t].rows for t in used} if self.row_format is not None else None
         looked_up = TableLookups(
-            tables, slots, self.feature_table_map, self.missing, self.table_options, batch
-        )
+            tables, slots, self.feature_table_map, self.missing, self.table_options, batch,
+            rows, self.row_format,
+        )  # fmt: skip
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             out = looked_up.sequence(keys, offsets)
         else:
@@ -337,15 +363,35 @@ class InferenceEmbeddingCollection(nn.Module):
         built = {}
         for name, r in rows.items():  # every table built before any changes
             t = self.table_names.index(name)
-            built[t] = frozen_table(self.table_options[t], r, self.device)
+            built[t] = self._built(t, r)
         sizes = list(self.sizes)
         tables = list(self.tables)
-        for t, table in built.items():
-            tables[t] = _TableBuffers(table.buffers.tensors())
-            sizes[t] = table.size()
+        for t, (buffers, size) in built.items():
+            tables[t] = buffers
+            sizes[t] = size
         self.tables = nn.ModuleList(tables)
         self.sizes = sizes
         self.base_dump_id, self.delta_version = base, version
+
+    def _built(self, t: int, rows: Rows | None) -> tuple[_TableBuffers, int]:
+        """Table t holding ``rows`` (None: empty), and its number of keys: float rows as
+        trained, or 8-bit rows (float ones quantized, uint8 ones as they are)."""
+        o = self.table_options[t]
+        if self.weights_dtype is None:
+            table = frozen_table(o, rows, self.device)
+            return _TableBuffers(table.buffers.tensors()), table.size()
+        q = quantized_table(o, rows, self.device, self.weights_dtype)
+        return _TableBuffers(q.tensors, q.rows), q.size
+
+    def _stored_rows(self, buffers: _TableBuffers, dim: int) -> Rows:
+        """The stored keys and their rows: float embeddings, or 8-bit rows as stored."""
+        tensors = buffers.tensors()
+        if self.weights_dtype is None:
+            return stored_rows(tensors, dim)
+        width = row_bytes(self.weights_dtype, dim)
+        tensors[4] = buffers.rows
+        tensors[7] = buffers.rows.new_empty((0, width))
+        return stored_rows(tensors, width)
 
     def _names(self, table_names) -> list[str]:
         if table_names is None:

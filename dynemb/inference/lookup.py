@@ -25,6 +25,33 @@ class TableLookups:
     missing: list[list[float]]
     table_options: list[DynamicEmbTableOptions]
     batch: int
+    # 8-bit tables: rows[t] the 8-bit row of each slot of table t, row_format its code
+    # (dynemb.inference.quantize); None: float rows (the tables' values).
+    rows: dict[int, torch.Tensor] | None = None
+    row_format: int | None = None
+
+    def _pool(self, t: int, keys, offsets, weights, code: int) -> torch.Tensor:
+        o = self.table_options[t]
+        if self.row_format is None:
+            return _ops.embedding_pool(
+                self.tables[t], self.slots[t], keys, offsets, weights, code, self.missing[t],
+                o.seed, o.dim,
+            )  # fmt: skip
+        return _ops.embedding_pool_quantized(
+            self.tables[t], self.rows[t], self.row_format, self.slots[t], keys, offsets,
+            weights, code, self.missing[t], o.seed, o.dim,
+        )  # fmt: skip
+
+    def _gather(self, t: int, keys) -> torch.Tensor:
+        o = self.table_options[t]
+        if self.row_format is None:
+            return _ops.embedding_gather(
+                self.tables[t], self.slots[t], keys, self.missing[t], o.seed, o.dim
+            )
+        return _ops.embedding_gather_quantized(
+            self.tables[t], self.rows[t], self.row_format, self.slots[t], keys,
+            self.missing[t], o.seed, o.dim,
+        )  # fmt: skip
 
     def pooled(self, keys, offsets, weights, mean: bool) -> torch.Tensor:
         """(B, sum of feature dims): bags summed by the op, divided by the bags' sizes
@@ -32,20 +59,7 @@ class TableLookups:
         weights = weights.to(torch.float32) if weights is not None else None
         batch = self.batch
         code = _ops.POOLING_CODES[DynamicEmbPoolingMode.SUM.name]
-        pooled = {
-            t: _ops.embedding_pool(
-                self.tables[t],
-                self.slots[t],
-                keys,
-                offsets,
-                weights,
-                code,
-                self.missing[t],
-                self.table_options[t].seed,
-                self.table_options[t].dim,
-            )  # fmt: skip
-            for t in self.tables
-        }
+        pooled = {t: self._pool(t, keys, offsets, weights, code) for t in self.tables}
         # Every table pooled every bag; feature f's are bags [f * B, (f + 1) * B).
         columns = [
             pooled[t][f * batch : (f + 1) * batch] for f, t in enumerate(self.feature_table_map)
@@ -65,11 +79,8 @@ class TableLookups:
             feature = torch.div(bag, max(self.batch, 1), rounding_mode="floor")
             fmap = torch.tensor(self.feature_table_map, device=keys.device)
             table_of_key = fmap[feature].unsqueeze(1)
-        for t, table in self.tables.items():
-            rows = _ops.embedding_gather(
-                table, self.slots[t], keys, self.missing[t], self.table_options[t].seed,
-                self.table_options[t].dim,
-            )  # fmt: skip
+        for t in self.tables:
+            rows = self._gather(t, keys)
             out = rows if out is None else torch.where(table_of_key == t, rows, out)
         return out
 

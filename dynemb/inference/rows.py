@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dynemb import _ops
 from dynemb.checkpoint.exchange import RowsDroppedError
 from dynemb.checkpoint.load import DynamicEmbLoad
 from dynemb.checkpoint.tables import CollectionGroups, named_tables
@@ -19,6 +20,7 @@ from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.distributed.collectives import all_gather, process_group
 from dynemb.dump_files.dynamicemb_layout import is_dynamicemb_layout, saved_tables
 from dynemb.dump_files.manifest import MANIFEST, read_manifest
+from dynemb.inference.quantize import quantize_rows, row_bytes
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.table_groups import ROOT_COLLECTION, collection_path
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
@@ -58,6 +60,48 @@ def frozen_table(
         if not stats.failed:
             return table
         capacity *= 2  # a bucket window overflowed: retry roomier
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedTable:
+    """A serving table of 8-bit rows: ``tensors``, the op tensors of a NO_EVICTION hash
+    table of its keys (their ``values`` hold no column: never read), and ``rows``
+    (num_slots, row_bytes) uint8, the 8-bit row of each slot (dynemb.inference.quantize)."""
+
+    tensors: list
+    rows: torch.Tensor
+    size: int
+
+
+def quantized_table(
+    options: DynamicEmbTableOptions,
+    rows: Rows | None,
+    device: torch.device,
+    weights_dtype: torch.dtype,
+) -> QuantizedTable:
+    """A QuantizedTable holding ``rows`` (None: empty): float embeddings are quantized
+    here, uint8 ones (``row_bytes`` wide: rows already quantized) are stored as they are."""
+    width = row_bytes(weights_dtype, options.dim)
+    keys, values = rows if rows is not None else (torch.empty(0, dtype=torch.int64), None)
+    if values is not None and values.dtype == torch.uint8:
+        packed = values.cpu()
+        if packed.dim() != 2 or packed.shape[1] != width:
+            raise ValueError(f"8-bit rows must be (n, {width}) uint8, got {tuple(packed.shape)}")
+    else:
+        packed = quantize_rows(values, weights_dtype) if values is not None else None
+    # The hash table of the keys only: its rows (one fp16 column while it is built) go.
+    marker = dataclasses.replace(options, dim=1, embedding_dtype=torch.float16)
+    markers = torch.zeros((keys.numel(), 1), dtype=torch.float16)
+    table = frozen_table(marker, (keys, markers) if keys.numel() else None, device)
+    tensors = list(table.buffers.tensors())
+    num_slots = tensors[0].numel()
+    by_slot = torch.zeros((num_slots, width), dtype=torch.uint8)
+    if keys.numel():
+        slots = _ops.table_find_slots(tensors, keys.to(device)).cpu()
+        by_slot[slots] = packed
+    tensors[4] = torch.empty((num_slots, 0), dtype=torch.float16, device=tensors[4].device)
+    tensors[7] = torch.empty((0, 0), dtype=torch.float16, device=tensors[7].device)
+    return QuantizedTable(tensors, by_slot.to(device), table.size())
 
 
 def gather_model_rows(model: nn.Module, names: Sequence[str], pg=None) -> dict[str, Rows]:
@@ -196,4 +240,11 @@ def _inner(path: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
-__all__ = ["checkpoint_rows", "frozen_table", "gather_model_rows", "table_rows"]
+__all__ = [
+    "QuantizedTable",
+    "checkpoint_rows",
+    "frozen_table",
+    "gather_model_rows",
+    "quantized_table",
+    "table_rows",
+]

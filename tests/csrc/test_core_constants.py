@@ -32,6 +32,13 @@ def test_statuses_pooling_and_initializer_codes_are_the_core_codes():
     assert sorted(codes.values()) == list(range(len(DynamicEmbInitializerMode)))
 
 
+def test_row_formats_are_the_core_codes():
+    from dynemb.inference.quantize import FORMATS
+
+    assert _ops.ROW_FORMAT_CODES == {"INT8": 0, "E4M3": 1}
+    assert FORMATS == {torch.int8: 0, torch.float8_e4m3fn: 1}
+
+
 @pytest.mark.parametrize(
     "optimizer, columns",
     [
