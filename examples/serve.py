@@ -5,6 +5,7 @@ Usage::
     python example.py --train --eval --publish_every 100   # publishes to dynemb_example_deltas
     python examples/serve.py                               # the latest version: the same AUC
     python examples/serve.py --version 2                   # base + deltas 1..2
+    python examples/serve.py --weights_dtype int8          # 8-bit rows (or e4m3)
 
 Serves exactly the version asked for (the latest: the highest committed delta) or
 refuses, naming every missing file (``base/``, ``delta-<N>/``, ``dense-<N>.pt``) or the
@@ -20,6 +21,9 @@ saves and reloads the program (``torch.export.save`` / ``load``), scores the hel
 rows with the loaded program and prints their AUC. The logits equal the ones the
 training model gave at that version in eval mode bit for bit, so the AUC is the one
 ``example.py --eval`` printed after training (tests/example/test_example_serve.py checks both).
+With ``--weights_dtype int8`` or ``e4m3`` the dynamic tables hold 8-bit rows
+(DynamicEmb_APIs.md, "8-bit rows"): the logits then differ from the trained model's
+within the quantization's bound, and so may the AUC.
 """
 
 import argparse
@@ -54,6 +58,8 @@ from dynemb.models import mean_of_rows
 silence_known_notices()
 
 MEAN = 2  # DynamicEmb's pooling code: the example's pooled tables average their rows
+# --weights_dtype: how the dynamic tables store their rows (None: as trained)
+WEIGHTS_DTYPES = {"float32": None, "int8": torch.int8, "e4m3": torch.float8_e4m3fn}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the exported program is saved (torch.export.save), then loaded from",
     )
     parser.add_argument(
+        "--weights_dtype",
+        choices=list(WEIGHTS_DTYPES),
+        default="float32",
+        help="the dynamic tables' rows: float32 as trained, or 8-bit (int8 or e4m3)",
+    )
+    parser.add_argument(
         "--scores_out",
         default=None,
         help="torch.save {version, auc, logits} to this file (logits in the example's order)",
@@ -92,7 +104,13 @@ class ServingDLRM(nn.Module):
     (ids, offsets) pair per ordinary table, and the sequence feature's keys and offsets.
     """
 
-    def __init__(self, args: argparse.Namespace, num_dense: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        num_dense: int,
+        device: torch.device,
+        weights_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         pooled, sequence = table_configs(args)
         dynamic = dynamic_features(args)
@@ -112,12 +130,14 @@ class ServingDLRM(nn.Module):
             table_names=[t.name for t in self.dynamic_pooled],
             feature_names=[t.feature_names[0] for t in self.dynamic_pooled],
             device=device,
+            weights_dtype=weights_dtype,
         )
         self.sequence = InferenceEmbeddingCollection(
             [_options(args) for _ in sequence],
             table_names=[t.name for t in sequence],
             feature_names=self.sequence_features,
             device=device,
+            weights_dtype=weights_dtype,
         )
         # Ordinary tables (f6's, unless every table is dynamic), filled by load.
         self.ordinary = nn.ParameterDict(
@@ -242,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     data = make_dataset(trained)
     # The device example.py trains on (its logits are that device's arithmetic).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = ServingDLRM(trained, data.num_dense, device).eval()
+    model = ServingDLRM(trained, data.num_dense, device, WEIGHTS_DTYPES[args.weights_dtype]).eval()
     try:
         model.load(directory, version)
     except (ValueError, OSError) as e:  # a damaged file, named by the error
@@ -262,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     auc = roc_auc(logits, labels)
     print(
         f"served version {version} of {directory} (base + {version} deltas), exported to "
-        f"{args.program}: held-out AUC {auc:.4f} over {len(labels)} rows",
+        f"{args.program} ({args.weights_dtype} rows): held-out AUC {auc:.4f} over "
+        f"{len(labels)} rows",
         flush=True,
     )
     if args.scores_out:

@@ -68,6 +68,20 @@ def test_an_intermediate_version_scores_as_the_model_at_that_step(published, tmp
     assert not torch.equal(served["logits"], trained[-1]["logits"])  # another model
 
 
+@pytest.mark.parametrize("weights_dtype", ["int8", "e4m3"])
+def test_8bit_rows_score_near_the_trained_model(published, tmp_path, capsys, weights_dtype):
+    """--weights_dtype: the base and every delta quantized as they load; the logits move
+    a little (not bit for bit any more), the AUC hardly."""
+    directory, trained = published
+    final = trained[-1]
+    served = _serve(directory, tmp_path, "--weights_dtype", weights_dtype)
+    assert served["version"] == final["version"]
+    assert not torch.equal(served["logits"], final["logits"])
+    assert float((served["logits"] - final["logits"]).abs().max()) < 0.05
+    assert abs(served["auc"] - final["auc"]) < 0.01
+    assert f"({weights_dtype} rows)" in capsys.readouterr().out
+
+
 def test_every_version_is_published_and_deltas_remove_evicted_keys(published):
     directory, _ = published
     assert publishing.published_versions(directory) == list(range(EPOCH_VERSIONS[-1] + 1))
