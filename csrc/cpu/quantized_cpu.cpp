@@ -133,17 +133,45 @@ void pool_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t*
   });
 }
 
+namespace {
+
+/// Rows [i0, i1) decoded into out: 8 elements a step at the register dims (decode8),
+/// else core's gather_quantized_element.
+template <RowFormat F>
+void gather_rows(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
+                 const InitArgs& missing, float* out, int64_t dim, int64_t i0, int64_t i1) {
+  auto generic = [&](int64_t i) {
+    for (int64_t j = 0; j < dim; ++j) {
+      out[i * dim + j] = gather_quantized_element(r, slots, keys, i, missing, j, dim);
+    }
+  };
+  const bool done = with_lane_dim(dim, [&](auto lane_dim) {
+    constexpr int64_t kDim = decltype(lane_dim)::value;
+    for (int64_t i = i0; i < i1; ++i) {
+      if (slots[i] < 0) {
+        generic(i);
+        continue;
+      }
+      const QuantizedRow row = quantized_row(r, slots[i], kDim);
+      DYNEMB_UNROLL_LANES
+      for (int64_t c = 0; c < LaneRow<kDim>::kLanes; ++c) {
+        *reinterpret_cast<UnalignedLane8*>(out + i * kDim + 8 * c) = decode8<F>(row, c);
+      }
+    }
+  });
+  if (done) return;
+  for (int64_t i = i0; i < i1; ++i) generic(i);
+}
+
+}  // namespace
+
 void gather_quantized(const QuantizedRows& r, const int64_t* slots, const int64_t* keys,
                       int64_t n, const InitArgs& missing, float* out, int64_t dim) {
   at::parallel_for(0, n, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float* row = out + i * dim;
-      if (slots[i] >= 0) {
-        const QuantizedRow q = quantized_row(r, slots[i], dim);
-        for (int64_t j = 0; j < dim; ++j) row[j] = q[j];
-      } else {
-        for (int64_t j = 0; j < dim; ++j) row[j] = missing_element(missing, keys[i], j);
-      }
+    if (r.format == RowFormat::kInt8) {
+      gather_rows<RowFormat::kInt8>(r, slots, keys, missing, out, dim, begin, end);
+    } else {
+      gather_rows<RowFormat::kE4M3>(r, slots, keys, missing, out, dim, begin, end);
     }
   });
 }

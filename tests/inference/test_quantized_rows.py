@@ -254,6 +254,14 @@ def test_every_code_pools_to_the_same_bits_on_both_executors(dtype, dim):
                     for lib in LIBRARIES.values()
                 )
                 assert torch.equal(cpu.view(torch.int32), emulated.view(torch.int32))
+    gathered = [
+        lib.embedding_gather_quantized(
+            table.tensors, table.rows, FORMATS[dtype], lib.table_find_slots(table.tensors, batch),
+            batch, MISSING, 0, dim,
+        )
+        for lib in LIBRARIES.values()
+    ]  # fmt: skip
+    assert torch.equal(gathered[0].view(torch.int32), gathered[1].view(torch.int32))
     # the decoded rows are dequantize_rows' (and, for e4m3, torch's cast)
     rows = lambda lib: lib.embedding_pool_quantized(  # noqa: E731
         table.tensors, table.rows, FORMATS[dtype], lib.table_find_slots(table.tensors, keys),
