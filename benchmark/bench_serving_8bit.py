@@ -21,11 +21,19 @@ scored on the held-out rows. Figures:
   pooling, the held-out batches' keys, eager), keys looked up per second, median of
   ``--repeats`` passes over the held-out set, the formats' passes interleaved; peer
   float32.
+- ``pool_keys_per_s``: the pooling op alone (``embedding_pool`` beside
+  ``embedding_pool_quantized``) over one served table's rows (f0's) and the held-out
+  batches' f0 keys, slots found beforehand: keys pooled per second, median of
+  ``--repeats`` interleaved passes; peer float32.
+- ``lookup_ratio`` / ``pool_ratio``: the median of the per-pass ratios to float32 (each
+  pass beside the float32 pass just before it: steadier than the ratio of the medians
+  on a shared host).
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -40,6 +48,7 @@ from common import Recorder, available_threads, commit_hash, set_threads
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dynemb import _ops  # noqa: E402
 from dynemb.example.data import id_views, make_dataset  # noqa: E402
 from dynemb.example.publishing import latest_version, read_config  # noqa: E402
 from examples import serve  # noqa: E402
@@ -119,6 +128,42 @@ def lookup_rates(models: dict, inputs: list, repeats: int) -> dict[str, list[flo
     return rates
 
 
+def pool_rates(models: dict, inputs: list, repeats: int) -> dict[str, list[float]]:
+    """Keys per second of the pooling op alone over table 0 of each format's pooled
+    module (its feature's keys of every held-out batch, slots found beforehand)."""
+    calls = {}
+    code = _ops.POOLING_CODES["SUM"]
+    for fmt, model in models.items():
+        module = model.pooled
+        o, buffers = module.table_options[0], module.tables[0]
+        tensors = buffers.tensors()
+        features = len(module.feature_table_map)
+        calls[fmt] = []
+        for keys, offsets in inputs:
+            bags = (offsets.numel() - 1) // features
+            k, off = keys[: int(offsets[bags])], offsets[: bags + 1]
+            s = _ops.table_find_slots(tensors, k)
+            args = (s, k, off, None, code, module.missing[0], o.seed, o.dim)
+            if module.row_format is None:
+                calls[fmt].append(functools.partial(_ops.embedding_pool, tensors, *args))
+            else:
+                quantized = (tensors, buffers.rows, module.row_format)
+                calls[fmt].append(
+                    functools.partial(_ops.embedding_pool_quantized, *quantized, *args)
+                )
+    keys = sum(k.numel() for k, _ in inputs) // len(models["float32"].pooled.feature_table_map)
+    rates = {fmt: [] for fmt in models}
+    for fmt in models:  # warm-up
+        calls[fmt][0]()
+    for _ in range(repeats):
+        for fmt in models:
+            start = time.perf_counter()
+            for call in calls[fmt]:
+                call()
+            rates[fmt].append(keys / (time.perf_counter() - start))
+    return rates
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
@@ -140,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         models, inputs = served_models(directory)
         sizes = {fmt: bytes_per_key(m) for fmt, m in models.items()}
         rates = lookup_rates(models, inputs, args.repeats)
+        pools = pool_rates(models, inputs, args.repeats)
     for fmt in FORMATS:
         impl = f"dynemb.served.{fmt}"
         peer = None if fmt == "float32" else "dynemb.served.float32"
@@ -148,11 +194,16 @@ def main(argv: list[str] | None = None) -> None:
                 WORKLOAD, impl, metric, values[fmt], threads=threads, peer=peer,
                 peer_value=values["float32"] if peer else None,
             )  # fmt: skip
-        rec.add(
-            WORKLOAD, impl, "lookup_keys_per_s", statistics.median(rates[fmt]), threads=threads,
-            peer=peer, peer_value=statistics.median(rates["float32"]) if peer else None,
-            runs=rates[fmt], peer_runs=rates["float32"] if peer else None,
-        )  # fmt: skip
+        for metric, runs in (("lookup_keys_per_s", rates), ("pool_keys_per_s", pools)):
+            rec.add(
+                WORKLOAD, impl, metric, statistics.median(runs[fmt]), threads=threads,
+                peer=peer, peer_value=statistics.median(runs["float32"]) if peer else None,
+                runs=runs[fmt], peer_runs=runs["float32"] if peer else None,
+            )  # fmt: skip
+            if peer:
+                ratios = [a / b for a, b in zip(runs[fmt], runs["float32"], strict=True)]
+                name = metric.split("_")[0] + "_ratio"
+                rec.add(WORKLOAD, impl, name, statistics.median(ratios), threads=threads)
     print(file=sys.stderr)
     rec.print_table()
 
