@@ -14,8 +14,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
+#include "cpu/cpu_platform.h"
 #include "cpu/row_lanes.h"
 
 namespace dynemb::cpu {
@@ -23,6 +25,9 @@ namespace dynemb::cpu {
 namespace {
 constexpr int64_t kBagGrain = 64;
 constexpr int64_t kRowGrain = 256;
+// Indices past the current bag whose rows are prefetched (embedding_cpu.cpp's
+// kRowDistance): a served table's rows are far beyond the caches.
+constexpr int64_t kRowDistance = 16;
 
 struct E4M3Table {
   float value[256];
@@ -106,7 +111,13 @@ void pool_bags(const QuantizedRows& r, const int64_t* slots, const int64_t* keys
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {
     constexpr int64_t kDim = decltype(lane_dim)::value;
+    const int64_t last = offsets[b1];
+    int64_t ahead = offsets[b0];
     for (int64_t b = b0; b < b1; ++b) {
+      for (const int64_t until = std::min(offsets[b + 1] + kRowDistance, last); ahead < until;
+           ++ahead) {
+        if (slots[ahead] >= 0) CpuPlatform::prefetch_lines(r.bytes + slots[ahead] * r.row_bytes, r.row_bytes);
+      }
       if (!pool_stored_bag<F, kDim>(r, slots, weights, offsets[b], offsets[b + 1], mode,
                                     out + b * kDim)) {
         generic(b);
