@@ -20,6 +20,7 @@
 #include "core/dedup.h"
 #include "cpu/cpu_platform.h"
 #include "cuda/launchers_cuda.h"
+#include "cuda/launchers_quantized_cuda.h"
 
 namespace dynemb::tsan {
 
@@ -123,6 +124,7 @@ void emulated_restore();
 void emulated_dedup();
 void emulated_upsert_grouped();
 void emulated_pool();
+void emulated_pool_quantized();
 void emulated_backward();
 
 }  // namespace dynemb::tsan

@@ -1,6 +1,7 @@
 // ThreadSanitizer cases of the emulated CUDA executor's pooling and backward
 // (tsan_tables.cpp).
 #include <cmath>
+#include <cstring>
 
 #include "tsan_common.h"
 
@@ -285,6 +286,57 @@ void emulated_backward() {
       }
     }
   });
+}
+
+}  // namespace dynemb::tsan
+
+namespace dynemb::tsan {
+
+/// 8-bit rows (core/quantized_rows.h): host threads pool their own bags over one shared
+/// set of rows in launch_pool_quantized, INT8 and E4M3, SUM and MEAN, with weights,
+/// empty bags and indices without a slot; each bag equals core pool_quantized_bag's.
+void emulated_pool_quantized() {
+  constexpr int64_t kSlots = 200, kDim8 = 16;
+  for (const RowFormat format : {RowFormat::kInt8, RowFormat::kE4M3}) {
+    const int64_t width = quantized_row_bytes(format, kDim8);
+    std::vector<uint8_t> bytes(kSlots * width);
+    for (int64_t s = 0; s < kSlots; ++s) {
+      uint8_t* row = bytes.data() + s * width;
+      for (int64_t j = 0; j < kDim8; ++j) row[j] = static_cast<uint8_t>((s * 37 + j * 11) % 126);
+      const float params[2] = {0.01f * static_cast<float>(s + 1), -0.5f};
+      std::memcpy(row + kDim8, params, static_cast<size_t>(width - kDim8));
+    }
+    const QuantizedRows rows{bytes.data(), width, format};
+    run_threads(kThreads, [&](int me) {
+      for (int round = 0; round < 2; ++round) {
+        const PoolingMode mode = round == 0 ? PoolingMode::kSum : PoolingMode::kMean;
+        std::vector<int64_t> slots, keys, offsets{0};
+        std::vector<float> weights;
+        constexpr int64_t kBags = 64;
+        for (int64_t b = 0; b < kBags; ++b) {
+          for (int64_t k = 0; k < (b + me) % 6; ++k) {
+            const int64_t x = (b * 29 + k * 7 + me * 5) % (kSlots + 20);
+            slots.push_back(x < kSlots ? x : -1);
+            keys.push_back(x);
+            weights.push_back(0.5f * static_cast<float>(k) - 1.0f);
+          }
+          offsets.push_back(static_cast<int64_t>(slots.size()));
+        }
+        std::vector<float> out(kBags * kDim8, -1.0f), expected(kDim8);
+        emu::launch_pool_quantized(rows, slots.data(), keys.data(), offsets.data(),
+                                   weights.data(), kBags, mode, missing_init(), out.data(), kDim8,
+                                   nullptr);
+        for (int64_t b = 0; b < kBags; ++b) {
+          pool_quantized_bag(rows, slots.data(), keys.data(), weights.data(), offsets[b],
+                             offsets[b + 1], mode, missing_init(), expected.data(), kDim8);
+          for (int64_t j = 0; j < kDim8; ++j) {
+            CHECK(out[b * kDim8 + j] == expected[j], "pool_quantized: bag %lld, element %lld",
+                  static_cast<long long>(b), static_cast<long long>(j));
+          }
+        }
+      }
+    });
+  }
 }
 
 }  // namespace dynemb::tsan

@@ -22,6 +22,8 @@
 //                                (slots per index / per distinct key, dense / feature-major
 //                                output, absent keys, empty bags) beside a writer: every bag
 //                                equals the sum computed on the host.
+//                pool_quantized  launch_pool_quantized over shared 8-bit rows (INT8, E4M3):
+//                                every bag equals core pool_quantized_bag's.
 //                backward        launch_backward, 2 parts (a hot key of ~2,300 indices, a
 //                                key of 2 gradient chunks, a skipped key, an empty bag),
 //                                SGD and EXACT_ROWWISE_ADAGRAD, SUM and MEAN: every row and
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
       {"emulated_dedup", emulated_dedup},
       {"emulated_upsert_grouped", emulated_upsert_grouped},
       {"emulated_pool", emulated_pool},
+      {"emulated_pool_quantized", emulated_pool_quantized},
       {"emulated_backward", emulated_backward},
   };
   for (const auto& [name, run] : cases) {
