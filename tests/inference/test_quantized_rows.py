@@ -262,6 +262,14 @@ def test_every_code_pools_to_the_same_bits_on_both_executors(dtype, dim):
         for lib in LIBRARIES.values()
     ]  # fmt: skip
     assert torch.equal(gathered[0].view(torch.int32), gathered[1].view(torch.int32))
+    # one kernel launch per lookup on the CUDA executor, no read back (the emulation's
+    # counts): find_slots, then the pooling
+    before = _ops.emulation_counters()
+    _pool(LIBRARIES["emulated"], keys, table, dtype, batch, offsets, None, SUM)
+    after = _ops.emulation_counters()
+    assert (
+        after["launches"] - before["launches"] == 2 and after["host_reads"] == before["host_reads"]
+    )
     # the decoded rows are dequantize_rows' (and, for e4m3, torch's cast)
     rows = lambda lib: lib.embedding_pool_quantized(  # noqa: E731
         table.tensors, table.rows, FORMATS[dtype], lib.table_find_slots(table.tensors, keys),
