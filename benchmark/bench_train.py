@@ -92,6 +92,7 @@ from train_workloads import (
 GPU_HBM_FRACTION = 0.1  # --device cuda: tiered tables' HBM, as a fraction of the peer's rows
 DYNEMB_IMPL = "dynemb.BatchedDynamicEmbeddingTables"
 OPTIMIZERS = (*PEER_OPTIMIZERS, "ADAM")
+DYNEMB_ONLY_OPTIMIZERS = ("FTRL",)  # run when named by --optimizer
 CAPACITY_RATIOS = (2.0, 0.25)  # dynemb: no eviction, then eviction on the hot path
 RESULT_PREFIX = "RESULT "
 
@@ -123,25 +124,32 @@ def build_dynemb(config: Config) -> tuple[torch.nn.Module, list[torch.Tensor], l
         The module, the keys of each batch (on ``config.device``) and the capacities.
     """
     from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
-    from dynemb.optimizer import EmbOptimType, OptimizerConfig
+    from dynemb.optimizer import OptimizerConfig, optimizer_type_of
 
     device = torch.device(config.device)
     keys = [spread_ids(b).to(device) for b in make_batches(config)]
     capacities = dynemb_capacities(keys, config)
     tiers = {}
     if config.hbm_fraction is not None:
-        optimizer = EmbOptimType[config.optimizer]
+        optimizer = optimizer_type_of(config.optimizer)
         width = config.dim + OptimizerConfig(optimizer).state_columns(config.dim)
         rows = int(config.hbm_fraction * config.num_ids)
         tiers = {"local_hbm_for_values": rows * width * 4, "caching": config.caching}
     module = BatchedDynamicEmbeddingTables(
         table_options=[
-            DynamicEmbTableOptions(dim=config.dim, max_capacity=c, init_capacity=c, **tiers)
+            DynamicEmbTableOptions(
+                dim=config.dim,
+                max_capacity=c,
+                init_capacity=c,
+                embedding_dtype=getattr(torch, config.embedding_dtype),
+                stochastic_rounding=config.stochastic_rounding,
+                **tiers,
+            )  # fmt: skip
             for c in capacities
         ],
         feature_table_map=list(range(config.num_tables)),
         pooling_mode=DynamicEmbPoolingMode.SUM,
-        optimizer=EmbOptimType[config.optimizer],
+        optimizer=optimizer_type_of(config.optimizer),
         learning_rate=config.learning_rate,
         eps=config.eps,
         beta1=config.beta1,
@@ -203,6 +211,8 @@ def dynemb_variant(config: Config) -> str:
     if config.hbm_fraction is not None:
         mode = "caching" if config.caching else "hybrid"
         suffix += f",{mode}={config.hbm_fraction:.0%}HBM"
+    if config.embedding_dtype != "float32":
+        suffix += f",{config.embedding_dtype}" + ("+sr" if config.stochastic_rounding else "")
     return suffix
 
 
@@ -240,6 +250,7 @@ def run_optimizer(
     with_peer: bool,
     with_dynemb: bool,
     repeats: int = 1,
+    variants_only: bool = False,
 ) -> None:
     """The peer, then dynemb at each capacity ratio, for ``base.optimizer``; on cuda
     also the tiered peer (FUSED_UVM_CACHING), then dynemb hybrid and caching.
@@ -249,6 +260,11 @@ def run_optimizer(
     """
     peers = [base]
     variants = [dataclasses.replace(base, capacity_ratio=r) for r in CAPACITY_RATIOS]
+    if variants_only:  # bench_quality.py --variants' set: FTRL, then bfloat16 rows rounded
+        variants = [base, dataclasses.replace(base, optimizer="FTRL")] + [  # to nearest, then
+            dataclasses.replace(base, embedding_dtype="bfloat16", stochastic_rounding=sr)
+            for sr in (False, True)  # stochastically
+        ]
     if base.device == "cuda":
         tiered = dataclasses.replace(base, hbm_fraction=GPU_HBM_FRACTION)
         peers.append(tiered)
@@ -277,7 +293,17 @@ def run_optimizer(
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="run this optimizer only")
+    parser.add_argument(
+        "--optimizer",
+        choices=(*OPTIMIZERS, *DYNEMB_ONLY_OPTIMIZERS),
+        help="run this optimizer only (FTRL: dynemb alone, fbgemm has no FTRL kernel)",
+    )
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="dynemb at capacity 2x: the optimizer with float32 rows, FTRL, then bfloat16 rows "
+        "rounded to nearest and stochastically (stochastic_rounding), interleaved",
+    )
     parser.add_argument("--only", choices=sorted(RUNNERS), help="run this implementation only")
     parser.add_argument("--threads", type=int, default=available_threads())
     parser.add_argument(
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
             with_peer=args.only != "dynemb",
             with_dynemb=with_dynemb,
             repeats=args.repeats,
+            variants_only=args.variants,
         )
     print(file=sys.stderr)
     rec.print_table()

@@ -19,8 +19,11 @@ PEER_OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 
 
 def has_peer(config: Config) -> bool:
-    """Whether TorchRec's kernel has ``config.optimizer`` (fbgemm's CPU TBE has no Adam)."""
-    return config.device == "cuda" or config.optimizer in PEER_OPTIMIZERS
+    """Whether TorchRec's kernel has ``config.optimizer`` (fbgemm's CPU TBE has no Adam,
+    fbgemm no FTRL)."""
+    return config.optimizer in PEER_OPTIMIZERS or (
+        config.device == "cuda" and config.optimizer == "ADAM"
+    )
 
 
 def peer_impl(config: Config) -> str:

@@ -56,6 +56,10 @@ class Config:
     # with this cache_load_factor; dynemb: hybrid, or a cache with ``caching``.
     hbm_fraction: float | None = None
     caching: bool = False  # dynemb only, with hbm_fraction
+    # dynemb only: the rows' dtype (a torch dtype name) and stochastic rounding of
+    # float16 / bfloat16 rows (DynamicEmbTableOptions.stochastic_rounding).
+    embedding_dtype: str = "float32"
+    stochastic_rounding: bool = False
     # DMP only: every table's sharding type, for both (None: TorchRec table-wise on one
     # process, row-wise on more; dynemb row-wise; "auto": each planner picks by cost
     # among row-wise, table-wise and column-wise).
