@@ -1,7 +1,7 @@
 """Probabilistic admission and eviction by rule through the sharders, on 2 gloo ranks:
 a table sharded column-wise keeps one set of keys in every slice (the slices draw the
 same admission coin and erase by the same step), beside a row-wise one; erase_stale over
-the model erases in every shard."""
+the model erases in every shard; a table-wise and a table-row-wise table do the same."""
 
 import pytest
 import torch
@@ -27,3 +27,29 @@ def test_column_slices_admit_and_erase_the_same_keys():
         for name in ("cw", "rw"):
             scores = after[name]["scores"]
             assert scores.numel() == 0 or int(scores.min()) >= int(scores.max()) - 1
+
+
+def _nothing_idle(after):
+    for name, entries in after.items():
+        scores = entries["scores"]
+        assert scores.numel() == 0 or int(scores.min()) >= int(scores.max()) - 1, name
+
+
+def test_table_wise_and_table_row_wise_tables_admit_and_erase():
+    ranks = run_ranks(train_with_rules, 2, "tw+twrw")
+    (trained0, counts0, after0), (trained1, counts1, after1) = ranks
+    assert "cw" not in trained0 and trained1["cw"]["keys"].numel() > 0  # whole on rank 1
+    assert all(t["rw"]["keys"].numel() > 0 for t in (trained0, trained1))  # rows on both
+    erased = {"cw": 0, "rw": 0}
+    for counts in (counts0, counts1):
+        for tables in counts.values():
+            for name, n in tables.items():
+                erased[name] += n
+    assert erased["cw"] > 0 and erased["rw"] > 0, erased
+    for after in (after0, after1):
+        _nothing_idle(after)
+    # the key sets shrank by what each rank reported
+    for trained, after, counts in ((trained0, after0, counts0), (trained1, after1, counts1)):
+        for name in after:
+            n = sum(tables.get(name, 0) for tables in counts.values())
+            assert after[name]["keys"].numel() == trained[name]["keys"].numel() - n, name

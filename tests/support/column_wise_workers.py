@@ -56,8 +56,10 @@ def _options(name: str, dim: int, **fields):
     return dataclasses.replace(options, dim=dim, **fields)
 
 
-def build_model(case: Case, world_size: int, **fields):
-    """The sharded model; ``fields``: more DynamicEmbTableOptions of both tables."""
+def build_model(case: Case, world_size: int, per_param=None, **fields):
+    """The sharded model; ``fields``: more DynamicEmbTableOptions of both tables;
+    ``per_param``: other sharding generators for "cw" and "rw" (default: column-wise and
+    row-wise)."""
     pooling = PoolingType[case.pooling]
     configs = [
         EmbeddingBagConfig(name="cw", embedding_dim=CW_DIM, num_embeddings=ROWS,
@@ -67,7 +69,7 @@ def build_model(case: Case, world_size: int, **fields):
     ]  # fmt: skip
     module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
-    per_param = {
+    per_param = per_param or {
         "cw": column_wise(ranks=list(range(world_size)), compute_kernel="customized_kernel"),
         "rw": row_wise(compute_kernel="customized_kernel"),
     }
@@ -76,7 +78,9 @@ def build_model(case: Case, world_size: int, **fields):
         device_type="cpu", sharder=sharder,
     )  # fmt: skip
     for name, dim in (("cw", CW_DIM), ("rw", RW_DIM)):
-        mplan[name] = dynamic_entry(mplan[name], _options(name, dim, **fields))
+        mplan[name] = dynamic_entry(
+            mplan[name], _options(name, dim, **fields), compute_kernel="customized_kernel"
+        )
     return sharded_model(module, mplan, sharder)
 
 
