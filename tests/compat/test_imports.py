@@ -90,7 +90,8 @@ def test_emb_optim_type_is_fbgemms_enum():
 
 
 def test_inference_embedding_collection_signatures():
-    """DYNAMICEMB_API.md section 11: the constructor, load and forward arguments, in order."""
+    """DYNAMICEMB_API.md section 11: the constructor, load and forward arguments, in order;
+    dynemb's own keyword (``weights_dtype``, 8-bit rows) only after DynamicEmb's."""
     import inspect
 
     from dynemb.inference.exportable_tables import InferenceEmbeddingCollection as IEC
@@ -100,7 +101,8 @@ def test_inference_embedding_collection_signatures():
 
     assert params(IEC.__init__) == [
         "table_options", "use_dynamic_hash", "pooling_mode", "table_names", "feature_names",
-        "feature_table_map", "output_dtype", "device", "key_type",
+        "feature_table_map", "output_dtype", "device", "key_type", "weights_dtype",
     ]  # fmt: skip
+    assert inspect.signature(IEC.__init__).parameters["weights_dtype"].default is None
     assert params(IEC.load_from_dynamicemb_file)[:2] == ["save_dir", "table_names"]
     assert params(IEC.forward) == ["keys", "offsets", "pooling_offsets", "per_sample_weights"]
