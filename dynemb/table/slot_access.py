@@ -13,6 +13,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.config.types import DynamicEmbScoreStrategy
+from dynemb.eviction_rules import RuleThresholds, stale_slots
 from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
@@ -200,8 +201,6 @@ class SlotAccess:
     def rule_thresholds(self, rule):
         """``RuleThresholds`` of an ``EvictionRule`` for this table now (its step and
         clock, read once on the host)."""
-        from dynemb.eviction_rules import RuleThresholds
-
         st = self._state
         return RuleThresholds.of(rule, st.strategy, st.step, st.clock(), st.score_half_life_steps)
 
@@ -210,8 +209,6 @@ class SlotAccess:
         are stale, except those pinned by a batch in flight (pin >= the floor); one
         ``lock.write()`` for the scan and the erase. Returns ``(erased keys, number of
         buckets now)`` (a range past the end is cut)."""
-        from dynemb.eviction_rules import stale_slots
-
         st = self._state
         with st.lock.write():
             s, cap = st.storage, st.layout.bucket_capacity

@@ -58,6 +58,7 @@ import torch
 from dynemb import _ops, streams
 from dynemb.config.storage import Storage
 from dynemb.config.types import DynamicEmbScoreStrategy
+from dynemb.eviction_rules import RuleThresholds, stale_slots
 from dynemb.host_reads import read_to_host
 from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.padded_keys import PaddedKeys
@@ -478,8 +479,6 @@ class CachedTable(CacheFill, CacheReads, Cache):
         """``RuleThresholds`` of an ``EvictionRule`` now (the slow tier's step and
         clock, read once on the host); syncs the cache, so the slow tier's scores are
         those of every access so far."""
-        from dynemb.eviction_rules import RuleThresholds
-
         self.persistent_table()  # syncs; raises for an external storage
         return RuleThresholds.of(
             rule, self._strategy, self._ctx.score_step, self._ctx.now(), self.score_half_life_steps
@@ -490,8 +489,6 @@ class CachedTable(CacheFill, CacheReads, Cache):
         from both tiers. Kept: keys of batches in flight (pinned in the cache, or
         staged) and, once the cache has trained since ``rule_thresholds`` synced it,
         every cached key (its slow-tier score may be older than its last access)."""
-        from dynemb.eviction_rules import stale_slots
-
         backing = self.backing_table()
         if backing is None:
             raise ValueError(f"table {self.name!r}: eviction by rule needs the built-in slow tier")

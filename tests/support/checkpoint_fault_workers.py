@@ -119,7 +119,7 @@ def plan_with_a_fault(rank: int, world_size: int, fault: str) -> dict:
     topology = cpu_topology(world_size, ddr_cap=1024 if rank == 0 else None)
     planner = DynamicEmbeddingShardingPlanner(all_configs(), topology=topology, debug=False)
     if rank == 0 and fault == "kill":
-        planner.plan = _fault(fault, "planning")
+        planner._plan = _fault(fault, "planning")  # collective_plan plans through it
     return _outcome(
         lambda: planner.collective_plan(Model(), sharders(), fault_timeout=FAULT_TIMEOUT_S),
         rank,

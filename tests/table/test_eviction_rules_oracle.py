@@ -11,7 +11,7 @@ import torch
 
 from dynemb.eviction_rules import EvictionRule
 from tests.support import reference as ref
-from tests.table.test_table_oracle import Harness
+from tests.support.table_harness import Harness
 
 BIG = 1 << 40  # past the last bucket
 
