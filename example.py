@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             dump_checkpoint(model, args)
         if lead:
             print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
+        # Every rank past its last collective before any tears the group down: a rank
+        # whose peer closed the connections mid-collective aborts in gloo's threads.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
