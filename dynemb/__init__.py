@@ -4,6 +4,9 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 ``import dynemb``. See DynamicEmb_APIs.md.
 """
 
+# DynamicEmb's module paths reachable as attributes after ``import dynemb`` alone
+# (``dynemb.optimizer.EmbOptimType``).
+from dynemb import batched_dynamicemb_tables, optimizer, shard  # noqa: F401
 from dynemb._ops import executor
 from dynemb.admission import (
     AdmissionStrategy,

@@ -38,6 +38,7 @@ from dynemb.config.table_options import (
 from dynemb.config.types import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
+    DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "string_to_evict_strategy",
     "torch_to_dyn_emb",
     "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
     "DynamicEmbTableOptions",
     "DIST_TYPES",
     "FLOAT32_MAX",

@@ -36,6 +36,9 @@ SAME_OBJECT = [
     ("dynemb.dynamicemb_config", "DynamicEmbEvictStrategy", dynemb.DynamicEmbEvictStrategy),
     ("dynemb.dynamicemb_config", "DynamicEmbScoreStrategy", dynemb.DynamicEmbScoreStrategy),
     ("dynemb.dynamicemb_config", "DynamicEmbTableOptions", dynemb.DynamicEmbTableOptions),
+    # DynamicEmb's module imports these from its types; its own tests take them from here.
+    ("dynemb.dynamicemb_config", "DynamicEmbInitializerMode", dynemb.DynamicEmbInitializerMode),
+    ("dynemb.dynamicemb_config", "DynamicEmbInitializerArgs", dynemb.DynamicEmbInitializerArgs),
     ("dynemb.dynamicemb_config", "get_table_value_bytes", dynemb.get_table_value_bytes),
     ("dynemb.dynamicemb_config", "get_sharded_table_capacity", dynemb.get_sharded_table_capacity),
     ("dynemb.dynamicemb_config", "align_to_table_size", dynemb.align_to_table_size),
@@ -191,3 +194,14 @@ def test_sizing_helpers_by_their_config_path():
     assert get_sharded_table_capacity(cfg, 2, 128) == 128
     assert get_table_value_bytes(cfg, EmbOptimType.SGD, 2, 128) == 4 * 8 * 128 * 2
     assert align_to_table_size(0) == 16 and align_to_table_size(17) == 32
+
+
+def test_submodule_paths_are_attributes_after_import_dynemb():
+    """``import dynemb`` alone makes DynamicEmb's submodule paths attributes (a fresh
+    interpreter: another test's import would hide a missing one)."""
+    import subprocess
+    import sys
+
+    code = "import dynemb\nfor m in ('batched_dynamicemb_tables', 'optimizer', 'shard', 'planner'):\n    getattr(dynemb, m)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
