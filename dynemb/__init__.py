@@ -8,7 +8,7 @@ The public API mirrors NVIDIA DynamicEmb: replace ``import dynamicemb`` with
 # (``dynemb.optimizer.EmbOptimType``).
 from dynemb import batched_dynamicemb_tables, optimizer, shard  # noqa: F401
 from dynemb._ops import executor
-from dynemb.admission import (
+from dynemb.admission_strategies import (
     AdmissionStrategy,
     Counter,
     FrequencyAdmissionStrategy,

@@ -1,6 +1,6 @@
 """``MultiTableKVCounter``: DynamicEmb's counter over several tables, addressed by
 ``(key, table id)``, built from one ``KVCounter`` per table (``dynemb.embedding_admission``
-re-exports it with dynemb.admission's ``KVCounter`` and ``FrequencyAdmissionStrategy``).
+re-exports it with dynemb.admission_strategies's ``KVCounter`` and ``FrequencyAdmissionStrategy``).
 """
 
 from collections.abc import Sequence
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dynemb.admission import KVCounter
+from dynemb.admission_strategies import KVCounter
 from dynemb.config.types import MemoryType
 
 

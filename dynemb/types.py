@@ -6,7 +6,7 @@ A front module: it re-exports names defined in dynemb's packages (the enums and 
 types: ``dynemb.config.types``) and no module of dynemb imports it.
 """
 
-from dynemb.admission import AdmissionStrategy, Counter
+from dynemb.admission_strategies import AdmissionStrategy, Counter
 from dynemb.config.storage import Storage
 from dynemb.config.table_options import DynamicEmbInitializerArgs
 from dynemb.config.types import (

@@ -12,7 +12,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynemb.admission import Counter, FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import Counter, FrequencyAdmissionStrategy, KVCounter
 from dynemb.optimizer import EmbOptimType
 
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)  # row = float(key)

@@ -18,7 +18,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynemb.admission import ProbabilisticAdmissionStrategy, admission_draws
+from dynemb.admission_strategies import ProbabilisticAdmissionStrategy, admission_draws
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynemb.optimizer import EmbOptimType
 

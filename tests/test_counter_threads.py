@@ -14,7 +14,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 from dynemb.table.rw_lock import RWLock
 
 KEYS, THREADS, ADDS = 1000, 2, 50

@@ -237,7 +237,7 @@ class DynamicEmbTableOptions:
         index_type: key dtype (``None`` or ``torch.int64``).
         dist_type: routing of keys to ranks: "continuous", "roundrobin" or
             "hash_roundrobin".
-        admit_strategy: admission of new keys (see dynemb.admission), e.g.
+        admit_strategy: admission of new keys (see dynemb.admission_strategies), e.g.
             ``FrequencyAdmissionStrategy(threshold, counter=KVCounter(capacity))``.
         admission_counter: deprecated (as in DynamicEmb): the counter now goes on the
             strategy. Given here it warns (DeprecationWarning) and, when the strategy

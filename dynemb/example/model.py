@@ -27,7 +27,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlann
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dynemb.admission import ProbabilisticAdmissionStrategy
+from dynemb.admission_strategies import ProbabilisticAdmissionStrategy
 from dynemb.config.optimizer import OptimizerConfig, optimizer_type_of
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrategy

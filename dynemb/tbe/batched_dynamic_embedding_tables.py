@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dynemb import streams
-from dynemb.admission import Counter
+from dynemb.admission_strategies import Counter
 from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, OptimType, hyper_parameter
 from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defaults
 from dynemb.config.types import DynamicEmbPoolingMode

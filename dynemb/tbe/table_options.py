@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
-from dynemb.admission import AdmissionStrategy, Counter
+from dynemb.admission_strategies import AdmissionStrategy, Counter
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbCheckMode
 from dynemb.eviction_rules import EvictionRule

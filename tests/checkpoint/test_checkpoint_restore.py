@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from tests.support.checkpoint_tables import contents, make_module, same, train
 

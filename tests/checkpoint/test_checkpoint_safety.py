@@ -205,7 +205,7 @@ def test_kill_9_during_dump_never_breaks_the_previous_checkpoint(tmp_path):
 
 
 def test_admission_counts_survive_a_checkpoint(tmp_path):
-    from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+    from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 
     def module():
         options = DynamicEmbTableOptions(

@@ -9,7 +9,7 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
 import dynemb
-from dynemb.admission import AdmissionStrategy, Counter
+from dynemb.admission_strategies import AdmissionStrategy, Counter
 from dynemb.tiering import Cache, CachedTable, Storage
 
 pytestmark = pytest.mark.no_emulated_pass("module paths: Python only")

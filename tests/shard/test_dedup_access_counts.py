@@ -17,7 +17,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 from tests.support.dedup_access_counts_workers import (
     STEPS,
     ordinary_tables_outputs,

@@ -16,7 +16,7 @@ from dynemb import (
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 from dynemb.optimizer import EmbOptimType
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import DynamicEmbeddingCollectionSharder, dynamic_embedding_tables

@@ -8,7 +8,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb import _ops
-from dynemb.admission import KVCounter
+from dynemb.admission_strategies import KVCounter
 
 MAX = 2**63 - 1
 HOT = torch.tensor([7])

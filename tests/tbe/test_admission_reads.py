@@ -12,7 +12,7 @@ import torch
 import dynemb
 from dynemb import _ops
 from dynemb._executor import executor
-from dynemb.admission import FrequencyAdmissionStrategy, KVCounter
+from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
 from dynemb.host_reads import host_reads
 from dynemb.optimizer import EmbOptimType
 

@@ -79,7 +79,7 @@ def test_a_training_step_reads_the_device_within_its_budget(executor):
 
 # The files of the training path: their reads of device values go through read_to_host.
 TRAINING_PATH = [
-    "dynemb/admission.py",
+    "dynemb/admission_strategies.py",
     *(f"dynemb/tbe/{name}.py" for name in (
         "backward_pass", "batch_layout", "batched_dynamic_embedding_tables", "forward_pass",
         "grouped_calls", "lookup_function", "table_slots",
