@@ -34,7 +34,7 @@ from dynemb.planner.capacity import (
     get_table_value_bytes,
 )
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 from dynemb.telemetry import DynamicEmbTelemetry, table_telemetry
 from dynemb.tiering import Storage

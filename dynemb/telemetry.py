@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import torch.nn as nn
 
-from dynemb.table.telemetry import StepCounts, TableTelemetry
 from dynemb.table.telemetry_reports import BucketFill, EvictionSummary
+from dynemb.table.upsert_counts import StepCounts, TableTelemetry
 from dynemb.table_groups import table_groups
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 

@@ -15,7 +15,7 @@ from dynemb.table.lookup_undo import LookupRecord
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableStorage
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 
 
 class MemoryBatches:

@@ -28,7 +28,7 @@ from dynemb.table.lookup_undo import LookupRecord
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.table.table_storage import TableStorage
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 
 
 @runtime_checkable

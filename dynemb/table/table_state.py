@@ -26,7 +26,7 @@ from dynemb.table.pin_ledger import PinLedger
 from dynemb.table.rw_lock import RWLock
 from dynemb.table.spill_files import SpillDirectory
 from dynemb.table.table_storage import TableLayout, TableStorage
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 
 _FOLDING = threading.Lock()  # folds of deferred lookups (rare, short): one for all tables
 

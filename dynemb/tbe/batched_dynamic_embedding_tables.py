@@ -22,7 +22,7 @@ from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defa
 from dynemb.config.types import DynamicEmbPoolingMode
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 from dynemb.tbe.backward_pass import BackwardPass
 from dynemb.tbe.batch_layout import (
     TableBatch,

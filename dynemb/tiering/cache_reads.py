@@ -12,7 +12,7 @@ import torch
 
 from dynemb import _ops
 from dynemb.table.table_storage import TableStorage
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 from dynemb.tiering.batch_ledger import BatchHold
 from dynemb.tiering.staging import private_table
 

@@ -24,6 +24,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb.table.rw_lock import RWLock
+from dynemb.table.upsert_counts import StepCounts
 from tests.support import reference as ref
 
 STRATEGIES = {
@@ -85,7 +86,7 @@ class Replay:
         size, cap = len(self.oracle.entries), self.oracle.capacity()
         if self.code == ref.NO_EVICTION:  # the oracle does not grow it: windows fill first
             cap = self.table.capacity()
-        self.steps.append(dynemb.table.telemetry.StepCounts(self.oracle.step, *counts, size, cap))
+        self.steps.append(StepCounts(self.oracle.step, *counts, size, cap))
         if self.table.capacity() != capacity:
             return  # a step that grew the table is not sampled
         for pos in sorted(evicted):
