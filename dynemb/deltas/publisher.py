@@ -19,8 +19,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torch import nn
 
-from dynemb.checkpoint.dump import DynamicEmbDump, committed_dump
 from dynemb.checkpoint.tables import named_tables
+from dynemb.checkpoint.writer import DynamicEmbDump, committed_dump
 from dynemb.deltas.background import BackgroundWriter, Job
 from dynemb.deltas.buffers import CaptureBuffers
 from dynemb.deltas.capture import Capture, delta_bytes, entries, restore, table_meta

@@ -13,8 +13,8 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from tqdm import tqdm
 
-from dynemb.checkpoint.dump import DynamicEmbDump
 from dynemb.checkpoint.load import DynamicEmbLoad
+from dynemb.checkpoint.writer import DynamicEmbDump
 from dynemb.datasets import roc_auc
 from dynemb.tiering import PrefetchPipeline, distribute_for_prefetch, prefetch_distributed
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from dynemb.checkpoint import incremental
-from dynemb.checkpoint.dump import DynamicEmbDump
 from dynemb.checkpoint.load import DynamicEmbLoad
+from dynemb.checkpoint.writer import DynamicEmbDump
 from dynemb.config.table_options import BATCH_SIZE_PER_DUMP
 
 # The collection name of a module dumped or scored by itself.

@@ -5,7 +5,7 @@ sends nothing (neither the rest of the dump nor its commit) to the link's new ta
 import pytest
 import torch
 
-import dynemb.checkpoint.dump as dump_module
+import dynemb.checkpoint.writer as dump_module
 from dynemb import (
     BatchedDynamicEmbeddingTables,
     DynamicEmbDump,
@@ -27,7 +27,7 @@ def _rows(module):
     return module(KEYS, torch.arange(KEYS.numel() + 1))
 
 
-# the function of dump.py that writes a table's files, per layout
+# the function of writer.py that writes a table's files, per layout
 @pytest.mark.parametrize(
     "layout, writer", [("dynemb", "_write_table"), ("dynamicemb", "write_table")]
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from dynemb.distributed.routing import route_keys
 from tests.support.checkpoint_workers import (
     dump_then_continue,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint import dump as dump_module
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint import writer as dump_module
+from dynemb.checkpoint.writer import committed_dump
 from tests.support.checkpoint_tables import contents, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("dump locking between threads and processes: Python only")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from dynemb.dump_files import format as format_module
 from dynemb.dump_files import manifest as manifest_module
 from tests.support.checkpoint_tables import contents, make_module, same, train

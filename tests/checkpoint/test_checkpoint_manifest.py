@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from tests.support.checkpoint_tables import contents, edit_manifest, make_module, same, train
 
 pytestmark = pytest.mark.no_emulated_pass("manifest validation: Python only")

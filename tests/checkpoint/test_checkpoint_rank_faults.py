@@ -6,7 +6,7 @@ checkpoint stays the committed one."""
 import pytest
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from tests.support.checkpoint_fault_workers import FAULT_TIMEOUT_S, STAY_ALIVE_S, dump_with_a_fault
 from tests.support.checkpoint_tables import contents, make_module, same
 from tests.support.multiprocess import run_ranks

@@ -23,7 +23,7 @@ from dynemb import (
     DynamicEmbTableOptions,
 )
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from dynemb.optimizer import EmbOptimType
 from dynemb.table import placement
 from dynemb.tiering import CachedTable

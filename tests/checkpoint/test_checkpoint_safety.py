@@ -11,7 +11,7 @@ import torch
 
 from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbTableOptions
 from dynemb.checkpoint import CheckpointError, DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint.writer import committed_dump
 from dynemb.dump_files import verify as verify_module
 from dynemb.dump_files.manifest import checksum
 from dynemb.optimizer import EmbOptimType

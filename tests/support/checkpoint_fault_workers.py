@@ -10,8 +10,8 @@ import time
 import torch
 
 from dynemb.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynemb.checkpoint import dump as dump_module
-from dynemb.checkpoint.dump import committed_dump
+from dynemb.checkpoint import writer as dump_module
+from dynemb.checkpoint.writer import committed_dump
 from tests.support.checkpoint_tables import make_module, train
 
 FAULT_TIMEOUT_S = 3.0
