@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
+from dynemb._host_reads import read_to_host
 from dynemb.config.table_options import DynamicEmbInitializerArgs
 from dynemb.config.types import DynamicEmbScoreStrategy
-from dynemb.host_reads import read_to_host
 from dynemb.table.placement import canonical_device
 from dynemb.table.scored_hash_table import ScoredHashTable
 

@@ -20,7 +20,7 @@ runs every op when it is called, so a missing event cannot fail there. Under
   may run.
 - **A host read waits for its stream only.** An op whose outputs' sizes depend on
   values (``nonzero``, ``.item()``, dynemb ops that read the device), and
-  ``dynemb.host_reads.read_to_host``, first run the current stream's queue, and of
+  ``dynemb._host_reads.read_to_host``, first run the current stream's queue, and of
   other queues only what it waits for, then run at once; the other streams' work
   stays queued, as a GPU's would.
 

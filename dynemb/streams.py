@@ -92,7 +92,7 @@ def set_host_model(model: StreamBackend | None) -> StreamBackend | None:
 
 
 def host_read(tensor: torch.Tensor) -> None:
-    """The host is about to read ``tensor``'s values (dynemb.host_reads.read_to_host):
+    """The host is about to read ``tensor``'s values (dynemb._host_reads.read_to_host):
     under the host stream model, the current stream's work runs first, as a GPU's
     device-to-host copy waits for its stream. A no-op otherwise (on a GPU the copy
     itself waits)."""

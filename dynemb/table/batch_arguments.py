@@ -3,10 +3,10 @@ argument, its value and what was expected, before the table changes."""
 
 import torch
 
+from dynemb._host_reads import read_to_host
 from dynemb._ops import TIMESTAMP_DECAYED_LFU, TIMESTAMP_LFU
 from dynemb.config.score_strategies import check_score_half_life
 from dynemb.config.types import DynamicEmbScoreStrategy
-from dynemb.host_reads import read_to_host
 
 ScoreStrategyArg = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 

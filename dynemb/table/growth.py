@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
-from dynemb.host_reads import DeferredRead, read_to_host
+from dynemb._host_reads import DeferredRead, read_to_host
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.spill_persistence import commit_spill

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from dynemb import _ops
-from dynemb.host_reads import DeferredRead
+from dynemb._host_reads import DeferredRead
 
 
 @dataclasses.dataclass

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 
 from dynemb import _ops
+from dynemb._host_reads import read_to_host
 from dynemb.config.table_options import DynamicEmbInitializerArgs, check_float32
 from dynemb.config.types import DynamicEmbScoreStrategy
-from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.capacity import bucket_counts

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import torch
 
 from dynemb import _ops
+from dynemb._host_reads import read_to_host
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.eviction_rules import RuleThresholds, stale_slots
-from dynemb.host_reads import read_to_host
 from dynemb.table import batch_arguments as args
 from dynemb.table.batch_stats import BatchStats
 from dynemb.table.change_log import ChangeLog

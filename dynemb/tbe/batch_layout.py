@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from dynemb import _ops
-from dynemb.host_reads import read_to_host
+from dynemb._host_reads import read_to_host
 from dynemb.table.padded_keys import padded_distinct_keys
 
 

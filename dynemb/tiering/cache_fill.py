@@ -14,8 +14,8 @@ tensor, or (n, 2) of (score, last-access time) for the compounds (TIMESTAMP, LFU
 import torch
 
 from dynemb import _ops
+from dynemb._host_reads import read_to_host
 from dynemb.config.types import DynamicEmbScoreStrategy
-from dynemb.host_reads import read_to_host
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering.staging import Staged

@@ -5,7 +5,7 @@ import threading
 
 import torch
 
-from dynemb.host_reads import DeferredRead
+from dynemb._host_reads import DeferredRead
 
 _FOLDING = threading.Lock()  # folds of counts added later (short): one for all tables
 

@@ -56,10 +56,10 @@ import threading
 import torch
 
 from dynemb import _ops, streams
+from dynemb._host_reads import read_to_host
 from dynemb.config.storage import Storage
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.eviction_rules import RuleThresholds, stale_slots
-from dynemb.host_reads import read_to_host
 from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable

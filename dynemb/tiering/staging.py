@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from dynemb.host_reads import read_to_host
+from dynemb._host_reads import read_to_host
 from dynemb.table.table_storage import TableLayout, TableStorage
 
 _BUCKET = 16  # slots per bucket of the private storages (their hash buffers go unused)

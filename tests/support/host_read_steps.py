@@ -1,6 +1,6 @@
 """Training steps whose reads of device values tests/tbe/test_host_reads.py counts: one
 module per scenario, a warm-up step, then steps counted one by one with
-``dynemb.host_reads.host_reads`` (the Python layer's reads and the emulated executor's
+``dynemb._host_reads.host_reads`` (the Python layer's reads and the emulated executor's
 ops' own). ``python -m tests.support.host_read_steps`` prints ``{scenario: [reads per
 step]}`` as JSON for the executor that DYNEMB_EXECUTOR selects."""
 
@@ -19,7 +19,7 @@ from dynemb import (
     FrequencyAdmissionStrategy,
     KVCounter,
 )
-from dynemb.host_reads import host_reads
+from dynemb._host_reads import host_reads
 from dynemb.optimizer import EmbOptimType
 
 DIM = 8

@@ -14,7 +14,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy, _ops
-from dynemb.host_reads import host_reads, read_to_host
+from dynemb._host_reads import host_reads, read_to_host
 from dynemb.table.padded_keys import padded_distinct_keys
 from dynemb.tiering.factory import make_table
 

@@ -12,8 +12,8 @@ import torch
 import dynemb
 from dynemb import _ops
 from dynemb._executor import executor
+from dynemb._host_reads import host_reads
 from dynemb.admission_strategies import FrequencyAdmissionStrategy, KVCounter
-from dynemb.host_reads import host_reads
 from dynemb.optimizer import EmbOptimType
 
 

@@ -1,5 +1,5 @@
 """A training step's reads of device values (each a wait for the stream on a GPU),
-counted by dynemb.host_reads on the CPU and the emulated CUDA executor.
+counted by dynemb._host_reads on the CPU and the emulated CUDA executor.
 
 A step reads the device at most twice: once for the batch's layout (the features'
 boundaries in ``offsets`` and the checks of its values, in one packed read, which
@@ -34,7 +34,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
-from dynemb.host_reads import DeferredRead, host_reads, read_to_host
+from dynemb._host_reads import DeferredRead, host_reads, read_to_host
 from dynemb.optimizer import EmbOptimType
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def test_the_training_path_reads_only_through_read_to_host():
     found = {
         path: hits for path in TRAINING_PATH if (hits := uncounted_reads((ROOT / path).read_text()))
     }
-    assert not found, f"reads of device values outside dynemb.host_reads.read_to_host: {found}"
+    assert not found, f"reads of device values outside dynemb._host_reads.read_to_host: {found}"
 
 
 def test_the_lint_finds_each_kind_of_read():

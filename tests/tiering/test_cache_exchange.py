@@ -189,7 +189,7 @@ def test_given_counts_read_nothing_of_the_device():
     """On a CUDA executor the op reads its move counts from the device unless the
     caller gives them (the emulated executor counts its ops' reads); the CPU executor
     reads no device either way."""
-    from dynemb.host_reads import host_reads
+    from dynemb._host_reads import host_reads
 
     cache, slow = _tables(64)
     reads = []

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from dynemb.host_reads import host_reads, read_to_host
+from dynemb._host_reads import host_reads, read_to_host
 from dynemb.optimizer import EmbOptimType
 from dynemb.table.scored_hash_table import ScoredHashTable
 from dynemb.tiering import CacheStats
