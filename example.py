@@ -29,7 +29,7 @@ constraint per table, the planner's plan, ``DistributedModelParallel`` with the
 dynamic sharders, the embedding optimizer in the sharders' ``fused_params`` and a
 torch optimizer over the dense parameters. Runs on CPU with gloo, or on GPUs with
 NCCL when CUDA is present. This file is the command line; the builders (model, data,
-training and evaluation loops, publishing) are ``dynemb.example``'s modules.
+training and evaluation loops, publishing) are ``dynemb._example``'s modules.
 """
 
 import os
@@ -40,13 +40,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from dynemb.example import silence_known_notices
-from dynemb.example.arguments import ORDINARY_FEATURE, parse_args, publish_refusal
-from dynemb.example.data import dynamic_features, id_views, make_dataset, no_cpu_adam
-from dynemb.example.loops import dump_checkpoint, evaluate_logits, load_checkpoint, train_epoch
-from dynemb.example.model import build_model, dense_optimizer
-from dynemb.example.publishing import ExamplePublisher
-from dynemb.example.stats import print_stats, sample_every_step
+from dynemb._example import silence_known_notices
+from dynemb._example.arguments import ORDINARY_FEATURE, parse_args, publish_refusal
+from dynemb._example.data import dynamic_features, id_views, make_dataset, no_cpu_adam
+from dynemb._example.loops import dump_checkpoint, evaluate_logits, load_checkpoint, train_epoch
+from dynemb._example.model import build_model, dense_optimizer
+from dynemb._example.publishing import ExamplePublisher
+from dynemb._example.stats import print_stats, sample_every_step
 
 __all__ = ["main", "parse_args", "publish_refusal"]
 

@@ -9,7 +9,7 @@ Usage::
 The data is ``dynemb.datasets.SyntheticClicks`` at its defaults (8 one-hot features
 with Zipf(1.05) ids over 1M ids each, a hidden vector per id, 1M training rows, 100k
 held-out rows, seed 0). The model and the training code are ``example.py``'s (its builders,
-``dynemb.example``, imported so that the benchmark measures exactly what the example
+``dynemb._example``, imported so that the benchmark measures exactly what the example
 runs): ``SequenceDLRM`` with 7
 pooled tables and 1 sequence table of dim 16, trained for one epoch, batch 1024, with
 the embedding optimizer fused into backward (default EXACT_ROWWISE_ADAGRAD, LR 0.05)
@@ -50,10 +50,10 @@ import torch
 from common import Recorder, available_threads, commit_hash, set_threads
 from dmp_setup import single_process_group
 
-from dynemb.example import arguments as example_arguments
-from dynemb.example import data as example_data
-from dynemb.example import loops as example_loops
-from dynemb.example import model as example_model
+from dynemb._example import arguments as example_arguments
+from dynemb._example import data as example_data
+from dynemb._example import loops as example_loops
+from dynemb._example import model as example_model
 
 WORKLOAD = "W-quality"
 PEER_IMPL = "torchrec.static"

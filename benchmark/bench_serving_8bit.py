@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dynemb import _ops  # noqa: E402
-from dynemb.example.data import id_views, make_dataset  # noqa: E402
-from dynemb.example.publishing import latest_version, read_config  # noqa: E402
+from dynemb._example.data import id_views, make_dataset  # noqa: E402
+from dynemb._example.publishing import latest_version, read_config  # noqa: E402
 from examples import serve  # noqa: E402
 
 WORKLOAD = "W-quality-served"

@@ -1,2 +1,2 @@
 """Scripts around example.py: ``serve.py`` serves what ``example.py --publish_every K``
-published (``dynemb.example.publishing``: the publish directory's format)."""
+published (``dynemb._example.publishing``: the publish directory's format)."""

@@ -37,18 +37,18 @@ from torch import nn
 from torch.export import Dim
 from torchrec.datasets.utils import Batch
 
-from dynemb.datasets import roc_auc
-from dynemb.deltas import delta_path
-from dynemb.example import silence_known_notices
-from dynemb.example.data import dynamic_features, id_views, make_dataset
-from dynemb.example.model import dynamic_table_options, table_configs, unsharded_model
-from dynemb.example.publishing import (
+from dynemb._example import silence_known_notices
+from dynemb._example.data import dynamic_features, id_views, make_dataset
+from dynemb._example.model import dynamic_table_options, table_configs, unsharded_model
+from dynemb._example.publishing import (
     CONFIG,
     latest_version,
     missing_files,
     read_config,
     read_version,
 )
+from dynemb.datasets import roc_auc
+from dynemb.deltas import delta_path
 from dynemb.inference.exportable_tables import (
     InferenceEmbeddingBagCollection,
     InferenceEmbeddingCollection,

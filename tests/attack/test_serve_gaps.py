@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynemb._example import publishing
 from dynemb.deltas import delta_path
-from dynemb.example import publishing
 from examples import serve
 from tests.support.example_runs import run_example
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynemb._example import publishing
 from dynemb.deltas import delta_path, read_delta
-from dynemb.example import publishing
 from examples import serve
 from tests.support.example_runs import run_example
 from tests.support.multiprocess import free_port

@@ -5,8 +5,8 @@ import argparse
 
 import torch
 
+from dynemb._example.arguments import NUM_FEATURES, ORDINARY_FEATURE, SEQUENCE_FEATURE
 from dynemb.datasets import SyntheticClicks
-from dynemb.example.arguments import NUM_FEATURES, ORDINARY_FEATURE, SEQUENCE_FEATURE
 
 
 def make_dataset(args: argparse.Namespace) -> SyntheticClicks:

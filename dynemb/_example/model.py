@@ -27,12 +27,12 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlann
 from torchrec.modules.embedding_configs import EmbeddingConfig, PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dynemb._example.arguments import NUM_FEATURES, SEQUENCE_FEATURE
+from dynemb._example.data import dynamic_features
 from dynemb.admission_strategies import ProbabilisticAdmissionStrategy
 from dynemb.config.optimizer import OptimizerConfig, optimizer_type_of
 from dynemb.config.table_options import DynamicEmbInitializerArgs, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbInitializerMode, DynamicEmbScoreStrategy
-from dynemb.example.arguments import NUM_FEATURES, SEQUENCE_FEATURE
-from dynemb.example.data import dynamic_features
 from dynemb.models import SequenceDLRM
 from dynemb.planner.constraints import DynamicEmbParameterConstraints
 from dynemb.planner.planner import DynamicEmbeddingShardingPlanner
