@@ -2,7 +2,8 @@
 
 Usage: python tools/import_graph.py [--list]
 
-The front is dynemb/__init__.py and DynamicEmb's module paths (FRONT): they only
+The front is dynemb/__init__.py and DynamicEmb's module paths (FRONT, read from the
+import-linter contract `front` of pyproject.toml, the one list of them): they only
 re-export, and no other module of dynemb imports them. Imports under TYPE_CHECKING do
 not count. --list prints every offending import, not only the counts.
 """
@@ -14,22 +15,25 @@ import sys
 
 import grimp
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter's own TOML reader
+    import tomli as tomllib
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-FRONT = (
-    "dynemb",
-    "dynemb.batched_dynamicemb_tables",
-    "dynemb.dump_load",
-    "dynemb.incremental_dump",
-    "dynemb.get_planner",
-    "dynemb.embedding_admission",
-    "dynemb.dynamicemb_config",
-    "dynemb.types",
-    "dynemb.utils",
-    "dynemb.optimizer",
-    "dynemb.shard",
-    "dynemb.planner",
-)
+
+def _front_contract() -> dict:
+    """The import-linter contract ``front`` of pyproject.toml: the one list of the front
+    modules (DynamicEmb's module paths and dynemb itself), read here and by the tests."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    return next(c for c in contracts if c["id"] == "front")
+
+
+FRONT = tuple(_front_contract()["protected_modules"])
+# A front module may import another (TOML has no reference: the same list, twice).
+FRONT_IMPORTERS = tuple(_front_contract()["allowed_importers"])
 
 # The TBE module classes: a walk over a model finds them by protocol, not by class.
 TBE_CLASSES = ("BatchedDynamicEmbeddingTables", "BatchedDynamicEmbeddingTablesV2")
