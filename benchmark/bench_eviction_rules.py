@@ -32,12 +32,11 @@ Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
 
+from alternating_runs import alternating_runs, record_runs
 from bench_train import build_dynemb
-from common import Recorder, commit_hash, set_threads, synchronize
+from common import Recorder, commit_hash, set_threads
 from host import record_host
 from train_workloads import QUICK, Config, fixed_offsets
 
@@ -48,27 +47,16 @@ SETTINGS = ("none", "rule", "none,control")
 
 
 def run_settings(config: Config, rule: EvictionRule, repeats: int, steps: int):
-    """``(metric, setting) -> samples/s`` of each run (metrics: per wall second, per CPU
-    second), and the keys erased and buckets scanned by the rule over all runs."""
+    """``(metric, setting) -> samples/s`` of each run (alternating_runs.py), and the keys
+    erased and buckets scanned by the rule over all runs."""
     module, keys, _ = build_dynemb(config)
-    offsets = fixed_offsets(config)
-    batches = itertools.cycle(keys)
-    runs: dict[tuple[str, str], list[float]] = {}
-    for r in range(repeats):
-        for name in SETTINGS[r % 3 :] + SETTINGS[: r % 3]:  # rotated order
-            for options in module.table_options:  # the options the tables read each step
-                options.eviction_rule = rule if name == "rule" else None
-            module(next(batches), offsets).sum().backward()  # warm-up
-            synchronize(None)
-            start, cpu = time.perf_counter(), time.process_time()
-            for _ in range(steps):
-                module(next(batches), offsets).sum().backward()
-            synchronize(None)
-            wall = config.batch * steps / (time.perf_counter() - start)
-            per_cpu = config.batch * steps / (time.process_time() - cpu)
-            runs.setdefault(("samples_per_s", name), []).append(wall)
-            runs.setdefault(("samples_per_cpu_s", name), []).append(per_cpu)
-            print(f"  {name}: {wall:.0f} samples/s, {per_cpu:.0f} per CPU s", file=sys.stderr)
+
+    def apply(name: str) -> None:
+        for options in module.table_options:  # the options the tables read each step
+            options.eviction_rule = rule if name == "rule" else None
+
+    runs = alternating_runs(module, itertools.cycle(keys), fixed_offsets(config), config.batch,
+                            SETTINGS, apply, repeats, steps)  # fmt: skip
     tel = [t.telemetry for t in module.tables]
     return runs, sum(t.rule_erased for t in tel), sum(t.rule_buckets for t in tel)
 
@@ -94,13 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     config = Config(threads=args.threads, **sizes)
     runs, erased, buckets = run_settings(config, rule, repeats, steps)
     setting = f"rule=idle{args.idle_seconds:g}s,every{every},buckets{args.buckets}"
-    for (metric, name), values in runs.items():
-        none = runs[(metric, "none")]
-        peer = None if name == "none" else "rule=none"
-        impl = f"dynemb,{setting}" if name == "rule" else f"dynemb,rule={name}"
-        rec.add(WORKLOAD, impl, metric, statistics.median(values), threads=args.threads,
-                peer=peer, peer_value=None if peer is None else statistics.median(none),
-                runs=values, peer_runs=None if peer is None else none)  # fmt: skip
+    record_runs(rec, WORKLOAD, runs, "none", "rule=none",
+                lambda name: f"dynemb,{setting}" if name == "rule" else f"dynemb,rule={name}",
+                args.threads)  # fmt: skip
     rec.add(WORKLOAD, f"dynemb,{setting}", "keys_erased", erased, threads=args.threads)
     rec.add(WORKLOAD, f"dynemb,{setting}", "buckets_scanned", buckets, threads=args.threads)
     print(file=sys.stderr)

@@ -42,8 +42,9 @@ import sys
 import time
 
 import torch
+from alternating_runs import Runs, alternating_runs, record_runs
 from bench_train import OPTIMIZERS, build_dynemb
-from common import Recorder, commit_hash, set_threads, synchronize
+from common import Recorder, commit_hash, set_threads
 from host import record_host
 from train_workloads import QUICK, Config, fixed_offsets
 
@@ -56,32 +57,18 @@ SETTINGS = {
 }
 
 
-def run_settings(config: Config, repeats: int, steps: int) -> dict[tuple[str, str], list]:
-    """``(metric, setting) -> samples/s`` of each run, in the order they ran (metrics:
-    per wall second, per CPU second)."""
+def run_settings(config: Config, repeats: int, steps: int) -> Runs:
+    """``(metric, setting) -> samples/s`` of each run (alternating_runs.py)."""
     module, keys, _ = build_dynemb(config)
-    offsets = fixed_offsets(config)
-    batches = itertools.cycle(keys)
     tables = list(module.telemetry().values())
-    runs: dict[tuple[str, str], list[float]] = {}
-    names = list(SETTINGS)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated order
-            for telemetry in tables:
-                telemetry.configure(**SETTINGS[name])
-            module(next(batches), offsets).sum().backward()  # warm-up
-            synchronize(None)
-            start, cpu = time.perf_counter(), time.process_time()
-            for _ in range(steps):
-                module(next(batches), offsets).sum().backward()
-            synchronize(None)
-            wall = config.batch * steps / (time.perf_counter() - start)
-            per_cpu = config.batch * steps / (time.process_time() - cpu)
-            runs.setdefault(("samples_per_s", name), []).append(wall)
-            runs.setdefault(("samples_per_cpu_s", name), []).append(per_cpu)
-            print(f"  {config.capacity_ratio:g}x {name}: {wall:.0f} samples/s, "
-                  f"{per_cpu:.0f} per CPU s", file=sys.stderr)  # fmt: skip
-    return runs
+
+    def apply(name: str) -> None:
+        for telemetry in tables:
+            telemetry.configure(**SETTINGS[name])
+
+    return alternating_runs(module, itertools.cycle(keys), fixed_offsets(config), config.batch,
+                            list(SETTINGS), apply, repeats, steps,
+                            label=f"{config.capacity_ratio:g}x ")  # fmt: skip
 
 
 def hook_microseconds(config: Config, calls: int = 10_000) -> float:
@@ -129,13 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                         **sizes)  # fmt: skip
         runs = run_settings(config, repeats, steps)
         suffix = "" if ratio == 2.0 else f",capacity={ratio:g}x"
-        for (metric, name), values in runs.items():
-            off = runs[(metric, "off")]
-            peer = None if name == "off" else "telemetry=off"
-            rec.add(WORKLOAD, f"dynemb,telemetry={name}", f"{metric}{suffix}",
-                    statistics.median(values), threads=args.threads, peer=peer,
-                    peer_value=None if peer is None else statistics.median(off),
-                    runs=values, peer_runs=None if peer is None else off)  # fmt: skip
+        record_runs(rec, WORKLOAD, runs, "off", "telemetry=off", lambda name: f"dynemb,telemetry={name}",
+                    args.threads, suffix)  # fmt: skip
     print(file=sys.stderr)
     rec.print_table()
 
