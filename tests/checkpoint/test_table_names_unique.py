@@ -1,5 +1,6 @@
-"""Table names are unique wherever tables are named: two tables of one name used to be
-dumped as one, and a load then filled both with the second table's rows."""
+"""Table names are unique wherever tables are named: two tables of one name would be
+dumped as one, and a load would then fill both with the second table's rows; they are
+refused."""
 
 import pytest
 import torch

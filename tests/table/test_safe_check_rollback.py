@@ -52,7 +52,8 @@ def train(m, keys):
 # Full from the start, or grown by the failing batch (the table stays grown).
 @pytest.mark.parametrize("capacity, init_capacity, new", [(16, 16, 30), (64, 16, 100)])
 def test_an_overflowing_batch_stores_nothing(capacity, init_capacity, new):
-    """It used to store the keys that fit and say they got zero rows."""
+    """All or nothing: no key of a batch that does not fit is stored (none is reported
+    stored with zero rows)."""
     m = make(DynamicEmbScoreStrategy.NO_EVICTION, capacity, init_capacity)
     train(m, torch.arange(10))
     before = contents(m)

@@ -81,7 +81,7 @@ U, N, TN, C = (
     ],
 )
 def test_initializer_arguments_must_be_float32_numbers(fields, match):
-    """Infinite, NaN or too large bounds used to be accepted and give NaN rows."""
+    """Infinite, NaN or too large bounds would give NaN rows: refused, naming the field."""
     with pytest.raises(ValueError, match="DynamicEmbInitializerArgs." + match):
         dynemb.ScoredHashTable(
             dim=4, capacity=1024, initializer=DynamicEmbInitializerArgs(**fields)

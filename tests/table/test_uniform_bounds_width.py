@@ -1,5 +1,5 @@
 """UNIFORM draws ``lower + (upper - lower) * u`` in float32: bounds whose width overflows
-float32 (both finite) used to be accepted and give ``inf`` rows; they are refused."""
+float32 (both finite) would give ``inf`` rows; they are refused."""
 
 import pytest
 import torch

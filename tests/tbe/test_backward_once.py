@@ -46,7 +46,7 @@ def assert_state(m, expected):
 
 
 def test_a_second_backward_through_one_forward_raises():
-    """It used to apply the update twice."""
+    """The update is applied once: a second backward is refused, the state unchanged."""
     m = make()
     loss = (m(INDICES, OFFSETS) ** 2).sum()
     loss.backward(retain_graph=True)
@@ -56,7 +56,8 @@ def test_a_second_backward_through_one_forward_raises():
 
 
 def test_eval_after_a_training_forward_still_applies_its_update():
-    """It used to drop the update but advance the step."""
+    """The update and the step both happen: eval() between forward and backward drops
+    neither."""
     m = make()
     loss = (m(INDICES, OFFSETS) ** 2).sum()
     m.eval()
