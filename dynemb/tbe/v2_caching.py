@@ -14,7 +14,6 @@ from dynemb.config.optimizer import OptimizerConfig
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table.batches_in_flight import refuse_batches_in_flight
 from dynemb.tiering.cache import Cache
-from dynemb.tiering.cache_stats import CacheStats
 
 _CUSTOMIZED = DynamicEmbScoreStrategy.CUSTOMIZED.value
 _FILL_ROUNDS = 64  # insert rounds per table in fill_tables (evictions and growth take a few)
@@ -75,7 +74,7 @@ class CachingMembers:
             )
         for _, table in cached:
             table.empty_cache()
-            table.stats = CacheStats()
+            table.reset_stats()
 
     def split_embedding_weights(self) -> list[torch.Tensor]:
         """One placeholder per table, ``(0, dim)``: the rows live in the hash tables

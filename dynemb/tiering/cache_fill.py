@@ -2,8 +2,8 @@
 slots, move victims out and fetched rows in, write victims back, stage the keys left
 over), how staged rows go home, and the score rule of the rows it holds.
 
-``CacheFill`` is a part of CachedTable (it uses the table's ``cache``, ``storage``,
-``stats``, ``_batches``, ``_buffers``, ``_user_scores``, ``_staging`` and its locks).
+``CacheFill`` is a part a CachedTable holds: it works on the table's ``CacheState``
+(cache_state.py), which it receives, and keeps its own scratch buffers.
 
 Score entries: a key's scores under the table's strategy move as one int64 (n,)
 tensor, or (n, 2) of (score, last-access time) for the compounds (TIMESTAMP, LFU) /
@@ -18,6 +18,7 @@ from dynemb._host_reads import read_to_host
 from dynemb.config.types import DynamicEmbScoreStrategy
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import ScoredHashTable
+from dynemb.tiering.cache_state import CacheState
 from dynemb.tiering.staging import Staged
 from dynemb.tiering.storage_results import checked_find, checked_insert
 from dynemb.warm_start.table_fill import NewRows
@@ -32,15 +33,32 @@ def _positions(mask: torch.Tensor, count: int) -> torch.Tensor:
 
 
 class CacheFill:
-    """Cache fills and write-backs (a mixin of CachedTable)."""
+    """Cache fills and write-backs of a CachedTable.
 
-    def _storage_find(self, keys: torch.Tensor):
+    Args:
+        state: the table's CacheState (both tiers, staging area, batch ledger, scores).
+        strategy: the table's score strategy code (``user_scores``' rule).
+        ctx: where the table's score step and clock live (its built-in slow tier, or a
+            ScoreContext of its own).
+        half_life: DECAYED_LFU's half-life in steps, or None.
+    """
+
+    def __init__(self, state: CacheState, strategy: int, ctx, half_life: int | None) -> None:
+        self.state = state
+        self._strategy = strategy
+        self._ctx = ctx
+        self._half_life = half_life
+        self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
+
+    def storage_find(self, keys: torch.Tensor):
         """``storage.find(keys)`` with its results checked (storage_results.py); the
         caller holds the storage lock."""
-        width = self.dim + self.extra_columns
-        return checked_find(self.storage, keys, width, self.cache.value_dtype, self.name)
+        width = self.state.cache.dim + self.state.cache.extra_columns
+        return checked_find(
+            self.state.storage, keys, width, self.state.cache.value_dtype, self.state.name
+        )
 
-    def _claim_padded(self, keys, accesses, batch: int):
+    def claim_padded(self, keys, accesses, batch: int):
         """Step 1 on a forward's padded distinct keys (a PaddedKeys, its ``counts`` the
         accesses), whose count the claim's read takes along (padded_keys.py): returns
         ``(keys (U,), accesses (U,), claim)``, ``claim`` the ``(slots, status, counts)``
@@ -48,40 +66,42 @@ class CacheFill:
         apart first (then sized by a read of their own). Other keys pass through."""
         if not isinstance(keys, PaddedKeys):
             return keys, accesses, None
-        if len(self._staging):
+        if len(self.state.staging):
             keys, _, accesses = keys.sized()
             return keys, accesses, None
         claim = self._claim(keys, batch)
         keys, _, accesses = keys.sized()  # read already, with the claim's counts
         return keys, accesses, claim
 
-    def _read_warm(self, keys: torch.Tensor) -> NewRows | None:
-        """The warm-start rows of the distinct ``keys`` new to both tiers (neither cached,
-        staged nor in the storage), read before the claim, under ``lock.write()``, so
-        that a source that fails changes nothing (as an uncached table's ``read_new``).
-        None without a source."""
-        if self.warm_start is None:
+    def read_warm(self, source, keys: torch.Tensor) -> NewRows | None:
+        """The rows from warm-start ``source`` (a TableFill, or None) of the distinct
+        ``keys`` new to both tiers (neither cached, staged nor in the storage), read
+        before the claim, under ``lock.write()``, so that a source that fails changes
+        nothing (as an uncached table's ``read_new``). None without a source."""
+        if source is None:
             return None
-        new = _ops.table_find_slots(self.buffers.tensors(), keys) < 0
-        busy = self._staging.busy(keys)
+        new = _ops.table_find_slots(self.state.cache.buffers.tensors(), keys) < 0
+        busy = self.state.staging.busy(keys)
         if busy is not None:
             new &= ~busy
         at = torch.nonzero(new, as_tuple=True)[0]
         if at.numel():
-            backing = self.backing_table()
-            with self._storage_lock:
+            backing = self.state.backing
+            with self.state.storage_lock:
                 if backing is not None:
                     stored = backing.contains(keys[at])
                 else:
-                    stored = self._storage_find(keys[at])[2]
+                    stored = self.storage_find(keys[at])[2]
             at = at[~stored]
-        width = self.dim + self.warm_start.state_columns
+        width = self.state.cache.dim + source.state_columns
         if not at.numel():
-            return NewRows(keys.numel(), at, keys.new_empty((0, width), dtype=self.value_dtype))
-        pos, rows = self.warm_start.read(keys[at])
+            return NewRows(
+                keys.numel(), at, keys.new_empty((0, width), dtype=self.state.cache.value_dtype)
+            )
+        pos, rows = source.read(keys[at])
         return NewRows(keys.numel(), at[pos], rows)
 
-    def _fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None, warm=None):
+    def fill(self, keys: torch.Tensor, batch: int, stage: bool, claim=None, warm=None):
         """Steps 1-3 under the cache's write lock.
 
         One slot claim over the batch pins the hits (their batch number rises to
@@ -103,7 +123,7 @@ class CacheFill:
         """
         claimed = joined = None  # positions of the keys claimed (None: all)
         if claim is None:
-            busy = self._staging.busy(keys)
+            busy = self.state.staging.busy(keys)
             if busy is not None and read_to_host(busy.any(), "staged keys").item():
                 claimed = torch.nonzero(~busy, as_tuple=True)[0]
                 joined = torch.nonzero(busy, as_tuple=True)[0]
@@ -115,7 +135,7 @@ class CacheFill:
         slots, status, counts = claim if claim is not None else self._claim(claim_keys, batch)
         hits = counts[_ops.Status.HIT]
         failed = None
-        backing = self.backing_table()
+        backing = self.state.backing
         if hits == claim_keys.numel():
             pass
         elif backing is not None:  # one C++ op moves the rows
@@ -125,9 +145,9 @@ class CacheFill:
                 new = torch.nonzero(claimed_now & ~found, as_tuple=True)[0]
                 at, rows = warm.select(batch_positions(new))
                 if at.numel():
-                    self.buffers.write_rows(slots[new[at]], rows)
+                    self.state.cache.buffers.write_rows(slots[new[at]], rows)
             if counts[_ops.Status.FAILED]:
-                self.stats.not_cached += counts[_ops.Status.FAILED]
+                self.state.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
                     out = _positions(status == _ops.Status.FAILED, counts[_ops.Status.FAILED])
                     failed = (out, *self._fetch(claim_keys[out], warm, batch_positions(out)))
@@ -137,7 +157,7 @@ class CacheFill:
             self._move_in(slots, status, counts, missed, rows, scores)
             if counts[_ops.Status.FAILED]:
                 out = _positions(status[missed] == _ops.Status.FAILED, counts[_ops.Status.FAILED])
-                self.stats.not_cached += counts[_ops.Status.FAILED]
+                self.state.stats.not_cached += counts[_ops.Status.FAILED]
                 if stage:
                     failed = (missed[out], rows[out], scores[out])
         if claimed is not None:
@@ -148,37 +168,28 @@ class CacheFill:
                 failed = (claimed[failed[0]], *failed[1:])
         return slots, hits, failed, joined
 
-    def _stage(self, keys, accesses, failed, joined, now) -> Staged:
+    def stage(self, keys, accesses, failed, joined, now) -> Staged:
         """Step 4: the keys ``_fill`` could not cache (``failed``) enter the staging
         area, the keys staged by batches in flight (``joined``) are shared; both get
         this lookup's scores."""
 
         def rule(pos, old):
-            return self._rescore(old, None if accesses is None else accesses[pos], now)
+            return self.rescore(old, None if accesses is None else accesses[pos], now)
 
         new = None
         if failed is not None:
             pos, rows, scores = failed
-            new = (pos, rows.to(self.value_dtype), rule(pos, scores))
-        staged = self._staging.stage(keys, new, joined, lambda old: rule(joined, old))
-        self.stats.staged += staged.slots.numel()
+            new = (pos, rows.to(self.state.cache.value_dtype), rule(pos, scores))
+        staged = self.state.staging.stage(keys, new, joined, lambda old: rule(joined, old))
+        self.state.stats.staged += staged.slots.numel()
         return staged
 
-    def _unstage(self, staged: Staged) -> None:
+    def unstage(self, staged: Staged) -> None:
         """The batch of ``staged`` ends: the rows no other batch holds go home."""
-        with self.lock.write():
-            back = self._staging.release(staged)
+        with self.state.cache.lock.write():
+            back = self.state.staging.release(staged)
             if back is not None:
-                self._write_back(*back)
-
-    def _settle(self) -> None:
-        """Ends the batches whose holds were dropped unreleased: their staged rows
-        that no other batch holds go home (call it holding no lock of the table)."""
-        dropped = self._batches.dropped()
-        for staged in dropped:
-            self._unstage(staged)
-        if dropped:
-            self._dirty = True
+                self.write_back(*back)
 
     def _claim(self, keys: torch.Tensor | PaddedKeys, batch: int):
         """Slots for keys (hits pinned, the others claimed, rows untouched); the keys
@@ -186,7 +197,9 @@ class CacheFill:
         of the distinct keys (padded keys: of their first ``count()``)."""
         n = keys.unique.numel() if isinstance(keys, PaddedKeys) else keys.numel()
         evicted_keys = self._scratch("evicted_keys", (n,), torch.int64)
-        return self.cache.claim_cache_slots(keys, batch, self._batches.floor(), evicted_keys)
+        return self.state.cache.claim_cache_slots(
+            keys, batch, self.state.batches.floor(), evicted_keys
+        )
 
     def _fetch(
         self, keys: torch.Tensor, warm: NewRows | None = None, at: torch.Tensor | None = None
@@ -195,23 +208,28 @@ class CacheFill:
         initial row (a pure function of (seed, key), as an uncached table's insert),
         or the warm-start row read before the claim (``warm``, the keys' positions in
         its batch ``at``), and 0."""
-        with self._storage_lock:
-            rows, scores, found = self._storage_find(keys)
-            if self._score_columns == 2:  # a compound: the built-in slow tier's times
-                times = self.backing_table().get_timestamps(keys)
+        with self.state.storage_lock:
+            rows, scores, found = self.storage_find(keys)
+            if self.state.user_scores.dim() == 2:  # a compound: the built-in slow tier's times
+                times = self.state.backing.get_timestamps(keys)
                 scores = torch.stack([scores, times], dim=1)
         new = torch.nonzero(~found, as_tuple=True)[0]
-        self.stats.add(fetched=keys.numel() - new.numel())  # no read of a pending count
+        self.state.stats.add(fetched=keys.numel() - new.numel())  # no read of a pending count
         if new.numel():
             none = torch.full_like(new, -1)
-            init_values = self.init_values
+            init_values = self.state.cache.init_values
             init = _ops.embedding_gather(
-                self.buffers.tensors(), none, keys[new], init_values, self.seed, self.dim
+                self.state.cache.buffers.tensors(),
+                none,
+                keys[new],
+                init_values,
+                self.state.cache.seed,
+                self.state.cache.dim,
             )
-            rows[new, : self.dim] = init.to(rows.dtype)
+            rows[new, : self.state.cache.dim] = init.to(rows.dtype)
             init_args = _ops.Init(*init_values)
-            zeros = self.dim + int(init_args.extra_zeros)
-            rows[new, self.dim : zeros] = 0
+            zeros = self.state.cache.dim + int(init_args.extra_zeros)
+            rows[new, self.state.cache.dim : zeros] = 0
             rows[new, zeros:] = init_args.extra_value
             scores[new] = 0
             if warm is not None and warm.positions.numel():  # read before the claim
@@ -227,20 +245,20 @@ class CacheFill:
         Returns found: (n,) bool, the keys moved in from the slow table."""
         evicted_keys = self._buffers["evicted_keys"][: keys.numel()]
         evicted = counts[_ops.Status.EVICTED]
-        with self._storage_lock, backing.lock.read():
+        with self.state.storage_lock, backing.lock.read():
             victims = _ops.table_cache_exchange(
-                self.buffers.tensors(), backing.buffers.tensors(), self.init_values, self.seed,
-                self.dim, self._user_scores, keys, slots, status, evicted_keys,
+                self.state.cache.buffers.tensors(), backing.buffers.tensors(), self.state.cache.init_values, self.state.cache.seed,
+                self.state.cache.dim, self.state.user_scores, keys, slots, status, evicted_keys,
                 counts[_ops.Status.INSERTED] + evicted, evicted,
             )  # fmt: skip
-        self.stats.add_later(fetched=victims[3].sum())  # read with the next read
-        self._write_back(*victims[:3])  # victims[2]: the score entries
+        self.state.stats.add_later(fetched=victims[3].sum())  # read with the next read
+        self.write_back(*victims[:3])  # victims[2]: the score entries
         return victims[3]
 
     def _move_in(self, slots, status, counts, missed, rows, scores) -> None:
         """Writes the fetched rows and scores of the claimed keys (positions
         ``missed``) into their slots, after writing back the residents they evicted."""
-        s = self.buffers
+        s = self.state.cache.buffers
         victims = None
         if counts[_ops.Status.EVICTED]:  # read before the new rows overwrite them
             out = _positions(status == _ops.Status.EVICTED, counts[_ops.Status.EVICTED])
@@ -248,46 +266,44 @@ class CacheFill:
             victims = (
                 self._buffers["evicted_keys"][out],
                 s.values.index_select(0, at),
-                self._user_scores[at],
+                self.state.user_scores[at],
             )
         at = slots[missed]
         if counts[_ops.Status.FAILED]:  # not cached: no slot to write
             stored = _positions(at >= 0, at.numel() - counts[_ops.Status.FAILED])
             at, rows, scores = at[stored], rows[stored], scores[stored]
         s.values.index_copy_(0, at, rows)  # a row copy per index; indexed assignment is slower
-        self._user_scores[at] = scores
+        self.state.user_scores[at] = scores
         if victims is not None:
-            self._write_back(*victims)
+            self.write_back(*victims)
 
     def _scratch(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer of at least ``shape[0]`` rows (fresh memory costs page faults)."""
         buf = self._buffers.get(name)
         if buf is None or buf.shape[0] < shape[0]:
             rows = max(shape[0], int(1.5 * (buf.shape[0] if buf is not None else 0)))
-            buf = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.device)
+            buf = torch.empty((rows, *shape[1:]), dtype=dtype, device=self.state.cache.device)
             self._buffers[name] = buf
         return buf[: shape[0]]
 
-    def _write_back(self, keys, rows, scores) -> None:
+    def write_back(self, keys, rows, scores) -> None:
         """Stores entries in the slow tier; ``scores`` are their score entries."""
         if not keys.numel():
             return
-        backing = self.backing_table()
+        backing = self.state.backing
         times = None
         if scores.dim() == 2:  # a compound: (score, last-access time)
             scores, times = scores[:, 0], scores[:, 1]
-        with self._storage_lock:
+        with self.state.storage_lock:
             if backing is not None:  # its drops counted on the device, read later
                 dropped = backing.write_back_counted(keys, rows, scores, times)
-                self.stats.add_later(storage_drops=dropped)
+                self.state.stats.add_later(storage_drops=dropped)
             else:
-                dropped = checked_insert(self.storage, keys, rows, scores, self.name)
-                self.stats.storage_drops += dropped.numel()
-        self.stats.written_back += keys.numel()
+                dropped = checked_insert(self.state.storage, keys, rows, scores, self.state.name)
+                self.state.stats.storage_drops += dropped.numel()
+        self.state.stats.written_back += keys.numel()
 
-    def _rescore(
-        self, old: torch.Tensor, accesses: torch.Tensor | None, value: int
-    ) -> torch.Tensor:
+    def rescore(self, old: torch.Tensor, accesses: torch.Tensor | None, value: int) -> torch.Tensor:
         """Score entries after a training lookup: ``_rule`` on the scores and, for a
         compound, the last-access time set to ``value`` (the batch's clock), as an
         uncached table's lookup sets its timestamps (core table_ops.h touch / claim)."""
@@ -306,7 +322,7 @@ class CacheFill:
         custom = None
         if self._strategy == _CUSTOMIZED:
             custom = torch.full_like(old, self._ctx.custom_score or 0)
-        if self.score_half_life_steps is None:
+        if self._half_life is None:
             return _ops.scores_after_hit(old, self._strategy, value, accesses, custom)
-        half_life, step = self.score_half_life_steps, self._ctx.score_step  # DECAYED_LFU
+        half_life, step = self._half_life, self._ctx.score_step  # DECAYED_LFU
         return _ops.scores_after_hit(old, self._strategy, value, accesses, custom, half_life, step)

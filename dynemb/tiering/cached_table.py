@@ -51,8 +51,6 @@ A batch prefetched whole skips all this in its forward: the prefetch did it.
 Eval lookups read the cache, then the storage, and insert nothing.
 """
 
-import threading
-
 import torch
 
 from dynemb import _ops, streams
@@ -63,19 +61,21 @@ from dynemb.eviction_rules import RuleThresholds, stale_slots
 from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
+from dynemb.table.table_storage import TableStorage
+from dynemb.table.telemetry import TableTelemetry
 from dynemb.tiering.backing import HashTableStorage, ScoreContext
-from dynemb.tiering.batch_ledger import BatchHold, BatchLedger
+from dynemb.tiering.batch_ledger import BatchHold
 from dynemb.tiering.cache import Cache
 from dynemb.tiering.cache_fill import CacheFill
-from dynemb.tiering.cache_reads import CacheReads
+from dynemb.tiering.cache_state import CacheState
 from dynemb.tiering.cache_stats import CacheStats
-from dynemb.tiering.staging import Staged, StagingArea
+from dynemb.tiering.staging import Staged, StagingArea, private_table
 
 _STEP = DynamicEmbScoreStrategy.STEP.value
 # Strategies scored by the table's step: a training lookup counts one.
 
 
-class CachedTable(CacheFill, CacheReads, Cache):
+class CachedTable(Cache):
     """A cache (ScoredHashTable) in front of a Storage; see the module docstring.
 
     Args:
@@ -126,21 +126,25 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.extra_columns = cache.extra_columns
         self.seed = cache.seed
         self.warm_start = None  # a TableFill, read by keys new to both tiers (cache_fill)
-        self.stats = CacheStats()
         backing = self.backing_table()
         self._ctx = backing if backing is not None else ScoreContext()
         # (slots,), or (slots, 2) of (score, last-access time) for the compounds
-        self._score_columns = 2 if self._strategy in TIMESTAMP_CODES else 1
-        shape = (cache.capacity(),) + ((2,) if self._score_columns == 2 else ())
-        self._user_scores = torch.zeros(shape, dtype=torch.int64, device=cache.device)
+        score_columns = 2 if self._strategy in TIMESTAMP_CODES else 1
+        shape = (cache.capacity(),) + ((2,) if score_columns == 2 else ())
+        self.state = CacheState(
+            cache=cache,
+            storage=storage,
+            backing=backing,
+            name=name,
+            stats=CacheStats(),
+            user_scores=torch.zeros(shape, dtype=torch.int64, device=cache.device),
+            staging=StagingArea(
+                cache.dim + cache.extra_columns, cache.value_dtype, cache.device, score_columns
+            ),
+        )
+        self.filler = CacheFill(self.state, self._strategy, self._ctx, score_half_life_steps)
         self._moves = 0  # bumped when cached rows may have moved (empty_cache, erase)
         self._dirty = False  # cache rows may differ from the storage's copies
-        self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
-        self._storage_lock = threading.Lock()  # one storage call at a time
-        self._staging = StagingArea(
-            cache.dim + cache.extra_columns, cache.value_dtype, cache.device, self._score_columns
-        )
-        self._batches = BatchLedger()
         # batch -> (keys, slots, moves) of a prefetch that cached every key: the
         # batch's lookup of the same keys tensor reuses the slots while no row moved.
         self._prefetched: dict[int, tuple] = {}
@@ -215,6 +219,86 @@ class CachedTable(CacheFill, CacheReads, Cache):
         """The built-in slow table, or None when the storage is external."""
         return self.storage.table if isinstance(self.storage, HashTableStorage) else None
 
+    @property
+    def stats(self) -> CacheStats:
+        """The cache's counters (``state.stats``)."""
+        return self.state.stats
+
+    def reset_stats(self) -> None:
+        """Starts the cache's counters from zero."""
+        self.state.stats = CacheStats()
+
+    # ------------------------------------------------------------- eval reads
+
+    @property
+    def telemetry(self) -> TableTelemetry:
+        """The cache's TableTelemetry: every claim of its slots (training lookups and
+        prefetches); its evictions move rows to the slow tier (lost rows: ``cache_stats``)."""
+        return self.cache.telemetry
+
+    def find(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ScoredHashTable.find over both tiers: ``(values (n, dim), found (n,) bool)``,
+        zero rows where not found; changes nothing."""
+        values, found = self.read_rows(keys.contiguous())
+        values[~found] = 0
+        return values, found
+
+    def read_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval lookup: rows ((n, dim), value dtype) from the cache, else the staging
+        area, else the storage; found (n,) bool. Inserts nothing, changes no score."""
+        self._settle()
+        with self.lock.read():
+            s = self.buffers
+            slots = _ops.table_find_slots(s.tensors(), keys)
+            rows = s.values[slots.clamp(min=0), : self.dim].clone()
+            found = slots >= 0
+            miss = torch.nonzero(~found, as_tuple=True)[0]
+            if miss.numel() and len(self.state.staging):
+                staged_rows, staged = self.state.staging.rows(keys[miss])
+                rows[miss[staged]] = staged_rows[staged, : self.dim]
+                found[miss[staged]] = True
+                miss = miss[~staged]
+            if miss.numel():
+                with self.state.storage_lock:
+                    slow_rows, _, slow_found = self.filler.storage_find(keys[miss])
+                rows[miss] = slow_rows[:, : self.dim].to(rows.dtype)
+                found[miss] = slow_found
+        return rows, found
+
+    def eval_rows(self, keys: torch.Tensor) -> tuple[TableStorage, torch.Tensor]:
+        """Where an eval lookup reads distinct keys' rows: a private storage of the rows
+        found in either tier (``read_rows``), and each key's slot there (-1: not stored).
+        Inserts nothing."""
+        stored, found = self.read_rows(keys)
+        at = torch.nonzero(found, as_tuple=True)[0]
+        slots = torch.full_like(keys, -1)
+        slots[at] = torch.arange(at.numel(), device=keys.device)
+        return private_table(stored[at]), slots
+
+    def batch_rows(
+        self, slots: torch.Tensor, batch: BatchHold
+    ) -> tuple[TableStorage | None, torch.Tensor]:
+        """Where a training forward reads its distinct keys' rows, ``slots`` those of
+        its lookup under ``batch``: the cache (``(None, slots)``, read under
+        ``lock.read()``) when every key is cached; else one private storage of the
+        batch's rows, cached and staged, slot i holding distinct key i's, so the bags
+        are pooled in one pass, as without caching."""
+        staged = batch.payload
+        if staged is None:
+            return None, slots
+        with self.lock.read():
+            rows = staged.batch_rows(self.buffers, slots)
+        at = torch.arange(slots.numel(), device=slots.device)
+        # -1 for keys held nowhere (not admitted): they read the missing-row initializer
+        return rows, torch.where((slots < 0) & (staged.unique_slots < 0), -1, at)
+
+    def staged_rows(self, batch: BatchHold) -> tuple[TableStorage, torch.Tensor] | None:
+        """Rows of ``batch`` held outside the cache, which its backward updates as the
+        cache's: ``(storage, unique_slots)`` of its staged keys (-1 for the cached
+        ones), or None when it staged none."""
+        staged = batch.payload
+        return None if staged is None else (staged.storage, staged.unique_slots)
+
     # ---------------------------------------------------------- batch numbers
 
     def begin_batch(self) -> BatchHold:
@@ -222,7 +306,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         prefetch, or anew), in flight until ``end_batch`` or until it is dropped (a
         forward whose graph is dropped without backward: the table then ends it,
         staged rows included, at its next call)."""
-        return self._batches.begin_forward()
+        return self.state.batches.begin_forward()
 
     def end_batch(self, batch: BatchHold) -> None:
         """The batch's backward is done: its rows may be evicted again, and its staged
@@ -230,22 +314,22 @@ class CachedTable(CacheFill, CacheReads, Cache):
         staged = batch.payload
         batch.release()
         if staged is not None:
-            self._unstage(staged)
+            self.filler.unstage(staged)
         self._settle()
         self._dirty = True
 
     def batches_in_flight(self) -> int:
         """Batches in flight (forwards before their backward, pending prefetches)."""
         self._settle()
-        return self._batches.in_flight()
+        return self.state.batches.in_flight()
 
     def staged_keys(self) -> int:
         """Keys staged now (held by batches in flight, outside the cache)."""
-        return len(self._staging)
+        return len(self.state.staging)
 
     def upcoming_batch(self) -> int | None:
         """The number the next ``begin_batch`` takes from a prefetch, or None."""
-        return self._batches.upcoming()
+        return self.state.batches.upcoming()
 
     def skip_batch(self) -> None:
         """A training forward without keys of this table takes a batch number too, so
@@ -258,7 +342,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
     @property
     def cache_stats(self) -> CacheStats:
         """The cache's counters (``stats``)."""
-        return self.stats
+        return self.state.stats
 
     @property
     def groups_lookups(self) -> bool:
@@ -281,17 +365,17 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self._settle()
         with self.lock.read():
             found = _ops.table_find_slots(self.buffers.tensors(), keys) >= 0
-            busy = self._staging.busy(keys)
+            busy = self.state.staging.busy(keys)
             if busy is not None:
                 found |= busy
             rest = torch.nonzero(~found, as_tuple=True)[0]
             if rest.numel():
                 backing = self.backing_table()
-                with self._storage_lock:
+                with self.state.storage_lock:
                     if backing is not None:
                         found[rest] = backing.contains(keys[rest])
                     else:
-                        found[rest] = self._storage_find(keys[rest])[2]
+                        found[rest] = self.filler.storage_find(keys[rest])[2]
         return found
 
     def widen_batch(self, batch: BatchHold, positions: torch.Tensor, count: int) -> None:
@@ -327,18 +411,18 @@ class CachedTable(CacheFill, CacheReads, Cache):
             if self.warm_start is not None and not reuse:  # read before anything changes
                 if isinstance(keys, PaddedKeys):
                     keys, _, accesses = keys.sized()
-                warm = self._read_warm(keys)
+                warm = self.filler.read_warm(self.warm_start, keys)
             self._prefetched.pop(batch.number, None)
             # Every strategy steps: probabilistic admission draws at the table's step.
             self._ctx.score_step += 1
             now = _ops.batch_value(self._strategy, self._ctx.score_step, self._ctx.now)
-            keys, accesses, claim = self._claim_padded(keys, accesses, batch.number)
+            keys, accesses, claim = self.filler.claim_padded(keys, accesses, batch.number)
             if reuse:
                 slots, hits = ready[1], keys.numel()  # pinned for `batch`
                 streams.used_here((slots,))  # made on the prefetch's stream
                 failed = joined = None
             else:
-                slots, hits, failed, joined = self._fill(
+                slots, hits, failed, joined = self.filler.fill(
                     keys, batch.number, stage=True, claim=claim, warm=warm
                 )
             live, acc = slots, accesses
@@ -346,13 +430,13 @@ class CachedTable(CacheFill, CacheReads, Cache):
                 ok = slots >= 0
                 live, acc = slots[ok], None if accesses is None else accesses[ok]
             # index_select / index_copy_: about half the time of indexed get and set
-            scores = self._user_scores.index_select(0, live)
-            self._user_scores.index_copy_(0, live, self._rescore(scores, acc, now))
-            self.stats.lookup_keys += keys.numel()
-            self.stats.lookup_hits += hits
+            scores = self.state.user_scores.index_select(0, live)
+            self.state.user_scores.index_copy_(0, live, self.filler.rescore(scores, acc, now))
+            self.state.stats.lookup_keys += keys.numel()
+            self.state.stats.lookup_hits += hits
             staged = None
             if failed is not None or joined is not None:  # under the lock: no key moves
-                staged = batch.payload = self._stage(keys, accesses, failed, joined, now)
+                staged = batch.payload = self.filler.stage(keys, accesses, failed, joined, now)
         self._dirty = True
         return slots, staged
 
@@ -366,13 +450,13 @@ class CachedTable(CacheFill, CacheReads, Cache):
         staged) are reported failed, their rows back in the storage once no batch in
         flight holds them. Its BatchStats (also ``cache.last_stats``) count cache hits,
         keys brought into the cache (``inserted``) and keys it could not take."""
-        hits_before, staged_before = self.stats.lookup_hits, self.stats.staged
+        hits_before, staged_before = self.state.stats.lookup_hits, self.state.stats.staged
         batch = self.begin_batch() if hold is None else hold
         slots, _ = self.lookup(keys, accesses, batch)
         keys = keys.sized()[0] if isinstance(keys, PaddedKeys) else keys  # read by the lookup
-        hits = self.stats.lookup_hits - hits_before  # keys already in the cache
+        hits = self.state.stats.lookup_hits - hits_before  # keys already in the cache
         if hold is not None:
-            staged = self.stats.staged - staged_before
+            staged = self.state.stats.staged - staged_before
             return slots, BatchStats(hits, keys.numel() - staged - hits, 0, 0, keys[:0])
         self.end_batch(batch)
         failed = slots < 0
@@ -391,21 +475,32 @@ class CachedTable(CacheFill, CacheReads, Cache):
         if not keys.numel():
             return self._begin_prefetch()
         with self.lock.write():
-            warm = self._read_warm(keys)  # before the batch is numbered: a failure changes nothing
+            warm = self.filler.read_warm(
+                self.warm_start, keys
+            )  # before the batch is numbered: a failure changes nothing
             b = self._begin_prefetch()
-            slots, hits, _, _ = self._fill(keys, b, stage=False, warm=warm)
-            self.stats.prefetch_keys += keys.numel()
-            self.stats.prefetch_hits += hits
+            slots, hits, _, _ = self.filler.fill(keys, b, stage=False, warm=warm)
+            self.state.stats.prefetch_keys += keys.numel()
+            self.state.stats.prefetch_hits += hits
             if read_to_host((slots >= 0).all(), "all cached").item():
                 self._prefetched[b] = (keys, slots, self._moves)  # its lookup may reuse them
         return b
 
     def _begin_prefetch(self) -> int:
         """Numbers a prefetch's batch (pending until its forward)."""
-        b, retired = self._batches.begin_prefetch()
+        b, retired = self.state.batches.begin_prefetch()
         for old in retired:
             self._prefetched.pop(old, None)
         return b
+
+    def _settle(self) -> None:
+        """Ends the batches whose holds were dropped unreleased: their staged rows
+        that no other batch holds go home (call it holding no lock of the table)."""
+        dropped = self.state.batches.dropped()
+        for staged in dropped:
+            self.filler.unstage(staged)
+        if dropped:
+            self._dirty = True
 
     # ------------------------------------------------------------ whole table
 
@@ -421,10 +516,10 @@ class CachedTable(CacheFill, CacheReads, Cache):
             slots = s.occupied(0, s.num_slots)
             if slots.numel():
                 keys = s.keys[slots]
-                self._write_back(keys, s.values[slots], self._user_scores[slots])
+                self.filler.write_back(keys, s.values[slots], self.state.user_scores[slots])
                 self._drop_unkept(keys, s.scores[slots])
-            if len(self._staging):
-                self._write_back(*self._staging.entries())
+            if len(self.state.staging):
+                self.filler.write_back(*self.state.staging.entries())
             self._dirty = False
 
     def _drop_unkept(self, keys: torch.Tensor, cache_scores: torch.Tensor) -> None:
@@ -434,9 +529,11 @@ class CachedTable(CacheFill, CacheReads, Cache):
         They were counted in ``cache_stats.storage_drops``. Keys of batches in flight stay
         (``cache_scores``: their cache scores): their backward writes their slots."""
         backing = self.backing_table()
-        with self._storage_lock:
-            kept = backing.contains(keys) if backing is not None else self._storage_find(keys)[2]
-        pinned = (cache_scores & _ops.CACHE_BATCH_MASK) >= self._batches.floor()
+        with self.state.storage_lock:
+            kept = (
+                backing.contains(keys) if backing is not None else self.filler.storage_find(keys)[2]
+            )
+        pinned = (cache_scores & _ops.CACHE_BATCH_MASK) >= self.state.batches.floor()
         drop = ~kept & ~pinned
         if read_to_host(drop.any(), "keys dropped").item():
             self.cache.erase_held(keys[drop])
@@ -447,7 +544,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self.sync()
         self.cache.clear()
         with self.lock.write():
-            self._user_scores.zero_()
+            self.state.user_scores.zero_()
             self._moves += 1
 
     def flush(self) -> None:
@@ -509,7 +606,7 @@ class CachedTable(CacheFill, CacheReads, Cache):
                 cached = at >= 0
                 pins = cache.buffers.pins[at.clamp(min=0)]
                 keep = cached & (pins >= cache.state.pins.floor()) if not self._dirty else cached
-                staged = self._staging.busy(keys)
+                staged = self.state.staging.busy(keys)
                 if staged is not None:
                     keep |= staged
                 keys = keys[~keep]
@@ -529,9 +626,9 @@ class CachedTable(CacheFill, CacheReads, Cache):
         self._moves += 1
         in_cache = self.cache.erase_keys(keys)
         with self.lock.write():  # (a lookup stages under it)
-            staged = self._staging.forget(keys)  # their batches train them; nothing goes home
-        with self._storage_lock:
-            _, _, found = self._storage_find(keys)
+            staged = self.state.staging.forget(keys)  # their batches train them; nothing goes home
+        with self.state.storage_lock:
+            _, _, found = self.filler.storage_find(keys)
             self.storage.erase(keys[found])
         return read_to_host((in_cache | staged | found).sum(), "stored count").item()
 

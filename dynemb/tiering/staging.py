@@ -78,7 +78,7 @@ class Staged:
         )
         cached = torch.nonzero(cache_slots >= 0, as_tuple=True)[0]
         # neither cached nor staged: a key admission stores nowhere (its row is the
-        # non-admitted initializer's, see CacheReads.batch_rows)
+        # non-admitted initializer's, see CachedTable.batch_rows)
         staged = torch.nonzero((cache_slots < 0) & (self.unique_slots >= 0), as_tuple=True)[0]
         out.values[cached] = cache.rows(cache_slots[cached], width)
         area = self.storage

@@ -108,7 +108,7 @@ def contents_of_cache(table: CachedTable) -> dict:
     cache = table.cache
     keys, rows, _, _ = cache.export_batch(0, cache.capacity(), include_extra=True)
     slots = cache.find_slots(keys)
-    return {k: (r.clone(), int(table._user_scores[s])) for k, r, s in zip(keys.tolist(), rows, slots.tolist())}  # fmt: skip
+    return {k: (r.clone(), int(table.state.user_scores[s])) for k, r, s in zip(keys.tolist(), rows, slots.tolist())}  # fmt: skip
 
 
 def dataclasses_tuple(s):

@@ -37,7 +37,7 @@ class CollectingLock:
 def _collect_inside_ledgers(model) -> None:
     for table in dynamic_tables(model).values():
         if isinstance(table, CachedTable):
-            ledgers = [table.cache.state.pins, table._batches]
+            ledgers = [table.cache.state.pins, table.state.batches]
         else:
             ledgers = [table.state.pins]
         for ledger in ledgers:
@@ -74,7 +74,7 @@ def forwards_without_backward(
 def _holds_alive(table) -> int:
     """The table's batch holds that some object still references (unreleased)."""
     if isinstance(table, CachedTable):
-        kind, ledger = BatchHold, table._batches
+        kind, ledger = BatchHold, table.state.batches
     else:
         kind, ledger = PinHold, table.state.pins
     return sum(1 for o in gc.get_objects() if isinstance(o, kind) and o._ledger is ledger)

@@ -89,7 +89,7 @@ TRAINING_PATH = [
         "batch_arguments", "growth", "scored_hash_table", "slot_access", "table_state",
     )),
     *(f"dynemb/tiering/{name}.py" for name in (
-        "cache", "cache_fill", "cache_reads", "cache_stats", "cached_table", "staging",
+        "cache", "cache_fill", "cache_state", "cache_stats", "cached_table", "staging",
     )),
 ]  # fmt: skip
 READS = {"item", "tolist", "cpu", "numpy"}  # methods that copy a tensor's values to the host

@@ -100,7 +100,7 @@ def stored(module) -> dict[int, torch.Tensor]:
         cache = table.cache  # a cached row may have left a full storage
         keys, rows, _, _ = cache.export_batch(0, cache.capacity())
         out.update({int(k): r[:DIM].clone() for k, r in zip(keys, rows, strict=True)})
-        keys, rows, _ = table._staging.entries()  # held by batches in flight: the truth
+        keys, rows, _ = table.state.staging.entries()  # held by batches in flight: the truth
         out.update({int(k): r[:DIM].clone() for k, r in zip(keys, rows, strict=True)})
         return out
     keys, values, _, _ = table.export_batch(0, table.capacity())

@@ -23,6 +23,7 @@ from dynemb import (
 )
 from dynemb.optimizer import EmbOptimType
 from dynemb.tiering import CachedTable, PrefetchPipeline
+from dynemb.tiering.cache_fill import CacheFill
 from tests.support.caching_towers import BAGS, POOL, batch, loss, module
 
 OPT = EmbOptimType
@@ -186,10 +187,10 @@ def test_prefetch_pipeline_of_four_towers(cache_rows, overlap, monkeypatch):
     same training as in memory; with a cache that holds them, every forward reuses
     its prefetch (no lookup of its own)."""
     lookups = []
-    fill = CachedTable._fill
+    fill = CacheFill.fill
     monkeypatch.setattr(
-        CachedTable,
-        "_fill",
+        CacheFill,
+        "fill",
         lambda self, *a, **k: lookups.append(k["stage"]) or fill(self, *a, **k),
     )
     rng = np.random.default_rng(3)

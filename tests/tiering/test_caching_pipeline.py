@@ -5,7 +5,8 @@ thread."""
 import pytest
 import torch
 
-from dynemb.tiering import CachedTable, PrefetchPipeline
+from dynemb.tiering import PrefetchPipeline
+from dynemb.tiering.cache_fill import CacheFill
 from tests.support.caching_models import batches, module, options, step
 
 
@@ -66,10 +67,10 @@ def test_forward_reuses_its_prefetch(overlap, monkeypatch):
     plain = module([options(), options()])
     cached = module([options(128, state=1), options(128, state=1)])
     fills = []
-    original = CachedTable._fill
+    original = CacheFill.fill
     monkeypatch.setattr(
-        CachedTable,
-        "_fill",
+        CacheFill,
+        "fill",
         lambda self, *a, **k: fills.append(k["stage"]) or original(self, *a, **k),
     )
     want = [step(plain, b) for b in data]

@@ -102,10 +102,11 @@ def _eager_write_back(self, keys, rows, scores) -> None:
     """The write-back as it was: through the Storage, its drops counted at once."""
     if not keys.numel():
         return
-    with self._storage_lock:
-        dropped = checked_insert(self.storage, keys, rows, scores, self.name)
-    self.stats.written_back += keys.numel()
-    self.stats.storage_drops += dropped.numel()
+    state = self.state
+    with state.storage_lock:
+        dropped = checked_insert(state.storage, keys, rows, scores, state.name)
+    state.stats.written_back += keys.numel()
+    state.stats.storage_drops += dropped.numel()
 
 
 class _EagerStats(CacheStats):
@@ -117,8 +118,8 @@ class _EagerStats(CacheStats):
 
 def _eager(m):
     for table in m.tables:
-        table.stats = _EagerStats()
-        table._write_back = types.MethodType(_eager_write_back, table)
+        table.state.stats = _EagerStats()
+        table.filler.write_back = types.MethodType(_eager_write_back, table.filler)
     return m
 
 
