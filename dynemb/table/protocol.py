@@ -7,7 +7,7 @@ are the cache's). Callers depend on this protocol, never on a class's private
 members (``make lint`` enforces it: ruff SLF001) nor on which class they hold:
 what a cache does differently (a training forward's batch, its staged rows, eval
 reads, prefetches, checkpoint content) is a member here, trivial in a table in
-memory (dynemb/table/memory_batches.py).
+memory (ScoredHashTable's own).
 
 Rows are addressed by slot: ``find_slots`` / ``find_or_insert_slots`` give the slots
 of keys, and the ops of ``dynemb._ops`` read and write ``buffers.tensors()`` at those

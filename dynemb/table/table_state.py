@@ -2,7 +2,7 @@
 
 The table owns one ``TableState`` and hands it to the helpers that implement its
 ops: growth.py (batch upserts, growth, grouped lookups), spill_persistence.py (the
-spill directory), slot_access.py (slots, entries, write-backs, snapshots) and
+spill directory), slot_access.py (entries, write-backs, snapshots) and
 entry_transfer.py (export and restore). They read and write its fields, never the
 table's; so what each helper needs is the fields it names here, and another
 module reaches a table's state only through ``ScoredHashTable.state``.

@@ -86,7 +86,8 @@ TRAINING_PATH = [
     )),
     "dynemb/table/padded_keys.py",
     *(f"dynemb/table/{name}.py" for name in (
-        "batch_arguments", "growth", "scored_hash_table", "slot_access", "table_state",
+        "batch_arguments", "entry_transfer", "growth", "scored_hash_table", "slot_access",
+        "table_state",
     )),
     *(f"dynemb/tiering/{name}.py" for name in (
         "cache", "cache_fill", "cache_state", "cache_stats", "cached_table", "staging",
