@@ -9,29 +9,33 @@ autograd leaf exist for the tables. The per-element maths is in csrc/core
 (dynemb/table/protocol.py).
 """
 
+import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from dynemb import streams
+from dynemb import _ops, streams
 from dynemb.admission_strategies import Counter
 from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, OptimType, hyper_parameter
 from dynemb.config.table_options import DynamicEmbTableOptions, with_kernel_defaults
 from dynemb.config.types import DynamicEmbPoolingMode
+from dynemb.eviction_rules import ErasedKeys, EvictionRule
+from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.placement import canonical_device
 from dynemb.table.protocol import Table
 from dynemb.table.upsert_counts import TableTelemetry
-from dynemb.tbe.backward_pass import BackwardPass
 from dynemb.tbe.batch_layout import (
     TableBatch,
     check_batch_layout,
     contiguous_batch,
+    count_accesses,
     distinct_keys,
     split_by_table,
 )
-from dynemb.tbe.forward_pass import ForwardPass
+from dynemb.tbe.grouped_calls import backward_grouped, pool_grouped, table_locked
 from dynemb.tbe.lookup_function import LookupFunction
 from dynemb.tbe.stale_keys import StaleKeys
 from dynemb.tbe.table_options import (
@@ -47,8 +51,33 @@ from dynemb.tiering.factory import check_tiering_options, make_table
 from dynemb.warm_start.optimizer_step import carried_step
 from dynemb.warm_start.table_fill import check_source
 
+POOLING_CODE = {
+    mode: _ops.POOLING_CODES[mode.name]
+    for mode in (DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN)
+}
 
-class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, BackwardPass, nn.Module):
+
+@dataclasses.dataclass
+class TableForward:
+    """What a training forward keeps of one table for its backward.
+
+    Attributes:
+        tb: the table's share of the batch.
+        unique: (U,) int64 distinct keys; ``inverse``: (n_t,) each index's position in it.
+        unique_slots: (U,) int64 their slots at the lookup; ``token``: the table's
+            ``mutations`` then (backward finds the keys again if it changed).
+        batch: the table's ``begin_batch`` (ended by the backward).
+    """
+
+    tb: TableBatch
+    unique: torch.Tensor
+    unique_slots: torch.Tensor
+    inverse: torch.Tensor
+    token: int
+    batch: Any
+
+
+class BatchedDynamicEmbeddingTables(nn.Module):
     """Several dynamic tables looked up in one call, with a fused optimizer.
 
     Args:
@@ -75,7 +104,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, Backward
             is built (e.g. ``table_names`` holding a name twice, with its positions).
 
     Admission: a table whose options set ``admit_strategy`` (with its counter) stores a
-    new key only once the strategy admits it, cached or not (see dynemb.admission); its
+    new key only once the strategy admits it, cached or not (see dynemb.admission_strategies); its
     counter is ``admission_counters[t]`` (built with the counter's ``create``).
 
     Inputs follow fbgemm's TBE: ``forward(indices, offsets, per_sample_weights=None)``
@@ -189,14 +218,9 @@ class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, Backward
         # Per cached table: batch number -> (keys, distinct keys) of a prefetch, so that
         # the batch's forward reuses the de-duplication (and the table the slots).
         self._prefetched: list[dict[int, tuple]] = [{} for _ in options]
-        self.safe_check_failures = [0] * len(options)  # keys not stored, per table, cumulative
-        self._init_stale_keys()  # eviction by rule (dynemb.tbe.stale_keys)
-        # Per table, the last forward's training lookup counts (hits, inserted, evicted,
-        # failed), summed over its lookup calls; None for a table that forward did not
-        # look up in training, or whose counts are read later (a grouped lookup of
-        # tables all in safe_check_mode IGNORE that cannot grow). Column slices compare
-        # them (dynemb.shard.slice_agreement).
-        self.lookup_outcomes: list[tuple[int, int, int, int] | None] = [None] * len(options)
+        # The training slots of a forward's keys, and the keys not stored (table_slots.py).
+        self._lookups = TableSlots(self.tables, options, names, self.admission_counters)
+        self._rules = StaleKeys(self.tables, options, names)  # eviction by rule (stale_keys.py)
         # How keys reach this rank, per table: (dist_type, num_embeddings). Set by the
         # row-wise sharded kernel (dynemb.shard.compute_kernel); checkpoints re-route with it.
         self.routing: list[tuple[str, int]] | None = None
@@ -342,7 +366,7 @@ class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, Backward
             if not table.has_cache or not self._inserts(t):
                 continue
             keys = distinct[0] if tb is not None else indices[:0]
-            if self._admits(t) and keys.numel():
+            if self._lookups.admits(t) and keys.numel():
                 # only keys already stored: the forward's counter decides on the others
                 keys = keys[table.contains(keys)]
             b = table.prefetch(keys)
@@ -359,13 +383,268 @@ class BatchedDynamicEmbeddingTables(TableSlots, StaleKeys, ForwardPass, Backward
         return [t.cache_stats for t in self.tables]
 
     def telemetry(self) -> dict[str, TableTelemetry]:
-        """Per table name: its TableTelemetry (dynemb.table.telemetry; a cached table's
+        """Per table name: its TableTelemetry (dynemb.table.upsert_counts; a cached table's
         is its cache's). The dynemb.telemetry module gathers them over a model."""
         return {name: t.telemetry for name, t in zip(self.table_names, self.tables)}
 
     def dynamic_table_groups(self) -> tuple[tuple[str, "BatchedDynamicEmbeddingTables"], ...]:
         """This module itself: how dynemb.table_groups finds a group of tables in a model."""
         return (("", self),)
+
+    def erase_stale(self, rule: EvictionRule | None = None) -> dict[str, int]:
+        """Erases the stale keys of every table now, a whole pass each (keys of batches
+        in flight are kept); a scheduled pass under way is finished by it.
+
+        Args:
+            rule: the rule for every table; None: each table's ``eviction_rule``
+                (tables without one are skipped).
+
+        Returns:
+            ``{table name: keys erased}`` for the tables the rule ran on.
+
+        Raises:
+            TypeError: ``rule`` not an EvictionRule; ValueError: a predicate a table's
+                score strategy cannot decide (checked for every table first: nothing
+                is erased).
+        """
+        return self._rules.erase_stale(rule)
+
+    @property
+    def erased_by_rule(self) -> list[ErasedKeys]:
+        """Per table: the keys it erased by rule (dynemb.eviction_rules.erased_since)."""
+        return self._rules.erased_by_rule
+
+    @property
+    def safe_check_failures(self) -> list[int]:
+        """Keys not stored by training lookups, per table, cumulative."""
+        return self._lookups.safe_check_failures
+
+    @property
+    def lookup_outcomes(self) -> list[tuple[int, int, int, int] | None]:
+        """Per table, the last forward's training lookup counts (hits, inserted,
+        evicted, failed), summed over its lookup calls; None for a table that forward
+        did not look up in training, or whose counts are read later (a grouped lookup
+        of tables all in safe_check_mode IGNORE that cannot grow). Column slices
+        compare them (dynemb.shard.slice_agreement)."""
+        return self._lookups.lookup_outcomes
+
+    # --------------------------------------------------------------- forward
+
+    def _lookup(self, indices, offsets, weights, batch_size, access_counts=None, bounds=None):
+        """Forward without autograd: returns (output, (trains, per-table TableForward or
+        None)). ``trains``: this forward's module mode, which decides what its backward
+        does. ``access_counts``: (n,) int64 or None, as in ``forward``; ``bounds``: the
+        features' first indices (``check_batch_layout``'s; None: read from ``offsets``)."""
+        self._lookups.start_forward(self.training)
+        if self.training:  # before this batch's lookups: the rule's chunk of this step
+            self._rules.scheduled_erase()
+        # 1. The keys are read during this forward only (its backward reads the offsets
+        # and weights): a copy of them would cost a pass over the batch for nothing.
+        batches = split_by_table(
+            indices, offsets, weights, self.feature_table_map, len(self.tables), batch_size,
+            copy_keys=False, bounds=bounds,
+        )  # fmt: skip
+        distincts = self._distinct(batches, access_counts)
+        holds = self._begin_batches(batches)  # 2.
+        try:  # 3. and 4.
+            slots = self._slots(batches, distincts, holds)
+            reads = [
+                None if s is None else self._rows_read(t, distincts[t][0], s[0], holds[t])
+                for t, s in enumerate(slots)
+            ]
+            out = self._pool(indices.numel(), batch_size, batches, distincts, reads)
+        except BaseException:  # no backward will end them
+            self._end_batches(holds)
+            raise
+        saved = [
+            None if hold is None else TableForward(tb, d[0], s[0], d[1], s[1], hold)
+            for tb, d, s, hold in zip(batches, distincts, slots, holds, strict=True)
+        ]
+        return out, (self.training, saved)
+
+    def _distinct(self, batches: list, access_counts: torch.Tensor | None = None) -> list:
+        """``unique_keys`` of each table's keys (None for absent tables); a training
+        batch whose keys a table prefetched reuses the prefetch's result. With
+        ``access_counts``, each distinct key's count is the sum of its indices' counts.
+
+        When a table's training lookup reads the device anyway (``takes_padded_keys``:
+        a cache's claim), the tables' keys are de-duplicated without a read
+        (``PaddedKeys``): ``_slots`` runs those lookups first, and their read takes the
+        counts of every table along."""
+        reused = [None] * len(batches)
+        for t, tb in enumerate(batches):
+            if tb is None or not self._inserts(t):
+                continue
+            b = self.tables[t].upcoming_batch()
+            entry = self._prefetched[t].pop(b, None) if b is not None else None
+            if entry is not None and torch.equal(entry[0], tb.keys):
+                reused[t] = entry[1]
+                streams.used_here(entry[1])  # made on the prefetch's stream
+        fresh = [tb if r is None else None for tb, r in zip(batches, reused)]
+        padded = access_counts is None and any(
+            tb is not None and self._lookups.takes_padded_keys(t) for t, tb in enumerate(fresh)
+        )
+        fresh = distinct_keys(fresh, padded)
+        distincts = [r if r is not None else f for r, f in zip(reused, fresh)]
+        if access_counts is None:
+            return distincts
+        return [
+            None if d is None else count_accesses(d, tb, access_counts)
+            for d, tb in zip(distincts, batches, strict=True)
+        ]
+
+    def _begin_batches(self, batches: list) -> list:
+        """Each table this forward trains begins a batch (None for the others), in
+        flight until the backward (or until the graph is dropped unused): no other
+        batch evicts its keys meanwhile. A table without keys in it skips one."""
+        holds = []
+        for t, tb in enumerate(batches):
+            hold = None
+            if self._inserts(t):
+                if tb is None:
+                    self.tables[t].skip_batch()
+                else:
+                    hold = self.tables[t].begin_batch()
+            holds.append(hold)
+        return holds
+
+    def _end_batches(self, holds: list) -> None:
+        """Ends the batches of ``holds`` (None: none begun), every one even if one raises."""
+        errors = []
+        for table, hold in zip(self.tables, holds, strict=True):
+            if hold is not None:
+                try:
+                    table.end_batch(hold)
+                except BaseException as error:  # the others must end all the same
+                    errors.append(error)
+        if errors:
+            raise errors[0]
+
+    def _slots(self, batches: list, distincts: list, holds: list) -> list:
+        """Per table ``(unique_slots, mutation count)`` of its distinct keys (None for
+        absent tables): training lookups (those that can share one op call in one),
+        or ``eval_rows``' slots for a table this forward does not train.
+
+        Padded distinct keys (``_distinct``) are looked up first by the tables that
+        take them; then every table's are sized in ``distincts`` (in place), their
+        count read with those lookups' read."""
+        trained = [t for t, hold in enumerate(holds) if hold is not None]
+        early = {
+            t: self._lookups.table_slots(t, distincts[t], None, holds[t])
+            for t in trained
+            if isinstance(distincts[t], PaddedKeys) and self._lookups.takes_padded_keys(t)
+        }
+        for t, d in enumerate(distincts):
+            if isinstance(d, PaddedKeys):
+                distincts[t] = d.sized()
+        found = self._lookups.grouped_slots(trained, distincts, holds) if trained else {}
+        found.update(early)
+        slots = []
+        for t, (tb, d) in enumerate(zip(batches, distincts, strict=True)):
+            if tb is None or holds[t] is None:
+                slots.append(None if tb is None else (None, None))
+            elif t in found:
+                slots.append(found[t])
+            else:
+                slots.append(self._lookups.table_slots(t, d[0], d[2], holds[t]))
+        return slots
+
+    def _rows_read(self, t: int, unique: torch.Tensor, slots, hold) -> tuple:
+        """Where table t's rows are read: ``(storage or None, slots, missing)``; None
+        stands for the table's ``buffers`` under its lock; ``missing``: the init list
+        of keys without a row."""
+        table = self.tables[t]
+        if hold is None:
+            storage, slots = table.eval_rows(unique)
+            return storage, slots, self._eval_missing[t]
+        storage, slots = table.batch_rows(slots, hold)
+        return storage, slots, self._train_missing[t]
+
+    def _pool(self, n: int, batch_size: int, batches, distincts, reads) -> torch.Tensor:
+        """The output: every present table's bags pooled into their features' columns
+        in one grouped call, or (NONE) one row per index in the features' rows."""
+        present = [t for t, tb in enumerate(batches) if tb is not None]
+        if self.pooling_mode != DynamicEmbPoolingMode.NONE:
+            out = torch.empty((batch_size, sum(self.feature_dims)), device=self.device)
+            grouped = [
+                (t, batches[t], *reads[t][:2], distincts[t][1], reads[t][2]) for t in present
+            ]
+            pool_grouped(self, self._table_columns, grouped, POOLING_CODE[self.pooling_mode], out)
+            return out
+        out = torch.empty((n, self.dims[self.feature_table_map[0]]), device=self.device)
+        for t in present:
+            tb, (storage, slots, missing) = batches[t], reads[t]
+            table = self.tables[t]
+            with table_locked(table, storage, write=False):
+                tensors = (table.buffers if storage is None else storage).tensors()
+                rows = _ops.embedding_gather(
+                    tensors, slots[distincts[t][1]], tb.keys, missing,
+                    self.table_options[t].seed, table.dim,
+                )  # fmt: skip
+            start = 0
+            for a, b in tb.index_ranges:
+                out[a:b] = rows[start : start + b - a]
+                start += b - a
+        return out
+
+    # -------------------------------------------------------------- backward
+
+    def _apply_gradients(self, saved, grad_out: torch.Tensor, batch_size: int) -> bool:
+        """Backward: one fused optimizer update per distinct key of each table the
+        forward trained (its mode then, not now); returns whether it was a training
+        forward (then the step advanced)."""
+        trains, saved = saved
+        if not trains:
+            return False
+        try:
+            self._update_rows(saved, grad_out)
+        finally:  # the rows are written: the keys may be evicted again
+            self._end_batches([None if e is None else e.batch for e in saved])
+        return True
+
+    def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
+        """``_apply_gradients``' updates of the tables ``saved`` (a training forward's)."""
+        # validates: raises before any change. Per table: its rounding of 16-bit rows.
+        optimizers = [self.optimizer_config.kernel_args(*r) for r in self._rounding]
+        grad_out = grad_out.to(torch.float32)
+        self.step += 1
+        entries = [(t, e) for t, e in enumerate(saved) if e is not None]
+        if self.pooling_mode != DynamicEmbPoolingMode.NONE:  # one op call for all
+            grouped = [(t, e.tb, e.unique, e.unique_slots, e.inverse, e.token) for t, e in entries]
+            pooling = POOLING_CODE[self.pooling_mode]
+            backward_grouped(self, self._table_columns, grouped, pooling, grad_out, optimizers)
+        for t, e in entries:
+            table = self.tables[t]
+            staged = table.staged_rows(e.batch)
+            if staged is None and self.pooling_mode != DynamicEmbPoolingMode.NONE:
+                continue
+            grad = self._grad_args(t, e, grad_out)
+            if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+                with table.lock.write():
+                    slots = e.unique_slots
+                    if table.mutations != e.token:  # keys moved since forward: find them again
+                        slots = _ops.table_find_slots(table.buffers.tensors(), e.unique)
+                    _ops.embedding_backward(
+                        table.buffers.tensors(), slots, e.inverse, *grad[:4], optimizers[t],
+                        self.step, table.dim, grad[4],
+                    )  # fmt: skip
+            if staged is not None:  # keys held outside the buffers: the same update
+                storage, slots = staged
+                _ops.embedding_backward(
+                    storage.tensors(), slots, e.inverse, *grad[:4], optimizers[t], self.step,
+                    table.dim, grad[4],
+                )  # fmt: skip
+
+    def _grad_args(self, t: int, e: TableForward, grad_out: torch.Tensor) -> tuple:
+        """``(offsets, weights, pooling mode, gradient, gradient columns)`` of table t's
+        bags as embedding_backward takes them."""
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            grad = torch.cat([grad_out[a:b] for a, b in e.tb.index_ranges]).contiguous()
+            offsets = torch.arange(e.tb.keys.numel() + 1, device=self.device)
+            return offsets, None, 0, grad, None
+        # the op reads each feature's gradient in place in grad_out's columns
+        mode = POOLING_CODE[self.pooling_mode]
+        return e.tb.offsets, e.tb.weights, mode, grad_out, self._table_columns[t]
 
     # -------------------------------------------------------------- internals
 

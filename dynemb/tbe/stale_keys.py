@@ -2,8 +2,8 @@
 ``eviction_rule``) runs on a schedule, a bounded number of buckets per training
 forward, and ``erase_stale`` runs a rule on demand (see dynemb.eviction_rules).
 
-``StaleKeys`` is a part of BatchedDynamicEmbeddingTables (it uses its ``tables``,
-``table_options`` and ``table_names``).
+``StaleKeys`` is a part a BatchedDynamicEmbeddingTables holds: it is given the
+module's tables, their options and names, and keeps the passes under way.
 """
 
 import dataclasses
@@ -21,10 +21,18 @@ class RulePass:
 
 
 class StaleKeys:
-    """Scheduled and on-demand eviction by rule (a mixin of BatchedDynamicEmbeddingTables)."""
+    """Scheduled and on-demand eviction by rule over a module's tables.
 
-    def _init_stale_keys(self) -> None:
-        n = len(self.tables)
+    Args:
+        tables: the module's tables (the Table protocol); ``table_options``: their
+            options (each one's ``eviction_rule``); ``table_names``: their names.
+    """
+
+    def __init__(self, tables: list, table_options: list, table_names: list) -> None:
+        self.tables = tables
+        self.table_options = table_options
+        self.table_names = table_names
+        n = len(tables)
         for name, table, o in zip(self.table_names, self.tables, self.table_options, strict=True):
             if o.eviction_rule is not None:  # the kernel's default strategy is known now
                 o.eviction_rule.check(table.strategy_code, name)
@@ -35,21 +43,7 @@ class StaleKeys:
                               enumerate(self.table_options)]  # fmt: skip
 
     def erase_stale(self, rule: EvictionRule | None = None) -> dict[str, int]:
-        """Erases the stale keys of every table now, a whole pass each (keys of batches
-        in flight are kept); a scheduled pass under way is finished by it.
-
-        Args:
-            rule: the rule for every table; None: each table's ``eviction_rule``
-                (tables without one are skipped).
-
-        Returns:
-            ``{table name: keys erased}`` for the tables the rule ran on.
-
-        Raises:
-            TypeError: ``rule`` not an EvictionRule; ValueError: a predicate a table's
-                score strategy cannot decide (checked for every table first: nothing
-                is erased).
-        """
+        """``BatchedDynamicEmbeddingTables.erase_stale`` (see its docstring)."""
         if rule is not None and not isinstance(rule, EvictionRule):
             raise TypeError(f"erase_stale: rule must be an EvictionRule or None, got {rule!r}")
         if rule is not None:
@@ -66,7 +60,7 @@ class StaleKeys:
             out[name] = erased
         return out
 
-    def _scheduled_erase(self) -> None:
+    def scheduled_erase(self) -> None:
         """At a training forward's start: each table with a scheduled rule scans its
         next ``buckets_per_step`` buckets, starting a pass when its step has passed a
         multiple of ``every_n_steps`` or its load factor is above ``load_factor_above``."""

@@ -3,9 +3,9 @@
 lookup of the keys admitted; keys that could not be stored are reported by the
 table's safe-check mode.
 
-``TableSlots`` is a part of BatchedDynamicEmbeddingTables (it uses its ``tables``,
-``table_options``, ``table_names``, ``admission_counters``, ``safe_check_failures``,
-``lookup_outcomes`` and ``_inserts``).
+``TableSlots`` is a part a BatchedDynamicEmbeddingTables holds: it is given the
+module's tables, their options, names and admission counters, is told each forward's
+mode (``start_forward``), and keeps the counts of keys not stored.
 """
 
 import warnings
@@ -19,20 +19,45 @@ from dynemb.table.growth import DeferredLookup, find_or_insert_slots_grouped
 
 
 class TableSlots:
-    """Slots of distinct keys per table (a mixin of BatchedDynamicEmbeddingTables)."""
+    """Slots of distinct keys per table, for a module's training forwards.
 
-    def _table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
+    Args:
+        tables: the module's tables (the Table protocol); ``table_options``: their
+            options; ``table_names``: their names; ``admission_counters``: each
+            table's admission counter or None.
+    """
+
+    def __init__(
+        self, tables: list, table_options: list, table_names: list, admission_counters: list
+    ) -> None:
+        self.tables = tables
+        self.table_options = table_options
+        self.table_names = table_names
+        self.admission_counters = admission_counters
+        self._training = False  # the current forward's module mode (start_forward)
+        self._forward_lookups = None  # the forward's recorded lookups (ERROR mode)
+        self.safe_check_failures = [0] * len(tables)  # keys not stored, per table, cumulative
+        # Per table, the last forward's training lookup counts (hits, inserted, evicted,
+        # failed), summed over its lookup calls; None for a table that forward did not
+        # look up in training, or whose counts are read later (a grouped lookup of
+        # tables all in safe_check_mode IGNORE that cannot grow).
+        self.lookup_outcomes: list[tuple[int, int, int, int] | None] = [None] * len(tables)
+
+    def _inserts(self, t: int) -> bool:
+        return self._training and self.table_options[t].training
+
+    def table_slots(self, t: int, keys: torch.Tensor, accesses: torch.Tensor, hold=None):
         """Training slots of the distinct keys of table t (inserted, held by ``hold``,
         the table's ``begin_batch``), and the table's mutation count (backward finds
         the keys again if it changed). ``keys`` may be PaddedKeys (with their counts as
-        the accesses) where ``_takes_padded_keys(t)``."""
+        the accesses) where ``takes_padded_keys(t)``."""
         table = self.tables[t]
-        if self._admits(t):
+        if self.admits(t):
             return self._admitted_slots(t, keys, accesses, hold), table.mutations
         slots = self._checked_lookup(t, keys, accesses, hold)
         return slots, table.mutations
 
-    def _grouped_slots(self, ts: list[int], distinct: list, holds: list) -> dict:
+    def grouped_slots(self, ts: list[int], distinct: list, holds: list) -> dict:
         """The training slots of tables ``ts`` that can share one op call (see
         ``_groups_lookup``), found in one, pinned under ``holds[t]``: ``{t: (slots,
         mutation count)}``. Keys that could not be stored are reported as
@@ -99,17 +124,17 @@ class TableSlots:
         whose lookups need no undo record (no table in ERROR mode)."""
         return (
             self._inserts(t)
-            and not self._admits(t)
-            and getattr(self, "_forward_lookups", None) is None
+            and not self.admits(t)
+            and self._forward_lookups is None
             and self.tables[t].groups_lookups
         )
 
-    def _takes_padded_keys(self, t: int) -> bool:
+    def takes_padded_keys(self, t: int) -> bool:
         """Whether table t's training lookup of this forward takes padded distinct keys
         (``Table.takes_padded_keys``), without admission (which sizes them first)."""
-        return self._inserts(t) and not self._admits(t) and self.tables[t].takes_padded_keys
+        return self._inserts(t) and not self.admits(t) and self.tables[t].takes_padded_keys
 
-    def _admits(self, t: int) -> bool:
+    def admits(self, t: int) -> bool:
         """Whether table t's training lookups go through admission: it has a strategy
         (a counter alone admits every key)."""
         return self.table_options[t].admit_strategy is not None
@@ -169,7 +194,7 @@ class TableSlots:
         """The training lookup of table t's admitted keys: as a grouped call of its own
         where the table's lookups may join one (its status counts are then read later
         under IGNORE, when it cannot grow), else ``_checked_lookup``."""
-        if not self.tables[t].groups_lookups or getattr(self, "_forward_lookups", None) is not None:
+        if not self.tables[t].groups_lookups or self._forward_lookups is not None:
             return self._checked_lookup(t, keys, accesses, hold)
         ignore = self.table_options[t].safe_check_mode == DynamicEmbCheckMode.IGNORE
         [(slots, stats)] = find_or_insert_slots_grouped(
@@ -180,10 +205,11 @@ class TableSlots:
         self._account(t, stats, stacklevel=6)
         return slots
 
-    def _start_forward(self) -> None:
-        """Called at the start of each forward. With a table in ERROR mode, the
+    def start_forward(self, training: bool) -> None:
+        """Called at the start of each forward, in the module's mode (``training``). With a table in ERROR mode, the
         training lookups of the forward are recorded, so that a failure undoes every
         table this forward changed (see dynemb.table.lookup_undo)."""
+        self._training = training
         error = any(o.safe_check_mode == DynamicEmbCheckMode.ERROR for o in self.table_options)
         self._forward_lookups = [] if error else None
         self.lookup_outcomes = [None] * len(self.tables)
@@ -193,7 +219,7 @@ class TableSlots:
         counted and reported by the safe-check mode. ERROR undoes the forward's
         lookups before it raises, so the batch stores nothing."""
         table = self.tables[t]
-        log = getattr(self, "_forward_lookups", None)
+        log = self._forward_lookups
         before = table.record_lookup(keys) if log is not None else None
         undoable = before is not None
         slots, stats = table.find_or_insert_slots(keys, accesses, hold)
@@ -218,7 +244,7 @@ class TableSlots:
             stored = self._undo_forward() if undoable else "the keys that fit are stored"
             raise RuntimeError(f"{what}; safe_check_mode ERROR: {stored}")
         if mode == DynamicEmbCheckMode.WARNING:
-            rows = "the eval initializer's rows" if not self._admits(t) else "non-admitted rows"
+            rows = "the eval initializer's rows" if not self.admits(t) else "non-admitted rows"
             warnings.warn(f"{what}; they got {rows}", stacklevel=stacklevel)
 
     def _undo_forward(self) -> str:

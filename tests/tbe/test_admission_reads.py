@@ -69,7 +69,7 @@ def _eager(module):
         self._table.insert_or_assign(keys, values, scores=counts)
 
     counter._store = types.MethodType(store, counter)
-    module._admitted_lookup = module._checked_lookup
+    module._lookups._admitted_lookup = module._lookups._checked_lookup
     return module
 
 

@@ -140,7 +140,7 @@ def _module(grouped: bool, safe_check_mode=DynamicEmbCheckMode.IGNORE, device="c
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.1, device=device,
     )  # fmt: skip
     if not grouped:  # the oracle: one lookup call per table
-        module._groups_lookup = lambda t: False
+        module._lookups._groups_lookup = lambda t: False
     return module
 
 

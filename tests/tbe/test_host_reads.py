@@ -81,8 +81,8 @@ def test_a_training_step_reads_the_device_within_its_budget(executor):
 TRAINING_PATH = [
     "dynemb/admission_strategies.py",
     *(f"dynemb/tbe/{name}.py" for name in (
-        "backward_pass", "batch_layout", "batched_dynamic_embedding_tables", "forward_pass",
-        "grouped_calls", "lookup_function", "table_slots",
+        "batch_layout", "batched_dynamic_embedding_tables", "grouped_calls", "lookup_function",
+        "stale_keys", "table_slots",
     )),
     "dynemb/table/padded_keys.py",
     *(f"dynemb/table/{name}.py" for name in (
