@@ -1,12 +1,30 @@
 """``BatchedDynamicEmbeddingTables``: the dynamic counterpart of fbgemm's TBE.
 
 Forward looks each table's keys up (inserting new keys in training), pools them
-(SUM / MEAN) or returns one row per index (NONE): forward_pass.py. Backward reduces
-the output gradient to one gradient per distinct key of each table and applies the
-fused optimizer to those rows in place (backward_pass.py): no dense gradient and no
-autograd leaf exist for the tables. The per-element maths is in csrc/core
-(pooling.h, optimizer_rules.h). Tables are used through the Table protocol only
-(dynemb/table/protocol.py).
+(SUM / MEAN) or returns one row per index (NONE). Backward reduces the output gradient
+to one gradient per distinct key of each table and applies the fused optimizer to
+those rows in place: no dense gradient and no autograd leaf exist for the tables. The
+per-element maths is in csrc/core (pooling.h, optimizer_rules.h). Tables are used
+through the Table protocol only (dynemb/table/protocol.py), the same for every table.
+
+The forward's phases:
+
+1. split the batch by table and de-duplicate each table's keys (reusing a
+   prefetch's result);
+2. each table this forward trains begins a batch, in flight until the backward;
+3. the slots of each table's distinct keys (a training lookup, grouped where tables
+   allow it, or an eval read: the module's ``TableSlots``, table_slots.py), and where
+   the rows are read (``batch_rows`` / ``eval_rows``);
+4. pool (one grouped op call) or gather the rows into the output.
+
+The backward's:
+
+1. the rows in each table's ``buffers`` (one grouped op call when pooled; the slots
+   found again in a table whose keys moved since the forward);
+2. the rows a batch holds outside them (``staged_rows``: a cache's staged keys);
+3. every table's ``end_batch``, even when an update raised.
+
+Eviction by rule runs in the module's ``StaleKeys`` (stale_keys.py).
 """
 
 import dataclasses
