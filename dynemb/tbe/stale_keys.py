@@ -2,7 +2,7 @@
 ``eviction_rule``) runs on a schedule, a bounded number of buckets per training
 forward, and ``erase_stale`` runs a rule on demand (see dynemb.eviction_rules).
 
-``StaleKeys`` is a part a BatchedDynamicEmbeddingTables holds: it is given the
+``StaleKeys`` is a part that a BatchedDynamicEmbeddingTables holds: it is given the
 module's tables, their options and names, and keeps the passes under way.
 """
 

@@ -3,7 +3,7 @@
 lookup of the keys admitted; keys that could not be stored are reported by the
 table's safe-check mode.
 
-``TableSlots`` is a part a BatchedDynamicEmbeddingTables holds: it is given the
+``TableSlots`` is a part that a BatchedDynamicEmbeddingTables holds: it is given the
 module's tables, their options, names and admission counters, is told each forward's
 mode (``start_forward``), and keeps the counts of keys not stored.
 """

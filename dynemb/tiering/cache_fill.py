@@ -2,7 +2,7 @@
 slots, move victims out and fetched rows in, write victims back, stage the keys left
 over), how staged rows go home, and the score rule of the rows it holds.
 
-``CacheFill`` is a part a CachedTable holds: it works on the table's ``CacheState``
+``CacheFill`` is a part that a CachedTable holds (``filler``): it works on the table's ``CacheState``
 (cache_state.py), which it receives, and keeps its own scratch buffers.
 
 Score entries: a key's scores under the table's strategy move as one int64 (n,)
