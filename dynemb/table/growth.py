@@ -230,7 +230,7 @@ def _grow(state: TableState) -> bool:
 
 
 class DeferredLookup:
-    """The status counts of one table's lookup, read later (``host_reads.DeferredRead``:
+    """The status counts of one table's lookup, read later (``_host_reads.DeferredRead``:
     with the next read of the device, e.g. the next batch's layout): a lookup that
     could not grow its table needs them only for bookkeeping (``size``,
     ``last_stats``, the failures the module counts)."""

@@ -4,7 +4,7 @@ On a GPU the number of distinct keys is a device value: reading it waits for the
 stream. A cached table's training lookup reads the device anyway (its cache claim's
 status counts decide what moves between the tiers), so its claim runs on the padded
 keys, bounded on the device by their count (``table_find_or_insert_slots(...,
-live=)``), and the count rides along with the claim's read (``host_reads.
+live=)``), and the count rides along with the claim's read (``_host_reads.
 DeferredRead``): one read of the device instead of two.
 """
 

@@ -60,7 +60,7 @@ class TableState:
         pins: pin numbers of the batches in flight (growth.py, pin_ledger.py).
         token: the table's identity in its snapshots (only it rolls back to them).
         warm_start: the TableFill its training lookups' new keys read (None: none).
-        telemetry: what its batch upserts did (telemetry.py; counted under the lock).
+        telemetry: what its batch upserts did (upsert_counts.py; counted under the lock).
     """
 
     dim: int

@@ -1,4 +1,4 @@
-"""The on-demand reports of a table's telemetry (telemetry.py): how evicted keys
+"""The on-demand reports of a table's telemetry (upsert_counts.py): how evicted keys
 compare with the keys the table kept (``EvictionSummary``) and how full its buckets
 are (``BucketFill``).
 

@@ -16,8 +16,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
 from dynemb.checkpoint import incremental
-from dynemb.checkpoint.writer import DynamicEmbDump
 from dynemb.checkpoint.load import DynamicEmbLoad
+from dynemb.checkpoint.writer import DynamicEmbDump
 from dynemb.config.optimizer import EmbOptimType, OptimizerConfig, OptimType
 from dynemb.config.table_options import BATCH_SIZE_PER_DUMP, DynamicEmbTableOptions
 from dynemb.config.types import DynamicEmbPoolingMode, DynamicEmbScoreStrategy

@@ -27,7 +27,7 @@ class CacheStats:
             or already staged by a batch in flight).
 
     A count the device holds is added with ``add_later``: it rides on the next read
-    of the device (``host_reads.DeferredRead``), so a training step does not wait for
+    of the device (``_host_reads.DeferredRead``), so a training step does not wait for
     it; reading a counter adds what is pending for it first.
     """
 

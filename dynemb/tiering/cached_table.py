@@ -62,7 +62,7 @@ from dynemb.table.batch_arguments import TIMESTAMP_CODES, strategy_code
 from dynemb.table.padded_keys import PaddedKeys
 from dynemb.table.scored_hash_table import BatchStats, ScoredHashTable
 from dynemb.table.table_storage import TableStorage
-from dynemb.table.telemetry import TableTelemetry
+from dynemb.table.upsert_counts import TableTelemetry
 from dynemb.tiering.backing import HashTableStorage, ScoreContext
 from dynemb.tiering.batch_ledger import BatchHold
 from dynemb.tiering.cache import Cache
