@@ -134,9 +134,11 @@ ASAN_ENV = PYTHONSAFEPATH=1 PYTHONPATH=$(SANITIZE_SITE):$(CURDIR) \
   ASAN_OPTIONS=detect_leaks=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 DYNEMB_EXPECT_EXTENSION_IN=$(SANITIZE_SITE) \
   $(if $(ASAN_SPAWNED),,DYNEMB_SKIP_SPAWNED_RANKS=1)
-# The emulated executor's runtime: grid pool, lockstep blocks, fibers, memory model.
+# The emulated executor's runtime: grid pool, lockstep blocks, fibers, memory model, the
+# count of table accesses.
 EMULATION_RUNTIME := csrc/emulated/launch.cpp csrc/emulated/lockstep.cpp \
-  csrc/emulated/lockstep_rules.cpp csrc/emulated/fiber.cpp csrc/emulated/memory_model.cpp
+  csrc/emulated/lockstep_rules.cpp csrc/emulated/fiber.cpp csrc/emulated/memory_model.cpp \
+  csrc/emulated/access_count.cpp
 TSAN_SOURCES := $(wildcard tests/native/tsan_*.cpp) $(EMULATION_RUNTIME) \
   $(wildcard csrc/emulated/*_emulated.cpp)
 TSAN_LOCKSTEP := build/sanitize/tsan/lockstep_kernels

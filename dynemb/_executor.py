@@ -52,3 +52,29 @@ def emulation_counters() -> dict[str, int]:
     the stream on a GPU). Counts only ops run with ``DYNEMB_EXECUTOR=cuda-emulated``."""
     names = ("launches", "memsets", "blocks", "threads", "host_reads")
     return dict(zip(names, torch.ops.dynemb_cuda_emulated.emulation_counters(), strict=True))
+
+
+# The order of emulation_accesses' counts (csrc/emulated/ops_emulated.cpp).
+_ACCESS_NAMES = tuple(
+    f"{what}_{part}_{kind}"
+    for what in ("bytes", "lines")
+    for part in ("meta", "row")
+    for kind in ("read", "written")
+) + ("lines_meta", "lines_row")
+
+
+def emulation_count_accesses(on: bool) -> None:
+    """Turns on (or off) the emulated executor's count of table accesses, emptied either
+    way: every metadata and row access of the table core (csrc/core/access_count.h)."""
+    torch.ops.dynemb_cuda_emulated.emulation_count_accesses(on)
+
+
+def emulation_accesses(reset: bool = True) -> dict[str, int]:
+    """The distinct table bytes and 64-byte lines the emulated executor's ops accessed
+    since the count was turned on or last reset (``reset``: empty it now):
+    ``bytes_meta_read``, ``bytes_meta_written``, ``bytes_row_read``, ``bytes_row_written``
+    and the same four for ``lines_``, then ``lines_meta`` and ``lines_row``: the lines read
+    or written. Metadata: digests, keys, scores, timestamps, pins,
+    overflow flags and bucket locks."""
+    counts = torch.ops.dynemb_cuda_emulated.emulation_accesses(reset)
+    return dict(zip(_ACCESS_NAMES, counts, strict=True))

@@ -40,6 +40,8 @@ from dynemb._executor import (  # noqa: F401 - re-exported: _ops is the one path
     EXECUTORS,
     _dynemb,
     _host,
+    emulation_accesses,
+    emulation_count_accesses,
     emulation_counters,
     executor,
 )

@@ -48,17 +48,19 @@ struct EvictedOut {
   V* rows;          // (n, row_width)
   int64_t* scores;  // (n)
 
-  DYNEMB_HD void capture(const TableRef<V>& t, int64_t i, int64_t slot) const {
+  DYNEMB_HD DYNEMB_INLINE void capture(const TableRef<V>& t, int64_t i, int64_t slot) const {
     if (keys == nullptr) return;
-    keys[i] = t.keys[slot];
-    if (scores) scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
+    keys[i] = t.key(slot);
+    if (scores) scores[i] = t.has_scores() ? static_cast<int64_t>(t.score(slot)) : 0;
     if (rows) copy_row(t.row(slot), rows + i * t.row_width, t.row_width);
   }
-  DYNEMB_HD void capture(const TableRef<V>& t, int64_t i, int64_t slot, Lanes l) const {
+  DYNEMB_HD DYNEMB_INLINE void capture(const TableRef<V>& t, int64_t i, int64_t slot,
+                                       Lanes l) const {
     if (keys == nullptr) return;
     if (l.lead()) {
-      keys[i] = t.keys[slot];
-      if (scores) scores[i] = t.scores ? static_cast<int64_t>(t.scores[slot]) : 0;
+      keys[i] = t.key(slot);
+      if (scores) scores[i] = t.has_scores() ? static_cast<int64_t>(t.score(slot)) : 0;
+      if (rows) t.count_row(Access::kRowRead, slot, t.row_width * int64_t{sizeof(V)});
     }
     if (rows) copy_row(t.row(slot), rows + i * t.row_width, t.row_width, l);
   }
@@ -110,11 +112,13 @@ struct FindOrInsertSink {
   }
   // By lanes (plain stores).
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot, Lanes l) {
+    if (l.lead()) t.count_row(Access::kRowRead, slot, out_width * int64_t{sizeof(V)});
     copy_row(t.row(slot), out + i * out_width, out_width, l);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
   DYNEMB_HD void fresh(int64_t i, int64_t, int64_t slot, int64_t key, Lanes l) {
     V* row = t.row(slot);
+    if (l.lead()) t.count_row(Access::kRowWrite, slot, t.row_width * int64_t{sizeof(V)});
     init_row(init, key, row, dim, t.row_width, l);
     copy_row(row, out + i * out_width, out_width, l);  // the elements this lane wrote
   }
@@ -148,6 +152,7 @@ struct AssignSink {
   DYNEMB_HD void failed(int64_t, int64_t, int64_t) {}
   // By lanes (plain stores).
   DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot, Lanes l) {
+    if (l.lead()) t.count_row(Access::kRowWrite, slot, in_width * int64_t{sizeof(V)});
     copy_row(in + i * in_width, t.row(slot), in_width, l);
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
@@ -185,6 +190,9 @@ struct SlotSink {
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
   DYNEMB_HD void fresh(int64_t, int64_t o, int64_t slot, int64_t key, Lanes l) {
+    if (init_rows && l.lead()) {
+      t.count_row(Access::kRowWrite, slot, t.row_width * int64_t{sizeof(V)});
+    }
     if (init_rows) init_row(init, key, t.row(slot), dim, t.row_width, l);
     if (l.lead()) slots[o] = slot;
   }
@@ -215,12 +223,14 @@ struct RestoreSink {
   SavedEntries<V> in;
   EvictedOut<V> evicted;
 
-  DYNEMB_HD void hit(int64_t i, int64_t, int64_t slot) {
+  DYNEMB_HD DYNEMB_INLINE void hit(int64_t i, int64_t, int64_t slot) {
     V* row = t.row(slot);
     copy_row(in.values + i * dim, row, dim);
     if (in.state) copy_row(in.state + i * in.state_width, row + dim, in.state_width);
-    if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
-    if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
+    if (t.has_scores() && in.scores) t.set_score(slot, static_cast<uint64_t>(in.scores[i]));
+    if (t.has_timestamps() && in.timestamps) {
+      t.set_timestamp(slot, static_cast<uint64_t>(in.timestamps[i]));
+    }
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t) {
@@ -239,8 +249,11 @@ struct RestoreSink {
     copy_row(in.values + i * dim, row, dim, l);
     if (in.state) copy_row(in.state + i * in.state_width, row + dim, in.state_width, l);
     if (!l.lead()) return;
-    if (t.scores && in.scores) t.scores[slot] = static_cast<uint64_t>(in.scores[i]);
-    if (t.timestamps && in.timestamps) t.timestamps[slot] = static_cast<uint64_t>(in.timestamps[i]);
+    t.count_row(Access::kRowWrite, slot, t.row_width * int64_t{sizeof(V)});
+    if (t.has_scores() && in.scores) t.set_score(slot, static_cast<uint64_t>(in.scores[i]));
+    if (t.has_timestamps() && in.timestamps) {
+      t.set_timestamp(slot, static_cast<uint64_t>(in.timestamps[i]));
+    }
   }
   DYNEMB_HD void evicting(int64_t i, int64_t slot, Lanes l) { evicted.capture(t, i, slot, l); }
   DYNEMB_HD void fresh(int64_t i, int64_t o, int64_t slot, int64_t, Lanes l) {

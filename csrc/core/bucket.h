@@ -96,10 +96,10 @@ struct KeyProbe {
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t group_find(const TableRef<V>& t, int64_t first, int64_t key,
                                            uint8_t digest) {
-  uint32_t mask = P::match16(t.digests + first, digest);
+  uint32_t mask = P::match16(t.digest_chunk(first, 16), digest);
   while (mask != 0) {
     const int64_t slot = first + lowest_bit(mask);
-    if (t.keys[slot] == key) return slot;
+    if (t.key(slot) == key) return slot;
     mask &= mask - 1;
   }
   return -1;
@@ -130,7 +130,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
     const int64_t g = order.group(k);
     if (g < 0) continue;
     const int64_t first = base + 16 * g;
-    const uint32_t mask = P::match16(t.digests + first, kEmptyDigest);
+    const uint32_t mask = P::match16(t.digest_chunk(first, 16), kEmptyDigest);
     if (mask != 0) return first + lowest_bit(mask);
   }
   return -1;
@@ -169,9 +169,9 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
                                                  uint32_t pin_floor) {
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t n = t.bucket_capacity;
-  const uint64_t* scores = t.scores + base;
-  const uint8_t* digests = t.digests + base;
-  const uint32_t* pins = kPins ? t.pins + base : nullptr;
+  const uint64_t* scores = t.bucket_scores(bucket);
+  const uint8_t* digests = t.bucket_digests(bucket);
+  const uint32_t* pins = kPins ? t.bucket_pins(bucket) : nullptr;
   // The score floor pins nothing under kEvictAny (a score of ~0 stays a candidate).
   const uint64_t by_score = evict_below != kEvictAny;
   uint64_t low = ~uint64_t{0};
@@ -203,7 +203,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
     ties += static_cast<int64_t>(low_slot(s) & static_cast<uint64_t>(digests[s] == digest));
   }
   if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
-  const int64_t* keys = t.keys + base;  // several share score and digest: the smaller key
+  const int64_t* keys = t.bucket_keys(bucket);  // several share score and digest: the smaller key
   int64_t victim = -1;
   for (int64_t s = 0; s < n; ++s) {
     if (low_slot(s) && digests[s] == digest && (victim < 0 || keys[s] < keys[victim])) {
@@ -223,7 +223,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t buck
                                               uint64_t pin_mask, uint64_t evict_below,
                                               uint32_t pin_floor) {
   const int64_t v = bucket_victim_in<false>(t, bucket, pin_mask, evict_below, pin_floor);
-  if (t.pins == nullptr || v < 0 || t.pins[v] < pin_floor) return v;
+  if (!t.has_pins() || v < 0 || t.pin(v) < pin_floor) return v;
   return bucket_victim_in<true>(t, bucket, pin_mask, evict_below, pin_floor);
 }
 
@@ -240,10 +240,10 @@ DYNEMB_HD DYNEMB_INLINE int64_t likely_slot(const TableRef<V>& t, int64_t bucket
     const int64_t g = order.group(k);
     if (g < 0) continue;
     const int64_t first = base + 16 * g;
-    const uint32_t match = P::match16(t.digests + first, digest);
+    const uint32_t match = P::match16(t.digest_chunk(first, 16), digest);
     if (match != 0) return first + lowest_bit(match);
     if (empty < 0) {
-      const uint32_t free = P::match16(t.digests + first, kEmptyDigest);
+      const uint32_t free = P::match16(t.digest_chunk(first, 16), kEmptyDigest);
       if (free != 0) empty = first + lowest_bit(free);
     }
   }

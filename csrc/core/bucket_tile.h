@@ -83,10 +83,10 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRe
     const int64_t mine = first + kChunk * tile.rank();
     int64_t slot = -1;
     if (mine < t.bucket_capacity) {
-      uint32_t mask = tile.template match<kChunk>(t.digests + base + mine, digest);
+      uint32_t mask = tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), digest);
       while (mask != 0 && slot < 0) {
         const int64_t s = base + mine + lowest_bit(mask);
-        if (t.keys[s] == key) slot = s;
+        if (t.key(s) == key) slot = s;
         mask &= mask - 1;
       }
     }
@@ -107,7 +107,7 @@ DYNEMB_HD int64_t tile_find_slot(const Tile& tile, const TableRef<V>& t, int64_t
                                                     : kMaxProbeBuckets;
   for (int k = 0; k < walk; ++k) {
     const int64_t slot = tile_bucket_find(tile, t, b, key, digest);
-    if (slot >= 0 || !t.overflow[b]) return slot;
+    if (slot >= 0 || !t.overflowed(b)) return slot;
     b = t.next_bucket(b);
   }
   return -1;
@@ -124,7 +124,8 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_free_slot(const Tile& tile, const TableRef<
   uint64_t best = ~uint64_t{0};
   for (int64_t mine = kChunk * tile.rank(); mine < t.bucket_capacity;
        mine += kChunk * Tile::kSize) {
-    const uint32_t mask = tile.template match<kChunk>(t.digests + base + mine, kEmptyDigest);
+    const uint32_t mask =
+        tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), kEmptyDigest);
     if (mask == 0) continue;
     const int64_t s = mine + lowest_bit(mask);
     const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
@@ -143,10 +144,10 @@ DYNEMB_HD int64_t tile_victim_in(const Tile& tile, const TableRef<V>& t, int64_t
                                  uint64_t pin_mask, uint64_t evict_below, uint32_t pin_floor) {
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t n = t.bucket_capacity;
-  const uint64_t* scores = t.scores + base;
-  const uint8_t* digests = t.digests + base;
-  const int64_t* keys = t.keys + base;
-  const uint32_t* pins = kPins ? t.pins + base : nullptr;
+  const bool lead = tile.rank() == 0;  // reports the bucket's bytes for the tile
+  const uint64_t* scores = t.bucket_scores(bucket, lead);
+  const uint8_t* digests = t.bucket_digests(bucket, lead);
+  const uint32_t* pins = kPins ? t.bucket_pins(bucket, lead) : nullptr;
   const uint64_t by_score = evict_below != kEvictAny;
   auto pinned = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
     return slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
@@ -173,15 +174,19 @@ DYNEMB_HD int64_t tile_victim_in(const Tile& tile, const TableRef<V>& t, int64_t
   digest = tile.min(digest);
   constexpr uint64_t kSign = uint64_t{1} << 63;
   uint64_t key = ~uint64_t{0};
+  // Keys are read for the candidates of that digest only (rarely more than one).
+  auto key_of = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {
+    return candidate(s) && digests[s] == digest ? static_cast<uint64_t>(t.key(base + s)) ^ kSign
+                                                : ~uint64_t{0};
+  };
   for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
-    const uint64_t k = static_cast<uint64_t>(keys[s]) ^ kSign;
-    if (candidate(s) && digests[s] == digest && k < key) key = k;
+    const uint64_t k = key_of(s);
+    key = k < key ? k : key;
   }
   key = tile.min(key);
   uint64_t slot = ~uint64_t{0};
   for (int64_t s = tile.rank(); s < n && slot == ~uint64_t{0}; s += Tile::kSize) {
-    const uint64_t k = static_cast<uint64_t>(keys[s]) ^ kSign;
-    if (candidate(s) && digests[s] == digest && k == key) slot = static_cast<uint64_t>(s);
+    if (candidate(s) && digests[s] == digest && key_of(s) == key) slot = static_cast<uint64_t>(s);
   }
   return base + static_cast<int64_t>(tile.min(slot));
 }
@@ -191,7 +196,7 @@ template <class Tile, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t tile_victim(const Tile& tile, const TableRef<V>& t,
                                             int64_t bucket, uint64_t pin_mask,
                                             uint64_t evict_below, uint32_t pin_floor) {
-  return t.pins != nullptr
+  return t.has_pins()
              ? tile_victim_in<true>(tile, t, bucket, pin_mask, evict_below, pin_floor)
              : tile_victim_in<false>(tile, t, bucket, pin_mask, evict_below, pin_floor);
 }

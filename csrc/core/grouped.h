@@ -240,7 +240,7 @@ template <class V>
 DYNEMB_HD DYNEMB_INLINE void update_key(const BackwardPart<V>& p, const OptimizerArgs& opt,
                                         int64_t u, float* acc) {
   const int64_t slot = p.unique_slots[u];
-  update_row(opt, p.table.row(slot), p.dim, acc, p.table.keys[slot]);
+  update_row(opt, p.table.row(slot), p.dim, acc, p.table.key(slot));
 }
 
 }  // namespace dynemb

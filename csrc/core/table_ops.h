@@ -113,7 +113,7 @@ DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
                                                     : kMaxProbeBuckets;
   for (int k = 0; k < walk; ++k) {
     const int64_t slot = bucket_find<P>(t, b, key, digest, order);
-    if (slot >= 0 || !t.overflow[b]) return slot;
+    if (slot >= 0 || !t.overflowed(b)) return slot;
     b = t.next_bucket(b);
   }
   return -1;
@@ -125,7 +125,7 @@ DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t find_slot_hinted(const TableRef<V>& t, int64_t key,
                                                  int64_t hint) {
-  if (hint >= 0 && t.digests[hint] != kEmptyDigest && t.keys[hint] == key) return hint;
+  if (hint >= 0 && t.digest(hint) != kEmptyDigest && t.key(hint) == key) return hint;
   return find_slot<P>(t, key);
 }
 
@@ -133,9 +133,9 @@ template <class V>
 DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const UpsertArgs& u,
                                    int64_t i) {
   const ScoreArgs& a = u.score;
-  if (t.scores) t.scores[slot] = score_for_hit(a, i, t.scores[slot]);
-  if (t.timestamps) t.timestamps[slot] = a.batch_value;
-  if (t.pins) t.pins[slot] = u.pin;
+  if (t.has_scores()) t.set_score(slot, score_for_hit(a, i, t.score(slot)));
+  if (t.has_timestamps()) t.set_timestamp(slot, a.batch_value);
+  if (t.has_pins()) t.set_pin(slot, u.pin);
 }
 
 /// A claim's two halves, which a tile writes from different lanes (tile_claim): the
@@ -143,15 +143,15 @@ DYNEMB_HD DYNEMB_INLINE void touch(const TableRef<V>& t, int64_t slot, const Ups
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim_identity(const TableRef<V>& t, int64_t slot, int64_t key,
                                             uint8_t digest) {
-  t.keys[slot] = key;
-  t.digests[slot] = digest;
+  t.set_key(slot, key);
+  t.set_digest(slot, digest);
 }
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim_metadata(const TableRef<V>& t, int64_t slot, uint64_t score,
                                             uint64_t timestamp, uint32_t pin) {
-  if (t.scores) t.scores[slot] = score;
-  if (t.timestamps) t.timestamps[slot] = timestamp;
-  if (t.pins) t.pins[slot] = pin;
+  if (t.has_scores()) t.set_score(slot, score);
+  if (t.has_timestamps()) t.set_timestamp(slot, timestamp);
+  if (t.has_pins()) t.set_pin(slot, pin);
 }
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim(const TableRef<V>& t, int64_t slot, int64_t key,
@@ -166,9 +166,9 @@ template <class P, class V>
 DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool lock) {
   // Buckets past the end wrap to 0..: they have the smallest indices, so go first.
   const int64_t wrapped = home + window - t.num_buckets;  // count of wrapped buckets
-  for (int64_t b = 0; b < wrapped; ++b) lock ? P::lock(&t.locks[b]) : P::unlock(&t.locks[b]);
+  for (int64_t b = 0; b < wrapped; ++b) lock ? P::lock(t.lock_word(b)) : P::unlock(t.lock_word(b));
   const int64_t stop = wrapped > 0 ? t.num_buckets : home + window;
-  for (int64_t b = home; b < stop; ++b) lock ? P::lock(&t.locks[b]) : P::unlock(&t.locks[b]);
+  for (int64_t b = home; b < stop; ++b) lock ? P::lock(t.lock_word(b)) : P::unlock(t.lock_word(b));
 }
 
 /// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves
@@ -177,7 +177,7 @@ template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, int64_t key,
                                           uint8_t digest, const ProbeOrder& order,
                                           int64_t hint) {
-  if (hint >= 0 && t.digests[hint] == digest && t.keys[hint] == key) return hint;
+  if (hint >= 0 && t.digest(hint) == digest && t.key(hint) == key) return hint;
   return bucket_find<P>(t, home, key, digest, order);
 }
 
@@ -199,7 +199,7 @@ DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, i
   const int64_t victim = bucket_victim(t, p.bucket, pin_mask(a.strategy), u.evict_below,
                                        u.pin_floor);
   const uint64_t score = score_for_new(a, i);
-  if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
+  if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
     sink.evicting(i, victim);
     claim(t, victim, key, p.digest, score, a.batch_value, u.pin);
     sink.fresh(i, o, victim, key);
@@ -223,9 +223,9 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
                            const KeyProbe& p, const UpsertArgs& u, Sink& sink, Status* status,
                            int64_t hint = -1) {
   const int64_t home = p.bucket;
-  P::lock(&t.locks[home]);
+  P::lock(t.lock_word(home));
   bool decided = false;
-  if (!t.overflow[home]) {
+  if (!t.overflowed(home)) {
     const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
     if (slot >= 0) {
       touch(t, slot, u, i);
@@ -240,7 +240,7 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
       }
     }
   }
-  P::unlock(&t.locks[home]);
+  P::unlock(t.lock_word(home));
   return decided;
 }
 
@@ -269,7 +269,7 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
   int64_t found = -1;
   for (int k = 0; k < window; ++k) {
     found = bucket_find<P>(t, b, key, digest, order);
-    if (found >= 0 || !t.overflow[b]) break;
+    if (found >= 0 || !t.overflowed(b)) break;
     b = t.next_bucket(b);
   }
   if (found >= 0) {
@@ -286,7 +286,7 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
         status = Status::kInserted;
         break;
       }
-      t.overflow[b] = 1;
+      t.set_overflowed(b);
       b = t.next_bucket(b);
     }
     if (status == Status::kFailed) sink.failed(i, o, key);
@@ -304,9 +304,9 @@ template <class P, class V, class Sink>
 DYNEMB_HD DYNEMB_INLINE Status place_by_victim(const TableRef<V>& t, int64_t i, int64_t o,
                                                int64_t key, const KeyProbe& p,
                                                const UpsertArgs& u, Sink& sink) {
-  P::lock(&t.locks[p.bucket]);
+  P::lock(t.lock_word(p.bucket));
   const Status status = place_new_home<P>(t, i, o, key, p, u, sink, -1);
-  P::unlock(&t.locks[p.bucket]);
+  P::unlock(t.lock_word(p.bucket));
   return status;
 }
 
@@ -322,13 +322,13 @@ DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t 
   const uint8_t digest = digest_of(h);
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
-  P::lock(&t.locks[home]);
+  P::lock(t.lock_word(home));
   const int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
   if (slot >= 0) {
     touch(t, slot, u, i);
     sink.hit(i, o, slot);
   }
-  P::unlock(&t.locks[home]);
+  P::unlock(t.lock_word(home));
   return slot >= 0;
 }
 
@@ -345,7 +345,7 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
                                    const KeyProbe& p, const UpsertArgs& u, Sink& sink,
                                    Status* status, int64_t hint = -1) {
   const int64_t home = p.bucket;
-  P::lock(&t.locks[home]);
+  P::lock(t.lock_word(home));
   bool decided = false;
   const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
   if (slot >= 0) {
@@ -353,14 +353,14 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
     sink.hit(i, o, slot);
     *status = Status::kHit;
     decided = true;
-  } else if (!t.overflow[home]) {
+  } else if (!t.overflowed(home)) {
     const int64_t free = bucket_free_slot<P>(t, home, p.order);
     if (free >= 0) {
       *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
       decided = true;
     }
   }
-  P::unlock(&t.locks[home]);
+  P::unlock(t.lock_word(home));
   return decided;
 }
 
@@ -379,11 +379,11 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
                                                       : kMaxProbeBuckets;
   int64_t b = bucket_of(h, t.num_buckets);
   for (int k = 0; k < window; ++k) {
-    P::lock(&t.locks[b]);
+    P::lock(t.lock_word(b));
     const int64_t slot = bucket_find<P>(t, b, key, digest, order);
-    if (slot >= 0) t.digests[slot] = kEmptyDigest;
-    const bool chained = t.overflow[b] != 0;
-    P::unlock(&t.locks[b]);
+    if (slot >= 0) t.set_digest(slot, kEmptyDigest);
+    const bool chained = t.overflowed(b);
+    P::unlock(t.lock_word(b));
     if (slot >= 0) return true;
     if (!chained) return false;
     b = t.next_bucket(b);
@@ -396,8 +396,8 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
                                          const TableRef<V>& src, int64_t s, uint8_t digest) {
-  claim(dst, slot, src.keys[s], digest, src.scores ? src.scores[s] : 0,
-        src.timestamps ? src.timestamps[s] : 0, src.pins ? src.pins[s] : 0);
+  claim(dst, slot, src.key(s), digest, src.has_scores() ? src.score(s) : 0,
+        src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
 }
 
 /// Pass 1 of a rehash: places the entry of slot `s` of `src`, whose key is absent
@@ -405,13 +405,13 @@ DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
 /// home bucket is full: place_moved then places it in pass 2.
 template <class P, class V>
 DYNEMB_HD int64_t place_home(const TableRef<V>& t, const TableRef<V>& src, int64_t s) {
-  const uint64_t h = hash_key(src.keys[s]);
+  const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t b = bucket_of(h, t.num_buckets);
-  P::lock(&t.locks[b]);
+  P::lock(t.lock_word(b));
   const int64_t slot = bucket_free_slot<P>(t, b, order);
   if (slot >= 0) claim_moved(t, slot, src, s, digest_of(h));
-  P::unlock(&t.locks[b]);
+  P::unlock(t.lock_word(b));
   return slot;
 }
 
@@ -422,19 +422,19 @@ DYNEMB_HD int64_t place_home(const TableRef<V>& t, const TableRef<V>& src, int64
 template <class P, class V>
 DYNEMB_HD int64_t place_moved(const TableRef<V>& t, const TableRef<V>& src, int64_t s,
                               int window) {
-  const uint64_t h = hash_key(src.keys[s]);
+  const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
   int64_t b = bucket_of(h, t.num_buckets);
   for (int k = 0; k < window; ++k) {
-    P::lock(&t.locks[b]);
+    P::lock(t.lock_word(b));
     const int64_t slot = bucket_free_slot<P>(t, b, order);
     if (slot >= 0) {
       claim_moved(t, slot, src, s, digest_of(h));
-      P::unlock(&t.locks[b]);
+      P::unlock(t.lock_word(b));
       return slot;
     }
-    t.overflow[b] = 1;
-    P::unlock(&t.locks[b]);
+    t.set_overflowed(b);
+    P::unlock(t.lock_word(b));
     b = t.next_bucket(b);
   }
   return -1;

@@ -31,6 +31,7 @@
 // new key goes (usually its home group), not where a lookup may stop.
 #pragma once
 
+#include "core/access_count.h"
 #include "core/macros.h"
 
 namespace dynemb {
@@ -57,6 +58,96 @@ struct TableRef {
   int64_t fast_slots;       // slots whose rows are in `values`
 
   DYNEMB_HD int64_t num_slots() const { return num_buckets * bucket_capacity; }
+
+  // Metadata goes through these accessors only (the layout above lives here), and each
+  // reports its bytes to the emulated build's counter (access_count.h).
+  DYNEMB_HD DYNEMB_INLINE static void count(Access a, const void* p, int64_t bytes) {
+    DYNEMB_COUNT_ACCESS(a, p, bytes);
+  }
+  DYNEMB_HD DYNEMB_INLINE uint8_t digest(int64_t s) const {
+    count(Access::kMetaRead, digests + s, 1);
+    return digests[s];
+  }
+  /// The `bytes` digests from slot `first` on, read at once (a group match).
+  DYNEMB_HD DYNEMB_INLINE const uint8_t* digest_chunk(int64_t first, int64_t bytes) const {
+    count(Access::kMetaRead, digests + first, bytes);
+    return digests + first;
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_digest(int64_t s, uint8_t d) const {
+    count(Access::kMetaWrite, digests + s, 1);
+    digests[s] = d;
+  }
+  DYNEMB_HD DYNEMB_INLINE int64_t key(int64_t s) const {
+    count(Access::kMetaRead, keys + s, sizeof(int64_t));
+    return keys[s];
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_key(int64_t s, int64_t k) const {
+    count(Access::kMetaWrite, keys + s, sizeof(int64_t));
+    keys[s] = k;
+  }
+  DYNEMB_HD DYNEMB_INLINE bool has_scores() const { return scores != nullptr; }
+  DYNEMB_HD DYNEMB_INLINE uint64_t score(int64_t s) const {
+    count(Access::kMetaRead, scores + s, sizeof(uint64_t));
+    return scores[s];
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_score(int64_t s, uint64_t v) const {
+    count(Access::kMetaWrite, scores + s, sizeof(uint64_t));
+    scores[s] = v;
+  }
+  DYNEMB_HD DYNEMB_INLINE bool has_timestamps() const { return timestamps != nullptr; }
+  DYNEMB_HD DYNEMB_INLINE uint64_t timestamp(int64_t s) const {
+    count(Access::kMetaRead, timestamps + s, sizeof(uint64_t));
+    return timestamps[s];
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_timestamp(int64_t s, uint64_t v) const {
+    count(Access::kMetaWrite, timestamps + s, sizeof(uint64_t));
+    timestamps[s] = v;
+  }
+  DYNEMB_HD DYNEMB_INLINE bool has_pins() const { return pins != nullptr; }
+  DYNEMB_HD DYNEMB_INLINE uint32_t pin(int64_t s) const {
+    count(Access::kMetaRead, pins + s, sizeof(uint32_t));
+    return pins[s];
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_pin(int64_t s, uint32_t v) const {
+    count(Access::kMetaWrite, pins + s, sizeof(uint32_t));
+    pins[s] = v;
+  }
+  DYNEMB_HD DYNEMB_INLINE bool overflowed(int64_t b) const {
+    count(Access::kMetaRead, overflow + b, 1);
+    return overflow[b] != 0;
+  }
+  DYNEMB_HD DYNEMB_INLINE void set_overflowed(int64_t b) const {
+    count(Access::kMetaWrite, overflow + b, 1);
+    overflow[b] = 1;
+  }
+  /// Bucket b's lock word, for Platform::lock / unlock (a read-modify-write).
+  DYNEMB_HD DYNEMB_INLINE uint32_t* lock_word(int64_t b) const {
+    count(Access::kMetaWrite, locks + b, sizeof(uint32_t));
+    return locks + b;
+  }
+  // A whole bucket's column, for a scan that reads every slot (a victim search);
+  // `counted`: whether this call reports the bucket's bytes (one lane of a tile does).
+  DYNEMB_HD DYNEMB_INLINE const uint8_t* bucket_digests(int64_t b, bool counted = true) const {
+    if (counted) count(Access::kMetaRead, digests + b * bucket_capacity, bucket_capacity);
+    return digests + b * bucket_capacity;
+  }
+  DYNEMB_HD DYNEMB_INLINE const int64_t* bucket_keys(int64_t b, bool counted = true) const {
+    if (counted) count(Access::kMetaRead, keys + b * bucket_capacity, bucket_capacity * 8);
+    return keys + b * bucket_capacity;
+  }
+  DYNEMB_HD DYNEMB_INLINE const uint64_t* bucket_scores(int64_t b, bool counted = true) const {
+    if (counted) count(Access::kMetaRead, scores + b * bucket_capacity, bucket_capacity * 8);
+    return scores + b * bucket_capacity;
+  }
+  DYNEMB_HD DYNEMB_INLINE const uint32_t* bucket_pins(int64_t b, bool counted = true) const {
+    if (counted) count(Access::kMetaRead, pins + b * bucket_capacity, bucket_capacity * 4);
+    return pins + b * bucket_capacity;
+  }
+  /// Reports a read or write (Access::kRowRead, kRowWrite) of `bytes` of slot's row.
+  DYNEMB_HD DYNEMB_INLINE void count_row(Access a, int64_t slot, int64_t bytes) const {
+    count(a, row(slot), bytes);
+  }
+
   DYNEMB_HD V* row(int64_t slot) const {
     return slot < fast_slots ? values + slot * row_width
                              : slow_values + (slot - fast_slots) * row_width;

@@ -124,9 +124,9 @@ template <class V>
 DYNEMB_HD DYNEMB_INLINE void fetch_scores(const TableRef<V>& slow, const CacheExchange<V>& x,
                                           int64_t slot, int64_t from) {
   int64_t* out = x.user_scores + slot * x.score_columns;
-  out[0] = from >= 0 && slow.scores ? static_cast<int64_t>(slow.scores[from]) : 0;
+  out[0] = from >= 0 && slow.has_scores() ? static_cast<int64_t>(slow.score(from)) : 0;
   if (x.score_columns > 1) {
-    out[1] = from >= 0 && slow.timestamps ? static_cast<int64_t>(slow.timestamps[from]) : 0;
+    out[1] = from >= 0 && slow.has_timestamps() ? static_cast<int64_t>(slow.timestamp(from)) : 0;
   }
 }
 

@@ -28,11 +28,11 @@ DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int6
   const KeyProbe p(t, key);
   const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
   if (slot >= 0) {
-    if (tile.rank() == digest_lane(tile, t, slot)) t.digests[slot] = kEmptyDigest;
+    if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
     tile.sync();
     return EraseHome::kErased;
   }
-  return t.overflow[p.bucket] ? EraseHome::kDeferred : EraseHome::kAbsent;
+  return t.overflowed(p.bucket) ? EraseHome::kDeferred : EraseHome::kAbsent;
 }
 
 /// erase_key by the one tile of pass 2 (it owns the table), without locks.
@@ -46,11 +46,11 @@ DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t ke
   for (int k = 0; k < window; ++k) {
     const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest);
     if (slot >= 0) {
-      if (tile.rank() == digest_lane(tile, t, slot)) t.digests[slot] = kEmptyDigest;
+      if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
       tile.sync();
       return true;
     }
-    if (!t.overflow[b]) return false;
+    if (!t.overflowed(b)) return false;
     b = t.next_bucket(b);
   }
   return false;

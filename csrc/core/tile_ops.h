@@ -76,7 +76,7 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
   } else {
     const int64_t victim =
         tile_victim(tile, t, p.bucket, pin_mask(a.strategy), u.evict_below, u.pin_floor);
-    if (victim >= 0 && admits(a.strategy, score, t.scores[victim])) {
+    if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
       status = Status::kEvicted;
       claimed = victim;
     }
@@ -103,7 +103,7 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
                                 Sink& sink, Status* status) {
   const int64_t home = p.bucket;
-  if (t.overflow[home]) return false;
+  if (t.overflowed(home)) return false;
   bool decided = false;
   const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest);
   if (slot >= 0) {
@@ -136,7 +136,7 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
   int64_t found = -1;
   for (int k = 0; k < window; ++k) {
     found = tile_bucket_find(tile, t, b, key, p.digest);
-    if (found >= 0 || !t.overflow[b]) break;
+    if (found >= 0 || !t.overflowed(b)) break;
     b = t.next_bucket(b);
   }
   Status status = Status::kFailed;
@@ -155,7 +155,7 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
         status = Status::kInserted;
         break;
       }
-      if (tile.rank() == 0) t.overflow[b] = 1;  // read again only after the sync below
+      if (tile.rank() == 0) t.set_overflowed(b);  // read again only after the sync below
       b = t.next_bucket(b);
     }
     if (status == Status::kFailed) sink.failed(i, o, key, l);

@@ -25,18 +25,18 @@ namespace dynemb {
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const TableRef<V>& src,
                                   int64_t s, int window, bool flag_full) {
-  const uint64_t h = hash_key(src.keys[s]);
+  const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
   int64_t b = bucket_of(h, t.num_buckets);
   int64_t slot = -1;
   for (int k = 0; k < window && slot < 0; ++k) {
     slot = tile_free_slot(tile, t, b, order);  // every lane agrees
     if (slot >= 0) {
-      tile_claim(tile, t, slot, src.keys[s], digest_of(h), src.scores ? src.scores[s] : 0,
-                 src.timestamps ? src.timestamps[s] : 0, src.pins ? src.pins[s] : 0);
+      tile_claim(tile, t, slot, src.key(s), digest_of(h), src.has_scores() ? src.score(s) : 0,
+                 src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
       copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
     } else {
-      if (flag_full && tile.rank() == 0) t.overflow[b] = 1;
+      if (flag_full && tile.rank() == 0) t.set_overflowed(b);
       b = t.next_bucket(b);
     }
   }

@@ -216,7 +216,7 @@ void backward_task(const BackwardPart<V>& p, PoolingMode mode, const OptimizerAr
       if (ahead < u1 && p.unique_slots[ahead] >= 0) prefetch_row(p.table, p.unique_slots[ahead]);
       const int64_t slot = p.unique_slots[u];
       if (slot < 0) continue;
-      update(u == u0 ? 0 : end[u - u0 - 1], end[u - u0], p.table.row(slot), p.table.keys[slot]);
+      update(u == u0 ? 0 : end[u - u0 - 1], end[u - u0], p.table.row(slot), p.table.key(slot));
     }
   };
   const bool done = with_lane_dim(dim, [&](auto lane_dim) {

@@ -46,7 +46,7 @@ void erase_sequence(const TableRef<V>& t, const int64_t* keys, int64_t begin, in
 template <class V>
 void erase_split(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
                  bool* erased) {
-  const bool exclusive = t.scores != nullptr;
+  const bool exclusive = t.has_scores();
   const int64_t words = (n + 63) / 64;
   std::vector<std::vector<uint64_t>> bits(threads);
 #pragma omp parallel num_threads(threads)
@@ -123,8 +123,8 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
     const int64_t first = (dst.num_buckets * c + T - 1) / T;  // home buckets of thread c
     const int64_t last = (dst.num_buckets * (c + 1) + T - 1) / T;
     for (int64_t s = 0; s < num_slots; ++s) {
-      if (src.digests[s] == kEmptyDigest) continue;
-      const int64_t b = bucket_of(hash_key(src.keys[s]), dst.num_buckets);
+      if (src.digest(s) == kEmptyDigest) continue;
+      const int64_t b = bucket_of(hash_key(src.key(s)), dst.num_buckets);
       if (b < first || b >= last) continue;
       const int64_t slot = place_home<X>(dst, src, s);
       if (slot >= 0) {

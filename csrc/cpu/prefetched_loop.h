@@ -117,7 +117,7 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
   const uint8_t digest = p.digest;
   int64_t slot = likely_slot<CpuPlatform>(t, b, digest, order, kLineGroups);
   span.count(slot < 0);
-  if (slot < 0 || t.digests[slot] != digest) {  // no match in the home line
+  if (slot < 0 || t.digest(slot) != digest) {  // no match in the home line
     if (span.whole()) {
       slot = likely_slot<CpuPlatform>(t, b, digest, order, order.span);
     } else {
@@ -142,7 +142,7 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
     if (t.timestamps) CpuPlatform::prefetch_for_write(t.timestamps + slot);
     if (t.pins) CpuPlatform::prefetch_for_write(t.pins + slot);
   }
-  const bool is_new = t.digests[slot] == kEmptyDigest;  // likely_slot found no match
+  const bool is_new = t.digest(slot) == kEmptyDigest;  // likely_slot found no match
   if (kRows == RowUse::kAll || (kRows == RowUse::kNewOnly && is_new) ||
       (kRows == RowUse::kHitsOnly && !is_new)) {
     CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));

@@ -24,6 +24,9 @@ __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* ou
   if (tile.rank() == 0) found[i] = slot >= 0;
   V* dst = out + i * out_width;
   const V* src = slot >= 0 ? t.row(slot) : nullptr;
+  if (src != nullptr && tile.rank() == 0) {
+    t.count_row(Access::kRowRead, slot, out_width * int64_t{sizeof(V)});
+  }
   for (int64_t j = tile.rank(); j < out_width; j += N) {
     dst[j] = src != nullptr ? src[j] : V(0.0f);  // absent keys: a zero row
   }
@@ -80,11 +83,11 @@ __global__ void rehash_ranges_kernel(TableRef<V> src, int64_t dst_buckets, int64
                                      int64_t* group) {
   const int64_t s = thread_index();
   if (s >= src.num_slots()) return;
-  if (src.digests[s] == kEmptyDigest) {
+  if (src.digest(s) == kEmptyDigest) {
     group[s] = -1;
     return;
   }
-  const auto b = static_cast<uint64_t>(bucket_of(hash_key(src.keys[s]), dst_buckets));
+  const auto b = static_cast<uint64_t>(bucket_of(hash_key(src.key(s)), dst_buckets));
   group[s] = static_cast<int64_t>(b * static_cast<uint64_t>(ranges) /
                                   static_cast<uint64_t>(dst_buckets));
 }

@@ -37,9 +37,24 @@ std::vector<int64_t> emulation_counters() {
           static_cast<int64_t>(c.host_reads)};
 }
 
+namespace emulation {
+std::vector<int64_t> access_counts(bool reset);  // access_count.cpp
+void count_accesses(bool on);
+}  // namespace emulation
+
+/// Turns the count of table accesses on or off (and empties it): core/access_count.h.
+void emulation_count_accesses(bool on) { emulation::count_accesses(on); }
+
+/// [bytes, lines] x [metadata read, metadata written, rows read, rows written], then the
+/// lines of metadata and of rows read or written: the distinct table bytes and 64-byte
+/// lines the ops accessed since the count was last emptied (`reset`: empty it now).
+std::vector<int64_t> emulation_accesses(bool reset) { return emulation::access_counts(reset); }
+
 TORCH_LIBRARY(dynemb_cuda_emulated, m) {
   DYNEMB_DEFINE_OPS(m);
   m.def("emulation_counters() -> int[]", &emulation_counters);
+  m.def("emulation_count_accesses(bool on) -> ()", &emulation_count_accesses);
+  m.def("emulation_accesses(bool reset) -> int[]", &emulation_accesses);
 }
 
 TORCH_LIBRARY_IMPL(dynemb_cuda_emulated, CPU, m) {

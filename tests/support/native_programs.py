@@ -12,7 +12,7 @@ import torch.utils.cpp_extension
 
 ROOT = Path(__file__).resolve().parents[2]
 # The emulated executor's runtime: the grid, lockstep blocks and their rules, fibers,
-# the memory model (the Makefile's EMULATION_RUNTIME).
+# the memory model, the count of table accesses (the Makefile's EMULATION_RUNTIME).
 EMULATION_RUNTIME = [
     ROOT / "csrc/emulated" / name
     for name in (
@@ -21,6 +21,7 @@ EMULATION_RUNTIME = [
         "lockstep_rules.cpp",
         "fiber.cpp",
         "memory_model.cpp",
+        "access_count.cpp",
     )
 ]
 
