@@ -9,7 +9,7 @@
 //
 //   tile_bucket_find    the slot holding the key (a key holds one slot at most, so
 //                       the lane that finds it is the only one; its slot is
-//                       broadcast by shuffle);
+//                       broadcast by shuffle), the key's home digest line first;
 //   tile_free_slot      the first empty slot in the key's probe order: each lane's
 //                       first empty slot ranked by (probe position, offset in its
 //                       group), the tile's minimum rank;
@@ -73,25 +73,36 @@ DYNEMB_HD DYNEMB_INLINE int digest_lane(const Tile&, const TableRef<V>& t, int64
   return static_cast<int>(slot % t.bucket_capacity / kChunk % Tile::kSize);
 }
 
-/// @return the slot of `key` in `bucket`, or -1, the same in every lane.
+/// @return the slot of `key` in `bucket`, or -1, the same in every lane. `home`: the
+/// key's home group (ProbeOrder::home), whose 64-byte digest line is scanned first,
+/// the rest of the bucket only when the key is not there (bucket.h: nearly every key
+/// sits in its home line, so a hit reads one digest line, not bucket_capacity / 64);
+/// -1: the whole bucket at once. Either way each lane reads only its own chunks
+/// (digest_lane), in two rounds instead of one.
 template <class Tile, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRef<V>& t,
-                                                 int64_t bucket, int64_t key, uint8_t digest) {
+                                                 int64_t bucket, int64_t key, uint8_t digest,
+                                                 int64_t home = -1) {
   constexpr int kChunk = chunk_bytes(Tile::kSize);
   const int64_t base = bucket * t.bucket_capacity;
-  for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
-    const int64_t mine = first + kChunk * tile.rank();
-    int64_t slot = -1;
-    if (mine < t.bucket_capacity) {
-      uint32_t mask = tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), digest);
-      while (mask != 0 && slot < 0) {
-        const int64_t s = base + mine + lowest_bit(mask);
-        if (t.key(s) == key) slot = s;
-        mask &= mask - 1;
+  const int64_t line = home < 0 ? -1 : (16 * home) & ~int64_t{63};  // its first slot
+  // round 0: the chunks in the home line (all of them when home < 0); round 1: the rest.
+  for (int round = 0; round < (home < 0 ? 1 : 2); ++round) {
+    for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
+      const int64_t mine = first + kChunk * tile.rank();
+      const bool in_line = home < 0 || (mine & ~int64_t{63}) == line;
+      int64_t slot = -1;
+      if (mine < t.bucket_capacity && in_line == (round == 0)) {
+        uint32_t mask = tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), digest);
+        while (mask != 0 && slot < 0) {
+          const int64_t s = base + mine + lowest_bit(mask);
+          if (t.key(s) == key) slot = s;
+          mask &= mask - 1;
+        }
       }
+      const uint32_t hits = tile.ballot(slot >= 0);
+      if (hits != 0) return tile.shfl(slot, lowest_bit(hits));
     }
-    const uint32_t hits = tile.ballot(slot >= 0);
-    if (hits != 0) return tile.shfl(slot, lowest_bit(hits));
   }
   return -1;
 }
@@ -102,11 +113,12 @@ template <class Tile, class V>
 DYNEMB_HD int64_t tile_find_slot(const Tile& tile, const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
+  const int64_t home = home_group_of(h, t.bucket_capacity / 16);
   int64_t b = bucket_of(h, t.num_buckets);
   const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
                                                     : kMaxProbeBuckets;
   for (int k = 0; k < walk; ++k) {
-    const int64_t slot = tile_bucket_find(tile, t, b, key, digest);
+    const int64_t slot = tile_bucket_find(tile, t, b, key, digest, home);
     if (slot >= 0 || !t.overflowed(b)) return slot;
     b = t.next_bucket(b);
   }

@@ -26,7 +26,7 @@ enum class EraseHome : int8_t { kAbsent = 0, kErased = 1, kDeferred = 2 };
 template <class Tile, class V>
 DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int64_t key) {
   const KeyProbe p(t, key);
-  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
+  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
   if (slot >= 0) {
     if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
     tile.sync();
@@ -44,7 +44,7 @@ DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t ke
                                                       : kMaxProbeBuckets;
   int64_t b = p.bucket;
   for (int k = 0; k < window; ++k) {
-    const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest);
+    const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest, p.order.home);
     if (slot >= 0) {
       if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
       tile.sync();

@@ -51,7 +51,7 @@ template <class Tile, class V, class Sink>
 DYNEMB_HD bool tile_touch_stored(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                  int64_t key, const KeyProbe& p, const UpsertArgs& u,
                                  Sink& sink) {
-  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest);
+  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
   if (slot >= 0) {
     if (tile.rank() == 0) touch(t, slot, u, i);
     sink.hit(i, o, slot, lanes_of(tile));
@@ -105,7 +105,7 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   const int64_t home = p.bucket;
   if (t.overflowed(home)) return false;
   bool decided = false;
-  const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest);
+  const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
   if (slot >= 0) {
     if (tile.rank() == 0) touch(t, slot, u, i);
     sink.hit(i, o, slot, lanes_of(tile));
@@ -135,7 +135,7 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
   int64_t b = p.bucket;
   int64_t found = -1;
   for (int k = 0; k < window; ++k) {
-    found = tile_bucket_find(tile, t, b, key, p.digest);
+    found = tile_bucket_find(tile, t, b, key, p.digest, p.order.home);
     if (found >= 0 || !t.overflowed(b)) break;
     b = t.next_bucket(b);
   }

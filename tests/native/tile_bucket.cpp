@@ -41,9 +41,10 @@ struct Query {
 
 struct Answer {
   int64_t find, free, victim, victim_unpinned;
+  int64_t find_home;  // the find scanning the home group's digest line first
   bool operator==(const Answer& o) const {
     return find == o.find && free == o.free && victim == o.victim &&
-           victim_unpinned == o.victim_unpinned;
+           victim_unpinned == o.victim_unpinned && find_home == o.find_home;
   }
 };
 
@@ -59,6 +60,7 @@ template <class Tile>
 Answer tile_answer(const Tile& tile, const TableRef<float>& t, const Query& q) {
   Answer a;
   a.find = dynemb::tile_bucket_find(tile, t, q.bucket, q.key, q.digest);
+  a.find_home = dynemb::tile_bucket_find(tile, t, q.bucket, q.key, q.digest, q.home);
   a.free = dynemb::tile_free_slot(tile, t, q.bucket, order_of(t, q.home));
   a.victim = dynemb::tile_victim_in<true>(tile, t, q.bucket, q.pin_mask, q.evict_below,
                                           q.pin_floor);
@@ -71,6 +73,7 @@ Answer serial_answer(const TableRef<float>& t, const Query& q) {
   const dynemb::ProbeOrder order = order_of(t, q.home);
   Answer a;
   a.find = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
+  a.find_home = a.find;  // a key holds one slot at most: the scan order decides nothing
   a.free = dynemb::bucket_free_slot<ScalarPlatform>(t, q.bucket, order);
   a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
   a.victim_unpinned =
@@ -86,7 +89,7 @@ __global__ void tile_kernel(TableRef<float> t, const Query* queries, int64_t n, 
   const Answer a = tile_answer(tile, t, queries[i]);
   // Every lane must hold the answer: lanes other than 0 check theirs against lane 0's.
   const Answer first{tile.shfl(a.find, 0), tile.shfl(a.free, 0), tile.shfl(a.victim, 0),
-                     tile.shfl(a.victim_unpinned, 0)};
+                     tile.shfl(a.victim_unpinned, 0), tile.shfl(a.find_home, 0)};
   if (tile.rank() == 0) out[i] = a;
   if (!(first == a)) out[i].find = -2;  // lanes disagree: no serial answer is -2
 }
@@ -147,7 +150,8 @@ std::vector<Query> random_queries(std::mt19937_64& rng, const RandomTable& table
 
 std::string show(const Answer& a) {
   return "find " + std::to_string(a.find) + ", free " + std::to_string(a.free) + ", victim " +
-         std::to_string(a.victim) + ", victim without pins " + std::to_string(a.victim_unpinned);
+         std::to_string(a.victim) + ", victim without pins " + std::to_string(a.victim_unpinned) +
+         ", find from the home line " + std::to_string(a.find_home);
 }
 
 template <unsigned N>
