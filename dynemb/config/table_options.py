@@ -273,9 +273,17 @@ class DynamicEmbTableOptions:
             lookup inserts takes its first row (and its optimizer state, when the
             source keeps one of the table's width) from it instead of the initializer
             (None: the initializer's). See "Warm start" in DynamicEmb_APIs.md.
+        hot_replicas: (dynemb) row-wise sharding: up to this many of the table's most
+            accessed keys are copied to every rank, which then looks them up locally
+            instead of through the all-to-all (``dynemb.shard.hot_keys``); training is
+            unchanged (the copies take the same summed gradient and update as the
+            owner's row, which stays the table's). 0: none.
+        hot_refresh_steps: (dynemb) the hot set is chosen again every this many
+            training steps, from the accesses of every rank since the last choice.
 
     Raises:
-        ValueError: an unknown ``dist_type``; ``score_half_life_steps`` missing, out of
+        ValueError: an unknown ``dist_type``; ``hot_replicas`` < 0 or
+            ``hot_refresh_steps`` < 1 (or not ints); ``score_half_life_steps`` missing, out of
             [1, 2**31 - 1] or given to a strategy that does not decay.
         NotImplementedError: a ``score_strategy`` tuple other than the compounds.
         TypeError: a ``score_strategy`` that is not a DynamicEmbScoreStrategy.
@@ -328,8 +336,16 @@ class DynamicEmbTableOptions:
     use_constant_memory: bool = False
     reserved_key_start_bit: int = 0
     num_of_buckets_per_alloc: int = 1
+    hot_replicas: int = 0
+    hot_refresh_steps: int = 100
 
     def __post_init__(self) -> None:
+        for field, low in (("hot_replicas", 0), ("hot_refresh_steps", 1)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"DynamicEmbTableOptions.{field} must be an int >= {low}, got {value!r}"
+                )
         if self.dist_type not in DIST_TYPES:
             raise ValueError(
                 f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "

@@ -8,6 +8,7 @@ or row-wise over the ranks of one node (TABLE_ROW_WISE, pooled tables,
 ``twrw_sharding.py``); every other table stays TorchRec's.
 """
 
+from dynemb.shard.hot_dist import hot_key_stats, reload_hot_replicas
 from dynemb.shard.sharded_modules import (
     ShardedDynamicEmbeddingBagCollection,
     ShardedDynamicEmbeddingCollection,
@@ -24,4 +25,6 @@ __all__ = [
     "ShardedDynamicEmbeddingBagCollection",
     "ShardedDynamicEmbeddingCollection",
     "dynamic_embedding_tables",
+    "hot_key_stats",
+    "reload_hot_replicas",
 ]

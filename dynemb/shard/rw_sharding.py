@@ -32,6 +32,12 @@ from dynemb.distributed.sharding_names import (
     DYNAMIC_SHARDING_TYPES,
 )
 from dynemb.shard.compute_kernel import BatchedDynamicEmbedding, BatchedDynamicEmbeddingBag
+from dynemb.shard.hot_dist import (
+    HotRwPooledEmbeddingDist,
+    HotRwSequenceEmbeddingDist,
+    HotRwSparseFeaturesDist,
+    HotSharding,
+)
 from dynemb.shard.output_dist import RwUnevenPooledEmbeddingDist
 
 
@@ -121,6 +127,32 @@ class _DynamicRwMixin:
     def _init_dynamic(self, sharding_infos) -> None:
         self._dynamic_options = dynamic_options(sharding_infos)
         self._ordinary = ordinary_tables(sharding_infos)
+        self._hot: HotSharding | None = None
+
+    def _init_hot(self) -> None:
+        """The hot keys of tables with ``hot_replicas`` (hot_keys.py), once the
+        grouped configs are known."""
+        if not HotSharding.wanted(self._dynamic_options, self._pg):
+            return
+        for name in self._ordinary:
+            if self._dynamic_options[name].hot_replicas:
+                raise ValueError(
+                    f"table {name!r}: hot_replicas is for dynamic tables, not for an "
+                    "ordinary table held as a dynamic one"
+                )
+        tables = [
+            table.name
+            for group in self._grouped_embedding_configs
+            for table in group.embedding_tables
+            for _ in range(table.num_features())
+        ]
+        dims = [
+            table.embedding_dim
+            for group in self._grouped_embedding_configs
+            for table in group.embedding_tables
+            for _ in range(table.num_features())
+        ]
+        self._hot = HotSharding(tables, self._dynamic_options, dims, self._pg)
 
     def _ordinary_keys(self) -> dict[str, range]:
         """This rank's ids of each ordinary table held as a dynamic one (stored at build)."""
@@ -132,13 +164,23 @@ class _DynamicRwMixin:
         }
 
     def _dynamic_input_dist(self, device, is_sequence: bool) -> DynamicEmbRwSparseFeaturesDist:
-        return DynamicEmbRwSparseFeaturesDist(
+        if self._hot is not None:
+            return HotRwSparseFeaturesDist(self._hot, **self._input_dist_args(device, is_sequence))
+        return DynamicEmbRwSparseFeaturesDist(**self._input_dist_args(device, is_sequence))
+
+    def _input_dist_args(self, device, is_sequence: bool) -> dict:
+        return dict(
             pg=self._pg,
             feature_routes=feature_routes(self._grouped_embedding_configs, self._dynamic_options),
             device=device if device is not None else self._device,
             is_sequence=is_sequence,
             bounded=_bounded_features(self._grouped_embedding_configs, self._ordinary),
         )
+
+    def _bind_hot(self, lookup):
+        if self._hot is not None:
+            self._hot.bind(lookup)
+        return lookup
 
 
 class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingSharding):
@@ -147,11 +189,19 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingShar
     def __init__(self, sharding_infos, env: ShardingEnv, device=None, qcomm_codecs_registry=None):
         self._init_dynamic(sharding_infos)
         super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+        self._init_hot()
 
     def create_input_dist(self, device: torch.device | None = None):
         return self._dynamic_input_dist(device, is_sequence=False)
 
     def create_output_dist(self, device: torch.device | None = None):
+        if self._hot is not None:
+            return HotRwPooledEmbeddingDist(
+                self._hot,
+                self._pg,
+                qcomm_codecs_registry=self.qcomm_codecs_registry,
+                embedding_dims=self.embedding_dims(),
+            )
         return RwUnevenPooledEmbeddingDist(
             self._pg,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
@@ -159,7 +209,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingShar
         )
 
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
-        return DynamicEmbGroupedPooledEmbeddingsLookup(
+        lookup = DynamicEmbGroupedPooledEmbeddingsLookup(
             self._dynamic_options,
             self._ordinary_keys(),
             grouped_configs=self._grouped_embedding_configs,
@@ -169,6 +219,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicRwMixin, RwPooledEmbeddingShar
             sharding_type=ShardingType.ROW_WISE,
             env=self._env,
         )
+        return self._bind_hot(lookup)
 
 
 class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbeddingSharding):
@@ -177,12 +228,24 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbedding
     def __init__(self, sharding_infos, env: ShardingEnv, device=None, qcomm_codecs_registry=None):
         self._init_dynamic(sharding_infos)
         super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+        self._init_hot()
 
     def create_input_dist(self, device: torch.device | None = None):
         return self._dynamic_input_dist(device, is_sequence=True)
 
+    def create_output_dist(self, device: torch.device | None = None):
+        if self._hot is None:
+            return super().create_output_dist(device)
+        return HotRwSequenceEmbeddingDist(
+            self._hot,
+            self._pg,
+            self._get_num_features(),
+            device if device is not None else self._device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+        )
+
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
-        return DynamicEmbGroupedEmbeddingsLookup(
+        lookup = DynamicEmbGroupedEmbeddingsLookup(
             self._dynamic_options,
             self._ordinary_keys(),
             grouped_configs=self._grouped_embedding_configs,
@@ -190,6 +253,7 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicRwMixin, RwSequenceEmbedding
             device=device if device is not None else self._device,
             env=self._env,
         )
+        return self._bind_hot(lookup)
 
 
 class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):

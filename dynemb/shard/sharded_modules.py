@@ -26,6 +26,7 @@ from dynemb.shard.cw_sharding import (
     DynamicEmbCwPooledEmbeddingSharding,
     DynamicEmbCwSequenceEmbeddingSharding,
 )
+from dynemb.shard.hot_dist import HotRwSparseFeaturesDist, HotSharding
 from dynemb.shard.mean_divisor import divided_columns, exact_divisor
 from dynemb.shard.ordinary_state import OrdinaryTableState
 from dynemb.shard.output_dist import EmptyBatchSafeAwaitable
@@ -90,6 +91,10 @@ def _lookup_groups(lookups) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
     # TorchRec keeps lookups in a plain list, out of nn.Module.modules()' reach: each
     # is walked, and its groups belong to the collection itself (path "").
     return [("", group) for lookup in lookups for _, group in table_groups(lookup)]
+
+
+def _hot_shardings(input_dists) -> list[HotSharding]:
+    return [d.hot_sharding for d in input_dists if isinstance(d, HotRwSparseFeaturesDist)]
 
 
 def dynamic_embedding_tables(model: nn.Module) -> dict[str, BatchedDynamicEmbeddingTables]:
@@ -174,6 +179,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         """The groups of dynamic tables of this rank (dynemb.table_groups' protocol)."""
         return _lookup_groups(self._lookups)
 
+    def hot_shardings(self) -> list[HotSharding]:
+        """The hot keys of its row-wise shardings (``hot_replicas``; dynemb.shard.hot_dist)."""
+        return _hot_shardings(self._input_dists)
+
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)
         _register_placeholders(
@@ -245,6 +254,10 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
     def dynamic_table_groups(self) -> list[tuple[str, BatchedDynamicEmbeddingTables]]:
         """The groups of dynamic tables of this rank (dynemb.table_groups' protocol)."""
         return _lookup_groups(self._lookups)
+
+    def hot_shardings(self) -> list[HotSharding]:
+        """The hot keys of its row-wise shardings (``hot_replicas``; dynemb.shard.hot_dist)."""
+        return _hot_shardings(self._input_dists)
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         super()._initialize_torch_state(skip_registering)

@@ -1,0 +1,71 @@
+"""Hot keys copied to every rank (``hot_replicas``): a sharded EBC / EC trained with
+them on real gloo ranks equals the same model trained without, step by step, with
+promotions and demotions; every replica holds its owner's bits."""
+
+import pytest
+import torch
+
+from dynemb import DynamicEmbTableOptions
+from tests.support.hot_keys_workers import STEPS, HotCase, train_both
+from tests.support.multiprocess import run_ranks
+
+OPTIMIZERS = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL"]
+RTOL = ATOL = 1e-5
+
+
+def _check(cases, results):
+    world_size = len(results)
+    for c, case in enumerate(cases):
+        moved = 0
+        for rank in range(world_size):
+            r = results[rank][c]
+            for step in range(STEPS):
+                got, want = r["hot"][step], r["plain"][step]
+                for g, w in zip(got, want) if case.pooling == "NONE" else [(got, want)]:
+                    torch.testing.assert_close(
+                        g, w, rtol=RTOL, atol=ATOL,
+                        msg=lambda m, s=step, r=rank, c=case: f"{c} rank {r} step {s}: {m}",
+                    )  # fmt: skip
+            for name, (keys, rows, _) in r["plain_entries"].items():
+                hot_keys, hot_rows, _ = r["hot_entries"][name]
+                assert torch.equal(keys, hot_keys), f"{case} {name}: other keys stored"
+                torch.testing.assert_close(hot_rows, rows, rtol=RTOL, atol=ATOL)
+            stats = r["stats"]
+            assert stats["local_ids"] > 0 and stats["sent_ids"] > 0, (case, stats)
+            moved += stats["demoted"]
+            # each replica holds its owner's whole rows, bit for bit
+            for name, (keys, replica) in r["replicas"].items():
+                for owner in range(world_size):
+                    owned_keys, owned_rows, _ = results[owner][c]["hot_entries"][name]
+                    hit = torch.isin(keys, owned_keys)
+                    at = torch.searchsorted(owned_keys, keys[hit])
+                    assert torch.equal(replica[hit], owned_rows[at]), f"{case} {name} replica"
+                assert torch.equal(keys, results[0][c]["replicas"][name][0])
+        assert moved > 0, f"{case}: no hot key was demoted"
+
+
+def _ebc_cases():
+    cases = [HotCase(opt, "SUM") for opt in OPTIMIZERS]
+    cases += [HotCase(opt, "MEAN", "hash_roundrobin") for opt in OPTIMIZERS[1:3]]
+    cases += [HotCase("EXACT_ROWWISE_ADAGRAD", "SUM", "continuous", weighted=True, score="LFU")]
+    return cases
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_hot_keys_ebc_equals_unreplicated(world_size):
+    cases = _ebc_cases()
+    _check(cases, run_ranks(train_both, world_size, cases))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_hot_keys_ec_equals_unreplicated(world_size):
+    cases = [HotCase(opt, "NONE") for opt in OPTIMIZERS]
+    _check(cases, run_ranks(train_both, world_size, cases))
+
+
+@pytest.mark.parametrize(
+    "field, value", [("hot_replicas", -1), ("hot_refresh_steps", 0), ("hot_replicas", 1.5)]
+)
+def test_hot_options_checked(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be an int"):
+        DynamicEmbTableOptions(**{field: value})

@@ -1,0 +1,205 @@
+"""Rank-side code of the hot-keys tests: the same sharded model trained with and
+without ``hot_replicas`` on the same skewed batches (run on real gloo ranks by
+tests/support/multiprocess.py)."""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+)
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.modules.embedding_configs import PoolingType
+
+from dynemb import DynamicEmbInitializerArgs, DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynemb.optimizer import optimizer_type_of
+from dynemb.planner import DynamicEmbParameterSharding
+from dynemb.shard import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+    dynamic_embedding_tables,
+)
+from dynemb.shard.hot_dist import hot_key_stats, hot_tables
+from tests.support.ftrl_reference import optimizer_kwargs
+
+FEATURES = ["f0", "f1", "f2"]
+STEPS = 20
+LR = 0.05
+BATCH = 6  # samples per rank
+
+
+@dataclasses.dataclass(frozen=True)
+class HotCase:
+    optimizer: str = "EXACT_SGD"
+    pooling: str = "SUM"  # SUM / MEAN (EBC); NONE for EC
+    dist_type: str = "roundrobin"
+    weighted: bool = False
+    k: int = 4
+    refresh: int = 4
+    score: str = "TIMESTAMP"
+
+    def fused_params(self) -> dict:
+        return {
+            "optimizer": optimizer_type_of(self.optimizer), "learning_rate": LR, "eps": 1e-3,
+            **optimizer_kwargs(self.optimizer),
+        }  # fmt: skip
+
+
+def _options(case: HotCase, dim: int, hot: bool) -> DynamicEmbTableOptions:
+    return DynamicEmbTableOptions(
+        dim=dim,
+        max_capacity=512,
+        dist_type=case.dist_type,
+        initializer_args=DynamicEmbInitializerArgs(lower=-0.5, upper=0.5),
+        seed=3,
+        score_strategy=DynamicEmbScoreStrategy[case.score],
+        hot_replicas=case.k if hot else 0,
+        hot_refresh_steps=case.refresh,
+    )
+
+
+def _dims(case: HotCase) -> list[int]:
+    return [4, 4] if case.pooling == "NONE" else [4, 8]
+
+
+def build(case: HotCase, world_size: int, hot: bool):
+    d = _dims(case)
+    if case.pooling == "NONE":
+        configs = [
+            EmbeddingConfig(name="t0", embedding_dim=d[0], num_embeddings=100,
+                            feature_names=["f0", "f1"]),
+            EmbeddingConfig(name="t1", embedding_dim=d[1], num_embeddings=100,
+                            feature_names=["f2"]),
+        ]  # fmt: skip
+        module = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=case.fused_params())
+    else:
+        pooling = PoolingType[case.pooling]
+        configs = [
+            EmbeddingBagConfig(name="t0", embedding_dim=d[0], num_embeddings=100,
+                               feature_names=["f0", "f1"], pooling=pooling),
+            EmbeddingBagConfig(name="t1", embedding_dim=d[1], num_embeddings=100,
+                               feature_names=["f2"], pooling=pooling),
+        ]  # fmt: skip
+        module = EmbeddingBagCollection(
+            tables=configs, is_weighted=case.weighted, device=torch.device("meta")
+        )
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=case.fused_params())
+    mplan = construct_module_sharding_plan(
+        module,
+        per_param_sharding={n: row_wise(compute_kernel="customized_kernel") for n in ("t0", "t1")},
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+        sharder=sharder,
+    )
+    for name, dim in zip(("t0", "t1"), d):
+        base = mplan[name]
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        mplan[name] = DynamicEmbParameterSharding(
+            **fields, dynamicemb_options=_options(case, dim, hot)
+        )
+    return DistributedModelParallel(
+        module,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        plan=ShardingPlan({"": mplan}),
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+
+
+def skewed_batch(step: int, world_size: int, weighted: bool):
+    """Per feature, per sample keys of the global batch: Zipf-like over 60 keys whose
+    ranking turns every 7 steps (so hot sets change: promotions and demotions)."""
+    g = torch.Generator().manual_seed(500 + step)
+    total = BATCH * world_size
+    lengths = torch.randint(0, 5, (len(FEATURES), total), generator=g)
+    n = int(lengths.sum())
+    ranks = torch.arange(1, 61, dtype=torch.float64)
+    probs = ranks**-1.2
+    drawn = torch.multinomial(probs, n, replacement=True, generator=g)
+    shift = (step // 7) * 5
+    keys = (drawn + shift) % 60 * 3 - 20  # negative keys too
+    weights = torch.rand(n, generator=g) if weighted else None
+    return lengths, keys, weights
+
+
+def _local(lengths, keys, weights, rank):
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+    total = lengths.shape[1]
+    a, b = rank * BATCH, (rank + 1) * BATCH
+    parts, wparts = [], []
+    for f in range(len(FEATURES)):
+        lo, hi = int(offsets[f * total + a]), int(offsets[f * total + b])
+        parts.append(keys[lo:hi])
+        if weights is not None:
+            wparts.append(weights[lo:hi])
+    return KeyedJaggedTensor(
+        keys=FEATURES,
+        values=torch.cat(parts),
+        lengths=lengths[:, a:b].flatten(),
+        weights=torch.cat(wparts) if weights is not None else None,
+    )
+
+
+def _grad(step: int, shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(9 + step))
+
+
+def _train(model, case: HotCase, rank: int, world_size: int):
+    outputs = []
+    for step in range(STEPS):
+        lengths, keys, weights = skewed_batch(step, world_size, case.weighted)
+        out = model(_local(lengths, keys, weights, rank))
+        if case.pooling == "NONE":
+            values = [out[f].values() for f in FEATURES]
+            loss = sum((v * _grad(step + 100 * f, v.shape)).sum() for f, v in enumerate(values))
+            outputs.append([v.detach().clone() for v in values])
+        else:
+            values = out.values()
+            loss = (values * _grad(step, values.shape)).sum()
+            outputs.append(values.detach().clone())
+        loss.backward()
+    return outputs
+
+
+def _entries(model) -> dict:
+    """Table name -> (keys, whole rows, scores) this rank owns, sorted by key."""
+    keys = torch.arange(-40, 200, dtype=torch.int64)
+    found = {}
+    for group in dynamic_embedding_tables(model).values():
+        for name, table in zip(group.table_names, group.tables):
+            rows, scores, hit = table.find_entries(keys)
+            found[name] = (keys[hit], rows[hit], scores[hit])
+    return found
+
+
+def train_both(rank: int, world_size: int, cases: list[HotCase]):
+    """Per case: outputs and owned entries without and with hot replicas, the hot-key
+    stats, and each replica's (keys, whole rows) at the end."""
+    results = []
+    for case in cases:
+        plain = build(case, world_size, hot=False)
+        plain_out = _train(plain, case, rank, world_size)
+        hot = build(case, world_size, hot=True)
+        hot_out = _train(hot, case, rank, world_size)
+        stats = hot_key_stats(hot)
+        replicas = {name: (s.keys.clone(), s.replica_rows()) for name, s in hot_tables(hot).items()}
+        results.append(
+            dict(
+                plain=plain_out,
+                hot=hot_out,
+                plain_entries=_entries(plain),
+                hot_entries=_entries(hot),
+                stats=stats,
+                replicas=replicas,
+            )
+        )
+    return results
