@@ -18,13 +18,20 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, r
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_configs import PoolingType
 
-from dynemb import DynamicEmbInitializerArgs, DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynemb import (
+    DynamicEmbDump,
+    DynamicEmbInitializerArgs,
+    DynamicEmbLoad,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
 from dynemb.optimizer import optimizer_type_of
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import (
     DynamicEmbeddingBagCollectionSharder,
     DynamicEmbeddingCollectionSharder,
     dynamic_embedding_tables,
+    reload_hot_replicas,
 )
 from dynemb.shard.hot_dist import hot_key_stats, hot_tables
 from tests.support.ftrl_reference import optimizer_kwargs
@@ -202,4 +209,45 @@ def train_both(rank: int, world_size: int, cases: list[HotCase]):
                 replicas=replicas,
             )
         )
+    return results
+
+
+def _train_steps(model, case: HotCase, rank: int, world_size: int, steps, seed: int = 0):
+    outputs = []
+    for step in steps:
+        lengths, keys, weights = skewed_batch(step + seed, world_size, case.weighted)
+        values = model(_local(lengths, keys, weights, rank)).values()
+        (values * _grad(step, values.shape)).sum().backward()
+        outputs.append(values.detach().clone())
+    return outputs
+
+
+def checkpoint_round_trip(rank: int, world_size: int, case: HotCase, directory: str):
+    """Outputs of steps 10..19 of: the plain model trained throughout; a plain model
+    loading the dump of a hot model's first 10 steps; a hot model (trained on other
+    batches, hot sets full) loading the plain model's dump, then reloading its replicas
+    (``reload`` False: without)."""
+    first, last = range(10), range(10, STEPS)
+    plain = build(case, world_size, hot=False)
+    _train_steps(plain, case, rank, world_size, first)
+    DynamicEmbDump(f"{directory}/plain", plain, optim=True)
+    reference = _train_steps(plain, case, rank, world_size, last)
+
+    hot = build(case, world_size, hot=True)
+    _train_steps(hot, case, rank, world_size, first)
+    assert hot_key_stats(hot)["hot_keys"] > 0
+    DynamicEmbDump(f"{directory}/hot", hot, optim=True)
+    fresh = build(case, world_size, hot=False)
+    DynamicEmbLoad(f"{directory}/hot", fresh, optim=True)
+    from_hot = _train_steps(fresh, case, rank, world_size, last)
+
+    results = {"reference": reference, "from_hot": from_hot}
+    for reload in (True, False):
+        other = build(case, world_size, hot=True)
+        _train_steps(other, case, rank, world_size, first, seed=1000)  # other rows
+        assert hot_key_stats(other)["hot_keys"] > 0
+        DynamicEmbLoad(f"{directory}/plain", other, optim=True)
+        if reload:
+            reload_hot_replicas(other)
+        results[f"into_hot_reload_{reload}"] = _train_steps(other, case, rank, world_size, last)
     return results
