@@ -413,6 +413,13 @@ SUPPORTED_DIST_TYPES = DIST_TYPES
 """DynamicEmb's name of ``DIST_TYPES``."""
 
 
+def hot_replica_rows(options: DynamicEmbTableOptions) -> int:
+    """Slots a rank's replica of a table's hot keys allocates (``hot_replicas``): at
+    most a quarter full, whole buckets; 0 without hot replicas."""
+    k, bucket = options.hot_replicas, options.bucket_capacity
+    return 0 if k == 0 else bucket * max(1, -(-4 * k // bucket))
+
+
 def with_kernel_defaults(name: str, options: DynamicEmbTableOptions) -> DynamicEmbTableOptions:
     """A copy of ``options`` with the fields a table needs filled where they are ``None``
     (what the planner fills from the TorchRec config when there is one):

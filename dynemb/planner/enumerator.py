@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import logging
 
+import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import (
@@ -44,7 +45,8 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from dynemb.config.optimizer import EmbOptimType
+from dynemb.config.optimizer import EmbOptimType, OptimizerConfig
+from dynemb.config.table_options import dtype_to_bytes, hot_replica_rows
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME, DYNAMIC_SHARDING_TYPE
 from dynemb.planner.capacity import effective_bucket_capacity, rank_value_bytes
 from dynemb.planner.constraints import DynamicEmbParameterConstraints, is_dynamic
@@ -222,8 +224,14 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             so.sharding_type, self._world_size, self._budget_topology.intra_group_size
         )
         bucket = effective_bucket_capacity(rows, ranks, o.bucket_capacity)
-        total = rank_value_bytes(config, self._optimizer(so), ranks, bucket, o.embedding_dtype)
-        return dynamic_rank_storage(o, total, self._compute_device, ranks)
+        optimizer = self._optimizer(so)
+        total = rank_value_bytes(config, optimizer, ranks, bucket, o.embedding_dtype)
+        replica = 0
+        if o.hot_replicas and so.sharding_type == ShardingType.ROW_WISE.value:
+            row = dim + OptimizerConfig(optimizer).state_columns(dim)
+            dtype = o.embedding_dtype if o.embedding_dtype is not None else torch.float32
+            replica = hot_replica_rows(o) * row * dtype_to_bytes(dtype)
+        return dynamic_rank_storage(o, total, self._compute_device, ranks, replica)
 
     def _optimizer(self, so: ShardingOption) -> EmbOptimType:
         # The dynamic tables' optimizer travels in the sharder's fused_params.

@@ -6,7 +6,8 @@ counted: on a GPU the first ``local_hbm_for_values`` bytes of a rank's rows in H
 and the rest in host memory (``dynemb.table.placement``: the slow tier); in caching
 mode the cache (``local_hbm_for_values`` bytes) in HBM and the whole table behind it
 in host memory; on a CPU everything (cache included) in host memory. Keys, scores and digests are not
-counted (as in ``get_table_value_bytes``).
+counted (as in ``get_table_value_bytes``). A table with ``hot_replicas`` adds, on every
+rank, its replica's rows (``hot_replica_rows``) where its fast rows live.
 """
 
 from collections.abc import Iterable
@@ -25,9 +26,14 @@ __all__ = ["check_rank_budgets", "dynamic_rank_storage"]
 
 
 def dynamic_rank_storage(
-    options: DynamicEmbTableOptions, value_bytes: int, compute_device: str, world_size: int
+    options: DynamicEmbTableOptions,
+    value_bytes: int,
+    compute_device: str,
+    world_size: int,
+    replica_bytes: int = 0,
 ) -> Storage:
-    """One rank's storage of a dynamic table whose rank holds ``value_bytes`` of rows.
+    """One rank's storage of a dynamic table whose rank holds ``value_bytes`` of rows,
+    plus ``replica_bytes`` of its hot keys' replica (device memory on a GPU).
 
     Example::
 
@@ -35,6 +41,13 @@ def dynamic_rank_storage(
                              value_bytes=4 << 20, compute_device="cuda", world_size=2)
         # Storage(hbm=1 MiB, ddr=3 MiB)
     """
+    storage = _table_storage(options, value_bytes, compute_device, world_size)
+    if compute_device == "cpu":
+        return Storage(hbm=storage.hbm, ddr=storage.ddr + replica_bytes)
+    return Storage(hbm=storage.hbm + replica_bytes, ddr=storage.ddr)
+
+
+def _table_storage(options, value_bytes: int, compute_device: str, world_size: int) -> Storage:
     fast = min(value_bytes, local_hbm_bytes(options, world_size))
     if options.caching:  # the cache, and behind it a table of every row
         if compute_device == "cpu":

@@ -23,6 +23,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from dynemb.config.table_options import hot_replica_rows
 from dynemb.config.types import DynamicEmbCheckMode, DynamicEmbPoolingMode
 from dynemb.distributed.routing import route_keys
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
@@ -95,11 +96,6 @@ def _replica_options(options, capacity: int):
     )
 
 
-def replica_capacity(k: int, bucket_capacity: int) -> int:
-    """Slots of a replica of ``k`` keys: a quarter full at most, whole buckets."""
-    return bucket_capacity * max(1, -(-4 * k // bucket_capacity))
-
-
 class HotTable:
     """The hot set of one table on this rank: its keys (ascending: a key's position in
     it orders the all-reduce), the replica, and the owner's group of tables.
@@ -126,7 +122,7 @@ class HotTable:
         options = group.table_options[self.t]
         config = group.optimizer_config
         self.replica = BatchedDynamicEmbeddingTables(
-            [_replica_options(options, replica_capacity(k, options.bucket_capacity))],
+            [_replica_options(options, hot_replica_rows(options))],
             [0],
             pooling_mode=group.pooling_mode,
             table_names=[name],
@@ -251,4 +247,4 @@ def _apply(tables: BatchedDynamicEmbeddingTables, feature, keys, grads, counts, 
         tables.train(was_training)
 
 
-__all__ = ["AccessSketch", "HotTable", "merge_counts", "replica_capacity", "top_keys"]
+__all__ = ["AccessSketch", "HotTable", "merge_counts", "top_keys"]
