@@ -6,6 +6,7 @@ Usage::
                                         [--steps N] [--repeats N] [--workload train|wide|wide-rows]
                                         [--tables N] [--device cpu|cuda]
                                         [--sharding TYPE[,TYPE...]]
+                                        [--hot-replicas K[,K...]] [--collection ebc|ec]
 
 The step of W-train (benchmark/README.md; sizes and ids from train_workloads.py):
 8 features, one table each (1,000,000 rows, dim 64), batch 4096 per process,
@@ -40,6 +41,16 @@ threads; each reports its median step time; the figure is per-process samples/s
 peer / dynemb, ``--repeats`` times; the figure is each one's median over the runs
 (every run's figure in the JSON line's ``runs`` and ``peer_runs``). ADAM has no CPU peer.
 
+``--workload train-skew``: W-train-skew, W-train's shape with Zipf(1.2) ids.
+``--hot-replicas 0,K1,K2``: dynemb with ``DynamicEmbTableOptions.hot_replicas`` = each K
+(0: none) in the same run, the peer once (K = 0); ``--collection ec``: an
+EmbeddingCollection (NONE pooling, dynemb only). Each rank also counts the bytes it
+sends by phase of the timed steps (``comm_bytes.py``: input dist, output dist,
+backward, by collective) and the share of its ids served from the hot replicas
+(``dynemb.shard.hot_key_stats``); JSON metrics ``input_bytes_per_step``,
+``a2a_bytes_per_step`` (every all-to-all), ``allreduce_bytes_per_step``,
+``local_share``.
+
 ``--device cuda``: rank r on ``cuda:r`` over NCCL (a world needs a GPU per rank), the
 peer's FUSED kernel in HBM (ROW_WISE at 2 processes is TorchRec's own on cuda), each
 step timed between two ``torch.cuda.synchronize``.
@@ -58,6 +69,7 @@ from pathlib import Path
 
 import torch
 from bench_train import OPTIMIZERS, has_peer
+from comm_bytes import CommBytes
 from common import (
     Recorder,
     add_device_argument,
@@ -126,7 +138,12 @@ def build_model(
     impl: str, config: Config, world_size: int, device: torch.device
 ) -> torch.nn.Module:
     import torch.distributed as dist
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+    )
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -135,15 +152,21 @@ def build_model(
     from dynemb import DynamicEmbTableOptions
     from dynemb.optimizer import EmbOptimType
     from dynemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-    from dynemb.shard import DynamicEmbeddingBagCollectionSharder
+    from dynemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
 
+    sequence = config.collection == "ec"
+    config_class = EmbeddingConfig if sequence else EmbeddingBagConfig
     configs = [
-        EmbeddingBagConfig(
+        config_class(
             name=name, embedding_dim=config.dim, num_embeddings=config.num_ids, feature_names=[f]
         )
         for name, f in zip(table_names(config), feature_names(config), strict=True)
     ]
-    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    module_class = EmbeddingCollection if sequence else EmbeddingBagCollection
+    module = module_class(tables=configs, device=torch.device("meta"))
     fused = {
         "optimizer": EmbOptimType[config.optimizer],
         "learning_rate": config.learning_rate,
@@ -153,8 +176,15 @@ def build_model(
     }
     planning = planner_inputs(world_size, device.type)
     if impl == "dynemb":
-        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused)
-        options = DynamicEmbTableOptions(dist_type="roundrobin")  # init_capacity: max
+        sharder_class = (
+            DynamicEmbeddingCollectionSharder if sequence else DynamicEmbeddingBagCollectionSharder
+        )
+        sharder = sharder_class(fused_params=fused)
+        options = DynamicEmbTableOptions(  # init_capacity: max
+            dist_type="roundrobin",
+            hot_replicas=config.hot_replicas,
+            hot_refresh_steps=config.hot_refresh_steps,
+        )
         types = _sharding_types(config)
         constraints = {
             name: DynamicEmbParameterConstraints(
@@ -212,16 +242,77 @@ def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -
     try:
         inputs = rank_inputs(impl, config, rank, device)
         model = build_model(impl, config, world_size, device)
+        comm = CommBytes()
+        comm.install()
+        _count_phases(model, comm)
+        steps_run = [0]
 
         def step(kjt) -> None:
-            model(kjt).values().sum().backward()
+            if steps_run[0] == config.warmup:  # count the timed steps only
+                comm.reset()
+                _reset_hot_counts(model)
+            steps_run[0] += 1
+            with comm.phase("input"):  # until the output dist: the input dist's waits
+                out = model(kjt)
+            if isinstance(out, dict):  # EmbeddingCollection: a JaggedTensor per feature
+                loss = sum(jt.values().sum() for jt in out.values())
+            else:
+                loss = out.values().sum()
+            with comm.phase("backward"):
+                loss.backward()
 
         desc = f"{impl} {config.optimizer} rank {rank}"
         times = time_steps(step, inputs, config.warmup, desc, device)
         dist.barrier()
-        return {**summarize(config, times), "plan": plan_types(model)}
+        return {
+            **summarize(config, times),
+            "plan": plan_types(model),
+            **_comm_figures(comm, model, len(times)),
+        }
     finally:
         dist.destroy_process_group()
+
+
+def _sharded_modules(model) -> list:
+    return [m for m in model.modules() if hasattr(m, "compute_and_output_dist")]
+
+
+def _count_phases(model, comm: CommBytes) -> None:
+    """Counts what the sharded modules send in their output dist (and backward) apart
+    from the rest of the forward (their input dist, waited before the lookup)."""
+    for module in _sharded_modules(model):
+        inner = module.compute_and_output_dist
+
+        def wrapped(*args, _inner=inner, **kwargs):
+            with comm.phase("output"):
+                return _inner(*args, **kwargs)
+
+        module.compute_and_output_dist = wrapped
+
+
+def _reset_hot_counts(model) -> None:
+    for module in model.modules():
+        for hot in getattr(module, "hot_shardings", lambda: [])():
+            hot.local_ids = hot.sent_ids = 0
+
+
+def _comm_figures(comm: CommBytes, model, steps: int) -> dict:
+    """Bytes this rank sent per timed step, by phase and collective; the share of its
+    ids of tables with hot replicas served from them."""
+    from dynemb.shard import hot_key_stats
+
+    per_step = {k: v / steps for k, v in comm.by_op.items()}
+    a2a = sum(v for k, v in per_step.items() if k.endswith("all_to_all"))
+    stats = hot_key_stats(model)
+    looked_up = stats["local_ids"] + stats["sent_ids"]
+    return {
+        "input_bytes_per_step": per_step.get("input.all_to_all", 0.0),
+        "a2a_bytes_per_step": a2a,
+        "allreduce_bytes_per_step": sum(v for k, v in per_step.items() if k.endswith("all_reduce")),
+        "bytes_by_op_per_step": per_step,
+        "local_share": stats["local_ids"] / looked_up if looked_up else 0.0,
+        "hot_keys": stats["hot_keys"],
+    }
 
 
 def run_world(impl: str, config: Config, world_size: int) -> dict:
@@ -262,7 +353,14 @@ def _run_world_once(impl: str, config: Config, world_size: int) -> dict:
         "aggregate_samples_per_s": slowest["samples_per_s"] * world_size,
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
         "plan": results[0]["plan"],
+        # mean over the ranks of each rank's bytes sent per step; its local share
+        **{key: sum(r[key] for r in results) / world_size for key in COMM_FIGURES},
+        "step_ms": 1000 * config.batch / slowest["samples_per_s"],
     }
+
+
+COMM_FIGURES = ("input_bytes_per_step", "a2a_bytes_per_step", "allreduce_bytes_per_step",
+                "local_share")  # fmt: skip
 
 
 def run_here(impl: str, config: Config, world_size: int) -> dict:
@@ -283,7 +381,7 @@ def run_pair(
     ``"dynemb"`` (the peer's None when fbgemm's CPU TBE lacks the optimizer)."""
     runs: dict[str, list[dict]] = {"torchrec": [], "dynemb": []}
     for _ in range(repeats):
-        if has_peer(config):
+        if has_peer(config) and config.collection == "ebc" and not config.hot_replicas:
             runs["torchrec"].append(run("torchrec", config, world_size))
         runs["dynemb"].append(run("dynemb", config, world_size))
     return {k: median_run(v, RATES) for k, v in runs.items()}
@@ -321,7 +419,14 @@ def run_worker(args: argparse.Namespace) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict | None) -> None:
+def record(
+    rec: Recorder,
+    config: Config,
+    ws: int,
+    dyn: dict | None,
+    peer: dict | None,
+    baseline: dict | None = None,
+) -> None:
     workload = config.workload + "-dmp"
     tag = f"@{config.optimizer}{variant_tag(config)},world_size={ws}"
     for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
@@ -340,6 +445,15 @@ def record(rec: Recorder, config: Config, ws: int, dyn: dict | None, peer: dict 
             workload, impl, "peak_rss_mib" + tag, result["peak_rss_bytes"] / 2**20,
             threads=config.threads,
         )  # fmt: skip
+    if dyn is not None and "input_bytes_per_step" in dyn:
+        # against dynemb without hot replicas in the same run (``base``), when given
+        for metric in (*COMM_FIGURES, "step_ms"):
+            base = baseline.get(metric) if baseline else None
+            rec.add(
+                workload, DYNEMB_IMPL, metric + tag, dyn[metric], threads=config.threads,
+                peer=DYNEMB_IMPL + "@hot_replicas=0" if base is not None else None,
+                peer_value=base,
+            )  # fmt: skip
 
 
 def sharding_list(text: str) -> list[str]:
@@ -365,6 +479,12 @@ def main(argv: list[str] | None = None) -> None:
         "column_wise, table_row_wise, or auto: the planner's pick); a comma-separated list "
         "runs each",
     )  # fmt: skip
+    parser.add_argument(
+        "--hot-replicas", default="0",
+        help="comma-separated hot_replicas of every dynamic table (0: none), each in turn",
+    )  # fmt: skip
+    parser.add_argument("--hot-refresh-steps", type=int, default=20)
+    parser.add_argument("--collection", choices=["ebc", "ec"], default="ebc")
     parser.add_argument("--worker", choices=["torchrec", "dynemb"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
@@ -384,12 +504,17 @@ def main(argv: list[str] | None = None) -> None:
         record_host(rec, quick=args.quick)
     for ws, threads in world_sizes(args, device):
         for optimizer, sharding in itertools.product(optimizers, args.sharding):
-            config = workload_config(
-                args, optimizer=optimizer, threads=threads, device=device.type,
-                sharding=sharding,
-            )  # fmt: skip
-            median = run_pair(config, ws, args.repeats)
-            record(rec, config, ws, median["dynemb"], median["torchrec"])
+            baseline = None
+            for k in (int(x) for x in args.hot_replicas.split(",")):
+                config = workload_config(
+                    args, optimizer=optimizer, threads=threads, device=device.type,
+                    sharding=sharding, hot_replicas=k, hot_refresh_steps=args.hot_refresh_steps,
+                    collection=args.collection,
+                )  # fmt: skip
+                median = run_pair(config, ws, args.repeats)
+                record(rec, config, ws, median["dynemb"], median["torchrec"], baseline)
+                if k == 0:
+                    baseline = median["dynemb"]
     print(file=sys.stderr)
     rec.print_table()
     if device.type == "cpu":

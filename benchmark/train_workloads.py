@@ -64,6 +64,12 @@ class Config:
     # process, row-wise on more; dynemb row-wise; "auto": each planner picks by cost
     # among row-wise, table-wise and column-wise).
     sharding: str | None = None
+    # DMP, dynemb only: DynamicEmbTableOptions.hot_replicas of every table (0: none),
+    # chosen again every hot_refresh_steps steps; collection "ec": an EmbeddingCollection
+    # (sequence, NONE pooling) instead of the EmbeddingBagCollection.
+    hot_replicas: int = 0
+    hot_refresh_steps: int = 20
+    collection: str = "ebc"
 
     @property
     def ids_per_batch(self) -> int:
@@ -73,6 +79,8 @@ class Config:
 # --workload: the Config fields of each workload that differ from the defaults (W-train).
 WORKLOADS: dict[str, dict] = {
     "train": {"workload": "W-train"},
+    # W-train's shape with skewed ids: Zipf(1.2), where a few keys take most lookups
+    "train-skew": {"workload": "W-train-skew", "zipf_s": 1.2},
     "wide": {
         "workload": "W-train-wide",
         "num_tables": 64,
@@ -131,7 +139,9 @@ def variant_tag(config: Config) -> str:
     preset = next(w for w in WORKLOADS.values() if w["workload"] == config.workload)
     default = preset.get("num_tables", Config.num_tables)
     tag = "" if config.num_tables == default else f",tables={config.num_tables}"
-    return tag + (f",sharding={config.sharding}" if config.sharding else "")
+    tag += f",sharding={config.sharding}" if config.sharding else ""
+    tag += f",collection={config.collection}" if config.collection != "ebc" else ""
+    return tag + (f",hot_replicas={config.hot_replicas}" if config.hot_replicas else "")
 
 
 def table_names(config: Config) -> list[str]:

@@ -5,8 +5,9 @@ positions are kept for the output), the others go through the all-to-all as befo
 The output dist adds, to what comes back, the hot ids' rows read from the local
 replica: pooled into their bags (EBC: MEAN divides the sum by the whole bag's length
 afterwards, as for the rows that came back), or put at their positions (EC). Its
-backward sums the gradients of each hot key on this rank, sums them over the ranks by
-one all-reduce (hot-set order: the same bits on every rank), then applies the same
+backward sums the gradients of each hot key on this rank, sums them over the ranks
+(all-reduces of the access counts, then of the touched keys' gradients, in hot-set
+order: the same bits on every rank), then applies the same
 update to every replica and to the owners' rows (``HotTable.update``).
 
 Each input dist of a step hands its split to the output dist of the same step
@@ -215,30 +216,42 @@ class HotSharding:
         return [(f, t) for f in range(len(self.feature_tables)) if (t := self._hot_of(f))]
 
     def reduce_and_update(self, split: HotSplit, grads_by_feature) -> None:
-        """Sums each hot key's gradient here, then over the ranks (one all-reduce in
-        hot-set order), and applies the update to the replicas and the owners' rows.
+        """Sums each hot key's gradient here, then over the ranks, and applies the
+        update to the replicas and the owners' rows.
 
+        Two all-reduces in hot-set order (the same bits on every rank): the access
+        counts of every hot key, then the gradients of the keys some rank touched.
         ``grads_by_feature``: (f, mask, gradients of the hot ids of feature f)."""
         names = sorted(self.tables)
-        sums = {n: torch.zeros(t.keys.numel(), t.dim + 1) for n, t in self.tables.items()}
+        sums = {n: torch.zeros(t.keys.numel(), t.dim) for n, t in self.tables.items()}
+        counts = {n: torch.zeros(t.keys.numel()) for n, t in self.tables.items()}
         for f, mask, grad in grads_by_feature:
             hot = self._hot_of(f)
-            at = split.position[mask]
-            sums[hot.name][:, : hot.dim].index_add_(0, at, grad.to(torch.float32).cpu())
-            sums[hot.name][:, hot.dim].index_add_(0, at, torch.ones(at.numel()))
-        flat = torch.cat([sums[n].flatten() for n in names])
-        dist.all_reduce(flat, group=self.pg)
+            at = split.position[mask].cpu()
+            sums[hot.name].index_add_(0, at, grad.to(torch.float32).cpu())
+            counts[hot.name].index_add_(0, at, torch.ones(at.numel()))
+        flat = torch.cat([counts[n] for n in names])
+        dist.all_reduce(flat, group=self.pg)  # float32: exact up to 2**24 accesses
+        touched, start = {}, 0
+        for n in names:
+            size = self.tables[n].keys.numel()
+            counts[n] = flat[start : start + size]
+            touched[n] = torch.nonzero(counts[n] > 0, as_tuple=True)[0]
+            start += size
+        rows = torch.cat([sums[n][touched[n]].flatten() for n in names])
+        dist.all_reduce(rows, group=self.pg)
         scale = 1.0 / self.world_size if get_gradient_division() else 1.0
         start = 0
         for n in names:
             table = self.tables[n]
-            size = table.keys.numel() * (table.dim + 1)
-            summed = flat[start : start + size].view(-1, table.dim + 1)
+            size = touched[n].numel() * table.dim
+            grads = torch.zeros(table.keys.numel(), table.dim)
+            grads[touched[n]] = rows[start : start + size].view(-1, table.dim)
             start += size
-            grads = summed[:, : table.dim].to(table.group.device)
             if scale != 1.0:
                 grads = grads * scale
-            table.update(grads, summed[:, table.dim].to(table.group.device), split.steps[n])
+            device = table.group.device
+            table.update(grads.to(device), counts[n].to(device), split.steps[n])
 
 
 class _HotPooled(torch.autograd.Function):

@@ -13,7 +13,8 @@ eviction read it).
 
 A training step then (``hot_dist.py``): the hot ids of a batch are looked up in the
 local replica, not sent; their gradients are summed per key on each rank, summed
-over the ranks by one all-reduce in hot-set order, and the same update (same row,
+over the ranks (an all-reduce of the hot keys' access counts, then one of the rows
+some rank touched, in hot-set order), and the same update (same row,
 same state, same summed gradient, same step) is applied to every replica and to the
 owner's row, so that every copy holds the same bits.
 """
