@@ -254,8 +254,8 @@ def run_rank(impl: str, config: Config, rank: int, world_size: int, port: int) -
             steps_run[0] += 1
             with comm.phase("input"):  # until the output dist: the input dist's waits
                 out = model(kjt)
-            if isinstance(out, dict):  # EmbeddingCollection: a JaggedTensor per feature
-                loss = sum(jt.values().sum() for jt in out.values())
+            if config.collection == "ec":  # a JaggedTensor per feature
+                loss = sum(out[f].values().sum() for f in feature_names(config))
             else:
                 loss = out.values().sum()
             with comm.phase("backward"):

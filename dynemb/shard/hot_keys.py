@@ -130,6 +130,7 @@ class HotTable:
             device=group.device,
             **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)},
         )
+        self._rows: torch.Tensor | None = None  # the replica's rows, float32, until an update
         # what a hot-set choice moved, for telemetry and tests
         self.promoted = 0
         self.demoted = 0
@@ -178,6 +179,7 @@ class HotTable:
         self.promoted += len(new - old)
         self.demoted += len(old - new)
         store = self.replica.tables[0]
+        self._rows = None
         store.clear()
         device = self.group.device
         if keys.numel():
@@ -195,11 +197,14 @@ class HotTable:
     # ------------------------------------------------------------ a step
 
     def rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """The replica's rows of the hot keys at ``positions``, float32."""
-        rows, found = self.replica.tables[0].find(self.keys[positions])
-        if not bool(found.all()):
-            raise RuntimeError(f"table {self.name!r}: a hot key is missing from its replica")
-        return rows.to(torch.float32)
+        """The replica's rows of the hot keys at ``positions``, float32. The K rows are
+        read once per update (a batch holds many more hot ids than hot keys)."""
+        if self._rows is None:
+            rows, found = self.replica.tables[0].find(self.keys)
+            if not bool(found.all()):
+                raise RuntimeError(f"table {self.name!r}: a hot key is missing from its replica")
+            self._rows = rows.to(torch.float32)
+        return self._rows[positions]
 
     def update(self, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
         """Applies the step's summed gradients ``grads`` ((h, dim), all ranks') of the
@@ -210,6 +215,7 @@ class HotTable:
             return
         keys = self.keys[touched]
         grads, counts = grads[touched], counts[touched].to(torch.int64)
+        self._rows = None
         self.replica.set_learning_rate(self.group.get_learning_rate())
         _apply(self.replica, 0, keys, grads, counts, step)
         mine = self.owners(keys) == self.rank
