@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingDist
 from torchrec.distributed.types import Awaitable
@@ -215,21 +216,20 @@ class HotSharding:
     def hot_features(self) -> list[tuple[int, HotTable]]:
         return [(f, t) for f in range(len(self.feature_tables)) if (t := self._hot_of(f))]
 
-    def reduce_and_update(self, split: HotSplit, grads_by_feature) -> None:
-        """Sums each hot key's gradient here, then over the ranks, and applies the
-        update to the replicas and the owners' rows.
+    def reduce_and_update(self, split: HotSplit, local: dict) -> None:
+        """Sums each hot key's gradient over the ranks, and applies the update to the
+        replicas and the owners' rows.
 
         Two all-reduces in hot-set order (the same bits on every rank): the access
         counts of every hot key, then the gradients of the keys some rank touched.
-        ``grads_by_feature``: (f, mask, gradients of the hot ids of feature f)."""
+        ``local``: table -> (this rank's gradient sums (K, dim), access counts (K,))."""
         names = sorted(self.tables)
-        sums = {n: torch.zeros(t.keys.numel(), t.dim) for n, t in self.tables.items()}
-        counts = {n: torch.zeros(t.keys.numel()) for n, t in self.tables.items()}
-        for f, mask, grad in grads_by_feature:
-            hot = self._hot_of(f)
-            at = split.position[mask].cpu()
-            sums[hot.name].index_add_(0, at, grad.to(torch.float32).cpu())
-            counts[hot.name].index_add_(0, at, torch.ones(at.numel()))
+        sums, counts = {}, {}
+        for n, t in self.tables.items():
+            sums[n], counts[n] = torch.zeros(t.keys.numel(), t.dim), torch.zeros(t.keys.numel())
+        for n, (g, c) in local.items():
+            sums[n] += g.to(torch.float32).cpu()
+            counts[n] += c.to(torch.float32).cpu()
         flat = torch.cat([counts[n] for n in names])
         dist.all_reduce(flat, group=self.pg)  # float32: exact up to 2**24 accesses
         touched, start = {}, 0
@@ -254,6 +254,23 @@ class HotSharding:
             table.update(grads.to(device), counts[n].to(device), split.steps[n])
 
 
+def _key_sums(k: int, positions, offsets, grad, weights) -> torch.Tensor:
+    """(k, dim): the gradient of each hot key, summed over its ids (``positions`` in
+    the hot set, bags at ``offsets``, ``grad`` per bag): an embedding bag's weight
+    gradient (a fast dense kernel rather than an index_add of every id's row)."""
+    weight = torch.zeros(k, grad.shape[1], dtype=grad.dtype, device=grad.device)
+    weight.requires_grad_(True)
+    with torch.enable_grad():
+        out = F.embedding_bag(positions, weight, offsets, mode="sum", per_sample_weights=weights)
+        return torch.autograd.grad(out, weight, grad)[0]
+
+
+def _bag_offsets(samples: torch.Tensor, batch: int) -> torch.Tensor:
+    """Start of each sample's bag in ``samples`` (ascending sample of each id)."""
+    counts = torch.bincount(samples, minlength=batch)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+
+
 class _HotPooled(torch.autograd.Function):
     """``cold + the hot ids' rows pooled into their bags``; backward: the hot keys'
     update, and the cold part's gradient unchanged."""
@@ -266,12 +283,16 @@ class _HotPooled(torch.autograd.Function):
             mask = split.feature == f
             if not bool(mask.any()):
                 continue
-            rows = table.rows(split.position[mask]).to(out.device)
-            if split.weights is not None:
-                rows = rows * split.weights[mask].to(rows.dtype).unsqueeze(1)
+            # ids of one feature come sample by sample: bags by offsets
+            positions = split.position[mask]
+            offsets = _bag_offsets(split.sample[mask], out.shape[0])
+            weights = None if split.weights is None else split.weights[mask].to(torch.float32)
+            pooled = F.embedding_bag(
+                positions, table.rows(), offsets, mode="sum", per_sample_weights=weights
+            )
             c = hot.columns[f]
-            out[:, c : c + table.dim].index_add_(0, split.sample[mask], rows.to(out.dtype))
-            parts.append((f, mask))
+            out[:, c : c + table.dim] += pooled.to(out.dtype)
+            parts.append((table, positions, offsets, weights, c))
         ctx.hot, ctx.split, ctx.parts = hot, split, parts
         # grad mode is off inside forward: the caller's was read before apply
         ctx.trains = trains
@@ -284,15 +305,17 @@ class _HotPooled(torch.autograd.Function):
         hot, split = ctx.hot, ctx.split
         if not ctx.trains:  # an eval forward's backward updates nothing, as the kernel's
             return grad, None, None, None
-        grads = []
-        for f, mask in ctx.parts:
-            c = hot.columns[f]
-            g = grad[split.sample[mask], c : c + hot.feature_dims[f]]
-            if split.weights is not None:
-                g = g * split.weights[mask].to(g.dtype).unsqueeze(1)
-            grads.append((f, mask, g))
+        local = {}
+        for table, positions, offsets, weights, c in ctx.parts:
+            k = table.keys.numel()
+            g = grad[:, c : c + table.dim].to(torch.float32)
+            sums = _key_sums(k, positions, offsets, g, weights)
+            counts = torch.bincount(positions, minlength=k)
+            if table.name in local:  # another feature of the same table
+                sums, counts = sums + local[table.name][0], counts + local[table.name][1]
+            local[table.name] = (sums, counts)
         try:
-            hot.reduce_and_update(split, grads)
+            hot.reduce_and_update(split, local)
         finally:
             hot.pending -= 1
         return grad, None, None, None
@@ -310,10 +333,10 @@ class _HotSequence(torch.autograd.Function):
         for f, table in hot.hot_features():
             mask = split.feature == f
             if bool(mask.any()):
-                out[split.index[mask]] = table.rows(split.position[mask]).to(out)
-                parts.append((f, mask))
+                positions = split.position[mask]
+                out[split.index[mask]] = table.rows()[positions].to(out)
+                parts.append((table, positions, split.index[mask]))
         ctx.hot, ctx.split, ctx.parts = hot, split, parts
-        # grad mode is off inside forward: the caller's was read before apply
         ctx.trains = trains
         if trains:
             hot.pending += 1
@@ -324,9 +347,17 @@ class _HotSequence(torch.autograd.Function):
         hot, split = ctx.hot, ctx.split
         if not ctx.trains:
             return grad[split.cold_index], None, None, None
-        grads = [(f, mask, grad[split.index[mask]]) for f, mask in ctx.parts]
+        local = {}
+        for table, positions, index in ctx.parts:
+            k = table.keys.numel()
+            offsets = torch.arange(positions.numel(), device=positions.device)
+            sums = _key_sums(k, positions, offsets, grad[index].to(torch.float32), None)
+            counts = torch.bincount(positions, minlength=k)
+            if table.name in local:
+                sums, counts = sums + local[table.name][0], counts + local[table.name][1]
+            local[table.name] = (sums, counts)
         try:
-            hot.reduce_and_update(split, grads)
+            hot.reduce_and_update(split, local)
         finally:
             hot.pending -= 1
         return grad[split.cold_index], None, None, None

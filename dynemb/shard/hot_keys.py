@@ -196,15 +196,15 @@ class HotTable:
 
     # ------------------------------------------------------------ a step
 
-    def rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """The replica's rows of the hot keys at ``positions``, float32. The K rows are
-        read once per update (a batch holds many more hot ids than hot keys)."""
+    def rows(self) -> torch.Tensor:
+        """The replica's rows of the hot set, in order, float32: read once per update
+        (a batch holds many more hot ids than hot keys)."""
         if self._rows is None:
             rows, found = self.replica.tables[0].find(self.keys)
             if not bool(found.all()):
                 raise RuntimeError(f"table {self.name!r}: a hot key is missing from its replica")
             self._rows = rows.to(torch.float32)
-        return self._rows[positions]
+        return self._rows
 
     def update(self, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
         """Applies the step's summed gradients ``grads`` ((h, dim), all ranks') of the
