@@ -1,7 +1,8 @@
 """Hot keys of a row-wise dynamic table, copied to every rank (``hot_replicas=K``).
 
-Each rank counts the ids of its own batches (a window's counts, truncated to its
-``4 K`` most frequent: a small sketch), and every ``hot_refresh_steps`` training steps
+Each rank counts the ids of its own batches (at most ``SAMPLE_IDS`` a batch and table,
+evenly strided; a window's counts, truncated to its ``4 K`` most frequent: a small
+sketch), and every ``hot_refresh_steps`` training steps
 all ranks choose, in lockstep, the same hot set: the K keys of most accesses summed
 over the ranks, ties broken by the smaller key, among those their owner holds. The
 owner's whole rows (weights and optimizer state) and scores are then copied into a
@@ -30,6 +31,7 @@ from dynemb.distributed.routing import route_keys
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _SKETCH_FACTOR = 4  # a rank keeps the counts of its 4 K most frequent keys of a window
+SAMPLE_IDS = 8192  # ids of a batch and table counted at most (an even sample)
 
 
 def top_keys(keys: torch.Tensor, counts: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +60,12 @@ class AccessSketch:
         self.counts = torch.zeros(0, dtype=torch.int64)
 
     def add(self, ids: torch.Tensor) -> None:
+        """Counts ``ids``: every one of a small batch, else an evenly strided sample of
+        ``SAMPLE_IDS`` of them (a hot key is hot in any sample; counting all of
+        W-train's 65k ids a table and step cost as much as the rest of the hot path)."""
         if ids.numel() == 0:
             return
-        ids = ids.to("cpu", torch.int64)
+        ids = ids[:: max(1, ids.numel() // SAMPLE_IDS)].to("cpu", torch.int64)
         keys, counts = merge_counts(
             torch.cat([self.keys, ids]),
             torch.cat([self.counts, torch.ones(ids.numel(), dtype=torch.int64)]),
