@@ -429,7 +429,8 @@ def record(
 ) -> None:
     workload = config.workload + "-dmp"
     tag = f"@{config.optimizer}{variant_tag(config)},world_size={ws}"
-    for impl, result, other in ((PEER_IMPL, peer, None), (DYNEMB_IMPL, dyn, peer)):
+    dynemb_impl = DYNEMB_IMPL if config.collection == "ebc" else "dynemb.EC.DMP"
+    for impl, result, other in ((PEER_IMPL, peer, None), (dynemb_impl, dyn, peer)):
         if result is None:
             continue
         # The types a planner chose (``--sharding auto``), counted: {"table_wise": 3, ...}.
@@ -450,8 +451,8 @@ def record(
         for metric in (*COMM_FIGURES, "step_ms"):
             base = baseline.get(metric) if baseline else None
             rec.add(
-                workload, DYNEMB_IMPL, metric + tag, dyn[metric], threads=config.threads,
-                peer=DYNEMB_IMPL + "@hot_replicas=0" if base is not None else None,
+                workload, dynemb_impl, metric + tag, dyn[metric], threads=config.threads,
+                peer=dynemb_impl + "@hot_replicas=0" if base is not None else None,
                 peer_value=base,
             )  # fmt: skip
 

@@ -224,12 +224,14 @@ class HotSharding:
         counts of every hot key, then the gradients of the keys some rank touched.
         ``local``: table -> (this rank's gradient sums (K, dim), access counts (K,))."""
         names = sorted(self.tables)
+        device = self.tables[names[0]].group.device  # where the collectives run (NCCL: cuda)
         sums, counts = {}, {}
         for n, t in self.tables.items():
-            sums[n], counts[n] = torch.zeros(t.keys.numel(), t.dim), torch.zeros(t.keys.numel())
+            sums[n] = torch.zeros(t.keys.numel(), t.dim, device=device)
+            counts[n] = torch.zeros(t.keys.numel(), device=device)
         for n, (g, c) in local.items():
-            sums[n] += g.to(torch.float32).cpu()
-            counts[n] += c.to(torch.float32).cpu()
+            sums[n] += g.to(device, torch.float32)
+            counts[n] += c.to(device, torch.float32)
         flat = torch.cat([counts[n] for n in names])
         dist.all_reduce(flat, group=self.pg)  # float32: exact up to 2**24 accesses
         touched, start = {}, 0
@@ -245,13 +247,12 @@ class HotSharding:
         for n in names:
             table = self.tables[n]
             size = touched[n].numel() * table.dim
-            grads = torch.zeros(table.keys.numel(), table.dim)
+            grads = torch.zeros(table.keys.numel(), table.dim, device=device)
             grads[touched[n]] = rows[start : start + size].view(-1, table.dim)
             start += size
             if scale != 1.0:
                 grads = grads * scale
-            device = table.group.device
-            table.update(grads.to(device), counts[n].to(device), split.steps[n])
+            table.update(grads, counts[n], split.steps[n])
 
 
 def _key_sums(k: int, positions, offsets, grad, weights) -> torch.Tensor:

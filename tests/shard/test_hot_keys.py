@@ -26,10 +26,12 @@ def _check(cases, results):
                         g, w, rtol=RTOL, atol=ATOL,
                         msg=lambda m, s=step, r=rank, c=case: f"{c} rank {r} step {s}: {m}",
                     )  # fmt: skip
-            for name, (keys, rows, _) in r["plain_entries"].items():
-                hot_keys, hot_rows, _ = r["hot_entries"][name]
+            for name, (keys, rows, scores) in r["plain_entries"].items():
+                hot_keys, hot_rows, hot_scores = r["hot_entries"][name]
                 assert torch.equal(keys, hot_keys), f"{case} {name}: other keys stored"
                 torch.testing.assert_close(hot_rows, rows, rtol=RTOL, atol=ATOL)
+                if case.score == "LFU":  # the owner counts the accesses of every rank
+                    assert torch.equal(hot_scores, scores), f"{case} {name}: LFU scores"
             stats = r["stats"]
             assert stats["local_ids"] > 0 and stats["sent_ids"] > 0, (case, stats)
             moved += stats["demoted"]
