@@ -328,6 +328,8 @@ class DynamicEmbTableOptions:
     warm_start: Any | None = None
     eviction_rule: Any | None = None
     stochastic_rounding: bool = False
+    hot_replicas: int = 0
+    hot_refresh_steps: int = 100
     # DynamicEmb's HierarchicalKV tuning fields ("will be removed, please ignore them"
     # in DynamicEmb): accepted so that code setting them runs; no effect in dynemb.
     block_size: int = 128
@@ -336,8 +338,6 @@ class DynamicEmbTableOptions:
     use_constant_memory: bool = False
     reserved_key_start_bit: int = 0
     num_of_buckets_per_alloc: int = 1
-    hot_replicas: int = 0
-    hot_refresh_steps: int = 100
 
     def __post_init__(self) -> None:
         for field, low in (("hot_replicas", 0), ("hot_refresh_steps", 1)):

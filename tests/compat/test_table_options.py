@@ -49,7 +49,7 @@ def test_fields_in_dynamicembs_order_with_its_defaults():
     assert names[: len(DYNAMICEMB_FIELDS)] == [n for n, _ in DYNAMICEMB_FIELDS]
     extras = [
         "seed", "spill_directory", "score_half_life_steps", "column_offset", "warm_start",
-        "eviction_rule", "stochastic_rounding",
+        "eviction_rule", "stochastic_rounding", "hot_replicas", "hot_refresh_steps",
     ]  # fmt: skip
     # DynamicEmb's HierarchicalKV tuning fields (tests/compat/test_hkv_option_fields.py)
     hkv = ["block_size", "io_block_size", "io_by_cpu", "use_constant_memory"]
