@@ -32,6 +32,17 @@ def _check(cases, results):
                 torch.testing.assert_close(hot_rows, rows, rtol=RTOL, atol=ATOL)
                 if case.score == "LFU":  # the owner counts the accesses of every rank
                     assert torch.equal(hot_scores, scores), f"{case} {name}: LFU scores"
+            # one table to the outside: telemetry names it once, an incremental dump of
+            # every rank holds each key once, with the row of training without replicas
+            assert r["hot_tables"] == r["plain_tables"], case
+            assert r["hot_dump"].keys() == r["plain_dump"].keys(), case
+            dumped = [(c, n, e) for c, t in r["plain_dump"].items() for n, e in t.items()]
+            assert dumped, case
+            for collection, name, (keys, rows) in dumped:
+                hot_keys, hot_rows = r["hot_dump"][collection][name]
+                order, hot_order = torch.argsort(keys), torch.argsort(hot_keys)
+                assert torch.equal(keys[order], hot_keys[hot_order]), f"{case} {name}: dump"
+                torch.testing.assert_close(hot_rows[hot_order], rows[order], rtol=RTOL, atol=ATOL)
             stats = r["stats"]
             assert stats["local_ids"] > 0 and stats["sent_ids"] > 0, (case, stats)
             moved += stats["demoted"]

@@ -25,6 +25,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynemb.incremental_dump import incremental_dump
 from dynemb.optimizer import optimizer_type_of
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard import (
@@ -34,6 +35,7 @@ from dynemb.shard import (
     reload_hot_replicas,
 )
 from dynemb.shard.hot_dist import hot_key_stats, hot_tables
+from dynemb.telemetry import table_telemetry
 from tests.support.ftrl_reference import optimizer_kwargs
 
 FEATURES = ["f0", "f1", "f2"]
@@ -201,6 +203,11 @@ def train_both(rank: int, world_size: int, cases: list[HotCase]):
         replicas = {name: (s.keys.clone(), s.replica_rows()) for name, s in hot_tables(hot).items()}
         results.append(
             dict(
+                # what the outside sees: every rank's entries, and the tables' names
+                plain_dump=incremental_dump(plain, 0, dist.group.WORLD)[0],
+                hot_dump=incremental_dump(hot, 0, dist.group.WORLD)[0],
+                plain_tables=sorted(table_telemetry(plain)),
+                hot_tables=sorted(table_telemetry(hot)),
                 plain=plain_out,
                 hot=hot_out,
                 plain_entries=_entries(plain),
