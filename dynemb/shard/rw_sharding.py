@@ -97,6 +97,18 @@ def check_sharding_type(sharding_type: str, infos: list[EmbeddingShardingInfo]) 
             f"dynamic tables {dynamic} are planned {sharding_type!r}; dynamic tables are "
             f"sharded {' or '.join(DYNAMIC_SHARDING_TYPES)}"
         )
+    hot = [
+        i.embedding_config.name
+        for i in infos
+        if is_dynamic(i)
+        and getattr(getattr(i.param_sharding, "dynamicemb_options", None), "hot_replicas", 0)
+    ]
+    if hot and sharding_type != ShardingType.ROW_WISE.value:
+        raise ValueError(
+            f"tables {hot} set hot_replicas but are planned {sharding_type!r}; hot keys "
+            "are copied to every rank for row_wise tables only (set hot_replicas=0 or "
+            "plan them row_wise)"
+        )
     return bool(dynamic)
 
 

@@ -4,8 +4,13 @@ promotions and demotions; every replica holds its owner's bits."""
 
 import pytest
 import torch
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.modules.embedding_configs import EmbeddingTableConfig
 
 from dynemb import DynamicEmbTableOptions
+from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
+from dynemb.planner import DynamicEmbParameterSharding
+from dynemb.shard.rw_sharding import check_sharding_type
 from tests.support.hot_keys_workers import STEPS, HotCase, checkpoint_round_trip, train_both
 from tests.support.multiprocess import run_ranks
 
@@ -99,3 +104,20 @@ def test_checkpoint_round_trip_with_and_without_replicas(tmp_path):
     # without the reload the replicas hold the rows trained before the load
     stale = results[0]["into_hot_reload_False"]
     assert any(not torch.allclose(g, w) for g, w in zip(stale, results[0]["reference"]))
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_row_wise"])
+def test_hot_replicas_refused_outside_row_wise(sharding_type):
+    config = EmbeddingTableConfig(num_embeddings=10, embedding_dim=4, name="t", feature_names=["f"])
+    sharding = DynamicEmbParameterSharding(
+        sharding_type=sharding_type,
+        compute_kernel=DYNAMIC_KERNEL_NAME,
+        ranks=[0],
+        dynamicemb_options=DynamicEmbTableOptions(dim=4, max_capacity=64, hot_replicas=8),
+    )
+    info = EmbeddingShardingInfo(config, sharding, torch.empty(0))
+    with pytest.raises(
+        ValueError, match=rf"\['t'\] set hot_replicas but are planned '{sharding_type}'"
+    ):
+        check_sharding_type(sharding_type, [info])
+    check_sharding_type("row_wise", [info])  # accepted there
