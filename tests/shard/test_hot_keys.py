@@ -17,6 +17,10 @@ from tests.support.multiprocess import run_ranks
 OPTIMIZERS = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL"]
 RTOL = ATOL = 1e-5
 
+# The hot-key path is torch ops over the tables' kernels: 2 ranks cover the emulated
+# executor; 4 ranks add only the collective pattern, which no executor changes.
+_FOUR_RANKS_ON_CPU_ONLY = "4 ranks run on the CPU executor; 2 ranks cover the emulated one"
+
 
 def _check(cases, results):
     world_size = len(results)
@@ -69,13 +73,19 @@ def _ebc_cases():
     return cases
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize(
+    "world_size",
+    [2, pytest.param(4, marks=pytest.mark.no_emulated_pass(_FOUR_RANKS_ON_CPU_ONLY))],
+)
 def test_hot_keys_ebc_equals_unreplicated(world_size):
     cases = _ebc_cases()
     _check(cases, run_ranks(train_both, world_size, cases))
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize(
+    "world_size",
+    [2, pytest.param(4, marks=pytest.mark.no_emulated_pass(_FOUR_RANKS_ON_CPU_ONLY))],
+)
 def test_hot_keys_ec_equals_unreplicated(world_size):
     cases = [HotCase(opt, "NONE") for opt in OPTIMIZERS]
     _check(cases, run_ranks(train_both, world_size, cases))
