@@ -222,8 +222,8 @@ class DynamicEmbTableOptions:
         initializer_args: rows of new keys in training.
         eval_initializer_args: rows of unknown keys in eval mode (zeros by default).
         caching: the fast tier is a cache in front of a slow tier holding every row.
-        init_capacity: initial rows (``None``: ``max_capacity``); the table doubles up
-            to ``max_capacity`` before it evicts.
+        init_capacity: initial rows (``None``: ``max_capacity``); the table grows up
+            to ``max_capacity`` before it evicts (x2 a step; x1.3 under NO_EVICTION).
         max_load_factor: accepted for DynamicEmb compatibility (a float); dynemb's
             tables grow when a key finds its buckets full, not at a load factor (see
             "Differences from DynamicEmb" in docs/dynamicemb.md).

@@ -19,6 +19,7 @@ import torch
 from dynemb import _ops
 from dynemb._host_reads import DeferredRead, read_to_host
 from dynemb.table.batch_stats import BatchStats
+from dynemb.table.capacity import next_bucket_count
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.spill_persistence import commit_spill
 from dynemb.table.table_state import TableState
@@ -212,9 +213,12 @@ def _retry_failed(
 
 
 def _grow(state: TableState) -> bool:
-    """Doubles the bucket count; returns False (table unchanged) if a rehash failed."""
+    """Grows the bucket count (``capacity.next_bucket_count``: a table that evicts
+    doubles, a NO_EVICTION one grows by 13/10); returns False (table unchanged) if a
+    rehash failed."""
     old = state.storage
-    buckets = min(2 * old.num_buckets, state.max_buckets)
+    evicts = state.strategy != _ops.SCORE_STRATEGY_CODES["NO_EVICTION"]
+    buckets = next_bucket_count(old.num_buckets, state.max_buckets, evicts)
     new = TableStorage(state.layout, buckets, state.spill, old.generation + 1)
     window = _ops.spill_window(state.strategy, buckets)
     if _ops.table_rehash(old.tensors(), new.tensors(), window):

@@ -57,8 +57,9 @@ class ScoredHashTable:
     Args:
         dim: embedding width (columns initialised by ``initializer``).
         capacity: maximum number of slots (rounded up to the bucket layout).
-        init_capacity: initial slots (``None``: ``capacity``); the table doubles up to
-            ``capacity`` as keys arrive.
+        init_capacity: initial slots (``None``: ``capacity``); the table grows up to
+            ``capacity`` as keys arrive: it doubles its buckets, or under NO_EVICTION
+            adds 3/10 of them (rounded up), a step.
         bucket_capacity: slots per bucket, a positive multiple of 16.
         score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU | DECAYED_LFU)``.
         score_half_life_steps: DECAYED_LFU's half-life in steps (required by it only).

@@ -2,7 +2,7 @@
 
 ReferenceTable applies the rules of csrc/core/table_ops.h to Python dicts, one key
 at a time in batch order: home bucket by the same hash, the (score, digest, key) minimum
-evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets) while below
+evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets; 13/10 under NO_EVICTION) while below
 max capacity with failed keys retried in batch order. Under NO_EVICTION the slot
 placement inside a spill window is an executor detail, so the oracle does not model
 it: it checks instead that a key the table reports as failed really had its whole
@@ -11,7 +11,7 @@ window full.
 
 import numpy as np
 
-from dynemb.table.capacity import bucket_counts
+from dynemb.table.capacity import bucket_counts, next_bucket_count
 from tests.support import decay_reference as decay
 
 M64 = (1 << 64) - 1
@@ -241,7 +241,7 @@ class ReferenceTable:
             pending = [i for i in pending if status[i] == FAILED]
             if not pending or self.nb >= self.max_nb:
                 return status, evicted
-            self.nb = min(2 * self.nb, self.max_nb)
+            self.nb = next_bucket_count(self.nb, self.max_nb, self.strategy != NO_EVICTION)
             self._rebucket()
 
     def find(self, key):

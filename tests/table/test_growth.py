@@ -1,15 +1,18 @@
-"""Growth: NO_EVICTION doubles the table and keeps every key and value; strategies
-that evict do not evict before reaching max capacity; a rehash holds only old + new."""
+"""Growth: NO_EVICTION grows the table by 13/10 and keeps every key and value;
+strategies that evict double it and do not evict before reaching max capacity; a
+rehash holds only old + new."""
 
 import gc
 import weakref
 
+import pytest
 import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb import _ops
 from dynemb.table import table_storage
+from dynemb.table.capacity import next_bucket_count
 
 
 def _values_for(keys, dim):
@@ -101,3 +104,47 @@ def test_keys_retried_after_growth_keep_their_access_counts():
     slots, stats = t.find_or_insert_slots(keys, accesses)
     assert t.capacity() > 16 and stats.failed == 0 and bool((slots >= 0).all())
     assert torch.equal(t.get_scores(keys), accesses)
+
+
+def test_next_bucket_count_grows_no_eviction_by_13_tenths_and_evicting_tables_by_two():
+    assert next_bucket_count(100, 10_000, evicts=False) == 130
+    assert next_bucket_count(101, 10_000, evicts=False) == 132  # 131.3 rounded up
+    assert next_bucket_count(1, 10_000, evicts=False) == 2  # at least one more
+    assert next_bucket_count(3, 10_000, evicts=False) == 4
+    assert next_bucket_count(100, 120, evicts=False) == 120  # never past the maximum
+    assert next_bucket_count(100, 10_000, evicts=True) == 200
+    assert next_bucket_count(100, 150, evicts=True) == 150
+
+
+@pytest.mark.parametrize("num_buckets", [0, -1, 64, 65])
+def test_next_bucket_count_refuses_a_count_that_cannot_grow(num_buckets):
+    with pytest.raises(
+        ValueError, match=rf"num_buckets must be in \[1, max_buckets=64\).*{num_buckets}"
+    ):
+        next_bucket_count(num_buckets, 64, evicts=False)
+
+
+@pytest.mark.parametrize(
+    "strategy, factor", [(S.NO_EVICTION, (13, 10)), (S.LFU, (2, 1)), (S.TIMESTAMP, (2, 1))]
+)
+def test_each_growth_step_is_the_strategys_factor(strategy, factor):
+    """NO_EVICTION steps by 13/10 (memory right after a growth stays near the payload),
+    evicting strategies by 2 (an exact bucket split: a rehash never overflows)."""
+    t = dynemb.ScoredHashTable(
+        dim=2, capacity=2**16, init_capacity=640, bucket_capacity=32, score_strategy=strategy
+    )
+    buckets = [t.num_buckets]
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randint(-(2**63), 2**63 - 1, (20_000,), generator=g)
+    for chunk in keys.split(500):
+        t.find_or_insert(chunk)
+        assert t.last_stats.failed == 0 and t.last_stats.evicted == 0
+        if t.num_buckets != buckets[-1]:
+            buckets.append(t.num_buckets)
+    assert len(buckets) >= 3
+    steps, nb, top = [buckets[0]], buckets[0], t.max_capacity() // 32
+    while nb < top:  # a batch may grow the table more than once: the counts seen lie on it
+        nb = min(-(-nb * factor[0] // factor[1]), top)
+        steps.append(nb)
+    assert set(buckets) <= set(steps), (buckets, steps)
+    assert bool(t.contains(keys).all())
