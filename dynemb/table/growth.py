@@ -212,6 +212,23 @@ def _retry_failed(
     ]
 
 
+# Rows of old storage a chunk of growth moves: 4 MiB of dim-16 float32 rows, small
+# beside a table worth chunking, large enough that a chunk's call costs nothing.
+GROWTH_CHUNK_ROWS = 1 << 16
+
+
+def _grows_in_chunks(storage: TableStorage) -> bool:
+    """Whether growth moves this storage's rows in chunks, freeing them as it goes:
+    plain host memory only (a device's memory, page-locked memory and a spill file's
+    mapping keep the one-pass rehash, old and new storage side by side)."""
+    return (
+        storage.layout.device.type == "cpu"
+        and storage.spill is None
+        and not storage.placement.registers_host_memory
+        and storage.slow_values.numel() == 0
+    )
+
+
 def _grow(state: TableState) -> bool:
     """Grows the bucket count (``capacity.next_bucket_count``: a table that evicts
     doubles, a NO_EVICTION one grows by 13/10); returns False (table unchanged) if a
@@ -219,9 +236,14 @@ def _grow(state: TableState) -> bool:
     old = state.storage
     evicts = state.strategy != _ops.SCORE_STRATEGY_CODES["NO_EVICTION"]
     buckets = next_bucket_count(old.num_buckets, state.max_buckets, evicts)
-    new = TableStorage(state.layout, buckets, state.spill, old.generation + 1)
     window = _ops.spill_window(state.strategy, buckets)
-    if _ops.table_rehash(old.tensors(), new.tensors(), window):
+    if _grows_in_chunks(old):
+        new = TableStorage(state.layout, buckets, generation=old.generation + 1, lazy_values=True)
+        moved = _rehash_in_chunks(old, new, window)
+    else:
+        new = TableStorage(state.layout, buckets, state.spill, old.generation + 1)
+        moved = not _ops.table_rehash(old.tensors(), new.tensors(), window)
+    if not moved:
         if state.spill is not None:
             state.spill.remove_generations_except(old.generation)
         return False
@@ -231,6 +253,61 @@ def _grow(state: TableState) -> bool:
     if state.spill is not None:  # the committed state must not name a removed generation
         commit_spill(state)
     return True
+
+
+def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool:
+    """Rehashes ``old`` into ``new`` (a ``lazy_values`` storage) a chunk of
+    ``GROWTH_CHUNK_ROWS`` rows at a time, in bucket order, freeing the rows of ``old``
+    each chunk moved and faulting in those of ``new`` just ahead of it: the process
+    holds old and new key metadata but about one table of rows, not two.
+
+    The range reduction is monotone (csrc/core/hash.h), so the entries homed in old
+    buckets ``[b0, b1)`` land in new buckets ``[b0 * n' // n, ceil(b1 * n' / n) +
+    window)``; a chunk holds those and entries spilled from the ``window - 1`` buckets
+    before it, which land lower still, except in the first chunk: entries homed in
+    the last old buckets that spilled round to bucket 0 land in the last new buckets
+    or, spilling round again, in the first ones. So the rows of the first ``window``
+    and of the last new buckets are faulted in (written with zeros) before the first
+    chunk, and the others up to each chunk's reach before it: no chunk writes a row
+    that a later fill would clear. The outcome is the same on every executor (each
+    chunk is one ``table_rehash``, its batch rule deterministic).
+
+    Returns False when an entry did not fit: ``old`` is then restored (the rows it
+    freed copied back from ``new``; its keys and scores were never touched) and
+    ``new`` is to be dropped.
+    """
+    n, n2, cap = old.num_buckets, new.num_buckets, old.layout.bucket_capacity
+    step = max(1, GROWTH_CHUNK_ROWS // cap)
+    tail = max(0, n - window) * n2 // n * cap  # new rows the wrapped entries may reach
+    filled = min(n2 * cap, min(n2, window) * cap, tail)  # rows [0, filled) faulted in
+    new.fill_rows(0, filled)
+    new.fill_rows(tail, n2 * cap)
+    freed = 0  # old rows [0, freed) are moved, their whole pages freed
+    for b0 in range(0, n, step):
+        b1 = min(n, b0 + step)
+        reach = min(n2 * cap, (-(-b1 * n2 // n) + window) * cap, tail)
+        if reach > filled:
+            new.fill_rows(filled, reach)
+            filled = reach
+        if _ops.table_rehash(old.bucket_range(b0, b1), new.tensors(), window):
+            _restore_rows(old, new, freed)
+            return False
+        old.release_rows(b1 * cap)
+        freed = b1 * cap
+    new.fill_rows(filled, tail)
+    return True
+
+
+def _restore_rows(old: TableStorage, new: TableStorage, freed: int) -> None:
+    """Copies back into ``old``'s freed rows ``[0, freed)`` the rows of their keys,
+    which the chunks before a failed one moved to ``new``."""
+    if not freed:
+        return
+    slots = old.occupied(0, freed)
+    found = _ops.table_find_slots(new.tensors(), old.keys[slots])
+    if bool((found < 0).any()):  # every entry of a chunk before the failed one is in new
+        raise RuntimeError(f"growth lost {int((found < 0).sum())} moved entries")
+    old.values[slots] = new.values[found]
 
 
 class DeferredLookup:

@@ -2,7 +2,8 @@
 
 ``TableStorage`` owns the nine tensors that the ops receive as ``table``; it knows
 sizes, tiers and memory, nothing about keys. Growth allocates a second storage,
-rehashes into it, then drops the first: at most old + new are alive at once.
+rehashes into it, then drops the first: at most old + new are alive at once, and in
+host memory the old rows go as they move (growth.py, ``_rehash_in_chunks``).
 
 Tiers: the value rows of slots ``[0, fast_slots)`` live in ``values`` (the fast
 tier: on a GPU, device memory) and the rest in ``slow_values`` (host memory, or a
@@ -10,7 +11,9 @@ file mapping for a spilled table, see spill_files.py). A table in one tier has a
 empty ``slow_values``. Which memory holds each buffer is ``placement.py``'s rule.
 """
 
+import ctypes
 import dataclasses
+import mmap
 import operator
 
 import torch
@@ -23,6 +26,9 @@ from dynemb.table.spill_files import SpillDirectory
 _TABLE_TENSORS = operator.attrgetter(*_ops.TABLE_TENSORS)
 
 _HUGE_PAGE_MIN_BYTES = 4 << 20
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4  # Linux: the pages go back to the system; a later touch reads zeros
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def allocate(shape, dtype, device) -> torch.Tensor:
@@ -88,6 +94,9 @@ class TableStorage:
         generation: the spill generation (growth makes a new one).
         reopen: map the existing files of that generation instead of new zero-filled
             ones.
+        lazy_values: leave the fast tier's rows (``values``) unwritten, their pages not
+            faulted in (growth in chunks writes them as it goes: ``fill_rows``); host
+            memory only.
 
     Raises:
         ValueError: with ``reopen``, a file whose size is not the one this storage
@@ -101,6 +110,7 @@ class TableStorage:
         spill: SpillDirectory | None = None,
         generation: int = 0,
         reopen: bool = False,
+        lazy_values: bool = False,
     ) -> None:
         self.layout = layout
         self.num_buckets = num_buckets
@@ -124,6 +134,7 @@ class TableStorage:
             # A slot's pin (csrc/core/table_ops.h "Pins"): evicting strategies only.
             "pins": ((slots if layout.keeps_scores else 0,), torch.int32),
         }
+        self._lazy = ("values",) if lazy_values else ()
         for name in BUFFERS:
             shape, dtype = shapes[name]
             setattr(self, name, self._buffer(name, shape, dtype, reopen))
@@ -146,7 +157,9 @@ class TableStorage:
             # Written once here so that every page is faulted in now, not on a key's
             # first insert in the middle of a training step (a fault on a huge-page
             # region may compact memory: milliseconds, and very uneven).
-            buffer = allocate(shape, dtype, device).zero_()
+            buffer = allocate(shape, dtype, device)
+            if name not in self._lazy:
+                buffer.zero_()
         if memory is not Memory.DEVICE and self.placement.registers_host_memory:
             self._page_locks.append(PageLock(buffer))
         return buffer
@@ -216,6 +229,40 @@ class TableStorage:
         self.scores.zero_()
         self.timestamps.zero_()
         self.pins.zero_()
+
+    def bucket_range(self, begin: int, end: int) -> list[torch.Tensor]:
+        """The op argument ``table`` of buckets ``[begin, end)`` alone (views): a rehash
+        source of that range. Needs every row in the fast tier."""
+        c = self.layout.bucket_capacity
+
+        def slots(t):
+            return t[begin * c : end * c] if t.numel() else t
+
+        per_bucket = {"digests", "locks", "overflow"}
+        views = {
+            name: getattr(self, name)[begin:end] if name in per_bucket
+            else self.slow_values if name == "slow_values" else slots(getattr(self, name))
+            for name in _ops.TABLE_TENSORS
+        }  # fmt: skip
+        return [views[name] for name in _ops.TABLE_TENSORS]
+
+    def fill_rows(self, begin: int, end: int) -> None:
+        """Writes zeros to the fast-tier rows ``[begin, end)``: faults in the pages of a
+        ``lazy_values`` storage before its rows are written."""
+        self.values[begin:end].zero_()
+
+    def release_rows(self, end: int) -> None:
+        """Gives the pages under the fast-tier rows ``[0, end)`` back to the system
+        (host memory only; the page that row ``end`` starts in is kept): the rows then
+        read as zeros. Growth in chunks frees the rows it has moved; the storage must
+        not be read there again before they are written. A page freed already costs a
+        page-table walk, nothing more."""
+        row = self.layout.row_bytes()
+        base = self.values.data_ptr()
+        lo = -(-base // _PAGE) * _PAGE  # the first page may hold another allocation
+        hi = (base + end * row) // _PAGE * _PAGE
+        if hi > lo and _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED):
+            raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) of a table's moved rows")
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())

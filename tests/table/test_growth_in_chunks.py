@@ -1,0 +1,159 @@
+"""Growth in chunks (growth._rehash_in_chunks): every entry keeps its row, score and
+findability whatever the chunk size; a rehash that fails in a later chunk leaves the
+table as it was (the rows freed by the earlier chunks restored); and the process's
+peak memory during a growth stays near the new table, not old + new."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import dynemb
+from dynemb import DynamicEmbScoreStrategy as S
+from dynemb.table import growth
+from tests.support.reference import hash_key
+
+M64 = 2**64
+_C1, _C2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
+
+
+def _unmix(h: int) -> int:
+    """The key whose hash (csrc/core/hash.h mix64) is ``h``: x ^= x >> 33 is its own
+    inverse, and each multiplier has one mod 2**64."""
+    h ^= h >> 33
+    h = h * pow(_C2, -1, M64) % M64
+    h ^= h >> 33
+    h = h * pow(_C1, -1, M64) % M64
+    h ^= h >> 33
+    return h - M64 if h >= 2**63 else h
+
+
+def _rows(keys: torch.Tensor, dim: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(int(keys.sum()) & 0xFFFF)
+    return torch.randn(keys.numel(), dim, generator=g)
+
+
+def _contents(t: dynemb.ScoredHashTable):
+    keys, values, scores, _ = t.export_batch(0, t.capacity())
+    order = torch.argsort(keys)
+    return keys[order], values[order], None if scores is None else scores[order]
+
+
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.LFU])
+@pytest.mark.parametrize("chunk_rows", [16, 48, 1 << 20])
+def test_growth_in_chunks_keeps_every_entry(monkeypatch, strategy, chunk_rows):
+    """Chunks of one bucket, of several and the whole table: the same entries (key,
+    row, score) as a table grown in one chunk, each found where find looks."""
+    tables = {}
+    for rows in (chunk_rows, 1 << 30):
+        monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", rows)
+        t = dynemb.ScoredHashTable(
+            dim=5, capacity=2**15, init_capacity=256, bucket_capacity=16, score_strategy=strategy
+        )
+        g = torch.Generator().manual_seed(7)
+        for _ in range(8):
+            keys = torch.randint(-(2**63), 2**63 - 1, (700,), generator=g)
+            t.insert_or_assign(keys, _rows(keys, 5))
+            assert t.last_stats.failed == 0 and t.last_stats.evicted == 0
+        assert t.capacity() > 256 * 8
+        tables[rows] = t
+    chunked, whole = tables[chunk_rows], tables[1 << 30]
+    assert chunked.capacity() == whole.capacity() and chunked.size() == whole.size()
+    for a, b in zip(_contents(chunked), _contents(whole)):
+        assert (a is None and b is None) or torch.equal(a, b)
+    keys, values, _ = _contents(chunked)
+    found, hit = chunked.find(keys)
+    assert bool(hit.all()) and torch.equal(found, values)
+
+
+def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatch):
+    """64 keys of one hash fill the spill window of old bucket 60 (buckets 60-63 of
+    64); a key of bucket 59 lands, after growth to 84 buckets, in the same new home
+    (78): the new window cannot hold the 65, so the rehash fails in the chunk of bucket
+    60, after the chunks of buckets 0-59 were moved and freed. Their rows come back."""
+    monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)  # 4 buckets a chunk
+    t = dynemb.ScoredHashTable(
+        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
+        score_strategy=S.NO_EVICTION,
+    )  # fmt: skip
+    assert t.num_buckets == 64
+    edge = 60 << 26  # hash >> 32 where bucket 60 of 64 begins
+    g = torch.Generator().manual_seed(3)
+    filler = torch.randint(-(2**63), 2**63 - 1, (900,), generator=g)
+    below = torch.tensor([(hash_key(int(k)) >> 32) * 64 >> 32 < 56 for k in filler.tolist()])
+    filler = filler[below][:500]  # homes 0-55: their new windows end below bucket 77
+    late = torch.tensor([_unmix(((edge - 1) << 32) | 7)])  # bucket 59, new home 78
+    crowd = torch.tensor([_unmix((edge << 32) | i) for i in range(65)])  # bucket 60, new 78
+    keys = torch.cat([filler, late, crowd[:64]])
+    t.insert_or_assign(keys, _rows(keys, 16))
+    assert t.last_stats.failed == 0 and t.capacity() == 1024
+    before = _contents(t)
+
+    stats = t.insert_or_assign(crowd[64:], _rows(crowd[64:], 16))  # full window: grow
+
+    assert stats.failed == 1 and t.capacity() == 1024 and t.size() == keys.numel()
+    after = _contents(t)
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    found, hit = t.find(keys)
+    assert bool(hit.all()) and torch.equal(found, _rows(keys, 16))
+
+
+_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, dynemb
+    from dynemb.table import growth
+
+    growth.GROWTH_CHUNK_ROWS = int(sys.argv[1])
+
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+    t = dynemb.ScoredHashTable(
+        dim=16, capacity=2**23, init_capacity=2**21, bucket_capacity=128,
+        score_strategy=dynemb.DynamicEmbScoreStrategy.NO_EVICTION,
+    )
+    n, batch = 0, 2**16
+    rows = torch.randn(batch, 16)
+    while True:  # fill to just below the first growth
+        keys = torch.randint(-(2**63), 2**63 - 1, (batch,))
+        before = t.capacity()
+        snapshot_rss = status("VmRSS")
+        open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+        t.insert_or_assign(keys, rows)
+        if t.capacity() != before:
+            break
+    print(json.dumps({"rss_before": snapshot_rss, "peak": status("VmHWM"),
+                      "new_table": t.memory_usage(), "old_table": before}))
+    """
+)
+
+
+def _growth_peak(chunk_rows: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, str(chunk_rows)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_growth_in_chunks_peaks_near_the_new_table_not_old_plus_new():
+    """RSS rise during the batch that grows a 2M-slot table to 2.6M slots, in a fresh
+    process: in one chunk old and new rows stand side by side (the rise is the whole
+    new table); in chunks of 2**18 rows the old rows go as the new ones come (the
+    rise is the new key metadata and the extra rows, well under half the new table)."""
+    try:
+        open("/proc/self/clear_refs", "w").write("5")
+    except OSError:
+        pytest.skip("this kernel cannot reset the peak RSS")
+    whole = _growth_peak(1 << 40)
+    chunked = _growth_peak(1 << 18)
+    rise_whole = whole["peak"] - whole["rss_before"]
+    rise_chunked = chunked["peak"] - chunked["rss_before"]
+    new = chunked["new_table"]
+    assert rise_whole > 0.8 * new, (rise_whole, new)
+    assert rise_chunked < 0.5 * new, (rise_chunked, new)
