@@ -12,6 +12,7 @@ nothing of its own: its keys compete by score, as a checkpoint's keys should.
 """
 
 import contextlib
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -222,7 +223,8 @@ def _grows_in_chunks(storage: TableStorage) -> bool:
     plain host memory only (a device's memory, page-locked memory and a spill file's
     mapping keep the one-pass rehash, old and new storage side by side)."""
     return (
-        storage.layout.device.type == "cpu"
+        sys.platform == "linux"  # MADV_DONTNEED zeroes anonymous pages there, not elsewhere
+        and storage.layout.device.type == "cpu"
         and storage.spill is None
         and not storage.placement.registers_host_memory
         and storage.slow_values.numel() == 0

@@ -28,7 +28,7 @@ _TABLE_TENSORS = operator.attrgetter(*_ops.TABLE_TENSORS)
 _HUGE_PAGE_MIN_BYTES = 4 << 20
 _PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4  # Linux: the pages go back to the system; a later touch reads zeros
-_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC = ctypes.CDLL(None, use_errno=True)  # madvise: growth.py uses it on Linux only
 
 
 def allocate(shape, dtype, device) -> torch.Tensor:
