@@ -285,18 +285,22 @@ def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool
     new.fill_rows(0, filled)
     new.fill_rows(tail, n2 * cap)
     freed = 0  # old rows [0, freed) are moved, their whole pages freed
-    for b0 in range(0, n, step):
-        b1 = min(n, b0 + step)
-        reach = min(n2 * cap, (-(-b1 * n2 // n) + window) * cap, tail)
-        if reach > filled:
-            new.fill_rows(filled, reach)
-            filled = reach
-        if _ops.table_rehash(old.bucket_range(b0, b1), new.tensors(), window):
-            _restore_rows(old, new, freed)
-            return False
-        old.release_rows(b1 * cap)
-        freed = b1 * cap
-    new.fill_rows(filled, tail)
+    try:
+        for b0 in range(0, n, step):
+            b1 = min(n, b0 + step)
+            reach = min(n2 * cap, (-(-b1 * n2 // n) + window) * cap, tail)
+            if reach > filled:
+                new.fill_rows(filled, reach)
+                filled = reach
+            if _ops.table_rehash(old.bucket_range(b0, b1), new.tensors(), window):
+                _restore_rows(old, new, freed)
+                return False
+            freed = b1 * cap
+            old.release_rows(freed)
+        new.fill_rows(filled, tail)
+    except BaseException:  # an interrupt or an error between chunks: the old table stands
+        _restore_rows(old, new, freed)
+        raise
     return True
 
 

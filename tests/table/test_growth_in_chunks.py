@@ -13,7 +13,7 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
-from dynemb.table import growth
+from dynemb.table import growth, table_storage
 from tests.support.reference import hash_key
 
 M64 = 2**64
@@ -101,10 +101,43 @@ def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatc
     assert bool(hit.all()) and torch.equal(found, _rows(keys, 16))
 
 
+def test_an_error_between_chunks_leaves_the_table_as_it_was(monkeypatch):
+    """An exception (an interrupt, say) after some chunks were moved and freed: their
+    rows come back, the error propagates, and the table is as before the growth."""
+    monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)
+    t = dynemb.ScoredHashTable(
+        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
+        score_strategy=S.NO_EVICTION,
+    )  # fmt: skip
+    keys = torch.randint(-(2**63), 2**63 - 1, (700,), generator=torch.Generator().manual_seed(4))
+    t.insert_or_assign(keys, _rows(keys, 16))
+    assert t.capacity() == 1024
+    before = _contents(t)
+    release, calls = table_storage.TableStorage.release_rows, []
+
+    def release_then_interrupt(self, end):
+        release(self, end)  # the pages really go
+        calls.append(end)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(table_storage.TableStorage, "release_rows", release_then_interrupt)
+    more = torch.randint(-(2**63), 2**63 - 1, (400,), generator=torch.Generator().manual_seed(5))
+    with pytest.raises(KeyboardInterrupt):
+        t.insert_or_assign(more, _rows(more, 16))
+    assert calls[-1] > 0 and t.capacity() == 1024
+    # The batch's op ran before the growth: the keys it stored stand beside the old ones.
+    found, hit = t.find(keys)
+    assert bool(hit.all()) and torch.equal(found, before[1][torch.searchsorted(before[0], keys)])
+    found, hit = t.find(more)
+    assert 0 < int(hit.sum()) < more.numel()
+    assert torch.equal(found[hit], _rows(more, 16)[hit])
+
+
 _PEAK_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch, dynemb
-    from dynemb.table import growth
+    from dynemb.table import growth, table_storage
 
     growth.GROWTH_CHUNK_ROWS = int(sys.argv[1])
 
