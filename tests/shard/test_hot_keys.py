@@ -11,7 +11,13 @@ from dynemb import DynamicEmbTableOptions
 from dynemb.distributed.sharding_names import DYNAMIC_KERNEL_NAME
 from dynemb.planner import DynamicEmbParameterSharding
 from dynemb.shard.rw_sharding import check_sharding_type
-from tests.support.hot_keys_workers import STEPS, HotCase, checkpoint_round_trip, train_both
+from tests.support.hot_keys_workers import (
+    STEPS,
+    HotCase,
+    checkpoint_round_trip,
+    deltas_and_warm_start,
+    train_both,
+)
 from tests.support.multiprocess import run_ranks
 
 OPTIMIZERS = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "FTRL"]
@@ -116,6 +122,36 @@ def test_checkpoint_round_trip_with_and_without_replicas(tmp_path):
     # without the reload the replicas hold the rows trained before the load
     stale = results[0]["into_hot_reload_False"]
     assert any(not torch.allclose(g, w) for g, w in zip(stale, results[0]["reference"]))
+
+
+def test_deltas_and_warm_start_see_one_table(tmp_path):
+    """The deltas published over a model trained with hot replicas hold the keys,
+    rows, optimizer state and tombstones of training without; a model with hot
+    replicas warm-starts as one without."""
+    case = HotCase("EXACT_ROWWISE_ADAGRAD", "SUM", "hash_roundrobin")
+    results = run_ranks(deltas_and_warm_start, 2, case, str(tmp_path))
+    for rank, r in enumerate(results):
+        assert r["stats_True"]["local_ids"] > 0 and r["warm_stats_True"]["local_ids"] > 0
+        plain, hot = r["deltas_False"], r["deltas_True"]
+        assert len(plain) == len(hot) >= 3
+        for version, (want, got) in enumerate(zip(plain, hot), 1):
+            assert want.keys() == got.keys(), version
+            for name, (keys, values, state, tombstones) in want.items():
+                g_keys, g_values, g_state, g_tombstones = got[name]
+                where = f"delta {version} {name}"
+                assert keys.numel() and torch.equal(keys, g_keys), f"{where}: other keys upserted"
+                assert torch.equal(tombstones, g_tombstones), f"{where}: other tombstones"
+                torch.testing.assert_close(g_values, values, rtol=RTOL, atol=ATOL, msg=where)
+                torch.testing.assert_close(g_state, state, rtol=RTOL, atol=ATOL, msg=where)
+        for step, (got, want) in enumerate(zip(r["warm_True"], r["warm_False"])):
+            torch.testing.assert_close(
+                got, want, rtol=RTOL, atol=ATOL,
+                msg=lambda m, s=step, k=rank: f"warm start rank {k} step {s}: {m}",
+            )  # fmt: skip
+        for name, (keys, rows, _) in r["warm_entries_False"].items():
+            hot_keys, hot_rows, _ = r["warm_entries_True"][name]
+            assert torch.equal(keys, hot_keys), f"warm start {name}: other keys stored"
+            torch.testing.assert_close(hot_rows, rows, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_row_wise"])

@@ -25,6 +25,7 @@ from dynemb import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynemb.deltas import DeltaPublisher, delta_path, read_delta
 from dynemb.incremental_dump import incremental_dump
 from dynemb.optimizer import optimizer_type_of
 from dynemb.planner import DynamicEmbParameterSharding
@@ -36,6 +37,7 @@ from dynemb.shard import (
 )
 from dynemb.shard.hot_dist import hot_key_stats, hot_tables
 from dynemb.telemetry import table_telemetry
+from dynemb.warm_start import WarmStart
 from tests.support.ftrl_reference import optimizer_kwargs
 
 FEATURES = ["f0", "f1", "f2"]
@@ -61,7 +63,7 @@ class HotCase:
         }  # fmt: skip
 
 
-def _options(case: HotCase, dim: int, hot: bool) -> DynamicEmbTableOptions:
+def _options(case: HotCase, dim: int, hot: bool, warm_start=None) -> DynamicEmbTableOptions:
     return DynamicEmbTableOptions(
         dim=dim,
         max_capacity=512,
@@ -71,6 +73,7 @@ def _options(case: HotCase, dim: int, hot: bool) -> DynamicEmbTableOptions:
         score_strategy=DynamicEmbScoreStrategy[case.score],
         hot_replicas=case.k if hot else 0,
         hot_refresh_steps=case.refresh,
+        warm_start=warm_start,
     )
 
 
@@ -78,7 +81,8 @@ def _dims(case: HotCase) -> list[int]:
     return [4, 4] if case.pooling == "NONE" else [4, 8]
 
 
-def build(case: HotCase, world_size: int, hot: bool):
+def build(case: HotCase, world_size: int, hot: bool, warm: dict | None = None):
+    """``warm``: table name -> its warm-start source."""
     d = _dims(case)
     if case.pooling == "NONE":
         configs = [
@@ -113,7 +117,7 @@ def build(case: HotCase, world_size: int, hot: bool):
         base = mplan[name]
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         mplan[name] = DynamicEmbParameterSharding(
-            **fields, dynamicemb_options=_options(case, dim, hot)
+            **fields, dynamicemb_options=_options(case, dim, hot, (warm or {}).get(name))
         )
     return DistributedModelParallel(
         module,
@@ -258,3 +262,49 @@ def checkpoint_round_trip(rank: int, world_size: int, case: HotCase, directory: 
             reload_hot_replicas(other)
         results[f"into_hot_reload_{reload}"] = _train_steps(other, case, rank, world_size, last)
     return results
+
+
+WARM_ROWS = 50  # rows of the warm-start sources: key k reads row k mod 50
+
+
+def _published(model, case: HotCase, rank: int, world_size: int, root: str) -> list:
+    """Trains ``model`` STEPS steps while publishing (the base after step 2, a delta
+    every 5 steps): each delta's tables as name -> (keys, values, state, tombstones),
+    sorted by key (rank 0 writes them; every rank reads them back)."""
+    publisher = DeltaPublisher(model, root, optim=True, fault_timeout=60)
+    for step in range(STEPS):
+        _train_steps(model, case, rank, world_size, [step])
+        if step == 1:
+            publisher.publish_base()
+        elif step > 1 and step % 5 == 4:
+            publisher.publish()
+    publisher.close()
+    dist.barrier()
+    deltas = []
+    for version in range(1, publisher.version + 1):
+        tables = {}
+        for name, d in read_delta(delta_path(root, version)).tables.items():
+            order = torch.argsort(d.keys)
+            tables[name] = (d.keys[order], d.values[order], d.state[order], d.tombstones.sort()[0])
+        deltas.append(tables)
+    return deltas
+
+
+def deltas_and_warm_start(rank: int, world_size: int, case: HotCase, directory: str) -> dict:
+    """The deltas published over the model trained without and with hot replicas, and
+    the outputs of both warm-started from the same source (both tables)."""
+    result = {}
+    for hot in (False, True):
+        model = build(case, world_size, hot=hot)
+        result[f"deltas_{hot}"] = _published(model, case, rank, world_size, f"{directory}/{hot}")
+        result[f"stats_{hot}"] = hot_key_stats(model)
+        g = torch.Generator().manual_seed(77)
+        warm = {
+            name: WarmStart.from_tensor(torch.randn(WARM_ROWS, dim, generator=g), ids="modulo")
+            for name, dim in zip(("t0", "t1"), _dims(case))
+        }
+        model = build(case, world_size, hot=hot, warm=warm)
+        result[f"warm_{hot}"] = _train_steps(model, case, rank, world_size, range(STEPS))
+        result[f"warm_entries_{hot}"] = _entries(model)
+        result[f"warm_stats_{hot}"] = hot_key_stats(model)
+    return result
