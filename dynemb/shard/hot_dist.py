@@ -114,7 +114,7 @@ class HotSharding:
         for f, n in enumerate(features.length_per_key()):
             hot = self._hot_of(f)
             if hot is not None:
-                hot.sketch.add(values[start : start + n])
+                hot.count(values[start : start + n])
             start += n
         for name in self._since:
             self._since[name] += 1

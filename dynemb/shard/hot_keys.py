@@ -1,10 +1,13 @@
 """Hot keys of a row-wise dynamic table, copied to every rank (``hot_replicas=K``).
 
-Each rank counts the ids of its own batches (at most ``SAMPLE_IDS`` a batch and table,
-evenly strided; a window's counts, truncated to its ``4 K`` most frequent: a small
-sketch), and every ``hot_refresh_steps`` training steps
-all ranks choose, in lockstep, the same hot set: the K keys of most accesses summed
-over the ranks, ties broken by the smaller key, among those their owner holds. The
+A table scored by access counts (LFU or DECAYED_LFU, alone or in a compound) ranks its
+keys by the scores its owners keep: each rank's K best owned keys are candidates.
+Otherwise each rank counts the ids of its own batches (at most ``SAMPLE_IDS`` a batch
+and table, evenly strided; a window's counts, truncated to its ``4 K`` most frequent:
+a small sketch). Every ``hot_refresh_steps`` training steps all ranks choose, in
+lockstep, the same hot set from every rank's candidates: the K keys of most accesses
+(scores, or window counts summed over the ranks), ties broken by the smaller key,
+among those their owner holds. The
 owner's whole rows (weights and optimizer state) and scores are then copied into a
 small replica on every rank: a one-table ``BatchedDynamicEmbeddingTables`` with the
 owner's options and optimizer, so that an update of a replica row runs the very
@@ -25,13 +28,15 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from dynemb.config.score_strategies import evict_strategy_of
 from dynemb.config.table_options import hot_replica_rows
-from dynemb.config.types import DynamicEmbCheckMode, DynamicEmbPoolingMode
+from dynemb.config.types import DynamicEmbCheckMode, DynamicEmbEvictStrategy, DynamicEmbPoolingMode
 from dynemb.distributed.routing import route_keys
 from dynemb.tbe.batched_dynamic_embedding_tables import BatchedDynamicEmbeddingTables
 
 _SKETCH_FACTOR = 4  # a rank keeps the counts of its 4 K most frequent keys of a window
 SAMPLE_IDS = 8192  # ids of a batch and table counted at most (an even sample)
+_SCAN_SLOTS = 1 << 16  # slots of the owner's table read at a time for its best scores
 
 
 def top_keys(keys: torch.Tensor, counts: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,9 +128,12 @@ class HotTable:
         self.t = group.table_names.index(name)
         self.feature = group.feature_table_map.index(self.t)  # the table's first feature
         self.dim = group.dims[self.t]
+        options = group.table_options[self.t]
+        # LFU / DECAYED_LFU scores rank keys by accesses (the owner's, all ranks'
+        # counted: the hot keys' updates pass their counts); no sketch is kept then
+        self.by_scores = evict_strategy_of(options.score_strategy) == DynamicEmbEvictStrategy.LFU
         self.sketch = AccessSketch(_SKETCH_FACTOR * k)
         self.keys = torch.zeros(0, dtype=torch.int64, device=group.device)
-        options = group.table_options[self.t]
         config = group.optimizer_config
         self.replica = BatchedDynamicEmbeddingTables(
             [_replica_options(options, hot_replica_rows(options))],
@@ -153,9 +161,32 @@ class HotTable:
         dist_type, num_embeddings = self.group.table_routing(self.t)
         return route_keys(keys, dist_type, self.world_size, num_embeddings)[0]
 
+    def count(self, ids: torch.Tensor) -> None:
+        """Counts a training batch's ids of the table (unless it ranks by its scores)."""
+        if not self.by_scores:
+            self.sketch.add(ids)
+
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's window counts (ends the window)."""
+        """This rank's candidates and their counts: the K owned keys of best scores
+        (a table scored by accesses), else the window's counts (ends the window)."""
+        if self.by_scores:
+            return self.best_scored()
         return self.sketch.take()
+
+    def best_scored(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K keys of highest score in this rank's table, ties to the smaller key:
+        with each key held by one owner, the K best of every rank's K best are the
+        table's (a scan of the table, a slice of slots at a time)."""
+        table = self.group.tables[self.t]
+        keys = torch.zeros(0, dtype=torch.int64)
+        scores = torch.zeros(0, dtype=torch.int64)
+        offset, end = 0, table.capacity()
+        while offset < end:
+            found, _, found_scores, offset = table.export_batch(offset, _SCAN_SLOTS)
+            keys = torch.cat([keys, found.to("cpu", torch.int64)])
+            scores = torch.cat([scores, found_scores.to("cpu", torch.int64)])
+            keys, scores = top_keys(keys, scores, self.k)
+        return keys, scores
 
     def choose(self, gathered: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """The K keys of most accesses over every rank's window (same on every rank)."""

@@ -70,6 +70,18 @@ def _check(cases, results):
                     assert torch.equal(replica[hit], owned_rows[at]), f"{case} {name} replica"
                 assert torch.equal(keys, results[0][c]["replicas"][name][0])
         assert moved > 0, f"{case}: no hot key was demoted"
+        if case.score in ("LFU", "DECAYED_LFU"):  # the hot set: top K by the owners' scores
+            for name in results[0][c]["chosen"]:
+                entries = [results[rank][c]["hot_entries"][name] for rank in range(world_size)]
+                keys = torch.cat([e[0] for e in entries])
+                scores = torch.cat([e[2] for e in entries])
+                # ascending key, then descending score (stable): ties to the smaller key
+                order = torch.argsort(keys)
+                keys, scores = keys[order], scores[order]
+                best = keys[torch.sort(scores, descending=True, stable=True).indices[: case.k]]
+                for rank in range(world_size):
+                    got = results[rank][c]["chosen"][name]
+                    assert torch.equal(got, best.sort()[0]), f"{case} {name} rank {rank}: hot set"
 
 
 def _ebc_cases(world_size: int):
@@ -78,6 +90,7 @@ def _ebc_cases(world_size: int):
     mean = OPTIMIZERS if world_size == 2 else OPTIMIZERS[2:3]
     cases += [HotCase(opt, "MEAN", "hash_roundrobin") for opt in mean]
     cases += [HotCase("EXACT_ROWWISE_ADAGRAD", "SUM", "continuous", weighted=True, score="LFU")]
+    cases += [HotCase("ADAM", "SUM", score="DECAYED_LFU")]
     return cases
 
 

@@ -71,6 +71,7 @@ def _options(case: HotCase, dim: int, hot: bool, warm_start=None) -> DynamicEmbT
         initializer_args=DynamicEmbInitializerArgs(lower=-0.5, upper=0.5),
         seed=3,
         score_strategy=DynamicEmbScoreStrategy[case.score],
+        score_half_life_steps=4 if case.score == "DECAYED_LFU" else None,
         hot_replicas=case.k if hot else 0,
         hot_refresh_steps=case.refresh,
         warm_start=warm_start,
@@ -205,6 +206,13 @@ def train_both(rank: int, world_size: int, cases: list[HotCase]):
         hot_out = _train(hot, case, rank, world_size)
         stats = hot_key_stats(hot)
         replicas = {name: (s.keys.clone(), s.replica_rows()) for name, s in hot_tables(hot).items()}
+        chosen = {}
+        if case.score in ("LFU", "DECAYED_LFU"):  # the hot sets the scores choose now
+            shardings = [h for m in hot.modules() if hasattr(m, "hot_shardings")
+                         for h in m.hot_shardings()]  # fmt: skip
+            for sharding in shardings:
+                sharding.choose(sorted(sharding.tables))
+                chosen.update({n: t.keys.clone() for n, t in sharding.tables.items()})
         results.append(
             dict(
                 # what the outside sees: every rank's entries, and the tables' names
@@ -218,6 +226,7 @@ def train_both(rank: int, world_size: int, cases: list[HotCase]):
                 hot_entries=_entries(hot),
                 stats=stats,
                 replicas=replicas,
+                chosen=chosen,
             )
         )
     return results
