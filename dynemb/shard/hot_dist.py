@@ -80,6 +80,9 @@ class HotSharding:
         self.tables: dict[str, HotTable] = {}
         self._splits: collections.deque = collections.deque()
         self._since: dict[str, int] = dict.fromkeys(self.k, 0)
+        # the features' weights are per-id access counts (EC with use_index_dedup sends
+        # each distinct id once, its count as its weight): hot keys count them
+        self.counts_in_weights = False
         self.pending = 0  # training forwards whose backward has not run
         self.local_ids = 0  # ids served from the replicas (this rank's batches)
         self.sent_ids = 0  # ids of hot tables sent through the all-to-all
@@ -111,10 +114,13 @@ class HotSharding:
         if not training or not self.tables:
             return
         values, start = features.values(), 0
+        counts = features.weights_or_none() if self.counts_in_weights else None
         for f, n in enumerate(features.length_per_key()):
             hot = self._hot_of(f)
             if hot is not None:
-                hot.count(values[start : start + n])
+                hot.count(
+                    values[start : start + n], None if counts is None else counts[start : start + n]
+                )
             start += n
         for name in self._since:
             self._since[name] += 1
@@ -336,7 +342,10 @@ class _HotSequence(torch.autograd.Function):
             if bool(mask.any()):
                 positions = split.position[mask]
                 out[split.index[mask]] = table.rows()[positions].to(out)
-                parts.append((table, positions, split.index[mask]))
+                accesses = None
+                if hot.counts_in_weights and split.weights is not None:
+                    accesses = split.weights[mask].round().to(torch.int64)
+                parts.append((table, positions, split.index[mask], accesses))
         ctx.hot, ctx.split, ctx.parts = hot, split, parts
         ctx.trains = trains
         if trains:
@@ -349,11 +358,15 @@ class _HotSequence(torch.autograd.Function):
         if not ctx.trains:
             return grad[split.cold_index], None, None, None
         local = {}
-        for table, positions, index in ctx.parts:
+        for table, positions, index, accesses in ctx.parts:
             k = table.keys.numel()
             offsets = torch.arange(positions.numel(), device=positions.device)
             sums = _key_sums(k, positions, offsets, grad[index].to(torch.float32), None)
-            counts = torch.bincount(positions, minlength=k)
+            if accesses is None:
+                counts = torch.bincount(positions, minlength=k)
+            else:  # a de-duplicated batch: each id's occurrences
+                counts = torch.zeros(k, dtype=torch.int64, device=positions.device)
+                counts.index_add_(0, positions, accesses)
             if table.name in local:
                 sums, counts = sums + local[table.name][0], counts + local[table.name][1]
             local[table.name] = (sums, counts)

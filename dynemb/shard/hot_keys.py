@@ -64,17 +64,19 @@ class AccessSketch:
         self.keys = torch.zeros(0, dtype=torch.int64)
         self.counts = torch.zeros(0, dtype=torch.int64)
 
-    def add(self, ids: torch.Tensor) -> None:
+    def add(self, ids: torch.Tensor, counts: torch.Tensor | None = None) -> None:
         """Counts ``ids``: every one of a small batch, else an evenly strided sample of
         ``SAMPLE_IDS`` of them (a hot key is hot in any sample; counting all of
         W-train's 65k ids a table and step cost as much as the rest of the hot path)."""
         if ids.numel() == 0:
             return
-        ids = ids[:: max(1, ids.numel() // SAMPLE_IDS)].to("cpu", torch.int64)
-        keys, counts = merge_counts(
-            torch.cat([self.keys, ids]),
-            torch.cat([self.counts, torch.ones(ids.numel(), dtype=torch.int64)]),
-        )
+        stride = max(1, ids.numel() // SAMPLE_IDS)
+        ids = ids[::stride].to("cpu", torch.int64)
+        if counts is None:
+            counts = torch.ones(ids.numel(), dtype=torch.int64)
+        else:  # per-id access counts (a de-duplicated batch's weights)
+            counts = counts[::stride].to("cpu").round().to(torch.int64)
+        keys, counts = merge_counts(torch.cat([self.keys, ids]), torch.cat([self.counts, counts]))
         if keys.numel() > self.limit:
             keys, counts = top_keys(keys, counts, self.limit)
         self.keys, self.counts = keys, counts
@@ -161,10 +163,11 @@ class HotTable:
         dist_type, num_embeddings = self.group.table_routing(self.t)
         return route_keys(keys, dist_type, self.world_size, num_embeddings)[0]
 
-    def count(self, ids: torch.Tensor) -> None:
-        """Counts a training batch's ids of the table (unless it ranks by its scores)."""
+    def count(self, ids: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        """Counts a training batch's ids of the table, ``counts`` accesses each (default
+        1), unless the table ranks by its scores."""
         if not self.by_scores:
-            self.sketch.add(ids)
+            self.sketch.add(ids, counts)
 
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's candidates and their counts: the K owned keys of best scores

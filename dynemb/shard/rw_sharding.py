@@ -189,6 +189,12 @@ class _DynamicRwMixin:
             bounded=_bounded_features(self._grouped_embedding_configs, self._ordinary),
         )
 
+    def count_accesses_in_weights(self) -> None:
+        """The features' weights are per-id access counts (``use_index_dedup``): the
+        hot keys count them as their accesses."""
+        if self._hot is not None:
+            self._hot.counts_in_weights = True
+
     def _bind_hot(self, lookup):
         if self._hot is not None:
             self._hot.bind(lookup)

@@ -276,6 +276,9 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         if self._use_index_dedup:  # _dedup_indices sends access counts as weights
             for kernel in _dynamic_kernels(self._lookups):
                 kernel.access_counts_in_weights = True
+            for sharding in self._sharding_type_to_sharding.values():
+                if isinstance(sharding, DynamicEmbRwSequenceEmbeddingSharding):
+                    sharding.count_accesses_in_weights()
 
     def _dedup_indices(self, ctx, input_feature_splits):
         """``use_index_dedup``: one lookup per distinct id of each table, exact for raw ids.

@@ -109,6 +109,9 @@ def test_hot_keys_ebc_equals_unreplicated(world_size):
 )
 def test_hot_keys_ec_equals_unreplicated(world_size):
     cases = [HotCase(opt, "NONE") for opt in OPTIMIZERS]
+    # use_index_dedup sends each distinct id once, its count as its weight: LFU scores
+    # of hot keys count their accesses as without replicas
+    cases += [HotCase("ADAM", "NONE", dedup=True, score="LFU")]
     _check(cases, run_ranks(train_both, world_size, cases))
 
 

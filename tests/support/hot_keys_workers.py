@@ -44,6 +44,7 @@ FEATURES = ["f0", "f1", "f2"]
 STEPS = 20
 LR = 0.05
 BATCH = 6  # samples per rank
+EMPTY_STEP = 5  # a step at which the last rank's batch is empty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class HotCase:
     k: int = 4
     refresh: int = 4
     score: str = "TIMESTAMP"
+    dedup: bool = False  # EC: use_index_dedup
 
     def fused_params(self) -> dict:
         return {
@@ -93,7 +95,9 @@ def build(case: HotCase, world_size: int, hot: bool, warm: dict | None = None):
                             feature_names=["f2"]),
         ]  # fmt: skip
         module = EmbeddingCollection(tables=configs, device=torch.device("meta"))
-        sharder = DynamicEmbeddingCollectionSharder(fused_params=case.fused_params())
+        sharder = DynamicEmbeddingCollectionSharder(
+            fused_params=case.fused_params(), use_index_dedup=case.dedup
+        )
     else:
         pooling = PoolingType[case.pooling]
         configs = [
@@ -131,10 +135,13 @@ def build(case: HotCase, world_size: int, hot: bool, warm: dict | None = None):
 
 def skewed_batch(step: int, world_size: int, weighted: bool):
     """Per feature, per sample keys of the global batch: Zipf-like over 60 keys whose
-    ranking turns every 7 steps (so hot sets change: promotions and demotions)."""
+    ranking turns every 7 steps (so hot sets change: promotions and demotions); at
+    EMPTY_STEP the last rank's samples hold no id."""
     g = torch.Generator().manual_seed(500 + step)
     total = BATCH * world_size
     lengths = torch.randint(0, 5, (len(FEATURES), total), generator=g)
+    if step == EMPTY_STEP:  # the last rank's batch holds no id
+        lengths[:, total - BATCH :] = 0
     n = int(lengths.sum())
     ranks = torch.arange(1, 61, dtype=torch.float64)
     probs = ranks**-1.2
