@@ -311,8 +311,9 @@ def _restore_rows(old: TableStorage, new: TableStorage, freed: int) -> None:
         return
     slots = old.occupied(0, freed)
     found = _ops.table_find_slots(new.tensors(), old.keys[slots])
-    if bool((found < 0).any()):  # every entry of a chunk before the failed one is in new
-        raise RuntimeError(f"growth lost {int((found < 0).sum())} moved entries")
+    lost = int(read_to_host((found < 0).sum(), "growth restore check"))
+    if lost:  # every entry of a chunk before the failed one is in new
+        raise RuntimeError(f"growth lost {lost} moved entries")
     old.values[slots] = new.values[found]
 
 
