@@ -164,4 +164,23 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
   return status;
 }
 
+/// Pass 1 of a batch upsert for a key not touched as stored: tile_upsert_home, and, where
+/// the spill window is one bucket (window_of: every evicting strategy; NO_EVICTION on a
+/// table of one bucket), tile_upsert_spill in place for a key it leaves. That window is
+/// the home bucket, which the tile owns, so pass 2 would read and write nothing else; and
+/// pass 1 writes nothing there that upsert_spill reads before it (once a key is left,
+/// the bucket's other keys are hits, touched, or left as well, and come here in batch
+/// order). The outcome is pass 2's, and pass 2 has nothing to do.
+/// @return false (nothing changed) only for a key whose window has more buckets; else
+/// true, with *status set in every lane.
+template <class Tile, class V, class Sink>
+DYNEMB_HD bool tile_upsert_owned(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
+                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
+                                 Sink& sink, Status* status) {
+  if (tile_upsert_home(tile, t, i, o, key, p, u, sink, status)) return true;
+  if (window_of(t, u.score.strategy) != 1) return false;
+  *status = tile_upsert_spill(tile, t, i, o, key, u, sink);
+  return true;
+}
+
 }  // namespace dynemb

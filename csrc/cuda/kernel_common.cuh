@@ -143,18 +143,23 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// The batch rule's pass 1 over one home-bucket range, by a tile that owns its
 /// buckets (core/tile_ops.h: no lock, no fence): the positions order[begin .. end) in
 /// batch order (position x is key x - base of `keys`, status[x - base]): under
-/// hits_first tile_touch_stored for all of them first, then tile_upsert_home for the
-/// keys not stored. Lane 0 writes the statuses.
+/// hits_first tile_touch_stored for all of them first, then tile_upsert_owned for the
+/// keys not stored (which decides every key when the spill window is one bucket: an
+/// evicting strategy). Lane 0 writes the statuses and, with `counted` (kStatusCount,
+/// lane 0's registers), counts them.
 template <class Tile, class V, class Sink>
 __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
                              const UpsertArgs& args, const int64_t* keys, int64_t base,
-                             const int64_t* order, int64_t begin, int64_t end, int8_t* status) {
+                             const int64_t* order, int64_t begin, int64_t end, int8_t* status,
+                             unsigned long long* counted = nullptr) {
   const bool first_hits = hits_first(args);
+  const bool count = counted != nullptr && tile.rank() == 0;
   if (first_hits) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = order[k] - base;
       const bool hit = tile_touch_stored(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink);
       if (tile.rank() == 0) status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
+      if (count && hit) ++counted[static_cast<int>(Status::kHit)];
     }
     tile.sync();  // every lane reads the statuses below
   }
@@ -163,22 +168,45 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
     if (first_hits && status[i] == static_cast<int8_t>(Status::kHit)) continue;
     Status s;
     const bool decided =
-        tile_upsert_home(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink, &s);
+        tile_upsert_owned(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink, &s);
     if (tile.rank() == 0) status[i] = decided ? static_cast<int8_t>(s) : kDeferred;
+    if (count && decided) ++counted[static_cast<int>(s)];
+  }
+}
+
+/// counts (kStatusCount) += the statuses the block's threads counted in `local` (zeros
+/// in the lanes that count none): their sum in shared memory, then one atomic per status
+/// and block. Every thread of the block calls it (two block barriers).
+__device__ inline void add_block_counts(const unsigned long long* local, int64_t* counts) {
+  __shared__ unsigned long long block[kStatusCount];
+  if (threadIdx.x < kStatusCount) block[threadIdx.x] = 0;
+  __syncthreads();
+  for (int s = 0; s < kStatusCount; ++s) {
+    if (local[s] != 0) atomicAdd(&block[s], local[s]);
+  }
+  __syncthreads();
+  if (threadIdx.x < kStatusCount && block[threadIdx.x] != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(counts) + threadIdx.x, block[threadIdx.x]);
   }
 }
 
 /// The batch rule's pass 1, a tile of N lanes per home-bucket range (its positions
-/// sorted first: group_by_home_bucket leaves them unsorted).
-template <unsigned N, class V, class Sink>
+/// sorted first: group_by_home_bucket leaves them unsorted). kDecidesAll (a spill window
+/// of one bucket: tile_upsert_owned decides every key): the kernel also adds the
+/// statuses to counts, a block at a time, and no pass 2 follows.
+template <unsigned N, bool kDecidesAll, class V, class Sink>
 __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                      const int64_t* keys, const int64_t* start, int64_t* order,
-                                     int64_t ranges, int8_t* status) {
+                                     int64_t ranges, int8_t* status, int64_t* counts) {
   const int64_t g = thread_index() / N;
-  if (g >= ranges) return;  // whole tiles
-  const CgTile<N> tile;
-  sort_range(tile, order, start[g], start[g + 1]);
-  upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status);
+  unsigned long long local[kStatusCount] = {};
+  if (g < ranges) {  // whole tiles; the others only meet the block's barriers
+    const CgTile<N> tile;
+    sort_range(tile, order, start[g], start[g + 1]);
+    upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status,
+                 kDecidesAll ? local : nullptr);
+  }
+  if constexpr (kDecidesAll) add_block_counts(local, counts);
 }
 
 /// The batch rule's pass 2: one tile of N lanes (a block of N threads: it owns the
@@ -207,8 +235,10 @@ __global__ void upsert_deferred_kernel(TableRef<V> t, Sink sink, UpsertArgs args
 /// A batch upsert by the batch rule with any Sink; status (n) and counts (4) out. Eight
 /// launches and a memset: the grouping by range (its first kernel also zeroes counts),
 /// pass 1 (which sorts each range), the deferred list (which counts the other
-/// statuses), pass 2. With live (device, core live_keys), only the first *live keys:
-/// n sizes the launches, the keys past *live are in no range and not counted.
+/// statuses), pass 2. Where the spill window is one bucket (every evicting strategy)
+/// pass 1 decides and counts every key: four launches and the memset. With live
+/// (device, core live_keys), only the first *live keys: n sizes the launches, the keys
+/// past *live are in no range and not counted.
 template <class V, class Sink>
 void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys, int64_t n,
                    const int64_t* live, int8_t* status, int64_t* counts, Workspace& ws,
@@ -219,12 +249,20 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   }
   const TableRef<V>& t = sink.t;
   const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream, live);
-  int64_t* deferred = ws.array<int64_t>(n);
-  int64_t* deferred_count = ws.array<int64_t>(1);
+  const bool decides_all = window_of(t, args.score.strategy) == 1;
+  int64_t* deferred = decides_all ? nullptr : ws.array<int64_t>(n);
+  int64_t* deferred_count = decides_all ? nullptr : ws.array<int64_t>(1);
   with_row_tile(t.row_width, [&](auto lanes) {
     constexpr unsigned N = decltype(lanes)::value;
-    DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, V, Sink>)(
-        t, sink, args, keys, r.start, r.order, r.count, status);
+    if (decides_all) {
+      DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream,
+                    upsert_ranges_kernel<N, true, V, Sink>)(t, sink, args, keys, r.start,
+                                                            r.order, r.count, status, counts);
+      return;
+    }
+    DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream,
+                  upsert_ranges_kernel<N, false, V, Sink>)(t, sink, args, keys, r.start, r.order,
+                                                           r.count, status, nullptr);
     launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
     DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(
         t, sink, args, keys, deferred, deferred_count, status, counts);

@@ -205,11 +205,13 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
                 grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges);
-  int64_t* deferred = ws.array<int64_t>(n);
-  int64_t* deferred_count = ws.array<int64_t>(1);
-  launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
-  DYNEMB_LAUNCH(1, kSlotLanes, stream, grouped_upsert_deferred_kernel<V>)(parts, deferred,
-                                                                         deferred_count);
+  if (totals.spills) {  // else pass 1 decided every key (tile_upsert_owned)
+    int64_t* deferred = ws.array<int64_t>(n);
+    int64_t* deferred_count = ws.array<int64_t>(1);
+    launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);
+    DYNEMB_LAUNCH(1, kSlotLanes, stream, grouped_upsert_deferred_kernel<V>)(parts, deferred,
+                                                                           deferred_count);
+  }
   DYNEMB_LAUNCH(blocks_for((n + kStatusChunk - 1) / kStatusChunk), kBlock, stream,
                 grouped_count_status_kernel<V>)(parts, status, n);
 }

@@ -56,10 +56,12 @@ def test_the_cpu_executor_adds_nothing():
 
 
 _UPSERT_SCRIPT = """
-import json, torch
+import json, sys, torch
 from dynemb import _ops
 from dynemb.table.scored_hash_table import ScoredHashTable
-table = ScoredHashTable(dim=64, capacity=1 << 14)
+from dynemb import DynamicEmbScoreStrategy
+strategy = getattr(DynamicEmbScoreStrategy, sys.argv[1])
+table = ScoredHashTable(dim=64, capacity=1 << 14, score_strategy=strategy)
 keys = torch.randint(0, 2**62, (4096,), generator=torch.Generator().manual_seed(0))
 rows = torch.randn(keys.numel(), 64)
 seen = [_ops.emulation_counters()]
@@ -71,16 +73,23 @@ print(json.dumps(seen))
 """
 
 
-def test_an_upsert_runs_eight_launches_and_one_memset():
+@pytest.mark.parametrize("strategy, launches", [("TIMESTAMP", 4), ("LFU", 4), ("NO_EVICTION", 8)])
+def test_an_upsert_runs_its_launches_and_one_memset(strategy, launches):
     """find_or_insert (new keys, then hits) and insert_or_assign: the grouping by range
-    (count, one-block scan, placement), pass 1, the deferred list (count, scan, list),
-    pass 2, and the memset of the range counts (docs/gpu.md, "Launches per upsert")."""
+    (count, one-block scan, placement) and pass 1, which under an evicting strategy
+    decides and counts every key; under NO_EVICTION also the deferred list (count, scan,
+    list) and pass 2; and the memset of the range counts (docs/gpu.md, "Launches per
+    upsert")."""
     env = dict(os.environ, DYNEMB_EXECUTOR="cuda-emulated")
     done = subprocess.run(
-        [sys.executable, "-c", _UPSERT_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-c", _UPSERT_SCRIPT, strategy],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     for i in range(3):
         step = _step(seen, i)
-        assert (step["launches"], step["memsets"]) == (8, 1), f"call {i}: {step}"
+        assert (step["launches"], step["memsets"]) == (launches, 1), f"call {i}: {step}"

@@ -71,6 +71,26 @@ def test_find_or_insert_and_assign_with_evictions(strategy, fast_slots, cpu_thre
         )
 
 
+@pytest.mark.parametrize("strategy", [TIMESTAMP, LFU, NO_EVICTION])
+def test_one_bucket_windows_are_decided_in_pass_one(strategy, cpu_threads):
+    """Where a key's spill window is its home bucket alone (an evicting strategy; a table
+    of one bucket), the CUDA executor's pass 1 decides the keys the CPU leaves to pass 2
+    (full or overflowed home buckets, repeats of keys placed there): same outcome. The
+    overflow flags of an evicting table are set by hand (its own upserts never set them)."""
+    buckets = 1 if strategy == NO_EVICTION else 8
+    table = parity_table(strategy, num_buckets=buckets)
+    evict = EVICT_ANY if strategy != NO_EVICTION else 0
+    for b, keys in enumerate(key_batches(5, 300, 400, 3)):
+        if b == 1 and strategy != NO_EVICTION:
+            table[6][::2] = 1
+        keys = torch.cat([keys, keys[:40]])  # repeats, after their first
+        policy = [strategy, 10 + b, 7, evict, DIM, 1 + b, 1 + b]
+        table = run_on_every_executor(
+            table, partial(find_or_insert_outputs, policy=policy, keys=keys, scores=None)
+        )
+    assert table[6].any()
+
+
 @pytest.mark.parametrize("strategy", [LFU, CACHE, NO_EVICTION])
 def test_slot_claims_with_accesses_and_pins(strategy, cpu_threads):
     table = parity_table(strategy, num_buckets=16)
