@@ -119,8 +119,7 @@ struct FindOrInsertSink {
   DYNEMB_HD void fresh(int64_t i, int64_t, int64_t slot, int64_t key, Lanes l) {
     V* row = t.row(slot);
     if (l.lead()) t.count_row(Access::kRowWrite, slot, t.row_width * int64_t{sizeof(V)});
-    init_row(init, key, row, dim, t.row_width, l);
-    copy_row(row, out + i * out_width, out_width, l);  // the elements this lane wrote
+    init_row(init, key, row, dim, t.row_width, l, out + i * out_width, out_width);
   }
   DYNEMB_HD void failed(int64_t i, int64_t, int64_t key, Lanes l) {
     init_row(init, key, out + i * out_width, dim < out_width ? dim : out_width, out_width, l);

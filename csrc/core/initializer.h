@@ -194,4 +194,19 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
   }
 }
 
+/// init_row by lanes that also writes each of its elements j < copy_width to copy[j],
+/// from the same register: a new key's row goes to the table and to the caller's
+/// output without the table row being read back.
+template <typename V>
+DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width,
+                        Lanes l, V* copy, int64_t copy_width) {
+  const uint64_t stream = stream_of(a.seed, key);
+  for (int64_t j = l.first; j < row_width; j += l.stride) {
+    const V v = static_cast<V>(j >= dim ? extra_element(a, j - dim)
+                                        : init_element(a, stream, key, a.column_offset + j));
+    out[j] = v;
+    if (j < copy_width) copy[j] = v;
+  }
+}
+
 }  // namespace dynemb

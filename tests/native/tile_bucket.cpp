@@ -170,14 +170,17 @@ std::string lanes_init_difference() {
     for (int64_t dim : {1, 7, 8, 33, 64}) {
       const int64_t width = dim + 3;
       for (int64_t key : {int64_t{0}, int64_t{-7}, int64_t{1} << 40}) {
-        std::vector<float> want(width), got(width, -99.0f);
+        std::vector<float> want(width), got(width, -99.0f), row(width, -99.0f);
+        std::vector<float> copy(dim, -99.0f);  // the row's first dim elements, beside
         dynemb::init_row(a, key, want.data(), dim, width);
         for (int64_t lanes : {1, 8, 32}) {
           for (int64_t r = 0; r < lanes; ++r) {
             dynemb::init_row(a, key, got.data(), dim, width, dynemb::Lanes{r, lanes});
+            dynemb::init_row(a, key, row.data(), dim, width, dynemb::Lanes{r, lanes},
+                             copy.data(), dim);
           }
           for (int64_t j = 0; j < width; ++j) {
-            if (got[j] != want[j]) {
+            if (got[j] != want[j] || row[j] != want[j] || (j < dim && copy[j] != want[j])) {
               return "init_row by " + std::to_string(lanes) + " lanes, mode " +
                      std::to_string(mode) + ", dim " + std::to_string(dim) + ", element " +
                      std::to_string(j) + ": " + std::to_string(got[j]) + ", serial " +
