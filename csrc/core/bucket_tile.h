@@ -107,6 +107,55 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRe
   return -1;
 }
 
+/// What one probe of a bucket for a key yields: the key's slot, else the bucket's first
+/// empty slot in the key's probe order (-1: the bucket is full).
+struct TileProbe {
+  int64_t slot;  // the key's slot, or -1
+  int64_t free;  // with slot -1: tile_free_slot's answer; with a slot: -1, not looked for
+};
+
+/// tile_bucket_find (its home line first) and, for a key not in the bucket,
+/// tile_free_slot, in one scan: each chunk the find loads is also matched against the
+/// empty digest, and the lanes' first empty ranks (probe position, offset in its
+/// group) go to one minimum reduction. A new key reads the bucket's digests once.
+/// @return the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const TableRef<V>& t,
+                                                    int64_t bucket, int64_t key,
+                                                    uint8_t digest, const ProbeOrder& order) {
+  constexpr int kChunk = chunk_bytes(Tile::kSize);
+  const int64_t base = bucket * t.bucket_capacity;
+  const int64_t line = (16 * order.home) & ~int64_t{63};  // the home line's first slot
+  uint64_t best = ~uint64_t{0};  // this lane's first empty rank
+  for (int round = 0; round < 2; ++round) {  // 0: the chunks in the home line; 1: the rest
+    for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
+      const int64_t mine = first + kChunk * tile.rank();
+      int64_t slot = -1;
+      if (mine < t.bucket_capacity && ((mine & ~int64_t{63}) == line) == (round == 0)) {
+        const uint8_t* chunk = t.digest_chunk(base + mine, kChunk);
+        uint32_t mask = tile.template match<kChunk>(chunk, digest);
+        while (mask != 0 && slot < 0) {
+          const int64_t s = base + mine + lowest_bit(mask);
+          if (t.key(s) == key) slot = s;
+          mask &= mask - 1;
+        }
+        const uint32_t empty = tile.template match<kChunk>(chunk, kEmptyDigest);
+        if (empty != 0) {
+          const int64_t s = mine + lowest_bit(empty);
+          const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
+          best = rank < best ? rank : best;
+        }
+      }
+      const uint32_t hits = tile.ballot(slot >= 0);
+      if (hits != 0) return {tile.shfl(slot, lowest_bit(hits)), -1};
+    }
+  }
+  best = tile.min(best);
+  if (best == ~uint64_t{0}) return {-1, -1};
+  const auto rank = static_cast<int64_t>(best);
+  return {-1, base + 16 * ((rank >> 4) ^ order.home) + (rank & 15)};
+}
+
 /// find_slot (table_ops.h) by a tile: the home bucket, then on past overflowed
 /// buckets. @return the slot holding `key`, or -1, the same in every lane.
 template <class Tile, class V>

@@ -1,8 +1,9 @@
 // dynemb core: the batch rule's passes (table_ops.h) run by a tile of lanes.
 //
-// table_ops.h's touch_stored, upsert_home and upsert_spill for a tile (bucket_tile.h)
-// that serves a key with all of its lanes: the probe, the free-slot search and the
-// victim are the tile scans (the answers of bucket.h's scans), the decisions are
+// table_ops.h's touch_or_place_free, place_by_victim, upsert_home and upsert_spill for
+// a tile (bucket_tile.h) that serves a key with all of its lanes: the probe and the
+// free-slot search (one scan of the digests: tile_bucket_probe) and the victim are the
+// tile scans (the answers of bucket.h's scans), the decisions are
 // table_ops.h's own (touch, claim, admits, the sink calls), so every executor keeps
 // the same outcome, bit for bit.
 //
@@ -43,21 +44,6 @@ DYNEMB_HD DYNEMB_INLINE void tile_claim(const Tile& tile, const TableRef<V>& t, 
                                         uint64_t timestamp, uint32_t pin) {
   if (tile.rank() == digest_lane(tile, t, slot)) claim_identity(t, slot, key, digest);
   if (tile.rank() == 0) claim_metadata(t, slot, score, timestamp, pin);
-}
-
-/// touch_stored (hits_first's pass) by a tile that owns `key`'s home bucket.
-/// @return true, in every lane, when the key was stored (then touched and reported).
-template <class Tile, class V, class Sink>
-DYNEMB_HD bool tile_touch_stored(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
-                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
-                                 Sink& sink) {
-  const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
-  if (slot >= 0) {
-    if (tile.rank() == 0) touch(t, slot, u, i);
-    sink.hit(i, o, slot, lanes_of(tile));
-  }
-  tile.sync();
-  return slot >= 0;
 }
 
 /// place_new_home by a tile: `slot` is tile_free_slot's answer.
@@ -105,21 +91,55 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   const int64_t home = p.bucket;
   if (t.overflowed(home)) return false;
   bool decided = false;
-  const int64_t slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
-  if (slot >= 0) {
-    if (tile.rank() == 0) touch(t, slot, u, i);
-    sink.hit(i, o, slot, lanes_of(tile));
+  const TileProbe q = tile_bucket_probe(tile, t, home, key, p.digest, p.order);  // one scan
+  if (q.slot >= 0) {
+    if (tile.rank() == 0) touch(t, q.slot, u, i);
+    sink.hit(i, o, q.slot, lanes_of(tile));
     *status = Status::kHit;
     decided = true;
-  } else {
-    const int64_t free = tile_free_slot(tile, t, home, p.order);
-    if (free >= 0 || evicts(u.score.strategy)) {
-      *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, free);
-      decided = true;
-    }
+  } else if (q.free >= 0 || evicts(u.score.strategy)) {
+    *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, q.free);
+    decided = true;
   }
   tile.sync();
   return decided;
+}
+
+/// touch_or_place_free by a tile that owns `key`'s home bucket (hits_first's pass, in
+/// one probe: tile_bucket_probe yields the key's slot or the bucket's first free slot):
+/// a stored key is touched and reported, *status kHit; a key not stored whose home
+/// bucket (not overflowed) has a free slot takes it, *status kInserted. @return false,
+/// having changed nothing, for a key that needs a victim (or its window): the pass
+/// after decides it (tile_upsert_owned; tile_place_by_victim in a distinct batch).
+template <class Tile, class V, class Sink>
+DYNEMB_HD bool tile_touch_or_place_free(const Tile& tile, const TableRef<V>& t, int64_t i,
+                                        int64_t o, int64_t key, const KeyProbe& p,
+                                        const UpsertArgs& u, Sink& sink, Status* status) {
+  const TileProbe q = tile_bucket_probe(tile, t, p.bucket, key, p.digest, p.order);
+  bool decided = false;
+  if (q.slot >= 0) {
+    if (tile.rank() == 0) touch(t, q.slot, u, i);
+    sink.hit(i, o, q.slot, lanes_of(tile));
+    *status = Status::kHit;
+    decided = true;
+  } else if (q.free >= 0 && !t.overflowed(p.bucket)) {
+    *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, q.free);
+    decided = true;
+  }
+  tile.sync();
+  return decided;
+}
+
+/// place_by_victim by a tile that owns the key's home bucket: a key of a distinct batch
+/// that tile_touch_or_place_free left (not stored, no free home slot) takes the bucket's
+/// victim or fails, without probing the bucket again. @return the status, in every lane.
+template <class Tile, class V, class Sink>
+DYNEMB_HD Status tile_place_by_victim(const Tile& tile, const TableRef<V>& t, int64_t i,
+                                      int64_t o, int64_t key, const KeyProbe& p,
+                                      const UpsertArgs& u, Sink& sink) {
+  const Status s = tile_place_new_home(tile, t, i, o, key, p, u, sink, -1);
+  tile.sync();
+  return s;
 }
 
 /// upsert_spill by the one tile of pass 2 (it owns the table): the same walk and

@@ -143,9 +143,10 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// The batch rule's pass 1 over one home-bucket range, by a tile that owns its
 /// buckets (core/tile_ops.h: no lock, no fence): the positions order[begin .. end) in
 /// batch order (position x is key x - base of `keys`, status[x - base]): under
-/// hits_first tile_touch_stored for all of them first, then tile_upsert_owned for the
-/// keys not stored (which decides every key when the spill window is one bucket: an
-/// evicting strategy). Lane 0 writes the statuses and, with `counted` (kStatusCount,
+/// hits_first tile_touch_or_place_free for all of them first (one probe: hits and keys
+/// with a free home slot), then, for the keys it leaves, tile_place_by_victim in a
+/// distinct batch, else tile_upsert_owned (which decides every key when the spill
+/// window is one bucket: an evicting strategy), as the CPU executor does. Lane 0 writes the statuses and, with `counted` (kStatusCount,
 /// lane 0's registers), counts them.
 template <class Tile, class V, class Sink>
 __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
@@ -157,18 +158,25 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
   if (first_hits) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = order[k] - base;
-      const bool hit = tile_touch_stored(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink);
-      if (tile.rank() == 0) status[i] = hit ? static_cast<int8_t>(Status::kHit) : kDeferred;
-      if (count && hit) ++counted[static_cast<int>(Status::kHit)];
+      Status s;
+      const bool decided = tile_touch_or_place_free(tile, t, i, i, keys[i], KeyProbe(t, keys[i]),
+                                                    args, sink, &s);
+      if (tile.rank() == 0) status[i] = decided ? static_cast<int8_t>(s) : kDeferred;
+      if (count && decided) ++counted[static_cast<int>(s)];
     }
     tile.sync();  // every lane reads the statuses below
   }
   for (int64_t k = begin; k < end; ++k) {
     const int64_t i = order[k] - base;
-    if (first_hits && status[i] == static_cast<int8_t>(Status::kHit)) continue;
+    if (first_hits && status[i] != kDeferred) continue;
+    const KeyProbe p(t, keys[i]);
     Status s;
-    const bool decided =
-        tile_upsert_owned(tile, t, i, i, keys[i], KeyProbe(t, keys[i]), args, sink, &s);
+    bool decided = true;
+    if (first_hits && args.distinct) {
+      s = tile_place_by_victim(tile, t, i, i, keys[i], p, args, sink);
+    } else {
+      decided = tile_upsert_owned(tile, t, i, i, keys[i], p, args, sink, &s);
+    }
     if (tile.rank() == 0) status[i] = decided ? static_cast<int8_t>(s) : kDeferred;
     if (count && decided) ++counted[static_cast<int>(s)];
   }

@@ -42,9 +42,11 @@ struct Query {
 struct Answer {
   int64_t find, free, victim, victim_unpinned;
   int64_t find_home;  // the find scanning the home group's digest line first
+  int64_t probe_slot, probe_free;  // tile_bucket_probe: find_home, then free for a miss
   bool operator==(const Answer& o) const {
     return find == o.find && free == o.free && victim == o.victim &&
-           victim_unpinned == o.victim_unpinned && find_home == o.find_home;
+           victim_unpinned == o.victim_unpinned && find_home == o.find_home &&
+           probe_slot == o.probe_slot && probe_free == o.probe_free;
   }
 };
 
@@ -62,6 +64,10 @@ Answer tile_answer(const Tile& tile, const TableRef<float>& t, const Query& q) {
   a.find = dynemb::tile_bucket_find(tile, t, q.bucket, q.key, q.digest);
   a.find_home = dynemb::tile_bucket_find(tile, t, q.bucket, q.key, q.digest, q.home);
   a.free = dynemb::tile_free_slot(tile, t, q.bucket, order_of(t, q.home));
+  const dynemb::TileProbe p =
+      dynemb::tile_bucket_probe(tile, t, q.bucket, q.key, q.digest, order_of(t, q.home));
+  a.probe_slot = p.slot;
+  a.probe_free = p.free;
   a.victim = dynemb::tile_victim_in<true>(tile, t, q.bucket, q.pin_mask, q.evict_below,
                                           q.pin_floor);
   a.victim_unpinned = dynemb::tile_victim_in<false>(tile, t, q.bucket, q.pin_mask,
@@ -75,6 +81,8 @@ Answer serial_answer(const TableRef<float>& t, const Query& q) {
   a.find = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
   a.find_home = a.find;  // a key holds one slot at most: the scan order decides nothing
   a.free = dynemb::bucket_free_slot<ScalarPlatform>(t, q.bucket, order);
+  a.probe_slot = a.find;
+  a.probe_free = a.find >= 0 ? -1 : a.free;  // a hit looks for no free slot
   a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
   a.victim_unpinned =
       dynemb::bucket_victim_in<false>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
@@ -89,7 +97,8 @@ __global__ void tile_kernel(TableRef<float> t, const Query* queries, int64_t n, 
   const Answer a = tile_answer(tile, t, queries[i]);
   // Every lane must hold the answer: lanes other than 0 check theirs against lane 0's.
   const Answer first{tile.shfl(a.find, 0), tile.shfl(a.free, 0), tile.shfl(a.victim, 0),
-                     tile.shfl(a.victim_unpinned, 0), tile.shfl(a.find_home, 0)};
+                     tile.shfl(a.victim_unpinned, 0), tile.shfl(a.find_home, 0),
+                     tile.shfl(a.probe_slot, 0), tile.shfl(a.probe_free, 0)};
   if (tile.rank() == 0) out[i] = a;
   if (!(first == a)) out[i].find = -2;  // lanes disagree: no serial answer is -2
 }
