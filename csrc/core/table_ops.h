@@ -50,7 +50,12 @@
 //      Pass 1 reads and writes the home bucket only, so buckets are independent:
 //      any executor may run different buckets concurrently, without locks.
 //   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
-//      full or has overflowed), in batch order, one at a time.
+//      full or has overflowed), in batch order, one at a time. Where the window is
+//      one bucket (window_of: every evicting strategy, any table of one bucket) it
+//      reads and writes the key's home bucket only, and pass 1 writes nothing there
+//      that it reads before it: an executor that owns the bucket in pass 1 may run
+//      upsert_spill there in the key's place (tile_ops.h tile_upsert_owned), with
+//      the same outcome and no pass 2.
 // The outcome (slots, statuses, evictions, scores) is thus a function of the table
 // and the batch alone, the same on a CPU with any thread count and on a GPU.
 // Erase and rehash follow the same rule (erase_key per home bucket in batch order;
