@@ -79,7 +79,8 @@ lint: $(STAMP)
 # fixtures are built once); 0 runs them in this process.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-PYTEST = $(PY) -m pytest tests -q -x --timeout=600 $(PYTEST_WORKERS)
+# --durations: the slowest tests, named in every run's log, so test time is watched.
+PYTEST = $(PY) -m pytest tests -q -x --timeout=600 --durations=15 $(PYTEST_WORKERS)
 
 # `make test` runs CI's stages side by side, CI_JOBS at a time (make -j): one stage's
 # idle core (pip, lint, a benchmark, a suite's last file) serves another; on 2 cores
