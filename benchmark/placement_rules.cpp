@@ -1,0 +1,273 @@
+// Placement rules of a bucketed hash table, simulated: where a key may live decides
+// (1) the load factor of a NO_EVICTION table at its first failed insert and (2) the
+// eviction rank of a full evicting table (DynamicEmb_APIs.md, "Eviction quality": the
+// fraction of stored keys whose score is strictly below the victim's). Only bucket
+// fills, group fills and scores are modelled; hash, bucket and home group are
+// csrc/core/hash.h's, so figures compare with the table's own (benchmark/RESULTS.md).
+//
+// Rules:
+//   today       the home bucket, else the next 3 buckets (a spill window of 4)
+//   2c-indep    two buckets, the second from an independent hash; the emptier takes
+//               the key, a miss in both fails (NO_EVICTION) or evicts the lowest
+//               score of both
+//   2c-nearD    as 2c-indep, the second bucket among home+1 .. home+D
+//   line-X      the whole home bucket, or only the key's home line (64 slots) of its
+//               second bucket (X: indep or nearD): an absent key reads one more digest
+//               line; the emptier by free fraction takes the key, a full pair evicts
+//               the lowest score of the home bucket and those 64 slots
+//   group-X     as line-X with the key's home group (16 slots)
+//
+// Build and run (a scratch program, not part of the package):
+//   g++ -O2 -std=c++17 benchmark/placement_rules.cpp -o /tmp/placement_rules
+//   /tmp/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
+//   /tmp/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
+// Zipf keys: distinct keys in order of first appearance in a stream drawn from a
+// power law of exponent 1.2 (a Pareto variate rounded down), hashed as the table does.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int kCapacity = 128;  // slots per bucket
+constexpr int kGroups = kCapacity / 16;
+
+uint64_t mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+int64_t bucket_of(uint64_t h, int64_t n) { return static_cast<int64_t>(((h >> 32) * uint64_t(n)) >> 32); }
+int home_group_of(uint64_t h) { return static_cast<int>((((h >> 8) & 0xFFFFFFu) * uint64_t(kGroups)) >> 24); }
+
+enum class Kind { kToday, kTwo, kLine, kGroup };
+struct Rule {
+  std::string name;
+  Kind kind;
+  int near;  // 0: independent second bucket, else home+1 .. home+near
+};
+
+struct Choice {
+  int64_t b1, b2;
+  int home;
+};
+Choice choose(const Rule& r, int64_t key, int64_t n) {
+  const uint64_t h = mix64(uint64_t(key));
+  const uint64_t h2 = mix64(h ^ 0x9e3779b97f4a7c15ULL);
+  Choice c{bucket_of(h, n), 0, home_group_of(h)};
+  if (r.kind == Kind::kToday) {
+    c.b2 = c.b1;
+  } else if (r.near == 0) {
+    c.b2 = bucket_of(h2, n);
+    if (c.b2 == c.b1) c.b2 = (c.b1 + 1) % n;
+  } else {
+    c.b2 = (c.b1 + 1 + int64_t(((h2 >> 32) * uint64_t(r.near)) >> 32)) % n;
+  }
+  return c;
+}
+
+struct Keys {
+  bool zipf;
+  std::mt19937_64 g;
+  std::unordered_set<int64_t> seen;
+  Keys(bool z, uint64_t seed) : zipf(z), g(seed) {}
+  int64_t next() {  // a key not seen before
+    if (!zipf) return int64_t(g());  // 64-bit random keys: a repeat is negligible
+    while (true) {
+      const double u = double(g() >> 11) * (1.0 / 9007199254740992.0);
+      const double x = std::min(std::pow(1.0 - u, -1.0 / 0.2), 9e18);
+      const int64_t k = int64_t(x);
+      if (seen.insert(k).second) return k;
+    }
+  }
+};
+
+// Load factor at the first key that finds no slot.
+double load_at_first_failure(const Rule& r, int64_t slots, bool zipf, uint64_t seed) {
+  const int64_t n = slots / kCapacity;
+  std::vector<int> fill(n, 0);
+  std::vector<uint8_t> group_fill(n * kGroups, 0);
+  Keys keys(zipf, seed);
+  if (zipf) keys.seen.reserve(size_t(slots * 1.2));
+  // Places a key in bucket b, groups [first, first + width) of it, in probe order.
+  auto place = [&](int64_t b, int home, int first, int width) {
+    for (int k = 0; k < width; ++k) {
+      const int g = first + ((home - first) ^ k);
+      if (group_fill[b * kGroups + g] < 16) {
+        ++group_fill[b * kGroups + g];
+        ++fill[b];
+        return true;
+      }
+    }
+    return false;
+  };
+  for (int64_t stored = 0;; ++stored) {
+    const Choice c = choose(r, keys.next(), n);
+    bool ok = false;
+    if (r.kind == Kind::kToday) {
+      for (int w = 0; w < 4 && !ok; ++w) ok = place((c.b1 + w) % n, c.home, 0, kGroups);
+    } else if (r.kind == Kind::kTwo) {
+      ok = place(fill[c.b2] < fill[c.b1] ? c.b2 : c.b1, c.home, 0, kGroups);
+    } else {
+      const int width = r.kind == Kind::kLine ? 4 : 1;
+      const int first = c.home / width * width;
+      int free2 = 0;
+      for (int g = first; g < first + width; ++g) free2 += 16 - group_fill[c.b2 * kGroups + g];
+      const int free1 = kCapacity - fill[c.b1];
+      // the emptier by free fraction; ties to the home bucket
+      if (free2 * kGroups > free1 * width) ok = place(c.b2, c.home, first, width);
+      else ok = place(c.b1, c.home, 0, kGroups);
+    }
+    if (!ok) return double(stored) / double(slots);
+  }
+}
+
+struct Fenwick {  // counts of stored scores; below(s): how many are < s
+  std::vector<int64_t> t;
+  explicit Fenwick(size_t n) : t(n + 1, 0) {}
+  void add(int64_t i, int64_t v) {
+    for (++i; i < int64_t(t.size()); i += i & -i) t[i] += v;
+  }
+  int64_t below(int64_t i) const {
+    int64_t s = 0;
+    for (; i > 0; i -= i & -i) s += t[i];
+    return s;
+  }
+};
+
+// A full evicting table on a Zipf stream over `universe` ids, batches of `batch`
+// keys: LRU scores are the step number, LFU scores the access count. A new key takes
+// a free slot of the emptier choice, else evicts the lowest score of its home bucket
+// (and, under two choices, of the slots of the second bucket open to it); keys of the
+// current step are not victims (the table's pins). Ranks of the last three quarters
+// of the steps.
+void eviction_rank(const Rule& r, int64_t slots, bool lfu, int64_t universe, double alpha,
+                   int64_t steps, int batch) {
+  const int64_t n = slots / kCapacity;
+  std::vector<int64_t> key(slots, 0);
+  std::vector<uint64_t> score(slots, 0);
+  std::vector<char> used(slots, 0);
+  std::vector<int> fill(n, 0);
+  std::unordered_map<int64_t, int64_t> where;
+  where.reserve(size_t(slots) * 2);
+  std::vector<double> cdf(universe);
+  double total = 0;
+  for (int64_t i = 0; i < universe; ++i) cdf[i] = total += std::pow(double(i + 1), -alpha);
+  for (double& c : cdf) c /= total;
+  std::mt19937_64 g(99);
+  Fenwick stored_scores(lfu ? size_t(steps * batch + 2) : size_t(steps + 2));
+  int64_t stored = 0, evictions = 0, lowest_decile = 0;
+  double rank_sum = 0;
+  for (int64_t step = 1; step <= steps; ++step) {
+    for (int j = 0; j < batch; ++j) {
+      const double u = double(g() >> 11) * (1.0 / 9007199254740992.0);
+      const int64_t id = std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+      const int64_t k = int64_t(mix64(uint64_t(id) * 0x2545F4914F6CDD1DULL + 7));
+      auto it = where.find(k);
+      if (it != where.end()) {
+        const int64_t s = it->second;
+        stored_scores.add(int64_t(score[s]), -1);
+        score[s] = lfu ? score[s] + 1 : uint64_t(step);
+        stored_scores.add(int64_t(score[s]), 1);
+        continue;
+      }
+      const Choice c = choose(r, k, n);
+      // the second bucket's slots open to the key: all, its home line or its home group
+      const int width = r.kind == Kind::kLine ? 64 : r.kind == Kind::kGroup ? 16 : kCapacity;
+      const int64_t first2 = c.b2 * kCapacity + (c.home * 16 / width) * width;
+      int free2 = 0;
+      for (int i = 0; i < width; ++i) free2 += !used[first2 + i];
+      const int free1 = kCapacity - fill[c.b1];
+      const bool second = r.kind != Kind::kToday && int64_t(free2) * kCapacity > int64_t(free1) * width;
+      int64_t slot = -1;
+      if (second || free1 > 0) {
+        const int64_t first = second ? first2 : c.b1 * kCapacity;
+        for (int i = 0; i < (second ? width : kCapacity) && slot < 0; ++i) {
+          if (!used[first + i]) slot = first + i;
+        }
+        used[slot] = 1;
+        ++fill[slot / kCapacity];
+        ++stored;
+      } else {
+        auto scan = [&](int64_t first, int count) {
+          for (int i = 0; i < count; ++i) {
+            const int64_t q = first + i;
+            if (!lfu && score[q] == uint64_t(step)) continue;
+            if (slot < 0 || score[q] < score[slot]) slot = q;
+          }
+        };
+        scan(c.b1 * kCapacity, kCapacity);
+        if (r.kind != Kind::kToday) scan(first2, width);
+        if (slot < 0) continue;  // all pinned: the key fails
+        if (step > steps / 4) {
+          const double rank = double(stored_scores.below(int64_t(score[slot]))) / double(stored);
+          rank_sum += rank;
+          lowest_decile += rank < 0.1;
+          ++evictions;
+        }
+        where.erase(key[slot]);
+        stored_scores.add(int64_t(score[slot]), -1);
+      }
+      key[slot] = k;
+      score[slot] = lfu ? 1 : uint64_t(step);
+      stored_scores.add(int64_t(score[slot]), 1);
+      where[k] = slot;
+    }
+  }
+  std::printf("evict %s slots=%lld universe=%lld alpha=%.2f steps=%lld batch=%d rule=%-12s "
+              "rank_mean=%.5f lowest_decile=%.4f evictions=%lld\n",
+              lfu ? "lfu" : "lru", (long long)slots, (long long)universe, alpha,
+              (long long)steps, batch, r.name.c_str(), evictions ? rank_sum / evictions : 0.0,
+              evictions ? double(lowest_decile) / evictions : 0.0, (long long)evictions);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<Rule> rules = {
+      {"today", Kind::kToday, 0},       {"2c-indep", Kind::kTwo, 0},
+      {"2c-near8", Kind::kTwo, 8},      {"2c-near16", Kind::kTwo, 16},
+      {"2c-near32", Kind::kTwo, 32},    {"line-indep", Kind::kLine, 0},
+      {"line-near16", Kind::kLine, 16}, {"line-near64", Kind::kLine, 64},
+      {"group-indep", Kind::kGroup, 0}, {"group-near16", Kind::kGroup, 16},
+  };
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "load" && argc == 5) {
+    const int64_t slots = std::atoll(argv[2]);
+    const bool zipf = std::string(argv[3]) == "zipf";
+    const int seeds = std::atoi(argv[4]);
+    for (const Rule& r : rules) {
+      double lo = 1, sum = 0;
+      for (int s = 0; s < seeds; ++s) {
+        const double l = load_at_first_failure(r, slots, zipf, 1234 + s);
+        lo = std::min(lo, l);
+        sum += l;
+      }
+      std::printf("load slots=%lld keys=%s rule=%-12s mean=%.4f min=%.4f seeds=%d\n",
+                  (long long)slots, argv[3], r.name.c_str(), sum / seeds, lo, seeds);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (mode == "evict" && argc == 8) {
+    for (const Rule& r : rules) {
+      eviction_rank(r, std::atoll(argv[2]), std::string(argv[3]) == "lfu", std::atoll(argv[4]),
+                    std::atof(argv[5]), std::atoll(argv[6]), std::atoi(argv[7]));
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "usage: %s load SLOTS random|zipf SEEDS | evict SLOTS lru|lfu UNIVERSE "
+                       "ALPHA STEPS BATCH\n", argv[0]);
+  return 2;
+}
