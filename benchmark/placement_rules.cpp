@@ -20,6 +20,7 @@
 // Build and run (a scratch program, not part of the package):
 //   g++ -O2 -std=c++17 benchmark/placement_rules.cpp -o /tmp/placement_rules
 //   /tmp/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
+//   /tmp/placement_rules batched SLOTS random|zipf SEEDS BATCH
 //   /tmp/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
 // Zipf keys: distinct keys in order of first appearance in a stream drawn from a
 // power law of exponent 1.2 (a Pareto variate rounded down), hashed as the table does.
@@ -129,6 +130,47 @@ double load_at_first_failure(const Rule& r, int64_t slots, bool zipf, uint64_t s
       else ok = place(c.b1, c.home, 0, kGroups);
     }
     if (!ok) return double(stored) / double(slots);
+  }
+}
+
+// As load_at_first_failure under a "2c" rule, with the choice of bucket made per batch
+// of `batch` keys from the fills before the batch (a snapshot: what a GPU's owners of
+// buckets can decide without reading a bucket another owner is writing); the keys of
+// a batch then take their chosen bucket in batch order and fail when it is full (or,
+// with `fallback`, try the other one after the batch).
+// `fallback`: a key whose chosen bucket is full tries the other one after the batch
+// (a second pass, in batch order), counted in *deferred_keys.
+double load_at_first_failure_batched(const Rule& r, int64_t slots, bool zipf, uint64_t seed,
+                                     int64_t batch, bool fallback, int64_t* deferred_keys) {
+  const int64_t n = slots / kCapacity;
+  std::vector<int> fill(n, 0);
+  Keys keys(zipf, seed);
+  if (zipf) keys.seen.reserve(size_t(slots * 1.2));
+  std::vector<int64_t> chosen(batch), first(batch), second(batch), deferred;
+  for (int64_t stored = 0;;) {
+    for (int64_t j = 0; j < batch; ++j) {
+      const Choice c = choose(r, keys.next(), n);
+      first[j] = c.b1;
+      second[j] = c.b2;
+      chosen[j] = fill[c.b2] < fill[c.b1] ? c.b2 : c.b1;
+    }
+    deferred.clear();
+    for (int64_t j = 0; j < batch; ++j) {
+      if (fill[chosen[j]] == kCapacity) {
+        if (!fallback) return double(stored) / double(slots);
+        deferred.push_back(j);
+        continue;
+      }
+      ++fill[chosen[j]];
+      ++stored;
+    }
+    *deferred_keys += int64_t(deferred.size());
+    for (const int64_t j : deferred) {  // pass 2, in batch order: the other bucket
+      const int64_t other = chosen[j] == first[j] ? second[j] : first[j];
+      if (fill[other] == kCapacity) return double(stored) / double(slots);
+      ++fill[other];
+      ++stored;
+    }
   }
 }
 
@@ -260,6 +302,31 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (mode == "batched" && argc == 6) {
+    const int64_t slots = std::atoll(argv[2]);
+    const bool zipf = std::string(argv[3]) == "zipf";
+    const int64_t batch = std::atoll(argv[5]);
+    for (const Rule& r : rules) {
+      if (r.kind != Kind::kTwo) continue;
+      for (const bool fallback : {false, true}) {
+        double lo = 1, sum = 0;
+        int64_t deferred = 0;
+        const int seeds = std::atoi(argv[4]);
+        for (int s = 0; s < seeds; ++s) {
+          const double l =
+              load_at_first_failure_batched(r, slots, zipf, 1234 + s, batch, fallback, &deferred);
+          lo = std::min(lo, l);
+          sum += l;
+        }
+        std::printf("batched slots=%lld keys=%s batch=%lld rule=%-12s fallback=%d mean=%.4f "
+                    "min=%.4f deferred/slot=%.4f seeds=%d\n",
+                    (long long)slots, argv[3], (long long)batch, r.name.c_str(), int(fallback),
+                    sum / seeds, lo, double(deferred) / double(slots) / seeds, seeds);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
   if (mode == "evict" && argc == 8) {
     for (const Rule& r : rules) {
       eviction_rank(r, std::atoll(argv[2]), std::string(argv[3]) == "lfu", std::atoll(argv[4]),
@@ -267,7 +334,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::fprintf(stderr, "usage: %s load SLOTS random|zipf SEEDS | evict SLOTS lru|lfu UNIVERSE "
-                       "ALPHA STEPS BATCH\n", argv[0]);
+  std::fprintf(stderr, "usage: %s load SLOTS random|zipf SEEDS | batched SLOTS random|zipf SEEDS "
+                       "BATCH | evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH\n", argv[0]);
   return 2;
 }
