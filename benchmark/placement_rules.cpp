@@ -22,6 +22,7 @@
 //   /tmp/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
 //   /tmp/placement_rules batched SLOTS random|zipf SEEDS BATCH
 //   /tmp/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
+//   /tmp/placement_rules evict-batched SLOTS UNIVERSE ALPHA STEPS BATCH   (LRU)
 // Zipf keys: distinct keys in order of first appearance in a stream drawn from a
 // power law of exponent 1.2 (a Pareto variate rounded down), hashed as the table does.
 #include <algorithm>
@@ -274,6 +275,115 @@ void eviction_rank(const Rule& r, int64_t slots, bool lfu, int64_t universe, dou
   std::fflush(stdout);
 }
 
+// eviction_rank with a batch's keys handled as the table's batch rule does: every
+// stored key of the step is touched first, then the new ones (each once) are placed
+// in batch order. `snapshot`: each new key's bucket is picked from the state after the
+// touches (the emptier; when both are full, the one whose lowest score not of this
+// step is lower), and it takes a free slot or the victim of that bucket only (what
+// owners of buckets can decide on a GPU); else (live) it sees the keys placed before
+// it and evicts the lowest score of both buckets.
+void eviction_rank_batched(const Rule& r, int64_t slots, int64_t universe, double alpha,
+                           int64_t steps, int batch, bool snapshot) {
+  const int64_t n = slots / kCapacity;
+  std::vector<int64_t> key(slots, 0);
+  std::vector<uint64_t> score(slots, 0);
+  std::vector<char> used(slots, 0);
+  std::vector<int> fill(n, 0);
+  std::unordered_map<int64_t, int64_t> where;
+  where.reserve(size_t(slots) * 2);
+  std::vector<double> cdf(universe);
+  double total = 0;
+  for (int64_t i = 0; i < universe; ++i) cdf[i] = total += std::pow(double(i + 1), -alpha);
+  for (double& c : cdf) c /= total;
+  std::mt19937_64 g(99);
+  Fenwick stored_scores(size_t(steps + 2));
+  int64_t stored = 0, evictions = 0, lowest_decile = 0;
+  double rank_sum = 0;
+  const bool two = r.kind != Kind::kToday;
+  auto lowest = [&](int64_t b, int64_t step) {  // the lowest slot not of this step, or -1
+    int64_t best = -1;
+    for (int i = 0; i < kCapacity; ++i) {
+      const int64_t q = b * kCapacity + i;
+      if (!used[q] || score[q] == uint64_t(step)) continue;
+      if (best < 0 || score[q] < score[best]) best = q;
+    }
+    return best;
+  };
+  std::vector<int64_t> fresh, target;
+  std::unordered_set<int64_t> in_batch;
+  for (int64_t step = 1; step <= steps; ++step) {
+    fresh.clear();
+    in_batch.clear();
+    for (int j = 0; j < batch; ++j) {
+      const double u = double(g() >> 11) * (1.0 / 9007199254740992.0);
+      const int64_t id = std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+      const int64_t k = int64_t(mix64(uint64_t(id) * 0x2545F4914F6CDD1DULL + 7));
+      auto it = where.find(k);
+      if (it != where.end()) {
+        const int64_t s = it->second;
+        stored_scores.add(int64_t(score[s]), -1);
+        score[s] = uint64_t(step);
+        stored_scores.add(int64_t(score[s]), 1);
+      } else if (in_batch.insert(k).second) {
+        fresh.push_back(k);
+      }
+    }
+    target.assign(fresh.size(), -1);
+    if (snapshot) {
+      for (size_t j = 0; j < fresh.size(); ++j) {
+        const Choice c = choose(r, fresh[j], n);
+        if (!two || fill[c.b1] < kCapacity || fill[c.b2] < kCapacity) {
+          target[j] = two && fill[c.b2] < fill[c.b1] ? c.b2 : c.b1;
+        } else {
+          const int64_t v1 = lowest(c.b1, step), v2 = lowest(c.b2, step);
+          target[j] = v2 >= 0 && (v1 < 0 || score[v2] < score[v1]) ? c.b2 : c.b1;
+        }
+      }
+    }
+    for (size_t j = 0; j < fresh.size(); ++j) {
+      const int64_t k = fresh[j];
+      const Choice c = choose(r, k, n);
+      int64_t slot = -1;
+      int64_t b = target[j];
+      if (b < 0) b = two && fill[c.b2] < fill[c.b1] ? c.b2 : c.b1;
+      if (fill[b] < kCapacity) {
+        for (int i = 0; i < kCapacity && slot < 0; ++i) {
+          if (!used[b * kCapacity + i]) slot = b * kCapacity + i;
+        }
+        used[slot] = 1;
+        ++fill[b];
+        ++stored;
+      } else {
+        slot = lowest(b, step);
+        if (!snapshot && two) {
+          const int64_t other = lowest(b == c.b1 ? c.b2 : c.b1, step);
+          if (other >= 0 && (slot < 0 || score[other] < score[slot])) slot = other;
+        }
+        if (slot < 0) continue;  // all of this step: the key fails
+        if (step > steps / 4) {
+          const double rank = double(stored_scores.below(int64_t(score[slot]))) / double(stored);
+          rank_sum += rank;
+          lowest_decile += rank < 0.1;
+          ++evictions;
+        }
+        where.erase(key[slot]);
+        stored_scores.add(int64_t(score[slot]), -1);
+      }
+      key[slot] = k;
+      score[slot] = uint64_t(step);
+      stored_scores.add(int64_t(score[slot]), 1);
+      where[k] = slot;
+    }
+  }
+  std::printf("evict-batched lru slots=%lld universe=%lld alpha=%.2f steps=%lld batch=%d "
+              "rule=%-12s %s rank_mean=%.5f lowest_decile=%.4f evictions=%lld\n",
+              (long long)slots, (long long)universe, alpha, (long long)steps, batch,
+              r.name.c_str(), snapshot ? "snapshot" : "live    ",
+              evictions ? rank_sum / evictions : 0.0,
+              evictions ? double(lowest_decile) / evictions : 0.0, (long long)evictions);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,6 +437,17 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (mode == "evict-batched" && argc == 7) {
+    for (const Rule& r : rules) {
+      if (r.kind != Kind::kToday && r.kind != Kind::kTwo) continue;
+      for (const bool snapshot : {false, true}) {
+        if (snapshot && r.kind == Kind::kToday) continue;
+        eviction_rank_batched(r, std::atoll(argv[2]), std::atoll(argv[3]), std::atof(argv[4]),
+                              std::atoll(argv[5]), std::atoi(argv[6]), snapshot);
+      }
+    }
+    return 0;
+  }
   if (mode == "evict" && argc == 8) {
     for (const Rule& r : rules) {
       eviction_rank(r, std::atoll(argv[2]), std::string(argv[3]) == "lfu", std::atoll(argv[4]),
@@ -335,6 +456,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::fprintf(stderr, "usage: %s load SLOTS random|zipf SEEDS | batched SLOTS random|zipf SEEDS "
-                       "BATCH | evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH\n", argv[0]);
+                       "BATCH | evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH | evict-batched SLOTS UNIVERSE ALPHA "
+                       "STEPS BATCH\n", argv[0]);
   return 2;
 }
