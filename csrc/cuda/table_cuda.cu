@@ -144,19 +144,29 @@ __global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_
   atomicAdd(counts + g, 1ULL);
 }
 
+/// A part's sink where it lies (the kernel's parameters), not a copy: a local copy of
+/// a part picked at run time held every field of the sink in registers (142 a thread
+/// in grouped_upsert_ranges_kernel; 82 without). The sinks only read their members:
+/// their writes go through the pointers they hold.
+template <class V>
+__device__ SlotSink<V>& sink_of(const UpsertPart<V>& q) {
+  return const_cast<SlotSink<V>&>(q.sink);
+}
+
 /// Pass 1, a tile of kSlotLanes lanes per home-bucket range of the call (its part's
 /// keys and table): the lanes probe, the sink records slots (and initialises new rows).
+/// At most 128 registers a thread, so that two blocks of kBlock fit an SM.
 template <class V>
-__global__ void grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start,
-                                             int64_t* order, int64_t ranges) {
+__global__ void __launch_bounds__(kBlock, 2)
+    grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start, int64_t* order,
+                                 int64_t ranges) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
   sort_range(tile, order, start[g], start[g + 1]);
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
-  SlotSink<V> sink = q.sink;
-  upsert_range(tile, sink.t, sink, q.args, q.keys, q.key_begin, order, start[g], start[g + 1],
-               q.status);
+  upsert_range(tile, q.sink.t, sink_of(q), q.args, q.keys, q.key_begin, order, start[g],
+               start[g + 1], q.status);
 }
 
 /// Pass 2: one tile of kSlotLanes lanes, the deferred positions of the call in order
@@ -168,8 +178,7 @@ __global__ void grouped_upsert_deferred_kernel(Lookups<V> parts, const int64_t* 
   for (int64_t k = 0; k < *count; ++k) {
     const UpsertPart<V>& q = part_of(parts, deferred[k], &UpsertPart<V>::key_begin);
     const int64_t i = deferred[k] - q.key_begin;
-    SlotSink<V> sink = q.sink;
-    const Status s = tile_upsert_spill(tile, sink.t, i, i, q.keys[i], q.args, sink);
+    const Status s = tile_upsert_spill(tile, q.sink.t, i, i, q.keys[i], q.args, sink_of(q));
     if (tile.rank() == 0) q.status[i] = static_cast<int8_t>(s);
   }
 }

@@ -40,6 +40,9 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// A hint to nvcc's register allocation (threads per block, blocks per SM): nothing to
+// the host compiler.
+#define __launch_bounds__(...)
 // A block runs on one OS thread (its threads are that thread's fibers): a static
 // thread_local is the block's shared memory. Like CUDA's, it starts undefined.
 #define __shared__ static thread_local
