@@ -19,6 +19,7 @@
 #pragma once
 
 #include "core/initializer.h"
+#include "core/platform.h"
 #include "core/table_ref.h"
 
 namespace dynemb {
@@ -33,10 +34,27 @@ DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = src[j];
 }
 
-/// copy_row's elements j = l.first, l.first + l.stride, ... only.
+/// copy_row's chunks that lane `l` owns (initializer.h for_lane_chunks): a whole chunk
+/// in one 16-byte move (platform.h move16: a vector load and store on a device), a
+/// partial last one element by element.
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void copy_row(const V* src, V* dst, int64_t n, Lanes l) {
-  for (int64_t j = l.first; j < n; j += l.stride) dst[j] = src[j];
+  if (l.stride == 1) return copy_row(src, dst, n);
+  for_lane_chunks<V>(n, l, [&](int64_t j, int64_t m) DYNEMB_INLINE_LAMBDA {
+    if (m == row_chunk<V>()) {
+      move16(src + j, dst + j);
+    } else {
+      for (int64_t k = j; k < j + m; ++k) dst[k] = src[k];
+    }
+  });
+}
+
+/// Zeroes the chunks of dst (n elements) that lane `l` owns, as copy_row moves them.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void zero_row(V* dst, int64_t n, Lanes l) {
+  for_lane_chunks<V>(n, l, [&](int64_t j, int64_t m) DYNEMB_INLINE_LAMBDA {
+    for (int64_t k = j; k < j + m; ++k) dst[k] = V(0.0f);
+  });
 }
 
 /// Optional capture of evicted residents; all pointers null when not wanted, rows

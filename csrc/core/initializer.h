@@ -133,14 +133,36 @@ DYNEMB_HD DYNEMB_INLINE float init_element(const InitArgs& a, uint64_t stream, i
   return 0.0f;
 }
 
-/// The elements of a row one caller writes: first, first + stride, ... (lane `first`
-/// of a tile of `stride` lanes, core/bucket_tile.h). The lead lane (first 0) also
-/// writes a key's scalar outputs (batch_sinks.h).
+/// The part of a row one caller moves: lane `first` of a tile of `stride` lanes
+/// (core/bucket_tile.h) owns the row's 16-byte chunks first, first + stride, ...
+/// (row_chunk: 4 floats or 8 halves each, the last one maybe partial), so a tile of 8
+/// lanes moves 128 bytes of a row per step, a 16-byte vector move per lane. Every move
+/// of a row by a tile (copy_row, init_row with Lanes) gives an element to the same
+/// lane, whatever the addresses' alignment: a lane that reads a row and then
+/// overwrites it (a cache exchange) touches only its own elements. The lead lane
+/// (first 0) also writes a key's scalar outputs (batch_sinks.h).
 struct Lanes {
   int64_t first;
   int64_t stride;
   DYNEMB_HD bool lead() const { return first == 0; }
 };
+
+/// Elements of V in a 16-byte chunk of a row (Lanes).
+template <typename V>
+constexpr int64_t row_chunk() {
+  static_assert(16 % sizeof(V) == 0, "a row chunk holds whole elements");
+  return static_cast<int64_t>(16 / sizeof(V));
+}
+
+/// Calls f(j, m) for the chunks of a row of n elements that lane `l` owns: elements
+/// j .. j + m (m = row_chunk<V>(), less in a partial last chunk), in ascending j.
+template <typename V, typename F>
+DYNEMB_HD DYNEMB_INLINE void for_lane_chunks(int64_t n, Lanes l, F&& f) {
+  constexpr int64_t kChunk = row_chunk<V>();
+  for (int64_t j = l.first * kChunk; j < n; j += l.stride * kChunk) {
+    f(j, n - j < kChunk ? n - j : kChunk);
+  }
+}
 
 /// Writes a new row: out[j] for j < dim from the initializer, then the extra
 /// columns (j < row_width) at extra_element.
@@ -175,23 +197,20 @@ DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int
   for (int64_t j = dim; j < row_width; ++j) out[j] = static_cast<V>(extra_element(a, j - dim));
 }
 
-/// init_row's elements j = l.first, l.first + l.stride, ... only: the same values, so
-/// the lanes of a tile write a row together. A lane computes the Box-Muller pair of
+/// init_row's elements in the chunks lane `l` owns (for_lane_chunks): the same values,
+/// so the lanes of a tile write a row together. A lane computes the Box-Muller pair of
 /// each of its elements (its neighbour in the pair may belong to another lane).
 template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width,
                         Lanes l) {
   if (l.stride == 1) return init_row(a, key, out, dim, row_width);
   const uint64_t stream = stream_of(a.seed, key);
-  for (int64_t j = l.first; j < row_width; j += l.stride) {
-    float v;
-    if (j >= dim) {
-      v = extra_element(a, j - dim);
-    } else {
-      v = init_element(a, stream, key, a.column_offset + j);
+  for_lane_chunks<V>(row_width, l, [&](int64_t j0, int64_t m) DYNEMB_INLINE_LAMBDA {
+    for (int64_t j = j0; j < j0 + m; ++j) {
+      out[j] = static_cast<V>(j >= dim ? extra_element(a, j - dim)
+                                       : init_element(a, stream, key, a.column_offset + j));
     }
-    out[j] = static_cast<V>(v);
-  }
+  });
 }
 
 /// init_row by lanes that also writes each of its elements j < copy_width to copy[j],
@@ -201,12 +220,14 @@ template <typename V>
 DYNEMB_HD void init_row(const InitArgs& a, int64_t key, V* out, int64_t dim, int64_t row_width,
                         Lanes l, V* copy, int64_t copy_width) {
   const uint64_t stream = stream_of(a.seed, key);
-  for (int64_t j = l.first; j < row_width; j += l.stride) {
-    const V v = static_cast<V>(j >= dim ? extra_element(a, j - dim)
-                                        : init_element(a, stream, key, a.column_offset + j));
-    out[j] = v;
-    if (j < copy_width) copy[j] = v;
-  }
+  for_lane_chunks<V>(row_width, l, [&](int64_t j0, int64_t m) DYNEMB_INLINE_LAMBDA {
+    for (int64_t j = j0; j < j0 + m; ++j) {
+      const V v = static_cast<V>(j >= dim ? extra_element(a, j - dim)
+                                          : init_element(a, stream, key, a.column_offset + j));
+      out[j] = v;
+      if (j < copy_width) copy[j] = v;
+    }
+  });
 }
 
 }  // namespace dynemb

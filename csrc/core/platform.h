@@ -81,6 +81,34 @@ DYNEMB_HD DYNEMB_INLINE uint32_t match_chunk(const uint8_t* digests, uint8_t dig
   return mask;
 }
 
+/// Copies the 16 bytes at src to dst by the widest moves both addresses allow: on a
+/// device one 16-byte vector load and store where both are 16-byte aligned (a table's
+/// rows are), else 8-, 4- or 2-byte moves (a caller's row of odd width); on a host one
+/// memcpy. Bytes, not values: a copy is bit for bit whatever the element type.
+DYNEMB_HD DYNEMB_INLINE void move16(const void* src, void* dst) {
+#if defined(__CUDA_ARCH__)
+  const auto a = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  if ((a & 15) == 0) {
+    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  } else if ((a & 7) == 0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) static_cast<uint2*>(dst)[k] = static_cast<const uint2*>(src)[k];
+  } else if ((a & 3) == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      static_cast<uint32_t*>(dst)[k] = static_cast<const uint32_t*>(src)[k];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      static_cast<uint16_t*>(dst)[k] = static_cast<const uint16_t*>(src)[k];
+    }
+  }
+#else
+  std::memcpy(dst, src, 16);
+#endif
+}
+
 }  // namespace dynemb
 
 namespace dynemb {

@@ -36,7 +36,7 @@ __global__ void gather_kernel(TableRef<V> t, const int64_t* slots, const int64_t
 }
 
 /// A tile of N lanes per moved key (core tile_exchange): the slow table probed by the
-/// tile, the victim's and the new row copied by lanes over elements.
+/// tile, the victim's and the new row copied by the lanes, 16 bytes a lane at a time.
 template <unsigned N, class V>
 __global__ void cache_exchange_kernel(TableRef<V> cache, TableRef<V> slow, CacheExchange<V> x) {
   const int64_t j = thread_index() / N;
@@ -266,11 +266,8 @@ template <class V>
 void launch_cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow,
                            const CacheExchange<V>& x, cudaStream_t stream) {
   if (x.m == 0) return;
-  with_row_tile(cache.row_width, [&](auto lanes) {
-    constexpr unsigned N = decltype(lanes)::value;
-    DYNEMB_LAUNCH(blocks_for(x.m * N), kBlock, stream, cache_exchange_kernel<N, V>)(cache, slow,
-                                                                                   x);
-  });
+  constexpr unsigned N = kRowTileLanes;
+  DYNEMB_LAUNCH(blocks_for(x.m * N), kBlock, stream, cache_exchange_kernel<N, V>)(cache, slow, x);
 }
 
 void launch_cache_moves(const int8_t* status, const int64_t* slots, int64_t n, int64_t* moved,

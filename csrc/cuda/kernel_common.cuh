@@ -260,21 +260,17 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   const bool decides_all = window_of(t, args.score.strategy) == 1;
   int64_t* deferred = decides_all ? nullptr : ws.array<int64_t>(n);
   int64_t* deferred_count = decides_all ? nullptr : ws.array<int64_t>(1);
-  with_row_tile(t.row_width, [&](auto lanes) {
-    constexpr unsigned N = decltype(lanes)::value;
-    if (decides_all) {
-      DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream,
-                    upsert_ranges_kernel<N, true, V, Sink>)(t, sink, args, keys, r.start,
-                                                            r.order, r.count, status, counts);
-      return;
-    }
-    DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream,
-                  upsert_ranges_kernel<N, false, V, Sink>)(t, sink, args, keys, r.start, r.order,
-                                                           r.count, status, nullptr);
-    launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
-    DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(
-        t, sink, args, keys, deferred, deferred_count, status, counts);
-  });
+  constexpr unsigned N = kRowTileLanes;
+  if (decides_all) {
+    DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, true, V, Sink>)(
+        t, sink, args, keys, r.start, r.order, r.count, status, counts);
+    return;
+  }
+  DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, false, V, Sink>)(
+      t, sink, args, keys, r.start, r.order, r.count, status, nullptr);
+  launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
+  DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(t, sink, args, keys, deferred,
+                                                                  deferred_count, status, counts);
 }
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

@@ -11,9 +11,9 @@
 namespace dynemb::DYNEMB_CUDA_NS {
 namespace {
 
-/// A tile of N lanes per key (N from the row width: tile.cuh row_tile_lanes): the
-/// lanes probe together (core tile_find_slot: each reads a chunk of the bucket's
-/// digests and votes), then copy elements lane, lane + N, ... of the row.
+/// A tile of N lanes per key (tile.cuh kRowTileLanes): the lanes probe together (core
+/// tile_find_slot: each reads a chunk of the bucket's digests and votes), then copy the
+/// row 16 bytes a lane at a time (core copy_row with Lanes).
 template <unsigned N, class V>
 __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* out,
                             int64_t out_width, bool* found) {
@@ -23,13 +23,13 @@ __global__ void find_kernel(TableRef<V> t, const int64_t* keys, int64_t n, V* ou
   const int64_t slot = tile_find_slot(tile, t, keys[i]);
   if (tile.rank() == 0) found[i] = slot >= 0;
   V* dst = out + i * out_width;
-  const V* src = slot >= 0 ? t.row(slot) : nullptr;
-  if (src != nullptr && tile.rank() == 0) {
-    t.count_row(Access::kRowRead, slot, out_width * int64_t{sizeof(V)});
+  const Lanes l = lanes_of(tile);
+  if (slot < 0) {
+    zero_row(dst, out_width, l);  // absent keys: a zero row
+    return;
   }
-  for (int64_t j = tile.rank(); j < out_width; j += N) {
-    dst[j] = src != nullptr ? src[j] : V(0.0f);  // absent keys: a zero row
-  }
+  if (tile.rank() == 0) t.count_row(Access::kRowRead, slot, out_width * int64_t{sizeof(V)});
+  copy_row(t.row(slot), dst, out_width, l);
 }
 
 /// A tile of kSlotLanes lanes per key: a 128-slot bucket's digests in one 16-byte load
@@ -229,19 +229,9 @@ template <class V>
 void launch_find(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
                  bool* found, cudaStream_t stream) {
   if (n == 0) return;
-  switch (row_tile_lanes(out_width)) {
-    case 8:
-      DYNEMB_LAUNCH(blocks_for(n * 8), kBlock, stream, find_kernel<8, V>)(t, keys, n, out,
-                                                                         out_width, found);
-      break;
-    case 16:
-      DYNEMB_LAUNCH(blocks_for(n * 16), kBlock, stream, find_kernel<16, V>)(t, keys, n, out,
-                                                                           out_width, found);
-      break;
-    default:
-      DYNEMB_LAUNCH(blocks_for(n * 32), kBlock, stream, find_kernel<32, V>)(t, keys, n, out,
-                                                                           out_width, found);
-  }
+  constexpr unsigned N = kRowTileLanes;
+  DYNEMB_LAUNCH(blocks_for(n * N), kBlock, stream, find_kernel<N, V>)(t, keys, n, out, out_width,
+                                                                     found);
 }
 
 template <class V>
@@ -289,15 +279,13 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
   launch_group_stable(group, slots, ranges, start, order, ws, stream);
   int64_t* rest = ws.array<int64_t>(slots);
   int64_t* rest_count = ws.array<int64_t>(1);
-  with_row_tile(src.row_width, [&](auto lanes) {
-    constexpr unsigned N = decltype(lanes)::value;
-    DYNEMB_LAUNCH(blocks_for(ranges * N), kBlock, stream, rehash_home_kernel<N, V>)(
-        src, dst, start, order, ranges, deferred);
-    launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
-                       stream);
-    DYNEMB_LAUNCH(1, N, stream, rehash_rest_kernel<N, V>)(src, dst, window, rest, rest_count,
-                                                          failed);
-  });
+  constexpr unsigned N = kRowTileLanes;
+  DYNEMB_LAUNCH(blocks_for(ranges * N), kBlock, stream, rehash_home_kernel<N, V>)(
+      src, dst, start, order, ranges, deferred);
+  launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
+                     stream);
+  DYNEMB_LAUNCH(1, N, stream, rehash_rest_kernel<N, V>)(src, dst, window, rest, rest_count,
+                                                        failed);
 }
 
 #define DYNEMB_INSTANTIATE(V)                                                                   \

@@ -3,8 +3,6 @@
 // meet in lockstep).
 #pragma once
 
-#include <type_traits>
-
 #include "core/bucket_tile.h"
 #include "cuda/runtime.cuh"
 
@@ -42,19 +40,12 @@ struct CgTile {
   }
 };
 
-/// Lanes per key of a kernel that copies rows of `width` elements: 8 for width <= 8,
-/// 16 for <= 16, else 32, so that a narrow row leaves no lane of its tile idle.
-inline int row_tile_lanes(int64_t width) { return width <= 8 ? 8 : width <= 16 ? 16 : 32; }
-
-/// Calls launch(std::integral_constant<unsigned, row_tile_lanes(width)>{}): a kernel
-/// templated on its tile's lanes, launched for a runtime width.
-template <class Launch>
-void with_row_tile(int64_t width, Launch&& launch) {
-  switch (row_tile_lanes(width)) {
-    case 8: launch(std::integral_constant<unsigned, 8>{}); break;
-    case 16: launch(std::integral_constant<unsigned, 16>{}); break;
-    default: launch(std::integral_constant<unsigned, 32>{});
-  }
-}
+/// Lanes per key of the kernels that move rows (find, the upserts, rehash, the cache
+/// exchange), whatever the row width: a warp serves 4 keys. Each lane moves a row 16
+/// bytes at a time (core Lanes: 128 bytes of the row per step of the tile), and reads a
+/// 128-slot bucket's digests in one 16-byte load. The kernels take it as their template
+/// argument N; the core's tile scans and row moves are tested at 8, 16 and 32 lanes
+/// (tests/native/tile_bucket.cpp).
+constexpr unsigned kRowTileLanes = 8;
 
 }  // namespace dynemb::DYNEMB_CUDA_NS

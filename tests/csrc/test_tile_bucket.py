@@ -3,7 +3,8 @@ order, eviction victim) give the serial scans' answers (csrc/core/bucket.h) on r
 buckets, empty, full and mixed, with ties of score and digest, pins and every eviction
 floor: tiles of 8, 16 and 32 lanes on the emulated executor's lockstep warps, under
 several lane orders, and the one-lane SerialTile; and a row initialised by a tile's lanes
-(init_row with Lanes) equals init_row's. tests/native/tile_bucket.cpp holds the kernels;
+(init_row with Lanes) equals init_row's, a row copied or zeroed by them (16-byte chunks)
+the serial copy at every misalignment, each element moved by its owner lane. tests/native/tile_bucket.cpp holds the kernels;
 it is built here with the host compiler."""
 
 import os

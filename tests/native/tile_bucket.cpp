@@ -3,16 +3,21 @@
 // from few values (ties), pins, every eviction floor. Tiles of 8, 16 and 32 lanes run
 // as kernels on the emulated executor's lockstep warps; the SerialTile on the host.
 // Also: a row initialised by the lanes of a tile (init_row with Lanes, each lane its
-// elements) equals init_row's, for every initializer and odd and even widths.
+// elements) equals init_row's, for every initializer and odd and even widths; a row
+// copied (copy_row with Lanes, 16-byte moves) or zeroed by them equals the serial copy
+// at every alignment of source and destination, and every one of these moves gives
+// element j to the same lane, (j / row_chunk) % lanes.
 // Built and run by tests/csrc/test_tile_bucket.py:
 //   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
 #define DYNEMB_CUDA_EMULATION 1
 
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/batch_sinks.h"
 #include "core/bucket_tile.h"
 #include "core/initializer.h"
 #include "cuda/tile.cuh"
@@ -203,6 +208,78 @@ std::string lanes_init_difference() {
   return "";
 }
 
+/// The lane that owns element j of a row moved by `lanes` lanes (core Lanes).
+template <class V>
+int64_t owner(int64_t j, int64_t lanes) {
+  return j / dynemb::row_chunk<V>() % lanes;
+}
+
+/// The first difference of copy_row, zero_row and init_row by lanes from the serial
+/// copy (values, bit for bit) or from the ownership rule (elements each lane writes),
+/// for rows of V at element offsets 0 .. 3 of 16-byte aligned buffers, or "".
+template <class V>
+std::string lanes_move_difference(const char* type) {
+  const dynemb::InitArgs init{dynemb::InitMode::kNormal, 0.0f, 1.0f, -2.0f, 2.0f, 0.0f, 7};
+  const V mark = static_cast<V>(-99.0f);
+  for (int64_t n : {1, 3, 4, 7, 8, 9, 16, 33, 64, 130}) {
+    std::vector<V> src_buf(n + 16), dst_buf(n + 16);
+    for (int64_t j = 0; j < n + 16; ++j) src_buf[j] = static_cast<V>(0.5f * j + 1.0f);
+    for (int64_t so : {0, 1, 2, 3}) {
+      for (int64_t d_off : {0, 1, 3}) {
+        for (int64_t lanes : {1, 8, 16, 32}) {
+          for (int op = 0; op < 3; ++op) {
+            std::vector<int64_t> writer(n, -1);
+            for (int64_t r = 0; r < lanes; ++r) {
+              // 16-byte aligned storage: the element offsets make the misalignments.
+              alignas(16) V src[160 + 16];
+              alignas(16) V dst[160 + 16];
+              for (int64_t j = 0; j < n + 16; ++j) src[j] = src_buf[j], dst[j] = mark;
+              const dynemb::Lanes l{r, lanes};
+              if (op == 0) dynemb::copy_row(src + so, dst + d_off, n, l);
+              if (op == 1) dynemb::zero_row(dst + d_off, n, l);
+              if (op == 2) dynemb::init_row(init, 5, dst + d_off, n, n, l);
+              for (int64_t j = 0; j < n + 16; ++j) {
+                const int64_t k = j - d_off;
+                if (k < 0 || k >= n) {
+                  if (!(dst[j] == mark)) return std::string(type) + ": wrote outside the row";
+                  continue;
+                }
+                if (dst[j] == mark) continue;  // not this lane's
+                if (writer[k] >= 0) {
+                  return std::string(type) + ": element " + std::to_string(k) +
+                         " written by two lanes";
+                }
+                writer[k] = r;
+                V want = static_cast<V>(0.0f);
+                if (op == 0) want = src[so + k];
+                if (op == 2) {
+                  std::vector<V> row(n);
+                  dynemb::init_row(init, 5, row.data(), n, n);
+                  want = row[k];
+                }
+                if (std::memcmp(&dst[j], &want, sizeof(V)) != 0) {
+                  return std::string(type) + ": op " + std::to_string(op) + ", " +
+                         std::to_string(lanes) + " lanes, n " + std::to_string(n) +
+                         ", element " + std::to_string(k) + " differs";
+                }
+              }
+            }
+            for (int64_t k = 0; k < n; ++k) {
+              if (writer[k] != owner<V>(k, lanes)) {
+                return std::string(type) + ": op " + std::to_string(op) + ", " +
+                       std::to_string(lanes) + " lanes, n " + std::to_string(n) + ", element " +
+                       std::to_string(k) + " written by lane " + std::to_string(writer[k]) +
+                       ", owner " + std::to_string(owner<V>(k, lanes));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,10 +317,12 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const std::string init = lanes_init_difference();
-  if (!init.empty()) {
-    std::printf("%s\n", init.c_str());
-    return 1;
+  for (const std::string& diff : {lanes_init_difference(), lanes_move_difference<float>("float"),
+                                   lanes_move_difference<c10::Half>("half")}) {
+    if (!diff.empty()) {
+      std::printf("%s\n", diff.c_str());
+      return 1;
+    }
   }
   if (checked == 0) {
     std::printf("no query found its key: the test checks nothing\n");
