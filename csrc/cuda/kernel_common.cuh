@@ -113,13 +113,33 @@ __device__ inline void sort_ascending(int64_t* a, int64_t m) {
   }
 }
 
-/// A BucketRanges range's positions order[begin .. end) into batch order, by lane 0 of
-/// the tile that serves the range (a range holds a few keys); the tile's lanes read
-/// them after its sync.
+/// A BucketRanges range's positions order[begin .. end) into batch order (ascending:
+/// positions are distinct, so any sort gives the same order), by the lanes of the tile
+/// that serves the range together: a bitonic sort in place whose merges start with a
+/// mirrored step, so every comparator sorts upwards and one whose upper element lies
+/// past the range (a virtual +infinity) is skipped: any length, no padding. Each step
+/// lane r takes the comparators of elements r, r + N, ..., then the tile syncs. A range
+/// of m keys takes log2(m) (log2(m) + 1) / 2 steps (6 for m <= 8, none for one key)
+/// where one lane's heap sort took m log m compare-exchanges while the others waited.
 template <class Tile>
 __device__ void sort_range(const Tile& tile, int64_t* order, int64_t begin, int64_t end) {
-  if (tile.rank() == 0) sort_ascending(order + begin, end - begin);
-  tile.sync();
+  int64_t* a = order + begin;
+  const int64_t m = end - begin;
+  for (int64_t p = 2; p / 2 < m; p *= 2) {  // sorted runs of p / 2 merged into runs of p
+    for (int64_t q = p; q >= 2; q /= 2) {   // q == p: the mirrored step; then half-cleaners
+      for (int64_t i = tile.rank(); i < m; i += Tile::kSize) {
+        const int64_t offset = i % q;
+        if (offset >= q / 2) continue;  // the upper element of its pair
+        const int64_t j = q == p ? i - offset + (q - 1 - offset) : i + q / 2;
+        if (j < m && a[j] < a[i]) {
+          const int64_t x = a[i];
+          a[i] = a[j];
+          a[j] = x;
+        }
+      }
+      tile.sync();
+    }
+  }
 }
 
 /// Status pass 1 leaves for pass 2 (never a dynemb::Status value).
