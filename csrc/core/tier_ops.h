@@ -16,8 +16,8 @@
 // Keys are independent (each owns its slot; the slow table is only read), so step
 // 1 of a key needs only to precede its own step 2. tile_exchange runs both steps by
 // a tile of lanes (core/tile_ops.h): the slow table's probe by the tile, the rows by
-// lanes over elements (a lane reads the victim's elements it later overwrites), the
-// scalars by lane 0.
+// lanes in 16-byte chunks (initializer.h Lanes: a lane reads the victim's elements it
+// later overwrites, and only those, at any alignment), the scalars by lane 0.
 #pragma once
 
 #include "core/batch_sinks.h"

@@ -7,7 +7,7 @@
 // the table). The free slot is tile_free_slot's (bucket_free_slot's answer), so every
 // entry lands where the serial rehash puts it. tile_claim claims it (the slot's key and
 // digest by the one lane whose scan read them: no sync before), lane 0 sets overflow flags
-// (which no lane reads meanwhile), lanes copy the row over elements, and the tile
+// (which no lane reads meanwhile), lanes copy the row in 16-byte chunks, and the tile
 // syncs after each entry (the next entry's scan must see the claim).
 #pragma once
 
