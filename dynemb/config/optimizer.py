@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import numbers
 import sys
+from collections.abc import Sequence
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -172,21 +173,36 @@ class OptimizerConfig:
             ValueError: as ``validate``.
         """
         self.validate()
-        return list(
-            _ops.OptimizerArgs(
-                kind=float(_KERNEL_CODE[self.optimizer]),
-                learning_rate=float(self.learning_rate),
-                eps=float(self.eps),
-                beta1=float(self.beta1),
-                beta2=float(self.beta2),
-                weight_decay=float(self.weight_decay),
-                learning_rate_power=float(self.learning_rate_power),
-                ftrl_beta=float(self.ftrl_beta),
-                l1_reg=float(self.l1_reg),
-                l2_reg=float(self.l2_reg),
-                stochastic_rounding=float(bool(stochastic_rounding)),
-                rounding_seed=float(rounding_seed),
-            )
+        return list(self._kernel_tuple(stochastic_rounding, rounding_seed))
+
+    def kernel_args_of_tables(self, roundings: Sequence[tuple[bool, int]]) -> list[list]:
+        """``kernel_args(*r)`` for each ``r`` of ``roundings``, validated once: a step
+        updates every table with the same hyper-parameters, only their rounding differs.
+
+        Raises:
+            ValueError: as ``validate``.
+        """
+        self.validate()
+        base = self._kernel_tuple(False, 0)
+        return [
+            list(base._replace(stochastic_rounding=float(bool(s)), rounding_seed=float(seed)))
+            for s, seed in roundings
+        ]
+
+    def _kernel_tuple(self, stochastic_rounding: bool, rounding_seed: int) -> _ops.OptimizerArgs:
+        return _ops.OptimizerArgs(
+            kind=float(_KERNEL_CODE[self.optimizer]),
+            learning_rate=float(self.learning_rate),
+            eps=float(self.eps),
+            beta1=float(self.beta1),
+            beta2=float(self.beta2),
+            weight_decay=float(self.weight_decay),
+            learning_rate_power=float(self.learning_rate_power),
+            ftrl_beta=float(self.ftrl_beta),
+            l1_reg=float(self.l1_reg),
+            l2_reg=float(self.l2_reg),
+            stochastic_rounding=float(bool(stochastic_rounding)),
+            rounding_seed=float(rounding_seed),
         )
 
 
@@ -244,6 +260,10 @@ def hyper_parameter(name: str, value) -> float:
         ValueError: naming ``name``, for another type, a tensor of several elements, or
             inf / NaN.
     """
+    if type(value) is float:  # the common case, without the abstract-class checks below
+        if not abs(value) <= _FLOAT_MAX:
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex():
             raise ValueError(

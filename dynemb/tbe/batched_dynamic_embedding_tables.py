@@ -623,7 +623,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _update_rows(self, saved: list, grad_out: torch.Tensor) -> None:
         """``_apply_gradients``' updates of the tables ``saved`` (a training forward's)."""
         # validates: raises before any change. Per table: its rounding of 16-bit rows.
-        optimizers = [self.optimizer_config.kernel_args(*r) for r in self._rounding]
+        optimizers = self.optimizer_config.kernel_args_of_tables(self._rounding)
         grad_out = grad_out.to(torch.float32)
         self.step += 1
         entries = [(t, e) for t, e in enumerate(saved) if e is not None]
