@@ -18,11 +18,11 @@
 //   group-X     as line-X with the key's home group (16 slots)
 //
 // Build and run (a scratch program, not part of the package):
-//   g++ -O2 -std=c++17 benchmark/placement_rules.cpp -o /tmp/placement_rules
-//   /tmp/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
-//   /tmp/placement_rules batched SLOTS random|zipf SEEDS BATCH
-//   /tmp/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
-//   /tmp/placement_rules evict-batched SLOTS UNIVERSE ALPHA STEPS BATCH   (LRU)
+//   g++ -O2 -std=c++17 benchmark/placement_rules.cpp -o build/placement_rules
+//   build/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
+//   build/placement_rules batched SLOTS random|zipf SEEDS BATCH
+//   build/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
+//   build/placement_rules evict-batched SLOTS UNIVERSE ALPHA STEPS BATCH   (LRU)
 // Zipf keys: distinct keys in order of first appearance in a stream drawn from a
 // power law of exponent 1.2 (a Pareto variate rounded down), hashed as the table does.
 #include <algorithm>
