@@ -32,6 +32,7 @@ NCCL when CUDA is present. This file is the command line; the builders (model, d
 training and evaluation loops, publishing) are ``dynemb._example``'s modules.
 """
 
+import gc
 import os
 import socket
 import sys
@@ -173,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         # whose peer closed the connections mid-collective aborts in gloo's threads.
         dist.barrier()
     finally:
+        # The model's sharded modules hold the process group: released here, before the
+        # group is torn down, and not at interpreter exit, where a rank now and then
+        # aborted ("terminate called without an active exception") after its last line.
+        model = optimizer = None
+        gc.collect()
         dist.destroy_process_group()
     return 0
 

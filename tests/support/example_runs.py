@@ -20,5 +20,6 @@ def run_example(args: list[str], launcher: tuple[str, ...] = (), **env: str) -> 
     done = subprocess.run(
         command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # both streams: where the output stops tells which phase failed
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}"
     return done.stdout
