@@ -89,6 +89,11 @@ Answer serial_answer(const TableRef<float>& t, const Query& q) {
   a.probe_slot = a.find;
   a.probe_free = a.find >= 0 ? -1 : a.free;  // a hit looks for no free slot
   a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
+  // bucket_victim (its pin column read only where it must) decides as <true> on a table
+  // with pins: a difference shows as victim -3, which no tile answers.
+  if (dynemb::bucket_victim(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor) != a.victim) {
+    a.victim = -3;
+  }
   a.victim_unpinned =
       dynemb::bucket_victim_in<false>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
   return a;
