@@ -192,7 +192,7 @@ BENCHMARKS := $(wildcard benchmark/bench_*.py)
 bench-quick: build
 	@for b in $(BENCHMARKS); do echo "== $$b --quick"; $(PY) $$b --quick > /dev/null || exit 1; done
 	@echo "== benchmark/placement_rules.cpp (built and run small)"; mkdir -p build \
-	  && $(CXX) -O2 -std=c++17 benchmark/placement_rules.cpp -o build/placement_rules \
+	  && $(CXX) -O2 -std=c++17 -Icsrc benchmark/placement_rules.cpp -o build/placement_rules \
 	  && build/placement_rules load 65536 random 1 > /dev/null \
 	  && build/placement_rules evict 16384 lru 262144 1.05 40 1024 > /dev/null
 

@@ -18,13 +18,15 @@
 //   group-X     as line-X with the key's home group (16 slots)
 //
 // Build and run (a scratch program, not part of the package):
-//   g++ -O2 -std=c++17 benchmark/placement_rules.cpp -o build/placement_rules
+//   g++ -O2 -std=c++17 -Icsrc benchmark/placement_rules.cpp -o build/placement_rules
 //   build/placement_rules load SLOTS random|zipf SEEDS      (bucket_capacity 128)
 //   build/placement_rules batched SLOTS random|zipf SEEDS BATCH
 //   build/placement_rules evict SLOTS lru|lfu UNIVERSE ALPHA STEPS BATCH
 //   build/placement_rules evict-batched SLOTS UNIVERSE ALPHA STEPS BATCH   (LRU)
 // Zipf keys: distinct keys in order of first appearance in a stream drawn from a
 // power law of exponent 1.2 (a Pareto variate rounded down), hashed as the table does.
+#include "core/hash.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,16 +43,10 @@ namespace {
 constexpr int kCapacity = 128;  // slots per bucket
 constexpr int kGroups = kCapacity / 16;
 
-uint64_t mix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-int64_t bucket_of(uint64_t h, int64_t n) { return static_cast<int64_t>(((h >> 32) * uint64_t(n)) >> 32); }
-int home_group_of(uint64_t h) { return static_cast<int>((((h >> 8) & 0xFFFFFFu) * uint64_t(kGroups)) >> 24); }
+// The table's own hash, bucket and home-group rules (csrc/core/hash.h), not copies.
+using dynemb::bucket_of;
+using dynemb::mix64;
+int home_group_of(uint64_t h) { return static_cast<int>(dynemb::home_group_of(h, kGroups)); }
 
 enum class Kind { kToday, kTwo, kLine, kGroup };
 struct Rule {
