@@ -61,6 +61,7 @@ OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKin
 # strategy code -> "clock" | "step" | "batch_number" | "unused" (core batch_value_source)
 BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])
 MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
+SECOND_BUCKET_SPAN: int = _CORE["second_bucket_span"]  # core/hash.h kSecondBucketSpan
 MAX_SCORE: int = _CORE["max_score"]  # core/score_policy.h kMaxScore: counts saturate there
 EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)
 # policy pin_floor under which no resident is pinned; pin numbers are below it
@@ -101,8 +102,9 @@ def state_columns(optimizer_code: int, dim: int) -> int:
 
 
 def spill_window(strategy_code: int, num_buckets: int) -> int:
-    """Buckets from its home bucket a key may occupy (core/table_ops.h window_of): 1
-    for evicting strategies, up to MAX_PROBE_BUCKETS under NO_EVICTION."""
+    """Buckets a key may occupy (core/table_ops.h window_of): 1 for evicting strategies
+    and tables of one bucket, else MAX_PROBE_BUCKETS (its home and its second bucket,
+    one of the SECOND_BUCKET_SPAN after its home)."""
     return _C.spill_window(strategy_code, num_buckets)
 
 

@@ -92,6 +92,13 @@ struct KeyProbe {
   }
 };
 
+/// The second bucket of a key homed at `home` whose hash is `h`, when a find must
+/// read it (the home's overflow flag is set), else -1.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t second_to_read(const TableRef<V>& t, uint64_t h, int64_t home) {
+  return t.num_buckets > 1 && t.overflowed(home) ? second_bucket_of(h, t.num_buckets) : -1;
+}
+
 /// The slot of `key` among the 16 of the group starting at slot `first`, or -1.
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t group_find(const TableRef<V>& t, int64_t first, int64_t key,

@@ -30,6 +30,7 @@
 //     uint32_t ballot(bool vote) const;           // bit r: lane r's vote
 //     template <class T> T shfl(T v, int src) const;  // lane src's v
 //     uint64_t min(uint64_t v) const;             // the minimum of v over the lanes
+//     uint64_t sum(uint64_t v) const;             // the sum of v over the lanes
 //     void sync() const;                          // a lane's earlier writes are seen
 //                                                 //   by the tile's lanes after it
 //     template <int kBytes>                       // match_chunk<kBytes>: one load of
@@ -52,6 +53,7 @@ struct SerialTile {
     return v;
   }
   DYNEMB_HD uint64_t min(uint64_t v) const { return v; }
+  DYNEMB_HD uint64_t sum(uint64_t v) const { return v; }
   DYNEMB_HD void sync() const {}
   template <int kBytes>
   DYNEMB_HD uint32_t match(const uint8_t* digests, uint8_t digest) const {
@@ -156,22 +158,33 @@ DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const Tabl
   return {-1, base + 16 * ((rank >> 4) ^ order.home) + (rank & 15)};
 }
 
-/// find_slot (table_ops.h) by a tile: the home bucket, then on past overflowed
-/// buckets. @return the slot holding `key`, or -1, the same in every lane.
+/// find_slot (table_ops.h) by a tile: the home bucket, then the second bucket past a
+/// flagged home. @return the slot holding `key`, or -1, the same in every lane.
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_find_slot(const Tile& tile, const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
-  const int64_t home = home_group_of(h, t.bucket_capacity / 16);
-  int64_t b = bucket_of(h, t.num_buckets);
-  const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
-                                                    : kMaxProbeBuckets;
-  for (int k = 0; k < walk; ++k) {
-    const int64_t slot = tile_bucket_find(tile, t, b, key, digest, home);
-    if (slot >= 0 || !t.overflowed(b)) return slot;
-    b = t.next_bucket(b);
+  const int64_t group = home_group_of(h, t.bucket_capacity / 16);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const int64_t slot = tile_bucket_find(tile, t, home, key, digest, group);
+  if (slot >= 0) return slot;
+  const int64_t second = second_to_read(t, h, home);
+  return second < 0 ? -1 : tile_bucket_find(tile, t, second, key, digest, group);
+}
+
+/// bucket_free_count by a tile. @return the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t tile_free_count(const Tile& tile, const TableRef<V>& t,
+                                                int64_t bucket) {
+  constexpr int kChunk = chunk_bytes(Tile::kSize);
+  const int64_t base = bucket * t.bucket_capacity;
+  uint64_t free = 0;
+  for (int64_t mine = kChunk * tile.rank(); mine < t.bucket_capacity;
+       mine += kChunk * Tile::kSize) {
+    free += popcount32(
+        tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), kEmptyDigest));
   }
-  return -1;
+  return static_cast<int64_t>(tile.sum(free));
 }
 
 /// bucket_free_slot by a tile. @return the first empty slot of `bucket` in probe

@@ -10,6 +10,8 @@
 //                independent of the bucket count, so a rehash keeps it;
 //   bits  0..7   digest stored per slot; digest 0 marks an empty slot, so a key
 //                whose low byte is 0 gets digest 1.
+// A NO_EVICTION key may also live in a second bucket (second_bucket_of), drawn from
+// a second mix of the hash.
 //
 // No key value is reserved: every int64 is a legal key, emptiness lives in the
 // digest byte.
@@ -42,6 +44,22 @@ DYNEMB_HD DYNEMB_INLINE uint64_t hash_key(int64_t key) {
 /// @return the bucket index in [0, num_buckets)
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_of(uint64_t hash, int64_t num_buckets) {
   return static_cast<int64_t>(((hash >> 32) * static_cast<uint64_t>(num_buckets)) >> 32);
+}
+
+/// Buckets past its home among which a NO_EVICTION key's second bucket lies.
+constexpr int64_t kSecondBucketSpan = 16;
+
+/// @param hash hash_key(key)
+/// @param num_buckets number of buckets, 2 <= num_buckets <= 2^32
+/// @return the key's second bucket, one of the kSecondBucketSpan buckets after its home
+///   (modulo num_buckets; never its home): drawn from a second mix of the hash, since
+///   bucket, home group and digest take all 64 bits of the first. Near its home, so
+///   that a growth in chunks knows where a chunk's keys may land.
+DYNEMB_HD DYNEMB_INLINE int64_t second_bucket_of(uint64_t hash, int64_t num_buckets) {
+  const uint64_t h2 = mix64(hash ^ 0x9E3779B97F4A7C15ULL) >> 32;
+  const int64_t span = num_buckets - 1 < kSecondBucketSpan ? num_buckets - 1 : kSecondBucketSpan;
+  const int64_t b = bucket_of(hash, num_buckets) + 1 + static_cast<int64_t>((h2 * span) >> 32);
+  return b >= num_buckets ? b - num_buckets : b;
 }
 
 /// @param hash hash_key(key)

@@ -122,4 +122,13 @@ DYNEMB_HD DYNEMB_INLINE int lowest_bit(uint32_t mask) {
 #endif
 }
 
+/// Set bits of a mask.
+DYNEMB_HD DYNEMB_INLINE int popcount32(uint32_t mask) {
+#if defined(__CUDA_ARCH__)
+  return __popc(mask);
+#else
+  return __builtin_popcount(mask);
+#endif
+}
+
 }  // namespace dynemb

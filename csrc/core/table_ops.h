@@ -15,10 +15,12 @@
 // position as o, so that each thread writes a contiguous range (no cache line
 // shared between threads), and restore the batch order afterwards; others pass i.
 //
-// Placement. A key lives in its home bucket. Under NO_EVICTION a full home
-// bucket spills into the next buckets of a window of kMaxProbeBuckets; every
-// bucket passed gets its overflow flag, so a find walks on only past flagged
-// buckets and a table fills to ~90% before it must grow. Strategies that evict
+// Placement. A key lives in its home bucket. Under NO_EVICTION it may also live in
+// its second bucket (hash.h second_bucket_of, one of the 16 after its home): a new
+// key takes the emptier of the two, and a key placed in its second bucket sets its
+// home's overflow flag, so a find reads the second bucket only past a flagged home.
+// Two choices fill a table to ~0.96 before it must grow (one bucket and a spill
+// window of four: ~0.83; benchmark/placement_rules.cpp). Strategies that evict
 // never spill: a full bucket evicts its minimum (score, digest, key) when that score is
 // below the caller's eviction floor (UpsertArgs::evict_below), else reports the
 // key as failed. The floor is 0 for a table still below max capacity (it grows
@@ -36,7 +38,13 @@
 // (sink.failed), it takes no one's slot. Pin numbers are the owner's
 // (dynemb/table/pin_ledger.py); only evicting strategies keep pins.
 //
-// Batch rule (every executor, every device). A batch upsert runs in two passes:
+// Batch rule (every executor, every device). A batch upsert runs in two passes, after
+// a pass 0 under NO_EVICTION:
+//   0. (NO_EVICTION, tables of two buckets or more) choose_bucket for every key, which
+//      reads and writes nothing else: the bucket where the key is stored, else the
+//      emptier of its home and second bucket, as the table stood before the batch.
+//      Pass 1 then runs each key in that bucket (KeyProbe::bucket), its "home" below:
+//      a snapshot, so that owners of buckets decide alone, in any order, on a GPU too.
 //   1. for every key, the keys of one home bucket in batch order: under an evicting
 //      strategy (hits_first) touch_stored for all of them, then upsert_home for
 //      those not stored (a key repeated in the batch is a hit the second time), so
@@ -47,10 +55,12 @@
 //      need a victim, with the same outcome in one probe; in a batch of distinct keys
 //      (UpsertArgs::distinct) those go to place_by_victim, without upsert_home's second
 //      probe.)
-//      Pass 1 reads and writes the home bucket only, so buckets are independent:
-//      any executor may run different buckets concurrently, without locks.
-//   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose home bucket is
-//      full or has overflowed), in batch order, one at a time. Where the window is
+//      Pass 1 reads and writes the home bucket only (and sets the overflow flag of
+//      the key's true home when the chosen bucket is its second), so buckets are
+//      independent: any executor may run different buckets concurrently, without locks.
+//   2. upsert_spill for the keys pass 1 left (NO_EVICTION keys whose chosen bucket
+//      filled), in batch order, one at a time: a hit in either bucket, else the first
+//      of home and second bucket with a free slot, else failed. Where the window is
 //      one bucket (window_of: every evicting strategy, any table of one bucket) it
 //      reads and writes the key's home bucket only, and pass 1 writes nothing there
 //      that it reads before it: an executor that owns the bucket in pass 1 may run
@@ -63,10 +73,11 @@
 //
 // Locking. The Platform's bucket locks guard executors that run keys of one bucket
 // concurrently anyway: upsert_home takes the home bucket's lock, upsert_spill the
-// locks of its whole window in ascending index order (deadlock-free), erase_key the
+// locks of both buckets in ascending index order (deadlock-free), erase_key the
 // lock of each bucket it scans, one at a time.
 #pragma once
 
+#include "core/batch_sinks.h"
 #include "core/bucket.h"
 #include "core/score_policy.h"
 
@@ -101,10 +112,18 @@ DYNEMB_HD DYNEMB_INLINE int64_t live_keys(const int64_t* live, int64_t n) {
 /// batch's hits are pinned before a newcomer looks for a victim.
 DYNEMB_HD DYNEMB_INLINE bool hits_first(const UpsertArgs& u) { return evicts(u.score.strategy); }
 
+/// Buckets a key may occupy: 1 (its home) under an evicting strategy or in a table
+/// of one bucket, else 2 (its home and its second bucket).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int window_of(const TableRef<V>& t, ScoreStrategy s) {
-  if (evicts(s)) return 1;
-  return t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets) : kMaxProbeBuckets;
+  return evicts(s) || t.num_buckets < 2 ? 1 : kMaxProbeBuckets;
+}
+
+/// Whether a batch upsert runs pass 0 (choose_bucket) before pass 1: when a key may
+/// live in two buckets.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE bool chooses_buckets(const TableRef<V>& t, const UpsertArgs& u) {
+  return window_of(t, u.score.strategy) > 1;
 }
 
 /// @return the slot holding `key`, or -1. Takes no lock (see platform.h).
@@ -113,15 +132,11 @@ DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
   const ProbeOrder order(h, t.bucket_capacity);
-  int64_t b = bucket_of(h, t.num_buckets);
-  const int walk = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
-                                                    : kMaxProbeBuckets;
-  for (int k = 0; k < walk; ++k) {
-    const int64_t slot = bucket_find<P>(t, b, key, digest, order);
-    if (slot >= 0 || !t.overflowed(b)) return slot;
-    b = t.next_bucket(b);
-  }
-  return -1;
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const int64_t slot = bucket_find<P>(t, home, key, digest, order);
+  if (slot >= 0) return slot;
+  const int64_t second = second_to_read(t, h, home);
+  return second < 0 ? -1 : bucket_find<P>(t, second, key, digest, order);
 }
 
 /// find_slot with a guess (e.g. likely_slot computed earlier to prefetch): when the
@@ -166,14 +181,52 @@ DYNEMB_HD DYNEMB_INLINE void claim(const TableRef<V>& t, int64_t slot, int64_t k
   claim_metadata(t, slot, score, timestamp, pin);
 }
 
-/// Locks (or unlocks) the `window` buckets starting at `home`, in ascending index order.
+/// Locks (or unlocks) bucket `a` and, when >= 0, bucket `b`, in ascending index order.
 template <class P, class V>
-DYNEMB_HD void lock_window(const TableRef<V>& t, int64_t home, int window, bool lock) {
-  // Buckets past the end wrap to 0..: they have the smallest indices, so go first.
-  const int64_t wrapped = home + window - t.num_buckets;  // count of wrapped buckets
-  for (int64_t b = 0; b < wrapped; ++b) lock ? P::lock(t.lock_word(b)) : P::unlock(t.lock_word(b));
-  const int64_t stop = wrapped > 0 ? t.num_buckets : home + window;
-  for (int64_t b = home; b < stop; ++b) lock ? P::lock(t.lock_word(b)) : P::unlock(t.lock_word(b));
+DYNEMB_HD void lock_pair(const TableRef<V>& t, int64_t a, int64_t b, bool lock) {
+  const int64_t first = b >= 0 && b < a ? b : a;
+  const int64_t last = b >= 0 && b > a ? b : a;
+  lock ? P::lock(t.lock_word(first)) : P::unlock(t.lock_word(first));
+  if (last != first) lock ? P::lock(t.lock_word(last)) : P::unlock(t.lock_word(last));
+}
+
+/// Empty slots of `bucket`.
+template <class P, class V>
+DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_count(const TableRef<V>& t, int64_t bucket) {
+  const int64_t base = bucket * t.bucket_capacity;
+  int64_t free = 0;
+  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
+    free += popcount32(P::match16(t.digest_chunk(base + g, 16), kEmptyDigest));
+  }
+  return free;
+}
+
+/// Sets the overflow flag of `key`'s home bucket when it was placed in `bucket`,
+/// its second (see "Placement").
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void flag_if_second(const TableRef<V>& t, int64_t key, int64_t bucket) {
+  const int64_t home = bucket_of(hash_key(key), t.num_buckets);
+  if (home != bucket) t.set_overflowed(home);
+}
+
+/// Pass 0 of a batch upsert under NO_EVICTION (chooses_buckets; see "Batch rule"):
+/// the bucket whose owner decides `key` in pass 1: the one that stores it, else the
+/// emptier of its home and second bucket (ties: home). Reads only. `p`: KeyProbe(t,
+/// key); `hint`: a slot that likely holds the key, or -1 (decides nothing).
+template <class P, class V>
+DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
+                                int64_t hint = -1) {
+  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) {
+    return hint / t.bucket_capacity;
+  }
+  const int64_t home = p.bucket;
+  if (bucket_find<P>(t, home, key, p.digest, p.order) >= 0) return home;
+  const uint64_t h = hash_key(key);
+  const int64_t second = second_bucket_of(h, t.num_buckets);
+  if (t.overflowed(home) && bucket_find<P>(t, second, key, p.digest, p.order) >= 0) {
+    return second;
+  }
+  return bucket_free_count<P>(t, second) > bucket_free_count<P>(t, home) ? second : home;
 }
 
 /// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves
@@ -215,34 +268,37 @@ DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, i
 }
 
 /// Pass 1 of a batch upsert under NO_EVICTION (see "Batch rule" above): decides key
-/// i when its home bucket alone can (a hit there, or a free slot there), calling
+/// i when bucket p.bucket alone can (a hit there, or a free slot there), calling
 /// exactly one of sink.hit / sink.fresh / sink.failed and setting *status. Returns
-/// false, having changed nothing, for a key that needs its spill window (a full or
-/// overflowed home bucket): upsert_spill decides it in pass 2. Under an evicting
-/// strategy executors run it after touch_stored (hits_first).
+/// false, having changed nothing, for a key that needs its second bucket: upsert_spill
+/// decides it in pass 2. Under an evicting strategy executors run it after
+/// touch_stored (hits_first).
+/// kChosen: p.bucket is choose_bucket's answer (pass 0 ran), which already looked for
+/// the key in both buckets; else p.bucket is the key's home, and a flagged home (the
+/// key may be in its second bucket) leaves the key to pass 2.
 /// `hint`: a slot that likely holds the key (likely_slot, computed to prefetch), or
 /// -1; it saves the bucket scan of a hit and decides nothing (a key has one slot at most).
-/// `p`: KeyProbe(t, key), computed by the caller.
-template <class P, class V, class Sink>
+/// `p`: KeyProbe(t, key), computed by the caller (its bucket maybe replaced).
+template <class P, bool kChosen = false, class V, class Sink>
 DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
                            const KeyProbe& p, const UpsertArgs& u, Sink& sink, Status* status,
                            int64_t hint = -1) {
   const int64_t home = p.bucket;
+  if (!kChosen && t.overflowed(home)) return false;
   P::lock(t.lock_word(home));
   bool decided = false;
-  if (!t.overflowed(home)) {
-    const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
-    if (slot >= 0) {
-      touch(t, slot, u, i);
-      sink.hit(i, o, slot);
-      *status = Status::kHit;
+  const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
+  if (slot >= 0) {
+    touch(t, slot, u, i);
+    sink.hit(i, o, slot);
+    *status = Status::kHit;
+    decided = true;
+  } else {
+    const int64_t free = bucket_free_slot<P>(t, home, p.order);
+    if (free >= 0 || evicts(u.score.strategy)) {
+      *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
+      if (free >= 0) flag_if_second(t, key, home);
       decided = true;
-    } else {
-      const int64_t free = bucket_free_slot<P>(t, home, p.order);
-      if (free >= 0 || evicts(u.score.strategy)) {
-        *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
-        decided = true;
-      }
     }
   }
   P::unlock(t.lock_word(home));
@@ -256,9 +312,10 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
   return upsert_home<P>(t, i, o, key, KeyProbe(t, key), u, sink, status, hint);
 }
 
-/// Pass 2 of a batch upsert: key i, left by upsert_home, walks its window: a hit in
-/// any bucket of it, else the first free slot from home on (every full bucket passed
-/// gets its overflow flag), else failed. Calls exactly one sink function.
+/// Pass 2 of a batch upsert: key i, left by upsert_home: a hit in its home bucket or
+/// (a flagged home) its second, else the first of the two with a free slot (a key
+/// placed in its second bucket flags its home), else failed. Calls exactly one sink
+/// function.
 template <class P, class V, class Sink>
 DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
                               const UpsertArgs& u, Sink& sink) {
@@ -267,36 +324,32 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
   const ScoreArgs& a = u.score;
-  const int window = window_of(t, a.strategy);
-  lock_window<P>(t, home, window, true);
+  const int64_t second = window_of(t, a.strategy) > 1 ? second_bucket_of(h, t.num_buckets) : -1;
+  lock_pair<P>(t, home, second, true);
   Status status = Status::kFailed;
-  int64_t b = home;
-  int64_t found = -1;
-  for (int k = 0; k < window; ++k) {
-    found = bucket_find<P>(t, b, key, digest, order);
-    if (found >= 0 || !t.overflowed(b)) break;
-    b = t.next_bucket(b);
+  int64_t found = bucket_find<P>(t, home, key, digest, order);
+  if (found < 0 && second >= 0 && t.overflowed(home)) {
+    found = bucket_find<P>(t, second, key, digest, order);
   }
   if (found >= 0) {
     touch(t, found, u, i);
     sink.hit(i, o, found);
     status = Status::kHit;
   } else {
-    b = home;
-    for (int k = 0; k < window; ++k) {
-      const int64_t slot = bucket_free_slot<P>(t, b, order);
-      if (slot >= 0) {
-        claim(t, slot, key, digest, score_for_new(a, i), a.batch_value, u.pin);
-        sink.fresh(i, o, slot, key);
-        status = Status::kInserted;
-        break;
-      }
-      t.set_overflowed(b);
-      b = t.next_bucket(b);
+    int64_t slot = bucket_free_slot<P>(t, home, order);
+    if (slot < 0 && second >= 0) {
+      slot = bucket_free_slot<P>(t, second, order);
+      if (slot >= 0) t.set_overflowed(home);
     }
-    if (status == Status::kFailed) sink.failed(i, o, key);
+    if (slot >= 0) {
+      claim(t, slot, key, digest, score_for_new(a, i), a.batch_value, u.pin);
+      sink.fresh(i, o, slot, key);
+      status = Status::kInserted;
+    } else {
+      sink.failed(i, o, key);
+    }
   }
-  lock_window<P>(t, home, window, false);
+  lock_pair<P>(t, home, second, false);
   return status;
 }
 
@@ -371,27 +424,24 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
 
 /// Removes `key`; @return true when it was stored. Holds one bucket lock at a time,
 /// the one of the bucket it scans: an erase writes only its key's digest and never
-/// moves a key or clears an overflow flag, so the chain it follows cannot change
-/// under it. (Locking the whole window, as upsert_spill must, made the lanes of a
-/// GPU warp, each erasing in its own home bucket, spin on their neighbours' windows:
-/// 0.2 M erases/s on an H100.)
+/// moves a key or clears an overflow flag, so where the key may be cannot change
+/// under it. (Locking both buckets, as upsert_spill must, made the lanes of a GPU
+/// warp, each erasing in its own home bucket, spin on their neighbours' locks.)
 template <class P, class V>
 DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   const uint64_t h = hash_key(key);
   const uint8_t digest = digest_of(h);
   const ProbeOrder order(h, t.bucket_capacity);
-  const int window = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
-                                                      : kMaxProbeBuckets;
   int64_t b = bucket_of(h, t.num_buckets);
-  for (int k = 0; k < window; ++k) {
+  for (int k = 0; k < kMaxProbeBuckets; ++k) {
     P::lock(t.lock_word(b));
     const int64_t slot = bucket_find<P>(t, b, key, digest, order);
     if (slot >= 0) t.set_digest(slot, kEmptyDigest);
-    const bool chained = t.overflowed(b);
+    const int64_t next = k == 0 ? second_to_read(t, h, b) : -1;
     P::unlock(t.lock_word(b));
     if (slot >= 0) return true;
-    if (!chained) return false;
-    b = t.next_bucket(b);
+    if (next < 0) return false;
+    b = next;
   }
   return false;
 }
@@ -420,27 +470,83 @@ DYNEMB_HD int64_t place_home(const TableRef<V>& t, const TableRef<V>& src, int64
   return slot;
 }
 
+/// A move that frees a slot of a full bucket in a rehash's pass 2: the entry of slot
+/// `from` goes to the free slot `to` of its other bucket.
+struct RoomMove {
+  int64_t from;  // -1: no entry of the bucket has room in its other bucket
+  int64_t to;
+};
+
+/// The other bucket of the entry at `slot` of bucket `b` (its second when b is its
+/// home, else its home).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t other_bucket(const TableRef<V>& t, int64_t slot, int64_t b) {
+  const uint64_t h = hash_key(t.key(slot));
+  const int64_t home = bucket_of(h, t.num_buckets);
+  return home == b ? second_bucket_of(h, t.num_buckets) : home;
+}
+
+/// For a rehash's pass 2 (it owns the table) when an entry finds both its buckets full:
+/// the first entry of full bucket `b`, in slot order, whose other bucket has a free
+/// slot (bucket_free_slot, in that entry's probe order). Reads only.
+template <class P, class V>
+DYNEMB_HD RoomMove room_in(const TableRef<V>& t, int64_t b) {
+  const int64_t base = b * t.bucket_capacity;
+  for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
+    const int64_t other = other_bucket(t, s, b);
+    const int64_t to =
+        bucket_free_slot<P>(t, other, ProbeOrder(hash_key(t.key(s)), t.bucket_capacity));
+    if (to >= 0) return {s, to};
+  }
+  return {-1, -1};
+}
+
+/// Applies a RoomMove's metadata: the entry's key, digest, score, timestamp and pin go
+/// to m.to (its home's overflow flag set when that is its second bucket) and m.from is
+/// left empty. The caller moves the row (before m.from's row is overwritten).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove& m) {
+  claim_moved(t, m.to, t, m.from, t.digest(m.from));
+  const int64_t home = bucket_of(hash_key(t.key(m.from)), t.num_buckets);
+  if (home != m.to / t.bucket_capacity) t.set_overflowed(home);
+  t.set_digest(m.from, kEmptyDigest);
+}
+
 /// Places the entry of slot `s` of `src`, whose key is absent from `t` (a rehash
-/// moves each key once), spilling over `window` buckets; one lock at a time is
-/// enough because no other thread places the same key.
-/// @return the slot, or -1 when the whole window is full.
+/// moves each key once), in its home bucket, else (`window` 2) its second bucket,
+/// flagging its home, else in a slot made free in its home or then its second bucket
+/// by moving one of their entries to its other bucket (room_in: a rehash fills home
+/// buckets first, so small buckets fill up where a spread would leave room). One lock
+/// at a time is enough because no other thread places the same key; a move for room
+/// takes none: it runs in pass 2 alone. @return the slot, or -1 when no room was found.
 template <class P, class V>
 DYNEMB_HD int64_t place_moved(const TableRef<V>& t, const TableRef<V>& src, int64_t s,
                               int window) {
   const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
-  int64_t b = bucket_of(h, t.num_buckets);
-  for (int k = 0; k < window; ++k) {
+  const int64_t home = bucket_of(h, t.num_buckets);
+  const int64_t second = window > 1 && t.num_buckets > 1 ? second_bucket_of(h, t.num_buckets) : -1;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t b = k == 0 ? home : second;
+    if (b < 0) break;
     P::lock(t.lock_word(b));
     const int64_t slot = bucket_free_slot<P>(t, b, order);
+    if (slot >= 0) claim_moved(t, slot, src, s, digest_of(h));
+    P::unlock(t.lock_word(b));
     if (slot >= 0) {
-      claim_moved(t, slot, src, s, digest_of(h));
-      P::unlock(t.lock_word(b));
+      if (b != home) t.set_overflowed(home);
       return slot;
     }
-    t.set_overflowed(b);
-    P::unlock(t.lock_word(b));
-    b = t.next_bucket(b);
+  }
+  for (int k = 0; k < 2 && second >= 0; ++k) {
+    const int64_t b = k == 0 ? home : second;
+    const RoomMove m = room_in<P>(t, b);
+    if (m.from < 0) continue;
+    copy_row(t.row(m.from), t.row(m.to), t.row_width);
+    move_for_room(t, m);
+    claim_moved(t, m.from, src, s, digest_of(h));
+    if (b != home) t.set_overflowed(home);
+    return m.from;
   }
   return -1;
 }

@@ -11,7 +11,8 @@
 //     V        values[fast_slots][row_width];   // rows of slots [0, fast_slots): fast tier
 //     V        slow_values[num_slots - fast_slots][row_width];  // the rest: slow tier
 //     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
-//     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in the next bucket
+//     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in their
+//                                               // second bucket
 //     uint32_t pins[num_slots];                 // the latest batch that looked the slot's
 //                                               // key up (table_ops.h, "Pins"); absent
 //                                               // (null) under NO_EVICTION
@@ -24,11 +25,11 @@
 // Without a slow tier fast_slots == num_slots. Only row() knows about the split.
 //
 // Invariants: a key occupies at most one slot; a key homed at bucket b lives in
-// b, or (NO_EVICTION only) in b+1..b+k-1 where overflow[b..b+k-2] are all set
-// (k <= kMaxProbeBuckets, indices modulo num_buckets). overflow is only cleared by
-// a rehash or clear, so it may be set where no key is displaced any more. Inside
-// a bucket a key may sit in any slot: the probe order of bucket.h decides where a
-// new key goes (usually its home group), not where a lookup may stop.
+// b, or (NO_EVICTION only) in its second bucket (hash.h second_bucket_of, one of
+// b+1..b+kSecondBucketSpan modulo num_buckets) when overflow[b] is set. overflow is
+// only cleared by a rehash or clear, so it may be set where no key is displaced any
+// more. Inside a bucket a key may sit in any slot: the probe order of bucket.h
+// decides where a new key goes (usually its home group), not where a lookup may stop.
 #pragma once
 
 #include "core/access_count.h"
@@ -36,9 +37,10 @@
 
 namespace dynemb {
 
-/// Buckets a NO_EVICTION insert may walk before it reports the key as failed
-/// (which makes the owner grow the table). Eviction strategies use 1.
-constexpr int kMaxProbeBuckets = 4;
+/// Buckets a NO_EVICTION key may occupy (its home and its second bucket) before an
+/// insert reports it as failed (which makes the owner grow the table). Eviction
+/// strategies use 1.
+constexpr int kMaxProbeBuckets = 2;
 
 template <typename V>
 struct TableRef {
@@ -112,13 +114,25 @@ struct TableRef {
     count(Access::kMetaWrite, pins + s, sizeof(uint32_t));
     pins[s] = v;
   }
+  // Pass 1 of a NO_EVICTION upsert sets the flag of a key's home bucket from the
+  // thread that owns its second bucket, so owners of two second buckets may set one
+  // flag together (the same value, read only after the pass): relaxed atomics on a
+  // host, plain bytes on a GPU.
   DYNEMB_HD DYNEMB_INLINE bool overflowed(int64_t b) const {
     count(Access::kMetaRead, overflow + b, 1);
+#if defined(__CUDA_ARCH__)
     return overflow[b] != 0;
+#else
+    return __atomic_load_n(overflow + b, __ATOMIC_RELAXED) != 0;
+#endif
   }
   DYNEMB_HD DYNEMB_INLINE void set_overflowed(int64_t b) const {
     count(Access::kMetaWrite, overflow + b, 1);
+#if defined(__CUDA_ARCH__)
     overflow[b] = 1;
+#else
+    __atomic_store_n(overflow + b, uint8_t{1}, __ATOMIC_RELAXED);
+#endif
   }
   /// Bucket b's lock word, for Platform::lock / unlock (a read-modify-write).
   DYNEMB_HD DYNEMB_INLINE uint32_t* lock_word(int64_t b) const {
@@ -152,7 +166,6 @@ struct TableRef {
     return slot < fast_slots ? values + slot * row_width
                              : slow_values + (slot - fast_slots) * row_width;
   }
-  DYNEMB_HD int64_t next_bucket(int64_t b) const { return b + 1 == num_buckets ? 0 : b + 1; }
 };
 
 }  // namespace dynemb

@@ -3,9 +3,9 @@
 // Two passes, as an upsert's (table_ops.h "Batch rule"), so that neither takes a
 // bucket lock: pass 1, a tile per home-bucket range, its keys in batch order, looks
 // only in each key's home bucket (which the tile owns): found there, the key is
-// erased; absent from a home bucket that never overflowed, it is not stored; else
-// (it may sit further along its chain) it is deferred. Pass 2, one tile, walks the
-// deferred keys' chains in batch order (it owns the table). The results are
+// erased; absent from a home bucket never flagged, it is not stored; else (it may
+// sit in its second bucket) it is deferred. Pass 2, one tile, looks in the deferred
+// keys' home and second buckets in batch order (it owns the table). The results are
 // erase_key's in batch order: erasing one key never changes where another is or
 // whether it is stored (overflow flags are never cleared), so the keys of different
 // ranges commute, and a repeated key's first occurrence erases it in either pass.
@@ -39,19 +39,18 @@ DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int6
 /// @return true, in every lane, when the key was stored.
 template <class Tile, class V>
 DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t key) {
-  const KeyProbe p(t, key);
-  const int window = t.num_buckets < kMaxProbeBuckets ? static_cast<int>(t.num_buckets)
-                                                      : kMaxProbeBuckets;
+  const uint64_t h = hash_key(key);
+  const KeyProbe p = KeyProbe::of_hash(t, h);
   int64_t b = p.bucket;
-  for (int k = 0; k < window; ++k) {
+  for (int k = 0; k < kMaxProbeBuckets; ++k) {
     const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest, p.order.home);
     if (slot >= 0) {
       if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
       tile.sync();
       return true;
     }
-    if (!t.overflowed(b)) return false;
-    b = t.next_bucket(b);
+    b = k == 0 ? second_to_read(t, h, b) : -1;
+    if (b < 0) return false;
   }
   return false;
 }

@@ -81,15 +81,15 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
   return status;
 }
 
-/// upsert_home by a tile that owns the key's home bucket (same contract: decides
-/// key i when its home bucket alone can and returns true, with *status set in every
-/// lane; returns false, having changed nothing, for a key that needs its spill window).
-template <class Tile, class V, class Sink>
+/// upsert_home by a tile that owns bucket p.bucket (same contract and kChosen: decides
+/// key i when that bucket alone can and returns true, with *status set in every lane;
+/// returns false, having changed nothing, for a key that needs its second bucket).
+template <bool kChosen = false, class Tile, class V, class Sink>
 DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
                                 Sink& sink, Status* status) {
   const int64_t home = p.bucket;
-  if (t.overflowed(home)) return false;
+  if (!kChosen && t.overflowed(home)) return false;
   bool decided = false;
   const TileProbe q = tile_bucket_probe(tile, t, home, key, p.digest, p.order);  // one scan
   if (q.slot >= 0) {
@@ -99,10 +99,25 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
     decided = true;
   } else if (q.free >= 0 || evicts(u.score.strategy)) {
     *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, q.free);
+    if (q.free >= 0 && tile.rank() == 0) flag_if_second(t, key, home);
     decided = true;
   }
   tile.sync();
   return decided;
+}
+
+/// choose_bucket by a tile (pass 0: reads only). @return the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int64_t key) {
+  const uint64_t h = hash_key(key);
+  const KeyProbe p = KeyProbe::of_hash(t, h);
+  const int64_t home = p.bucket;
+  if (tile_bucket_find(tile, t, home, key, p.digest, p.order.home) >= 0) return home;
+  const int64_t second = second_bucket_of(h, t.num_buckets);
+  if (t.overflowed(home) && tile_bucket_find(tile, t, second, key, p.digest, p.order.home) >= 0) {
+    return second;
+  }
+  return tile_free_count(tile, t, second) > tile_free_count(tile, t, home) ? second : home;
 }
 
 /// touch_or_place_free by a tile that owns `key`'s home bucket (hits_first's pass, in
@@ -142,22 +157,20 @@ DYNEMB_HD Status tile_place_by_victim(const Tile& tile, const TableRef<V>& t, in
   return s;
 }
 
-/// upsert_spill by the one tile of pass 2 (it owns the table): the same walk and
-/// decisions, each bucket of the window scanned by the tile, one lane writing the
-/// metadata (touch, claim, overflow flags). @return the status, in every lane.
+/// upsert_spill by the one tile of pass 2 (it owns the table): the same decisions,
+/// each bucket scanned by the tile, one lane writing the metadata (touch, claim,
+/// overflow flag). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                    int64_t key, const UpsertArgs& u, Sink& sink) {
-  const KeyProbe p(t, key);
+  const uint64_t h = hash_key(key);
+  const KeyProbe p = KeyProbe::of_hash(t, h);
   const ScoreArgs& a = u.score;
-  const int window = window_of(t, a.strategy);
+  const int64_t second = window_of(t, a.strategy) > 1 ? second_bucket_of(h, t.num_buckets) : -1;
   const Lanes l = lanes_of(tile);
-  int64_t b = p.bucket;
-  int64_t found = -1;
-  for (int k = 0; k < window; ++k) {
-    found = tile_bucket_find(tile, t, b, key, p.digest, p.order.home);
-    if (found >= 0 || !t.overflowed(b)) break;
-    b = t.next_bucket(b);
+  int64_t found = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
+  if (found < 0 && second >= 0 && t.overflowed(p.bucket)) {
+    found = tile_bucket_find(tile, t, second, key, p.digest, p.order.home);
   }
   Status status = Status::kFailed;
   if (found >= 0) {
@@ -165,20 +178,19 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     sink.hit(i, o, found, l);
     status = Status::kHit;
   } else {
-    tile.sync();  // every lane read the overflow flags that lane 0 sets below
-    b = p.bucket;
-    for (int k = 0; k < window; ++k) {
-      const int64_t slot = tile_free_slot(tile, t, b, p.order);  // every lane agrees
-      if (slot >= 0) {
-        tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
-        sink.fresh(i, o, slot, key, l);
-        status = Status::kInserted;
-        break;
-      }
-      if (tile.rank() == 0) t.set_overflowed(b);  // read again only after the sync below
-      b = t.next_bucket(b);
+    tile.sync();  // every lane read the overflow flag that lane 0 sets below
+    int64_t slot = tile_free_slot(tile, t, p.bucket, p.order);  // every lane agrees
+    if (slot < 0 && second >= 0) {
+      slot = tile_free_slot(tile, t, second, p.order);
+      if (slot >= 0 && tile.rank() == 0) t.set_overflowed(p.bucket);
     }
-    if (status == Status::kFailed) sink.failed(i, o, key, l);
+    if (slot >= 0) {
+      tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
+      sink.fresh(i, o, slot, key, l);
+      status = Status::kInserted;
+    } else {
+      sink.failed(i, o, key, l);
+    }
   }
   tile.sync();  // the next key's scans see this key's writes
   return status;
@@ -193,11 +205,11 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
 /// order). The outcome is pass 2's, and pass 2 has nothing to do.
 /// @return false (nothing changed) only for a key whose window has more buckets; else
 /// true, with *status set in every lane.
-template <class Tile, class V, class Sink>
+template <bool kChosen = false, class Tile, class V, class Sink>
 DYNEMB_HD bool tile_upsert_owned(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                  int64_t key, const KeyProbe& p, const UpsertArgs& u,
                                  Sink& sink, Status* status) {
-  if (tile_upsert_home(tile, t, i, o, key, p, u, sink, status)) return true;
+  if (tile_upsert_home<kChosen>(tile, t, i, o, key, p, u, sink, status)) return true;
   if (window_of(t, u.score.strategy) != 1) return false;
   *status = tile_upsert_spill(tile, t, i, o, key, u, sink);
   return true;

@@ -3,7 +3,7 @@
 // The same two passes as the serial rehash: pass 1, a tile per destination
 // home-bucket range, its entries in source-slot order, places each in its home
 // bucket (which the tile owns: the destination is written by no one else); pass 2,
-// one tile, places what did not fit along its window, in source-slot order (it owns
+// one tile, places what did not fit in its second bucket, in source-slot order (it owns
 // the table). The free slot is tile_free_slot's (bucket_free_slot's answer), so every
 // entry lands where the serial rehash puts it. tile_claim claims it (the slot's key and
 // digest by the one lane whose scan read them: no sync before), lane 0 sets overflow flags
@@ -17,28 +17,59 @@
 
 namespace dynemb {
 
+/// room_in by a tile. @return the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
+  const int64_t base = b * t.bucket_capacity;
+  for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
+    const int64_t other = other_bucket(t, s, b);
+    const int64_t to =
+        tile_free_slot(tile, t, other, ProbeOrder(hash_key(t.key(s)), t.bucket_capacity));
+    if (to >= 0) return {s, to};
+  }
+  return {-1, -1};
+}
+
 /// Moves the entry of slot `s` of `src` (its key absent from `t`) into the first free
-/// slot of `window` buckets of `t` from its home bucket on, the row included; with
-/// `flag_full`, each full bucket passed gets its overflow flag (place_moved), without
-/// it nothing changes when none is free (place_home, window 1).
+/// slot of its home bucket of `t`, else (`window` 2) of its second bucket, flagging its
+/// home, else into a slot a move for room frees (place_moved), the row included;
+/// nothing changes when none is free (window 1: place_home).
 /// @return the slot, or -1, in every lane.
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const TableRef<V>& src,
-                                  int64_t s, int window, bool flag_full) {
+                                  int64_t s, int window) {
   const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
-  int64_t b = bucket_of(h, t.num_buckets);
+  const int64_t home = bucket_of(h, t.num_buckets);
+  int64_t b = home;
   int64_t slot = -1;
-  for (int k = 0; k < window && slot < 0; ++k) {
+  for (int k = 0; k < window && k < kMaxProbeBuckets && slot < 0; ++k) {
     slot = tile_free_slot(tile, t, b, order);  // every lane agrees
     if (slot >= 0) {
       tile_claim(tile, t, slot, src.key(s), digest_of(h), src.has_scores() ? src.score(s) : 0,
                  src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
       copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
+      if (b != home && tile.rank() == 0) t.set_overflowed(home);
+    } else if (t.num_buckets < 2) {
+      break;
     } else {
-      if (flag_full && tile.rank() == 0) t.set_overflowed(b);
-      b = t.next_bucket(b);
+      b = second_bucket_of(h, t.num_buckets);
     }
+  }
+  for (int k = 0; slot < 0 && window > 1 && t.num_buckets > 1 && k < 2; ++k) {
+    b = k == 0 ? home : second_bucket_of(h, t.num_buckets);
+    const RoomMove m = tile_room_in(tile, t, b);
+    if (m.from < 0) continue;
+    copy_row(t.row(m.from), t.row(m.to), t.row_width, lanes_of(tile));
+    tile.sync();  // every lane read the digests and keys lane 0 writes below
+    if (tile.rank() == 0) {
+      move_for_room(t, m);
+      claim_moved(t, m.from, src, s, digest_of(h));
+      if (b != home) t.set_overflowed(home);
+    }
+    // Each lane overwrites the chunks of the row it moved out above (Lanes).
+    copy_row(src.row(s), t.row(m.from), src.row_width, lanes_of(tile));
+    slot = m.from;
   }
   tile.sync();  // the next entry's scan sees the claim and the flags
   return slot;
@@ -48,14 +79,14 @@ DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const 
 template <class Tile, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
                                                 const TableRef<V>& src, int64_t s) {
-  return tile_move_entry(tile, t, src, s, 1, false);
+  return tile_move_entry(tile, t, src, s, 1);
 }
 
 /// place_moved and the row copy, by the one tile of pass 2.
 template <class Tile, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
                                                  const TableRef<V>& src, int64_t s, int window) {
-  return tile_move_entry(tile, t, src, s, window, true);
+  return tile_move_entry(tile, t, src, s, window);
 }
 
 }  // namespace dynemb

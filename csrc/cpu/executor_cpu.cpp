@@ -67,11 +67,13 @@ concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
 /// only one touching the buckets its keys may change (see upsert_batch).
 /// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
-/// pass 2 are appended to `deferred`, in position order.
+/// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's bucket of
+/// each batch index (choose_bucket), or null (every key's home).
 template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
-                     int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred) {
+                     int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred,
+                     const int64_t* chosen) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
   // Positions to upsert: [begin, end), or under hits_first those the first pass
   // (touch_or_place_free: hits and keys with a free home slot) left, which need a
@@ -116,9 +118,28 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   }
   const bool all = !first_hits;
   auto position = [&](int64_t x) { return all ? x : pending[x]; };
-  auto key_at = [&](int64_t x) { return keys[position(x)]; };
   const int64_t first = all ? begin : 0;
   const int64_t last = all ? end : static_cast<int64_t>(pending.size());
+  if (chosen != nullptr) {  // NO_EVICTION after pass 0: each key in its chosen bucket
+    auto probe_at = [&](int64_t x) {
+      KeyProbe p(t, keys[x]);
+      p.bucket = chosen[index_of(x)];
+      return p;
+    };
+    auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
+      Status s;
+      if (upsert_home<Q, true>(t, index_of(x), x, keys[x], probe, args, sink, &s, hint)) {
+        status[x] = static_cast<int8_t>(s);
+        ++counts.by_status[static_cast<int>(s)];
+      } else {
+        deferred.push_back(x);
+      }
+    };
+    if (first < last) run_loop(std::true_type{}, probe_at, body, first, last);
+    P::store_fence();
+    return;
+  }
+  auto key_at = [&](int64_t x) { return keys[position(x)]; };
   auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
     if constexpr (ReadsInputRows<Sink>) {
       // In partition order the caller's rows are read out of order, beyond what the
@@ -183,8 +204,8 @@ concept SlotOutputs = requires(Sink s) { s.slots; };
 /// Pass 1 of the batch rule touches home buckets only, and each thread owns a range
 /// of home buckets; pass 2 runs on one thread: no lock is ever needed.
 template <class V, class Work, class Finish, class Restore>
-void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
-                     Work&& work, Finish&& finish, Restore&& restore) {
+void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* chosen, int64_t n,
+                     int threads, Work&& work, Finish&& finish, Restore&& restore) {
   // Uninitialised (each entry is written once below), not zero-filled first.
   const std::unique_ptr<int64_t[]> order(new int64_t[n]);  // batch index of position j
   const std::unique_ptr<int64_t[]> position(new int64_t[n]);  // its inverse
@@ -201,7 +222,8 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int t
     const int64_t lo = n * c / T, hi = n * (c + 1) / T;
     std::vector<int64_t> mine(T, 0);  // this chunk's counts, then cursors (not shared)
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t p = bucket_of(hash_key(keys[i]), t.num_buckets) * T / t.num_buckets;
+      const int64_t b = chosen ? chosen[i] : bucket_of(hash_key(keys[i]), t.num_buckets);
+      const int64_t p = b * T / t.num_buckets;
       part[i] = static_cast<uint16_t>(p);
       ++mine[p];
     }
@@ -237,17 +259,35 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, int64_t n, int t
   }
 }
 
-/// Upserts a batch by the batch rule: pass 1 partitioned by home-bucket range
-/// (run_partitioned), pass 2 on one thread.
+/// Pass 0 of the batch rule (core/table_ops.h chooses_buckets): the bucket each key's
+/// pass 1 runs in (choose_bucket), by batch index; it only reads the table.
+template <class V>
+std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
+  std::vector<int64_t> chosen(n);
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    auto key_at = [&](int64_t i) { return keys[i]; };
+    auto body = [&](int64_t i, int64_t hint, const KeyProbe& p) {
+      chosen[i] = choose_bucket<P>(t, keys[i], p, hint);
+    };
+    prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
+  });
+  return chosen;
+}
+
+/// Upserts a batch by the batch rule: pass 0 where it runs, pass 1 partitioned by the
+/// range of each key's bucket (run_partitioned), pass 2 on one thread.
 template <class V, class Sink>
 StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertArgs& args,
                          const int64_t* keys, int64_t n, int8_t* status) {
   const int max_threads = threads_for(n);
   StatusCounts total;
+  std::vector<int64_t> chosen_buckets;
+  if (chooses_buckets(t, args)) chosen_buckets = choose_buckets(t, keys, n);
+  const int64_t* chosen = chosen_buckets.empty() ? nullptr : chosen_buckets.data();
   if (max_threads == 1) {
     std::vector<int64_t> deferred;
     upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total,
-                                          deferred);
+                                          deferred, chosen);
     upsert_deferred(t, sink, args, keys, nullptr, deferred, status, total);
     return total;
   }
@@ -263,7 +303,8 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
   auto work = [&](int c, const int64_t* order, const int64_t* part_keys, int64_t begin,
                   int64_t end) {
     upsert_sequence<CpuExclusivePlatform>(t, by_position, args, part_keys, order, begin, end,
-                                          status_by_position.data(), counts[c], deferred[c]);
+                                          status_by_position.data(), counts[c], deferred[c],
+                                          chosen);
   };
   auto finish = [&](const int64_t* order, const int64_t* part_keys) {
     std::vector<int64_t> all;  // rare (NO_EVICTION spills): merged into batch order
@@ -279,7 +320,7 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
       if constexpr (SlotOutputs<Sink>) sink.slots[i] = slots_by_position[position[i]];
     }
   };
-  run_partitioned(t, keys, n, max_threads, work, finish, restore);
+  run_partitioned(t, keys, chosen, n, max_threads, work, finish, restore);
   for (const StatusCounts& c : counts) {
     for (int s = 0; s < kStatusCount; ++s) total.by_status[s] += c.by_status[s];
   }

@@ -153,9 +153,10 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
 }  // namespace detail
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group
-/// (kGroup keys per group); key_at(j) is the key body(j) will look up and hint its
-/// likely slot (or -1). A body that takes a third argument gets the key's KeyProbe
-/// too: each key is hashed once, in stage 1.
+/// (kGroup keys per group); key_at(j) is the key body(j) will look up (or its
+/// KeyProbe, when the bucket to look in is not its home: a NO_EVICTION upsert's chosen
+/// bucket) and hint its likely slot (or -1). A body that takes a third argument gets
+/// the key's KeyProbe too: each key is hashed once, in stage 1.
 template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true, class V,
           class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
@@ -171,7 +172,11 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       KeyProbe& p = probes[(j - begin) % kRing];
-      p = KeyProbe(t, key_at(j));
+      if constexpr (std::is_same_v<std::decay_t<decltype(key_at(j))>, KeyProbe>) {
+        p = key_at(j);
+      } else {
+        p = KeyProbe(t, key_at(j));
+      }
       detail::prefetch_digests<kTouches>(t, p, span);
     }
   };

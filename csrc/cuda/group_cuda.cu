@@ -151,7 +151,8 @@ __global__ void radix_scatter_kernel(const int64_t* group, const int64_t* src, i
 /// Keys past core live_keys(live, n) get group -1 (no range).
 __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, const int64_t* live,
                                      int64_t num_buckets, int64_t groups, int64_t* group,
-                                     unsigned long long* counts, int64_t* zero) {
+                                     unsigned long long* counts, int64_t* zero,
+                                     const int64_t* buckets) {
   const int64_t i = thread_index();
   if (i >= n) return;
   if (i == 0 && zero != nullptr) {
@@ -161,8 +162,8 @@ __global__ void bucket_ranges_kernel(const int64_t* keys, int64_t n, const int64
     group[i] = -1;
     return;
   }
-  const int64_t g =
-      bucket_range_of(bucket_of(hash_key(keys[i]), num_buckets), groups, num_buckets);
+  const int64_t b = buckets ? buckets[i] : bucket_of(hash_key(keys[i]), num_buckets);
+  const int64_t g = bucket_range_of(b, groups, num_buckets);
   group[i] = g;
   atomicAdd(counts + g, 1ULL);
 }
@@ -327,7 +328,7 @@ void launch_group_stable_radix(const int64_t* group, int64_t n, int64_t groups, 
 
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
                                   int64_t* zero_counts, Workspace& ws, cudaStream_t stream,
-                                  const int64_t* live) {
+                                  const int64_t* live, const int64_t* buckets) {
   const int64_t ranges = bucket_range_count(n, num_buckets);
   int64_t* group = ws.array<int64_t>(n > 0 ? n : 1);
   int64_t* start = ws.array<int64_t>(ranges + 1);
@@ -335,7 +336,7 @@ BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_bu
   auto* counts = zeroed_group_counts(ranges, ws, stream);
   if (n > 0) {
     DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, bucket_ranges_kernel)(
-        keys, n, live, num_buckets, ranges, group, counts, zero_counts);
+        keys, n, live, num_buckets, ranges, group, counts, zero_counts, buckets);
   }
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   return {ranges, start, order};

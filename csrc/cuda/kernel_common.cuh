@@ -83,12 +83,14 @@ struct BucketRanges {
   int64_t* order;
 };
 
-/// Groups keys (n) of a table of num_buckets buckets by home-bucket range; zero_counts
+/// Groups keys (n) of a table of num_buckets buckets by home-bucket range (or, with
+/// `buckets`, by the range of buckets[i]: pass 0's chosen buckets); zero_counts
 /// (kStatusCount, or null) is zeroed by the same launches (an upsert's counts). With
 /// live (device, core live_keys), the keys past *live are in no range.
 BucketRanges group_by_home_bucket(const int64_t* keys, int64_t n, int64_t num_buckets,
                                   int64_t* zero_counts, Workspace& ws, cudaStream_t stream,
-                                  const int64_t* live = nullptr);
+                                  const int64_t* live = nullptr,
+                                  const int64_t* buckets = nullptr);
 
 /// Heapsort of a[0..m) ascending: in place, O(m log m) even for one huge group.
 __device__ inline void sort_ascending(int64_t* a, int64_t m) {
@@ -168,11 +170,14 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// distinct batch, else tile_upsert_owned (which decides every key when the spill
 /// window is one bucket: an evicting strategy), as the CPU executor does. Lane 0 writes the statuses and, with `counted` (kStatusCount,
 /// lane 0's registers), counts them.
+/// `chosen` (indexed as keys, or null): pass 0's bucket of each key (core
+/// choose_bucket), which then runs in it (tile_upsert_owned<true>).
 template <class Tile, class V, class Sink>
 __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
                              const UpsertArgs& args, const int64_t* keys, int64_t base,
                              const int64_t* order, int64_t begin, int64_t end, int8_t* status,
-                             unsigned long long* counted = nullptr) {
+                             unsigned long long* counted = nullptr,
+                             const int64_t* chosen = nullptr) {
   const bool first_hits = hits_first(args);
   const bool count = counted != nullptr && tile.rank() == 0;
   if (first_hits) {
@@ -189,10 +194,13 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
   for (int64_t k = begin; k < end; ++k) {
     const int64_t i = order[k] - base;
     if (first_hits && status[i] != kDeferred) continue;
-    const KeyProbe p(t, keys[i]);
+    KeyProbe p(t, keys[i]);
     Status s;
     bool decided = true;
-    if (first_hits && args.distinct) {
+    if (chosen != nullptr) {
+      p.bucket = chosen[i];
+      decided = tile_upsert_owned<true>(tile, t, i, i, keys[i], p, args, sink, &s);
+    } else if (first_hits && args.distinct) {
       s = tile_place_by_victim(tile, t, i, i, keys[i], p, args, sink);
     } else {
       decided = tile_upsert_owned(tile, t, i, i, keys[i], p, args, sink, &s);
@@ -225,16 +233,29 @@ __device__ inline void add_block_counts(const unsigned long long* local, int64_t
 template <unsigned N, bool kDecidesAll, class V, class Sink>
 __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                      const int64_t* keys, const int64_t* start, int64_t* order,
-                                     int64_t ranges, int8_t* status, int64_t* counts) {
+                                     int64_t ranges, int8_t* status, int64_t* counts,
+                                     const int64_t* chosen) {
   const int64_t g = thread_index() / N;
   unsigned long long local[kStatusCount] = {};
   if (g < ranges) {  // whole tiles; the others only meet the block's barriers
     const CgTile<N> tile;
     sort_range(tile, order, start[g], start[g + 1]);
     upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status,
-                 kDecidesAll ? local : nullptr);
+                 kDecidesAll ? local : nullptr, chosen);
   }
   if constexpr (kDecidesAll) add_block_counts(local, counts);
+}
+
+/// The batch rule's pass 0 (core chooses_buckets): a tile of N lanes per key writes its
+/// chosen bucket (tile_choose_bucket); it reads the table only.
+template <unsigned N, class V>
+__global__ void choose_buckets_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
+                                      const int64_t* live, int64_t* chosen) {
+  const int64_t i = thread_index() / N;
+  if (i >= live_keys(live, n)) return;  // whole tiles
+  const CgTile<N> tile;
+  const int64_t b = tile_choose_bucket(tile, t, keys[i]);
+  if (tile.rank() == 0) chosen[i] = b;
 }
 
 /// The batch rule's pass 2: one tile of N lanes (a block of N threads: it owns the
@@ -276,18 +297,25 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
     return;
   }
   const TableRef<V>& t = sink.t;
-  const BucketRanges r = group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream, live);
+  constexpr unsigned N = kRowTileLanes;
+  int64_t* chosen = nullptr;
+  if (chooses_buckets(t, args)) {
+    chosen = ws.array<int64_t>(n);
+    DYNEMB_LAUNCH(blocks_for(n * N), kBlock, stream, choose_buckets_kernel<N, V>)(t, keys, n, live,
+                                                                                 chosen);
+  }
+  const BucketRanges r =
+      group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream, live, chosen);
   const bool decides_all = window_of(t, args.score.strategy) == 1;
   int64_t* deferred = decides_all ? nullptr : ws.array<int64_t>(n);
   int64_t* deferred_count = decides_all ? nullptr : ws.array<int64_t>(1);
-  constexpr unsigned N = kRowTileLanes;
   if (decides_all) {
     DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, true, V, Sink>)(
-        t, sink, args, keys, r.start, r.order, r.count, status, counts);
+        t, sink, args, keys, r.start, r.order, r.count, status, counts, nullptr);
     return;
   }
   DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, false, V, Sink>)(
-      t, sink, args, keys, r.start, r.order, r.count, status, nullptr);
+      t, sink, args, keys, r.start, r.order, r.count, status, nullptr, chosen);
   launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
   DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(t, sink, args, keys, deferred,
                                                                   deferred_count, status, counts);

@@ -130,16 +130,17 @@ using Lookups = Parts<UpsertPart<V>>;
 /// A thread per key of the call: its home-bucket range, numbered after the earlier
 /// parts' ranges (the per-table formula of group_by_home_bucket within a part), counted
 /// in its range's count.
+/// With `chosen` (grouped_choose_buckets_kernel's), the range of the key's chosen
+/// bucket instead.
 template <class V>
 __global__ void grouped_bucket_ranges_kernel(Lookups<V> parts, int64_t n, int64_t* group,
-                                             unsigned long long* counts) {
+                                             unsigned long long* counts, const int64_t* chosen) {
   const int64_t x = thread_index();
   if (x >= n) return;
   const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
   const int64_t buckets = q.sink.t.num_buckets;
-  const int64_t g = q.range_begin + bucket_range_of(bucket_of(hash_key(q.keys[x - q.key_begin]),
-                                                              buckets),
-                                                    q.ranges, buckets);
+  const int64_t b = chosen ? chosen[x] : bucket_of(hash_key(q.keys[x - q.key_begin]), buckets);
+  const int64_t g = q.range_begin + bucket_range_of(b, q.ranges, buckets);
   group[x] = g;
   atomicAdd(counts + g, 1ULL);
 }
@@ -153,20 +154,38 @@ __device__ SlotSink<V>& sink_of(const UpsertPart<V>& q) {
   return const_cast<SlotSink<V>&>(q.sink);
 }
 
-/// Pass 1, a tile of kSlotLanes lanes per home-bucket range of the call (its part's
-/// keys and table): the lanes probe, the sink records slots (and initialises new rows).
-/// At most 128 registers a thread, so that two blocks of kBlock fit an SM.
+/// Pass 0 for the parts that choose buckets (core chooses_buckets), a tile of kSlotLanes
+/// lanes per key of the call: chosen[x] is its chosen bucket (tile_choose_bucket), or
+/// its home in the other parts. It reads the tables only.
+template <class V>
+__global__ void grouped_choose_buckets_kernel(Lookups<V> parts, int64_t n, int64_t* chosen) {
+  const int64_t x = thread_index() / kSlotLanes;
+  if (x >= n) return;  // whole tiles
+  const CgTile<kSlotLanes> tile;
+  const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
+  const int64_t key = q.keys[x - q.key_begin];
+  const int64_t b = chooses_buckets(q.sink.t, q.args)
+                        ? tile_choose_bucket(tile, q.sink.t, key)
+                        : bucket_of(hash_key(key), q.sink.t.num_buckets);
+  if (tile.rank() == 0) chosen[x] = b;
+}
+
+/// Pass 1, a tile of kSlotLanes lanes per bucket range of the call (its part's keys
+/// and table): the lanes probe, the sink records slots (and initialises new rows).
+/// `chosen`: pass 0's buckets, or null. At most 128 registers a thread, so that two
+/// blocks of kBlock fit an SM.
 template <class V>
 __global__ void __launch_bounds__(kBlock, 2)
     grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start, int64_t* order,
-                                 int64_t ranges) {
+                                 int64_t ranges, const int64_t* chosen) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
   sort_range(tile, order, start[g], start[g + 1]);
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
+  const bool part_chooses = chosen != nullptr && chooses_buckets(q.sink.t, q.args);
   upsert_range(tile, q.sink.t, sink_of(q), q.args, q.keys, q.key_begin, order, start[g],
-               start[g + 1], q.status);
+               start[g + 1], q.status, nullptr, part_chooses ? chosen + q.key_begin : nullptr);
 }
 
 /// Pass 2: one tile of kSlotLanes lanes, the deferred positions of the call in order
@@ -209,11 +228,17 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* start = ws.array<int64_t>(ranges + 1);
   int64_t* order = ws.array<int64_t>(n);
   auto* counts = zeroed_group_counts(ranges, ws, stream);
+  int64_t* chosen = nullptr;
+  if (totals.spills) {  // some part chooses buckets (core chooses_buckets)
+    chosen = ws.array<int64_t>(n);
+    DYNEMB_LAUNCH(blocks_for(n * kSlotLanes), kBlock, stream, grouped_choose_buckets_kernel<V>)(
+        parts, n, chosen);
+  }
   DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group,
-                                                                                counts);
+                                                                                counts, chosen);
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
-                grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges);
+                grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges, chosen);
   if (totals.spills) {  // else pass 1 decided every key (tile_upsert_owned)
     int64_t* deferred = ws.array<int64_t>(n);
     int64_t* deferred_count = ws.array<int64_t>(1);

@@ -31,6 +31,12 @@ struct CgTile {
     }
     return v;
   }
+  /// The sum of v over the lanes, in every lane (a butterfly, as min).
+  __device__ uint64_t sum(uint64_t v) const {
+#pragma unroll
+    for (unsigned d = N / 2; d > 0; d /= 2) v += g.shfl_xor(v, d);
+    return v;
+  }
   __device__ void sync() const { g.sync(); }
   /// core match_chunk: one kBytes vector load, of a kBytes-aligned address.
   template <int kBytes>

@@ -237,7 +237,12 @@ def _grow(state: TableState) -> bool:
     rehash failed."""
     old = state.storage
     evicts = state.strategy != _ops.SCORE_STRATEGY_CODES["NO_EVICTION"]
-    buckets = next_bucket_count(old.num_buckets, state.max_buckets, evicts)
+    return _rehash_into(state, old, next_bucket_count(old.num_buckets, state.max_buckets, evicts))
+
+
+def _rehash_into(state: TableState, old, buckets: int) -> bool:
+    """Rehashes ``old`` into a new storage of ``buckets`` buckets and makes it the
+    table's; returns False (table unchanged) if an entry did not fit."""
     window = _ops.spill_window(state.strategy, buckets)
     if _grows_in_chunks(old):
         new = TableStorage(state.layout, buckets, generation=old.generation + 1, lazy_values=True)
@@ -265,13 +270,15 @@ def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool
 
     The range reduction is monotone (csrc/core/hash.h), so the entries homed in old
     buckets ``[b0, b1)`` land in new buckets ``[b0 * n' // n, ceil(b1 * n' / n) +
-    window)``; a chunk holds those and entries spilled from the ``window - 1`` buckets
-    before it, which land lower still, except in the first chunk: entries homed in
-    the last old buckets that spilled round to bucket 0 land in the last new buckets
-    or, spilling round again, in the first ones. So the rows of the first ``window``
-    and of the last new buckets are faulted in (written with zeros) before the first
-    chunk, and the others up to each chunk's reach before it: no chunk writes a row
-    that a later fill would clear. The outcome is the same on every executor (each
+    reach)``, ``reach`` being 1 + SECOND_BUCKET_SPAN where a key may sit in its second
+    bucket (``window`` 2), else 1; a chunk holds those and entries from their second
+    buckets homed up to SECOND_BUCKET_SPAN buckets before it, which land lower still,
+    except in the first chunk: entries homed in the last old buckets whose second
+    bucket wrapped round to bucket 0 land in the last new buckets or, wrapping round
+    again, in the first ones. So the rows of the first ``reach`` and of the last new
+    buckets are faulted in (written with zeros) before the first chunk, and the others
+    up to each chunk's reach before it: no chunk writes a row that a later fill would
+    clear. The outcome is the same on every executor (each
     chunk is one ``table_rehash``, its batch rule deterministic).
 
     Returns False when an entry did not fit: ``old`` is then restored (the rows it
@@ -280,15 +287,16 @@ def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool
     """
     n, n2, cap = old.num_buckets, new.num_buckets, old.layout.bucket_capacity
     step = max(1, GROWTH_CHUNK_ROWS // cap)
-    tail = max(0, n - window) * n2 // n * cap  # new rows the wrapped entries may reach
-    filled = min(n2 * cap, min(n2, window) * cap, tail)  # rows [0, filled) faulted in
+    span = 1 + _ops.SECOND_BUCKET_SPAN if window > 1 else 1  # buckets from home a key reaches
+    tail = max(0, n - span) * n2 // n * cap  # new rows the wrapped entries may reach
+    filled = min(n2 * cap, min(n2, span) * cap, tail)  # rows [0, filled) faulted in
     new.fill_rows(0, filled)
     new.fill_rows(tail, n2 * cap)
     freed = 0  # old rows [0, freed) are moved, their whole pages freed
     try:
         for b0 in range(0, n, step):
             b1 = min(n, b0 + step)
-            reach = min(n2 * cap, (-(-b1 * n2 // n) + window) * cap, tail)
+            reach = min(n2 * cap, (-(-b1 * n2 // n) + span) * cap, tail)
             if reach > filled:
                 new.fill_rows(filled, reach)
                 filled = reach

@@ -31,7 +31,9 @@ import warnings
 import torch
 
 META_FILE = "table.json"
-FORMAT_VERSION = 1
+# 2: a NO_EVICTION key may sit in its second bucket (csrc/core/hash.h second_bucket_of);
+# version 1 put it in the next buckets, where this version does not look.
+FORMAT_VERSION = 2
 
 
 def buffer_bytes(shape: tuple, dtype: torch.dtype) -> int:
@@ -177,7 +179,8 @@ class SpillDirectory:
         if meta.get("version") != FORMAT_VERSION:
             raise ValueError(
                 f"spill directory {self.path!r}: format version {meta.get('version')!r}, "
-                f"expected {FORMAT_VERSION}"
+                f"expected {FORMAT_VERSION} (the slot layout differs: load the table from "
+                f"a checkpoint, whose format does not depend on slots)"
             )
         return meta
 

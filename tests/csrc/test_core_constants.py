@@ -54,11 +54,13 @@ def test_optimizer_state_columns_come_from_the_core(optimizer, columns):
         assert OptimizerConfig(optimizer=optimizer).state_columns(dim) == columns(dim)
 
 
-def test_spill_window_is_one_bucket_when_evicting_else_the_probe_window():
+def test_spill_window_is_one_bucket_when_evicting_else_home_and_second_bucket():
     assert _ops.spill_window(DynamicEmbScoreStrategy.LFU.value, 64) == 1
     no_eviction = DynamicEmbScoreStrategy.NO_EVICTION.value
-    assert _ops.spill_window(no_eviction, 64) == _ops.MAX_PROBE_BUCKETS == 4
-    assert _ops.spill_window(no_eviction, 2) == 2  # never wider than the table
+    assert _ops.spill_window(no_eviction, 64) == _ops.MAX_PROBE_BUCKETS == 2
+    assert _ops.spill_window(no_eviction, 2) == 2
+    assert _ops.spill_window(no_eviction, 1) == 1  # no second bucket in a table of one
+    assert _ops.SECOND_BUCKET_SPAN == 16
 
 
 def test_batch_value_follows_the_cores_rule():

@@ -73,12 +73,12 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("strategy, launches", [("TIMESTAMP", 4), ("LFU", 4), ("NO_EVICTION", 8)])
+@pytest.mark.parametrize("strategy, launches", [("TIMESTAMP", 4), ("LFU", 4), ("NO_EVICTION", 9)])
 def test_an_upsert_runs_its_launches_and_one_memset(strategy, launches):
     """find_or_insert (new keys, then hits) and insert_or_assign: the grouping by range
     (count, one-block scan, placement) and pass 1, which under an evicting strategy
-    decides and counts every key; under NO_EVICTION also the deferred list (count, scan,
-    list) and pass 2; and the memset of the range counts (docs/gpu.md, "Launches per
+    decides and counts every key; under NO_EVICTION also pass 0 (each key's bucket: its
+    home or its second), the deferred list (count, scan, list) and pass 2; and the memset of the range counts (docs/gpu.md, "Launches per
     upsert")."""
     env = dict(os.environ, DYNEMB_EXECUTOR="cuda-emulated")
     done = subprocess.run(

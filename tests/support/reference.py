@@ -3,10 +3,10 @@
 ReferenceTable applies the rules of csrc/core/table_ops.h to Python dicts, one key
 at a time in batch order: home bucket by the same hash, the (score, digest, key) minimum
 evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets; 13/10 under NO_EVICTION) while below
-max capacity with failed keys retried in batch order. Under NO_EVICTION the slot
-placement inside a spill window is an executor detail, so the oracle does not model
-it: it checks instead that a key the table reports as failed really had its whole
-window full.
+max capacity with failed keys retried in batch order. Under NO_EVICTION the choice
+between a key's home and second bucket depends on the fills as a batch starts, an
+executor detail, so the oracle does not model it: it checks instead that a key the
+table reports as failed really had both buckets full.
 """
 
 import numpy as np
@@ -16,7 +16,8 @@ from tests.support import decay_reference as decay
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
-MAX_PROBE_BUCKETS = 4
+MAX_PROBE_BUCKETS = 2  # a NO_EVICTION key's home and second bucket
+SECOND_BUCKET_SPAN = 16
 HIT, INSERTED, EVICTED, FAILED = range(4)
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, TIMESTAMP_LFU = range(6)
 # A cache tier's own score (internal, core/score_policy.h ScoreStrategy::kCache): the
@@ -46,6 +47,13 @@ def hash_key(key: int) -> int:
 
 def bucket_of(key: int, num_buckets: int) -> int:
     return ((hash_key(key) >> 32) * num_buckets) >> 32
+
+
+def second_bucket_of(key: int, num_buckets: int) -> int:
+    """core/hash.h second_bucket_of: one of the SECOND_BUCKET_SPAN buckets after home."""
+    h2 = mix64(hash_key(key) ^ 0x9E3779B97F4A7C15) >> 32
+    span = min(num_buckets - 1, SECOND_BUCKET_SPAN)
+    return (bucket_of(key, num_buckets) + 1 + ((h2 * span) >> 32)) % num_buckets
 
 
 def digest_of(key: int) -> int:
@@ -265,13 +273,12 @@ class ReferenceTable:
 
 
 def window_full(table, key: int) -> bool:
-    """True when every bucket of key's NO_EVICTION spill window is full in `table`."""
+    """True when key's NO_EVICTION buckets (home, and second) are full in `table`."""
     s = table.buffers
     nb, bc = s.num_buckets, s.layout.bucket_capacity
-    home = bucket_of(key, nb)
-    window = min(MAX_PROBE_BUCKETS, nb)
+    buckets = {bucket_of(key, nb)} | ({second_bucket_of(key, nb)} if nb > 1 else set())
     occupied = (s.digests != 0).sum(dim=1)
-    return all(int(occupied[(home + k) % nb]) == bc for k in range(window))
+    return all(int(occupied[b]) == bc for b in buckets)
 
 
 def isclose_rows(a, b, tol=1e-6):

@@ -14,7 +14,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb.table import growth, table_storage
-from tests.support.reference import hash_key
+from tests.support.reference import SECOND_BUCKET_SPAN, hash_key, mix64
 
 M64 = 2**64
 _C1, _C2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
@@ -69,11 +69,26 @@ def test_growth_in_chunks_keeps_every_entry(monkeypatch, strategy, chunk_rows):
     assert bool(hit.all()) and torch.equal(found, values)
 
 
+def _keys_of_pair(high: int, offset: int, n: int) -> list[int]:
+    """n keys whose hash has the high word ``high`` (so one home bucket in any table)
+    and whose second bucket is ``offset`` buckets past it (tables of 17+ buckets)."""
+    keys, low = [], 0
+    while len(keys) < n:
+        h = (high << 32) | low
+        h2 = mix64(h ^ 0x9E3779B97F4A7C15) >> 32
+        if 1 + ((h2 * SECOND_BUCKET_SPAN) >> 32) == offset:
+            keys.append(_unmix(h))
+        low += 1
+    return keys
+
+
 def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatch):
-    """64 keys of one hash fill the spill window of old bucket 60 (buckets 60-63 of
-    64); a key of bucket 59 lands, after growth to 84 buckets, in the same new home
-    (78): the new window cannot hold the 65, so the rehash fails in the chunk of bucket
-    60, after the chunks of buckets 0-59 were moved and freed. Their rows come back."""
+    """32 keys of one hash high word and one second-bucket offset (8) fill old bucket 60
+    of 64 and its second, bucket 4; a key of old bucket 59 with the same offset lands,
+    after growth to 84 buckets, in the same new pair (home 78, second 2): the pair
+    cannot hold the 33, and no entry of it has room in its other bucket (other keys'
+    buckets lie elsewhere), so the rehash fails in the chunk of bucket 60, after the
+    chunks of buckets 0-59 were moved and freed. Their rows come back."""
     monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)  # 4 buckets a chunk
     t = dynemb.ScoredHashTable(
         dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
@@ -82,17 +97,18 @@ def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatc
     assert t.num_buckets == 64
     edge = 60 << 26  # hash >> 32 where bucket 60 of 64 begins
     g = torch.Generator().manual_seed(3)
-    filler = torch.randint(-(2**63), 2**63 - 1, (900,), generator=g)
-    below = torch.tensor([(hash_key(int(k)) >> 32) * 64 >> 32 < 56 for k in filler.tolist()])
-    filler = filler[below][:500]  # homes 0-55: their new windows end below bucket 77
-    late = torch.tensor([_unmix(((edge - 1) << 32) | 7)])  # bucket 59, new home 78
-    crowd = torch.tensor([_unmix((edge << 32) | i) for i in range(65)])  # bucket 60, new 78
-    keys = torch.cat([filler, late, crowd[:64]])
+    filler = torch.randint(-(2**63), 2**63 - 1, (1200,), generator=g)
+    homes = [(hash_key(int(k)) >> 32) * 64 >> 32 for k in filler.tolist()]
+    # Homes 16-39: their buckets (old and new) lie clear of both pairs.
+    filler = filler[torch.tensor([16 <= h < 40 for h in homes])][:300]
+    late = torch.tensor(_keys_of_pair(edge - 1, 8, 1))  # bucket 59, new home 78
+    crowd = torch.tensor(_keys_of_pair(edge, 8, 33))  # bucket 60, new home 78
+    keys = torch.cat([filler, late, crowd[:32]])
     t.insert_or_assign(keys, _rows(keys, 16))
     assert t.last_stats.failed == 0 and t.capacity() == 1024
     before = _contents(t)
 
-    stats = t.insert_or_assign(crowd[64:], _rows(crowd[64:], 16))  # full window: grow
+    stats = t.insert_or_assign(crowd[32:], _rows(crowd[32:], 16))  # a full pair: grow
 
     assert stats.failed == 1 and t.capacity() == 1024 and t.size() == keys.numel()
     after = _contents(t)
