@@ -30,34 +30,57 @@ DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t 
   return {-1, -1};
 }
 
-/// Moves the entry of slot `s` of `src` (its key absent from `t`) into the first free
-/// slot of its home bucket of `t`, else (`window` 2) of its second bucket, flagging its
-/// home, else into a slot a move for room frees (place_moved), the row included;
-/// nothing changes when none is free (window 1: place_home).
+/// Claims free slot `slot` of `t` for the entry of slot `s` of `src`, the row included
+/// (tile_claim: no sync before).
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE void tile_claim_moved(const Tile& tile, const TableRef<V>& t,
+                                              const TableRef<V>& src, int64_t s, int64_t slot,
+                                              uint8_t digest) {
+  tile_claim(tile, t, slot, src.key(s), digest, src.has_scores() ? src.score(s) : 0,
+             src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
+  copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
+}
+
+/// place_home and the row copy, by a tile that owns the entry's home bucket (pass 1).
+/// @return the slot, or -1 (nothing changed), in every lane.
+template <class Tile, class V>
+DYNEMB_HD int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
+                                  const TableRef<V>& src, int64_t s, int window) {
+  const uint64_t h = hash_key(src.key(s));
+  const int64_t home = bucket_of(h, t.num_buckets);
+  int64_t slot = -1;
+  if (t.bucket_capacity - tile_free_count(tile, t, home) < rehash_home_limit(t, window)) {
+    slot = tile_free_slot(tile, t, home, ProbeOrder(h, t.bucket_capacity));  // lanes agree
+    if (slot >= 0) tile_claim_moved(tile, t, src, s, slot, digest_of(h));
+  }
+  tile.sync();  // the next entry's scan sees the claim
+  return slot;
+}
+
+/// place_moved and the row copy, by the one tile of pass 2: the same choices, each
+/// bucket scanned by the tile; lane 0 writes the overflow flag and a move's metadata
+/// after a sync (every lane read the digests and keys first), the lanes the rows.
 /// @return the slot, or -1, in every lane.
 template <class Tile, class V>
-DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const TableRef<V>& src,
-                                  int64_t s, int window) {
+DYNEMB_HD int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
+                                   const TableRef<V>& src, int64_t s, int window) {
   const uint64_t h = hash_key(src.key(s));
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
-  int64_t b = home;
+  const int64_t second = window > 1 && t.num_buckets > 1 ? second_bucket_of(h, t.num_buckets) : -1;
+  const bool second_first =
+      second >= 0 && tile_free_count(tile, t, second) > tile_free_count(tile, t, home);
   int64_t slot = -1;
-  for (int k = 0; k < window && k < kMaxProbeBuckets && slot < 0; ++k) {
+  for (int k = 0; k < 2 && slot < 0; ++k) {
+    const int64_t b = (k == 0) != second_first ? home : second;
+    if (b < 0) continue;
     slot = tile_free_slot(tile, t, b, order);  // every lane agrees
-    if (slot >= 0) {
-      tile_claim(tile, t, slot, src.key(s), digest_of(h), src.has_scores() ? src.score(s) : 0,
-                 src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
-      copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
-      if (b != home && tile.rank() == 0) t.set_overflowed(home);
-    } else if (t.num_buckets < 2) {
-      break;
-    } else {
-      b = second_bucket_of(h, t.num_buckets);
-    }
+    if (slot < 0) continue;
+    tile_claim_moved(tile, t, src, s, slot, digest_of(h));
+    if (b != home && tile.rank() == 0) t.set_overflowed(home);
   }
-  for (int k = 0; slot < 0 && window > 1 && t.num_buckets > 1 && k < 2; ++k) {
-    b = k == 0 ? home : second_bucket_of(h, t.num_buckets);
+  for (int k = 0; slot < 0 && second >= 0 && k < 2; ++k) {
+    const int64_t b = k == 0 ? home : second;
     const RoomMove m = tile_room_in(tile, t, b);
     if (m.from < 0) continue;
     copy_row(t.row(m.from), t.row(m.to), t.row_width, lanes_of(tile));
@@ -73,20 +96,6 @@ DYNEMB_HD int64_t tile_move_entry(const Tile& tile, const TableRef<V>& t, const 
   }
   tile.sync();  // the next entry's scan sees the claim and the flags
   return slot;
-}
-
-/// place_home and the row copy, by a tile that owns the entry's home bucket (pass 1).
-template <class Tile, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
-                                                const TableRef<V>& src, int64_t s) {
-  return tile_move_entry(tile, t, src, s, 1);
-}
-
-/// place_moved and the row copy, by the one tile of pass 2.
-template <class Tile, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
-                                                 const TableRef<V>& src, int64_t s, int window) {
-  return tile_move_entry(tile, t, src, s, window);
 }
 
 }  // namespace dynemb

@@ -105,7 +105,8 @@ void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
 }
 
 /// The batch rule for a rehash (core/table_ops.h): pass 1 places every entry in its
-/// new home bucket (place_home), the entries of one home bucket in source-slot order:
+/// new home bucket up to its limit (place_home), the entries of one home bucket in
+/// source-slot order:
 /// each thread owns a range of destination home buckets and picks its entries from
 /// the whole source (a hash per entry), so it needs no lock. Pass 2 places what did
 /// not fit (place_moved over the window) in source-slot order, on one thread.
@@ -126,7 +127,7 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
       if (src.digest(s) == kEmptyDigest) continue;
       const int64_t b = bucket_of(hash_key(src.key(s)), dst.num_buckets);
       if (b < first || b >= last) continue;
-      const int64_t slot = place_home<X>(dst, src, s);
+      const int64_t slot = place_home<X>(dst, src, s, window);
       if (slot >= 0) {
         move(s, slot);
       } else {

@@ -93,17 +93,18 @@ __global__ void rehash_ranges_kernel(TableRef<V> src, int64_t dst_buckets, int64
 }
 
 /// Rehash pass 1 (core tile_place_home), a tile of N lanes per destination
-/// home-bucket range, its entries in source-slot order; deferred[s] = 1 for what did
-/// not fit.
+/// home-bucket range, its entries in source-slot order; deferred[s] = 1 for what pass 1
+/// leaves (past the home's limit).
 template <unsigned N, class V>
-__global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, const int64_t* start,
-                                   const int64_t* order, int64_t ranges, uint8_t* deferred) {
+__global__ void rehash_home_kernel(TableRef<V> src, TableRef<V> dst, int window,
+                                   const int64_t* start, const int64_t* order, int64_t ranges,
+                                   uint8_t* deferred) {
   const int64_t g = thread_index() / N;
   if (g >= ranges) return;  // whole tiles
   const CgTile<N> tile;
   for (int64_t k = start[g]; k < start[g + 1]; ++k) {
     const int64_t s = order[k];
-    const int64_t slot = tile_place_home(tile, dst, src, s);
+    const int64_t slot = tile_place_home(tile, dst, src, s, window);
     if (slot < 0 && tile.rank() == 0) deferred[s] = 1;
   }
 }
@@ -306,7 +307,7 @@ void launch_rehash(const TableRef<V>& src, const TableRef<V>& dst, int window, i
   int64_t* rest_count = ws.array<int64_t>(1);
   constexpr unsigned N = kRowTileLanes;
   DYNEMB_LAUNCH(blocks_for(ranges * N), kBlock, stream, rehash_home_kernel<N, V>)(
-      src, dst, start, order, ranges, deferred);
+      src, dst, window, start, order, ranges, deferred);
   launch_list_marked(reinterpret_cast<const int8_t*>(deferred), 1, slots, rest, rest_count, ws,
                      stream);
   DYNEMB_LAUNCH(1, N, stream, rehash_rest_kernel<N, V>)(src, dst, window, rest, rest_count,
