@@ -13,9 +13,11 @@ op, holds the distinct bytes and lines that op touched: the figures are per key,
 nothing shared with a neighbour's key (a lock word or an overflow flag shares its line
 with other buckets' in a batch). Tables: 2^16 slots in buckets of 128, dim 64 float32
 rows, random 63-bit keys (seed 0); NO_EVICTION and TIMESTAMP (evicting) at load factor
-0.75 (W-table's), and TIMESTAMP full (every bucket full: a new key evicts). Ops: find of
-stored keys; find_or_insert of half stored, half new keys. Output: a JSON line per
-(table, op): the mean per key of each count (``bytes_meta_read`` ... ``lines_row``).
+0.75 (W-table's), NO_EVICTION at 0.95 (where it grows), and TIMESTAMP full (every bucket
+full: a new key evicts). Ops: find of stored keys; find of absent keys; under NO_EVICTION,
+find of the stored keys that sit in their second bucket; find_or_insert of half stored,
+half new keys. Output: a JSON line per (table, op): the mean per key of each count
+(``bytes_meta_read`` ... ``lines_row``).
 """
 
 import argparse
@@ -40,7 +42,7 @@ def filled(strategy: DynamicEmbScoreStrategy, load: float, gen: torch.Generator)
     table = ScoredHashTable(dim=DIM, capacity=SLOTS, init_capacity=SLOTS, score_strategy=strategy)
     n = int(load * SLOTS) if load < 1.0 else 2 * SLOTS
     keys = torch.randint(0, 2**63 - 1, (n,), generator=gen)
-    for chunk in keys.split(1 << 14):
+    for chunk in keys.split(1 << 10):
         table.find_or_insert(chunk)
     _, found = table.find(keys)
     return table, keys[found]
@@ -70,6 +72,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     cases = [
         ("NO_EVICTION, load 0.75", DynamicEmbScoreStrategy.NO_EVICTION, 0.75),
+        ("NO_EVICTION, load 0.95", DynamicEmbScoreStrategy.NO_EVICTION, 0.95),
         ("TIMESTAMP, load 0.75", DynamicEmbScoreStrategy.TIMESTAMP, 0.75),
         ("TIMESTAMP, full", DynamicEmbScoreStrategy.TIMESTAMP, 1.0),
     ]
@@ -78,12 +81,16 @@ def main() -> None:
         hits = stored[torch.randperm(stored.numel(), generator=gen)[:count]]
         new = torch.randint(0, 2**63 - 1, (count,), generator=gen)
         mixed = torch.stack([hits, new], dim=1).flatten()[:count]  # half stored, half new
-        ops = {
-            "find": lambda k, t=table: t.find(k),
-            "find_or_insert (half new)": lambda k, t=table: t.find_or_insert(k),
-        }
-        for op, call in ops.items():
-            keys = hits if op == "find" else mixed
+        homes, _ = _ops.hash_keys(stored, table.buffers.num_buckets)
+        in_second = stored[
+            table.find_slots(stored) // table.buffers.layout.bucket_capacity != homes
+        ]
+        find = lambda k, t=table: t.find(k)  # noqa: E731
+        ops = [("find", find, hits), ("find (absent)", find, new)]
+        if strategy == DynamicEmbScoreStrategy.NO_EVICTION and in_second.numel():
+            ops.append(("find (in the second bucket)", find, in_second[:count]))
+        ops.append(("find_or_insert (half new)", lambda k, t=table: t.find_or_insert(k), mixed))
+        for op, call, keys in ops:
             row = {"table": name, "op": op, "keys": keys.numel(), **per_key(call, keys)}
             print(json.dumps(row), flush=True)
 

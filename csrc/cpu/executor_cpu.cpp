@@ -264,9 +264,16 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
 template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
   std::vector<int64_t> chosen(n);
+  // The loop prefetches home buckets; a new key also counts its second bucket's free
+  // slots: its digest lines are fetched this far ahead.
+  constexpr int64_t kSecondAhead = 2 * kReadGroup;
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t i) { return keys[i]; };
     auto body = [&](int64_t i, int64_t hint, const KeyProbe& p) {
+      if (i + kSecondAhead < end) {
+        const int64_t b = second_bucket_of(hash_key(keys[i + kSecondAhead]), t.num_buckets);
+        P::prefetch_lines(t.digests + b * t.bucket_capacity, t.bucket_capacity);
+      }
       chosen[i] = choose_bucket<P>(t, keys[i], p, hint);
     };
     prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
