@@ -310,7 +310,7 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
     const int64_t free = bucket_free_slot<P>(t, home, p.order);
     if (free >= 0 || evicts(u.score.strategy)) {
       *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
-      if (free >= 0) flag_if_second(t, key, home);
+      if (free >= 0 && !evicts(u.score.strategy)) flag_if_second(t, key, home);
       decided = true;
     }
   }

@@ -99,7 +99,9 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
     decided = true;
   } else if (q.free >= 0 || evicts(u.score.strategy)) {
     *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, q.free);
-    if (q.free >= 0 && tile.rank() == 0) flag_if_second(t, key, home);
+    if (q.free >= 0 && !evicts(u.score.strategy) && tile.rank() == 0) {
+      flag_if_second(t, key, home);
+    }
     decided = true;
   }
   tile.sync();

@@ -133,3 +133,23 @@ def test_a_spill_directory_of_format_1_is_refused_naming_both_versions(tmp_path)
         json.dump(meta, f)
     with pytest.raises(ValueError, match="format version 1, expected 2"):
         _table(spill_directory=str(tmp_path))
+
+
+def test_a_growth_leaves_no_bucket_nearly_full():
+    """Right after a growth by 1.3x (load ~0.73, ~94 keys a bucket of 128) no bucket
+    holds more than 120: the rehash fills a home bucket to 7/8 and puts the rest in the
+    emptier of each key's two buckets. Filled home first, bucket fills spread as a
+    Poisson law's (about 1 bucket in 300 at 120 or more, full pairs among them), and a
+    batch right after a growth failed at a load near 0.75."""
+    slots, batch = 1 << 20, 1 << 14
+    t = dynemb.ScoredHashTable(
+        dim=1, capacity=2 * slots, init_capacity=slots, score_strategy=S.NO_EVICTION
+    )
+    g = torch.Generator().manual_seed(6)
+    while t.capacity() == slots:
+        keys = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=g)
+        t.insert_or_assign(keys, torch.zeros(batch, 1))
+        assert t.last_stats.failed == 0
+    fills = (t.buffers.digests != 0).sum(dim=1)
+    assert t.size() / t.capacity() > 0.7
+    assert int(fills.max()) <= 120, sorted(fills.tolist())[-8:]
