@@ -17,8 +17,7 @@
 //
 // Placement. A key lives in its home bucket. Under NO_EVICTION it may also live in
 // its second bucket (hash.h second_bucket_of, one of the 16 after its home): a new
-// key takes the emptier of the two (its home unless the second has choice_margin more
-// free slots), and a key placed in its second bucket sets its
+// key takes the emptier of the two, and a key placed in its second bucket sets its
 // home's overflow flag, so a find reads the second bucket only past a flagged home.
 // Two choices fill a table to ~0.96 before it must grow (one bucket and a spill
 // window of four: ~0.83; benchmark/placement_rules.cpp). Strategies that evict
@@ -210,20 +209,12 @@ DYNEMB_HD DYNEMB_INLINE void flag_if_second(const TableRef<V>& t, int64_t key, i
   if (home != bucket) t.set_overflowed(home);
 }
 
-/// How many more free slots a key's second bucket must have than its home for a new
-/// key to take it: a key in its home costs a find fewer lines (the second bucket is read
-/// only past a miss in a flagged home). Buckets of 128, emulated counts: a find read 3.4
-/// metadata lines with no margin, 2.7 with 2, 2.35 with 8; the first failed insert came
-/// at loads 0.967, 0.955 and 0.92 (benchmark/RESULTS.md, "W-memory").
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t choice_margin(const TableRef<V>& t) {
-  return t.bucket_capacity / 64;
-}
-
 /// Pass 0 of a batch upsert under NO_EVICTION (chooses_buckets; see "Batch rule"):
-/// the bucket whose owner decides `key` in pass 1: the one that stores it, else its
-/// second bucket when that has more than choice_margin free slots more than its home,
-/// else its home. Reads only. `p`: KeyProbe(t,
+/// the bucket whose owner decides `key` in pass 1: the one that stores it, else the
+/// emptier of its home and second bucket (ties: home). Keeping a new key home unless its
+/// second bucket had a margin more free slots made finds cheaper but the first failed
+/// insert earlier (buckets of 128: margins 0, 1, 2, 8 gave 3.4, 2.9, 2.7, 2.35 metadata
+/// lines a find at load 0.75, and loads 0.959, 0.951, 0.942, ~0.92 at 16M slots). Reads only. `p`: KeyProbe(t,
 /// key); `hint`: a slot that likely holds the key, or -1 (decides nothing).
 template <class P, class V>
 DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
@@ -238,8 +229,7 @@ DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProb
   if (t.overflowed(home) && bucket_find<P>(t, second, key, p.digest, p.order) >= 0) {
     return second;
   }
-  return bucket_free_count<P>(t, second) > bucket_free_count<P>(t, home) + choice_margin(t) ? second
-                                                                                     : home;
+  return bucket_free_count<P>(t, second) > bucket_free_count<P>(t, home) ? second : home;
 }
 
 /// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves

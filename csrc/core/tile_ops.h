@@ -119,9 +119,7 @@ DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int
   if (t.overflowed(home) && tile_bucket_find(tile, t, second, key, p.digest, p.order.home) >= 0) {
     return second;
   }
-  return tile_free_count(tile, t, second) > tile_free_count(tile, t, home) + choice_margin(t)
-             ? second
-             : home;
+  return tile_free_count(tile, t, second) > tile_free_count(tile, t, home) ? second : home;
 }
 
 /// touch_or_place_free by a tile that owns `key`'s home bucket (hits_first's pass, in

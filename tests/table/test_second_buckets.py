@@ -1,6 +1,6 @@
 """NO_EVICTION placement in two buckets (csrc/core/table_ops.h, "Placement"): a key
 lives in its home bucket or its second (one of the 16 after it); a new key takes the
-emptier as its batch starts (ties and near ties: home), a key whose pick filled during
+emptier as its batch starts (ties: home), a key whose pick filled during
 the batch takes the other; a key in its second bucket flags its home, so finds, erases,
 exports and growth reach it; tables fill to >= 0.95 before their first failed insert; a
 spill directory of the previous format is refused, naming both versions."""
