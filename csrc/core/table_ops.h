@@ -211,11 +211,12 @@ DYNEMB_HD DYNEMB_INLINE void flag_if_second(const TableRef<V>& t, int64_t key, i
 
 /// Pass 0 of a batch upsert under NO_EVICTION (chooses_buckets; see "Batch rule"):
 /// the bucket whose owner decides `key` in pass 1: the one that stores it, else the
-/// emptier of its home and second bucket (ties: home). Keeping a new key home unless its
-/// second bucket had a margin more free slots made finds cheaper but the first failed
-/// insert earlier (buckets of 128: margins 0, 1, 2, 8 gave 3.4, 2.9, 2.7, 2.35 metadata
-/// lines a find at load 0.75, and loads 0.959, 0.951, 0.942, ~0.92 at 16M slots). Reads only. `p`: KeyProbe(t,
+/// emptier of its home and second bucket (ties: home). Reads only. `p`: KeyProbe(t,
 /// key); `hint`: a slot that likely holds the key, or -1 (decides nothing).
+/// Keeping a new key home unless its second bucket had a margin more free slots made
+/// finds cheaper but the first failed insert earlier (buckets of 128: margins 0, 1, 2, 8
+/// gave 3.4, 2.9, 2.7, 2.35 metadata lines a find at load 0.75, and loads 0.959, 0.951,
+/// 0.942, ~0.92 at 16M slots).
 template <class P, class V>
 DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
                                 int64_t hint = -1) {
