@@ -133,8 +133,9 @@ struct PartTotals {
   int64_t cells = 0;  // dedup set cells (dedup_capacity(n) per part)
   int64_t ranges = 0;  // home-bucket ranges (a grouped lookup)
   int64_t max_dim = 0;  // the widest part's dim (a backward)
-  bool spills = false;  // some part's spill window has more than one bucket (a grouped
-                        // lookup under NO_EVICTION): it needs pass 2 (tile_upsert_owned)
+  bool two_buckets = false;  // some part's keys may live in two buckets (a grouped lookup
+                             // under NO_EVICTION): it runs pass 0 and pass 2
+                             // (table_ops.h chooses_buckets, tile_upsert_owned)
 };
 
 /// Numbers the parts' keys and set cells one after another.
@@ -160,7 +161,7 @@ PartTotals number_parts(UpsertPart<V>* parts, int64_t count) {
     q.ranges = bucket_range_count(q.n, q.sink.t.num_buckets);
     total.indices += q.n;
     total.ranges += q.ranges;
-    total.spills |= window_of(q.sink.t, q.args.score.strategy) > 1;
+    total.two_buckets |= chooses_buckets(q.sink.t, q.args);
   }
   return total;
 }

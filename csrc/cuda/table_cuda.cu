@@ -230,7 +230,7 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* order = ws.array<int64_t>(n);
   auto* counts = zeroed_group_counts(ranges, ws, stream);
   int64_t* chosen = nullptr;
-  if (totals.spills) {  // some part chooses buckets (core chooses_buckets)
+  if (totals.two_buckets) {  // pass 0 for the parts that choose buckets
     chosen = ws.array<int64_t>(n);
     DYNEMB_LAUNCH(blocks_for(n * kSlotLanes), kBlock, stream, grouped_choose_buckets_kernel<V>)(
         parts, n, chosen);
@@ -240,7 +240,7 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
                 grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges, chosen);
-  if (totals.spills) {  // else pass 1 decided every key (tile_upsert_owned)
+  if (totals.two_buckets) {  // else pass 1 decided every key (tile_upsert_owned)
     int64_t* deferred = ws.array<int64_t>(n);
     int64_t* deferred_count = ws.array<int64_t>(1);
     launch_list_marked(status, kDeferred, n, deferred, deferred_count, ws, stream);

@@ -6,25 +6,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb import _ops
-from tests.support import reference as ref
-
-
-def _keys_homed_at_bucket_zero(n, num_buckets, seed=0, second=None):
-    """Keys whose bucket is 0 in a table of num_buckets (hence in any smaller one too);
-    with `second`, whose second bucket there is `second` as well."""
-    g = torch.Generator().manual_seed(seed)
-    found = []
-    while sum(k.numel() for k in found) < n:
-        cand = torch.randint(-(2**63), 2**63 - 1, (1 << 20,), generator=g)
-        bucket, _ = _ops.hash_keys(cand, num_buckets)
-        cand = cand[bucket == 0]
-        if second is not None:
-            cand = torch.tensor(
-                [k for k in cand.tolist() if ref.second_bucket_of(k, num_buckets) == second],
-                dtype=torch.int64,
-            )
-        found.append(cand)
-    return torch.cat(found)[:n]
+from tests.support.bucket_keys import keys_of_buckets
 
 
 @pytest.mark.parametrize("grow", [False, True])
@@ -37,7 +19,7 @@ def test_no_eviction_reports_exactly_the_keys_that_did_not_fit(grow):
         bucket_capacity=bc,
         score_strategy=S.NO_EVICTION,
     )
-    keys = _keys_homed_at_bucket_zero(100, nb, second=1)
+    keys = keys_of_buckets(100, nb, home=0, second=1)
     stored = []
     for chunk in keys.split(30):
         t.find_or_insert(chunk)
@@ -59,7 +41,7 @@ def test_customized_refusals_are_counted_exactly():
     t = dynemb.ScoredHashTable(
         dim=2, capacity=bc * nb, bucket_capacity=bc, score_strategy=S.CUSTOMIZED
     )
-    keys = _keys_homed_at_bucket_zero(50, nb, seed=1)
+    keys = keys_of_buckets(50, nb, home=0, seed=1)
     scores = torch.arange(
         100, 50, -1
     )  # decreasing: after the bucket fills, every newcomer is lower

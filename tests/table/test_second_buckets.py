@@ -13,26 +13,10 @@ import torch
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
-from dynemb import _ops
 from dynemb.table import spill_files
-from tests.support import reference as ref
+from tests.support.bucket_keys import keys_of_buckets
 
 BC, NB = 16, 8
-
-
-def _pair_keys(n, home, second, num_buckets=NB, seed=0):
-    """n keys homed at `home` whose second bucket is `second` in a table of num_buckets."""
-    g = torch.Generator().manual_seed(seed)
-    found = []
-    while len(found) < n:
-        cand = torch.randint(-(2**63), 2**63 - 1, (1 << 16,), generator=g)
-        bucket, _ = _ops.hash_keys(cand, num_buckets)
-        found += [
-            k
-            for k in cand[bucket == home].tolist()
-            if ref.second_bucket_of(k, num_buckets) == second
-        ]
-    return torch.tensor(found[:n])
 
 
 def _table(capacity=BC * NB, init_capacity=None, **kw):
@@ -54,7 +38,7 @@ def _buckets_of(t, keys):
 
 def test_a_new_key_takes_the_emptier_of_its_buckets_and_flags_its_home():
     t = _table()
-    keys = _pair_keys(11, home=0, second=1)
+    keys = keys_of_buckets(11, NB, home=0, second=1)
     t.insert_or_assign(keys[:10], torch.zeros(10, 2))
     assert _buckets_of(t, keys[:10]) == [0] * 10  # empty pair: ties go home
     assert not bool(t.buffers.overflow.any())
@@ -70,7 +54,7 @@ def test_a_batch_chooses_from_the_table_as_it_starts():
     home; the 4 that find it full take the second (not 10 and 10, as one key at a time
     would)."""
     t = _table()
-    keys = _pair_keys(20, home=3, second=5)
+    keys = keys_of_buckets(20, NB, home=3, second=5)
     t.insert_or_assign(keys, torch.zeros(20, 2))
     assert t.last_stats.inserted == 20
     assert _buckets_of(t, keys) == [3] * 16 + [5] * 4
@@ -80,7 +64,7 @@ def test_a_batch_chooses_from_the_table_as_it_starts():
 
 def test_keys_in_second_buckets_are_erased_exported_and_survive_growth():
     t = _table(capacity=BC * 64, init_capacity=BC * NB)
-    keys = _pair_keys(30, home=2, second=4)
+    keys = keys_of_buckets(30, NB, home=2, second=4)
     rows = torch.randn(30, 2, generator=torch.Generator().manual_seed(1))
     t.insert_or_assign(keys, rows)
     assert sorted(set(_buckets_of(t, keys))) == [2, 4]
