@@ -9,7 +9,14 @@ from ``PYTHONPATH``) in each, alternately, on one host.
 
 Usage::
 
-    PYTHONPATH=. python benchmark/count_step_cpu.py [--capacity 0.25] [--steps 10]
+    PYTHONPATH=. python benchmark/count_step_cpu.py [--capacity 0.25] [--steps 10] [--pause]
+
+``--pause``: the process stops itself (SIGSTOP) after the warm-up steps, its ids drawn
+and its tables built, so that a sampling profiler sees the timed steps alone::
+
+    PYTHONPATH=. python benchmark/count_step_cpu.py --steps 200 --pause &
+    perf record -g -p $! -o step.data &   # once the process has stopped
+    kill -CONT <pid>                      # perf stops with the process
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -17,7 +24,9 @@ Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 import argparse
 import collections
 import functools
+import os
 import resource
+import signal
 import statistics
 import time
 
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capacity", type=float, default=2.0, help="capacity / distinct keys")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--pause", action="store_true",
+                        help="stop (SIGSTOP) before the timed steps, for a profiler to attach")  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
@@ -74,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     for i, indices in enumerate(keys):
         if i == _WARMUP:
             totals.clear()
+            if args.pause:
+                os.kill(os.getpid(), signal.SIGSTOP)
         start = time.process_time()
         module(indices, offsets).sum().backward()
         if i >= _WARMUP:
