@@ -265,7 +265,9 @@ template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
   std::vector<int64_t> chosen(n);
   // The loop prefetches home buckets; a new key also counts its second bucket's free
-  // slots: its digest lines are fetched this far ahead.
+  // slots: its digest lines are fetched this far ahead. Past a miss in a flagged home
+  // it also looks for the key there, reading the key of each digest match: the first
+  // match's key line is fetched kReadGroup keys ahead, once the digests are in.
   constexpr int64_t kSecondAhead = 2 * kReadGroup;
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t i) { return keys[i]; };
@@ -273,6 +275,17 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
       if (i + kSecondAhead < end) {
         const int64_t b = second_bucket_of(hash_key(keys[i + kSecondAhead]), t.num_buckets);
         P::prefetch_lines(t.digests + b * t.bucket_capacity, t.bucket_capacity);
+      }
+      if (i + kReadGroup < end) {
+        const uint64_t h = hash_key(keys[i + kReadGroup]);
+        const int64_t home = bucket_of(h, t.num_buckets);
+        if (t.overflowed(home)) {
+          const int64_t b = second_bucket_of(h, t.num_buckets);
+          const ProbeOrder order(h, t.bucket_capacity);
+          const uint8_t digest = digest_of(h);
+          const int64_t s = likely_slot<P>(t, b, digest, order, order.span);
+          if (s >= 0 && t.digest(s) == digest) P::prefetch(t.keys + s);
+        }
       }
       chosen[i] = choose_bucket<P>(t, keys[i], p, hint);
     };

@@ -1,0 +1,81 @@
+"""Process CPU time per key of NO_EVICTION upserts into a table that does not grow: new
+keys up to a load factor, then keys already stored, in batches (W-memory's table: dim
+16, buckets of 128). Growth, whose page faults dominate ``bench_memory.py``'s insert
+rate, is left out: this is the probe's own cost. Compare two commits by running this
+script in each tree (it imports the package from ``PYTHONPATH``), alternately, on one
+host.
+
+Usage::
+
+    PYTHONPATH=. python benchmark/count_upsert_cpu.py [--slots 16M] [--load 0.8]
+
+Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
+"""
+
+import argparse
+import time
+
+import torch
+from common import Recorder, commit_hash, set_threads
+
+import dynemb
+from dynemb import DynamicEmbScoreStrategy
+
+DIM = 16
+BUCKET_CAPACITY = 128
+BATCH = 2**18  # keys per upsert (at most 1/16 of the slots)
+ASSIGNED = 2**22  # stored keys upserted again, drawn among those inserted
+
+
+def _count(text: str) -> int:
+    """'16M' -> 16 * 2**20, '256K' -> 256 * 2**10, '1000' -> 1000."""
+    scale = {"K": 2**10, "M": 2**20}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--slots", default="16M", help="table capacity (e.g. 4M, 16M)")
+    parser.add_argument("--load", type=float, default=0.8, help="load factor the inserts reach")
+    parser.add_argument("--quick", action="store_true", help="256K slots (CI smoke run)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    slots = _count("256K" if args.quick else args.slots)
+    if slots < 2 * BUCKET_CAPACITY or slots % BUCKET_CAPACITY:
+        parser.error(f"--slots must be a multiple of {BUCKET_CAPACITY} of at least two buckets")
+    if not 0 < args.load < 0.95:
+        parser.error(f"--load must be in (0, 0.95), got {args.load}")
+    set_threads(args.threads)
+    table = dynemb.ScoredHashTable(
+        dim=DIM, capacity=slots, init_capacity=slots, bucket_capacity=BUCKET_CAPACITY,
+        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    batch = min(BATCH, slots // 16)
+    n = max(batch, int(slots * args.load) // batch * batch)
+    keys = torch.randint(-(2**62), 2**62, (n,), generator=gen)
+    values = torch.zeros(batch, DIM)
+    start = time.process_time()
+    for i in range(0, n, batch):
+        stats = table.insert_or_assign(keys[i : i + batch], values)
+        if stats.failed:
+            raise SystemExit(f"{stats.failed} keys failed at load {table.size() / slots:.3f}")
+    insert_ns = (time.process_time() - start) * 1e9 / n
+    again = keys[torch.randperm(n, generator=gen)[: min(ASSIGNED, n)]]
+    start = time.process_time()
+    for i in range(0, again.numel(), batch):
+        table.insert_or_assign(again[i : i + batch], values[: min(batch, again.numel() - i)])
+    assign_ns = (time.process_time() - start) * 1e9 / again.numel()
+    rec = Recorder(commit_hash())
+    variant = (
+        f"{slots // 2**20}M@load={args.load:g}" if slots >= 2**20 else f"{slots}@load={args.load:g}"
+    )
+    impl = "dynemb.ScoredHashTable NO_EVICTION"
+    rec.add("W-memory", impl, f"insert_cpu_ns_per_key@{variant}", insert_ns, threads=args.threads)
+    rec.add("W-memory", impl, f"assign_stored_cpu_ns_per_key@{variant}", assign_ns,
+            threads=args.threads)  # fmt: skip
+    rec.print_table()
+
+
+if __name__ == "__main__":
+    main()
