@@ -14,9 +14,9 @@ Usage::
 ``--pause``: the process stops itself (SIGSTOP) after the warm-up steps, its ids drawn
 and its tables built, so that a sampling profiler sees the timed steps alone::
 
-    PYTHONPATH=. python benchmark/count_step_cpu.py --steps 200 --pause &
-    perf record -g -p $! -o step.data &   # once the process has stopped
-    kill -CONT <pid>                      # perf stops with the process
+    PYTHONPATH=. python benchmark/count_step_cpu.py --steps 200 --pause & pid=$!
+    # once it has stopped (`ps -o stat= -p $pid` shows T):
+    perf record -g -p $pid -o step.data & kill -CONT $pid  # perf ends with the process
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """

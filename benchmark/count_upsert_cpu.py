@@ -28,23 +28,30 @@ ASSIGNED = 2**22  # stored keys upserted again, drawn among those inserted
 
 
 def _count(text: str) -> int:
-    """'16M' -> 16 * 2**20, '256K' -> 256 * 2**10, '1000' -> 1000."""
+    """'16M' -> 16 * 2**20, '256K' -> 256 * 2**10, '1000' -> 1000 (an argparse type)."""
     scale = {"K": 2**10, "M": 2**20}.get(text[-1:].upper(), 1)
-    return int(text[:-1] if scale > 1 else text) * scale
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a count such as 4M or 256K, got {text!r}"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--slots", default="16M", help="table capacity (e.g. 4M, 16M)")
+    parser.add_argument("--slots", type=_count, default="16M", help="capacity (e.g. 4M, 16M)")
     parser.add_argument("--load", type=float, default=0.8, help="load factor the inserts reach")
     parser.add_argument("--quick", action="store_true", help="256K slots (CI smoke run)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    slots = _count("256K" if args.quick else args.slots)
+    slots = 2**18 if args.quick else args.slots
     if slots < 2 * BUCKET_CAPACITY or slots % BUCKET_CAPACITY:
         parser.error(f"--slots must be a multiple of {BUCKET_CAPACITY} of at least two buckets")
     if not 0 < args.load < 0.95:
         parser.error(f"--load must be in (0, 0.95), got {args.load}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     set_threads(args.threads)
     table = dynemb.ScoredHashTable(
         dim=DIM, capacity=slots, init_capacity=slots, bucket_capacity=BUCKET_CAPACITY,
