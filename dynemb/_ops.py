@@ -61,6 +61,8 @@ OPTIMIZER_CODES: dict[str, int] = dict(_CORE["optimizers"])  # core OptimizerKin
 # strategy code -> "clock" | "step" | "batch_number" | "unused" (core batch_value_source)
 BATCH_VALUE_SOURCES: dict[int, str] = dict(_CORE["batch_value_sources"])
 MAX_PROBE_BUCKETS: int = _CORE["max_probe_buckets"]  # core/table_ref.h kMaxProbeBuckets
+# The bucket flag (in table.overflow) that a slot was erased (core/bucket.h "Holes").
+HOLED_FLAG: int = _CORE["holed_flag"]
 SECOND_BUCKET_SPAN: int = _CORE["second_bucket_span"]  # core/hash.h kSecondBucketSpan
 MAX_SCORE: int = _CORE["max_score"]  # core/score_policy.h kMaxScore: counts saturate there
 EVICT_ANY: int = _CORE["evict_any"]  # policy evict_below: any resident (0: never evict)

@@ -16,14 +16,21 @@
 // Hence, where keys are placed by insertion (a table below capacity, load factor
 // 0.75, 128 slots: ~98% of keys in their home group, > 99.9% in their home line),
 // a hit reads one digest line instead of bucket_capacity / 64, and executors
-// can prefetch only that line (likely_slot). (bucket_find scans the home group,
-// then the bucket in slot order: a key elsewhere in its home line, ~2%, may read
-// the lines before that one first, unless the executor passes likely_slot as a
-// hint, as the CPU loops do.) What stays whole-bucket: a miss scans
-// every group (erase leaves holes, so an empty slot proves nothing), and a full
-// bucket's eviction victim is the minimum (score, digest, key) of all its slots; the
-// newcomer takes the victim's slot wherever it is, so in a table that evicts
-// continually keys sit anywhere and a hit reads the other lines as before.
+// can prefetch only that line (likely_slot).
+//
+// Holes. Every placement takes the first empty slot in the key's probe order (an
+// upsert, a rehash, a move for room), or a victim's slot in a full bucket; so, until
+// a slot of the bucket is emptied, no key sits past an empty slot of its probe order.
+// Only an erase empties a slot for good (a rehash's move for room refills the slot
+// it empties at once), and it sets the bucket's kHoled flag (table_ref.h), which only
+// a rehash or clear takes back. Hence a key absent from its home line (probe
+// positions [0, kLineGroups)) in a bucket without kHoled whose home line holds an
+// empty slot is absent from the bucket: a miss reads one digest line, as a hit does
+// (bucket_find, tile_bucket_find). What stays whole-bucket: a miss in a full home
+// line or a holed bucket, and a full bucket's eviction victim, the minimum (score,
+// digest, key) of all its slots; the newcomer takes the victim's slot wherever it
+// is, so in a table that evicts continually keys sit anywhere and a hit reads the
+// other lines as before.
 //
 // The caller holds the bucket's lock when the table may change under it (see
 // platform.h).
@@ -112,20 +119,37 @@ DYNEMB_HD DYNEMB_INLINE int64_t group_find(const TableRef<V>& t, int64_t first, 
   return -1;
 }
 
+/// Whether group `g` of a bucket lies in the home line of a key whose probe order is
+/// `order` (probe positions [0, kLineGroups)).
+DYNEMB_HD DYNEMB_INLINE bool in_home_line(const ProbeOrder& order, int64_t g) {
+  return (g ^ order.home) < kLineGroups;
+}
+
 /// @return the slot of `key` in `bucket`, or -1. A key holds one slot at most, so
 /// the order of the scan decides nothing: the home group first (where nearly every
-/// key sits), then the others in slot order (a miss reads them all, and a plain
-/// loop costs half the probe order's).
+/// key sits), then the rest of its home line, where a miss stops when the line has an
+/// empty slot and the bucket no kHoled flag ("Holes"), then the other groups in slot
+/// order (a plain loop costs half the probe order's).
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket, int64_t key,
                                             uint8_t digest, const ProbeOrder& order) {
   const int64_t base = bucket * t.bucket_capacity;
-  const int64_t home = base + 16 * order.home;
-  int64_t slot = group_find<P>(t, home, key, digest);
-  for (int64_t first = base; slot < 0 && first < base + t.bucket_capacity; first += 16) {
-    if (first != home) slot = group_find<P>(t, first, key, digest);
+  bool room = false;  // the home line has an empty slot
+  for (int64_t k = 0; k < kLineGroups && k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    const int64_t first = base + 16 * g;
+    const int64_t slot = group_find<P>(t, first, key, digest);
+    if (slot >= 0) return slot;
+    room = room || P::match16(t.digest_chunk(first, 16), kEmptyDigest) != 0;
   }
-  return slot;
+  if (room && !t.holed(bucket)) return -1;
+  for (int64_t g = 0; g < order.groups; ++g) {
+    if (in_home_line(order, g)) continue;
+    const int64_t slot = group_find<P>(t, base + 16 * g, key, digest);
+    if (slot >= 0) return slot;
+  }
+  return -1;
 }
 
 /// @return the first empty slot of `bucket` in probe order, or -1 when it is full.

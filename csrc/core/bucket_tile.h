@@ -88,19 +88,24 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_bucket_find(const Tile& tile, const TableRe
   constexpr int kChunk = chunk_bytes(Tile::kSize);
   const int64_t base = bucket * t.bucket_capacity;
   const int64_t line = home < 0 ? -1 : (16 * home) & ~int64_t{63};  // its first slot
-  // round 0: the chunks in the home line (all of them when home < 0); round 1: the rest.
+  bool room = false;  // this lane's chunks of the home line have an empty slot
+  // round 0: the chunks in the home line (all of them when home < 0); round 1: the rest,
+  // unless the home line has an empty slot in a bucket without kHoled (bucket.h "Holes").
   for (int round = 0; round < (home < 0 ? 1 : 2); ++round) {
+    if (round == 1 && tile.ballot(room) != 0 && !t.holed(bucket)) return -1;
     for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
       const int64_t mine = first + kChunk * tile.rank();
       const bool in_line = home < 0 || (mine & ~int64_t{63}) == line;
       int64_t slot = -1;
       if (mine < t.bucket_capacity && in_line == (round == 0)) {
-        uint32_t mask = tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), digest);
+        const uint8_t* chunk = t.digest_chunk(base + mine, kChunk);
+        uint32_t mask = tile.template match<kChunk>(chunk, digest);
         while (mask != 0 && slot < 0) {
           const int64_t s = base + mine + lowest_bit(mask);
           if (t.key(s) == key) slot = s;
           mask &= mask - 1;
         }
+        if (round == 0) room = room || tile.template match<kChunk>(chunk, kEmptyDigest) != 0;
       }
       const uint32_t hits = tile.ballot(slot >= 0);
       if (hits != 0) return tile.shfl(slot, lowest_bit(hits));
@@ -130,6 +135,15 @@ DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const Tabl
   const int64_t line = (16 * order.home) & ~int64_t{63};  // the home line's first slot
   uint64_t best = ~uint64_t{0};  // this lane's first empty rank
   for (int round = 0; round < 2; ++round) {  // 0: the chunks in the home line; 1: the rest
+    if (round == 1) {
+      // An empty slot in the home line comes first in probe order (its ranks are the
+      // lowest) and, in a bucket without kHoled, proves the key absent (bucket.h "Holes").
+      const uint64_t line_best = tile.min(best);
+      if (line_best != ~uint64_t{0} && !t.holed(bucket)) {
+        const auto rank = static_cast<int64_t>(line_best);
+        return {-1, base + 16 * ((rank >> 4) ^ order.home) + (rank & 15)};
+      }
+    }
     for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
       const int64_t mine = first + kChunk * tile.rank();
       int64_t slot = -1;

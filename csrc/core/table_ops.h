@@ -426,6 +426,13 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
   return decided;
 }
 
+/// Empties `slot` for good (an erase): its bucket gets kHoled (bucket.h "Holes").
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void empty_slot(const TableRef<V>& t, int64_t slot) {
+  t.set_digest(slot, kEmptyDigest);
+  t.set_holed(slot / t.bucket_capacity);
+}
+
 /// Removes `key`; @return true when it was stored. Holds one bucket lock at a time,
 /// the one of the bucket it scans: an erase writes only its key's digest and never
 /// moves a key or clears an overflow flag, so where the key may be cannot change
@@ -440,7 +447,7 @@ DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
   for (int k = 0; k < kMaxProbeBuckets; ++k) {
     P::lock(t.lock_word(b));
     const int64_t slot = bucket_find<P>(t, b, key, digest, order);
-    if (slot >= 0) t.set_digest(slot, kEmptyDigest);
+    if (slot >= 0) empty_slot(t, slot);
     const int64_t next = k == 0 ? second_to_read(t, h, b) : -1;
     P::unlock(t.lock_word(b));
     if (slot >= 0) return true;
@@ -522,7 +529,8 @@ DYNEMB_HD RoomMove room_in(const TableRef<V>& t, int64_t b) {
 
 /// Applies a RoomMove's metadata: the entry's key, digest, score, timestamp and pin go
 /// to m.to (its home's overflow flag set when that is its second bucket) and m.from is
-/// left empty. The caller moves the row (before m.from's row is overwritten).
+/// left empty, for the caller to claim at once (so its bucket gets no kHoled: bucket.h
+/// "Holes"). The caller moves the row (before m.from's row is overwritten).
 template <class V>
 DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove& m) {
   claim_moved(t, m.to, t, m.from, t.digest(m.from));

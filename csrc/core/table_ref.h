@@ -11,8 +11,9 @@
 //     V        values[fast_slots][row_width];   // rows of slots [0, fast_slots): fast tier
 //     V        slow_values[num_slots - fast_slots][row_width];  // the rest: slow tier
 //     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
-//     uint8_t  overflow[num_buckets];           // 1: keys homed here may sit in their
-//                                               // second bucket
+//     uint8_t  overflow[num_buckets];           // bucket flags: kOverflowed (keys homed
+//                                               // here may sit in their second bucket),
+//                                               // kHoled (a slot was emptied: bucket.h)
 //     uint32_t pins[num_slots];                 // the latest batch that looked the slot's
 //                                               // key up (table_ops.h, "Pins"); absent
 //                                               // (null) under NO_EVICTION
@@ -26,10 +27,11 @@
 //
 // Invariants: a key occupies at most one slot; a key homed at bucket b lives in
 // b, or (NO_EVICTION only) in its second bucket (hash.h second_bucket_of, one of
-// b+1..b+kSecondBucketSpan modulo num_buckets) when overflow[b] is set. overflow is
-// only cleared by a rehash or clear, so it may be set where no key is displaced any
-// more. Inside a bucket a key may sit in any slot: the probe order of bucket.h
-// decides where a new key goes (usually its home group), not where a lookup may stop.
+// b+1..b+kSecondBucketSpan modulo num_buckets) when overflow[b] has kOverflowed.
+// The flags are only cleared by a rehash or clear, so kOverflowed may be set where no
+// key is displaced any more. Inside a bucket the probe order of bucket.h decides
+// where a new key goes (usually its home group); where a lookup may stop is decided
+// by kHoled (bucket.h "Holes").
 #pragma once
 
 #include "core/access_count.h"
@@ -114,26 +116,33 @@ struct TableRef {
     count(Access::kMetaWrite, pins + s, sizeof(uint32_t));
     pins[s] = v;
   }
-  // Pass 1 of a NO_EVICTION upsert sets the flag of a key's home bucket from the
-  // thread that owns its second bucket, so owners of two second buckets may set one
-  // flag together (the same value, read only after the pass): relaxed atomics on a
-  // host, plain bytes on a GPU.
-  DYNEMB_HD DYNEMB_INLINE bool overflowed(int64_t b) const {
+  // Bucket flags (overflow[b]). Pass 1 of a NO_EVICTION upsert sets kOverflowed of a
+  // key's home bucket from the thread that owns its second bucket, so owners of two
+  // second buckets may set one flag together (the same bit, read only after the pass);
+  // erases set kHoled, and no op sets both kinds: relaxed atomics on a host, plain
+  // bytes on a GPU, where two lanes' read-modify-writes of one byte set the same bit.
+  static constexpr uint8_t kOverflowed = 1;
+  static constexpr uint8_t kHoled = 2;
+  DYNEMB_HD DYNEMB_INLINE uint8_t flags(int64_t b) const {
     count(Access::kMetaRead, overflow + b, 1);
 #if defined(__CUDA_ARCH__)
-    return overflow[b] != 0;
+    return overflow[b];
 #else
-    return __atomic_load_n(overflow + b, __ATOMIC_RELAXED) != 0;
+    return __atomic_load_n(overflow + b, __ATOMIC_RELAXED);
 #endif
   }
-  DYNEMB_HD DYNEMB_INLINE void set_overflowed(int64_t b) const {
+  DYNEMB_HD DYNEMB_INLINE void set_flag(int64_t b, uint8_t flag) const {
     count(Access::kMetaWrite, overflow + b, 1);
 #if defined(__CUDA_ARCH__)
-    overflow[b] = 1;
+    overflow[b] |= flag;
 #else
-    __atomic_store_n(overflow + b, uint8_t{1}, __ATOMIC_RELAXED);
+    __atomic_fetch_or(overflow + b, flag, __ATOMIC_RELAXED);
 #endif
   }
+  DYNEMB_HD DYNEMB_INLINE bool overflowed(int64_t b) const { return flags(b) & kOverflowed; }
+  DYNEMB_HD DYNEMB_INLINE void set_overflowed(int64_t b) const { set_flag(b, kOverflowed); }
+  DYNEMB_HD DYNEMB_INLINE bool holed(int64_t b) const { return flags(b) & kHoled; }
+  DYNEMB_HD DYNEMB_INLINE void set_holed(int64_t b) const { set_flag(b, kHoled); }
   /// Bucket b's lock word, for Platform::lock / unlock (a read-modify-write).
   DYNEMB_HD DYNEMB_INLINE uint32_t* lock_word(int64_t b) const {
     count(Access::kMetaWrite, locks + b, sizeof(uint32_t));

@@ -28,7 +28,7 @@ DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int6
   const KeyProbe p(t, key);
   const int64_t slot = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
   if (slot >= 0) {
-    if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
+    if (tile.rank() == digest_lane(tile, t, slot)) empty_slot(t, slot);
     tile.sync();
     return EraseHome::kErased;
   }
@@ -45,7 +45,7 @@ DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t ke
   for (int k = 0; k < kMaxProbeBuckets; ++k) {
     const int64_t slot = tile_bucket_find(tile, t, b, key, p.digest, p.order.home);
     if (slot >= 0) {
-      if (tile.rank() == digest_lane(tile, t, slot)) t.set_digest(slot, kEmptyDigest);
+      if (tile.rank() == digest_lane(tile, t, slot)) empty_slot(t, slot);
       tile.sync();
       return true;
     }

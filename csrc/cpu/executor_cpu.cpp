@@ -264,8 +264,9 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
 template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
   std::vector<int64_t> chosen(n);
-  // The loop prefetches home buckets; a new key also counts its second bucket's free
-  // slots: its digest lines are fetched this far ahead. Past a miss in a flagged home
+  // The loop prefetches home lines; a new key also counts the free slots of its home
+  // and second buckets: their digest lines are fetched this far ahead (a miss in the
+  // home line itself may stop there: bucket.h "Holes"). Past a miss in a flagged home
   // it also looks for the key there, reading the key of each digest match: the first
   // match's key line is fetched kReadGroup keys ahead, once the digests are in.
   constexpr int64_t kSecondAhead = 2 * kReadGroup;
@@ -273,8 +274,10 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
     auto key_at = [&](int64_t i) { return keys[i]; };
     auto body = [&](int64_t i, int64_t hint, const KeyProbe& p) {
       if (i + kSecondAhead < end) {
-        const int64_t b = second_bucket_of(hash_key(keys[i + kSecondAhead]), t.num_buckets);
-        P::prefetch_lines(t.digests + b * t.bucket_capacity, t.bucket_capacity);
+        const uint64_t h = hash_key(keys[i + kSecondAhead]);
+        for (const int64_t b : {bucket_of(h, t.num_buckets), second_bucket_of(h, t.num_buckets)}) {
+          P::prefetch_lines(t.digests + b * t.bucket_capacity, t.bucket_capacity);
+        }
       }
       if (i + kReadGroup < end) {
         const uint64_t h = hash_key(keys[i + kReadGroup]);

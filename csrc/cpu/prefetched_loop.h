@@ -91,8 +91,8 @@ DYNEMB_INLINE void prefetch_bucket_lines(const TableRef<V>& t, int64_t bucket,
   }
 }
 
-/// Stage 1: the key's digests, and a writer's overflow byte (upsert reads it
-/// first) and lock word.
+/// Stage 1: the key's digests, its bucket's flags (overflow byte) and a writer's
+/// lock word.
 template <Touches kTouches, class V>
 DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
                                     const BucketSpan& span) {
@@ -102,7 +102,7 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
   } else {
     CpuPlatform::prefetch(t.digests + b * t.bucket_capacity + 16 * p.order.home);
   }
-  if (kTouches != Touches::kRead) CpuPlatform::prefetch(t.overflow + b);
+  CpuPlatform::prefetch(t.overflow + b);  // its flags: kHoled decides a miss (stage 2)
   if (kTouches == Touches::kWriteLocked) CpuPlatform::prefetch_for_write(t.locks + b);
 }
 
@@ -120,7 +120,9 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
   if (slot < 0 || t.digest(slot) != digest) {  // no match in the home line
     if (span.whole()) {
       slot = likely_slot<CpuPlatform>(t, b, digest, order, order.span);
-    } else {
+    } else if (slot < 0 || t.holed(b)) {
+      // (An empty slot in the home line of a bucket without kHoled proves a miss:
+      // bucket.h "Holes".)
       prefetch_bucket_lines(t, b, t.digests + b * t.bucket_capacity + 16 * order.home);
     }
   }

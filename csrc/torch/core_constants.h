@@ -56,6 +56,7 @@ inline pybind11::dict core_constants() {
   }
   out["batch_value_sources"] = sources;
   out["max_probe_buckets"] = kMaxProbeBuckets;
+  out["holed_flag"] = TableRef<float>::kHoled;
   out["second_bucket_span"] = kSecondBucketSpan;
   out["evict_any"] = static_cast<int64_t>(kEvictAny);  // -1 as the ops' int64
   out["max_score"] = static_cast<int64_t>(kMaxScore);

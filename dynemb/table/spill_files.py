@@ -33,7 +33,11 @@ import torch
 META_FILE = "table.json"
 # 2: a NO_EVICTION key may sit in its second bucket (csrc/core/hash.h second_bucket_of);
 # version 1 put it in the next buckets, where this version does not look.
-FORMAT_VERSION = 2
+# 3: the overflow buffer holds bucket flags, among them one that a slot of the bucket
+# was erased (csrc/core/bucket.h "Holes"), which version 2 did not keep: a version-2
+# directory is converted as it is opened (spill_persistence.reopen).
+FORMAT_VERSION = 3
+UPGRADABLE_VERSION = 2
 
 
 def buffer_bytes(shape: tuple, dtype: torch.dtype) -> int:
@@ -176,11 +180,12 @@ class SpillDirectory:
             return None
         with open(meta_path) as f:
             meta = json.load(f)
-        if meta.get("version") != FORMAT_VERSION:
+        if meta.get("version") not in (UPGRADABLE_VERSION, FORMAT_VERSION):
             raise ValueError(
                 f"spill directory {self.path!r}: format version {meta.get('version')!r}, "
-                f"expected {FORMAT_VERSION} (the slot layout differs: load the table from "
-                f"a checkpoint, whose format does not depend on slots)"
+                f"expected {FORMAT_VERSION} or {UPGRADABLE_VERSION} (converted as it opens; "
+                f"the slot layout differs: load the table from a checkpoint, whose format "
+                f"does not depend on slots)"
             )
         return meta
 

@@ -4,7 +4,8 @@ spill_files.py for the files): functions over the table's TableState
 
 import torch
 
-from dynemb.table.spill_files import SpillDirectory
+from dynemb import _ops
+from dynemb.table.spill_files import UPGRADABLE_VERSION, SpillDirectory
 from dynemb.table.table_state import TableState
 from dynemb.table.table_storage import TableLayout, TableStorage
 
@@ -51,4 +52,16 @@ def reopen(
             )
     saved = meta["state"]
     storage = TableStorage(layout, saved["num_buckets"], spill, saved["generation"], reopen=True)
+    if meta["version"] == UPGRADABLE_VERSION:
+        _upgrade(spill, meta, storage)
     return storage, int(torch.count_nonzero(storage.digests)), saved["step"]
+
+
+def _upgrade(spill: SpillDirectory, meta: dict, storage: TableStorage) -> None:
+    """Converts a directory of UPGRADABLE_VERSION to FORMAT_VERSION in place: that
+    version did not record which buckets had a slot erased, so every bucket gets the
+    flag (its lookups then read the whole bucket, as they did), and the metadata is
+    committed with the new version. An interrupted conversion, repeated, gives the same."""
+    storage.overflow.bitwise_or_(_ops.HOLED_FLAG)
+    storage.sync()
+    spill.write_meta({k: v for k, v in meta.items() if k != "version"})

@@ -83,11 +83,17 @@ Answer tile_answer(const Tile& tile, const TableRef<float>& t, const Query& q) {
 Answer serial_answer(const TableRef<float>& t, const Query& q) {
   const dynemb::ProbeOrder order = order_of(t, q.home);
   Answer a;
-  a.find = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
-  a.find_home = a.find;  // a key holds one slot at most: the scan order decides nothing
+  a.find = -1;  // the whole bucket, as tile_bucket_find without a home group scans it
+  for (int64_t s = q.bucket * t.bucket_capacity; s < (q.bucket + 1) * t.bucket_capacity; ++s) {
+    if (t.digests[s] == q.digest && t.keys[s] == q.key) a.find = s;
+  }
+  // From the home line, a miss stops there past an empty slot of a bucket without
+  // kHoled: in these random buckets that may miss a key stored further on, in the
+  // tile's scan and the serial one alike.
+  a.find_home = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
   a.free = dynemb::bucket_free_slot<ScalarPlatform>(t, q.bucket, order);
-  a.probe_slot = a.find;
-  a.probe_free = a.find >= 0 ? -1 : a.free;  // a hit looks for no free slot
+  a.probe_slot = a.find_home;
+  a.probe_free = a.find_home >= 0 ? -1 : a.free;  // a hit looks for no free slot
   a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
   // bucket_victim (its pin column read only where it must) decides as <true> on a table
   // with pins: a difference shows as victim -3, which no tile answers.
@@ -119,12 +125,16 @@ struct RandomTable {
   std::vector<int64_t> keys;
   std::vector<uint64_t> scores;
   std::vector<uint32_t> pins;
+  std::vector<uint8_t> flags;
   TableRef<float> t{};
 
   RandomTable(std::mt19937_64& rng, int64_t buckets, int64_t capacity)
       : digests(buckets * capacity), keys(buckets * capacity), scores(buckets * capacity),
-        pins(buckets * capacity) {
+        pins(buckets * capacity), flags(buckets) {
     for (int64_t b = 0; b < buckets; ++b) {
+      // Random slots have holes anywhere: with kHoled a scan from the home line reads
+      // the whole bucket; without it a miss stops at an empty slot of the home line.
+      flags[b] = static_cast<uint8_t>(rng() % 4);
       const int kind = static_cast<int>(rng() % 4);  // 0 empty, 1 full, 2-3 mixed
       const int digest_values = 1 + static_cast<int>(rng() % 4);  // few: ties
       for (int64_t i = 0; i < capacity; ++i) {
@@ -142,6 +152,7 @@ struct RandomTable {
     t.keys = keys.data();
     t.scores = scores.data();
     t.pins = pins.data();
+    t.overflow = flags.data();
     t.num_buckets = buckets;
     t.bucket_capacity = capacity;
   }

@@ -3,7 +3,7 @@ lives in its home bucket or its second (one of the 16 after it); a new key takes
 emptier as its batch starts (ties: home), a key whose pick filled during
 the batch takes the other; a key in its second bucket flags its home, so finds, erases,
 exports and growth reach it; tables fill to >= 0.95 before their first failed insert; a
-spill directory of the previous format is refused, naming both versions."""
+spill directory of format 1 is refused, naming the versions it reads."""
 
 import json
 import os
@@ -111,11 +111,11 @@ def test_a_spill_directory_of_format_1_is_refused_naming_both_versions(tmp_path)
     del t
     with open(path) as f:
         meta = json.load(f)
-    assert meta["version"] == spill_files.FORMAT_VERSION == 2
+    assert meta["version"] == spill_files.FORMAT_VERSION == 3
     meta["version"] = 1
     with open(path, "w") as f:
         json.dump(meta, f)
-    with pytest.raises(ValueError, match="format version 1, expected 2"):
+    with pytest.raises(ValueError, match="format version 1, expected 3 or 2"):
         _table(spill_directory=str(tmp_path))
 
 
