@@ -414,7 +414,8 @@ void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int
         for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0);
       }
     };
-    prefetched_loop<Touches::kRead, RowUse::kAll, kReadGroup>(t, begin, end, key_at, body);
+    prefetched_loop<Touches::kRead, RowUse::kAll, kReadGroup, true, true>(t, begin, end, key_at,
+                                                                         body);
     P::store_fence();
   });
 }
@@ -434,7 +435,8 @@ void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* s
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     auto body = [&](int64_t i, int64_t hint) { slots[i] = find_slot_hinted<P>(t, keys[i], hint); };
-    prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
+    prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup, true, true>(t, begin, end, key_at,
+                                                                          body);
   });
 }
 

@@ -152,6 +152,23 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
   return slot;
 }
 
+/// Stage 2 of a key that may sit in its second bucket (`second`, whose home line
+/// stage 1 prefetched), given `slot`, stage 2's answer in the home bucket: when the
+/// home line holds no match, the key's likely slot in the second bucket's home line
+/// if a digest matches there (its key and row are prefetched), else `slot`.
+template <RowUse kRows, class V>
+DYNEMB_INLINE int64_t prefetch_second_slot(const TableRef<V>& t, const KeyProbe& p,
+                                           int64_t second, int64_t slot) {
+  if (second < 0 || (slot >= 0 && t.digest(slot) == p.digest)) return slot;
+  const int64_t s = likely_slot<CpuPlatform>(t, second, p.digest, p.order, kLineGroups);
+  if (s < 0 || t.digest(s) != p.digest) return slot;
+  CpuPlatform::prefetch(t.keys + s);
+  if (kRows == RowUse::kAll || kRows == RowUse::kHitsOnly) {
+    CpuPlatform::prefetch_lines(t.row(s), t.row_width * static_cast<int64_t>(sizeof(V)));
+  }
+  return s;
+}
+
 }  // namespace detail
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group
@@ -159,23 +176,37 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
 /// KeyProbe, when the bucket to look in is not its home: a NO_EVICTION upsert's chosen
 /// bucket) and hint its likely slot (or -1). A body that takes a third argument gets
 /// the key's KeyProbe too: each key is hashed once, in stage 1.
-template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true, class V,
-          class KeyAt, class Body>
+/// kSeconds (finds by key): past a flagged home of a table whose keys may sit in their
+/// second bucket (NO_EVICTION: no scores), stage 1 also fetches the second bucket's
+/// home line, and stage 2 that bucket's likely slot when the home line has no match.
+template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true,
+          bool kSeconds = false, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
                                    KeyAt&& key_at, Body&& body) {
-  // Entry (j - begin) % kRing of each ring: j's probe from stage 1 and hint from
-  // stage 2; stage 1 runs two groups ahead of the body, stage 2 one group. Four
-  // groups, not three: a power of two makes the modulo a mask (kGroup is one).
+  // Entry (j - begin) % kRing of each ring: j's probe (and second bucket) from stage 1
+  // and hint from stage 2; stage 1 runs two groups ahead of the body, stage 2 one
+  // group. Four groups, not three: a power of two makes the modulo a mask (kGroup is one).
   constexpr int64_t kRing = 4 * kGroup;
   static_assert((kGroup & (kGroup - 1)) == 0, "kGroup must be a power of two");
   KeyProbe probes[kRing];
   int64_t hints[kRing];
+  int64_t seconds[kSeconds ? kRing : 1];
+  const bool has_seconds = kSeconds && t.scores == nullptr && t.num_buckets > 1;
   BucketSpan span;
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
-      KeyProbe& p = probes[(j - begin) % kRing];
+      const int64_t r = (j - begin) % kRing;
+      KeyProbe& p = probes[r];
       if constexpr (std::is_same_v<std::decay_t<decltype(key_at(j))>, KeyProbe>) {
         p = key_at(j);
+      } else if constexpr (kSeconds) {
+        const uint64_t h = hash_key(key_at(j));
+        p = KeyProbe::of_hash(t, h);
+        seconds[r] = has_seconds && t.overflowed(p.bucket) ? second_bucket_of(h, t.num_buckets)
+                                                           : -1;
+        if (seconds[r] >= 0) {
+          CpuPlatform::prefetch(t.digests + seconds[r] * t.bucket_capacity + 16 * p.order.home);
+        }
       } else {
         p = KeyProbe(t, key_at(j));
       }
@@ -186,6 +217,9 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       const int64_t r = (j - begin) % kRing;
       hints[r] = detail::prefetch_slot<kTouches, kRows, kVictims>(t, probes[r], span);
+      if constexpr (kSeconds) {
+        hints[r] = detail::prefetch_second_slot<kRows>(t, probes[r], seconds[r], hints[r]);
+      }
     }
   };
   digests(begin);
