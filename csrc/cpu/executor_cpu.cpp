@@ -398,6 +398,18 @@ void hash_keys(const int64_t* keys, int64_t n, int64_t num_buckets, int64_t* buc
   });
 }
 
+/// The prefetched loop of a find by key: the one that also fetches a flagged home's
+/// second bucket (kSeconds) where keys may sit there (a NO_EVICTION table, which keeps
+/// no scores, of two buckets or more), else the plain one.
+template <RowUse kRows, class V, class KeyAt, class Body>
+void find_loop(const TableRef<V>& t, int64_t begin, int64_t end, KeyAt&& key_at, Body&& body) {
+  if (t.scores == nullptr && t.num_buckets > 1) {
+    prefetched_loop<Touches::kRead, kRows, kReadGroup, true, true>(t, begin, end, key_at, body);
+  } else {
+    prefetched_loop<Touches::kRead, kRows, kReadGroup>(t, begin, end, key_at, body);
+  }
+}
+
 /// find, writing found rows with Store (PlainStore or StreamingStore).
 template <class Store, class V>
 void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int64_t out_width,
@@ -414,8 +426,7 @@ void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int
         for (int64_t j = 0; j < out_width; ++j) dst[j] = V(0);
       }
     };
-    prefetched_loop<Touches::kRead, RowUse::kAll, kReadGroup, true, true>(t, begin, end, key_at,
-                                                                         body);
+    find_loop<RowUse::kAll>(t, begin, end, key_at, body);
     P::store_fence();
   });
 }
@@ -435,8 +446,7 @@ void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* s
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     auto body = [&](int64_t i, int64_t hint) { slots[i] = find_slot_hinted<P>(t, keys[i], hint); };
-    prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup, true, true>(t, begin, end, key_at,
-                                                                          body);
+    find_loop<RowUse::kNone>(t, begin, end, key_at, body);
   });
 }
 

@@ -176,9 +176,9 @@ DYNEMB_INLINE int64_t prefetch_second_slot(const TableRef<V>& t, const KeyProbe&
 /// KeyProbe, when the bucket to look in is not its home: a NO_EVICTION upsert's chosen
 /// bucket) and hint its likely slot (or -1). A body that takes a third argument gets
 /// the key's KeyProbe too: each key is hashed once, in stage 1.
-/// kSeconds (finds by key): past a flagged home of a table whose keys may sit in their
-/// second bucket (NO_EVICTION: no scores), stage 1 also fetches the second bucket's
-/// home line, and stage 2 that bucket's likely slot when the home line has no match.
+/// kSeconds (finds by key in a table whose keys may sit in their second bucket): past a
+/// flagged home, stage 1 also fetches the second bucket's home line, and stage 2 that
+/// bucket's likely slot when the home line has no match.
 template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true,
           bool kSeconds = false, class V, class KeyAt, class Body>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
@@ -191,7 +191,6 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   KeyProbe probes[kRing];
   int64_t hints[kRing];
   int64_t seconds[kSeconds ? kRing : 1];
-  const bool has_seconds = kSeconds && t.scores == nullptr && t.num_buckets > 1;
   BucketSpan span;
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
@@ -202,8 +201,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
       } else if constexpr (kSeconds) {
         const uint64_t h = hash_key(key_at(j));
         p = KeyProbe::of_hash(t, h);
-        seconds[r] = has_seconds && t.overflowed(p.bucket) ? second_bucket_of(h, t.num_buckets)
-                                                           : -1;
+        seconds[r] = t.overflowed(p.bucket) ? second_bucket_of(h, t.num_buckets) : -1;
         if (seconds[r] >= 0) {
           CpuPlatform::prefetch(t.digests + seconds[r] * t.bucket_capacity + 16 * p.order.home);
         }
