@@ -1,13 +1,14 @@
-"""Process CPU time per key of NO_EVICTION upserts into a table that does not grow: new
-keys up to a load factor, then keys already stored, in batches (W-memory's table: dim
-16, buckets of 128). Growth, whose page faults dominate ``bench_memory.py``'s insert
-rate, is left out: this is the probe's own cost. Compare two commits by running this
-script in each tree (it imports the package from ``PYTHONPATH``), alternately, on one
-host.
+"""Process CPU time per key of upserts into a table that does not grow: new keys up to
+a load factor, then keys already stored, in batches (W-memory's table: dim 16, buckets
+of 128, NO_EVICTION unless ``--strategy`` says otherwise); then finds of stored keys and
+of absent ones. Growth, whose page faults dominate ``bench_memory.py``'s insert rate,
+is left out: this is the probe's own cost. Compare two commits by running this script
+in each tree (it imports the package from ``PYTHONPATH``), alternately, on one host.
 
 Usage::
 
     PYTHONPATH=. python benchmark/count_upsert_cpu.py [--slots 16M] [--load 0.8]
+        [--strategy NO_EVICTION]
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--load", type=float, default=0.8, help="load factor the inserts reach")
     parser.add_argument("--quick", action="store_true", help="256K slots (CI smoke run)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--strategy", default="NO_EVICTION", choices=[s.name for s in DynamicEmbScoreStrategy],
+        help="score strategy (an evicting one evicts nothing below capacity)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     slots = 2**18 if args.quick else args.slots
     if slots < 2 * BUCKET_CAPACITY or slots % BUCKET_CAPACITY:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     set_threads(args.threads)
     table = dynemb.ScoredHashTable(
         dim=DIM, capacity=slots, init_capacity=slots, bucket_capacity=BUCKET_CAPACITY,
-        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+        score_strategy=DynamicEmbScoreStrategy[args.strategy],
     )  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     batch = min(BATCH, slots // 16)
@@ -73,14 +78,25 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(0, again.numel(), batch):
         table.insert_or_assign(again[i : i + batch], values[: min(batch, again.numel() - i)])
     assign_ns = (time.process_time() - start) * 1e9 / again.numel()
+    absent = torch.randint(-(2**62), 2**62, (again.numel(),), generator=gen)
+    find_ns = {}
+    for name, probe in (("stored", again), ("absent", absent)):
+        out = torch.empty(batch, DIM)
+        start = time.process_time()
+        for i in range(0, probe.numel(), batch):
+            chunk = probe[i : i + batch]
+            table.find(chunk, out=out[: chunk.numel()])
+        find_ns[name] = (time.process_time() - start) * 1e9 / probe.numel()
     rec = Recorder(commit_hash())
     variant = (
         f"{slots // 2**20}M@load={args.load:g}" if slots >= 2**20 else f"{slots}@load={args.load:g}"
     )
-    impl = "dynemb.ScoredHashTable NO_EVICTION"
+    impl = f"dynemb.ScoredHashTable {args.strategy}"
     rec.add("W-memory", impl, f"insert_cpu_ns_per_key@{variant}", insert_ns, threads=args.threads)
     rec.add("W-memory", impl, f"assign_stored_cpu_ns_per_key@{variant}", assign_ns,
             threads=args.threads)  # fmt: skip
+    for name, ns in find_ns.items():
+        rec.add("W-memory", impl, f"find_{name}_cpu_ns_per_key@{variant}", ns, threads=args.threads)
     rec.print_table()
 
 
