@@ -198,6 +198,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
       KeyProbe& p = probes[r];
       if constexpr (std::is_same_v<std::decay_t<decltype(key_at(j))>, KeyProbe>) {
         p = key_at(j);
+        if constexpr (kSeconds) seconds[r] = -1;  // a chosen bucket: no second to look in
       } else if constexpr (kSeconds) {
         const uint64_t h = hash_key(key_at(j));
         p = KeyProbe::of_hash(t, h);
