@@ -65,6 +65,20 @@ struct SerialTile {
 /// clamped to [4, 16] (one load per lane covers a 128-slot bucket).
 constexpr int chunk_bytes(int size) { return size >= 32 ? 4 : size >= 16 ? 8 : 16; }
 
+/// The rank of slot `s` of a bucket (its offset there) in a key's probe order: its
+/// group's probe position g ^ home, then its offset in the group. The empty slot of
+/// least rank is the first in probe order (bucket_free_slot's).
+DYNEMB_HD DYNEMB_INLINE uint64_t probe_rank(int64_t s, const ProbeOrder& order) {
+  return static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
+}
+
+/// The slot of the bucket starting at slot `base` whose probe_rank is `rank`.
+DYNEMB_HD DYNEMB_INLINE int64_t slot_of_rank(int64_t base, uint64_t rank,
+                                             const ProbeOrder& order) {
+  const auto r = static_cast<int64_t>(rank);
+  return base + 16 * ((r >> 4) ^ order.home) + (r & 15);
+}
+
 /// The lane whose chunks hold `slot`'s digest in the scans below (tile_bucket_find,
 /// tile_free_slot), and so the only lane that read it, or the slot's key (read for a
 /// digest match only): that lane may overwrite them (claim, erase) without a sync after
@@ -140,8 +154,7 @@ DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const Tabl
       // lowest) and, in a bucket without kHoled, proves the key absent (bucket.h "Holes").
       const uint64_t line_best = tile.min(best);
       if (line_best != ~uint64_t{0} && !t.holed(bucket)) {
-        const auto rank = static_cast<int64_t>(line_best);
-        return {-1, base + 16 * ((rank >> 4) ^ order.home) + (rank & 15)};
+        return {-1, slot_of_rank(base, line_best, order)};
       }
     }
     for (int64_t first = 0; first < t.bucket_capacity; first += kChunk * Tile::kSize) {
@@ -157,8 +170,7 @@ DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const Tabl
         }
         const uint32_t empty = tile.template match<kChunk>(chunk, kEmptyDigest);
         if (empty != 0) {
-          const int64_t s = mine + lowest_bit(empty);
-          const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
+          const uint64_t rank = probe_rank(mine + lowest_bit(empty), order);
           best = rank < best ? rank : best;
         }
       }
@@ -167,9 +179,7 @@ DYNEMB_HD DYNEMB_INLINE TileProbe tile_bucket_probe(const Tile& tile, const Tabl
     }
   }
   best = tile.min(best);
-  if (best == ~uint64_t{0}) return {-1, -1};
-  const auto rank = static_cast<int64_t>(best);
-  return {-1, base + 16 * ((rank >> 4) ^ order.home) + (rank & 15)};
+  return {-1, best == ~uint64_t{0} ? -1 : slot_of_rank(base, best, order)};
 }
 
 /// find_slot (table_ops.h) by a tile: the home bucket, then the second bucket past a
@@ -208,21 +218,17 @@ DYNEMB_HD DYNEMB_INLINE int64_t tile_free_slot(const Tile& tile, const TableRef<
                                                int64_t bucket, const ProbeOrder& order) {
   constexpr int kChunk = chunk_bytes(Tile::kSize);
   const int64_t base = bucket * t.bucket_capacity;
-  // Rank of slot s of group g: its probe position g ^ home, then its offset in g.
   uint64_t best = ~uint64_t{0};
   for (int64_t mine = kChunk * tile.rank(); mine < t.bucket_capacity;
        mine += kChunk * Tile::kSize) {
     const uint32_t mask =
         tile.template match<kChunk>(t.digest_chunk(base + mine, kChunk), kEmptyDigest);
     if (mask == 0) continue;
-    const int64_t s = mine + lowest_bit(mask);
-    const auto rank = static_cast<uint64_t>(((s >> 4) ^ order.home) << 4 | (s & 15));
+    const uint64_t rank = probe_rank(mine + lowest_bit(mask), order);
     best = rank < best ? rank : best;
   }
   best = tile.min(best);
-  if (best == ~uint64_t{0}) return -1;
-  const auto rank = static_cast<int64_t>(best);
-  return base + 16 * ((rank >> 4) ^ order.home) + (rank & 15);
+  return best == ~uint64_t{0} ? -1 : slot_of_rank(base, best, order);
 }
 
 /// bucket_victim_in by a tile (same arguments, same rule). @return the victim's

@@ -15,6 +15,7 @@ from dynemb import DynamicEmbScoreStrategy as S
 from dynemb import _ops
 from dynemb.table import spill_files
 from tests.support import reference as ref
+from tests.support.spill_versions import rewrite_version
 
 GROUP, LINE_GROUPS = 16, 4
 
@@ -131,13 +132,7 @@ def test_a_spill_directory_of_format_2_is_converted_as_it_opens(tmp_path):
     generation = spilled.buffers.generation
     del spilled
     # As version 2 wrote it: no erased-slot flag (its overflow byte is 0 or 1).
-    path = os.path.join(tmp_path, spill_files.META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
-    assert meta["version"] == spill_files.FORMAT_VERSION == 3
-    meta["version"] = 2
-    with open(path, "w") as f:
-        json.dump(meta, f)
+    assert rewrite_version(str(tmp_path), 2) == spill_files.FORMAT_VERSION == 3
     flags = os.path.join(tmp_path, f"g{generation}", "overflow")
     with open(flags, "r+b") as f:
         f.write(bytes([0]))
@@ -145,5 +140,5 @@ def test_a_spill_directory_of_format_2_is_converted_as_it_opens(tmp_path):
     assert bool(reopened.contains(torch.tensor([past])).all())
     assert reopened.size() == 127
     assert reopened.buffers.overflow.tolist() == [_ops.HOLED_FLAG]
-    with open(path) as f:
+    with open(os.path.join(tmp_path, spill_files.META_FILE)) as f:
         assert json.load(f)["version"] == 3

@@ -5,9 +5,6 @@ the batch takes the other; a key in its second bucket flags its home, so finds, 
 exports and growth reach it; tables fill to >= 0.95 before their first failed insert; a
 spill directory of format 1 is refused, naming the versions it reads."""
 
-import json
-import os
-
 import pytest
 import torch
 
@@ -15,6 +12,7 @@ import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb.table import spill_files
 from tests.support.bucket_keys import keys_of_buckets
+from tests.support.spill_versions import rewrite_version
 
 BC, NB = 16, 8
 
@@ -107,14 +105,8 @@ def test_a_spill_directory_of_format_1_is_refused_naming_both_versions(tmp_path)
     t = _table(spill_directory=str(tmp_path))
     t.insert_or_assign(torch.arange(10), torch.zeros(10, 2))
     t.flush()
-    path = os.path.join(tmp_path, spill_files.META_FILE)
     del t
-    with open(path) as f:
-        meta = json.load(f)
-    assert meta["version"] == spill_files.FORMAT_VERSION == 3
-    meta["version"] = 1
-    with open(path, "w") as f:
-        json.dump(meta, f)
+    assert rewrite_version(str(tmp_path), 1) == spill_files.FORMAT_VERSION == 3
     with pytest.raises(ValueError, match="format version 1, expected 3 or 2"):
         _table(spill_directory=str(tmp_path))
 
