@@ -69,6 +69,8 @@ import torch
 from common import (
     Recorder,
     add_device_argument,
+    add_malloc_argument,
+    apply_malloc,
     available_threads,
     commit_hash,
     median_run,
@@ -315,14 +317,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     add_device_argument(parser)
+    add_malloc_argument(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.worker:
+    if args.worker:  # the parent's allocator settings are in its environment
         run_worker(args.worker, Config(**json.loads(args.config)))
         return
+    if argv is None:  # run as a script: its own process to re-execute
+        apply_malloc(args.malloc)
     device = resolve_device(args.device)
     run = run_in_process if args.in_process or args.quick else run_isolated
     with_dynemb = args.only != "torchrec"

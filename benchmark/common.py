@@ -83,6 +83,35 @@ def set_threads(n: int) -> int:
     return torch.get_num_threads()
 
 
+# glibc's malloc hands a freed block above its mmap threshold back to the OS at once,
+# and free memory at the top of its heap above its trim threshold too; it raises both
+# thresholds as blocks of up to 32 MiB are freed, unless a MALLOC_* variable fixes
+# them. So whether a step's MB-sized buffers (pooled outputs, distinct keys) come back
+# as fresh pages, faulted in and zeroed every step, depends on what the process freed
+# before: runs of one commit then differ by up to a fifth of a CPU step. Fixed
+# thresholds that keep such buffers in the heap take that chance out of a comparison.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def add_malloc_argument(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--malloc fixed|default`` (default fixed); apply it with ``apply_malloc``."""
+    parser.add_argument(
+        "--malloc", choices=("fixed", "default"), default="fixed",
+        help="fixed: glibc malloc thresholds that keep a step's buffers (FIXED_MALLOC), "
+        "unless a MALLOC_* variable is set; default: glibc's moving thresholds",
+    )  # fmt: skip
+
+
+def apply_malloc(choice: str) -> None:
+    """Under ``--malloc fixed``, re-executes this process with FIXED_MALLOC in its
+    environment (glibc reads it at start-up only) unless a MALLOC_* variable is set
+    already, the caller's own choice; its child processes inherit it. For a script's
+    entry point only: the process starts again from its command line."""
+    if choice != "fixed" or any(k.startswith("MALLOC_") for k in os.environ):
+        return
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **FIXED_MALLOC})
+
+
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """Adds ``--device cpu|cuda`` (default cpu); read it with ``resolve_device``."""
     parser.add_argument(

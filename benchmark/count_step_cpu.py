@@ -18,6 +18,10 @@ and its tables built, so that a sampling profiler sees the timed steps alone::
     # once it has stopped (`ps -o stat= -p $pid` shows T):
     perf record -g -p $pid -o step.data & kill -CONT $pid  # perf ends with the process
 
+``--malloc`` (default ``fixed``): glibc's malloc thresholds fixed for the run
+(``common.FIXED_MALLOC``), so that runs differ by the code, not by whether the step's
+buffers come back as fresh pages; ``default`` keeps glibc's own.
+
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
 
@@ -32,7 +36,7 @@ import time
 
 import torch
 from bench_train import build_dynemb, fixed_offsets
-from common import Recorder, commit_hash
+from common import Recorder, add_malloc_argument, apply_malloc, commit_hash
 from train_workloads import Config
 
 from dynemb import _ops
@@ -72,9 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--pause", action="store_true",
                         help="stop (SIGSTOP) before the timed steps, for a profiler to attach")  # fmt: skip
+    add_malloc_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if argv is None:  # run as a script: its own process to re-execute
+        apply_malloc(args.malloc)
     torch.set_num_threads(1)
     config = Config(capacity_ratio=args.capacity, steps=args.steps, warmup=_WARMUP)
     module, keys, _ = build_dynemb(config)
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         if i >= _WARMUP:
             seconds.append(time.process_time() - start)
     rec = Recorder(commit_hash())
-    variant = f"capacity={args.capacity:g}x"
+    variant = f"capacity={args.capacity:g}x" + ("" if args.malloc == "fixed" else ",malloc=default")
     impl = "dynemb.BatchedDynamicEmbeddingTables"
     rec.add(config.workload, impl, f"cpu_ms_per_step@{variant}",
             statistics.median(seconds) * 1e3, threads=1)  # fmt: skip
