@@ -46,6 +46,10 @@ from tests.support.executor_parity import (
     run_on_every_executor,
 )
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "runs the CPU and the emulated executor side by side itself: the same run in both passes"
+)
+
 
 @pytest.fixture(params=[1, 2], ids=["cpu-1-thread", "cpu-2-threads"])
 def cpu_threads(request):

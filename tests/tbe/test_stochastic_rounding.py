@@ -154,6 +154,7 @@ def _bits_on(executor: str, path) -> dict:
     return torch.load(path)
 
 
+@pytest.mark.no_emulated_pass("runs both executors itself, each in its own process")
 def test_both_executors_give_the_same_bits(tmp_path):
     cpu = _bits_on("cpu", tmp_path / "cpu.pt")
     emulated = _bits_on("cuda-emulated", tmp_path / "emulated.pt")
