@@ -7,15 +7,21 @@ step a doubling, the maximum bucket count is rounded up to ``initial * 2**k``; t
 rounding adds fewer than ``2**k`` buckets, i.e. less than one part in ``initial`` of
 the maximum.
 
-A NO_EVICTION table grows by ``NO_EVICTION_GROWTH`` (3/10 more buckets, at least
-one): the range reduction takes any bucket count, and a bucket that receives more
-than it holds spills into its window as an insert would. Growing by less than
-doubling keeps memory per key close to the payload right after a growth (the load
-factor falls from ~0.9 to ~0.7, not to ~0.45) and the rehash's old + new storage
-to 2.3x the old table instead of 3x.
+A NO_EVICTION table grows to the bucket count that its entries fill to
+``LOAD_AFTER_GROWTH``, by a factor between ``NO_EVICTION_LEAST_GROWTH`` and
+``NO_EVICTION_GROWTH`` (1.1 and 1.3): the range reduction takes any bucket count, and
+a bucket that receives more than it holds spills into its other bucket as an insert
+would. A table grows when an insert finds both its buckets full, at a load that varies
+(0.91 to 0.95 for random keys); a fixed factor would carry that spread into the load
+after the growth, hence into memory per key. Aiming at one load makes memory right
+after every growth one figure a user can plan on (~1.37x the payload of dim-16 rows),
+while growing by less than doubling keeps the rehash's old + new storage at most 2.3x
+the old table instead of 3x.
 """
 
-NO_EVICTION_GROWTH = (13, 10)  # the bucket count's factor: 13/10
+NO_EVICTION_GROWTH = (13, 10)  # the most a growth multiplies the bucket count by
+NO_EVICTION_LEAST_GROWTH = (5, 4)  # the least
+LOAD_AFTER_GROWTH = (37, 50)  # 0.74: the load a NO_EVICTION growth aims at
 
 
 def bucket_counts(init_capacity: int, max_capacity: int, bucket_capacity: int) -> tuple[int, int]:
@@ -33,10 +39,14 @@ def bucket_counts(init_capacity: int, max_capacity: int, bucket_capacity: int) -
     return initial, initial * 2**doublings
 
 
-def next_bucket_count(num_buckets: int, max_buckets: int, evicts: bool) -> int:
+def next_bucket_count(
+    num_buckets: int, max_buckets: int, evicts: bool, entries: int, bucket_capacity: int
+) -> int:
     """The bucket count a growth of a table with ``num_buckets`` (< ``max_buckets``)
-    goes to: twice as many for a table that ``evicts``, else ``NO_EVICTION_GROWTH``
-    times as many (rounded up, at least one more); never above ``max_buckets``.
+    goes to: twice as many for a table that ``evicts``; else the fewest buckets of
+    ``bucket_capacity`` slots that its ``entries`` fill to at most ``LOAD_AFTER_GROWTH``,
+    at least ``NO_EVICTION_LEAST_GROWTH`` and at most ``NO_EVICTION_GROWTH`` times as
+    many (rounded up, at least one more); never above ``max_buckets``.
 
     Raises:
         ValueError: ``num_buckets`` not in ``[1, max_buckets)``.
@@ -47,5 +57,9 @@ def next_bucket_count(num_buckets: int, max_buckets: int, evicts: bool) -> int:
         )
     if evicts:
         return min(2 * num_buckets, max_buckets)
-    num, den = NO_EVICTION_GROWTH
-    return min(max(-(-num_buckets * num // den), num_buckets + 1), max_buckets)
+    (most_num, most_den), (least_num, least_den) = NO_EVICTION_GROWTH, NO_EVICTION_LEAST_GROWTH
+    load_num, load_den = LOAD_AFTER_GROWTH
+    most = -(-num_buckets * most_num // most_den)
+    least = max(-(-num_buckets * least_num // least_den), num_buckets + 1)
+    aim = -(-entries * load_den // (load_num * bucket_capacity))
+    return min(max(least, min(aim, most)), max_buckets)

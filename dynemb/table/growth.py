@@ -115,7 +115,7 @@ def end_upsert(
     Returns ``(status, BatchStats)``. ``begun``: what ``begin_upsert`` returned."""
     generation, batch_value, pin = begun
     while counts[_ops.Status.FAILED] and state.num_buckets < state.max_buckets:
-        if not _grow(state):
+        if not _grow(state, state.size + counts[_ops.Status.INSERTED]):
             break
         status, counts = _retry_failed(
             state, op, keys, scores, values, evicted, status, counts, batch_value, pin, per_key
@@ -231,13 +231,17 @@ def _grows_in_chunks(storage: TableStorage) -> bool:
     )
 
 
-def _grow(state: TableState) -> bool:
-    """Grows the bucket count (``capacity.next_bucket_count``: a table that evicts
-    doubles, a NO_EVICTION one grows by 13/10); returns False (table unchanged) if a
+def _grow(state: TableState, entries: int) -> bool:
+    """Grows the bucket count of a table holding ``entries`` keys
+    (``capacity.next_bucket_count``: a table that evicts doubles, a NO_EVICTION one
+    grows to a load of 0.74, by 1.25x to 1.3x); returns False (table unchanged) if a
     rehash failed."""
     old = state.storage
     evicts = state.strategy != _ops.SCORE_STRATEGY_CODES["NO_EVICTION"]
-    return _rehash_into(state, old, next_bucket_count(old.num_buckets, state.max_buckets, evicts))
+    buckets = next_bucket_count(
+        old.num_buckets, state.max_buckets, evicts, entries, old.layout.bucket_capacity
+    )
+    return _rehash_into(state, old, buckets)
 
 
 def _rehash_into(state: TableState, old, buckets: int) -> bool:

@@ -59,7 +59,7 @@ class ScoredHashTable:
         capacity: maximum number of slots (rounded up to the bucket layout).
         init_capacity: initial slots (``None``: ``capacity``); the table grows up to
             ``capacity`` as keys arrive: it doubles its buckets, or under NO_EVICTION
-            adds 3/10 of them (rounded up), a step.
+            grows them to a load of 0.74 (by 1.25x to 1.3x), a step.
         bucket_capacity: slots per bucket, a positive multiple of 16.
         score_strategy: a DynamicEmbScoreStrategy or ``(TIMESTAMP, LFU | DECAYED_LFU)``.
         score_half_life_steps: DECAYED_LFU's half-life in steps (required by it only).

@@ -2,11 +2,12 @@
 
 ReferenceTable applies the rules of csrc/core/table_ops.h to Python dicts, one key
 at a time in batch order: home bucket by the same hash, the (score, digest, key) minimum
-evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets; 13/10 under NO_EVICTION) while below
-max capacity with failed keys retried in batch order. Under NO_EVICTION the choice
-between a key's home and second bucket depends on the fills as a batch starts, an
-executor detail, so the oracle does not model it: it checks instead that a key the
-table reports as failed really had both buckets full.
+evicted from a full bucket, CUSTOMIZED refusals, growth (2x buckets; under NO_EVICTION
+to a load of 0.74, by 5/4 to 13/10) while below max capacity with failed keys retried
+in batch order. Under NO_EVICTION the choice between a key's home and second bucket
+depends on the fills as a batch starts, an executor detail, so the oracle does not
+model it: it checks instead that a key the table reports as failed really had both
+buckets full.
 """
 
 import numpy as np
@@ -249,7 +250,9 @@ class ReferenceTable:
             pending = [i for i in pending if status[i] == FAILED]
             if not pending or self.nb >= self.max_nb:
                 return status, evicted
-            self.nb = next_bucket_count(self.nb, self.max_nb, self.strategy != NO_EVICTION)
+            self.nb = next_bucket_count(
+                self.nb, self.max_nb, self.strategy != NO_EVICTION, len(self.entries), self.bc
+            )
             self._rebucket()
 
     def find(self, key):

@@ -61,7 +61,9 @@ def test_growth_in_chunks_keeps_every_entry(monkeypatch, strategy, chunk_rows):
         assert t.capacity() > 256 * 8
         tables[rows] = t
     chunked, whole = tables[chunk_rows], tables[1 << 30]
-    assert chunked.capacity() == whole.capacity() and chunked.size() == whole.size()
+    # Capacities may differ: chunks place keys in another order (either is the rule's),
+    # so a later batch may fail on other keys, and growth aims at the count stored then.
+    assert chunked.size() == whole.size()
     for a, b in zip(_contents(chunked), _contents(whole)):
         assert (a is None and b is None) or torch.equal(a, b)
     keys, values, _ = _contents(chunked)
@@ -83,26 +85,27 @@ def _keys_of_pair(high: int, offset: int, n: int) -> list[int]:
 
 
 def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatch):
-    """32 keys of one hash high word and one second-bucket offset (8) fill old bucket 60
-    of 64 and its second, bucket 4; a key of old bucket 59 with the same offset lands,
-    after growth to 84 buckets, in the same new pair (home 78, second 2): the pair
-    cannot hold the 33, and no entry of it has room in its other bucket (other keys'
-    buckets lie elsewhere), so the rehash fails in the chunk of bucket 60, after the
-    chunks of buckets 0-59 were moved and freed. Their rows come back."""
+    """32 keys of one hash high word and one second-bucket offset (8) fill old bucket 61
+    of 64 and its second, bucket 5; a key of old bucket 60 with the same offset lands,
+    after growth to 80 buckets (the least growth, 5/4), in the same new pair (home 76,
+    second 4): the pair cannot hold the 33, and no entry of it has room in its other
+    bucket (other keys' buckets lie elsewhere), so the rehash fails in the chunk of
+    bucket 61, after the chunks of buckets 0-59 were moved and freed. Their rows come
+    back."""
     monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)  # 4 buckets a chunk
     t = dynemb.ScoredHashTable(
         dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
         score_strategy=S.NO_EVICTION,
     )  # fmt: skip
     assert t.num_buckets == 64
-    edge = 60 << 26  # hash >> 32 where bucket 60 of 64 begins
+    edge = 61 << 26  # hash >> 32 where bucket 61 of 64 begins (76.25 of 80)
     g = torch.Generator().manual_seed(3)
     filler = torch.randint(-(2**63), 2**63 - 1, (1200,), generator=g)
     homes = [(hash_key(int(k)) >> 32) * 64 >> 32 for k in filler.tolist()]
     # Homes 16-39: their buckets (old and new) lie clear of both pairs.
     filler = filler[torch.tensor([16 <= h < 40 for h in homes])][:300]
-    late = torch.tensor(_keys_of_pair(edge - 1, 8, 1))  # bucket 59, new home 78
-    crowd = torch.tensor(_keys_of_pair(edge, 8, 33))  # bucket 60, new home 78
+    late = torch.tensor(_keys_of_pair(edge - 1, 8, 1))  # bucket 60, new home 76
+    crowd = torch.tensor(_keys_of_pair(edge, 8, 33))  # bucket 61, new home 76
     keys = torch.cat([filler, late, crowd[:32]])
     t.insert_or_assign(keys, _rows(keys, 16))
     assert t.last_stats.failed == 0 and t.capacity() == 1024

@@ -112,7 +112,7 @@ def test_a_spill_directory_of_format_1_is_refused_naming_both_versions(tmp_path)
 
 
 def test_a_growth_leaves_no_bucket_nearly_full():
-    """Right after a growth by 1.3x (load ~0.73, ~94 keys a bucket of 128) no bucket
+    """Right after a growth (load ~0.74, ~95 keys a bucket of 128) no bucket
     holds more than 120: the rehash fills a home bucket to 7/8 and puts the rest in the
     emptier of each key's two buckets. Filled home first, bucket fills spread as a
     Poisson law's (about 1 bucket in 300 at 120 or more, full pairs among them), and a
