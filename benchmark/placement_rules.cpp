@@ -16,6 +16,8 @@
 //               line; the emptier by free fraction takes the key, a full pair evicts
 //               the lowest score of the home bucket and those 64 slots
 //   group-X     as line-X with the key's home group (16 slots)
+//   2c-near16-homeF  as 2c-near16, a new key taking its home while that holds fewer
+//               than F of its slots (the table's rule: F = 13/16, home_takes_new_keys)
 //
 // Build and run (a scratch program, not part of the package):
 //   g++ -O2 -std=c++17 -Icsrc benchmark/placement_rules.cpp -o build/placement_rules
@@ -53,6 +55,7 @@ struct Rule {
   std::string name;
   Kind kind;
   int near;  // 0: independent second bucket, else home+1 .. home+near
+  int home_limit = 0;  // "2c": a new key takes its home while it holds fewer (0: no limit)
 };
 
 struct Choice {
@@ -115,7 +118,8 @@ double load_at_first_failure(const Rule& r, int64_t slots, bool zipf, uint64_t s
     if (r.kind == Kind::kToday) {
       for (int w = 0; w < 4 && !ok; ++w) ok = place((c.b1 + w) % n, c.home, 0, kGroups);
     } else if (r.kind == Kind::kTwo) {
-      ok = place(fill[c.b2] < fill[c.b1] ? c.b2 : c.b1, c.home, 0, kGroups);
+      const bool home = fill[c.b1] < r.home_limit || fill[c.b2] >= fill[c.b1];
+      ok = place(home ? c.b1 : c.b2, c.home, 0, kGroups);
     } else {
       const int width = r.kind == Kind::kLine ? 4 : 1;
       const int first = c.home / width * width;
@@ -389,6 +393,8 @@ int main(int argc, char** argv) {
       {"2c-near32", Kind::kTwo, 32},    {"line-indep", Kind::kLine, 0},
       {"line-near16", Kind::kLine, 16}, {"line-near64", Kind::kLine, 64},
       {"group-indep", Kind::kGroup, 0}, {"group-near16", Kind::kGroup, 16},
+      {"2c-near16-home7/8", Kind::kTwo, 16, 112}, {"2c-near16-home15/16", Kind::kTwo, 16, 120},
+      {"2c-near16-home31/32", Kind::kTwo, 16, 124}, {"2c-near16-home3/4", Kind::kTwo, 16, 96}, {"2c-near16-home13/16", Kind::kTwo, 16, 104},
   };
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "load" && argc == 5) {

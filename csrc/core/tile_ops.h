@@ -119,7 +119,9 @@ DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int
   if (t.overflowed(home) && tile_bucket_find(tile, t, second, key, p.digest, p.order.home) >= 0) {
     return second;
   }
-  return tile_free_count(tile, t, second) > tile_free_count(tile, t, home) ? second : home;
+  const int64_t home_free = tile_free_count(tile, t, home);
+  if (home_takes_new_keys(t, home_free)) return home;
+  return tile_free_count(tile, t, second) > home_free ? second : home;
 }
 
 /// touch_or_place_free by a tile that owns `key`'s home bucket (hits_first's pass, in

@@ -264,19 +264,25 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
 template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
   std::vector<int64_t> chosen(n);
-  // The loop prefetches home lines; a new key also counts the free slots of its home
-  // and second buckets: their digest lines are fetched this far ahead (a miss in the
-  // home line itself may stop there: bucket.h "Holes"). Past a miss in a flagged home
-  // it also looks for the key there, reading the key of each digest match: the first
-  // match's key line is fetched kReadGroup keys ahead, once the digests are in.
+  // The loop prefetches home lines; a new key also counts the free slots of its home,
+  // and of its second bucket when the home is filled to 13/16 (home_takes_new_keys):
+  // their digest lines are fetched this far ahead (a miss in the home line itself may
+  // stop there: bucket.h "Holes"), the second's only for a flagged home, since a home
+  // is flagged once it sent a key to its second, after it reached 13/16. Past a miss
+  // in a flagged home it also looks for the key there, reading the key of each digest
+  // match: the first match's key line is fetched kReadGroup keys ahead, once the
+  // digests are in.
   constexpr int64_t kSecondAhead = 2 * kReadGroup;
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t i) { return keys[i]; };
     auto body = [&](int64_t i, int64_t hint, const KeyProbe& p) {
       if (i + kSecondAhead < end) {
         const uint64_t h = hash_key(keys[i + kSecondAhead]);
-        for (const int64_t b : {bucket_of(h, t.num_buckets), second_bucket_of(h, t.num_buckets)}) {
-          P::prefetch_lines(t.digests + b * t.bucket_capacity, t.bucket_capacity);
+        const int64_t home = bucket_of(h, t.num_buckets);
+        P::prefetch_lines(t.digests + home * t.bucket_capacity, t.bucket_capacity);
+        if (t.overflowed(home)) {
+          const int64_t second = second_bucket_of(h, t.num_buckets);
+          P::prefetch_lines(t.digests + second * t.bucket_capacity, t.bucket_capacity);
         }
       }
       if (i + kReadGroup < end) {

@@ -115,8 +115,8 @@ def test_slot_claims_with_accesses_and_pins(strategy, cpu_threads):
 
 
 def test_no_eviction_spills_rehash_and_erase(cpu_threads):
-    """A NO_EVICTION table filled in batches (keys choosing the emptier of two buckets
-    as a batch starts, second buckets, overflow flags and failures at full capacity),
+    """A NO_EVICTION table filled in batches (keys choosing their home below 13/16, else
+    the emptier of two buckets, as a batch starts; second buckets, overflow flags and failures at full capacity),
     grown by rehash, then erased from."""
     table = parity_table(NO_EVICTION, num_buckets=64)  # 1024 slots
     policy = [NO_EVICTION, 0, 5, 0, DIM, 0, NO_PINS]

@@ -124,9 +124,9 @@ def test_next_bucket_count_aims_no_eviction_at_a_load_of_074_and_doubles_evictin
 
 def test_no_eviction_growth_leaves_the_table_at_a_load_near_074():
     """Random keys into a growing NO_EVICTION table (buckets of 64 slots, which fill
-    to 0.87-0.94 before a pair is full): right after each growth its load is 0.74
-    less at most a bucket's share, or above 0.74 where the 13/10 cap held the growth
-    back (a table full above 0.96)."""
+    to 0.87-0.94 before a pair is full): right after most growths its load is 0.74
+    less at most a bucket's share; above it where the 13/10 cap held the growth back,
+    below it where the table was full too early for the least growth, 5/4."""
     t = dynemb.ScoredHashTable(
         dim=1, capacity=2**20, init_capacity=64 * 64, bucket_capacity=64,
         score_strategy=S.NO_EVICTION,
@@ -142,7 +142,11 @@ def test_no_eviction_growth_leaves_the_table_at_a_load_near_074():
             loads.append((t.size() / t.capacity(), t.capacity() / before))
     assert len(loads) >= 8
     for load, factor in loads:
-        assert 0.72 < load < 0.75 or (factor > 1.29 and load > 0.74), loads
+        aimed = 0.72 < load < 0.75
+        capped = factor > 1.29 and load > 0.74  # full above 0.96: 13/10
+        floored = factor < 1.26 and load < 0.74  # full below 0.925: 5/4
+        assert aimed or capped or floored, loads
+    assert sum(0.72 < load < 0.75 for load, _ in loads) > len(loads) / 2, loads
 
 
 @pytest.mark.parametrize("num_buckets", [0, -1, 64, 65])

@@ -1,6 +1,7 @@
 """NO_EVICTION placement in two buckets (csrc/core/table_ops.h, "Placement"): a key
-lives in its home bucket or its second (one of the 16 after it); a new key takes the
-emptier as its batch starts (ties: home), a key whose pick filled during
+lives in its home bucket or its second (one of the 16 after it); a new key takes its
+home while that is filled below 13/16, else the emptier, as its batch starts (ties:
+home), a key whose pick filled during
 the batch takes the other; a key in its second bucket flags its home, so finds, erases,
 exports and growth reach it; tables fill to >= 0.95 before their first failed insert; a
 spill directory of format 1 is refused, naming the versions it reads."""
@@ -34,17 +35,19 @@ def _buckets_of(t, keys):
     return (slots // BC).tolist()
 
 
-def test_a_new_key_takes_the_emptier_of_its_buckets_and_flags_its_home():
+def test_a_new_key_takes_its_home_below_13_16_then_the_emptier_and_flags_its_home():
     t = _table()
-    keys = keys_of_buckets(11, NB, home=0, second=1)
-    t.insert_or_assign(keys[:10], torch.zeros(10, 2))
-    assert _buckets_of(t, keys[:10]) == [0] * 10  # empty pair: ties go home
+    keys = keys_of_buckets(14, NB, home=0, second=1)
+    t.insert_or_assign(keys[:12], torch.zeros(12, 2))
+    assert _buckets_of(t, keys[:12]) == [0] * 12  # empty pair: ties go home
+    t.insert_or_assign(keys[12:13], torch.zeros(1, 2))  # home 4 free (> 3/16): home
+    assert _buckets_of(t, keys[12:13]) == [0]
     assert not bool(t.buffers.overflow.any())
-    t.insert_or_assign(keys[10:], torch.ones(1, 2))  # home 6 free, second 16: second
-    assert _buckets_of(t, keys[10:]) == [1]
+    t.insert_or_assign(keys[13:], torch.ones(1, 2))  # home 3 free, second 16: second
+    assert _buckets_of(t, keys[13:]) == [1]
     assert t.buffers.overflow.tolist() == [1, 0, 0, 0, 0, 0, 0, 0]
     values, found = t.find(keys)
-    assert bool(found.all()) and torch.equal(values[10], torch.ones(2))
+    assert bool(found.all()) and torch.equal(values[13], torch.ones(2))
 
 
 def test_a_batch_chooses_from_the_table_as_it_starts():
