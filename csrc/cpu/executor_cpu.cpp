@@ -267,11 +267,11 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
   // The loop prefetches home lines; a new key also counts the free slots of its home,
   // and of its second bucket when the home is filled to 13/16 (home_takes_new_keys):
   // their digest lines are fetched this far ahead (a miss in the home line itself may
-  // stop there: bucket.h "Holes"), the second's only for a flagged home, since a home
-  // is flagged once it sent a key to its second, after it reached 13/16. Past a miss
-  // in a flagged home it also looks for the key there, reading the key of each digest
-  // match: the first match's key line is fetched kReadGroup keys ahead, once the
-  // digests are in.
+  // stop there: bucket.h "Holes"), the second's only for a flagged home: a home is
+  // flagged once a key of it went to its second, which a new key does only from a home
+  // filled to 13/16 (a rehash, from one filled to 7/8). Past a miss in a flagged home
+  // it also looks for the key there, reading the key of each digest match: the first
+  // match's key line is fetched kReadGroup keys ahead, once the digests are in.
   constexpr int64_t kSecondAhead = 2 * kReadGroup;
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t i) { return keys[i]; };

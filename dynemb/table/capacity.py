@@ -9,7 +9,7 @@ the maximum.
 
 A NO_EVICTION table grows to the bucket count that its entries fill to
 ``LOAD_AFTER_GROWTH``, by a factor between ``NO_EVICTION_LEAST_GROWTH`` and
-``NO_EVICTION_GROWTH`` (1.1 and 1.3): the range reduction takes any bucket count, and
+``NO_EVICTION_GROWTH`` (1.25 and 1.3): the range reduction takes any bucket count, and
 a bucket that receives more than it holds spills into its other bucket as an insert
 would. A table grows when an insert finds both its buckets full, at a load that varies
 (0.91 to 0.95 for random keys); a fixed factor would carry that spread into the load
