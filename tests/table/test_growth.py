@@ -1,5 +1,5 @@
-"""Growth: NO_EVICTION grows the table to a load of 0.74 (by 1.25x to 1.3x) and keeps every key and value;
-strategies that evict double it and do not evict before reaching max capacity; a
+"""Growth: NO_EVICTION grows the table to a load of 0.74 (by 1.25x to 1.3x) and keeps
+every key and value; strategies that evict double it and do not evict before reaching max capacity; a
 rehash holds only old + new."""
 
 import gc
@@ -124,7 +124,7 @@ def test_next_bucket_count_aims_no_eviction_at_a_load_of_074_and_doubles_evictin
 
 def test_no_eviction_growth_leaves_the_table_at_a_load_near_074():
     """Random keys into a growing NO_EVICTION table (buckets of 64 slots, which fill
-    to 0.87-0.94 before a pair is full): right after most growths its load is 0.74
+    to 0.85-0.94 before a pair is full): right after most growths its load is 0.74
     less at most a bucket's share; above it where the 13/10 cap held the growth back,
     below it where the table was full too early for the least growth, 5/4."""
     t = dynemb.ScoredHashTable(
