@@ -1,6 +1,6 @@
 """Growth: NO_EVICTION grows the table to a load of 0.74 (by 1.25x to 1.3x) and keeps
-every key and value; strategies that evict double it and do not evict before reaching max capacity; a
-rehash holds only old + new."""
+every key and value; strategies that evict double it and do not evict before reaching
+max capacity; a rehash holds only old + new."""
 
 import gc
 import weakref
