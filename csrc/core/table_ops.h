@@ -259,6 +259,26 @@ DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, in
   return bucket_find<P>(t, home, key, digest, order);
 }
 
+/// The eviction step of place_new_home: key i takes `victim`, its full home bucket's
+/// bucket_victim (-1: none), when the strategy admits it there, else fails. Calls
+/// sink.evicting and sink.fresh, or sink.failed; returns the status.
+template <class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status place_at_victim(const TableRef<V>& t, int64_t i, int64_t o,
+                                               int64_t key, const KeyProbe& p,
+                                               const UpsertArgs& u, Sink& sink,
+                                               int64_t victim) {
+  const ScoreArgs& a = u.score;
+  const uint64_t score = score_for_new(a, i);
+  if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
+    sink.evicting(i, victim);
+    claim(t, victim, key, p.digest, score, a.batch_value, u.pin);
+    sink.fresh(i, o, victim, key);
+    return Status::kEvicted;
+  }
+  sink.failed(i, o, key);
+  return Status::kFailed;
+}
+
 /// Places key i, known not to be stored, in its home bucket (the caller holds the
 /// bucket's lock): `slot`, the bucket's first free slot (bucket_free_slot), else
 /// (slot -1, evicting strategies) the bucket's victim (bucket_victim: not pinned,
@@ -276,15 +296,7 @@ DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, i
   }
   const int64_t victim = bucket_victim(t, p.bucket, pin_mask(a.strategy), u.evict_below,
                                        u.pin_floor);
-  const uint64_t score = score_for_new(a, i);
-  if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
-    sink.evicting(i, victim);
-    claim(t, victim, key, p.digest, score, a.batch_value, u.pin);
-    sink.fresh(i, o, victim, key);
-    return Status::kEvicted;
-  }
-  sink.failed(i, o, key);
-  return Status::kFailed;
+  return place_at_victim(t, i, o, key, p, u, sink, victim);
 }
 
 /// Pass 1 of a batch upsert under NO_EVICTION (see "Batch rule" above): decides key

@@ -15,6 +15,7 @@
 #include "cpu/cpu_platform.h"
 #include "cpu/prefetched_loop.h"
 #include "cpu/streaming_store.h"
+#include "cpu/victim_order.h"
 
 namespace dynemb::cpu {
 
@@ -69,6 +70,75 @@ concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 /// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
 /// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's bucket of
 /// each batch index (choose_bucket), or null (every key's home).
+/// The victims of a distinct batch's pass 1 (victim_levels_apply), bucket by bucket:
+/// the positions `pending` (new keys whose home bucket is full, in position order)
+/// grouped by home bucket with a counting sort (position order kept within one); a
+/// bucket with several takes them from BucketVictims (victim_order.h), a lone key
+/// from its own scan (place_by_victim). The victims are those of place_by_victim in
+/// position order: buckets are independent in pass 1. Returns false, having changed
+/// nothing, when the keys spread over more than two buckets each (mostly lone keys).
+template <class V, class Sink, class IndexOf>
+bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs& args,
+                             const int64_t* keys, IndexOf&& index_of,
+                             const std::vector<int64_t>& pending, int8_t* status,
+                             StatusCounts& counts) {
+  const auto n = static_cast<int64_t>(pending.size());
+  if (n == 0) return true;
+  std::vector<int64_t> bucket(n);
+  int64_t lo = t.num_buckets;
+  int64_t hi = -1;
+  for (int64_t x = 0; x < n; ++x) {
+    bucket[x] = KeyProbe(t, keys[pending[x]]).bucket;
+    lo = std::min(lo, bucket[x]);
+    hi = std::max(hi, bucket[x]);
+  }
+  if (hi - lo + 1 > 2 * n) return false;
+  std::vector<int32_t> start(hi - lo + 2, 0);
+  for (int64_t x = 0; x < n; ++x) ++start[bucket[x] - lo + 1];
+  for (int64_t b = 1; b < hi - lo + 2; ++b) start[b] += start[b - 1];
+  std::vector<int64_t> grouped(n);
+  for (int64_t x = 0; x < n; ++x) grouped[start[bucket[x] - lo]++] = x;
+  const uint64_t mask = pin_mask(args.score.strategy);
+  std::vector<int32_t> scratch(2 * t.bucket_capacity);
+  auto prefetch_bucket = [&](int64_t b) {
+    const int64_t first = b * t.bucket_capacity;
+    P::prefetch_lines(t.digests + first, t.bucket_capacity);
+    P::prefetch_lines(t.scores + first, t.bucket_capacity * int64_t{sizeof(uint64_t)});
+    P::prefetch_lines(t.pins + first, t.bucket_capacity * int64_t{sizeof(uint32_t)});
+  };
+  auto place = [&](int64_t j, auto&& victim_of) {
+    const int64_t i = index_of(j);
+    const KeyProbe probe(t, keys[j]);
+    const Status s = victim_of(i, probe);
+    status[j] = static_cast<int8_t>(s);
+    ++counts.by_status[static_cast<int>(s)];
+  };
+  for (int64_t g = 0; g < n;) {
+    const int64_t b = bucket[grouped[g]];
+    int64_t e = g + 1;
+    while (e < n && bucket[grouped[e]] == b) ++e;
+    if (e < n) prefetch_bucket(bucket[grouped[e]]);
+    if (e - g == 1) {
+      const int64_t j = pending[grouped[g]];
+      place(j, [&](int64_t i, const KeyProbe& probe) {
+        return place_by_victim<CpuExclusivePlatform>(t, i, j, keys[j], probe, args, sink);
+      });
+    } else {
+      BucketVictims<V> victims(t, b, mask, args.evict_below, args.pin_floor, scratch);
+      for (int64_t k = g; k < e; ++k) {
+        const int64_t j = pending[grouped[k]];
+        place(j, [&](int64_t i, const KeyProbe& probe) {
+          const Status s = place_at_victim(t, i, j, keys[j], probe, args, sink, victims.front());
+          if (s == Status::kEvicted) victims.pop();
+          return s;
+        });
+      }
+    }
+    g = e;
+  }
+  return true;
+}
+
 template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
@@ -138,6 +208,13 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     if (first < last) run_loop(std::true_type{}, probe_at, body, first, last);
     P::store_fence();
     return;
+  }
+  if constexpr (std::is_same_v<Q, CpuExclusivePlatform>) {
+    if (first_hits && victim_levels_apply(t, args) &&
+        place_by_bucket_victims(t, sink, args, keys, index_of, pending, status, counts)) {
+      P::store_fence();
+      return;
+    }
   }
   auto key_at = [&](int64_t x) { return keys[position(x)]; };
   auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {

@@ -7,6 +7,9 @@
 // copied (copy_row with Lanes, 16-byte moves) or zeroed by them equals the serial copy
 // at every alignment of source and destination, and every one of these moves gives
 // element j to the same lane, (j / row_chunk) % lanes.
+// And the CPU executor's BucketVictims (cpu/victim_order.h): on the same random
+// buckets, each of its answers is bucket_victim's as the bucket stands, while the
+// victims it gives are claimed (pinned, given a new score and key) or left unclaimed.
 // Built and run by tests/csrc/test_tile_bucket.py:
 //   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
 #define DYNEMB_CUDA_EMULATION 1
@@ -20,6 +23,7 @@
 #include "core/batch_sinks.h"
 #include "core/bucket_tile.h"
 #include "core/initializer.h"
+#include "cpu/victim_order.h"
 #include "cuda/tile.cuh"
 
 namespace {
@@ -192,6 +196,50 @@ void launch(const TableRef<float>& t, const std::vector<Query>& q, std::vector<A
                                                                     out.data());
 }
 
+/// The first answer of BucketVictims that differs from bucket_victim's on a copy of
+/// `table` whose victims are claimed as an upsert claims them (pinned at or above the
+/// floor, new score, digest and key) or, now and then, left as they are (a newcomer
+/// the strategy did not admit), or an empty string.
+std::string victim_levels_difference(std::mt19937_64& rng, const RandomTable& table) {
+  const uint64_t masks[] = {~uint64_t{0}, 0xFFFFFFFFu, 0};
+  const uint64_t floors[] = {dynemb::kEvictAny, 0, 1, 2, 3, uint64_t{1} << 40};
+  std::vector<int32_t> scratch(2 * table.t.bucket_capacity);
+  for (int64_t b = 0; b < table.t.num_buckets; ++b) {
+    for (int q = 0; q < 6; ++q) {
+      std::vector<uint8_t> digests = table.digests;
+      std::vector<int64_t> keys = table.keys;
+      std::vector<uint64_t> scores = table.scores;
+      std::vector<uint32_t> pins = table.pins;
+      TableRef<float> t = table.t;
+      t.digests = digests.data();
+      t.keys = keys.data();
+      t.scores = scores.data();
+      t.pins = pins.data();
+      const uint64_t mask = masks[rng() % 3];
+      const uint64_t below = floors[rng() % 6];
+      const auto pin_floor = static_cast<uint32_t>(rng() % 4);
+      dynemb::cpu::BucketVictims<float> victims(t, b, mask, below, pin_floor, scratch);
+      for (int64_t claims = 0;; ++claims) {
+        const int64_t want = dynemb::bucket_victim(t, b, mask, below, pin_floor);
+        const int64_t got = victims.front();
+        if (got != want) {
+          return "BucketVictims, capacity " + std::to_string(t.bucket_capacity) + ", bucket " +
+                 std::to_string(b) + ", after " + std::to_string(claims) + " claims: " +
+                 std::to_string(got) + ", bucket_victim " + std::to_string(want);
+        }
+        if (want < 0) break;
+        if (rng() % 5 == 0) continue;  // not admitted: the bucket stays as it is
+        pins[want] = pin_floor + static_cast<uint32_t>(rng() % 2);
+        scores[want] = rng() % 3;
+        digests[want] = static_cast<uint8_t>(1 + rng() % 4);
+        keys[want] = -1000000 - want;  // distinct from every key RandomTable draws
+        victims.pop();
+      }
+    }
+  }
+  return "";
+}
+
 /// The first element where init_row by lanes differs from init_row, or an empty string.
 std::string lanes_init_difference() {
   for (int64_t mode = 0; mode < dynemb::kInitModeCount; ++mode) {
@@ -304,6 +352,11 @@ int main(int argc, char** argv) {
   int64_t checked = 0;
   for (int64_t capacity : {16, 32, 64, 128, 256}) {
     const RandomTable table(rng, 48, capacity);
+    const std::string victims_diff = victim_levels_difference(rng, table);
+    if (!victims_diff.empty()) {
+      std::printf("%s (seed %llu)\n", victims_diff.c_str(), static_cast<unsigned long long>(seed));
+      return 1;
+    }
     const std::vector<Query> queries = random_queries(rng, table, 400);
     for (unsigned lanes : {1u, 8u, 16u, 32u}) {
       std::vector<Answer> got(queries.size());
