@@ -47,7 +47,7 @@ class BucketVictims {
   /// The bucket's victim: the least candidate in eviction order, or -1 when every
   /// slot is pinned.
   int64_t front() {
-    if (next_ == size_) refill();
+    if (next_ == size_ && !all_pinned_) refill();
     return next_ < size_ ? base_ + level_[next_] : -1;
   }
   /// The victim front() gave was claimed.
@@ -75,7 +75,10 @@ class BucketVictims {
       free |= p ^ 1;
     }
     next_ = size_ = 0;
-    if (!free) return;
+    if (!free) {  // and stays so: claims only pin more (the bucket's later keys fail)
+      all_pinned_ = true;
+      return;
+    }
     int64_t m = 0;
     for (int64_t s = 0; s < n; ++s) {
       candidates_[m] = static_cast<int32_t>(s);
@@ -123,6 +126,7 @@ class BucketVictims {
   int32_t* level_;       // the same in eviction order
   int64_t next_ = 0;
   int64_t size_ = 0;
+  bool all_pinned_ = false;
 };
 
 }  // namespace dynemb::cpu

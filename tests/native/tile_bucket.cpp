@@ -219,16 +219,17 @@ std::string victim_levels_difference(std::mt19937_64& rng, const RandomTable& ta
       const uint64_t below = floors[rng() % 6];
       const auto pin_floor = static_cast<uint32_t>(rng() % 4);
       dynemb::cpu::BucketVictims<float> victims(t, b, mask, below, pin_floor, scratch);
-      for (int64_t claims = 0;; ++claims) {
+      int none = 0;  // answers of -1 so far
+      for (int64_t answers = 0;; ++answers) {
         const int64_t want = dynemb::bucket_victim(t, b, mask, below, pin_floor);
         const int64_t got = victims.front();
         if (got != want) {
           return "BucketVictims, capacity " + std::to_string(t.bucket_capacity) + ", bucket " +
-                 std::to_string(b) + ", after " + std::to_string(claims) + " claims: " +
+                 std::to_string(b) + ", after " + std::to_string(answers) + " answers: " +
                  std::to_string(got) + ", bucket_victim " + std::to_string(want);
         }
-        if (want < 0) break;
-        if (rng() % 5 == 0) continue;  // not admitted: the bucket stays as it is
+        if (want < 0 && ++none > 2) break;  // asked again: still none
+        if (want < 0 || rng() % 5 == 0) continue;  // not admitted: the bucket stays as it is
         pins[want] = pin_floor + static_cast<uint32_t>(rng() % 2);
         scores[want] = rng() % 3;
         digests[want] = static_cast<uint8_t>(1 + rng() % 4);
