@@ -125,12 +125,20 @@ def build_dynemb(config: Config) -> tuple[torch.nn.Module, list[torch.Tensor], l
     Returns:
         The module, the keys of each batch (on ``config.device``) and the capacities.
     """
-    from dynemb import BatchedDynamicEmbeddingTables, DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynemb import (
+        BatchedDynamicEmbeddingTables,
+        DynamicEmbPoolingMode,
+        DynamicEmbScoreStrategy,
+        DynamicEmbTableOptions,
+    )
     from dynemb.optimizer import OptimizerConfig, optimizer_type_of
 
     device = torch.device(config.device)
     keys = [spread_ids(b).to(device) for b in make_batches(config)]
     capacities = dynemb_capacities(keys, config)
+    scores = {"score_strategy": getattr(DynamicEmbScoreStrategy, config.score_strategy)}
+    if config.score_strategy == "DECAYED_LFU":
+        scores["score_half_life_steps"] = config.score_half_life_steps
     tiers = {}
     if config.hbm_fraction is not None:
         optimizer = optimizer_type_of(config.optimizer)
@@ -145,6 +153,7 @@ def build_dynemb(config: Config) -> tuple[torch.nn.Module, list[torch.Tensor], l
                 init_capacity=c,
                 embedding_dtype=getattr(torch, config.embedding_dtype),
                 stochastic_rounding=config.stochastic_rounding,
+                **scores,
                 **tiers,
             )  # fmt: skip
             for c in capacities

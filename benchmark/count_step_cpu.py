@@ -2,14 +2,15 @@
 (user and system time, page faults), for a host too busy for wall times.
 
 The module is ``bench_train.py``'s (``build_dynemb``: 8 tables, dim 64, batch 4096,
-Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity ``--capacity`` times the distinct keys), one
-thread. Each op of ``dynemb._ops`` is timed by ``getrusage`` around its call. Compare
+Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity ``--capacity`` times the distinct keys,
+TIMESTAMP scores unless ``--score-strategy`` names another), one thread. Each op of ``dynemb._ops`` is timed by ``getrusage`` around its call. Compare
 two commits by running this script (from either tree: it imports the module's package
 from ``PYTHONPATH``) in each, alternately, on one host.
 
 Usage::
 
     PYTHONPATH=. python benchmark/count_step_cpu.py [--capacity 0.25] [--steps 10] [--pause]
+                                                    [--score-strategy LFU]
 
 ``--pause``: the process stops itself (SIGSTOP) after the warm-up steps, its ids drawn
 and its tables built, so that a sampling profiler sees the timed steps alone::
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--pause", action="store_true",
                         help="stop (SIGSTOP) before the timed steps, for a profiler to attach")  # fmt: skip
+    parser.add_argument("--score-strategy", default="TIMESTAMP",
+                        help="every table's DynamicEmbScoreStrategy (DECAYED_LFU: a half-life of 10 steps)")  # fmt: skip
     add_malloc_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # run as a script: its own process to re-execute
         apply_malloc(args.malloc)
     torch.set_num_threads(1)
-    config = Config(capacity_ratio=args.capacity, steps=args.steps, warmup=_WARMUP)
+    config = Config(capacity_ratio=args.capacity, steps=args.steps, warmup=_WARMUP,
+                    score_strategy=args.score_strategy)  # fmt: skip
     module, keys, _ = build_dynemb(config)
     offsets = fixed_offsets(config)
     totals = collections.defaultdict(lambda: [0, 0.0, 0.0, 0])
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             seconds.append(time.process_time() - start)
     rec = Recorder(commit_hash())
     variant = f"capacity={args.capacity:g}x" + ("" if args.malloc == "fixed" else ",malloc=default")
+    if args.score_strategy != "TIMESTAMP":
+        variant += f",score_strategy={args.score_strategy}"
     impl = "dynemb.BatchedDynamicEmbeddingTables"
     rec.add(config.workload, impl, f"cpu_ms_per_step@{variant}",
             statistics.median(seconds) * 1e3, threads=1)  # fmt: skip

@@ -60,6 +60,10 @@ class Config:
     # float16 / bfloat16 rows (DynamicEmbTableOptions.stochastic_rounding).
     embedding_dtype: str = "float32"
     stochastic_rounding: bool = False
+    # dynemb only: every table's score_strategy (a DynamicEmbScoreStrategy name);
+    # DECAYED_LFU halves an access's weight every score_half_life_steps steps.
+    score_strategy: str = "TIMESTAMP"
+    score_half_life_steps: int = 10
     # DMP only: every table's sharding type, for both (None: TorchRec table-wise on one
     # process, row-wise on more; dynemb row-wise; "auto": each planner picks by cost
     # among row-wise, table-wise and column-wise).
