@@ -61,15 +61,6 @@ constexpr std::integral_constant<RowUse, kUse> kRows{};
 template <class Sink>
 concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 
-/// Runs upsert for the key at each position j in [begin, end), one thread: keys[j],
-/// batch index i = order[j] (or i = j when order is null); outputs go to position j
-/// (status[j], the sink's o = j). Keys come in position order, so that a partition
-/// reads them in sequence.
-/// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
-/// only one touching the buckets its keys may change (see upsert_batch).
-/// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
-/// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's bucket of
-/// each batch index (choose_bucket), or null (every key's home).
 /// The victims of a distinct batch's pass 1 (victim_levels_apply), bucket by bucket:
 /// the positions `pending` (new keys whose home bucket is full, in position order)
 /// grouped by home bucket with a counting sort (position order kept within one); a
@@ -139,6 +130,15 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
   return true;
 }
 
+/// Runs upsert for the key at each position j in [begin, end), one thread: keys[j],
+/// batch index i = order[j] (or i = j when order is null); outputs go to position j
+/// (status[j], the sink's o = j). Keys come in position order, so that a partition
+/// reads them in sequence.
+/// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
+/// only one touching the buckets its keys may change (see upsert_batch).
+/// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
+/// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's bucket of
+/// each batch index (choose_bucket), or null (every key's home).
 template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
