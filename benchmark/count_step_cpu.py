@@ -3,9 +3,10 @@
 
 The module is ``bench_train.py``'s (``build_dynemb``: 8 tables, dim 64, batch 4096,
 Zipf ids, EXACT_ROWWISE_ADAGRAD, capacity ``--capacity`` times the distinct keys,
-TIMESTAMP scores unless ``--score-strategy`` names another), one thread. Each op of ``dynemb._ops`` is timed by ``getrusage`` around its call. Compare
-two commits by running this script (from either tree: it imports the module's package
-from ``PYTHONPATH``) in each, alternately, on one host.
+TIMESTAMP scores unless ``--score-strategy`` names another), one thread. Each op of
+``dynemb._ops`` is timed by ``getrusage`` around its call. Compare two commits by
+running this script (from either tree: it imports the module's package from
+``PYTHONPATH``) in each, alternately, on one host.
 
 Usage::
 
@@ -40,7 +41,7 @@ from bench_train import build_dynemb, fixed_offsets
 from common import Recorder, add_malloc_argument, apply_malloc, commit_hash
 from train_workloads import Config
 
-from dynemb import _ops
+from dynemb import DynamicEmbScoreStrategy, _ops
 
 _WARMUP = 3
 
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pause", action="store_true",
                         help="stop (SIGSTOP) before the timed steps, for a profiler to attach")  # fmt: skip
     parser.add_argument("--score-strategy", default="TIMESTAMP",
-                        help="every table's DynamicEmbScoreStrategy (DECAYED_LFU: a half-life of 10 steps)")  # fmt: skip
+                        choices=[s.name for s in DynamicEmbScoreStrategy],
+                        help="every table's score strategy (DECAYED_LFU: a half-life of 10 steps)")  # fmt: skip
     add_malloc_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
