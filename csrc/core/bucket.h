@@ -167,18 +167,46 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t b
   return -1;
 }
 
-/// 1 when slot s of a bucket is pinned (bucket_victim's rule): bit ops, not ?: or &&
-/// (gcc vectorizes only this form); kPins: the table has pins (else only the score
-/// floor pins). A function, not a plain lambda: gcc left such a lambda out of line,
-/// a call per slot and pass (the evicting W-train probe ran 5x slower).
+/// bucket_victim's rule over one bucket's score and pin columns: which slots are
+/// pinned, and which are candidates. kPins: the table has pins (else only the score
+/// floor pins). Every victim search (bucket_victim_in, tile_victim_in, the CPU's
+/// BucketVictims) runs its passes through it. Bit ops, not ?: or && (gcc vectorizes
+/// only this form), in forced-inline members: gcc left a plain lambda out of line, a
+/// call per slot and pass (the evicting W-train probe ran 5x slower).
 template <bool kPins>
-DYNEMB_HD DYNEMB_INLINE uint64_t slot_pinned(const uint64_t* scores, const uint32_t* pins,
-                                             int64_t s, uint32_t pin_floor, uint64_t by_score,
-                                             uint64_t pin_mask, uint64_t evict_below) {
-  uint64_t held = 0;
-  if constexpr (kPins) held = static_cast<uint64_t>(pins[s] >= pin_floor);
-  return held | (by_score & static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
-}
+struct VictimRule {
+  const uint64_t* scores;  // the bucket's
+  const uint32_t* pins;    // the bucket's; unread unless kPins
+  uint32_t pin_floor;
+  uint64_t by_score;  // 0 under kEvictAny: the score floor pins nothing
+  uint64_t pin_mask;
+  uint64_t evict_below;
+
+  DYNEMB_HD DYNEMB_INLINE VictimRule(const uint64_t* bucket_scores, const uint32_t* bucket_pins,
+                                     uint64_t mask, uint64_t below, uint32_t floor)
+      : scores(bucket_scores), pins(bucket_pins), pin_floor(floor),
+        by_score(below != kEvictAny), pin_mask(mask), evict_below(below) {}
+
+  /// 1 when slot s is pinned.
+  DYNEMB_HD DYNEMB_INLINE uint64_t pinned(int64_t s) const {
+    uint64_t held = 0;
+    if constexpr (kPins) held = static_cast<uint64_t>(pins[s] >= pin_floor);
+    return held | (by_score & static_cast<uint64_t>((scores[s] & pin_mask) >= evict_below));
+  }
+  /// The first pass, one slot at a time: `low` falls to the lowest score among the
+  /// slots not pinned (a pinned slot counts as ~0), `free` becomes 1 when one is not.
+  DYNEMB_HD DYNEMB_INLINE void fold_lowest(int64_t s, uint64_t& low, uint64_t& free) const {
+    const uint64_t p = pinned(s);
+    const uint64_t c = scores[s] | (uint64_t{0} - p);
+    low = c < low ? c : low;
+    free |= p ^ 1;
+  }
+  /// 1 when slot s is a candidate: not pinned, of score `low` (the first pass's; a
+  /// pinned slot never, even when `low` is ~0).
+  DYNEMB_HD DYNEMB_INLINE uint64_t candidate(int64_t s, uint64_t low) const {
+    return (pinned(s) ^ 1) & static_cast<uint64_t>(scores[s] == low);
+  }
+};
 
 /// The eviction victim of a full bucket: among the slots not pinned, the one with
 /// the smallest (score, digest, key); -1 when every slot is pinned. A slot is
@@ -203,35 +231,21 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
   const uint64_t* scores = t.bucket_scores(bucket);
   const uint8_t* digests = t.bucket_digests(bucket);
   const uint32_t* pins = kPins ? t.bucket_pins(bucket) : nullptr;
-  // The score floor pins nothing under kEvictAny (a score of ~0 stays a candidate).
-  const uint64_t by_score = evict_below != kEvictAny;
+  const VictimRule<kPins> rule(scores, pins, pin_mask, evict_below, pin_floor);
   uint64_t low = ~uint64_t{0};
   uint64_t free = 0;  // 1 when some slot is not pinned
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t p =
-        slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
-    const uint64_t c = scores[s] | (uint64_t{0} - p);
-    low = c < low ? c : low;
-    free |= p ^ 1;
-  }
+  for (int64_t s = 0; s < n; ++s) rule.fold_lowest(s, low, free);
   if (!free) return -1;  // all pinned
-  // The candidates: slots not pinned whose score is the minimum (a pinned slot never,
-  // even when the minimum is ~0).
-  auto low_slot = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {
-    const uint64_t p =
-        slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
-    return (p ^ 1) & static_cast<uint64_t>(scores[s] == low);
-  };
   uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the candidates
   for (int64_t s = 0; s < n; ++s) {
-    const uint64_t other = low_slot(s) - 1;  // 0 for a candidate, else ~0
+    const uint64_t other = rule.candidate(s, low) - 1;  // 0 for a candidate, else ~0
     const uint64_t c = (uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)) | other;
     first = c < first ? c : first;
   }
   const uint64_t digest = first >> 32;
   int64_t ties = 0;
   for (int64_t s = 0; s < n; ++s) {
-    ties += static_cast<int64_t>(low_slot(s) & static_cast<uint64_t>(digests[s] == digest));
+    ties += static_cast<int64_t>(rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest));
   }
   if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
   // Several share score and digest: the smallest key (signed order: unsigned with the
@@ -241,7 +255,7 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
   const int64_t* keys = t.bucket_keys(bucket);
   constexpr uint64_t kSign = uint64_t{1} << 63;
   auto tied = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {
-    return low_slot(s) & static_cast<uint64_t>(digests[s] == digest);
+    return rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest);
   };
   uint64_t least = ~uint64_t{0};
   for (int64_t s = 0; s < n; ++s) {

@@ -242,25 +242,15 @@ DYNEMB_HD int64_t tile_victim_in(const Tile& tile, const TableRef<V>& t, int64_t
   const uint64_t* scores = t.bucket_scores(bucket, lead);
   const uint8_t* digests = t.bucket_digests(bucket, lead);
   const uint32_t* pins = kPins ? t.bucket_pins(bucket, lead) : nullptr;
-  const uint64_t by_score = evict_below != kEvictAny;
-  auto pinned = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
-    return slot_pinned<kPins>(scores, pins, s, pin_floor, by_score, pin_mask, evict_below);
-  };
+  const VictimRule<kPins> rule(scores, pins, pin_mask, evict_below, pin_floor);
   uint64_t low = ~uint64_t{0};
-  bool free = false;
-  for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
-    const uint64_t p = pinned(s);
-    const uint64_t c = scores[s] | (uint64_t{0} - p);
-    low = c < low ? c : low;
-    free |= p == 0;
-  }
+  uint64_t free = 0;
+  for (int64_t s = tile.rank(); s < n; s += Tile::kSize) rule.fold_lowest(s, low, free);
   low = tile.min(low);
-  if (tile.ballot(free) == 0) return -1;
+  if (tile.ballot(free != 0) == 0) return -1;
   // Among the slots not pinned holding the minimum score: the smallest digest, then
   // the smallest key (as an unsigned number with its sign bit flipped: signed order).
-  auto candidate = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
-    return pinned(s) == 0 && scores[s] == low;
-  };
+  auto candidate = [&](int64_t s) DYNEMB_INLINE_LAMBDA { return rule.candidate(s, low) != 0; };
   uint64_t digest = ~uint64_t{0};
   for (int64_t s = tile.rank(); s < n; s += Tile::kSize) {
     if (candidate(s) && digests[s] < digest) digest = digests[s];

@@ -9,7 +9,7 @@
 // successive victims are its candidates (slots not pinned) in eviction order (core
 // bucket.h bucket_victim_in: score, digest, key), and one scan can yield every
 // candidate of the lowest score: scores that count batches or accesses tie for
-// dozens of slots. Which slots are candidates stays the core's (slot_pinned);
+// dozens of slots. Which slots are candidates stays the core's (VictimRule);
 // tests/native/tile_bucket.cpp checks that the answers are bucket_victim's.
 #pragma once
 
@@ -62,18 +62,10 @@ class BucketVictims {
     const uint32_t* pins = t_.pins + base_;
     const uint8_t* digests = t_.digests + base_;
     const int64_t* keys = t_.keys + base_;
-    const uint64_t by_score = evict_below_ != kEvictAny;
-    auto pinned = [&](int64_t s) DYNEMB_INLINE_LAMBDA {
-      return slot_pinned<true>(scores, pins, s, pin_floor_, by_score, pin_mask_, evict_below_);
-    };
+    const VictimRule<true> rule(scores, pins, pin_mask_, evict_below_, pin_floor_);
     uint64_t low = ~uint64_t{0};
     uint64_t free = 0;
-    for (int64_t s = 0; s < n; ++s) {
-      const uint64_t p = pinned(s);
-      const uint64_t c = scores[s] | (uint64_t{0} - p);
-      low = c < low ? c : low;
-      free |= p ^ 1;
-    }
+    for (int64_t s = 0; s < n; ++s) rule.fold_lowest(s, low, free);
     next_ = size_ = 0;
     if (!free) {  // and stays so: claims only pin more (the bucket's later keys fail)
       all_pinned_ = true;
@@ -82,7 +74,7 @@ class BucketVictims {
     int64_t m = 0;
     for (int64_t s = 0; s < n; ++s) {
       candidates_[m] = static_cast<int32_t>(s);
-      m += static_cast<int64_t>((pinned(s) ^ 1) & static_cast<uint64_t>(scores[s] == low));
+      m += static_cast<int64_t>(rule.candidate(s, low));
     }
     // Counting sort by digest, whose running sum walks only the digests present: a
     // level of one slot (distinct scores: CUSTOMIZED, DECAYED_LFU) costs little more
