@@ -61,6 +61,30 @@ constexpr std::integral_constant<RowUse, kUse> kRows{};
 template <class Sink>
 concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 
+/// Writes the new rows of the positions `placed` whose status says a new key took a
+/// slot (sink.slots[j]), in one loop after their placements: each row is fetched for
+/// writing kAhead keys ahead. Written where its slot was chosen, a row's stores each
+/// waited on the read for ownership of a line seldom cached (a victim's row), and
+/// init_row stalled on them (7% of the evicting W-train step).
+template <class V>
+void init_new_rows(const TableRef<V>& t, const SlotSink<V>& sink, const int64_t* keys,
+                   const std::vector<int64_t>& placed, const int8_t* status) {
+  constexpr int64_t kAhead = 8;
+  const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
+  std::vector<int64_t> fresh;
+  fresh.reserve(placed.size());
+  for (const int64_t j : placed) {
+    const auto s = static_cast<Status>(status[j]);
+    if (s == Status::kInserted || s == Status::kEvicted) fresh.push_back(j);
+  }
+  const auto n = static_cast<int64_t>(fresh.size());
+  for (int64_t x = 0; x < n; ++x) {
+    if (x + kAhead < n) P::prefetch_lines_for_write(t.row(sink.slots[fresh[x + kAhead]]), bytes);
+    const int64_t j = fresh[x];
+    init_row(sink.init, keys[j], t.row(sink.slots[j]), sink.dim, t.row_width);
+  }
+}
+
 /// The victims of a distinct batch's pass 1 (victim_levels_apply), bucket by bucket:
 /// the positions `pending` (new keys whose home bucket is full, in position order)
 /// grouped by home bucket with a counting sort (position order kept within one); a
@@ -68,11 +92,25 @@ concept ReadsInputRows = requires(Sink s) { s.in + s.in_width; };
 /// from its own scan (place_by_victim). The victims are those of place_by_victim in
 /// position order: buckets are independent in pass 1. Returns false, having changed
 /// nothing, when the keys spread over more than two buckets each (mostly lone keys).
+///
+/// A SlotSink that writes new rows writes them after the placements, in one loop that
+/// fetches each row for writing a few keys ahead (init_new_rows).
 template <class V, class Sink, class IndexOf>
 bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs& args,
                              const int64_t* keys, IndexOf&& index_of,
                              const std::vector<int64_t>& pending, int8_t* status,
                              StatusCounts& counts) {
+  if constexpr (std::is_same_v<Sink, SlotSink<V>>) {
+    if (sink.init_rows) {
+      SlotSink<V> slots_only = sink;
+      slots_only.init_rows = false;
+      if (!place_by_bucket_victims(t, slots_only, args, keys, index_of, pending, status, counts)) {
+        return false;
+      }
+      init_new_rows(t, sink, keys, pending, status);
+      return true;
+    }
+  }
   const auto n = static_cast<int64_t>(pending.size());
   if (n == 0) return true;
   std::vector<int64_t> bucket(n);
