@@ -243,10 +243,11 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
     first = c < first ? c : first;
   }
   const uint64_t digest = first >> 32;
+  auto tied = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {  // a candidate of that digest
+    return rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest);
+  };
   int64_t ties = 0;
-  for (int64_t s = 0; s < n; ++s) {
-    ties += static_cast<int64_t>(rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest));
-  }
+  for (int64_t s = 0; s < n; ++s) ties += static_cast<int64_t>(tied(s));
   if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
   // Several share score and digest: the smallest key (signed order: unsigned with the
   // sign bit flipped), by two more branch-free passes. Not rare: scores that count
@@ -254,9 +255,6 @@ DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t b
   // branch per slot mispredicted (a quarter of the evicting W-train probe's time).
   const int64_t* keys = t.bucket_keys(bucket);
   constexpr uint64_t kSign = uint64_t{1} << 63;
-  auto tied = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {
-    return rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest);
-  };
   uint64_t least = ~uint64_t{0};
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t k = (static_cast<uint64_t>(keys[s]) ^ kSign) | (tied(s) - 1);
