@@ -194,10 +194,14 @@ struct SlotSink {
   bool init_rows;  // false: a new key's slot keeps its old row (the evicted one's) for
                    // the caller, who moves it out and writes the new row itself
 
+  /// Writes the initial row of `key` into `slot` (what fresh does under init_rows).
+  DYNEMB_HD void write_new_row(int64_t slot, int64_t key) const {
+    init_row(init, key, t.row(slot), dim, t.row_width);
+  }
   DYNEMB_HD void hit(int64_t, int64_t o, int64_t slot) { slots[o] = slot; }
   DYNEMB_HD void evicting(int64_t i, int64_t slot) { evicted.capture(t, i, slot); }
   DYNEMB_HD void fresh(int64_t, int64_t o, int64_t slot, int64_t key) {
-    if (init_rows) init_row(init, key, t.row(slot), dim, t.row_width);
+    if (init_rows) write_new_row(slot, key);
     slots[o] = slot;
   }
   DYNEMB_HD void failed(int64_t, int64_t o, int64_t) { slots[o] = -1; }

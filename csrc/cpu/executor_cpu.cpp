@@ -71,17 +71,17 @@ void init_new_rows(const TableRef<V>& t, const SlotSink<V>& sink, const int64_t*
                    const std::vector<int64_t>& placed, const int8_t* status) {
   constexpr int64_t kAhead = 8;
   const int64_t bytes = t.row_width * static_cast<int64_t>(sizeof(V));
-  std::vector<int64_t> fresh;
-  fresh.reserve(placed.size());
-  for (const int64_t j : placed) {
+  auto is_new = [&](int64_t j) {
     const auto s = static_cast<Status>(status[j]);
-    if (s == Status::kInserted || s == Status::kEvicted) fresh.push_back(j);
-  }
-  const auto n = static_cast<int64_t>(fresh.size());
+    return s == Status::kInserted || s == Status::kEvicted;
+  };
+  const auto n = static_cast<int64_t>(placed.size());
   for (int64_t x = 0; x < n; ++x) {
-    if (x + kAhead < n) P::prefetch_lines_for_write(t.row(sink.slots[fresh[x + kAhead]]), bytes);
-    const int64_t j = fresh[x];
-    init_row(sink.init, keys[j], t.row(sink.slots[j]), sink.dim, t.row_width);
+    if (x + kAhead < n && is_new(placed[x + kAhead])) {
+      P::prefetch_lines_for_write(t.row(sink.slots[placed[x + kAhead]]), bytes);
+    }
+    const int64_t j = placed[x];
+    if (is_new(j)) sink.write_new_row(sink.slots[j], keys[j]);
   }
 }
 
