@@ -18,6 +18,11 @@ from tests.support.alignment_workers import (
 )
 from tests.support.multiprocess import run_ranks
 
+pytestmark = pytest.mark.no_emulated_pass(
+    "sizing through the planner and DMP, the same on every executor; the one lookup "
+    "per table runs in rank processes, and lookups run on both executors elsewhere"
+)
+
 COMBINATIONS = combinations()
 # Over 2 ranks: Adam, dim 16, a quarter of the table in the fast tier.
 TWO_RANKS = [c for c in COMBINATIONS if c[3].name == "ADAM" and c[4] == 0.25 and c[5] == 16]

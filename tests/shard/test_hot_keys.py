@@ -26,6 +26,9 @@ RTOL = ATOL = 1e-5
 # The hot-key path is torch ops over the tables' kernels: 2 ranks cover the emulated
 # executor; 4 ranks add only the collective pattern, which no executor changes.
 _FOUR_RANKS_ON_CPU_ONLY = "4 ranks run on the CPU executor; 2 ranks cover the emulated one"
+# Dumps, loads, deltas and warm starts of a model with replicas are Python over the
+# same table ops as training, which the 2-rank cases above run on the emulated executor.
+_PYTHON_OVER_TRAINED_TABLES = "dumps, deltas and warm starts: Python over the ops of training"
 
 
 def _check(cases, results):
@@ -125,6 +128,7 @@ def test_hot_options_checked(field, value):
         DynamicEmbTableOptions(**{field: value})
 
 
+@pytest.mark.no_emulated_pass(_PYTHON_OVER_TRAINED_TABLES)
 def test_checkpoint_round_trip_with_and_without_replicas(tmp_path):
     """A dump of a model with hot replicas loads into one without and the other way
     round (then reload_hot_replicas), both training on as the model never dumped."""
@@ -142,6 +146,7 @@ def test_checkpoint_round_trip_with_and_without_replicas(tmp_path):
     assert any(not torch.allclose(g, w) for g, w in zip(stale, results[0]["reference"]))
 
 
+@pytest.mark.no_emulated_pass(_PYTHON_OVER_TRAINED_TABLES)
 def test_deltas_and_warm_start_see_one_table(tmp_path):
     """The deltas published over a model trained with hot replicas hold the keys,
     rows, optimizer state and tombstones of training without; a model with hot
