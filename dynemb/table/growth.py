@@ -24,7 +24,7 @@ from dynemb.table.capacity import next_bucket_count
 from dynemb.table.pin_ledger import PinHold
 from dynemb.table.spill_persistence import commit_spill
 from dynemb.table.table_state import TableState
-from dynemb.table.table_storage import TableStorage
+from dynemb.table.table_storage import TableStorage, trim_host_heap
 
 
 def hold_pins(state: TableState) -> PinHold:
@@ -213,9 +213,13 @@ def _retry_failed(
     ]
 
 
-# Rows of old storage a chunk of growth moves: 4 MiB of dim-16 float32 rows, small
-# beside a table worth chunking, large enough that a chunk's call costs nothing.
+# Rows of old storage a chunk of growth moves: at most 4 MiB of dim-16 float32 rows,
+# small beside a large table, large enough that a chunk's call costs nothing; and at
+# most 1/GROWTH_CHUNKS of the old table's. A chunk's new rows are faulted in before
+# its old rows are freed, so the peak of a growth exceeds the tables' sum by a chunk:
+# 1/16 of a small table (at 1M keys a chunk of 2^16 rows raised the peak by ~0.15x).
 GROWTH_CHUNK_ROWS = 1 << 16
+GROWTH_CHUNKS = 16
 
 
 def _grows_in_chunks(storage: TableStorage) -> bool:
@@ -241,7 +245,15 @@ def _grow(state: TableState, entries: int) -> bool:
     buckets = next_bucket_count(
         old.num_buckets, state.max_buckets, evicts, entries, old.layout.bucket_capacity
     )
-    return _rehash_into(state, old, buckets)
+    if not _rehash_into(state, old, buckets):
+        return False
+    if _grows_in_chunks(state.storage):
+        # glibc keeps freed blocks below its mmap threshold (which rises to the size of
+        # the largest block freed) in its heap: the old key metadata would stay in RSS
+        # beside the new (at 1M keys up to 0.3x of the table after a growth).
+        del old
+        trim_host_heap()
+    return True
 
 
 def _rehash_into(state: TableState, old, buckets: int) -> bool:
@@ -268,9 +280,10 @@ def _rehash_into(state: TableState, old, buckets: int) -> bool:
 
 def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool:
     """Rehashes ``old`` into ``new`` (a ``lazy_values`` storage) a chunk of
-    ``GROWTH_CHUNK_ROWS`` rows at a time, in bucket order, freeing the rows of ``old``
-    each chunk moved and faulting in those of ``new`` just ahead of it: the process
-    holds old and new key metadata but about one table of rows, not two.
+    ``GROWTH_CHUNK_ROWS`` rows (at most 1/``GROWTH_CHUNKS`` of ``old``'s) at a time, in
+    bucket order, freeing the rows of ``old`` each chunk moved and faulting in those of
+    ``new`` just ahead of it: the process holds old and new key metadata but about one
+    table of rows, not two.
 
     The range reduction is monotone (csrc/core/hash.h), so the entries homed in old
     buckets ``[b0, b1)`` land in new buckets ``[b0 * n' // n, ceil(b1 * n' / n) +
@@ -290,7 +303,7 @@ def _rehash_in_chunks(old: TableStorage, new: TableStorage, window: int) -> bool
     ``new`` is to be dropped.
     """
     n, n2, cap = old.num_buckets, new.num_buckets, old.layout.bucket_capacity
-    step = max(1, GROWTH_CHUNK_ROWS // cap)
+    step = max(1, min(GROWTH_CHUNK_ROWS, n * cap // GROWTH_CHUNKS) // cap)
     span = 1 + _ops.SECOND_BUCKET_SPAN if window > 1 else 1  # buckets from home a key reaches
     tail = max(0, n - span) * n2 // n * cap  # new rows the wrapped entries may reach
     filled = min(n2 * cap, min(n2, span) * cap, tail)  # rows [0, filled) faulted in

@@ -31,6 +31,13 @@ _MADV_DONTNEED = 4  # Linux: the pages go back to the system; a later touch read
 _LIBC = ctypes.CDLL(None, use_errno=True)  # madvise: growth.py uses it on Linux only
 
 
+def trim_host_heap() -> None:
+    """Gives the C heap's free pages back to the system (glibc's malloc_trim)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def allocate(shape, dtype, device) -> torch.Tensor:
     """An uninitialised buffer; large host buffers get huge pages before first touch."""
     t = torch.empty(shape, dtype=dtype, device=device)
