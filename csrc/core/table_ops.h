@@ -45,6 +45,8 @@
 //      emptier of its home and second bucket, as the table stood before the batch.
 //      Pass 1 then runs each key in that bucket (KeyProbe::bucket), its "home" below:
 //      a snapshot, so that owners of buckets decide alone, in any order, on a GPU too.
+//      (Pass 1 moves and evicts no stored key under NO_EVICTION, so an executor may
+//      take the slot where pass 0 found a key as its pass 1 hit: hit_stored.)
 //   1. for every key, the keys of one home bucket in batch order: under an evicting
 //      strategy (hits_first) touch_stored for all of them, then upsert_home for
 //      those not stored (a key repeated in the batch is a hit the second time), so
@@ -231,19 +233,21 @@ DYNEMB_HD DYNEMB_INLINE bool home_takes_new_keys(const TableRef<V>& t, int64_t f
 /// finds cheaper but the first failed insert earlier (buckets of 128: margins 0, 1, 2, 8
 /// gave 3.4, 2.9, 2.7, 2.35 metadata lines a find at load 0.75, and loads 0.959, 0.951,
 /// 0.942, ~0.92 at 16M slots).
+/// `stored` (when not null) receives the slot that stores the key, else -1: pass 1
+/// moves and evicts no stored key under NO_EVICTION, so an executor may take that slot
+/// as the key's hit there without a second probe (hit_stored).
 template <class P, class V>
 DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
-                                int64_t hint = -1) {
-  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) {
-    return hint / t.bucket_capacity;
-  }
+                                int64_t hint = -1, int64_t* stored = nullptr) {
+  int64_t slot = -1;
+  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) slot = hint;
   const int64_t home = p.bucket;
-  if (bucket_find<P>(t, home, key, p.digest, p.order) >= 0) return home;
+  if (slot < 0) slot = bucket_find<P>(t, home, key, p.digest, p.order);
   const uint64_t h = hash_key(key);
   const int64_t second = second_bucket_of(h, t.num_buckets);
-  if (t.overflowed(home) && bucket_find<P>(t, second, key, p.digest, p.order) >= 0) {
-    return second;
-  }
+  if (slot < 0 && t.overflowed(home)) slot = bucket_find<P>(t, second, key, p.digest, p.order);
+  if (stored != nullptr) *stored = slot;
+  if (slot >= 0) return slot / t.bucket_capacity;
   const int64_t home_free = bucket_free_count<P>(t, home);
   if (home_takes_new_keys(t, home_free)) return home;
   return bucket_free_count<P>(t, second) > home_free ? second : home;
@@ -335,6 +339,17 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
   }
   P::unlock(t.lock_word(home));
   return decided;
+}
+
+/// Pass 1 of a key that pass 0 found stored in `slot` (choose_bucket's `stored`): the
+/// hit upsert_home would make in its chosen bucket, without the probe that would find
+/// the same slot again. Calls sink.hit.
+template <class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status hit_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t slot,
+                                          const UpsertArgs& u, Sink& sink) {
+  touch(t, slot, u, i);
+  sink.hit(i, o, slot);
+  return Status::kHit;
 }
 
 /// upsert_home of a key whose KeyProbe is not at hand.

@@ -168,6 +168,19 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
   return true;
 }
 
+/// Pass 0's answer for one key (choose_buckets), in one word: the bucket its pass 1
+/// runs in, or ~slot when pass 0 found the key stored in `slot` (that slot's bucket),
+/// whose pass 1 is then hit_stored, without a second probe.
+struct Choice {
+  static int64_t of_stored(int64_t slot) { return ~slot; }
+  /// The slot pass 0 found the key stored in, or -1.
+  static int64_t stored(int64_t c) { return c < 0 ? ~c : -1; }
+  template <class V>
+  static int64_t bucket(const TableRef<V>& t, int64_t c) {
+    return c < 0 ? ~c / t.bucket_capacity : c;
+  }
+};
+
 /// Runs upsert for the key at each position j in [begin, end), one thread: keys[j],
 /// batch index i = order[j] (or i = j when order is null); outputs go to position j
 /// (status[j], the sink's o = j). Keys come in position order, so that a partition
@@ -175,8 +188,8 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
 /// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
 /// only one touching the buckets its keys may change (see upsert_batch).
 /// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
-/// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's bucket of
-/// each batch index (choose_bucket), or null (every key's home).
+/// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's Choice for
+/// each batch index, or null (every key's home).
 template <class Q, class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
@@ -191,10 +204,11 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   // victims: std::bool_constant, whether the loop's body looks for victims (the first
   // pass of hits_first leaves them to the second: it need not fetch a full bucket's
   // scores, which the second fetches again).
-  auto run_loop = [&](auto victims, auto&& key_at, auto&& body, int64_t first, int64_t last) {
+  auto run_loop = [&](auto victims, auto&& key_at, auto&& body, int64_t first, int64_t last,
+                      auto&&... known_at) {
     auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
       prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup,
-                      decltype(victims)::value>(t, first, last, key_at, body);
+                      decltype(victims)::value>(t, first, last, key_at, body, known_at...);
     };
     if constexpr (Sink::kRowOnHit) {
       if (assigned_rows_streamed(sink)) {
@@ -231,19 +245,23 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   if (chosen != nullptr) {  // NO_EVICTION after pass 0: each key in its chosen bucket
     auto probe_at = [&](int64_t x) {
       KeyProbe p(t, keys[x]);
-      p.bucket = chosen[index_of(x)];
+      p.bucket = Choice::bucket(t, chosen[index_of(x)]);
       return p;
     };
+    auto stored_at = [&](int64_t x) { return Choice::stored(chosen[index_of(x)]); };
     auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
+      const int64_t i = index_of(x);
       Status s;
-      if (upsert_home<Q, true>(t, index_of(x), x, keys[x], probe, args, sink, &s, hint)) {
-        status[x] = static_cast<int8_t>(s);
-        ++counts.by_status[static_cast<int>(s)];
-      } else {
+      if (Choice::stored(chosen[i]) >= 0) {  // hint: that slot (stored_at); probe: unset
+        s = hit_stored(t, i, x, hint, args, sink);
+      } else if (!upsert_home<Q, true>(t, i, x, keys[x], probe, args, sink, &s, hint)) {
         deferred.push_back(x);
+        return;
       }
+      status[x] = static_cast<int8_t>(s);
+      ++counts.by_status[static_cast<int>(s)];
     };
-    if (first < last) run_loop(std::true_type{}, probe_at, body, first, last);
+    if (first < last) run_loop(std::true_type{}, probe_at, body, first, last, stored_at);
     P::store_fence();
     return;
   }
@@ -337,7 +355,8 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
     const int64_t lo = n * c / T, hi = n * (c + 1) / T;
     std::vector<int64_t> mine(T, 0);  // this chunk's counts, then cursors (not shared)
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = chosen ? chosen[i] : bucket_of(hash_key(keys[i]), t.num_buckets);
+      const int64_t b =
+          chosen ? Choice::bucket(t, chosen[i]) : bucket_of(hash_key(keys[i]), t.num_buckets);
       const int64_t p = b * T / t.num_buckets;
       part[i] = static_cast<uint16_t>(p);
       ++mine[p];
@@ -374,8 +393,8 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
   }
 }
 
-/// Pass 0 of the batch rule (core/table_ops.h chooses_buckets): the bucket each key's
-/// pass 1 runs in (choose_bucket), by batch index; it only reads the table.
+/// Pass 0 of the batch rule (core/table_ops.h chooses_buckets): choose_bucket of each
+/// key, by batch index, as a Choice; it only reads the table.
 template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
   std::vector<int64_t> chosen(n);
@@ -411,7 +430,9 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
           if (s >= 0 && t.digest(s) == digest) P::prefetch(t.keys + s);
         }
       }
-      chosen[i] = choose_bucket<P>(t, keys[i], p, hint);
+      int64_t stored;
+      const int64_t bucket = choose_bucket<P>(t, keys[i], p, hint, &stored);
+      chosen[i] = stored >= 0 ? Choice::of_stored(stored) : bucket;
     };
     prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
   });

@@ -169,7 +169,26 @@ DYNEMB_INLINE int64_t prefetch_second_slot(const TableRef<V>& t, const KeyProbe&
   return s;
 }
 
+/// Stage 1 of a key whose slot the caller knows (prefetched_loop's known_at): what a
+/// hit's body touches there, as stage 2 fetches it for a likely slot.
+template <Touches kTouches, RowUse kRows, class V>
+DYNEMB_INLINE void prefetch_known_slot(const TableRef<V>& t, int64_t slot) {
+  if (kTouches != Touches::kRead) {
+    if (t.scores) CpuPlatform::prefetch_for_write(t.scores + slot);
+    if (t.timestamps) CpuPlatform::prefetch_for_write(t.timestamps + slot);
+    if (t.pins) CpuPlatform::prefetch_for_write(t.pins + slot);
+  }
+  if (kRows == RowUse::kAll || kRows == RowUse::kHitsOnly) {
+    CpuPlatform::prefetch_lines(t.row(slot), t.row_width * static_cast<int64_t>(sizeof(V)));
+  }
+}
+
 }  // namespace detail
+
+/// prefetched_loop's default known_at: no key's slot is known.
+struct NoKnownSlots {
+  int64_t operator()(int64_t) const { return -1; }
+};
 
 /// Calls body(j, hint) for j in [begin, end) in order, prefetching group by group
 /// (kGroup keys per group); key_at(j) is the key body(j) will look up (or its
@@ -179,22 +198,35 @@ DYNEMB_INLINE int64_t prefetch_second_slot(const TableRef<V>& t, const KeyProbe&
 /// kSeconds (finds by key in a table whose keys may sit in their second bucket): past a
 /// flagged home, stage 1 also fetches the second bucket's home line, and stage 2 that
 /// bucket's likely slot when the home line has no match.
+/// known_at(j): the slot that holds j's key when the caller knows it (pass 0 found it
+/// stored), else -1; such a key is not probed: stage 1 fetches what a hit touches in
+/// that slot, and the body gets the slot as its hint (and a KeyProbe not computed).
 template <Touches kTouches, RowUse kRows, int64_t kGroup, bool kVictims = true,
-          bool kSeconds = false, class V, class KeyAt, class Body>
+          bool kSeconds = false, class V, class KeyAt, class Body,
+          class KnownAt = NoKnownSlots>
 DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t end,
-                                   KeyAt&& key_at, Body&& body) {
+                                   KeyAt&& key_at, Body&& body, KnownAt&& known_at = {}) {
   // Entry (j - begin) % kRing of each ring: j's probe (and second bucket) from stage 1
   // and hint from stage 2; stage 1 runs two groups ahead of the body, stage 2 one
   // group. Four groups, not three: a power of two makes the modulo a mask (kGroup is one).
   constexpr int64_t kRing = 4 * kGroup;
   static_assert((kGroup & (kGroup - 1)) == 0, "kGroup must be a power of two");
+  constexpr bool kKnown = !std::is_same_v<std::decay_t<KnownAt>, NoKnownSlots>;
   KeyProbe probes[kRing];
   int64_t hints[kRing];
+  int64_t known[kKnown ? kRing : 1];
   int64_t seconds[kSeconds ? kRing : 1];
   BucketSpan span;
   auto digests = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       const int64_t r = (j - begin) % kRing;
+      if constexpr (kKnown) {
+        known[r] = known_at(j);
+        if (known[r] >= 0) {
+          detail::prefetch_known_slot<kTouches, kRows>(t, known[r]);
+          continue;
+        }
+      }
       KeyProbe& p = probes[r];
       if constexpr (std::is_same_v<std::decay_t<decltype(key_at(j))>, KeyProbe>) {
         p = key_at(j);
@@ -215,6 +247,12 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
   auto slots = [&](int64_t from) {
     for (int64_t j = from; j < std::min(end, from + kGroup); ++j) {
       const int64_t r = (j - begin) % kRing;
+      if constexpr (kKnown) {
+        if (known[r] >= 0) {
+          hints[r] = known[r];
+          continue;
+        }
+      }
       hints[r] = detail::prefetch_slot<kTouches, kRows, kVictims>(t, probes[r], span);
       if constexpr (kSeconds) {
         hints[r] = detail::prefetch_second_slot<kRows>(t, probes[r], seconds[r], hints[r]);
