@@ -108,17 +108,32 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   return decided;
 }
 
-/// choose_bucket by a tile (pass 0: reads only). @return the same in every lane.
+/// hit_stored by a tile that owns the slot's bucket: the hit of a key pass 0 found
+/// stored in `slot`, without probing again. @return kHit, in every lane.
+template <class Tile, class V, class Sink>
+DYNEMB_HD Status tile_hit_stored(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
+                                 int64_t slot, const UpsertArgs& u, Sink& sink) {
+  if (tile.rank() == 0) touch(t, slot, u, i);
+  sink.hit(i, o, slot, lanes_of(tile));
+  tile.sync();
+  return Status::kHit;
+}
+
+/// choose_bucket by a tile (pass 0: reads only), `stored` as there. @return the same
+/// in every lane.
 template <class Tile, class V>
-DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int64_t key) {
+DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int64_t key,
+                                     int64_t* stored = nullptr) {
   const uint64_t h = hash_key(key);
   const KeyProbe p = KeyProbe::of_hash(t, h);
   const int64_t home = p.bucket;
-  if (tile_bucket_find(tile, t, home, key, p.digest, p.order.home) >= 0) return home;
+  int64_t slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
   const int64_t second = second_bucket_of(h, t.num_buckets);
-  if (t.overflowed(home) && tile_bucket_find(tile, t, second, key, p.digest, p.order.home) >= 0) {
-    return second;
+  if (slot < 0 && t.overflowed(home)) {
+    slot = tile_bucket_find(tile, t, second, key, p.digest, p.order.home);
   }
+  if (stored != nullptr) *stored = slot;
+  if (slot >= 0) return slot / t.bucket_capacity;
   const int64_t home_free = tile_free_count(tile, t, home);
   if (home_takes_new_keys(t, home_free)) return home;
   return tile_free_count(tile, t, second) > home_free ? second : home;

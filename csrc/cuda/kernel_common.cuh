@@ -170,14 +170,15 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// distinct batch, else tile_upsert_owned (which decides every key when the spill
 /// window is one bucket: an evicting strategy), as the CPU executor does. Lane 0 writes the statuses and, with `counted` (kStatusCount,
 /// lane 0's registers), counts them.
-/// `chosen` (indexed as keys, or null): pass 0's bucket of each key (core
-/// choose_bucket), which then runs in it (tile_upsert_owned<true>).
+/// `chosen`, `stored` (indexed as keys, or null): pass 0's bucket of each key (core
+/// choose_bucket), which then runs in it (tile_upsert_owned<true>), and the slot pass 0
+/// found it stored in, or -1 (then its hit there: tile_hit_stored).
 template <class Tile, class V, class Sink>
 __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
                              const UpsertArgs& args, const int64_t* keys, int64_t base,
                              const int64_t* order, int64_t begin, int64_t end, int8_t* status,
                              unsigned long long* counted = nullptr,
-                             const int64_t* chosen = nullptr) {
+                             const int64_t* chosen = nullptr, const int64_t* stored = nullptr) {
   const bool first_hits = hits_first(args);
   const bool count = counted != nullptr && tile.rank() == 0;
   if (first_hits) {
@@ -197,7 +198,9 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
     KeyProbe p(t, keys[i]);
     Status s;
     bool decided = true;
-    if (chosen != nullptr) {
+    if (chosen != nullptr && stored[i] >= 0) {
+      s = tile_hit_stored(tile, t, i, i, stored[i], args, sink);
+    } else if (chosen != nullptr) {
       p.bucket = chosen[i];
       decided = tile_upsert_owned<true>(tile, t, i, i, keys[i], p, args, sink, &s);
     } else if (first_hits && args.distinct) {
@@ -234,28 +237,33 @@ template <unsigned N, bool kDecidesAll, class V, class Sink>
 __global__ void upsert_ranges_kernel(TableRef<V> t, Sink sink, UpsertArgs args,
                                      const int64_t* keys, const int64_t* start, int64_t* order,
                                      int64_t ranges, int8_t* status, int64_t* counts,
-                                     const int64_t* chosen) {
+                                     const int64_t* chosen, const int64_t* stored) {
   const int64_t g = thread_index() / N;
   unsigned long long local[kStatusCount] = {};
   if (g < ranges) {  // whole tiles; the others only meet the block's barriers
     const CgTile<N> tile;
     sort_range(tile, order, start[g], start[g + 1]);
     upsert_range(tile, t, sink, args, keys, 0, order, start[g], start[g + 1], status,
-                 kDecidesAll ? local : nullptr, chosen);
+                 kDecidesAll ? local : nullptr, chosen, stored);
   }
   if constexpr (kDecidesAll) add_block_counts(local, counts);
 }
 
 /// The batch rule's pass 0 (core chooses_buckets): a tile of N lanes per key writes its
-/// chosen bucket (tile_choose_bucket); it reads the table only.
+/// chosen bucket and the slot storing it, or -1 (tile_choose_bucket); it reads the
+/// table only.
 template <unsigned N, class V>
 __global__ void choose_buckets_kernel(TableRef<V> t, const int64_t* keys, int64_t n,
-                                      const int64_t* live, int64_t* chosen) {
+                                      const int64_t* live, int64_t* chosen, int64_t* stored) {
   const int64_t i = thread_index() / N;
   if (i >= live_keys(live, n)) return;  // whole tiles
   const CgTile<N> tile;
-  const int64_t b = tile_choose_bucket(tile, t, keys[i]);
-  if (tile.rank() == 0) chosen[i] = b;
+  int64_t slot;
+  const int64_t b = tile_choose_bucket(tile, t, keys[i], &slot);
+  if (tile.rank() == 0) {
+    chosen[i] = b;
+    stored[i] = slot;
+  }
 }
 
 /// The batch rule's pass 2: one tile of N lanes (a block of N threads: it owns the
@@ -299,10 +307,12 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   const TableRef<V>& t = sink.t;
   constexpr unsigned N = kRowTileLanes;
   int64_t* chosen = nullptr;
+  int64_t* stored = nullptr;
   if (chooses_buckets(t, args)) {
     chosen = ws.array<int64_t>(n);
+    stored = ws.array<int64_t>(n);
     DYNEMB_LAUNCH(blocks_for(n * N), kBlock, stream, choose_buckets_kernel<N, V>)(t, keys, n, live,
-                                                                                 chosen);
+                                                                                 chosen, stored);
   }
   const BucketRanges r =
       group_by_home_bucket(keys, n, t.num_buckets, counts, ws, stream, live, chosen);
@@ -311,11 +321,11 @@ void launch_upsert(const Sink& sink, const UpsertArgs& args, const int64_t* keys
   int64_t* deferred_count = decides_all ? nullptr : ws.array<int64_t>(1);
   if (decides_all) {
     DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, true, V, Sink>)(
-        t, sink, args, keys, r.start, r.order, r.count, status, counts, nullptr);
+        t, sink, args, keys, r.start, r.order, r.count, status, counts, nullptr, nullptr);
     return;
   }
   DYNEMB_LAUNCH(blocks_for(r.count * N), kBlock, stream, upsert_ranges_kernel<N, false, V, Sink>)(
-      t, sink, args, keys, r.start, r.order, r.count, status, nullptr, chosen);
+      t, sink, args, keys, r.start, r.order, r.count, status, nullptr, chosen, stored);
   launch_list_deferred(status, n, live, deferred, deferred_count, counts, ws, stream);
   DYNEMB_LAUNCH(1, N, stream, upsert_deferred_kernel<N, V, Sink>)(t, sink, args, keys, deferred,
                                                                   deferred_count, status, counts);

@@ -156,29 +156,35 @@ __device__ SlotSink<V>& sink_of(const UpsertPart<V>& q) {
 }
 
 /// Pass 0 for the parts that choose buckets (core chooses_buckets), a tile of kSlotLanes
-/// lanes per key of the call: chosen[x] is its chosen bucket (tile_choose_bucket), or
-/// its home in the other parts. It reads the tables only.
+/// lanes per key of the call: chosen[x] is its chosen bucket and stored[x] the slot
+/// storing it or -1 (tile_choose_bucket), or its home and -1 in the other parts. It
+/// reads the tables only.
 template <class V>
-__global__ void grouped_choose_buckets_kernel(Lookups<V> parts, int64_t n, int64_t* chosen) {
+__global__ void grouped_choose_buckets_kernel(Lookups<V> parts, int64_t n, int64_t* chosen,
+                                              int64_t* stored) {
   const int64_t x = thread_index() / kSlotLanes;
   if (x >= n) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
   const UpsertPart<V>& q = part_of(parts, x, &UpsertPart<V>::key_begin);
   const int64_t key = q.keys[x - q.key_begin];
+  int64_t slot = -1;
   const int64_t b = chooses_buckets(q.sink.t, q.args)
-                        ? tile_choose_bucket(tile, q.sink.t, key)
+                        ? tile_choose_bucket(tile, q.sink.t, key, &slot)
                         : bucket_of(hash_key(key), q.sink.t.num_buckets);
-  if (tile.rank() == 0) chosen[x] = b;
+  if (tile.rank() == 0) {
+    chosen[x] = b;
+    stored[x] = slot;
+  }
 }
 
 /// Pass 1, a tile of kSlotLanes lanes per bucket range of the call (its part's keys
 /// and table): the lanes probe, the sink records slots (and initialises new rows).
-/// `chosen`: pass 0's buckets, or null. At most 128 registers a thread, so that two
-/// blocks of kBlock fit an SM.
+/// `chosen`, `stored`: pass 0's buckets and stored slots, or null. At most 128
+/// registers a thread, so that two blocks of kBlock fit an SM.
 template <class V>
 __global__ void __launch_bounds__(kBlock, 2)
     grouped_upsert_ranges_kernel(Lookups<V> parts, const int64_t* start, int64_t* order,
-                                 int64_t ranges, const int64_t* chosen) {
+                                 int64_t ranges, const int64_t* chosen, const int64_t* stored) {
   const int64_t g = thread_index() / kSlotLanes;
   if (g >= ranges) return;  // whole tiles
   const CgTile<kSlotLanes> tile;
@@ -186,7 +192,8 @@ __global__ void __launch_bounds__(kBlock, 2)
   const UpsertPart<V>& q = part_of(parts, g, &UpsertPart<V>::range_begin);
   const bool part_chooses = chosen != nullptr && chooses_buckets(q.sink.t, q.args);
   upsert_range(tile, q.sink.t, sink_of(q), q.args, q.keys, q.key_begin, order, start[g],
-               start[g + 1], q.status, nullptr, part_chooses ? chosen + q.key_begin : nullptr);
+               start[g + 1], q.status, nullptr, part_chooses ? chosen + q.key_begin : nullptr,
+               part_chooses ? stored + q.key_begin : nullptr);
 }
 
 /// Pass 2: one tile of kSlotLanes lanes, the deferred positions of the call in order
@@ -230,16 +237,18 @@ void launch_upsert_grouped(const Parts<UpsertPart<V>>& parts, const PartTotals& 
   int64_t* order = ws.array<int64_t>(n);
   auto* counts = zeroed_group_counts(ranges, ws, stream);
   int64_t* chosen = nullptr;
+  int64_t* stored = nullptr;
   if (totals.two_buckets) {  // pass 0 for the parts that choose buckets
     chosen = ws.array<int64_t>(n);
+    stored = ws.array<int64_t>(n);
     DYNEMB_LAUNCH(blocks_for(n * kSlotLanes), kBlock, stream, grouped_choose_buckets_kernel<V>)(
-        parts, n, chosen);
+        parts, n, chosen, stored);
   }
   DYNEMB_LAUNCH(blocks_for(n), kBlock, stream, grouped_bucket_ranges_kernel<V>)(parts, n, group,
                                                                                 counts, chosen);
   launch_place_by_group(group, n, ranges, counts, start, order, ws, stream);
   DYNEMB_LAUNCH(blocks_for(ranges * kSlotLanes), kBlock, stream,
-                grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges, chosen);
+                grouped_upsert_ranges_kernel<V>)(parts, start, order, ranges, chosen, stored);
   if (totals.two_buckets) {  // else pass 1 decided every key (tile_upsert_owned)
     int64_t* deferred = ws.array<int64_t>(n);
     int64_t* deferred_count = ws.array<int64_t>(1);
