@@ -12,7 +12,7 @@ import torch
 import dynemb
 from dynemb import DynamicEmbScoreStrategy as S
 from dynemb import _ops
-from dynemb.table import table_storage
+from dynemb.table import growth, table_storage
 from dynemb.table.capacity import next_bucket_count
 
 
@@ -84,6 +84,8 @@ def test_rehash_holds_only_the_old_and_the_new_storage(monkeypatch):
         return original_rehash(src, dst, window)
 
     monkeypatch.setattr(_ops, "table_rehash", tracking_rehash)
+    # One table_rehash a growth (chunks of 1/16 would collect garbage 16 times as often).
+    monkeypatch.setattr(growth, "GROWTH_CHUNKS", 1)
     t = dynemb.ScoredHashTable(
         dim=2, capacity=2**14, init_capacity=16, bucket_capacity=16, score_strategy=S.NO_EVICTION
     )
