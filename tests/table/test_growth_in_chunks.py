@@ -73,6 +73,14 @@ def test_growth_in_chunks_keeps_every_entry(monkeypatch, strategy, chunk_rows):
     assert bool(hit.all()) and torch.equal(found, values)
 
 
+def _table_of_64_buckets() -> dynemb.ScoredHashTable:
+    """A NO_EVICTION table of 64 buckets of 16 slots (1,024), dim 16, that may grow."""
+    return dynemb.ScoredHashTable(
+        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
+        score_strategy=S.NO_EVICTION,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("chunk_rows, chunk_slots", [(1 << 16, 64), (32, 32)])
 def test_a_chunk_moves_at_most_a_sixteenth_of_the_table(monkeypatch, chunk_rows, chunk_slots):
     """A chunk's new rows are faulted in before its old rows are freed, so a chunk is
@@ -87,10 +95,7 @@ def test_a_chunk_moves_at_most_a_sixteenth_of_the_table(monkeypatch, chunk_rows,
         return rehash(old, new, window)
 
     monkeypatch.setattr(_ops, "table_rehash", counted)
-    t = dynemb.ScoredHashTable(
-        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
-        score_strategy=S.NO_EVICTION,
-    )  # fmt: skip
+    t = _table_of_64_buckets()
     keys = torch.randint(-(2**63), 2**63 - 1, (1000,), generator=torch.Generator().manual_seed(6))
     t.insert_or_assign(keys, _rows(keys, 16))
     assert t.last_stats.failed == 0 and t.capacity() > 1024
@@ -122,10 +127,7 @@ def test_a_rehash_failing_in_a_later_chunk_leaves_the_table_as_it_was(monkeypatc
     bucket 61, after the chunks of buckets 0-59 were moved and freed. Their rows come
     back."""
     monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)  # 4 buckets a chunk
-    t = dynemb.ScoredHashTable(
-        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
-        score_strategy=S.NO_EVICTION,
-    )  # fmt: skip
+    t = _table_of_64_buckets()
     assert t.num_buckets == 64
     edge = 61 << 26  # hash >> 32 where bucket 61 of 64 begins (76.25 of 80)
     g = torch.Generator().manual_seed(3)
@@ -153,10 +155,7 @@ def test_an_error_between_chunks_leaves_the_table_as_it_was(monkeypatch):
     """An exception (an interrupt, say) after some chunks were moved and freed: their
     rows come back, the error propagates, and the table is as before the growth."""
     monkeypatch.setattr(growth, "GROWTH_CHUNK_ROWS", 64)
-    t = dynemb.ScoredHashTable(
-        dim=16, capacity=2**14, init_capacity=64 * 16, bucket_capacity=16,
-        score_strategy=S.NO_EVICTION,
-    )  # fmt: skip
+    t = _table_of_64_buckets()
     keys = torch.randint(-(2**63), 2**63 - 1, (700,), generator=torch.Generator().manual_seed(4))
     t.insert_or_assign(keys, _rows(keys, 16))
     assert t.capacity() == 1024
