@@ -8,7 +8,11 @@ in each tree (it imports the package from ``PYTHONPATH``), alternately, on one h
 Usage::
 
     PYTHONPATH=. python benchmark/count_upsert_cpu.py [--slots 16M] [--load 0.8]
-        [--strategy NO_EVICTION]
+        [--strategy NO_EVICTION] [--op assign]
+
+``--op``: what the upserts are: ``assign`` (``insert_or_assign`` of zero rows) or
+``slots``, the module's training lookup (``find_or_insert_slots_grouped`` of distinct
+keys, rows initialised: the de-duplicated batches of ``BatchedDynamicEmbeddingTables``).
 
 Output: JSON lines on stdout (``common.Recorder``), a table on stderr.
 """
@@ -21,6 +25,7 @@ from common import Recorder, commit_hash, set_threads
 
 import dynemb
 from dynemb import DynamicEmbScoreStrategy
+from dynemb.table.growth import find_or_insert_slots_grouped
 
 DIM = 16
 BUCKET_CAPACITY = 128
@@ -49,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         "--strategy", default="NO_EVICTION", choices=[s.name for s in DynamicEmbScoreStrategy],
         help="score strategy (an evicting one evicts nothing below capacity)",
     )  # fmt: skip
+    parser.add_argument("--op", default="assign", choices=["assign", "slots"],
+                        help="insert_or_assign, or the module's lookup of distinct keys")  # fmt: skip
     args = parser.parse_args(argv)
     slots = 2**18 if args.quick else args.slots
     if slots < 2 * BUCKET_CAPACITY or slots % BUCKET_CAPACITY:
@@ -67,16 +74,22 @@ def main(argv: list[str] | None = None) -> None:
     n = max(batch, int(slots * args.load) // batch * batch)
     keys = torch.randint(-(2**62), 2**62, (n,), generator=gen)
     values = torch.zeros(batch, DIM)
+
+    def upsert(chunk):
+        if args.op == "slots":
+            return find_or_insert_slots_grouped([table], [chunk], distinct_keys=True)[0][1]
+        return table.insert_or_assign(chunk, values[: chunk.numel()])
+
     start = time.process_time()
     for i in range(0, n, batch):
-        stats = table.insert_or_assign(keys[i : i + batch], values)
+        stats = upsert(keys[i : i + batch])
         if stats.failed:
             raise SystemExit(f"{stats.failed} keys failed at load {table.size() / slots:.3f}")
     insert_ns = (time.process_time() - start) * 1e9 / n
     again = keys[torch.randperm(n, generator=gen)[: min(ASSIGNED, n)]]
     start = time.process_time()
     for i in range(0, again.numel(), batch):
-        table.insert_or_assign(again[i : i + batch], values[: min(batch, again.numel() - i)])
+        upsert(again[i : i + batch])
     assign_ns = (time.process_time() - start) * 1e9 / again.numel()
     absent = torch.randint(-(2**62), 2**62, (again.numel(),), generator=gen)
     find_ns = {}
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     variant = (
         f"{slots // 2**20}M@load={args.load:g}" if slots >= 2**20 else f"{slots}@load={args.load:g}"
     )
-    impl = f"dynemb.ScoredHashTable {args.strategy}"
+    impl = f"dynemb.ScoredHashTable {args.strategy}" + (" slots" if args.op == "slots" else "")
     rec.add("W-memory", impl, f"insert_cpu_ns_per_key@{variant}", insert_ns, threads=args.threads)
     rec.add("W-memory", impl, f"assign_stored_cpu_ns_per_key@{variant}", assign_ns,
             threads=args.threads)  # fmt: skip

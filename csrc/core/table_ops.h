@@ -46,7 +46,9 @@
 //      Pass 1 then runs each key in that bucket (KeyProbe::bucket), its "home" below:
 //      a snapshot, so that owners of buckets decide alone, in any order, on a GPU too.
 //      (Pass 1 moves and evicts no stored key under NO_EVICTION, so an executor may
-//      take the slot where pass 0 found a key as its pass 1 hit: hit_stored.)
+//      take the slot where pass 0 found a key as its pass 1 hit: hit_stored. In a
+//      batch of distinct keys (UpsertArgs::distinct) no other key of the batch stores
+//      a key pass 0 found absent, so its pass 1 may skip the find: place_new_chosen.)
 //   1. for every key, the keys of one home bucket in batch order: under an evicting
 //      strategy (hits_first) touch_stored for all of them, then upsert_home for
 //      those not stored (a key repeated in the batch is a hit the second time), so
@@ -350,6 +352,26 @@ DYNEMB_HD DYNEMB_INLINE Status hit_stored(const TableRef<V>& t, int64_t i, int64
   touch(t, slot, u, i);
   sink.hit(i, o, slot);
   return Status::kHit;
+}
+
+/// Pass 1 of a key of a distinct batch (UpsertArgs::distinct) that pass 0 found stored
+/// in neither of its buckets: upsert_home<kChosen>'s outcome without its find, which
+/// would find nothing (no other key of the batch is this key, and pass 1 moves no
+/// stored key): the chosen bucket p.bucket's first free slot (flagging the key's home
+/// when it is its second bucket), else false, having changed nothing (pass 2 decides).
+/// NO_EVICTION only (it runs pass 0). Calls sink.fresh when it places the key.
+template <class P, class V, class Sink>
+DYNEMB_HD bool place_new_chosen(const TableRef<V>& t, int64_t i, int64_t o, int64_t key,
+                                const KeyProbe& p, const UpsertArgs& u, Sink& sink,
+                                Status* status) {
+  P::lock(t.lock_word(p.bucket));
+  const int64_t free = bucket_free_slot<P>(t, p.bucket, p.order);
+  if (free >= 0) {
+    *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
+    flag_if_second(t, key, p.bucket);
+  }
+  P::unlock(t.lock_word(p.bucket));
+  return free >= 0;
 }
 
 /// upsert_home of a key whose KeyProbe is not at hand.

@@ -119,6 +119,23 @@ DYNEMB_HD Status tile_hit_stored(const Tile& tile, const TableRef<V>& t, int64_t
   return Status::kHit;
 }
 
+/// place_new_chosen by a tile that owns bucket p.bucket: a key of a distinct batch that
+/// pass 0 found stored in neither of its buckets takes the bucket's first free slot
+/// (one digest scan, no key read), else returns false, having changed nothing.
+/// @return the same in every lane, with *status set in every lane when true.
+template <class Tile, class V, class Sink>
+DYNEMB_HD bool tile_place_new_chosen(const Tile& tile, const TableRef<V>& t, int64_t i,
+                                     int64_t o, int64_t key, const KeyProbe& p,
+                                     const UpsertArgs& u, Sink& sink, Status* status) {
+  const int64_t free = tile_free_slot(tile, t, p.bucket, p.order);  // every lane agrees
+  if (free >= 0) {
+    *status = tile_place_new_home(tile, t, i, o, key, p, u, sink, free);
+    if (tile.rank() == 0) flag_if_second(t, key, p.bucket);
+  }
+  tile.sync();
+  return free >= 0;
+}
+
 /// choose_bucket by a tile (pass 0: reads only), `stored` as there. @return the same
 /// in every lane.
 template <class Tile, class V>

@@ -254,7 +254,9 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
       Status s;
       if (Choice::stored(chosen[i]) >= 0) {  // hint: that slot (stored_at); probe: unset
         s = hit_stored(t, i, x, hint, args, sink);
-      } else if (!upsert_home<Q, true>(t, i, x, keys[x], probe, args, sink, &s, hint)) {
+      } else if (args.distinct ? !place_new_chosen<Q>(t, i, x, keys[x], probe, args, sink, &s)
+                               : !upsert_home<Q, true>(t, i, x, keys[x], probe, args, sink, &s,
+                                                       hint)) {
         deferred.push_back(x);
         return;
       }

@@ -172,7 +172,9 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// lane 0's registers), counts them.
 /// `chosen`, `stored` (indexed as keys, or null): pass 0's bucket of each key (core
 /// choose_bucket), which then runs in it (tile_upsert_owned<true>), and the slot pass 0
-/// found it stored in, or -1 (then its hit there: tile_hit_stored).
+/// found it stored in, or -1 (then its hit there: tile_hit_stored; in a distinct batch,
+/// a key found in neither bucket takes a free slot there without a find:
+/// tile_place_new_chosen).
 template <class Tile, class V, class Sink>
 __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
                              const UpsertArgs& args, const int64_t* keys, int64_t base,
@@ -202,7 +204,9 @@ __device__ void upsert_range(const Tile& tile, const TableRef<V>& t, Sink& sink,
       s = tile_hit_stored(tile, t, i, i, stored[i], args, sink);
     } else if (chosen != nullptr) {
       p.bucket = chosen[i];
-      decided = tile_upsert_owned<true>(tile, t, i, i, keys[i], p, args, sink, &s);
+      decided = args.distinct
+                    ? tile_place_new_chosen(tile, t, i, i, keys[i], p, args, sink, &s)
+                    : tile_upsert_owned<true>(tile, t, i, i, keys[i], p, args, sink, &s);
     } else if (first_hits && args.distinct) {
       s = tile_place_by_victim(tile, t, i, i, keys[i], p, args, sink);
     } else {

@@ -263,3 +263,51 @@ def test_distinct_keys_decide_as_the_full_probe(library, threads):
         assert evicted > 0 and refused > 0, (evicted, refused)
     finally:
         torch.set_num_threads(torch_threads)
+
+
+@pytest.mark.parametrize("library", list(LIBRARIES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_distinct_keys_without_eviction_decide_as_the_full_probe(library, threads):
+    """NO_EVICTION under ``distinct_keys=True`` (a new key pass 0 found in neither of its
+    buckets takes a free slot of its chosen bucket without a second find) gives the bits
+    of the full probe: slots, statuses, counts and every buffer, overflow flags
+    included, from an empty table until it refuses keys, through hits, placements in
+    second buckets and pass 2's spills, on one and two threads."""
+    lib = LIBRARIES[library]
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tables = [
+            ScoredHashTable(dim=4, capacity=c, bucket_capacity=b, seed=5 + t, extra_columns=1,
+                            score_strategy=DynamicEmbScoreStrategy.NO_EVICTION)
+            for t, (c, b) in enumerate([(2048, 128), (1024, 32)])
+        ]  # fmt: skip
+        ours = [[x.clone() for x in t.buffers.tensors()] for t in tables]
+        full = [[x.clone() for x in t.buffers.tensors()] for t in tables]
+        flags = _ops.TABLE_TENSORS.index("overflow")
+        g = torch.Generator().manual_seed(13)
+        totals = torch.zeros(4, dtype=torch.int64)
+        for batch in range(1, 9):
+            keys = [torch.randperm(4000, generator=g)[:700] * 7919 - 10**7 for _ in tables]
+            policies = [_ops.Policy(t.strategy_code, batch, t.seed, 0, 4) for t in tables]
+            results = []
+            for bufs, distinct in ((ours, True), (full, False)):
+                results.append(lib.table_find_or_insert_slots_grouped(
+                    [x for b in bufs for x in b], [v for p in policies for v in p],
+                    [v for t in tables for v in t.init_values], keys, [], distinct,
+                ))  # fmt: skip
+            (slots, status, counts), (want_slots, want_status, want_counts) = results
+            for t in range(len(tables)):
+                _assert_equal(slots[t], want_slots[t], f"batch {batch}, table {t}: slots")
+                _assert_equal(status[t], want_status[t], f"batch {batch}, table {t}: status")
+                for x, y in zip(ours[t], full[t]):
+                    _assert_equal(x, y, f"batch {batch}, table {t}: buffers")
+            _assert_equal(counts, want_counts, f"batch {batch}: counts")
+            totals += counts.sum(0)
+        assert int(totals[_ops.Status.HIT]) > 0 and int(totals[_ops.Status.FAILED]) > 0, totals
+        # Every slot taken before the first refusal: two choices and pass 2 fill them.
+        assert int(totals[_ops.Status.INSERTED]) == sum(b[0].numel() for b in ours), totals
+        for bufs in ours:  # keys went to second buckets: homes were flagged
+            assert int(bufs[flags].count_nonzero()) > 0
+    finally:
+        torch.set_num_threads(torch_threads)
