@@ -215,6 +215,26 @@ DISTINCT_STRATEGIES = [
 ]
 
 
+def _same_bits_with_distinct_keys(lib, tables, ours, full, policies, keys, accesses, what):
+    """Runs one grouped lookup on ``ours`` (buffers per table) with ``distinct_keys=True``
+    and on ``full`` without, and asserts the same slots, statuses, counts and buffers.
+    Returns the counts (T, 4)."""
+    results = []
+    for bufs, distinct in ((ours, True), (full, False)):
+        results.append(lib.table_find_or_insert_slots_grouped(
+            [x for b in bufs for x in b], [v for p in policies for v in p],
+            [v for t in tables for v in t.init_values], keys, accesses, distinct,
+        ))  # fmt: skip
+    (slots, status, counts), (want_slots, want_status, want_counts) = results
+    for t in range(len(tables)):
+        _assert_equal(slots[t], want_slots[t], f"{what}, table {t}: slots")
+        _assert_equal(status[t], want_status[t], f"{what}, table {t}: status")
+        for x, y in zip(ours[t], full[t]):
+            _assert_equal(x, y, f"{what}, table {t}: buffers")
+    _assert_equal(counts, want_counts, f"{what}: counts")
+    return counts
+
+
 @pytest.mark.parametrize("library", list(LIBRARIES))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_distinct_keys_decide_as_the_full_probe(library, threads):
@@ -245,19 +265,9 @@ def test_distinct_keys_decide_as_the_full_probe(library, threads):
                             t.score_half_life_steps or 0, batch)
                 for t in tables
             ]  # fmt: skip
-            results = []
-            for bufs, distinct in ((ours, True), (full, False)):
-                results.append(lib.table_find_or_insert_slots_grouped(
-                    [x for b in bufs for x in b], [v for p in policies for v in p],
-                    [v for t in tables for v in t.init_values], keys, accesses, distinct,
-                ))  # fmt: skip
-            (slots, status, counts), (want_slots, want_status, want_counts) = results
-            for t in range(len(tables)):
-                _assert_equal(slots[t], want_slots[t], f"batch {batch}, table {t}: slots")
-                _assert_equal(status[t], want_status[t], f"batch {batch}, table {t}: status")
-                for x, y in zip(ours[t], full[t]):
-                    _assert_equal(x, y, f"batch {batch}, table {t}: buffers")
-            _assert_equal(counts, want_counts, f"batch {batch}: counts")
+            counts = _same_bits_with_distinct_keys(
+                lib, tables, ours, full, policies, keys, accesses, f"batch {batch}"
+            )
             evicted += int(counts[:, _ops.Status.EVICTED].sum())
             refused += int(counts[:, _ops.Status.FAILED].sum())
         assert evicted > 0 and refused > 0, (evicted, refused)
@@ -290,19 +300,9 @@ def test_distinct_keys_without_eviction_decide_as_the_full_probe(library, thread
         for batch in range(1, 9):
             keys = [torch.randperm(4000, generator=g)[:700] * 7919 - 10**7 for _ in tables]
             policies = [_ops.Policy(t.strategy_code, batch, t.seed, 0, 4) for t in tables]
-            results = []
-            for bufs, distinct in ((ours, True), (full, False)):
-                results.append(lib.table_find_or_insert_slots_grouped(
-                    [x for b in bufs for x in b], [v for p in policies for v in p],
-                    [v for t in tables for v in t.init_values], keys, [], distinct,
-                ))  # fmt: skip
-            (slots, status, counts), (want_slots, want_status, want_counts) = results
-            for t in range(len(tables)):
-                _assert_equal(slots[t], want_slots[t], f"batch {batch}, table {t}: slots")
-                _assert_equal(status[t], want_status[t], f"batch {batch}, table {t}: status")
-                for x, y in zip(ours[t], full[t]):
-                    _assert_equal(x, y, f"batch {batch}, table {t}: buffers")
-            _assert_equal(counts, want_counts, f"batch {batch}: counts")
+            counts = _same_bits_with_distinct_keys(
+                lib, tables, ours, full, policies, keys, [], f"batch {batch}"
+            )
             totals += counts.sum(0)
         assert int(totals[_ops.Status.HIT]) > 0 and int(totals[_ops.Status.FAILED]) > 0, totals
         # Every slot taken before the first refusal: two choices and pass 2 fill them.
