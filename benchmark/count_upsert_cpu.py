@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         help="score strategy (an evicting one evicts nothing below capacity)",
     )  # fmt: skip
     parser.add_argument("--op", default="assign", choices=["assign", "slots"],
-                        help="insert_or_assign, or the module's lookup of distinct keys")  # fmt: skip
+                        help="insert_or_assign, or the module's distinct-key lookup")  # fmt: skip
     args = parser.parse_args(argv)
     slots = 2**18 if args.quick else args.slots
     if slots < 2 * BUCKET_CAPACITY or slots % BUCKET_CAPACITY:

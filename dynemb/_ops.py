@@ -361,15 +361,16 @@ def table_find_or_insert_slots_grouped(
     accesses: Sequence[torch.Tensor] | None = None,
     distinct_keys: bool = False,
 ) -> tuple:
-    """``table_find_or_insert_slots`` (rows initialised, no evicted keys) of each table in one op call: table t's buffers, policy, init list,
-    keys and (optionally) accesses. Each table's result is the per-table op's; every
-    argument is checked before any table changes, and a table may appear once.
+    """``table_find_or_insert_slots`` (rows initialised, no evicted keys) of each table
+    in one op call: table t's buffers, policy, init list, keys and (optionally)
+    accesses. Each table's result is the per-table op's; every argument is checked
+    before any table changes, and a table may appear once.
     ``distinct_keys``: the caller's promise that each table's keys are pairwise distinct
     (a de-duplicated batch), which spares new keys a second probe (an evicting table's
     go straight to the victim search, a NO_EVICTION table's to a free slot of the bucket
-    the batch rule's pass 0 chose); a repeated key would be stored twice. Returns ``(slots, status, counts)``: lists of
-    one (n_t,) tensor per table, and counts (T, 4) int64 (one read of it serves every
-    table)."""
+    the batch rule's pass 0 chose); a repeated key would be stored twice.
+    Returns ``(slots, status, counts)``: lists of one (n_t,) tensor per table, and
+    counts (T, 4) int64 (one read of it serves every table)."""
     keys = list(keys)
     if not keys:
         raise ValueError("table_find_or_insert_slots_grouped needs at least one table, got none")
