@@ -1,8 +1,11 @@
-// dynemb core: scanning one bucket.
+// dynemb core: a bucket's probe order, and its victim search.
 //
-// A bucket is bucket_capacity consecutive slots in groups of 16: Platform::match16
+// A bucket is bucket_capacity consecutive slots in groups of 16: a digest compare
 // turns the 16 digest bytes of a group into a bit mask of candidate slots, and only
-// candidates have their key compared, so a probe reads digests before any key.
+// candidates have their key compared, so a probe reads digests before any key. The
+// scans by key and for a free slot are written once, for a tile of lanes
+// (bucket_tile.h), and run on a host by its one-lane SerialTile; the victim search
+// is bucket_tile.h's tile_victim too, of the rule here (VictimRule).
 //
 // Probe order. A key scans the groups of its bucket in its own order: its home
 // group h (hash.h) first, then h ^ 1, h ^ 2, ..., for k up to the group count
@@ -26,7 +29,7 @@
 // a rehash or clear takes back. Hence a key absent from its home line (probe
 // positions [0, kLineGroups)) in a bucket without kHoled whose home line holds an
 // empty slot is absent from the bucket: a miss reads one digest line, as a hit does
-// (bucket_find, tile_bucket_find). What stays whole-bucket: a miss in a full home
+// (tile_bucket_find). What stays whole-bucket: a miss in a full home
 // line or a holed bucket, and a full bucket's eviction victim, the minimum (score,
 // digest, key) of all its slots; the newcomer takes the victim's slot wherever it
 // is, so in a table that evicts continually keys sit anywhere and a hit reads the
@@ -106,70 +109,9 @@ DYNEMB_HD DYNEMB_INLINE int64_t second_to_read(const TableRef<V>& t, uint64_t h,
   return t.num_buckets > 1 && t.overflowed(home) ? second_bucket_of(h, t.num_buckets) : -1;
 }
 
-/// The slot of `key` among the 16 of the group starting at slot `first`, or -1.
-template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t group_find(const TableRef<V>& t, int64_t first, int64_t key,
-                                           uint8_t digest) {
-  uint32_t mask = P::match16(t.digest_chunk(first, 16), digest);
-  while (mask != 0) {
-    const int64_t slot = first + lowest_bit(mask);
-    if (t.key(slot) == key) return slot;
-    mask &= mask - 1;
-  }
-  return -1;
-}
-
-/// Whether group `g` of a bucket lies in the home line of a key whose probe order is
-/// `order` (probe positions [0, kLineGroups)).
-DYNEMB_HD DYNEMB_INLINE bool in_home_line(const ProbeOrder& order, int64_t g) {
-  return (g ^ order.home) < kLineGroups;
-}
-
-/// @return the slot of `key` in `bucket`, or -1. A key holds one slot at most, so
-/// the order of the scan decides nothing: the home group first (where nearly every
-/// key sits), then the rest of its home line, where a miss stops when the line has an
-/// empty slot and the bucket no kHoled flag ("Holes"), then the other groups in slot
-/// order (a plain loop costs half the probe order's).
-template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_find(const TableRef<V>& t, int64_t bucket, int64_t key,
-                                            uint8_t digest, const ProbeOrder& order) {
-  const int64_t base = bucket * t.bucket_capacity;
-  bool room = false;  // the home line has an empty slot
-  for (int64_t k = 0; k < kLineGroups && k < order.span; ++k) {
-    const int64_t g = order.group(k);
-    if (g < 0) continue;
-    const int64_t first = base + 16 * g;
-    const int64_t slot = group_find<P>(t, first, key, digest);
-    if (slot >= 0) return slot;
-    room = room || P::match16(t.digest_chunk(first, 16), kEmptyDigest) != 0;
-  }
-  if (room && !t.holed(bucket)) return -1;
-  for (int64_t g = 0; g < order.groups; ++g) {
-    if (in_home_line(order, g)) continue;
-    const int64_t slot = group_find<P>(t, base + 16 * g, key, digest);
-    if (slot >= 0) return slot;
-  }
-  return -1;
-}
-
-/// @return the first empty slot of `bucket` in probe order, or -1 when it is full.
-template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_slot(const TableRef<V>& t, int64_t bucket,
-                                                 const ProbeOrder& order) {
-  const int64_t base = bucket * t.bucket_capacity;
-  for (int64_t k = 0; k < order.span; ++k) {
-    const int64_t g = order.group(k);
-    if (g < 0) continue;
-    const int64_t first = base + 16 * g;
-    const uint32_t mask = P::match16(t.digest_chunk(first, 16), kEmptyDigest);
-    if (mask != 0) return first + lowest_bit(mask);
-  }
-  return -1;
-}
-
-/// bucket_victim's rule over one bucket's score and pin columns: which slots are
+/// The victim search's rule over one bucket's score and pin columns: which slots are
 /// pinned, and which are candidates. kPins: the table has pins (else only the score
-/// floor pins). Every victim search (bucket_victim_in, tile_victim_in, the CPU's
+/// floor pins). Every victim search (bucket_tile.h tile_victim_in, the CPU's
 /// BucketVictims) runs its passes through it. Bit ops, not ?: or && (gcc vectorizes
 /// only this form), in forced-inline members: gcc left a plain lambda out of line, a
 /// call per slot and pass (the evicting W-train probe ran 5x slower).
@@ -207,82 +149,6 @@ struct VictimRule {
     return (pinned(s) ^ 1) & static_cast<uint64_t>(scores[s] == low);
   }
 };
-
-/// The eviction victim of a full bucket: among the slots not pinned, the one with
-/// the smallest (score, digest, key); -1 when every slot is pinned. A slot is
-/// pinned when its pin (t.pins; table_ops.h, "Pins") is >= `pin_floor`, or when the
-/// part of its score under `pin_mask` is >= `evict_below` (the caller's floor;
-/// kEvictAny pins nothing by score). The digest (hash bits of the key) and then the
-/// key break ties, so the choice is deterministic and independent of slot
-/// positions. Requires t.scores (every strategy that evicts keeps scores).
-///
-/// Branch-free passes that vectorize: the minimum candidate score (a pinned slot's
-/// is ~0) and whether any slot is free to go; the smallest (digest, slot) among the
-/// slots holding that minimum; how many of those share that digest. Only when
-/// several do are keys read (two more such passes). Comparing keys on every tie read
-/// all the key lines of the bucket, and scores that count batches tie for most slots
-/// (STEP, LFU, a cache tier's batch numbers).
-template <bool kPins, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim_in(const TableRef<V>& t, int64_t bucket,
-                                                 uint64_t pin_mask, uint64_t evict_below,
-                                                 uint32_t pin_floor) {
-  const int64_t base = bucket * t.bucket_capacity;
-  const int64_t n = t.bucket_capacity;
-  const uint64_t* scores = t.bucket_scores(bucket);
-  const uint8_t* digests = t.bucket_digests(bucket);
-  const uint32_t* pins = kPins ? t.bucket_pins(bucket) : nullptr;
-  const VictimRule<kPins> rule(scores, pins, pin_mask, evict_below, pin_floor);
-  uint64_t low = ~uint64_t{0};
-  uint64_t free = 0;  // 1 when some slot is not pinned
-  for (int64_t s = 0; s < n; ++s) rule.fold_lowest(s, low, free);
-  if (!free) return -1;  // all pinned
-  uint64_t first = ~uint64_t{0};  // digest << 32 | slot, minimised over the candidates
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t other = rule.candidate(s, low) - 1;  // 0 for a candidate, else ~0
-    const uint64_t c = (uint64_t{digests[s]} << 32 | static_cast<uint64_t>(s)) | other;
-    first = c < first ? c : first;
-  }
-  const uint64_t digest = first >> 32;
-  auto tied = [&](int64_t s) DYNEMB_INLINE_LAMBDA -> uint64_t {  // a candidate of that digest
-    return rule.candidate(s, low) & static_cast<uint64_t>(digests[s] == digest);
-  };
-  int64_t ties = 0;
-  for (int64_t s = 0; s < n; ++s) ties += static_cast<int64_t>(tied(s));
-  if (ties == 1) return base + static_cast<int64_t>(first & 0xFFFFFFFFu);
-  // Several share score and digest: the smallest key (signed order: unsigned with the
-  // sign bit flipped), by two more branch-free passes. Not rare: scores that count
-  // batches tie for dozens of slots, whose 8-bit digests then often tie too, and a
-  // branch per slot mispredicted (a quarter of the evicting W-train probe's time).
-  const int64_t* keys = t.bucket_keys(bucket);
-  constexpr uint64_t kSign = uint64_t{1} << 63;
-  uint64_t least = ~uint64_t{0};
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t k = (static_cast<uint64_t>(keys[s]) ^ kSign) | (tied(s) - 1);
-    least = k < least ? k : least;
-  }
-  uint64_t victim = ~uint64_t{0};  // keys are distinct: one tied slot holds `least`
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t k = static_cast<uint64_t>(keys[s]) ^ kSign;
-    const uint64_t hit = tied(s) & static_cast<uint64_t>(k == least);
-    const uint64_t c = static_cast<uint64_t>(s) | (hit - 1);
-    victim = c < victim ? c : victim;
-  }
-  return base + static_cast<int64_t>(victim);
-}
-
-/// bucket_victim_in<true>'s answer, reading the pin column only where it must: the
-/// victim among the slots the score floor leaves (pins aside) is the victim among the
-/// fewer slots pins leave too whenever its own pin is below the floor, the usual case
-/// (a batch pins the keys it touched, whose scores are the newest, rarely the lowest);
-/// else the bucket is scanned again with its pins. One pin line read, not eight.
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_victim(const TableRef<V>& t, int64_t bucket,
-                                              uint64_t pin_mask, uint64_t evict_below,
-                                              uint32_t pin_floor) {
-  const int64_t v = bucket_victim_in<false>(t, bucket, pin_mask, evict_below, pin_floor);
-  if (!t.has_pins() || v < 0 || t.pin(v) < pin_floor) return v;
-  return bucket_victim_in<true>(t, bucket, pin_mask, evict_below, pin_floor);
-}
 
 /// The slot a lookup of `digest` in `bucket` will most likely touch, judged from
 /// the first `positions` groups of the key's probe order (kLineGroups: its home

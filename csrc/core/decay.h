@@ -11,7 +11,7 @@
 // weigh now. Hence:
 //   - n(t) = 2^((L - t) / H) decays with t while L stays put: no pass, no epoch.
 //   - for any t, n_a(t) < n_b(t) <=> L_a < L_b: the stored scores compare the decayed
-//     counts as of any moment, so bucket_victim's (score, digest, key) rule stays as it
+//     counts as of any moment, so tile_victim's (score, digest, key) rule stays as it
 //     is and a stale score compares correctly against a fresh one.
 //   - L advances at most like a STEP score (plus H * log2 of the count): it fits a
 //     uint64 forever; nothing saturates in practice.

@@ -36,6 +36,9 @@
 
 #if !defined(__CUDA_ARCH__)
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #endif
 
 namespace dynemb {
@@ -73,6 +76,13 @@ DYNEMB_HD DYNEMB_INLINE uint32_t match_chunk(const uint8_t* digests, uint8_t dig
     w[0] = *reinterpret_cast<const uint32_t*>(digests);
   }
 #else
+#if defined(__SSE2__)
+  if constexpr (kBytes == 16) {  // a host's byte compare (SerialTile, CpuPlatform::match16)
+    const __m128i g = _mm_loadu_si128(reinterpret_cast<const __m128i*>(digests));
+    const __m128i d = _mm_set1_epi8(static_cast<char>(digest));
+    return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(g, d)));
+  }
+#endif
   std::memcpy(w, digests, kBytes);
 #endif
   uint32_t mask = 0;

@@ -72,17 +72,18 @@
 //      the same outcome and no pass 2.
 // The outcome (slots, statuses, evictions, scores) is thus a function of the table
 // and the batch alone, the same on a CPU with any thread count and on a GPU.
-// Erase and rehash follow the same rule (erase_key per home bucket in batch order;
-// place_home, then place_moved for what did not fit, in source-slot order).
+// Erase and rehash follow the same rule, each written once for a tile of lanes (the
+// CPU's is a SerialTile): tile_erase.h, per home bucket in batch order, then the keys
+// that may sit in a second bucket; tile_rehash.h, tile_place_home, then
+// tile_place_moved for what did not fit, in source-slot order.
 //
 // Locking. The Platform's bucket locks guard executors that run keys of one bucket
 // concurrently anyway: upsert_home takes the home bucket's lock, upsert_spill the
-// locks of both buckets in ascending index order (deadlock-free), erase_key the
-// lock of each bucket it scans, one at a time.
+// locks of both buckets in ascending index order (deadlock-free).
 #pragma once
 
 #include "core/batch_sinks.h"
-#include "core/bucket.h"
+#include "core/bucket_tile.h"
 #include "core/score_policy.h"
 
 namespace dynemb {
@@ -130,27 +131,15 @@ DYNEMB_HD DYNEMB_INLINE bool chooses_buckets(const TableRef<V>& t, const UpsertA
   return window_of(t, u.score.strategy) > 1;
 }
 
-/// @return the slot holding `key`, or -1. Takes no lock (see platform.h).
-template <class P, class V>
-DYNEMB_HD int64_t find_slot(const TableRef<V>& t, int64_t key) {
-  const uint64_t h = hash_key(key);
-  const uint8_t digest = digest_of(h);
-  const ProbeOrder order(h, t.bucket_capacity);
-  const int64_t home = bucket_of(h, t.num_buckets);
-  const int64_t slot = bucket_find<P>(t, home, key, digest, order);
-  if (slot >= 0) return slot;
-  const int64_t second = second_to_read(t, h, home);
-  return second < 0 ? -1 : bucket_find<P>(t, second, key, digest, order);
-}
-
-/// find_slot with a guess (e.g. likely_slot computed earlier to prefetch): when the
-/// guessed slot holds `key` it is the answer (a key occupies at most one slot),
-/// otherwise the full walk runs.
+/// The slot holding `key`, or -1 (bucket_tile.h tile_find_slot, by the one lane of a
+/// SerialTile; no lock: see platform.h), with a guess (e.g. likely_slot computed earlier
+/// to prefetch): when the guessed slot holds `key` it is the answer (a key occupies at
+/// most one slot), otherwise the full walk runs.
 template <class P, class V>
 DYNEMB_HD DYNEMB_INLINE int64_t find_slot_hinted(const TableRef<V>& t, int64_t key,
                                                  int64_t hint) {
   if (hint >= 0 && t.digest(hint) != kEmptyDigest && t.key(hint) == key) return hint;
-  return find_slot<P>(t, key);
+  return tile_find_slot(SerialTile{}, t, key);
 }
 
 template <class V>
@@ -194,17 +183,6 @@ DYNEMB_HD void lock_pair(const TableRef<V>& t, int64_t a, int64_t b, bool lock) 
   if (last != first) lock ? P::lock(t.lock_word(last)) : P::unlock(t.lock_word(last));
 }
 
-/// Empty slots of `bucket`.
-template <class P, class V>
-DYNEMB_HD DYNEMB_INLINE int64_t bucket_free_count(const TableRef<V>& t, int64_t bucket) {
-  const int64_t base = bucket * t.bucket_capacity;
-  int64_t free = 0;
-  for (int64_t g = 0; g < t.bucket_capacity; g += 16) {
-    free += popcount32(P::match16(t.digest_chunk(base + g, 16), kEmptyDigest));
-  }
-  return free;
-}
-
 /// Sets the overflow flag of `key`'s home bucket when it was placed in `bucket`,
 /// its second (see "Placement").
 template <class V>
@@ -230,7 +208,9 @@ DYNEMB_HD DYNEMB_INLINE bool home_takes_new_keys(const TableRef<V>& t, int64_t f
 /// the bucket whose owner decides `key` in pass 1: the one that stores it, else its
 /// home while home_takes_new_keys, else the emptier of its home and second bucket
 /// (ties: home). Reads only. `p`: KeyProbe(t, key); `hint`: a slot that likely holds
-/// the key, or -1 (decides nothing).
+/// the key, or -1 (decides nothing). tile_ops.h tile_choose_bucket is the same for a
+/// tile of lanes; this one takes the CPU's hint (the executor parity tests hold them
+/// equal).
 /// Keeping a new key home unless its second bucket had a margin more free slots made
 /// finds cheaper but the first failed insert earlier (buckets of 128: margins 0, 1, 2, 8
 /// gave 3.4, 2.9, 2.7, 2.35 metadata lines a find at load 0.75, and loads 0.959, 0.951,
@@ -241,18 +221,21 @@ DYNEMB_HD DYNEMB_INLINE bool home_takes_new_keys(const TableRef<V>& t, int64_t f
 template <class P, class V>
 DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
                                 int64_t hint = -1, int64_t* stored = nullptr) {
+  const SerialTile one;
   int64_t slot = -1;
   if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) slot = hint;
   const int64_t home = p.bucket;
-  if (slot < 0) slot = bucket_find<P>(t, home, key, p.digest, p.order);
+  if (slot < 0) slot = tile_bucket_find(one, t, home, key, p.digest, p.order.home);
   const uint64_t h = hash_key(key);
   const int64_t second = second_bucket_of(h, t.num_buckets);
-  if (slot < 0 && t.overflowed(home)) slot = bucket_find<P>(t, second, key, p.digest, p.order);
+  if (slot < 0 && t.overflowed(home)) {
+    slot = tile_bucket_find(one, t, second, key, p.digest, p.order.home);
+  }
   if (stored != nullptr) *stored = slot;
   if (slot >= 0) return slot / t.bucket_capacity;
-  const int64_t home_free = bucket_free_count<P>(t, home);
+  const int64_t home_free = tile_free_count(one, t, home);
   if (home_takes_new_keys(t, home_free)) return home;
-  return bucket_free_count<P>(t, second) > home_free ? second : home;
+  return tile_free_count(one, t, second) > home_free ? second : home;
 }
 
 /// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves
@@ -262,11 +245,11 @@ DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, in
                                           uint8_t digest, const ProbeOrder& order,
                                           int64_t hint) {
   if (hint >= 0 && t.digest(hint) == digest && t.key(hint) == key) return hint;
-  return bucket_find<P>(t, home, key, digest, order);
+  return tile_bucket_find(SerialTile{}, t, home, key, digest, order.home);
 }
 
 /// The eviction step of place_new_home: key i takes `victim`, its full home bucket's
-/// bucket_victim (-1: none), when the strategy admits it there, else fails. Calls
+/// tile_victim (-1: none), when the strategy admits it there, else fails. Calls
 /// sink.evicting and sink.fresh, or sink.failed; returns the status.
 template <class V, class Sink>
 DYNEMB_HD DYNEMB_INLINE Status place_at_victim(const TableRef<V>& t, int64_t i, int64_t o,
@@ -286,8 +269,8 @@ DYNEMB_HD DYNEMB_INLINE Status place_at_victim(const TableRef<V>& t, int64_t i, 
 }
 
 /// Places key i, known not to be stored, in its home bucket (the caller holds the
-/// bucket's lock): `slot`, the bucket's first free slot (bucket_free_slot), else
-/// (slot -1, evicting strategies) the bucket's victim (bucket_victim: not pinned,
+/// bucket's lock): `slot`, the bucket's first free slot (tile_free_slot), else
+/// (slot -1, evicting strategies) the bucket's victim (tile_victim: not pinned,
 /// below the eviction floor), else it fails. Calls sink.fresh (after sink.evicting
 /// for a victim) or sink.failed; returns the status.
 template <class P, class V, class Sink>
@@ -300,8 +283,8 @@ DYNEMB_HD DYNEMB_INLINE Status place_new_home(const TableRef<V>& t, int64_t i, i
     sink.fresh(i, o, slot, key);
     return Status::kInserted;
   }
-  const int64_t victim = bucket_victim(t, p.bucket, pin_mask(a.strategy), u.evict_below,
-                                       u.pin_floor);
+  const int64_t victim = tile_victim(SerialTile{}, t, p.bucket, pin_mask(a.strategy),
+                                     u.evict_below, u.pin_floor);
   return place_at_victim(t, i, o, key, p, u, sink, victim);
 }
 
@@ -332,7 +315,7 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
     *status = Status::kHit;
     decided = true;
   } else {
-    const int64_t free = bucket_free_slot<P>(t, home, p.order);
+    const int64_t free = tile_free_slot(SerialTile{}, t, home, p.order);
     if (free >= 0 || evicts(u.score.strategy)) {
       *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
       if (free >= 0 && !evicts(u.score.strategy)) flag_if_second(t, key, home);
@@ -365,7 +348,7 @@ DYNEMB_HD bool place_new_chosen(const TableRef<V>& t, int64_t i, int64_t o, int6
                                 const KeyProbe& p, const UpsertArgs& u, Sink& sink,
                                 Status* status) {
   P::lock(t.lock_word(p.bucket));
-  const int64_t free = bucket_free_slot<P>(t, p.bucket, p.order);
+  const int64_t free = tile_free_slot(SerialTile{}, t, p.bucket, p.order);
   if (free >= 0) {
     *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
     flag_if_second(t, key, p.bucket);
@@ -396,18 +379,18 @@ DYNEMB_HD Status upsert_spill(const TableRef<V>& t, int64_t i, int64_t o, int64_
   const int64_t second = window_of(t, a.strategy) > 1 ? second_bucket_of(h, t.num_buckets) : -1;
   lock_pair<P>(t, home, second, true);
   Status status = Status::kFailed;
-  int64_t found = bucket_find<P>(t, home, key, digest, order);
+  int64_t found = tile_bucket_find(SerialTile{}, t, home, key, digest, order.home);
   if (found < 0 && second >= 0 && t.overflowed(home)) {
-    found = bucket_find<P>(t, second, key, digest, order);
+    found = tile_bucket_find(SerialTile{}, t, second, key, digest, order.home);
   }
   if (found >= 0) {
     touch(t, found, u, i);
     sink.hit(i, o, found);
     status = Status::kHit;
   } else {
-    int64_t slot = bucket_free_slot<P>(t, home, order);
+    int64_t slot = tile_free_slot(SerialTile{}, t, home, order);
     if (slot < 0 && second >= 0) {
-      slot = bucket_free_slot<P>(t, second, order);
+      slot = tile_free_slot(SerialTile{}, t, second, order);
       if (slot >= 0) t.set_overflowed(home);
     }
     if (slot >= 0) {
@@ -481,7 +464,7 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
     *status = Status::kHit;
     decided = true;
   } else if (!t.overflowed(home)) {
-    const int64_t free = bucket_free_slot<P>(t, home, p.order);
+    const int64_t free = tile_free_slot(SerialTile{}, t, home, p.order);
     if (free >= 0) {
       *status = place_new_home<P>(t, i, o, key, p, u, sink, free);
       decided = true;
@@ -489,160 +472,6 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
   }
   P::unlock(t.lock_word(home));
   return decided;
-}
-
-/// Empties `slot` for good (an erase): its bucket gets kHoled (bucket.h "Holes").
-template <class V>
-DYNEMB_HD DYNEMB_INLINE void empty_slot(const TableRef<V>& t, int64_t slot) {
-  t.set_digest(slot, kEmptyDigest);
-  t.set_holed(slot / t.bucket_capacity);
-}
-
-/// Removes `key`; @return true when it was stored. Holds one bucket lock at a time,
-/// the one of the bucket it scans: an erase writes only its key's digest and never
-/// moves a key or clears an overflow flag, so where the key may be cannot change
-/// under it. (Locking both buckets, as upsert_spill must, made the lanes of a GPU
-/// warp, each erasing in its own home bucket, spin on their neighbours' locks.)
-template <class P, class V>
-DYNEMB_HD bool erase_key(const TableRef<V>& t, int64_t key) {
-  const uint64_t h = hash_key(key);
-  const uint8_t digest = digest_of(h);
-  const ProbeOrder order(h, t.bucket_capacity);
-  int64_t b = bucket_of(h, t.num_buckets);
-  for (int k = 0; k < kMaxProbeBuckets; ++k) {
-    P::lock(t.lock_word(b));
-    const int64_t slot = bucket_find<P>(t, b, key, digest, order);
-    if (slot >= 0) empty_slot(t, slot);
-    const int64_t next = k == 0 ? second_to_read(t, h, b) : -1;
-    P::unlock(t.lock_word(b));
-    if (slot >= 0) return true;
-    if (next < 0) return false;
-    b = next;
-  }
-  return false;
-}
-
-/// Entries a rehash's pass 1 puts in a home bucket: all it holds where keys have no
-/// second bucket (window 1), else 7/8 of it, the rest left to pass 2, which puts each in
-/// the emptier of its two buckets. Filled home first, a table grown by 1.3x held
-/// bucket fills spread as a Poisson law's (~92 +- 10 of 128), with full buckets in the
-/// tail; a pair of them within 16 buckets made an insert fail right after the growth,
-/// at a load of 0.74.
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t rehash_home_limit(const TableRef<V>& t, int window) {
-  return window > 1 ? t.bucket_capacity - t.bucket_capacity / 8 : t.bucket_capacity;
-}
-
-/// Claims `slot` of `dst` for the entry of slot `s` of `src` (a rehash moves each
-/// key once, with its score, timestamp and pin; the caller copies the row).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
-                                         const TableRef<V>& src, int64_t s, uint8_t digest) {
-  claim(dst, slot, src.key(s), digest, src.has_scores() ? src.score(s) : 0,
-        src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
-}
-
-/// Pass 1 of a rehash: places the entry of slot `s` of `src`, whose key is absent
-/// from `t`, in its home bucket while it holds fewer than rehash_home_limit entries.
-/// @return the slot, or -1 (nothing changed): place_moved then places it in pass 2.
-template <class P, class V>
-DYNEMB_HD int64_t place_home(const TableRef<V>& t, const TableRef<V>& src, int64_t s,
-                             int window) {
-  const uint64_t h = hash_key(src.key(s));
-  const ProbeOrder order(h, t.bucket_capacity);
-  const int64_t b = bucket_of(h, t.num_buckets);
-  P::lock(t.lock_word(b));
-  int64_t slot = -1;
-  if (t.bucket_capacity - bucket_free_count<P>(t, b) < rehash_home_limit(t, window)) {
-    slot = bucket_free_slot<P>(t, b, order);
-    if (slot >= 0) claim_moved(t, slot, src, s, digest_of(h));
-  }
-  P::unlock(t.lock_word(b));
-  return slot;
-}
-
-/// A move that frees a slot of a full bucket in a rehash's pass 2: the entry of slot
-/// `from` goes to the free slot `to` of its other bucket.
-struct RoomMove {
-  int64_t from;  // -1: no entry of the bucket has room in its other bucket
-  int64_t to;
-};
-
-/// The other bucket of the entry at `slot` of bucket `b` (its second when b is its
-/// home, else its home).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t other_bucket(const TableRef<V>& t, int64_t slot, int64_t b) {
-  const uint64_t h = hash_key(t.key(slot));
-  const int64_t home = bucket_of(h, t.num_buckets);
-  return home == b ? second_bucket_of(h, t.num_buckets) : home;
-}
-
-/// For a rehash's pass 2 (it owns the table) when an entry finds both its buckets full:
-/// the first entry of full bucket `b`, in slot order, whose other bucket has a free
-/// slot (bucket_free_slot, in that entry's probe order). Reads only.
-template <class P, class V>
-DYNEMB_HD RoomMove room_in(const TableRef<V>& t, int64_t b) {
-  const int64_t base = b * t.bucket_capacity;
-  for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
-    const int64_t other = other_bucket(t, s, b);
-    const int64_t to =
-        bucket_free_slot<P>(t, other, ProbeOrder(hash_key(t.key(s)), t.bucket_capacity));
-    if (to >= 0) return {s, to};
-  }
-  return {-1, -1};
-}
-
-/// Applies a RoomMove's metadata: the entry's key, digest, score, timestamp and pin go
-/// to m.to (its home's overflow flag set when that is its second bucket) and m.from is
-/// left empty, for the caller to claim at once (so its bucket gets no kHoled: bucket.h
-/// "Holes"). The caller moves the row (before m.from's row is overwritten).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove& m) {
-  claim_moved(t, m.to, t, m.from, t.digest(m.from));
-  const int64_t home = bucket_of(hash_key(t.key(m.from)), t.num_buckets);
-  if (home != m.to / t.bucket_capacity) t.set_overflowed(home);
-  t.set_digest(m.from, kEmptyDigest);
-}
-
-/// Places the entry of slot `s` of `src`, whose key is absent from `t` (a rehash
-/// moves each key once): in the emptier of its home and (`window` 2) second bucket
-/// (ties: home), else the other (a key in its second bucket flags its home), else in a
-/// slot made free in its home or then its second bucket by moving one of their
-/// entries to its other bucket (room_in). One lock at a time is enough because no other
-/// thread places the same key; a move for room takes none: it runs in pass 2 alone.
-/// @return the slot, or -1 when no room was found.
-template <class P, class V>
-DYNEMB_HD int64_t place_moved(const TableRef<V>& t, const TableRef<V>& src, int64_t s,
-                              int window) {
-  const uint64_t h = hash_key(src.key(s));
-  const ProbeOrder order(h, t.bucket_capacity);
-  const int64_t home = bucket_of(h, t.num_buckets);
-  const int64_t second = window > 1 && t.num_buckets > 1 ? second_bucket_of(h, t.num_buckets) : -1;
-  const bool second_first =
-      second >= 0 && bucket_free_count<P>(t, second) > bucket_free_count<P>(t, home);
-  for (int k = 0; k < 2; ++k) {
-    const int64_t b = (k == 0) != second_first ? home : second;
-    if (b < 0) continue;
-    P::lock(t.lock_word(b));
-    const int64_t slot = bucket_free_slot<P>(t, b, order);
-    if (slot >= 0) claim_moved(t, slot, src, s, digest_of(h));
-    P::unlock(t.lock_word(b));
-    if (slot >= 0) {
-      if (b != home) t.set_overflowed(home);
-      return slot;
-    }
-  }
-  for (int k = 0; k < 2 && second >= 0; ++k) {
-    const int64_t b = k == 0 ? home : second;
-    const RoomMove m = room_in<P>(t, b);
-    if (m.from < 0) continue;
-    copy_row(t.row(m.from), t.row(m.to), t.row_width);
-    move_for_room(t, m);
-    claim_moved(t, m.from, src, s, digest_of(h));
-    if (b != home) t.set_overflowed(home);
-    return m.from;
-  }
-  return -1;
 }
 
 }  // namespace dynemb

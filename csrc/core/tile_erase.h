@@ -1,4 +1,5 @@
-// dynemb core: a batch erase (table_ops.h erase_key) run by tiles of lanes.
+// dynemb core: a batch erase, run by tiles of lanes: a GPU's, or the CPU executor's
+// one-lane SerialTile.
 //
 // Two passes, as an upsert's (table_ops.h "Batch rule"), so that neither takes a
 // bucket lock: pass 1, a tile per home-bucket range, its keys in batch order, looks
@@ -6,9 +7,10 @@
 // erased; absent from a home bucket never flagged, it is not stored; else (it may
 // sit in its second bucket) it is deferred. Pass 2, one tile, looks in the deferred
 // keys' home and second buckets in batch order (it owns the table). The results are
-// erase_key's in batch order: erasing one key never changes where another is or
-// whether it is stored (overflow flags are never cleared), so the keys of different
-// ranges commute, and a repeated key's first occurrence erases it in either pass.
+// those of erasing each key in batch order: erasing one key never changes where
+// another is or whether it is stored (overflow flags are never cleared), so the keys
+// of different ranges commute, and a repeated key's first occurrence erases it in
+// either pass.
 // The erased slot's digest_lane (the one lane whose scan read its digest and key: no
 // sync before) writes its digest; the tile syncs before the next key's scan.
 #pragma once
@@ -17,6 +19,13 @@
 #include "core/table_ops.h"
 
 namespace dynemb {
+
+/// Empties `slot` for good (an erase): its bucket gets kHoled (bucket.h "Holes").
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void empty_slot(const TableRef<V>& t, int64_t slot) {
+  t.set_digest(slot, kEmptyDigest);
+  t.set_holed(slot / t.bucket_capacity);
+}
 
 /// What pass 1 decides for a key.
 enum class EraseHome : int8_t { kAbsent = 0, kErased = 1, kDeferred = 2 };
@@ -35,7 +44,8 @@ DYNEMB_HD EraseHome tile_erase_home(const Tile& tile, const TableRef<V>& t, int6
   return t.overflowed(p.bucket) ? EraseHome::kDeferred : EraseHome::kAbsent;
 }
 
-/// erase_key by the one tile of pass 2 (it owns the table), without locks.
+/// Removes `key` (its home bucket, then its second past a flagged home), by the one
+/// tile of pass 2 (it owns the table), without locks.
 /// @return true, in every lane, when the key was stored.
 template <class Tile, class V>
 DYNEMB_HD bool tile_erase_key(const Tile& tile, const TableRef<V>& t, int64_t key) {

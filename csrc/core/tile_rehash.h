@@ -1,11 +1,12 @@
-// dynemb core: a rehash (table_ops.h place_home, place_moved) run by tiles of lanes.
+// dynemb core: a rehash (every entry of one table moved into another, as a growth
+// does), run by tiles of lanes: a GPU's, or the CPU executor's one-lane SerialTile.
 //
-// The same two passes as the serial rehash: pass 1, a tile per destination
-// home-bucket range, its entries in source-slot order, places each in its home
-// bucket (which the tile owns: the destination is written by no one else); pass 2,
+// Two passes, as an upsert's (table_ops.h "Batch rule"): pass 1, a tile per
+// destination home-bucket range, its entries in source-slot order, places each in its
+// home bucket (which the tile owns: the destination is written by no one else); pass 2,
 // one tile, places what did not fit in its second bucket, in source-slot order (it owns
-// the table). The free slot is tile_free_slot's (bucket_free_slot's answer), so every
-// entry lands where the serial rehash puts it. tile_claim claims it (the slot's key and
+// the table). The free slot is tile_free_slot's, whatever the tile's size, so every
+// entry lands in the same slot on every executor. tile_claim claims it (the slot's key and
 // digest by the one lane whose scan read them: no sync before), lane 0 sets overflow flags
 // (which no lane reads meanwhile), lanes copy the row in 16-byte chunks, and the tile
 // syncs after each entry (the next entry's scan must see the claim).
@@ -17,7 +18,58 @@
 
 namespace dynemb {
 
-/// room_in by a tile. @return the same in every lane.
+/// Entries a rehash's pass 1 puts in a home bucket: all it holds where keys have no
+/// second bucket (window 1), else 7/8 of it, the rest left to pass 2, which puts each in
+/// the emptier of its two buckets. Filled home first, a table grown by 1.3x held
+/// bucket fills spread as a Poisson law's (~92 +- 10 of 128), with full buckets in the
+/// tail; a pair of them within 16 buckets made an insert fail right after the growth,
+/// at a load of 0.74.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t rehash_home_limit(const TableRef<V>& t, int window) {
+  return window > 1 ? t.bucket_capacity - t.bucket_capacity / 8 : t.bucket_capacity;
+}
+
+/// Claims `slot` of `dst` for the entry of slot `s` of `src` (a rehash moves each
+/// key once, with its score, timestamp and pin; the caller copies the row).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
+                                         const TableRef<V>& src, int64_t s, uint8_t digest) {
+  claim(dst, slot, src.key(s), digest, src.has_scores() ? src.score(s) : 0,
+        src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
+}
+
+/// A move that frees a slot of a full bucket in a rehash's pass 2: the entry of slot
+/// `from` goes to the free slot `to` of its other bucket.
+struct RoomMove {
+  int64_t from;  // -1: no entry of the bucket has room in its other bucket
+  int64_t to;
+};
+
+/// The other bucket of the entry at `slot` of bucket `b` (its second when b is its
+/// home, else its home).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE int64_t other_bucket(const TableRef<V>& t, int64_t slot, int64_t b) {
+  const uint64_t h = hash_key(t.key(slot));
+  const int64_t home = bucket_of(h, t.num_buckets);
+  return home == b ? second_bucket_of(h, t.num_buckets) : home;
+}
+
+/// Applies a RoomMove's metadata: the entry's key, digest, score, timestamp and pin go
+/// to m.to (its home's overflow flag set when that is its second bucket) and m.from is
+/// left empty, for the caller to claim at once (so its bucket gets no kHoled: bucket.h
+/// "Holes"). The caller moves the row (before m.from's row is overwritten).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove& m) {
+  claim_moved(t, m.to, t, m.from, t.digest(m.from));
+  const int64_t home = bucket_of(hash_key(t.key(m.from)), t.num_buckets);
+  if (home != m.to / t.bucket_capacity) t.set_overflowed(home);
+  t.set_digest(m.from, kEmptyDigest);
+}
+
+/// For a rehash's pass 2 (it owns the table) when an entry finds both its buckets full:
+/// the first entry of full bucket `b`, in slot order, whose other bucket has a free
+/// slot (tile_free_slot, in that entry's probe order). Reads only. @return the same in
+/// every lane.
 template <class Tile, class V>
 DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
   const int64_t base = b * t.bucket_capacity;
@@ -41,8 +93,11 @@ DYNEMB_HD DYNEMB_INLINE void tile_claim_moved(const Tile& tile, const TableRef<V
   copy_row(src.row(s), t.row(slot), src.row_width, lanes_of(tile));
 }
 
-/// place_home and the row copy, by a tile that owns the entry's home bucket (pass 1).
-/// @return the slot, or -1 (nothing changed), in every lane.
+/// Pass 1 of a rehash, by a tile that owns the entry's home bucket: places the entry of
+/// slot `s` of `src`, whose key is absent from `t`, with its row, in its home bucket
+/// while it holds fewer than rehash_home_limit entries.
+/// @return the slot, or -1 (nothing changed: tile_place_moved places it in pass 2), in
+/// every lane.
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
                                   const TableRef<V>& src, int64_t s, int window) {
@@ -57,10 +112,14 @@ DYNEMB_HD int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
   return slot;
 }
 
-/// place_moved and the row copy, by the one tile of pass 2: the same choices, each
-/// bucket scanned by the tile; lane 0 writes the overflow flag and a move's metadata
-/// after a sync (every lane read the digests and keys first), the lanes the rows.
-/// @return the slot, or -1, in every lane.
+/// Pass 2 of a rehash, by its one tile: places the entry of slot `s` of `src`, whose
+/// key is absent from `t` (a rehash moves each key once), with its row: in the emptier
+/// of its home and (`window` 2) second bucket (ties: home), else the other (a key in
+/// its second bucket flags its home), else in a slot made free in its home or then its
+/// second bucket by moving one of their entries to its other bucket (tile_room_in).
+/// Lane 0 writes the overflow flag and a move's metadata after a sync (every lane read
+/// the digests and keys first), the lanes the rows.
+/// @return the slot, or -1 when no room was found, in every lane.
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
                                    const TableRef<V>& src, int64_t s, int window) {

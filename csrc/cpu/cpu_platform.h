@@ -35,13 +35,7 @@ struct CpuPlatform {
   }
 
   static uint32_t match16(const uint8_t* group, uint8_t digest) {
-#if defined(__SSE2__)
-    const __m128i g = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group));
-    const __m128i d = _mm_set1_epi8(static_cast<char>(digest));
-    return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(g, d)));
-#else
-    return match16_scalar(group, digest);
-#endif
+    return match_chunk<16>(group, digest);  // SSE2's byte compare where there is one
   }
 
   // An asm statement, not __builtin_prefetch: GCC's pure/const analysis may delete a

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/tile_erase.h"
+#include "core/tile_rehash.h"
 #include "cpu/batch_threads.h"
 #include "cpu/cpu_platform.h"
 #include "cpu/executor_cpu.h"
@@ -19,21 +21,35 @@ using P = CpuPlatform;
 
 namespace {
 
-/// Erases keys[j] for j in [begin, end) in position order, on one thread; erased[j]
-/// is the outcome. Q: the platform (CpuExclusivePlatform when no other thread runs).
-template <class Q, class V>
-void erase_sequence(const TableRef<V>& t, const int64_t* keys, int64_t begin, int64_t end,
-                    bool* erased) {
-  auto key_at = [&](int64_t j) { return keys[j]; };
-  // Prefetches the digests and the likely key; no lock line (mostly none is taken) nor
-  // score or row (erase reads neither).
-  auto body = [&](int64_t j, int64_t) { erased[j] = erase_key<Q>(t, key_at(j)); };
-  prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
+/// Pass 2 of an erase (core/tile_erase.h tile_erase_key, by the one lane of a
+/// SerialTile): the keys pass 1 deferred, at positions `deferred` in batch order, on
+/// one thread after every pass 1 ended; erased[j] is the outcome.
+template <class V>
+void erase_deferred(const TableRef<V>& t, const int64_t* keys,
+                    const std::vector<int64_t>& deferred, bool* erased) {
+  for (const int64_t j : deferred) erased[j] = tile_erase_key(SerialTile{}, t, keys[j]);
 }
 
-/// Erases a batch on several threads, split by home-bucket range like upserts, hence
-/// without locks where keys stay in their home bucket: tables that keep scores (only
-/// NO_EVICTION, which keeps none, spills; see table_ref.h). Unlike upserts, erase
+/// Erases keys[j] for j in [0, n) by the two passes of core/tile_erase.h, on one
+/// thread; erased[j] is the outcome.
+template <class V>
+void erase_sequence(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
+  std::vector<int64_t> deferred;
+  auto key_at = [&](int64_t j) { return keys[j]; };
+  // Prefetches the digests and the likely key; no score nor row (erase reads neither).
+  auto body = [&](int64_t j, int64_t) {
+    const EraseHome e = tile_erase_home(SerialTile{}, t, key_at(j));
+    erased[j] = e == EraseHome::kErased;
+    if (e == EraseHome::kDeferred) deferred.push_back(j);
+  };
+  prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, 0, n, key_at, body);
+  erase_deferred(t, keys, deferred, erased);
+}
+
+/// Erases a batch on several threads by the two passes of core/tile_erase.h: pass 1
+/// split by home-bucket range like upserts (a thread owns its range), pass 2 (the keys
+/// absent from a flagged home, which may sit in a second bucket of another range) on
+/// one thread after it, so without locks. Unlike upserts, erase
 /// reads no row and outputs one byte per key, so run_partitioned's passes (~26
 /// bytes written per key) would cost a third of its time. Instead each thread walks
 /// the whole batch a block at a time: it picks the block's keys of its range (a
@@ -46,9 +62,9 @@ void erase_sequence(const TableRef<V>& t, const int64_t* keys, int64_t begin, in
 template <class V>
 void erase_split(const TableRef<V>& t, const int64_t* keys, int64_t n, int threads,
                  bool* erased) {
-  const bool exclusive = t.has_scores();
   const int64_t words = (n + 63) / 64;
   std::vector<std::vector<uint64_t>> bits(threads);
+  std::vector<std::vector<int64_t>> deferred(threads);  // each in batch order
 #pragma omp parallel num_threads(threads)
   {
     const int T = omp_get_num_threads();
@@ -75,9 +91,9 @@ void erase_split(const TableRef<V>& t, const int64_t* keys, int64_t n, int threa
       }
       auto key_at = [&](int64_t x) { return own_key[x]; };
       auto body = [&](int64_t x, int64_t) {
-        const bool e = exclusive ? erase_key<CpuExclusivePlatform>(t, own_key[x])
-                                 : erase_key<P>(t, own_key[x]);
-        mine[own_index[x] >> 6] |= uint64_t{e} << (own_index[x] & 63);
+        const EraseHome e = tile_erase_home(SerialTile{}, t, own_key[x]);
+        mine[own_index[x] >> 6] |= uint64_t{e == EraseHome::kErased} << (own_index[x] & 63);
+        if (e == EraseHome::kDeferred) deferred[c].push_back(own_index[x]);
       };
       prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, 0, count, key_at, body);
     }
@@ -90,6 +106,10 @@ void erase_split(const TableRef<V>& t, const int64_t* keys, int64_t n, int threa
       }
     }
   }
+  std::vector<int64_t> rest;
+  for (const auto& d : deferred) rest.insert(rest.end(), d.begin(), d.end());
+  std::sort(rest.begin(), rest.end());
+  erase_deferred(t, keys, rest, erased);
 }
 
 }  // namespace
@@ -98,25 +118,24 @@ template <class V>
 void erase(const TableRef<V>& t, const int64_t* keys, int64_t n, bool* erased) {
   const int threads = threads_for(n);
   if (threads == 1) {
-    erase_sequence<CpuExclusivePlatform>(t, keys, 0, n, erased);
+    erase_sequence(t, keys, n, erased);
   } else {
     erase_split(t, keys, n, threads, erased);
   }
 }
 
-/// The batch rule for a rehash (core/table_ops.h): pass 1 places every entry in its
-/// new home bucket up to its limit (place_home), the entries of one home bucket in
-/// source-slot order:
-/// each thread owns a range of destination home buckets and picks its entries from
-/// the whole source (a hash per entry), so it needs no lock. Pass 2 places what did
-/// not fit (place_moved over the window) in source-slot order, on one thread.
+/// The batch rule for a rehash (core/tile_rehash.h, by the one lane of a SerialTile):
+/// pass 1 places every entry in its new home bucket up to its limit (tile_place_home),
+/// the entries of one home bucket in source-slot order: each thread owns a range of
+/// destination home buckets and picks its entries from the whole source (a hash per
+/// entry), as a GPU tile owns its range. Pass 2 places what did not fit
+/// (tile_place_moved over the window) in source-slot order, on one thread.
 template <class V>
 int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
-  using X = CpuExclusivePlatform;
+  const SerialTile one;
   const int64_t num_slots = src.num_slots();
   const int threads = threads_for(num_slots);
   std::vector<std::vector<int64_t>> deferred(threads);
-  auto move = [&](int64_t s, int64_t slot) { copy_row(src.row(s), dst.row(slot), src.row_width); };
 #pragma omp parallel num_threads(threads)
   {
     const int T = omp_get_num_threads();
@@ -127,26 +146,14 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
       if (src.digest(s) == kEmptyDigest) continue;
       const int64_t b = bucket_of(hash_key(src.key(s)), dst.num_buckets);
       if (b < first || b >= last) continue;
-      const int64_t slot = place_home<X>(dst, src, s, window);
-      if (slot >= 0) {
-        move(s, slot);
-      } else {
-        deferred[c].push_back(s);
-      }
+      if (tile_place_home(one, dst, src, s, window) < 0) deferred[c].push_back(s);
     }
   }
   std::vector<int64_t> rest;
   for (const auto& d : deferred) rest.insert(rest.end(), d.begin(), d.end());
   std::sort(rest.begin(), rest.end());
   int64_t failed = 0;
-  for (const int64_t s : rest) {
-    const int64_t slot = place_moved<X>(dst, src, s, window);
-    if (slot < 0) {
-      ++failed;
-    } else {
-      move(s, slot);
-    }
-  }
+  for (const int64_t s : rest) failed += tile_place_moved(one, dst, src, s, window) < 0;
   return failed;
 }
 

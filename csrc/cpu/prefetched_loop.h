@@ -128,7 +128,7 @@ DYNEMB_INLINE int64_t prefetch_slot(const TableRef<V>& t, const KeyProbe& p, Buc
   }
   if (slot < 0) {
     // A full bucket without a match: an upsert of a new key scans every score for
-    // its victim (bucket_victim), unless the loop leaves victims to a later one.
+    // its victim (tile_victim), unless the loop leaves victims to a later one.
     if (kTouches != Touches::kRead && kVictims && t.scores && span.whole()) {
       const int64_t first = b * t.bucket_capacity;
       CpuPlatform::prefetch_lines(t.scores + first, t.bucket_capacity * int64_t{sizeof(uint64_t)});

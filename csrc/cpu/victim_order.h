@@ -1,16 +1,16 @@
 // dynemb CPU executor: a bucket's eviction victims taken level by level.
 //
 // A table that evicts continually takes many victims from one bucket in one batch
-// (W-train at 0.25x capacity: ~70 of a 128-slot bucket), and bucket_victim scans
+// (W-train at 0.25x capacity: ~70 of a 128-slot bucket), and tile_victim scans
 // the whole bucket for each. But in pass 1 of a batch of distinct keys (core
 // table_ops.h, "Batch rule"), once its hits are touched, the only change to a full
 // bucket is a newcomer claiming the bucket's victim, and the claim pins that slot
 // (it gets the batch's pin, which is at or above the floor). So the bucket's
 // successive victims are its candidates (slots not pinned) in eviction order (core
-// bucket.h bucket_victim_in: score, digest, key), and one scan can yield every
+// bucket_tile.h tile_victim_in: score, digest, key), and one scan can yield every
 // candidate of the lowest score: scores that count batches or accesses tie for
 // dozens of slots. Which slots are candidates stays the core's (VictimRule);
-// tests/native/tile_bucket.cpp checks that the answers are bucket_victim's.
+// tests/native/tile_bucket.cpp checks that the answers are tile_victim's.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,13 @@ namespace dynemb::cpu {
 
 /// Whether a batch may take its victims from BucketVictims: a distinct batch on a
 /// table with pins whose pin is at or above the floor, so that every claim pins its
-/// slot. Else each victim comes from its own bucket_victim.
+/// slot. Else each victim comes from its own tile_victim.
 template <class V>
 bool victim_levels_apply(const TableRef<V>& t, const UpsertArgs& u) {
   return u.distinct && t.has_pins() && t.has_scores() && u.pin >= u.pin_floor;
 }
 
-/// bucket_victim's successive answers for one bucket while it changes only by claims
+/// tile_victim's successive answers for one bucket while it changes only by claims
 /// of them, each claim pinning its slot: front() is the victim now, pop() says it was
 /// claimed. Holds the candidates of the lowest score in eviction order and scans
 /// the bucket again when they are used up. `scratch`: storage for 2 *
@@ -78,7 +78,7 @@ class BucketVictims {
     }
     // Counting sort by digest, whose running sum walks only the digests present: a
     // level of one slot (distinct scores: CUSTOMIZED, DECAYED_LFU) costs little more
-    // than bucket_victim's scan.
+    // than tile_victim's scan.
     int32_t start[256];
     uint64_t present[4] = {0, 0, 0, 0};
     std::memset(start, 0, sizeof(start));

@@ -170,6 +170,25 @@ def test_no_eviction_chains_rehash_and_erase(cpu_threads):
     assert int(erased.sum()) == torch.unique(torch.cat([stored[::2], stored[:40]])).numel()
 
 
+def test_no_eviction_erase_split_over_threads(cpu_threads):
+    """An erase batch large enough for the CPU to split it over threads (pass 1 per
+    home-bucket range, pass 2 for keys past flagged homes on one thread), on a nearly
+    full NO_EVICTION table with keys in their second buckets; repeats, absent keys."""
+    table = parity_table(NO_EVICTION, num_buckets=1024)  # 16384 slots
+    policy = [NO_EVICTION, 0, 5, 0, DIM, 0, NO_PINS]
+    keys = key_batches(5, 15000, 1 << 40, 1)[0]
+    status, _ = CPU.table_find_or_insert(
+        table, policy, UNIFORM_INIT, keys, None, torch.empty(keys.numel(), ROW), []
+    )
+    assert table[6].sum() > 100, "keys should sit in second buckets"
+    stored = keys[status != 3]
+    erase_keys = torch.cat([stored[::2], stored[:3000], torch.arange(2000)])
+    assert erase_keys.numel() >= 2 * 2048, "the CPU splits a batch of 2 * kGrain keys or more"
+    run_on_every_executor(table, lambda lib, t: [lib.table_erase(t, erase_keys)])
+    erased = CPU.table_erase(copy_table(table), erase_keys)
+    assert int(erased.sum()) == torch.unique(torch.cat([stored[::2], stored[:3000]])).numel()
+
+
 @pytest.mark.parametrize("strategy", [TIMESTAMP_LFU, CUSTOMIZED, NO_EVICTION])
 def test_restore(strategy, cpu_threads):
     table = parity_table(strategy, num_buckets=32)

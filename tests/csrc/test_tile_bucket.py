@@ -1,11 +1,13 @@
 """The tile scans of a bucket (csrc/core/bucket_tile.h: find, first free slot in probe
-order, eviction victim) give the serial scans' answers (csrc/core/bucket.h) on random
-buckets, empty, full and mixed, with ties of score and digest, pins and every eviction
-floor: tiles of 8, 16 and 32 lanes on the emulated executor's lockstep warps, under
-several lane orders, and the one-lane SerialTile; and a row initialised by a tile's lanes
-(init_row with Lanes) equals init_row's, a row copied or zeroed by them (16-byte chunks)
-the serial copy at every misalignment, each element moved by its owner lane. tests/native/tile_bucket.cpp holds the kernels;
-it is built here with the host compiler."""
+order, eviction victim), written once for every executor, give the answers of their
+definitions (a plain loop over the bucket each) on random buckets of 16 to 256 slots,
+empty, full and mixed, with ties of score and digest, pins and every eviction floor:
+tiles of 8, 16 and 32 lanes on the emulated executor's lockstep warps, under several
+lane orders, and the one-lane SerialTile that the CPU executor runs; the CPU's
+BucketVictims too. And a row initialised by a tile's lanes (init_row with Lanes) equals
+init_row's, a row copied or zeroed by them (16-byte chunks) the serial copy at every
+misalignment, each element moved by its owner lane. tests/native/tile_bucket.cpp holds
+the kernels; it is built here with the host compiler."""
 
 import os
 import subprocess
@@ -24,7 +26,7 @@ def program(tmp_path_factory):
 
 
 @pytest.mark.parametrize("data_seed, lane_seed", [(1, 1), (2, 2), (3, 3), (4, 11)])
-def test_tile_scans_match_the_serial_ones(program, data_seed, lane_seed):
+def test_tile_scans_give_the_defined_answers(program, data_seed, lane_seed):
     env = dict(os.environ, DYNEMB_EMULATION_SEED=str(lane_seed))
     done = subprocess.run(
         [str(program), str(data_seed)], capture_output=True, text=True, timeout=120, env=env

@@ -1,5 +1,6 @@
-// The tile scans of a bucket (core/bucket_tile.h) against the serial ones of
-// core/bucket.h, on random buckets: empty, full and mixed, digests and scores drawn
+// The tile scans of a bucket (core/bucket_tile.h) against their definitions (a find,
+// the first free slot in probe order, core/bucket.h "Holes", the eviction victim), on
+// random buckets: empty, full and mixed, digests and scores drawn
 // from few values (ties), pins, every eviction floor. Tiles of 8, 16 and 32 lanes run
 // as kernels on the emulated executor's lockstep warps; the SerialTile on the host.
 // Also: a row initialised by the lanes of a tile (init_row with Lanes, each lane its
@@ -8,7 +9,7 @@
 // at every alignment of source and destination, and every one of these moves gives
 // element j to the same lane, (j / row_chunk) % lanes.
 // And the CPU executor's BucketVictims (cpu/victim_order.h): on the same random
-// buckets, each of its answers is bucket_victim's as the bucket stands, while the
+// buckets, each of its answers is the victim by definition as the bucket stands, while the
 // victims it gives are claimed (pinned, given a new score and key) or left unclaimed.
 // Built and run by tests/csrc/test_tile_bucket.py:
 //   tile_bucket SEED   prints "ok" and exits 0, or prints the first difference and exits 1
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/batch_sinks.h"
@@ -31,11 +33,51 @@ namespace {
 using dynemb::TableRef;
 using dynemb::cuda_emulated::CgTile;
 
-struct ScalarPlatform {
-  static uint32_t match16(const uint8_t* group, uint8_t digest) {
-    return dynemb::match16_scalar(group, digest);
+/// The first empty slot of `bucket` in the probe order `order` (core/bucket.h), or -1.
+int64_t first_free(const TableRef<float>& t, int64_t bucket, const dynemb::ProbeOrder& order) {
+  for (int64_t k = 0; k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    for (int64_t s = bucket * t.bucket_capacity + 16 * g, j = 0; j < 16; ++j, ++s) {
+      if (t.digests[s] == 0) return s;
+    }
   }
-};
+  return -1;
+}
+
+/// The victim of `bucket` by its definition (core/bucket_tile.h tile_victim_in): among
+/// the slots not pinned (by `pin_floor` when `pins`, by `evict_below` on the score
+/// under `mask`), the smallest (score, digest, key), keys in signed order; or -1.
+int64_t victim_by_definition(const TableRef<float>& t, int64_t bucket, uint64_t mask,
+                             uint64_t evict_below, uint32_t pin_floor, bool pins) {
+  int64_t best = -1;
+  for (int64_t s = bucket * t.bucket_capacity; s < (bucket + 1) * t.bucket_capacity; ++s) {
+    if (pins && t.pins[s] >= pin_floor) continue;
+    if (evict_below != dynemb::kEvictAny && (t.scores[s] & mask) >= evict_below) continue;
+    if (best < 0 || std::tie(t.scores[s], t.digests[s], t.keys[s]) <
+                        std::tie(t.scores[best], t.digests[best], t.keys[best])) {
+      best = s;
+    }
+  }
+  return best;
+}
+
+/// A find that reads the key's home line (probe positions [0, 4)) first, by
+/// core/bucket.h's "Holes": the key's slot there; else -1 when the line holds an empty
+/// slot and the bucket no kHoled; else `whole`, the key's slot anywhere in the bucket.
+int64_t find_from_home_line(const TableRef<float>& t, int64_t bucket, int64_t key,
+                            uint8_t digest, const dynemb::ProbeOrder& order, int64_t whole) {
+  bool room = false;
+  for (int64_t k = 0; k < 4 && k < order.span; ++k) {
+    const int64_t g = order.group(k);
+    if (g < 0) continue;
+    for (int64_t s = bucket * t.bucket_capacity + 16 * g, j = 0; j < 16; ++j, ++s) {
+      if (t.digests[s] == digest && t.keys[s] == key) return s;
+      room = room || t.digests[s] == 0;
+    }
+  }
+  return room && !t.holed(bucket) ? -1 : whole;
+}
 
 /// One probe of one bucket: a find, a free-slot search, a victim search.
 struct Query {
@@ -84,7 +126,7 @@ Answer tile_answer(const Tile& tile, const TableRef<float>& t, const Query& q) {
   return a;
 }
 
-Answer serial_answer(const TableRef<float>& t, const Query& q) {
+Answer defined_answer(const TableRef<float>& t, const Query& q) {
   const dynemb::ProbeOrder order = order_of(t, q.home);
   Answer a;
   a.find = -1;  // the whole bucket, as tile_bucket_find without a home group scans it
@@ -93,19 +135,20 @@ Answer serial_answer(const TableRef<float>& t, const Query& q) {
   }
   // From the home line, a miss stops there past an empty slot of a bucket without
   // kHoled: in these random buckets that may miss a key stored further on, in the
-  // tile's scan and the serial one alike.
-  a.find_home = dynemb::bucket_find<ScalarPlatform>(t, q.bucket, q.key, q.digest, order);
-  a.free = dynemb::bucket_free_slot<ScalarPlatform>(t, q.bucket, order);
+  // tile's scan and by the definition alike.
+  a.find_home = find_from_home_line(t, q.bucket, q.key, q.digest, order, a.find);
+  a.free = first_free(t, q.bucket, order);
   a.probe_slot = a.find_home;
   a.probe_free = a.find_home >= 0 ? -1 : a.free;  // a hit looks for no free slot
-  a.victim = dynemb::bucket_victim_in<true>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
-  // bucket_victim (its pin column read only where it must) decides as <true> on a table
+  a.victim = victim_by_definition(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor, true);
+  // tile_victim (its pin column read only where it must) decides as <true> on a table
   // with pins: a difference shows as victim -3, which no tile answers.
-  if (dynemb::bucket_victim(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor) != a.victim) {
+  const dynemb::SerialTile one;
+  if (dynemb::tile_victim(one, t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor) != a.victim) {
     a.victim = -3;
   }
   a.victim_unpinned =
-      dynemb::bucket_victim_in<false>(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor);
+      victim_by_definition(t, q.bucket, q.pin_mask, q.evict_below, q.pin_floor, false);
   return a;
 }
 
@@ -196,7 +239,7 @@ void launch(const TableRef<float>& t, const std::vector<Query>& q, std::vector<A
                                                                     out.data());
 }
 
-/// The first answer of BucketVictims that differs from bucket_victim's on a copy of
+/// The first answer of BucketVictims that differs from the victim's definition on a copy of
 /// `table` whose victims are claimed as an upsert claims them (pinned at or above the
 /// floor, new score, digest and key) or, now and then, left as they are (a newcomer
 /// the strategy did not admit), or an empty string.
@@ -221,12 +264,12 @@ std::string victim_levels_difference(std::mt19937_64& rng, const RandomTable& ta
       dynemb::cpu::BucketVictims<float> victims(t, b, mask, below, pin_floor, scratch);
       int none = 0;  // answers of -1 so far
       for (int64_t answers = 0;; ++answers) {
-        const int64_t want = dynemb::bucket_victim(t, b, mask, below, pin_floor);
+        const int64_t want = victim_by_definition(t, b, mask, below, pin_floor, true);
         const int64_t got = victims.front();
         if (got != want) {
           return "BucketVictims, capacity " + std::to_string(t.bucket_capacity) + ", bucket " +
                  std::to_string(b) + ", after " + std::to_string(answers) + " answers: " +
-                 std::to_string(got) + ", bucket_victim " + std::to_string(want);
+                 std::to_string(got) + ", by definition " + std::to_string(want);
         }
         if (want < 0 && ++none > 2) break;  // asked again: still none
         if (want < 0 || rng() % 5 == 0) continue;  // not admitted: the bucket stays as it is
@@ -351,7 +394,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = argc > 1 ? std::stoull(argv[1]) : 1;
   std::mt19937_64 rng(seed);
   int64_t checked = 0;
-  for (int64_t capacity : {16, 32, 64, 128, 256}) {
+  for (int64_t capacity : {16, 32, 48, 64, 80, 128, 256}) {
     const RandomTable table(rng, 48, capacity);
     const std::string victims_diff = victim_levels_difference(rng, table);
     if (!victims_diff.empty()) {
@@ -373,9 +416,9 @@ int main(int argc, char** argv) {
         launch<32>(table.t, queries, got);
       }
       for (size_t i = 0; i < queries.size(); ++i) {
-        const Answer want = serial_answer(table.t, queries[i]);
+        const Answer want = defined_answer(table.t, queries[i]);
         if (!(got[i] == want)) {
-          std::printf("capacity %lld, tile of %u lanes, query %zu (bucket %lld): %s; serial: %s "
+          std::printf("capacity %lld, tile of %u lanes, query %zu (bucket %lld): %s; defined: %s "
                       "(seed %llu, DYNEMB_EMULATION_SEED=%llu)\n",
                       static_cast<long long>(capacity), lanes, i,
                       static_cast<long long>(queries[i].bucket), show(got[i]).c_str(),

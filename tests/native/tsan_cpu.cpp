@@ -1,15 +1,43 @@
 // ThreadSanitizer cases of the CPU executor's platform (tsan_tables.cpp).
+#include "core/tile_erase.h"
 #include "tsan_common.h"
 
 namespace dynemb::tsan {
 
-/// Threads upsert (AssignSink) and erase keys of shared buckets under the bucket locks,
-/// then all read every key without locks; each key's presence and row must match.
+/// Threads upsert (AssignSink) keys of shared buckets under the bucket locks, then erase
+/// some by core/tile_erase.h's two passes as the CPU executor runs them (pass 1 a thread
+/// per home-bucket range, pass 2 one thread), then all read every key without locks;
+/// each key's presence and row must match.
 void cpu_locked_upsert_erase_find() {
   Table table(64, 128, false);  // 8192 slots, ~4000 keys: some spill (upsert_spill)
   const TableRef<float> t = table.ref();
   constexpr int64_t kKeys = 6000;
   std::barrier sync(kThreads);
+  std::vector<std::vector<int64_t>> deferred(kThreads);
+  // Erases the keys k * 1000003 + round for which erased(k) holds: pass 1 each thread
+  // those of its home buckets, pass 2 thread 0 the keys pass 1 deferred.
+  auto erase_where = [&](int me, int round, auto&& erased, bool must_find) {
+    for (int64_t k = 0; k < kKeys; ++k) {
+      const int64_t key = k * 1000003 + round;
+      if (!erased(k) || bucket_of(hash_key(key), t.num_buckets) * kThreads / t.num_buckets != me) {
+        continue;
+      }
+      const EraseHome e = tile_erase_home(SerialTile{}, t, key);
+      CHECK(!must_find || e != EraseHome::kAbsent, "erase of a stored key reported absent");
+      if (e == EraseHome::kDeferred) deferred[me].push_back(key);
+    }
+    sync.arrive_and_wait();
+    if (me == 0) {
+      for (auto& keys : deferred) {
+        for (const int64_t key : keys) {
+          CHECK(tile_erase_key(SerialTile{}, t, key) || !must_find,
+                "erase of a stored key reported absent");
+        }
+        keys.clear();
+      }
+    }
+    sync.arrive_and_wait();
+  };
   run_threads(kThreads, [&](int me) {
     for (int round = 0; round < 3; ++round) {
       std::vector<int64_t> mine;
@@ -26,13 +54,12 @@ void cpu_locked_upsert_erase_find() {
           s = upsert_spill<CpuPlatform>(t, ii, ii, mine[i], u, sink);
         CHECK(s != Status::kFailed, "key %lld not stored", static_cast<long long>(mine[i]));
       }
-      for (size_t i = 0; i < mine.size(); i += 3) {
-        CHECK(erase_key<CpuPlatform>(t, mine[i]), "erase of a stored key reported absent");
-      }
-      sync.arrive_and_wait();  // readers never run beside writers (platform.h)
+      sync.arrive_and_wait();  // erases own their buckets: no upsert runs beside them
+      erase_where(me, round, [](int64_t k) { return (k / kThreads) % 3 == 0; }, true);
+      // readers never run beside writers (platform.h)
       for (int64_t k = 0; k < kKeys; ++k) {
         const int64_t key = k * 1000003 + round;
-        const int64_t slot = find_slot<CpuPlatform>(t, key);
+        const int64_t slot = tile_find_slot(SerialTile{}, t, key);
         const bool erased = (k / kThreads) % 3 == 0;
         CHECK((slot >= 0) == !erased, "key %lld: found %d, erased %d", static_cast<long long>(key),
               slot >= 0, erased);
@@ -40,8 +67,7 @@ void cpu_locked_upsert_erase_find() {
                              static_cast<long long>(key));
       }
       sync.arrive_and_wait();
-      for (size_t i = 0; i < mine.size(); ++i) erase_key<CpuPlatform>(t, mine[i]);
-      sync.arrive_and_wait();
+      erase_where(me, round, [](int64_t) { return true; }, false);
     }
   });
 }
