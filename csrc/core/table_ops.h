@@ -135,7 +135,7 @@ DYNEMB_HD DYNEMB_INLINE bool chooses_buckets(const TableRef<V>& t, const UpsertA
 /// SerialTile; no lock: see platform.h), with a guess (e.g. likely_slot computed earlier
 /// to prefetch): when the guessed slot holds `key` it is the answer (a key occupies at
 /// most one slot), otherwise the full walk runs.
-template <class P, class V>
+template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t find_slot_hinted(const TableRef<V>& t, int64_t key,
                                                  int64_t hint) {
   if (hint >= 0 && t.digest(hint) != kEmptyDigest && t.key(hint) == key) return hint;
@@ -218,7 +218,7 @@ DYNEMB_HD DYNEMB_INLINE bool home_takes_new_keys(const TableRef<V>& t, int64_t f
 /// `stored` (when not null) receives the slot that stores the key, else -1: pass 1
 /// moves and evicts no stored key under NO_EVICTION, so an executor may take that slot
 /// as the key's hit there without a second probe (hit_stored).
-template <class P, class V>
+template <class V>
 DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProbe& p,
                                 int64_t hint = -1, int64_t* stored = nullptr) {
   const SerialTile one;
@@ -240,7 +240,7 @@ DYNEMB_HD int64_t choose_bucket(const TableRef<V>& t, int64_t key, const KeyProb
 
 /// The slot of `key` in its home bucket, or -1; `hint` (a likely slot, or -1) saves
 /// the scan when it holds the key (a key has one slot at most).
-template <class P, class V>
+template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t home_slot(const TableRef<V>& t, int64_t home, int64_t key,
                                           uint8_t digest, const ProbeOrder& order,
                                           int64_t hint) {
@@ -308,7 +308,7 @@ DYNEMB_HD bool upsert_home(const TableRef<V>& t, int64_t i, int64_t o, int64_t k
   if (!kChosen && t.overflowed(home)) return false;
   P::lock(t.lock_word(home));
   bool decided = false;
-  const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
+  const int64_t slot = home_slot(t, home, key, p.digest, p.order, hint);
   if (slot >= 0) {
     touch(t, slot, u, i);
     sink.hit(i, o, slot);
@@ -433,7 +433,7 @@ DYNEMB_HD bool touch_stored(const TableRef<V>& t, int64_t i, int64_t o, int64_t 
   const ProbeOrder order(h, t.bucket_capacity);
   const int64_t home = bucket_of(h, t.num_buckets);
   P::lock(t.lock_word(home));
-  const int64_t slot = home_slot<P>(t, home, key, digest, order, hint);
+  const int64_t slot = home_slot(t, home, key, digest, order, hint);
   if (slot >= 0) {
     touch(t, slot, u, i);
     sink.hit(i, o, slot);
@@ -457,7 +457,7 @@ DYNEMB_HD bool touch_or_place_free(const TableRef<V>& t, int64_t i, int64_t o, i
   const int64_t home = p.bucket;
   P::lock(t.lock_word(home));
   bool decided = false;
-  const int64_t slot = home_slot<P>(t, home, key, p.digest, p.order, hint);
+  const int64_t slot = home_slot(t, home, key, p.digest, p.order, hint);
   if (slot >= 0) {
     touch(t, slot, u, i);
     sink.hit(i, o, slot);

@@ -143,14 +143,14 @@ DYNEMB_HD DYNEMB_INLINE void save_victim(const TableRef<V>& cache, const CacheEx
 }
 
 /// Step 2 for the j-th moved key; `hint` is a likely slot of it in `slow` (or -1).
-template <class P, class V>
+template <class V>
 DYNEMB_HD DYNEMB_INLINE void fetch_entry(const TableRef<V>& cache, const TableRef<V>& slow,
                                          const CacheExchange<V>& x, int64_t j, int64_t hint) {
   const int64_t i = x.moved[j];
   const int64_t key = x.keys[i];
   const int64_t slot = x.slots[i];
   V* row = cache.row(slot);
-  const int64_t from = find_slot_hinted<P>(slow, key, hint);
+  const int64_t from = find_slot_hinted(slow, key, hint);
   x.found[i] = from >= 0;
   if (from >= 0) {
     copy_row(slow.row(from), row, cache.row_width);

@@ -177,7 +177,7 @@ void cache_exchange(const TableRef<V>& cache, const TableRef<V>& slow, const Cac
     auto key_at = [&](int64_t j) { return x.keys[x.moved[j]]; };
     auto body = [&](int64_t j, int64_t hint) {
       if (j + kAhead < end) P::prefetch_lines_for_write(cache.row(slot_of(j + kAhead)), row_bytes);
-      fetch_entry<P>(cache, slow, x, j, hint);
+      fetch_entry(cache, slow, x, j, hint);
     };
     prefetched_loop<Touches::kRead, RowUse::kAll, kWriteGroup>(slow, begin, end, key_at, body);
   });

@@ -433,7 +433,7 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
         }
       }
       int64_t stored;
-      const int64_t bucket = choose_bucket<P>(t, keys[i], p, hint, &stored);
+      const int64_t bucket = choose_bucket(t, keys[i], p, hint, &stored);
       chosen[i] = stored >= 0 ? Choice::of_stored(stored) : bucket;
     };
     prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
@@ -561,7 +561,7 @@ void find_rows(const TableRef<V>& t, const int64_t* keys, int64_t n, V* out, int
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
     auto body = [&](int64_t i, int64_t hint) {
-      const int64_t slot = find_slot_hinted<P>(t, keys[i], hint);
+      const int64_t slot = find_slot_hinted(t, keys[i], hint);
       found[i] = slot >= 0;
       V* dst = out + i * out_width;
       if (slot >= 0) {
@@ -589,7 +589,7 @@ template <class V>
 void find_slots(const TableRef<V>& t, const int64_t* keys, int64_t n, int64_t* slots) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     auto key_at = [&](int64_t j) { return keys[j]; };
-    auto body = [&](int64_t i, int64_t hint) { slots[i] = find_slot_hinted<P>(t, keys[i], hint); };
+    auto body = [&](int64_t i, int64_t hint) { slots[i] = find_slot_hinted(t, keys[i], hint); };
     find_loop<RowUse::kNone>(t, begin, end, key_at, body);
   });
 }
