@@ -7,10 +7,6 @@
 // 16-byte loads and SWAR compares).
 //
 //   struct Platform {
-//     // Spin until the bucket lock word is taken by this thread (0 -> 1).
-//     static void lock(uint32_t* word);
-//     // Release a lock taken with lock() (store 0 with release order).
-//     static void unlock(uint32_t* word);
 //     // Bit j set when group[j] == digest, for the 16 bytes at group (16-aligned).
 //     static uint32_t match16(const uint8_t* group, uint8_t digest);
 //     // Hint that addr will be read soon (no-op where there is no such hint).
@@ -26,10 +22,10 @@
 //     static int32_t fetch_add32(int32_t*, int32_t);
 //   };
 //
-// Locks are per bucket. A batch op that changes the table holds the lock of the
-// bucket it changes while it scans, decides and writes, so two keys of one
-// bucket never interleave. Read-only ops take no lock: the Python owner of a
-// table never runs them beside a writer (see dynemb/table/rw_lock.py).
+// No op takes a bucket lock: a batch op that changes the table runs each bucket's keys
+// on the one thread or tile that owns the bucket (table_ops.h "Batch rule"), and
+// read-only ops never run beside a writer: the Python owner of a table sees to that
+// (dynemb/table/rw_lock.py).
 #pragma once
 
 #include "core/macros.h"

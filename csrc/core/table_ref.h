@@ -10,7 +10,7 @@
 //     uint64_t timestamps[num_slots];           // last access; only for (TIMESTAMP, LFU)
 //     V        values[fast_slots][row_width];   // rows of slots [0, fast_slots): fast tier
 //     V        slow_values[num_slots - fast_slots][row_width];  // the rest: slow tier
-//     uint32_t locks[num_buckets];              // 0 free, 1 held (Platform::lock)
+//     uint32_t locks[num_buckets];              // unused: no op takes a bucket lock
 //     uint8_t  overflow[num_buckets];           // bucket flags: kOverflowed (keys homed
 //                                               // here may sit in their second bucket),
 //                                               // kHoled (a slot was emptied: bucket.h)
@@ -143,11 +143,6 @@ struct TableRef {
   DYNEMB_HD DYNEMB_INLINE void set_overflowed(int64_t b) const { set_flag(b, kOverflowed); }
   DYNEMB_HD DYNEMB_INLINE bool holed(int64_t b) const { return flags(b) & kHoled; }
   DYNEMB_HD DYNEMB_INLINE void set_holed(int64_t b) const { set_flag(b, kHoled); }
-  /// Bucket b's lock word, for Platform::lock / unlock (a read-modify-write).
-  DYNEMB_HD DYNEMB_INLINE uint32_t* lock_word(int64_t b) const {
-    count(Access::kMetaWrite, locks + b, sizeof(uint32_t));
-    return locks + b;
-  }
   // A whole bucket's column, for a scan that reads every slot (a victim search);
   // `counted`: whether this call reports the bucket's bytes (one lane of a tile does).
   DYNEMB_HD DYNEMB_INLINE const uint8_t* bucket_digests(int64_t b, bool counted = true) const {

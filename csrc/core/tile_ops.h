@@ -1,11 +1,10 @@
-// dynemb core: the batch rule's passes (table_ops.h) run by a tile of lanes.
+// dynemb core: the batch rule's per-key ops (table_ops.h "Batch rule"), written once for
+// a tile of lanes (bucket_tile.h) that serves a key with all of its lanes: a CUDA warp
+// tile, or the one lane of the CPU's SerialTile.
 //
-// table_ops.h's touch_or_place_free, place_by_victim, upsert_home and upsert_spill for
-// a tile (bucket_tile.h) that serves a key with all of its lanes: the probe and the
-// free-slot search (one scan of the digests: tile_bucket_probe) and the victim are the
-// tile scans (the answers of bucket.h's scans), the decisions are
-// table_ops.h's own (touch, claim, admits, the sink calls), so every executor keeps
-// the same outcome, bit for bit.
+// The probe and the free-slot search (one scan of the digests: tile_bucket_probe) and
+// the victim are the tile scans; the decisions are table_ops.h's (touch, claim, admits)
+// and the sink calls (tile_sink_*), so every executor keeps the same outcome, bit for bit.
 //
 // Ownership, not locks. These run only in a pass that owns its buckets: pass 1 of a
 // batch upsert, where one tile serves every key of a home-bucket range in batch order
@@ -20,7 +19,7 @@
 // and the tile syncs after an eviction's capture (every lane read the victim's score,
 // key and row before they are overwritten), before pass 2 sets an overflow flag (every
 // lane read the flags) and after each key (the next key's scans and rows must see its
-// writes).
+// writes). A SerialTile's syncs, votes and shuffles are no-ops.
 #pragma once
 
 #include "core/batch_sinks.h"
@@ -35,6 +34,58 @@ DYNEMB_HD DYNEMB_INLINE Lanes lanes_of(const Tile& tile) {
   return Lanes{tile.rank(), Tile::kSize};
 }
 
+/// The sink calls of a tile (batch_sinks.h): a one-lane tile (the CPU's) calls the
+/// whole-row forms, whose Store may stream rows (the CPU's StreamingStore); a wider
+/// tile the Lanes forms, each lane its elements of the rows.
+template <class Tile, class Sink>
+DYNEMB_HD DYNEMB_INLINE void tile_sink_hit(const Tile& tile, Sink& sink, int64_t i, int64_t o,
+                                           int64_t slot) {
+  if constexpr (Tile::kSize == 1) {
+    sink.hit(i, o, slot);
+  } else {
+    sink.hit(i, o, slot, lanes_of(tile));
+  }
+}
+template <class Tile, class Sink>
+DYNEMB_HD DYNEMB_INLINE void tile_sink_evicting(const Tile& tile, Sink& sink, int64_t i,
+                                                int64_t slot) {
+  if constexpr (Tile::kSize == 1) {
+    sink.evicting(i, slot);
+  } else {
+    sink.evicting(i, slot, lanes_of(tile));
+  }
+}
+template <class Tile, class Sink>
+DYNEMB_HD DYNEMB_INLINE void tile_sink_fresh(const Tile& tile, Sink& sink, int64_t i, int64_t o,
+                                             int64_t slot, int64_t key) {
+  if constexpr (Tile::kSize == 1) {
+    sink.fresh(i, o, slot, key);
+  } else {
+    sink.fresh(i, o, slot, key, lanes_of(tile));
+  }
+}
+template <class Tile, class Sink>
+DYNEMB_HD DYNEMB_INLINE void tile_sink_failed(const Tile& tile, Sink& sink, int64_t i,
+                                              int64_t o, int64_t key) {
+  if constexpr (Tile::kSize == 1) {
+    sink.failed(i, o, key);
+  } else {
+    sink.failed(i, o, key, lanes_of(tile));
+  }
+}
+
+/// tile_bucket_probe of bucket p.bucket for `key`, with a guess: `hint`, a slot that
+/// likely holds the key (the CPU's likely_slot, computed to prefetch), or -1. When the
+/// hint holds the key it is the answer (a key has one slot at most) and the scan is
+/// saved; it decides nothing.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE TileProbe tile_probe_hinted(const Tile& tile, const TableRef<V>& t,
+                                                    int64_t key, const KeyProbe& p,
+                                                    int64_t hint) {
+  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) return {hint, -1};
+  return tile_bucket_probe(tile, t, p.bucket, key, p.digest, p.order);
+}
+
 /// claim by a tile, without a sync: the slot's digest_lane writes its key and digest
 /// (the one lane whose scan read them), lane 0 its score, timestamp and pin (the lane
 /// that writes them next: the sinks' lead lane, e.g. RestoreSink's saved score).
@@ -46,12 +97,16 @@ DYNEMB_HD DYNEMB_INLINE void tile_claim(const Tile& tile, const TableRef<V>& t, 
   if (tile.rank() == 0) claim_metadata(t, slot, score, timestamp, pin);
 }
 
-/// place_new_home by a tile: `slot` is tile_free_slot's answer.
+/// Places key i, known not to be stored, in bucket p.bucket: at `slot`, a free slot
+/// (tile_free_slot's answer), when >= 0; else at `victim`, the full bucket's victim
+/// (tile_victim's, or the CPU's BucketVictims'; -1: none), when the strategy admits the
+/// key there (sink.evicting, then the claim); else it fails. Calls sink.fresh or
+/// sink.failed. @return the status, the same in every lane.
 template <class Tile, class V, class Sink>
-DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const TableRef<V>& t,
-                                                   int64_t i, int64_t o, int64_t key,
-                                                   const KeyProbe& p, const UpsertArgs& u,
-                                                   Sink& sink, int64_t slot) {
+DYNEMB_HD DYNEMB_INLINE Status tile_place_at(const Tile& tile, const TableRef<V>& t, int64_t i,
+                                             int64_t o, int64_t key, const KeyProbe& p,
+                                             const UpsertArgs& u, Sink& sink, int64_t slot,
+                                             int64_t victim) {
   const ScoreArgs& a = u.score;
   const uint64_t score = score_for_new(a, i);
   Status status = Status::kFailed;
@@ -59,42 +114,60 @@ DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const Table
   if (slot >= 0) {
     status = Status::kInserted;
     claimed = slot;
-  } else {
-    const int64_t victim =
-        tile_victim(tile, t, p.bucket, pin_mask(a.strategy), u.evict_below, u.pin_floor);
-    if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
-      status = Status::kEvicted;
-      claimed = victim;
-    }
+  } else if (victim >= 0 && admits(a.strategy, score, t.score(victim))) {
+    status = Status::kEvicted;
+    claimed = victim;
   }
-  const Lanes l = lanes_of(tile);
   if (status == Status::kEvicted) {
-    sink.evicting(i, claimed, l);
+    tile_sink_evicting(tile, sink, i, claimed);
     tile.sync();  // the victim's row and key are read before they are overwritten
   }
   if (claimed >= 0) {
     tile_claim(tile, t, claimed, key, p.digest, score, a.batch_value, u.pin);
-    sink.fresh(i, o, claimed, key, l);
+    tile_sink_fresh(tile, sink, i, o, claimed, key);
   } else {
-    sink.failed(i, o, key, l);
+    tile_sink_failed(tile, sink, i, o, key);
   }
   return status;
 }
 
-/// upsert_home by a tile that owns bucket p.bucket (same contract and kChosen: decides
-/// key i when that bucket alone can and returns true, with *status set in every lane;
-/// returns false, having changed nothing, for a key that needs its second bucket).
+/// tile_place_at in bucket p.bucket: `slot` (tile_free_slot's answer), else (slot -1,
+/// evicting strategies) the bucket's tile_victim: not pinned, below the eviction floor.
+template <class Tile, class V, class Sink>
+DYNEMB_HD DYNEMB_INLINE Status tile_place_new_home(const Tile& tile, const TableRef<V>& t,
+                                                   int64_t i, int64_t o, int64_t key,
+                                                   const KeyProbe& p, const UpsertArgs& u,
+                                                   Sink& sink, int64_t slot) {
+  const int64_t victim =
+      slot >= 0 ? -1
+                : tile_victim(tile, t, p.bucket, pin_mask(u.score.strategy), u.evict_below,
+                              u.pin_floor);
+  return tile_place_at(tile, t, i, o, key, p, u, sink, slot, victim);
+}
+
+/// Pass 1 of a batch upsert under NO_EVICTION, by a tile that owns bucket p.bucket (see
+/// "Batch rule" in table_ops.h): decides key i when that bucket alone can (a hit there,
+/// or a free slot there), calling exactly one of sink.hit / sink.fresh / sink.failed,
+/// and returns true with *status set in every lane. Returns false, having changed
+/// nothing, for a key that needs its second bucket: tile_upsert_spill decides it in
+/// pass 2. Under an evicting strategy executors run it after the pass that touches the
+/// stored keys (hits_first).
+/// kChosen: p.bucket is tile_choose_bucket's answer (pass 0 ran), which already looked
+/// for the key in both buckets; else p.bucket is the key's home, and a flagged home (the
+/// key may be in its second bucket) leaves the key to pass 2.
+/// `p`: KeyProbe(t, key), computed by the caller (its bucket maybe replaced); `hint`:
+/// as tile_probe_hinted.
 template <bool kChosen = false, class Tile, class V, class Sink>
 DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                 int64_t key, const KeyProbe& p, const UpsertArgs& u,
-                                Sink& sink, Status* status) {
+                                Sink& sink, Status* status, int64_t hint = -1) {
   const int64_t home = p.bucket;
   if (!kChosen && t.overflowed(home)) return false;
   bool decided = false;
-  const TileProbe q = tile_bucket_probe(tile, t, home, key, p.digest, p.order);  // one scan
+  const TileProbe q = tile_probe_hinted(tile, t, key, p, hint);  // one scan
   if (q.slot >= 0) {
     if (tile.rank() == 0) touch(t, q.slot, u, i);
-    sink.hit(i, o, q.slot, lanes_of(tile));
+    tile_sink_hit(tile, sink, i, o, q.slot);
     *status = Status::kHit;
     decided = true;
   } else if (q.free >= 0 || evicts(u.score.strategy)) {
@@ -108,20 +181,26 @@ DYNEMB_HD bool tile_upsert_home(const Tile& tile, const TableRef<V>& t, int64_t 
   return decided;
 }
 
-/// hit_stored by a tile that owns the slot's bucket: the hit of a key pass 0 found
-/// stored in `slot`, without probing again. @return kHit, in every lane.
+/// Pass 1 of a key that pass 0 found stored in `slot` (tile_choose_bucket's `stored`),
+/// by a tile that owns the slot's bucket: the hit tile_upsert_home<true> would make in
+/// its chosen bucket, without the probe that would find the same slot again (pass 1
+/// moves and evicts no stored key under NO_EVICTION). @return kHit, in every lane.
 template <class Tile, class V, class Sink>
-DYNEMB_HD Status tile_hit_stored(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
-                                 int64_t slot, const UpsertArgs& u, Sink& sink) {
+DYNEMB_HD DYNEMB_INLINE Status tile_hit_stored(const Tile& tile, const TableRef<V>& t, int64_t i,
+                                                int64_t o, int64_t slot, const UpsertArgs& u,
+                                                Sink& sink) {
   if (tile.rank() == 0) touch(t, slot, u, i);
-  sink.hit(i, o, slot, lanes_of(tile));
+  tile_sink_hit(tile, sink, i, o, slot);
   tile.sync();
   return Status::kHit;
 }
 
-/// place_new_chosen by a tile that owns bucket p.bucket: a key of a distinct batch that
-/// pass 0 found stored in neither of its buckets takes the bucket's first free slot
-/// (one digest scan, no key read), else returns false, having changed nothing.
+/// Pass 1 of a key of a distinct batch (UpsertArgs::distinct) that pass 0 found stored
+/// in neither of its buckets, by a tile that owns bucket p.bucket: tile_upsert_home<true>'s
+/// outcome without its find, which would find nothing (no other key of the batch is this
+/// key, and pass 1 moves no stored key): the chosen bucket's first free slot (one digest
+/// scan, no key read; the key's home is flagged when it is its second bucket), else
+/// false, having changed nothing (pass 2 decides). NO_EVICTION only (it runs pass 0).
 /// @return the same in every lane, with *status set in every lane when true.
 template <class Tile, class V, class Sink>
 DYNEMB_HD bool tile_place_new_chosen(const Tile& tile, const TableRef<V>& t, int64_t i,
@@ -136,16 +215,25 @@ DYNEMB_HD bool tile_place_new_chosen(const Tile& tile, const TableRef<V>& t, int
   return free >= 0;
 }
 
-/// choose_bucket by a tile (pass 0: reads only), `stored` as there. @return the same
-/// in every lane.
+/// Pass 0 of a batch upsert under NO_EVICTION (chooses_buckets; see "Batch rule" in
+/// table_ops.h), by a tile; reads only: the bucket whose owner decides `key` in pass 1:
+/// the one that stores it, else its home while home_takes_new_keys, else the emptier of
+/// its home and second bucket (ties: home). `p`: KeyProbe(t, key). `stored` (when not
+/// null) receives the slot that stores the key, else -1 (its pass 1 is then
+/// tile_hit_stored). `hint`: as tile_probe_hinted. @return the same in every lane.
+/// Keeping a new key home unless its second bucket had a margin more free slots made
+/// finds cheaper but the first failed insert earlier (buckets of 128: margins 0, 1, 2, 8
+/// gave 3.4, 2.9, 2.7, 2.35 metadata lines a find at load 0.75, and loads 0.959, 0.951,
+/// 0.942, ~0.92 at 16M slots).
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int64_t key,
-                                     int64_t* stored = nullptr) {
-  const uint64_t h = hash_key(key);
-  const KeyProbe p = KeyProbe::of_hash(t, h);
+                                     const KeyProbe& p, int64_t* stored = nullptr,
+                                     int64_t hint = -1) {
   const int64_t home = p.bucket;
-  int64_t slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
-  const int64_t second = second_bucket_of(h, t.num_buckets);
+  int64_t slot = -1;
+  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) slot = hint;
+  if (slot < 0) slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
+  const int64_t second = second_bucket_of(hash_key(key), t.num_buckets);
   if (slot < 0 && t.overflowed(home)) {
     slot = tile_bucket_find(tile, t, second, key, p.digest, p.order.home);
   }
@@ -156,21 +244,27 @@ DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int
   return tile_free_count(tile, t, second) > home_free ? second : home;
 }
 
-/// touch_or_place_free by a tile that owns `key`'s home bucket (hits_first's pass, in
-/// one probe: tile_bucket_probe yields the key's slot or the bucket's first free slot):
-/// a stored key is touched and reported, *status kHit; a key not stored whose home
-/// bucket (not overflowed) has a free slot takes it, *status kInserted. @return false,
-/// having changed nothing, for a key that needs a victim (or its window): the pass
-/// after decides it (tile_upsert_owned; tile_place_by_victim in a distinct batch).
+/// Pass 1 of a hits-first batch (hits_first), by a tile that owns `key`'s home bucket, in
+/// one probe where one is enough (tile_bucket_probe yields the key's slot or the
+/// bucket's first free slot): a stored key is touched (its score, and its pin: see
+/// "Pins" in table_ops.h) and reported, *status kHit; a key not stored whose home bucket
+/// (not overflowed) has a free slot takes it, *status kInserted. That is what
+/// tile_upsert_home gives it after every touch of the pass: touches write no digest, so
+/// the free slots, and the order the bucket's new keys take them in, are the same. Only
+/// a key whose home bucket is full (or has overflowed) needs the bucket's hits pinned
+/// before it looks for a victim: returns false for it, having changed nothing, and the
+/// pass after decides it (tile_upsert_owned; tile_place_by_victim in a distinct batch).
+/// Evicting strategies only (hits_first). `hint`: as tile_probe_hinted.
 template <class Tile, class V, class Sink>
 DYNEMB_HD bool tile_touch_or_place_free(const Tile& tile, const TableRef<V>& t, int64_t i,
                                         int64_t o, int64_t key, const KeyProbe& p,
-                                        const UpsertArgs& u, Sink& sink, Status* status) {
-  const TileProbe q = tile_bucket_probe(tile, t, p.bucket, key, p.digest, p.order);
+                                        const UpsertArgs& u, Sink& sink, Status* status,
+                                        int64_t hint = -1) {
+  const TileProbe q = tile_probe_hinted(tile, t, key, p, hint);
   bool decided = false;
   if (q.slot >= 0) {
     if (tile.rank() == 0) touch(t, q.slot, u, i);
-    sink.hit(i, o, q.slot, lanes_of(tile));
+    tile_sink_hit(tile, sink, i, o, q.slot);
     *status = Status::kHit;
     decided = true;
   } else if (q.free >= 0 && !t.overflowed(p.bucket)) {
@@ -181,9 +275,12 @@ DYNEMB_HD bool tile_touch_or_place_free(const Tile& tile, const TableRef<V>& t, 
   return decided;
 }
 
-/// place_by_victim by a tile that owns the key's home bucket: a key of a distinct batch
-/// that tile_touch_or_place_free left (not stored, no free home slot) takes the bucket's
-/// victim or fails, without probing the bucket again. @return the status, in every lane.
+/// tile_upsert_home of a key of a distinct batch (UpsertArgs::distinct) that
+/// tile_touch_or_place_free left, in one step, by a tile that owns its home bucket: the
+/// key is not stored (pass 1 found it absent, and no other key of the batch is it) and
+/// its home bucket has no free slot (pass 1 found none, and an upsert frees none), so
+/// the probe would only confirm that; the outcome is tile_upsert_home's: the bucket's
+/// victim or failed. @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_place_by_victim(const Tile& tile, const TableRef<V>& t, int64_t i,
                                       int64_t o, int64_t key, const KeyProbe& p,
@@ -193,9 +290,11 @@ DYNEMB_HD Status tile_place_by_victim(const Tile& tile, const TableRef<V>& t, in
   return s;
 }
 
-/// upsert_spill by the one tile of pass 2 (it owns the table): the same decisions,
-/// each bucket scanned by the tile, one lane writing the metadata (touch, claim,
-/// overflow flag). @return the status, in every lane.
+/// Pass 2 of a batch upsert, by the one tile of pass 2 (it owns the table): key i, left
+/// by tile_upsert_home: a hit in its home bucket or (a flagged home) its second, else the
+/// first of the two with a free slot (a key placed in its second bucket flags its home),
+/// else failed. Calls exactly one sink function; one lane writes the metadata (touch,
+/// claim, overflow flag). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                    int64_t key, const UpsertArgs& u, Sink& sink) {
@@ -203,7 +302,6 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
   const KeyProbe p = KeyProbe::of_hash(t, h);
   const ScoreArgs& a = u.score;
   const int64_t second = window_of(t, a.strategy) > 1 ? second_bucket_of(h, t.num_buckets) : -1;
-  const Lanes l = lanes_of(tile);
   int64_t found = tile_bucket_find(tile, t, p.bucket, key, p.digest, p.order.home);
   if (found < 0 && second >= 0 && t.overflowed(p.bucket)) {
     found = tile_bucket_find(tile, t, second, key, p.digest, p.order.home);
@@ -211,7 +309,7 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
   Status status = Status::kFailed;
   if (found >= 0) {
     if (tile.rank() == 0) touch(t, found, u, i);
-    sink.hit(i, o, found, l);
+    tile_sink_hit(tile, sink, i, o, found);
     status = Status::kHit;
   } else {
     tile.sync();  // every lane read the overflow flag that lane 0 sets below
@@ -222,10 +320,10 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     }
     if (slot >= 0) {
       tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
-      sink.fresh(i, o, slot, key, l);
+      tile_sink_fresh(tile, sink, i, o, slot, key);
       status = Status::kInserted;
     } else {
-      sink.failed(i, o, key, l);
+      tile_sink_failed(tile, sink, i, o, key);
     }
   }
   tile.sync();  // the next key's scans see this key's writes
@@ -236,9 +334,9 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
 /// the spill window is one bucket (window_of: every evicting strategy; NO_EVICTION on a
 /// table of one bucket), tile_upsert_spill in place for a key it leaves. That window is
 /// the home bucket, which the tile owns, so pass 2 would read and write nothing else; and
-/// pass 1 writes nothing there that upsert_spill reads before it (once a key is left,
-/// the bucket's other keys are hits, touched, or left as well, and come here in batch
-/// order). The outcome is pass 2's, and pass 2 has nothing to do.
+/// pass 1 writes nothing there that tile_upsert_spill reads before it (once a key is
+/// left, the bucket's other keys are hits, touched, or left as well, and come here in
+/// batch order). The outcome is pass 2's, and pass 2 has nothing to do.
 /// @return false (nothing changed) only for a key whose window has more buckets; else
 /// true, with *status set in every lane.
 template <bool kChosen = false, class Tile, class V, class Sink>

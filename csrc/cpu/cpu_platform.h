@@ -16,24 +16,6 @@
 namespace dynemb {
 
 struct CpuPlatform {
-  static void lock(uint32_t* word) {
-    std::atomic_ref<uint32_t> a(*word);
-    uint32_t expected = 0;
-    while (!a.compare_exchange_weak(expected, 1, std::memory_order_acquire,
-                                    std::memory_order_relaxed)) {
-      expected = 0;
-      while (a.load(std::memory_order_relaxed) != 0) {
-#if defined(__SSE2__)
-        _mm_pause();
-#endif
-      }
-    }
-  }
-
-  static void unlock(uint32_t* word) {
-    std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
-  }
-
   static uint32_t match16(const uint8_t* group, uint8_t digest) {
     return match_chunk<16>(group, digest);  // SSE2's byte compare where there is one
   }
@@ -111,15 +93,6 @@ struct CpuPlatform {
   static int32_t fetch_add32(int32_t* p, int32_t v) {
     return std::atomic_ref<int32_t>(*p).fetch_add(v, std::memory_order_relaxed);
   }
-};
-
-/// CpuPlatform for a batch loop whose thread alone touches the buckets it changes:
-/// bucket locks are not needed, so they cost nothing (no locked instruction, which
-/// would also drain the store buffer on every key). See executor_cpu.cpp and
-/// entry_moves_cpu.cpp for when the executor may use it.
-struct CpuExclusivePlatform : CpuPlatform {
-  static void lock(uint32_t*) {}
-  static void unlock(uint32_t*) {}
 };
 
 }  // namespace dynemb

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/tile_ops.h"
 #include "cpu/batch_threads.h"
 #include "cpu/cpu_platform.h"
 #include "cpu/prefetched_loop.h"
@@ -29,11 +30,6 @@ bool touches_new_rows(const Sink& sink) {
   if constexpr (requires { sink.init_rows; }) return sink.init_rows;
   return true;
 }
-
-/// What an upsert loop on platform Q touches: no lock word on CpuExclusivePlatform.
-template <class Q>
-constexpr Touches kUpsertTouches =
-    std::is_same_v<Q, CpuExclusivePlatform> ? Touches::kWrite : Touches::kWriteLocked;
 
 /// True for a sink whose Store streams new rows into the table (nothing to prefetch).
 template <class Sink>
@@ -89,9 +85,10 @@ void init_new_rows(const TableRef<V>& t, const SlotSink<V>& sink, const int64_t*
 /// the positions `pending` (new keys whose home bucket is full, in position order)
 /// grouped by home bucket with a counting sort (position order kept within one); a
 /// bucket with several takes them from BucketVictims (victim_order.h), a lone key
-/// from its own scan (place_by_victim). The victims are those of place_by_victim in
-/// position order: buckets are independent in pass 1. Returns false, having changed
-/// nothing, when the keys spread over more than two buckets each (mostly lone keys).
+/// from its own scan (tile_place_by_victim). The victims are those of
+/// tile_place_by_victim in position order: buckets are independent in pass 1. Returns
+/// false, having changed nothing, when the keys spread over more than two buckets each
+/// (mostly lone keys).
 ///
 /// A SlotSink that writes new rows writes them after the placements, in one loop that
 /// fetches each row for writing a few keys ahead (init_new_rows).
@@ -150,14 +147,15 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
     if (e - g == 1) {
       const int64_t j = pending[grouped[g]];
       place(j, [&](int64_t i, const KeyProbe& probe) {
-        return place_by_victim<CpuExclusivePlatform>(t, i, j, keys[j], probe, args, sink);
+        return tile_place_by_victim(SerialTile{}, t, i, j, keys[j], probe, args, sink);
       });
     } else {
       BucketVictims<V> victims(t, b, mask, args.evict_below, args.pin_floor, scratch);
       for (int64_t k = g; k < e; ++k) {
         const int64_t j = pending[grouped[k]];
         place(j, [&](int64_t i, const KeyProbe& probe) {
-          const Status s = place_at_victim(t, i, j, keys[j], probe, args, sink, victims.front());
+          const Status s = tile_place_at(SerialTile{}, t, i, j, keys[j], probe, args, sink, -1,
+                                         victims.front());
           if (s == Status::kEvicted) victims.pop();
           return s;
         });
@@ -170,7 +168,7 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
 
 /// Pass 0's answer for one key (choose_buckets), in one word: the bucket its pass 1
 /// runs in, or ~slot when pass 0 found the key stored in `slot` (that slot's bucket),
-/// whose pass 1 is then hit_stored, without a second probe.
+/// whose pass 1 is then tile_hit_stored, without a second probe.
 struct Choice {
   static int64_t of_stored(int64_t slot) { return ~slot; }
   /// The slot pass 0 found the key stored in, or -1.
@@ -185,19 +183,18 @@ struct Choice {
 /// batch index i = order[j] (or i = j when order is null); outputs go to position j
 /// (status[j], the sink's o = j). Keys come in position order, so that a partition
 /// reads them in sequence.
-/// Q is the platform of the upsert: CpuExclusivePlatform when this thread is the
-/// only one touching the buckets its keys may change (see upsert_batch).
-/// Pass 1 of the batch rule (core/table_ops.h): upsert_home; positions it leaves for
+/// Pass 1 of the batch rule (core/table_ops.h): tile_upsert_home; positions it leaves for
 /// pass 2 are appended to `deferred`, in position order. `chosen`: pass 0's Choice for
 /// each batch index, or null (every key's home).
-template <class Q, class V, class Sink>
+template <class V, class Sink>
 void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const int64_t* keys, const int64_t* order, int64_t begin, int64_t end,
                      int8_t* status, StatusCounts& counts, std::vector<int64_t>& deferred,
                      const int64_t* chosen) {
   auto index_of = [&](int64_t j) { return order ? order[j] : j; };
+  const SerialTile one;  // the CPU's tile (core/tile_ops.h)
   // Positions to upsert: [begin, end), or under hits_first those the first pass
-  // (touch_or_place_free: hits and keys with a free home slot) left, which need a
+  // (tile_touch_or_place_free: hits and keys with a free home slot) left, which need a
   // victim (pending[x] for x in [0, size)).
   const bool first_hits = hits_first(args);
   std::vector<int64_t> pending;
@@ -207,7 +204,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   auto run_loop = [&](auto victims, auto&& key_at, auto&& body, int64_t first, int64_t last,
                       auto&&... known_at) {
     auto loop = [&](auto rows) {  // rows: std::integral_constant<RowUse, ...>
-      prefetched_loop<kUpsertTouches<Q>, decltype(rows)::value, kWriteGroup,
+      prefetched_loop<Touches::kWrite, decltype(rows)::value, kWriteGroup,
                       decltype(victims)::value>(t, first, last, key_at, body, known_at...);
     };
     if constexpr (Sink::kRowOnHit) {
@@ -229,7 +226,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     auto touch = [&](int64_t j, int64_t hint, const KeyProbe& probe) {
       const int64_t i = index_of(j);
       Status s;
-      if (touch_or_place_free<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+      if (tile_touch_or_place_free(one, t, i, j, keys[j], probe, args, sink, &s, hint)) {
         status[j] = static_cast<int8_t>(s);
         ++counts.by_status[static_cast<int>(s)];
       } else {
@@ -249,14 +246,17 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
       return p;
     };
     auto stored_at = [&](int64_t x) { return Choice::stored(chosen[index_of(x)]); };
-    auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
+    // Inlined into the loop: left out of line, it made upserts of stored keys 1.05x
+    // slower (count_upsert_cpu.py --op slots, 4M slots).
+    auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) DYNEMB_INLINE_LAMBDA {
       const int64_t i = index_of(x);
       Status s;
       if (Choice::stored(chosen[i]) >= 0) {  // hint: that slot (stored_at); probe: unset
-        s = hit_stored(t, i, x, hint, args, sink);
-      } else if (args.distinct ? !place_new_chosen<Q>(t, i, x, keys[x], probe, args, sink, &s)
-                               : !upsert_home<Q, true>(t, i, x, keys[x], probe, args, sink, &s,
-                                                       hint)) {
+        s = tile_hit_stored(one, t, i, x, hint, args, sink);
+      } else if (args.distinct
+                     ? !tile_place_new_chosen(one, t, i, x, keys[x], probe, args, sink, &s)
+                     : !tile_upsert_home<true>(one, t, i, x, keys[x], probe, args, sink, &s,
+                                               hint)) {
         deferred.push_back(x);
         return;
       }
@@ -267,12 +267,10 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     P::store_fence();
     return;
   }
-  if constexpr (std::is_same_v<Q, CpuExclusivePlatform>) {
-    if (first_hits && victim_levels_apply(t, args) &&
-        place_by_bucket_victims(t, sink, args, keys, index_of, pending, status, counts)) {
-      P::store_fence();
-      return;
-    }
+  if (first_hits && victim_levels_apply(t, args) &&
+      place_by_bucket_victims(t, sink, args, keys, index_of, pending, status, counts)) {
+    P::store_fence();
+    return;
   }
   auto key_at = [&](int64_t x) { return keys[position(x)]; };
   auto body = [&](int64_t x, int64_t hint, const KeyProbe& probe) {
@@ -288,10 +286,10 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
     const int64_t i = index_of(j);
     Status s;
     if (first_hits && args.distinct) {
-      s = place_by_victim<Q>(t, i, j, keys[j], probe, args, sink);
+      s = tile_place_by_victim(one, t, i, j, keys[j], probe, args, sink);
       status[j] = static_cast<int8_t>(s);
       ++counts.by_status[static_cast<int>(s)];
-    } else if (upsert_home<Q>(t, i, j, keys[j], probe, args, sink, &s, hint)) {
+    } else if (tile_upsert_home(one, t, i, j, keys[j], probe, args, sink, &s, hint)) {
       status[j] = static_cast<int8_t>(s);
       ++counts.by_status[static_cast<int>(s)];
     } else {
@@ -302,7 +300,7 @@ void upsert_sequence(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
   P::store_fence();  // the sink may have streamed rows (StreamingStore)
 }
 
-/// Pass 2 of the batch rule: upsert_spill for the `deferred` positions, which are in
+/// Pass 2 of the batch rule: tile_upsert_spill for the `deferred` positions, which are in
 /// batch order, on this thread alone (so without locks); keys, order and outputs as
 /// in upsert_sequence.
 template <class V, class Sink>
@@ -311,8 +309,8 @@ void upsert_deferred(const TableRef<V>& t, Sink sink, const UpsertArgs& args,
                      const std::vector<int64_t>& deferred, int8_t* status,
                      StatusCounts& counts) {
   for (const int64_t j : deferred) {
-    const Status s = upsert_spill<CpuExclusivePlatform>(t, order ? order[j] : j, j, keys[j],
-                                                        args, sink);
+    const Status s =
+        tile_upsert_spill(SerialTile{}, t, order ? order[j] : j, j, keys[j], args, sink);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   }
@@ -395,7 +393,7 @@ void run_partitioned(const TableRef<V>& t, const int64_t* keys, const int64_t* c
   }
 }
 
-/// Pass 0 of the batch rule (core/table_ops.h chooses_buckets): choose_bucket of each
+/// Pass 0 of the batch rule (core/table_ops.h chooses_buckets): tile_choose_bucket of each
 /// key, by batch index, as a Choice; it only reads the table.
 template <class V>
 std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, int64_t n) {
@@ -433,7 +431,7 @@ std::vector<int64_t> choose_buckets(const TableRef<V>& t, const int64_t* keys, i
         }
       }
       int64_t stored;
-      const int64_t bucket = choose_bucket(t, keys[i], p, hint, &stored);
+      const int64_t bucket = tile_choose_bucket(SerialTile{}, t, keys[i], p, &stored, hint);
       chosen[i] = stored >= 0 ? Choice::of_stored(stored) : bucket;
     };
     prefetched_loop<Touches::kRead, RowUse::kNone, kReadGroup>(t, begin, end, key_at, body);
@@ -453,8 +451,7 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
   const int64_t* chosen = chosen_buckets.empty() ? nullptr : chosen_buckets.data();
   if (max_threads == 1) {
     std::vector<int64_t> deferred;
-    upsert_sequence<CpuExclusivePlatform>(t, sink, args, keys, nullptr, 0, n, status, total,
-                                          deferred, chosen);
+    upsert_sequence(t, sink, args, keys, nullptr, 0, n, status, total, deferred, chosen);
     upsert_deferred(t, sink, args, keys, nullptr, deferred, status, total);
     return total;
   }
@@ -469,9 +466,8 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
   std::vector<std::vector<int64_t>> deferred(max_threads);
   auto work = [&](int c, const int64_t* order, const int64_t* part_keys, int64_t begin,
                   int64_t end) {
-    upsert_sequence<CpuExclusivePlatform>(t, by_position, args, part_keys, order, begin, end,
-                                          status_by_position.data(), counts[c], deferred[c],
-                                          chosen);
+    upsert_sequence(t, by_position, args, part_keys, order, begin, end,
+                    status_by_position.data(), counts[c], deferred[c], chosen);
   };
   auto finish = [&](const int64_t* order, const int64_t* part_keys) {
     std::vector<int64_t> all;  // rare (NO_EVICTION spills): merged into batch order

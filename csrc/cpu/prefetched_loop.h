@@ -4,15 +4,14 @@
 // body runs on group g, the key, score, pin and row of each key's likely slot are
 // prefetched for group g + 1 (whose digests arrived meanwhile), and the digests
 // (the key's home line or the whole bucket, see BucketSpan) for group g + 2, with
-// what else a writer's body reads first (the bucket's overflow byte, and its lock
-// where locks are taken).
+// what else a writer's body reads first (the bucket's overflow byte).
 //
 // What limits these loops is the number of misses the core keeps in flight (its
-// miss buffers), not latency: a needless line (a row nobody reads, a lock nobody
-// takes) stalls every prefetch behind it. So a loop fetches only the lines its
-// body touches (RowUse; rows that a body writes whole with streaming stores are
-// not fetched at all), and the group size is per loop: read-only loops (find,
-// erase), which keep fewer lines per key in flight, run further ahead.
+// miss buffers), not latency: a needless line (a row nobody reads) stalls every
+// prefetch behind it. So a loop fetches only the lines its body touches (RowUse; rows
+// that a body writes whole with streaming stores are not fetched at all), and the
+// group size is per loop: read-only loops (find, erase), which keep fewer lines per
+// key in flight, run further ahead.
 //
 // Nothing here decides anything: the body reads everything from the table; the
 // prefetches and the slot hint only make its lines arrive early. What it may take
@@ -71,10 +70,8 @@ enum class RowUse { kNone, kNewOnly, kHitsOnly, kAll };
 
 /// What a loop body touches besides digests, keys and rows.
 enum class Touches {
-  kRead,          ///< nothing else (find, erase: their lock, if any, is rare)
-  kWrite,         ///< a writer without locks: the overflow byte, the slot's score,
-                  ///< timestamp and pin
-  kWriteLocked,   ///< a writer that locks buckets: also the lock word
+  kRead,   ///< nothing else (find, erase)
+  kWrite,  ///< a writer: the overflow byte, the slot's score, timestamp and pin
 };
 
 namespace detail {
@@ -91,9 +88,8 @@ DYNEMB_INLINE void prefetch_bucket_lines(const TableRef<V>& t, int64_t bucket,
   }
 }
 
-/// Stage 1: the key's digests, its bucket's flags (overflow byte) and a writer's
-/// lock word.
-template <Touches kTouches, class V>
+/// Stage 1: the key's digests and its bucket's flags (overflow byte).
+template <class V>
 DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
                                     const BucketSpan& span) {
   const int64_t b = p.bucket;
@@ -103,7 +99,6 @@ DYNEMB_INLINE void prefetch_digests(const TableRef<V>& t, const KeyProbe& p,
     CpuPlatform::prefetch(t.digests + b * t.bucket_capacity + 16 * p.order.home);
   }
   CpuPlatform::prefetch(t.overflow + b);  // its flags: kHoled decides a miss (stage 2)
-  if (kTouches == Touches::kWriteLocked) CpuPlatform::prefetch_for_write(t.locks + b);
 }
 
 /// Stage 2: prefetches the likely slot of key; @return it (-1 if none), a hint for
@@ -241,7 +236,7 @@ DYNEMB_INLINE void prefetched_loop(const TableRef<V>& t, int64_t begin, int64_t 
       } else {
         p = KeyProbe(t, key_at(j));
       }
-      detail::prefetch_digests<kTouches>(t, p, span);
+      detail::prefetch_digests(t, p, span);
     }
   };
   auto slots = [&](int64_t from) {

@@ -1,6 +1,5 @@
 // dynemb CUDA executor: the Platform of core/platform.h for device threads.
-// Torch-free. Spin locks rely on independent thread scheduling (sm_70+). The
-// device branches also run in emulation (runtime.cuh), over the shim's atomics.
+// Torch-free. The device branches also run in emulation (runtime.cuh), over the shim's atomics.
 #pragma once
 
 #include "core/platform.h"
@@ -9,26 +8,6 @@
 namespace dynemb::DYNEMB_CUDA_NS {
 
 struct CudaPlatform {
-  DYNEMB_HD static void lock(uint32_t* word) {
-#if DYNEMB_CUDA_DEVICE_CODE
-    while (atomicCAS(word, 0u, 1u) != 0u) {
-      DYNEMB_SPIN_PAUSE();
-    }
-    __threadfence();
-#else
-    (void)word;
-#endif
-  }
-
-  DYNEMB_HD static void unlock(uint32_t* word) {
-#if DYNEMB_CUDA_DEVICE_CODE
-    __threadfence();
-    atomicExch(word, 0u);
-#else
-    (void)word;
-#endif
-  }
-
   /// One 16-byte load and four SWAR compares (core match_chunk), not 16 byte loads.
   DYNEMB_HD static uint32_t match16(const uint8_t* group, uint8_t digest) {
     DYNEMB_VECTOR_LOAD(group, 16);

@@ -168,10 +168,10 @@ __device__ inline void add_status_counts(const int8_t* status, int64_t begin, in
 /// hits_first tile_touch_or_place_free for all of them first (one probe: hits and keys
 /// with a free home slot), then, for the keys it leaves, tile_place_by_victim in a
 /// distinct batch, else tile_upsert_owned (which decides every key when the spill
-/// window is one bucket: an evicting strategy), as the CPU executor does. Lane 0 writes the statuses and, with `counted` (kStatusCount,
-/// lane 0's registers), counts them.
+/// window is one bucket: an evicting strategy), as the CPU executor does. Lane 0 writes
+/// the statuses and, with `counted` (kStatusCount, lane 0's registers), counts them.
 /// `chosen`, `stored` (indexed as keys, or null): pass 0's bucket of each key (core
-/// choose_bucket), which then runs in it (tile_upsert_owned<true>), and the slot pass 0
+/// tile_choose_bucket), which then runs in it (tile_upsert_owned<true>), and the slot pass 0
 /// found it stored in, or -1 (then its hit there: tile_hit_stored; in a distinct batch,
 /// a key found in neither bucket takes a free slot there without a find:
 /// tile_place_new_chosen).
@@ -263,7 +263,7 @@ __global__ void choose_buckets_kernel(TableRef<V> t, const int64_t* keys, int64_
   if (i >= live_keys(live, n)) return;  // whole tiles
   const CgTile<N> tile;
   int64_t slot;
-  const int64_t b = tile_choose_bucket(tile, t, keys[i], &slot);
+  const int64_t b = tile_choose_bucket(tile, t, keys[i], KeyProbe(t, keys[i]), &slot);
   if (tile.rank() == 0) {
     chosen[i] = b;
     stored[i] = slot;

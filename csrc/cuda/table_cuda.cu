@@ -169,7 +169,7 @@ __global__ void grouped_choose_buckets_kernel(Lookups<V> parts, int64_t n, int64
   const int64_t key = q.keys[x - q.key_begin];
   int64_t slot = -1;
   const int64_t b = chooses_buckets(q.sink.t, q.args)
-                        ? tile_choose_bucket(tile, q.sink.t, key, &slot)
+                        ? tile_choose_bucket(tile, q.sink.t, key, KeyProbe(q.sink.t, key), &slot)
                         : bucket_of(hash_key(key), q.sink.t.num_buckets);
   if (tile.rank() == 0) {
     chosen[x] = b;

@@ -116,7 +116,7 @@ class HeapWorkspace : public emu::Workspace {
 
 // The cases, by executor (tsan_cpu.cpp, tsan_emulated_tables.cpp,
 // tsan_emulated_embedding.cpp); tsan_tables.cpp's header says what each checks.
-void cpu_locked_upsert_erase_find();
+void cpu_partitioned_upsert_erase_find();
 void cpu_partitioned_evicting();
 void cpu_dedup_shared_set();
 void emulated_upsert_find_erase_rehash();

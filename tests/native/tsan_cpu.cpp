@@ -1,15 +1,17 @@
 // ThreadSanitizer cases of the CPU executor's platform (tsan_tables.cpp).
 #include "core/tile_erase.h"
+#include "core/tile_ops.h"
 #include "tsan_common.h"
 
 namespace dynemb::tsan {
 
-/// Threads upsert (AssignSink) keys of shared buckets under the bucket locks, then erase
-/// some by core/tile_erase.h's two passes as the CPU executor runs them (pass 1 a thread
-/// per home-bucket range, pass 2 one thread), then all read every key without locks;
-/// each key's presence and row must match.
-void cpu_locked_upsert_erase_find() {
-  Table table(64, 128, false);  // 8192 slots, ~4000 keys: some spill (upsert_spill)
+/// Threads upsert (AssignSink) and then erase keys by the batch rule's passes as the CPU
+/// executor runs them (pass 1 a thread per home-bucket range, pass 2 one thread: core
+/// tile_ops.h and tile_erase.h), then all read every key; each key's presence and row
+/// must match. Each thread's rows, and the keys pass 1 leaves, are written by one thread
+/// and read by another across barriers.
+void cpu_partitioned_upsert_erase_find() {
+  Table table(64, 128, false);  // 8192 slots, 6000 keys: some spill (tile_upsert_spill)
   const TableRef<float> t = table.ref();
   constexpr int64_t kKeys = 6000;
   std::barrier sync(kThreads);
@@ -38,21 +40,42 @@ void cpu_locked_upsert_erase_find() {
     }
     sync.arrive_and_wait();
   };
+  // The rows of round `round`'s keys k * 1000003 + round, written by thread k % kThreads.
+  std::vector<float> rows(kKeys * kDim);
+  std::vector<std::vector<int64_t>> left(kThreads);  // pass 1's leftovers, by thread
   run_threads(kThreads, [&](int me) {
     for (int round = 0; round < 3; ++round) {
-      std::vector<int64_t> mine;
-      for (int64_t k = me; k < kKeys; k += kThreads) mine.push_back(k * 1000003 + round);
-      std::vector<float> rows(mine.size() * kDim);
-      for (size_t i = 0; i < mine.size(); ++i)
-        for (int64_t j = 0; j < kDim; ++j) rows[i * kDim + j] = row_value(mine[i], j);
+      for (int64_t k = me; k < kKeys; k += kThreads)
+        for (int64_t j = 0; j < kDim; ++j) rows[k * kDim + j] = row_value(k * 1000003 + round, j);
+      sync.arrive_and_wait();
+      // Batch index k; no pass 0 (each key in its home bucket, the second past a flagged
+      // one: pass 2), which changes what pass 1 decides, not who owns what.
       AssignSink<float> sink{t, uniform_init(), kDim, rows.data(), kDim, {}};
       const UpsertArgs u = args_for(ScoreStrategy::kNoEviction, round);
-      for (size_t i = 0; i < mine.size(); ++i) {
+      const SerialTile one;
+      for (int64_t k = 0; k < kKeys; ++k) {
+        const int64_t key = k * 1000003 + round;
+        const KeyProbe p(t, key);
+        if (p.bucket * kThreads / t.num_buckets != me) continue;
         Status s;
-        const auto ii = static_cast<int64_t>(i);
-        if (!upsert_home<CpuPlatform>(t, ii, ii, mine[i], u, sink, &s))
-          s = upsert_spill<CpuPlatform>(t, ii, ii, mine[i], u, sink);
-        CHECK(s != Status::kFailed, "key %lld not stored", static_cast<long long>(mine[i]));
+        if (!tile_upsert_home(one, t, k, k, key, p, u, sink, &s)) {
+          left[me].push_back(k);
+          continue;
+        }
+        CHECK(s != Status::kFailed, "key %lld not stored", static_cast<long long>(key));
+      }
+      sync.arrive_and_wait();
+      if (me == 0) {  // pass 2: the leftovers in batch order
+        std::vector<int64_t> all;
+        for (auto& l : left) {
+          all.insert(all.end(), l.begin(), l.end());
+          l.clear();
+        }
+        std::sort(all.begin(), all.end());
+        for (const int64_t k : all) {
+          const Status s = tile_upsert_spill(one, t, k, k, k * 1000003 + round, u, sink);
+          CHECK(s != Status::kFailed, "key %lld not stored", static_cast<long long>(k));
+        }
       }
       sync.arrive_and_wait();  // erases own their buckets: no upsert runs beside them
       erase_where(me, round, [](int64_t k) { return (k / kThreads) % 3 == 0; }, true);
@@ -91,7 +114,8 @@ void cpu_partitioned_evicting() {
         const int64_t home = bucket_of(hash_key(keys[i]), t.num_buckets);
         if (home * kThreads / t.num_buckets != me) continue;
         Status s;
-        CHECK(upsert_home<CpuExclusivePlatform>(t, i, i, keys[i], u, sink, &s),
+        CHECK(tile_upsert_home(SerialTile{}, t, i, i, keys[i], KeyProbe(t, keys[i]), u, sink,
+                               &s),
               "an evicting upsert left its home bucket");
       }
     });

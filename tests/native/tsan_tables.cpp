@@ -3,10 +3,11 @@
 // TSan cannot run inside Python + torch (uninstrumented OpenMP and allocator), so this
 // torch-free program runs csrc/core's algorithm concurrently the way the executors do,
 // and checks the outcome against what each thread stored:
-//   cpu        CpuPlatform (the CPU executor's platform) from std::threads: upserts and
-//              erases of one bucket racing under the bucket locks; pass 1 partitioned by
-//              home-bucket range with no locks (CpuExclusivePlatform, as executor_cpu.cpp
-//              runs it); lock-free finds after a barrier; one dedup set filled by all.
+//   cpu        the core's ops as the CPU executor runs them, from std::threads: upserts
+//              and erases by the batch rule's passes, pass 1 partitioned by home-bucket
+//              range, pass 2 on one thread (as executor_cpu.cpp and entry_moves_cpu.cpp
+//              run them), on tables that spill and that evict; finds after a barrier;
+//              one dedup set (CpuPlatform's atomics) filled by all.
 //   emulated   the csrc/cuda launchers built for the host (csrc/emulated), whose grids run
 //              on a pool of OS threads: upsert / find / erase / rehash / dedup from several
 //              host threads under a reader-writer lock (dynemb/table/rw_lock.py's rule);
@@ -38,7 +39,7 @@ using namespace dynemb::tsan;
 
 int main(int argc, char** argv) {
   const std::pair<const char*, void (*)()> cases[] = {
-      {"cpu_locked_upsert_erase_find", cpu_locked_upsert_erase_find},
+      {"cpu_partitioned_upsert_erase_find", cpu_partitioned_upsert_erase_find},
       {"cpu_partitioned_evicting", cpu_partitioned_evicting},
       {"cpu_dedup_shared_set", cpu_dedup_shared_set},
       {"emulated_upsert_find_erase_rehash", emulated_upsert_find_erase_rehash},
