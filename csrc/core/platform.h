@@ -1,10 +1,12 @@
 // dynemb core: what the algorithm needs from a device (the Platform concept).
 //
-// The algorithm in table_ops.h is templated on a Platform type and calls only the
-// static functions below; everything else it does is plain arithmetic. Two
-// platforms exist: CpuPlatform (csrc/cpu/cpu_platform.h, std::atomic_ref, SSE2) and
-// CudaPlatform (csrc/cuda/cuda_platform.cuh, atomicCAS, match_chunk's
-// 16-byte loads and SWAR compares).
+// The core code that needs more than plain arithmetic is templated on a Platform type
+// and calls only the static functions below: the batch de-duplication set's atomics
+// (dedup.h) and the CPU's prefetch of a likely slot (bucket.h likely_slot). A bucket's
+// scans compare digests by their tile's match (bucket_tile.h), which is match_chunk
+// below on every executor. Two platforms exist: CpuPlatform (csrc/cpu/cpu_platform.h,
+// std::atomic_ref, SSE2) and CudaPlatform (csrc/cuda/cuda_platform.cuh, atomicCAS,
+// match_chunk's 16-byte loads and SWAR compares).
 //
 //   struct Platform {
 //     // Bit j set when group[j] == digest, for the 16 bytes at group (16-aligned).

@@ -106,10 +106,7 @@ void erase_split(const TableRef<V>& t, const int64_t* keys, int64_t n, int threa
       }
     }
   }
-  std::vector<int64_t> rest;
-  for (const auto& d : deferred) rest.insert(rest.end(), d.begin(), d.end());
-  std::sort(rest.begin(), rest.end());
-  erase_deferred(t, keys, rest, erased);
+  erase_deferred(t, keys, merged_in_order(deferred), erased);
 }
 
 }  // namespace
@@ -149,11 +146,10 @@ int64_t rehash(const TableRef<V>& src, const TableRef<V>& dst, int window) {
       if (tile_place_home(one, dst, src, s, window) < 0) deferred[c].push_back(s);
     }
   }
-  std::vector<int64_t> rest;
-  for (const auto& d : deferred) rest.insert(rest.end(), d.begin(), d.end());
-  std::sort(rest.begin(), rest.end());
   int64_t failed = 0;
-  for (const int64_t s : rest) failed += tile_place_moved(one, dst, src, s, window) < 0;
+  for (const int64_t s : merged_in_order(deferred)) {
+    failed += tile_place_moved(one, dst, src, s, window) < 0;
+  }
   return failed;
 }
 

@@ -110,20 +110,21 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
   }
   const auto n = static_cast<int64_t>(pending.size());
   if (n == 0) return true;
-  std::vector<int64_t> bucket(n);
+  std::vector<KeyProbe> probe(n);  // of the key at position pending[x]
   int64_t lo = t.num_buckets;
   int64_t hi = -1;
   for (int64_t x = 0; x < n; ++x) {
-    bucket[x] = KeyProbe(t, keys[pending[x]]).bucket;
-    lo = std::min(lo, bucket[x]);
-    hi = std::max(hi, bucket[x]);
+    probe[x] = KeyProbe(t, keys[pending[x]]);
+    lo = std::min(lo, probe[x].bucket);
+    hi = std::max(hi, probe[x].bucket);
   }
   if (hi - lo + 1 > 2 * n) return false;
+  auto bucket = [&](int64_t x) { return probe[x].bucket; };
   std::vector<int32_t> start(hi - lo + 2, 0);
-  for (int64_t x = 0; x < n; ++x) ++start[bucket[x] - lo + 1];
+  for (int64_t x = 0; x < n; ++x) ++start[bucket(x) - lo + 1];
   for (int64_t b = 1; b < hi - lo + 2; ++b) start[b] += start[b - 1];
   std::vector<int64_t> grouped(n);
-  for (int64_t x = 0; x < n; ++x) grouped[start[bucket[x] - lo]++] = x;
+  for (int64_t x = 0; x < n; ++x) grouped[start[bucket(x) - lo]++] = x;
   const uint64_t mask = pin_mask(args.score.strategy);
   std::vector<int32_t> scratch(2 * t.bucket_capacity);
   auto prefetch_bucket = [&](int64_t b) {
@@ -132,30 +133,28 @@ bool place_by_bucket_victims(const TableRef<V>& t, Sink& sink, const UpsertArgs&
     P::prefetch_lines(t.scores + first, t.bucket_capacity * int64_t{sizeof(uint64_t)});
     P::prefetch_lines(t.pins + first, t.bucket_capacity * int64_t{sizeof(uint32_t)});
   };
-  auto place = [&](int64_t j, auto&& victim_of) {
-    const int64_t i = index_of(j);
-    const KeyProbe probe(t, keys[j]);
-    const Status s = victim_of(i, probe);
+  // Places the key at position pending[x] by victim_of(i, j, its probe).
+  auto place = [&](int64_t x, auto&& victim_of) {
+    const int64_t j = pending[x];
+    const Status s = victim_of(index_of(j), j, probe[x]);
     status[j] = static_cast<int8_t>(s);
     ++counts.by_status[static_cast<int>(s)];
   };
+  const SerialTile one;
   for (int64_t g = 0; g < n;) {
-    const int64_t b = bucket[grouped[g]];
+    const int64_t b = bucket(grouped[g]);
     int64_t e = g + 1;
-    while (e < n && bucket[grouped[e]] == b) ++e;
-    if (e < n) prefetch_bucket(bucket[grouped[e]]);
+    while (e < n && bucket(grouped[e]) == b) ++e;
+    if (e < n) prefetch_bucket(bucket(grouped[e]));
     if (e - g == 1) {
-      const int64_t j = pending[grouped[g]];
-      place(j, [&](int64_t i, const KeyProbe& probe) {
-        return tile_place_by_victim(SerialTile{}, t, i, j, keys[j], probe, args, sink);
+      place(grouped[g], [&](int64_t i, int64_t j, const KeyProbe& p) {
+        return tile_place_by_victim(one, t, i, j, keys[j], p, args, sink);
       });
     } else {
       BucketVictims<V> victims(t, b, mask, args.evict_below, args.pin_floor, scratch);
       for (int64_t k = g; k < e; ++k) {
-        const int64_t j = pending[grouped[k]];
-        place(j, [&](int64_t i, const KeyProbe& probe) {
-          const Status s = tile_place_at(SerialTile{}, t, i, j, keys[j], probe, args, sink, -1,
-                                         victims.front());
+        place(grouped[k], [&](int64_t i, int64_t j, const KeyProbe& p) {
+          const Status s = tile_place_at(one, t, i, j, keys[j], p, args, sink, -1, victims.front());
           if (s == Status::kEvicted) victims.pop();
           return s;
         });
@@ -470,10 +469,10 @@ StatusCounts upsert_batch(const TableRef<V>& t, const Sink& sink, const UpsertAr
                     status_by_position.data(), counts[c], deferred[c], chosen);
   };
   auto finish = [&](const int64_t* order, const int64_t* part_keys) {
-    std::vector<int64_t> all;  // rare (NO_EVICTION spills): merged into batch order
-    for (const auto& d : deferred) all.insert(all.end(), d.begin(), d.end());
+    // Rare (NO_EVICTION spills): positions merged into batch order.
+    const std::vector<int64_t> all = merged_in_order(
+        deferred, [&](int64_t a, int64_t b) { return order[a] < order[b]; });
     if (all.empty()) return;
-    std::sort(all.begin(), all.end(), [&](int64_t a, int64_t b) { return order[a] < order[b]; });
     upsert_deferred(t, by_position, args, part_keys, order, all, status_by_position.data(),
                     counts[max_threads]);
   };
