@@ -238,6 +238,8 @@ struct SavedEntries {
 template <class V>
 struct RestoreSink {
   static constexpr bool kRowOnHit = true;  // a hit overwrites the row
+  // Reports no slot: pass 2 may move a resident to make room (tile_ops.h moves_residents).
+  static constexpr bool kMovesResidents = true;
   TableRef<V> t;
   InitArgs init;
   int64_t dim;

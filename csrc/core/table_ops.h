@@ -69,12 +69,13 @@
 //      independent: any executor may run different buckets concurrently, without locks.
 //   2. tile_upsert_spill for the keys pass 1 left (NO_EVICTION keys whose chosen bucket
 //      filled), in batch order, one at a time: a hit in either bucket, else the first
-//      of home and second bucket with a free slot, else failed. Where the window is
-//      one bucket (window_of: every evicting strategy, any table of one bucket) it
-//      reads and writes the key's home bucket only, and pass 1 writes nothing there
-//      that it reads before it: an executor that owns the bucket in pass 1 may run
-//      tile_upsert_spill there in the key's place (tile_upsert_owned), with the same
-//      outcome and no pass 2.
+//      of home and second bucket with a free slot, else (a restore: moves_residents) a
+//      slot freed by moving one or two residents to their other bucket, else failed.
+//      Where the window is one bucket (window_of: every evicting strategy, any table
+//      of one bucket) it reads and writes the key's home bucket only (and moves no
+//      resident), and pass 1 writes nothing there that it reads before it: an executor
+//      that owns the bucket in pass 1 may run tile_upsert_spill there in the key's
+//      place (tile_upsert_owned), with the same outcome and no pass 2.
 // The outcome (slots, statuses, evictions, scores) is thus a function of the table
 // and the batch alone, the same on a CPU with any thread count and on a GPU.
 // Erase and rehash follow the same rule: tile_erase.h, per home bucket in batch order,

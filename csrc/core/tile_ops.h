@@ -25,8 +25,23 @@
 #include "core/batch_sinks.h"
 #include "core/bucket_tile.h"
 #include "core/table_ops.h"
+#include "core/tile_room.h"
 
 namespace dynemb {
+
+/// Whether pass 2 may move a resident to its other bucket to make room for a key whose
+/// two buckets are full (tile_room.h): for a sink that reports no slot (a slot reported
+/// earlier in the batch would go stale), a restore's (RestoreSink::kMovesResidents). The
+/// table's owner counts every upsert as a mutation, so a training batch in flight finds
+/// its keys again before its backward (dynemb/table/table_state.py "mutations").
+template <class Sink>
+DYNEMB_HD constexpr bool moves_residents() {
+  if constexpr (requires { Sink::kMovesResidents; }) {
+    return Sink::kMovesResidents;
+  } else {
+    return false;
+  }
+}
 
 /// The elements of a row the calling lane of `tile` writes.
 template <class Tile>
@@ -74,6 +89,14 @@ DYNEMB_HD DYNEMB_INLINE void tile_sink_failed(const Tile& tile, Sink& sink, int6
   }
 }
 
+/// Whether `hint` (a slot, or -1), a guess at where `key` (of KeyProbe `p`) is stored,
+/// holds it: a key occupies one slot at most, so the guess is then the answer.
+template <class V>
+DYNEMB_HD DYNEMB_INLINE bool hint_holds(const TableRef<V>& t, int64_t hint, int64_t key,
+                                        const KeyProbe& p) {
+  return hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key;
+}
+
 /// tile_bucket_probe of bucket p.bucket for `key`, with a guess: `hint`, a slot that
 /// likely holds the key (the CPU's likely_slot, computed to prefetch), or -1. When the
 /// hint holds the key it is the answer (a key has one slot at most) and the scan is
@@ -82,7 +105,7 @@ template <class Tile, class V>
 DYNEMB_HD DYNEMB_INLINE TileProbe tile_probe_hinted(const Tile& tile, const TableRef<V>& t,
                                                     int64_t key, const KeyProbe& p,
                                                     int64_t hint) {
-  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) return {hint, -1};
+  if (hint_holds(t, hint, key, p)) return {hint, -1};
   return tile_bucket_probe(tile, t, p.bucket, key, p.digest, p.order);
 }
 
@@ -230,8 +253,7 @@ DYNEMB_HD int64_t tile_choose_bucket(const Tile& tile, const TableRef<V>& t, int
                                      const KeyProbe& p, int64_t* stored = nullptr,
                                      int64_t hint = -1) {
   const int64_t home = p.bucket;
-  int64_t slot = -1;
-  if (hint >= 0 && t.digest(hint) == p.digest && t.key(hint) == key) slot = hint;
+  int64_t slot = hint_holds(t, hint, key, p) ? hint : -1;
   if (slot < 0) slot = tile_bucket_find(tile, t, home, key, p.digest, p.order.home);
   const int64_t second = second_bucket_of(hash_key(key), t.num_buckets);
   if (slot < 0 && t.overflowed(home)) {
@@ -290,11 +312,60 @@ DYNEMB_HD Status tile_place_by_victim(const Tile& tile, const TableRef<V>& t, in
   return s;
 }
 
+/// Moves the entry of m.from, with its row, to m.to (tile_room.h move_for_room), by the
+/// tile that owns the table; m.from is left empty for the caller to claim at once.
+template <class Tile, class V>
+DYNEMB_HD DYNEMB_INLINE void tile_move_for_room(const Tile& tile, const TableRef<V>& t,
+                                                const RoomMove& m) {
+  copy_row(t.row(m.from), t.row(m.to), t.row_width, lanes_of(tile));
+  tile.sync();  // every lane read the digests and keys, and moved its part of the row
+  if (tile.rank() == 0) move_for_room(t, m);
+  tile.sync();  // the row at m.from is overwritten next
+}
+
+/// For tile_upsert_spill, by the tile that owns the table, when both buckets of `key`
+/// (home p.bucket, and `second`, or -1) are full: claims a slot of the home or then the
+/// second bucket freed by moving one of its residents, with its row, to the resident's
+/// other bucket (tile_room_in), else by two such moves (tile_room_chain_in); the home is
+/// flagged for a key placed in its second bucket. A NO_EVICTION table saved at its max
+/// capacity (a load of 0.969; 2^16 and 2^20 slots) and restored in one call lost 527 and
+/// 7,829 keys without moves; with one move, none in the saved (slot) order, 6 and 95 in
+/// a random order; with two, 0 and 5 in a random order (benchmark/RESULTS.md).
+/// @return the slot, or -1 when no room was found, in every lane; the caller's sink
+/// writes the row after.
+template <class Tile, class V>
+DYNEMB_HD int64_t tile_claim_by_move(const Tile& tile, const TableRef<V>& t, int64_t key,
+                                     const KeyProbe& p, const UpsertArgs& u, uint64_t score,
+                                     int64_t second) {
+  int64_t slot = -1;
+  for (int k = 0; k < 2 && second >= 0 && slot < 0; ++k) {
+    const RoomMove m = tile_room_in(tile, t, k == 0 ? p.bucket : second);
+    if (m.from < 0) continue;
+    tile_move_for_room(tile, t, m);
+    slot = m.from;
+  }
+  for (int k = 0; k < 2 && second >= 0 && slot < 0; ++k) {
+    const RoomChain c = tile_room_chain_in(tile, t, k == 0 ? p.bucket : second);
+    if (c.from < 0) continue;
+    tile_move_for_room(tile, t, c.inner);
+    tile_move_for_room(tile, t, RoomMove{c.from, c.inner.from});
+    slot = c.from;
+  }
+  if (slot >= 0 && tile.rank() == 0) {
+    claim(t, slot, key, p.digest, score, u.score.batch_value, u.pin);
+    if (slot / t.bucket_capacity != p.bucket) t.set_overflowed(p.bucket);
+  }
+  tile.sync();  // the sink's lanes write the row after the claim
+  return slot;
+}
+
 /// Pass 2 of a batch upsert, by the one tile of pass 2 (it owns the table): key i, left
 /// by tile_upsert_home: a hit in its home bucket or (a flagged home) its second, else the
 /// first of the two with a free slot (a key placed in its second bucket flags its home),
-/// else failed. Calls exactly one sink function; one lane writes the metadata (touch,
-/// claim, overflow flag). @return the status, in every lane.
+/// else, for a sink that moves residents (moves_residents: a restore), a slot of its home
+/// or then its second bucket freed by moving a resident to its other bucket
+/// (tile_room_in), else failed. Calls exactly one sink function; one lane writes the
+/// metadata (touch, claim, move, overflow flag). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                    int64_t key, const UpsertArgs& u, Sink& sink) {
@@ -320,6 +391,10 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     }
     if (slot >= 0) {
       tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
+    } else if constexpr (moves_residents<Sink>()) {
+      slot = tile_claim_by_move(tile, t, key, p, u, score_for_new(a, i), second);
+    }
+    if (slot >= 0) {
       tile_sink_fresh(tile, sink, i, o, slot, key);
       status = Status::kInserted;
     } else {

@@ -15,6 +15,7 @@
 #include "core/batch_sinks.h"
 #include "core/bucket_tile.h"
 #include "core/tile_ops.h"
+#include "core/tile_room.h"
 
 namespace dynemb {
 
@@ -27,59 +28,6 @@ namespace dynemb {
 template <class V>
 DYNEMB_HD DYNEMB_INLINE int64_t rehash_home_limit(const TableRef<V>& t, int window) {
   return window > 1 ? t.bucket_capacity - t.bucket_capacity / 8 : t.bucket_capacity;
-}
-
-/// Claims `slot` of `dst` for the entry of slot `s` of `src` (a rehash moves each
-/// key once, with its score, timestamp and pin; the caller copies the row).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
-                                         const TableRef<V>& src, int64_t s, uint8_t digest) {
-  claim(dst, slot, src.key(s), digest, src.has_scores() ? src.score(s) : 0,
-        src.has_timestamps() ? src.timestamp(s) : 0, src.has_pins() ? src.pin(s) : 0);
-}
-
-/// A move that frees a slot of a full bucket in a rehash's pass 2: the entry of slot
-/// `from` goes to the free slot `to` of its other bucket.
-struct RoomMove {
-  int64_t from;  // -1: no entry of the bucket has room in its other bucket
-  int64_t to;
-};
-
-/// The other bucket of the entry at `slot` of bucket `b` (its second when b is its
-/// home, else its home).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE int64_t other_bucket(const TableRef<V>& t, int64_t slot, int64_t b) {
-  const uint64_t h = hash_key(t.key(slot));
-  const int64_t home = bucket_of(h, t.num_buckets);
-  return home == b ? second_bucket_of(h, t.num_buckets) : home;
-}
-
-/// Applies a RoomMove's metadata: the entry's key, digest, score, timestamp and pin go
-/// to m.to (its home's overflow flag set when that is its second bucket) and m.from is
-/// left empty, for the caller to claim at once (so its bucket gets no kHoled: bucket.h
-/// "Holes"). The caller moves the row (before m.from's row is overwritten).
-template <class V>
-DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove& m) {
-  claim_moved(t, m.to, t, m.from, t.digest(m.from));
-  const int64_t home = bucket_of(hash_key(t.key(m.from)), t.num_buckets);
-  if (home != m.to / t.bucket_capacity) t.set_overflowed(home);
-  t.set_digest(m.from, kEmptyDigest);
-}
-
-/// For a rehash's pass 2 (it owns the table) when an entry finds both its buckets full:
-/// the first entry of full bucket `b`, in slot order, whose other bucket has a free
-/// slot (tile_free_slot, in that entry's probe order). Reads only. @return the same in
-/// every lane.
-template <class Tile, class V>
-DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
-  const int64_t base = b * t.bucket_capacity;
-  for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
-    const int64_t other = other_bucket(t, s, b);
-    const int64_t to =
-        tile_free_slot(tile, t, other, ProbeOrder(hash_key(t.key(s)), t.bucket_capacity));
-    if (to >= 0) return {s, to};
-  }
-  return {-1, -1};
 }
 
 /// Claims free slot `slot` of `t` for the entry of slot `s` of `src`, the row included

@@ -809,6 +809,9 @@ class ScoredHashTable:
         Placement follows insert_or_assign: the table grows while below capacity,
         then a full bucket evicts its lowest (score, digest, key) resident (CUSTOMIZED refuses
         a newcomer ranking below it), and keys that fit nowhere are reported failed.
+        Under NO_EVICTION a key whose two buckets are full takes a slot freed by moving
+        a resident, row and all, to its other bucket (or two residents in a chain), so
+        that a table saved at its max capacity restores whole.
 
         Args:
             keys: (n,) int64, distinct.

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from dynemb import _ops
+from tests.support import reference as ref
 from tests.support.executor_parity import (
     CACHE,
     CPU,
@@ -189,9 +190,14 @@ def test_no_eviction_erase_split_over_threads(cpu_threads):
     assert int(erased.sum()) == torch.unique(torch.cat([stored[::2], stored[:3000]])).numel()
 
 
-@pytest.mark.parametrize("strategy", [TIMESTAMP_LFU, CUSTOMIZED, NO_EVICTION])
-def test_restore(strategy, cpu_threads):
-    table = parity_table(strategy, num_buckets=32)
+# NO_EVICTION: 5,000 keys in 512 slots, so pass 2 makes room by moving residents (one
+# move or a chain of two; csrc/core/tile_room.h), rows across a hybrid table's tiers too.
+@pytest.mark.parametrize(
+    "strategy, fast_slots",
+    [(TIMESTAMP_LFU, None), (CUSTOMIZED, None), (NO_EVICTION, None), (NO_EVICTION, 200)],
+)
+def test_restore(strategy, fast_slots, cpu_threads):
+    table = parity_table(strategy, num_buckets=32, fast_slots=fast_slots)
     g = torch.Generator().manual_seed(4)
     keys = torch.randint(0, 1 << 50, (5000,), generator=g)
     values = torch.randn(5000, DIM, generator=g)
@@ -205,6 +211,51 @@ def test_restore(strategy, cpu_threads):
             lib.table_restore(t, policy, UNIFORM_INIT, keys, values, state, scores, stamps, [])
         ),
     )
+
+
+def _lost_without_moves(keys, num_buckets, bucket_capacity):
+    """Keys a restore of distinct `keys` into an empty NO_EVICTION table loses without
+    moves: pass 0 sends each key home (home_takes_new_keys), pass 1 fills each home in
+    batch order, pass 2 tries the home, then the second bucket (core tile_upsert_spill)."""
+    fill, deferred = [0] * num_buckets, []
+    for k in keys.tolist():
+        home = ref.bucket_of(k, num_buckets)
+        if fill[home] < bucket_capacity:
+            fill[home] += 1
+        else:
+            deferred.append(k)
+    lost = 0
+    for k in deferred:
+        second = ref.second_bucket_of(k, num_buckets)
+        if fill[second] < bucket_capacity:
+            fill[second] += 1
+        else:
+            lost += 1
+    return lost
+
+
+@pytest.mark.parametrize("fast_slots", [None, 200])
+def test_a_restore_makes_room_by_moving_residents(fast_slots, cpu_threads):
+    """505 keys into 512 slots: pass 2 places every key, some only in a slot freed by
+    moving residents (one move or two) with their rows, the same on every executor."""
+    table = parity_table(NO_EVICTION, num_buckets=32, fast_slots=fast_slots)
+    g = torch.Generator().manual_seed(4)
+    keys = torch.randint(0, 1 << 50, (505,), generator=g)
+    assert keys.unique().numel() == 505
+    assert _lost_without_moves(keys, 32, 16) > 0  # the moves are needed
+    values = torch.randn(505, DIM, generator=g)
+    state = torch.randn(505, ROW - DIM, generator=g)
+    policy = [NO_EVICTION, 9, 1, 0, DIM, 0, NO_PINS]
+    restored = run_on_every_executor(
+        table,
+        lambda lib, t: list(
+            lib.table_restore(t, policy, UNIFORM_INIT, keys, values, state, None, None, [])
+        ),
+    )
+    slots = CPU.table_find_slots(restored, keys)
+    assert bool((slots >= 0).all())
+    rows = torch.cat([restored[4], restored[7]])[slots]  # fast rows, then the slow tier's
+    assert torch.equal(rows, torch.cat([values, state], 1))  # each key its own row
 
 
 def test_unique_keys(cpu_threads):
