@@ -327,10 +327,10 @@ DYNEMB_HD DYNEMB_INLINE void tile_move_for_room(const Tile& tile, const TableRef
 /// (home p.bucket, and `second`, or -1) are full: claims a slot of the home or then the
 /// second bucket freed by moving one of its residents, with its row, to the resident's
 /// other bucket (tile_room_in), else by two such moves (tile_room_chain_in); the home is
-/// flagged for a key placed in its second bucket. A NO_EVICTION table saved at its max
-/// capacity (a load of 0.969; 2^16 and 2^20 slots) and restored in one call lost 527 and
-/// 7,829 keys without moves; with one move, none in the saved (slot) order, 6 and 95 in
-/// a random order; with two, 0 and 5 in a random order (benchmark/RESULTS.md).
+/// flagged for a key placed in its second bucket. A NO_EVICTION table of 2^20 slots
+/// saved at its max capacity (a load of 0.969) and restored in one call lost 7,400 keys
+/// in slot order and 9,109 in a random order without moves, 0 and 2 with them
+/// (benchmark/RESULTS.md).
 /// @return the slot, or -1 when no room was found, in every lane; the caller's sink
 /// writes the row after.
 template <class Tile, class V>
@@ -363,8 +363,8 @@ DYNEMB_HD int64_t tile_claim_by_move(const Tile& tile, const TableRef<V>& t, int
 /// by tile_upsert_home: a hit in its home bucket or (a flagged home) its second, else the
 /// first of the two with a free slot (a key placed in its second bucket flags its home),
 /// else, for a sink that moves residents (moves_residents: a restore), a slot of its home
-/// or then its second bucket freed by moving a resident to its other bucket
-/// (tile_room_in), else failed. Calls exactly one sink function; one lane writes the
+/// or then its second bucket freed by moving residents to their other bucket
+/// (tile_claim_by_move), else failed. Calls exactly one sink function; one lane writes the
 /// metadata (touch, claim, move, overflow flag). @return the status, in every lane.
 template <class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
