@@ -123,7 +123,8 @@ SANITIZE_TESTS := $(filter-out $(SANITIZE_PYTHON_ONLY),$(sort $(wildcard tests/t
   tests/table/test_initializers.py tests/tiering/test_cache_exchange.py tests/tiering/test_caching_checkpoint.py \
   tests/checkpoint/test_incremental_dump.py tests/table/test_large_outputs.py tests/tbe/test_grouped_ops.py \
   tests/csrc/test_unique_keys.py tests/tbe/test_bag_columns.py tests/tbe/test_grouped_lookup.py \
-  tests/table/test_padded_claim.py tests/inference/test_quantized_rows.py
+  tests/table/test_padded_claim.py tests/inference/test_quantized_rows.py \
+  tests/table/test_restore_full_table.py
 # PYTHONSAFEPATH and --import-mode=append: neither the working directory nor pytest's
 # rootdir may come before the sanitized copy on sys.path (checked before the run).
 # libstdc++ is preloaded with libasan: python is no C++ program, and ASan's __cxa_throw

@@ -326,7 +326,8 @@ DYNEMB_HD DYNEMB_INLINE void tile_move_for_room(const Tile& tile, const TableRef
 /// For tile_upsert_spill, by the tile that owns the table, when both buckets of `key`
 /// (home p.bucket, and `second`, or -1) are full: claims a slot of the home or then the
 /// second bucket freed by moving one of its residents, with its row, to the resident's
-/// other bucket (tile_room_in), else by two such moves (tile_room_chain_in); the home is
+/// other bucket (tile_room_in), else by two such moves (tile_room_chain_in), when some
+/// bucket within their reach has a free slot (tile_room_within_reach); the home is
 /// flagged for a key placed in its second bucket. A NO_EVICTION table of 2^20 slots
 /// saved at its max capacity (a load of 0.969) and restored in one call lost 7,400 keys
 /// in slot order and 9,109 in a random order without moves, 0 and 2 with them
@@ -338,6 +339,7 @@ DYNEMB_HD int64_t tile_claim_by_move(const Tile& tile, const TableRef<V>& t, int
                                      const KeyProbe& p, const UpsertArgs& u, uint64_t score,
                                      int64_t second) {
   int64_t slot = -1;
+  if (second >= 0 && !tile_room_within_reach(tile, t, p.bucket, second)) second = -1;
   for (int k = 0; k < 2 && second >= 0 && slot < 0; ++k) {
     const RoomMove m = tile_room_in(tile, t, k == 0 ? p.bucket : second);
     if (m.from < 0) continue;
@@ -365,8 +367,10 @@ DYNEMB_HD int64_t tile_claim_by_move(const Tile& tile, const TableRef<V>& t, int
 /// else, for a sink that moves residents (moves_residents: a restore), a slot of its home
 /// or then its second bucket freed by moving residents to their other bucket
 /// (tile_claim_by_move), else failed. Calls exactly one sink function; one lane writes the
-/// metadata (touch, claim, move, overflow flag). @return the status, in every lane.
-template <class Tile, class V, class Sink>
+/// metadata (touch, claim, move, overflow flag). kMoves false compiles the moves out for a
+/// caller whose window is one bucket (tile_upsert_owned), where none can happen.
+/// @return the status, in every lane.
+template <bool kMoves = true, class Tile, class V, class Sink>
 DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64_t i, int64_t o,
                                    int64_t key, const UpsertArgs& u, Sink& sink) {
   const uint64_t h = hash_key(key);
@@ -391,7 +395,7 @@ DYNEMB_HD Status tile_upsert_spill(const Tile& tile, const TableRef<V>& t, int64
     }
     if (slot >= 0) {
       tile_claim(tile, t, slot, key, p.digest, score_for_new(a, i), a.batch_value, u.pin);
-    } else if constexpr (moves_residents<Sink>()) {
+    } else if constexpr (kMoves && moves_residents<Sink>()) {
       slot = tile_claim_by_move(tile, t, key, p, u, score_for_new(a, i), second);
     }
     if (slot >= 0) {
@@ -420,7 +424,7 @@ DYNEMB_HD bool tile_upsert_owned(const Tile& tile, const TableRef<V>& t, int64_t
                                  Sink& sink, Status* status) {
   if (tile_upsert_home<kChosen>(tile, t, i, o, key, p, u, sink, status)) return true;
   if (window_of(t, u.score.strategy) != 1) return false;
-  *status = tile_upsert_spill(tile, t, i, o, key, u, sink);
+  *status = tile_upsert_spill<false>(tile, t, i, o, key, u, sink);  // second bucket: -1
   return true;
 }
 

@@ -65,8 +65,8 @@ DYNEMB_HD int64_t tile_place_home(const Tile& tile, const TableRef<V>& t,
 /// of its home and (`window` 2) second bucket (ties: home), else the other (a key in
 /// its second bucket flags its home), else in a slot made free in its home or then its
 /// second bucket by moving one of their entries to its other bucket (tile_room_in).
-/// Lane 0 writes the overflow flag and a move's metadata after a sync (every lane read
-/// the digests and keys first), the lanes the rows.
+/// Lane 0 writes the overflow flag; claims and moves write as tile_claim_moved and
+/// tile_move_for_room do (a move after a sync: every lane read the digests and keys).
 /// @return the slot, or -1 when no room was found, in every lane.
 template <class Tile, class V>
 DYNEMB_HD int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
@@ -90,15 +90,9 @@ DYNEMB_HD int64_t tile_place_moved(const Tile& tile, const TableRef<V>& t,
     const int64_t b = k == 0 ? home : second;
     const RoomMove m = tile_room_in(tile, t, b);
     if (m.from < 0) continue;
-    copy_row(t.row(m.from), t.row(m.to), t.row_width, lanes_of(tile));
-    tile.sync();  // every lane read the digests and keys lane 0 writes below
-    if (tile.rank() == 0) {
-      move_for_room(t, m);
-      claim_moved(t, m.from, src, s, digest_of(h));
-      if (b != home) t.set_overflowed(home);
-    }
-    // Each lane overwrites the chunks of the row it moved out above (Lanes).
-    copy_row(src.row(s), t.row(m.from), src.row_width, lanes_of(tile));
+    tile_move_for_room(tile, t, m);
+    tile_claim_moved(tile, t, src, s, m.from, digest_of(h));
+    if (b != home && tile.rank() == 0) t.set_overflowed(home);
     slot = m.from;
   }
   tile.sync();  // the next entry's scan sees the claim and the flags

@@ -50,20 +50,57 @@ DYNEMB_HD DYNEMB_INLINE void move_for_room(const TableRef<V>& t, const RoomMove&
   t.set_digest(m.from, kEmptyDigest);
 }
 
+/// Bit of bucket `y` in a mask of the buckets next to bucket `b` (those within
+/// kSecondBucketSpan of it, where the other bucket of each resident of `b` lies): bits
+/// 0 .. 2 * kSecondBucketSpan, one per bucket (distinct buckets, distinct bits).
+template <class V>
+DYNEMB_HD DYNEMB_INLINE uint64_t near_bit(const TableRef<V>& t, int64_t b, int64_t y) {
+  int64_t d = y - b + kSecondBucketSpan;  // in (-num_buckets, num_buckets + span]
+  if (d < 0) d += t.num_buckets;
+  if (d >= t.num_buckets) d -= t.num_buckets;
+  return uint64_t{1} << d;
+}
+
 /// For a pass that owns the table, when a key finds both its buckets full:
 /// the first entry of full bucket `b`, in slot order, whose other bucket has a free
-/// slot (tile_free_slot, in that entry's probe order). Reads only. @return the same in
-/// every lane.
+/// slot (tile_free_slot, in that entry's probe order). Reads only; a bucket found full
+/// is not scanned again (at most 2 * kSecondBucketSpan + 1 scans, not one a resident).
+/// @return the same in every lane.
 template <class Tile, class V>
 DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
   const int64_t base = b * t.bucket_capacity;
+  uint64_t full = 0;  // near_bit of the other buckets found full
   for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
     const int64_t other = other_bucket(t, s, b);
+    const uint64_t bit = near_bit(t, b, other);
+    if (full & bit) continue;
     const int64_t to =
         tile_free_slot(tile, t, other, ProbeOrder(hash_key(t.key(s)), t.bucket_capacity));
     if (to >= 0) return {s, to};
+    full |= bit;
   }
   return {-1, -1};
+}
+
+/// Whether any bucket within reach of a move chain from `home` and `second` (a key's two
+/// buckets, both full) has a free slot: a resident of bucket X moves to its other
+/// bucket, within kSecondBucketSpan of X, so two moves reach 2 * kSecondBucketSpan
+/// buckets either side. When none has, no chain finds room: the caller skips the search
+/// (in a full table every key that fails would otherwise scan bucket_capacity^2
+/// residents' buckets). Reads only. @return the same in every lane.
+template <class Tile, class V>
+DYNEMB_HD bool tile_room_within_reach(const Tile& tile, const TableRef<V>& t, int64_t home,
+                                      int64_t second) {
+  constexpr int64_t kReach = 2 * kSecondBucketSpan;
+  const int64_t last = second >= home ? second : second + t.num_buckets;  // wraps past the end
+  const int64_t span = last - home + 2 * kReach + 1;
+  const int64_t count = span < t.num_buckets ? span : t.num_buckets;
+  int64_t b = ((home - kReach) % t.num_buckets + t.num_buckets) % t.num_buckets;  // any count
+  for (int64_t k = 0; k < count; ++k) {
+    if (tile_free_count(tile, t, b) > 0) return true;
+    b = b + 1 == t.num_buckets ? 0 : b + 1;
+  }
+  return false;
 }
 
 /// Two moves that free a slot of full bucket `b` when no resident of it has room in its
@@ -80,9 +117,14 @@ struct RoomChain {
 template <class Tile, class V>
 DYNEMB_HD RoomChain tile_room_chain_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
   const int64_t base = b * t.bucket_capacity;
+  uint64_t roomless = 0;  // near_bit of the other buckets where tile_room_in found none
   for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
-    const RoomMove m = tile_room_in(tile, t, other_bucket(t, s, b));
+    const int64_t other = other_bucket(t, s, b);
+    const uint64_t bit = near_bit(t, b, other);
+    if (roomless & bit) continue;
+    const RoomMove m = tile_room_in(tile, t, other);
     if (m.from >= 0) return {m, s};
+    roomless |= bit;
   }
   return {{-1, -1}, -1};
 }

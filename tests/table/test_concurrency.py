@@ -100,7 +100,7 @@ def test_python_threads_insert_and_read_concurrently(strategy):
     "the CPU executor's OpenMP threads are under test; the emulated kernels' threads on "
     "one batch are the parity suite's and TSan's"
 )
-@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # bucket locks, or none
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # two buckets, or one
 def test_all_openmp_threads_on_one_batch(strategy):
     torch.set_num_threads(2)
     t = _table(strategy, capacity=2**20, init_capacity=2**20)
@@ -117,7 +117,7 @@ def test_all_openmp_threads_on_one_batch(strategy):
     assert not bool(t.contains(keys[::2]).any()) and bool(t.contains(keys[1::2]).all())
 
 
-@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # bucket locks, or none
+@pytest.mark.parametrize("strategy", [S.NO_EVICTION, S.TIMESTAMP])  # two buckets, or one
 def test_erase_on_all_threads_reports_each_key_like_one_thread(strategy):
     """A multi-thread erase (each thread walks the batch block by block) reports, per
     key, what the one-thread erase does: the first occurrence of each stored key,

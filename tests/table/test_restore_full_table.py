@@ -28,19 +28,20 @@ from tests.support import reference as ref
 CAPACITY, BUCKET, DIM = 1 << 13, 128, 4
 
 
-def _table(device, fast_rows=None):
+def _table(device, fast_rows=None, capacity=CAPACITY, bucket=BUCKET):
     return dynemb.ScoredHashTable(
-        dim=DIM, capacity=CAPACITY, init_capacity=CAPACITY, bucket_capacity=BUCKET,
+        dim=DIM, capacity=capacity, init_capacity=capacity, bucket_capacity=bucket,
         score_strategy=S.NO_EVICTION, extra_columns=2, device=device, fast_rows=fast_rows,
     )  # fmt: skip
 
 
-def _filled(device, fast_rows=None, seed=0):
+def _filled(device, fast_rows=None, seed=0, capacity=CAPACITY, bucket=BUCKET):
     """A table filled by batches of random keys up to its first failed insert."""
-    table = _table(device, fast_rows)
+    table = _table(device, fast_rows, capacity, bucket)
     g = torch.Generator().manual_seed(seed)
     while True:
-        keys = torch.randint(-(1 << 62), 1 << 62, (CAPACITY // 64,), generator=g).to(device)
+        n = max(capacity // 64, 4)
+        keys = torch.randint(-(1 << 62), 1 << 62, (n,), generator=g).to(device)
         table.insert_or_assign(keys, torch.randn(keys.numel(), DIM + 2, generator=g).to(device))
         if table.last_stats.failed:
             return table
@@ -84,6 +85,29 @@ def test_keys_restored_in_any_order_fail_only_when_both_buckets_are_full(device)
     lost = keys[~restored.contains(keys)]
     assert lost.numel() == stats.failed == keys.numel() - restored.size()
     assert all(ref.window_full(restored, int(k)) for k in lost.cpu().tolist())
+
+
+@pytest.mark.parametrize("buckets", [2, 5, 16, 31])
+def test_a_table_of_few_buckets_restores_more_keys_than_fit(device, buckets):
+    """The room search's reach (2 * kSecondBucketSpan buckets either side of a key's two)
+    wraps around a table of fewer buckets than that: every bucket is in reach, once. A
+    restore of the saved keys and as many new ones again fills the table and reports
+    each key left out, none of them with a free slot in either of its buckets."""
+    bucket = 16
+    keys, rows = _saved(_filled(device, seed=buckets, capacity=buckets * bucket, bucket=bucket))
+    g = torch.Generator().manual_seed(buckets)
+    extra = torch.randint(1 << 62, (1 << 62) + (1 << 40), (keys.numel(),), generator=g)
+    keys = torch.cat([keys, extra.to(device)])
+    rows = torch.cat([rows, torch.randn(extra.numel(), DIM + 2, generator=g).to(device)])
+    restored = _table(device, capacity=buckets * bucket, bucket=bucket)
+    stats = restored.restore(keys, rows[:, :DIM], rows[:, DIM:])
+    assert restored.size() == buckets * bucket  # full: moves found room while any was
+    lost = keys[~restored.contains(keys)]
+    assert lost.numel() == stats.failed == keys.numel() - restored.size()
+    assert all(ref.window_full(restored, int(k)) for k in lost.cpu().tolist())
+    kept = restored.contains(keys)
+    values, _ = restored.find(keys[kept])
+    assert torch.equal(values, rows[kept][:, :DIM])  # each key its own row, moved or not
 
 
 def _module():
