@@ -39,8 +39,8 @@ def _filled(device, fast_rows=None, seed=0, capacity=CAPACITY, bucket=BUCKET):
     """A table filled by batches of random keys up to its first failed insert."""
     table = _table(device, fast_rows, capacity, bucket)
     g = torch.Generator().manual_seed(seed)
+    n = max(capacity // 64, 4)  # a batch of keys, at least 4 in a table of few slots
     while True:
-        n = max(capacity // 64, 4)
         keys = torch.randint(-(1 << 62), 1 << 62, (n,), generator=g).to(device)
         table.insert_or_assign(keys, torch.randn(keys.numel(), DIM + 2, generator=g).to(device))
         if table.last_stats.failed:
@@ -102,10 +102,10 @@ def test_a_table_of_few_buckets_restores_more_keys_than_fit(device, buckets):
     restored = _table(device, capacity=buckets * bucket, bucket=bucket)
     stats = restored.restore(keys, rows[:, :DIM], rows[:, DIM:])
     assert restored.size() == buckets * bucket  # full: moves found room while any was
-    lost = keys[~restored.contains(keys)]
+    kept = restored.contains(keys)
+    lost = keys[~kept]
     assert lost.numel() == stats.failed == keys.numel() - restored.size()
     assert all(ref.window_full(restored, int(k)) for k in lost.cpu().tolist())
-    kept = restored.contains(keys)
     values, _ = restored.find(keys[kept])
     assert torch.equal(values, rows[kept][:, :DIM])  # each key its own row, moved or not
 
