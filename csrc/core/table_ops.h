@@ -70,7 +70,7 @@
 //   2. tile_upsert_spill for the keys pass 1 left (NO_EVICTION keys whose chosen bucket
 //      filled), in batch order, one at a time: a hit in either bucket, else the first
 //      of home and second bucket with a free slot, else (a restore: moves_residents) a
-//      slot freed by moving one or two residents to their other bucket, else failed.
+//      slot freed by moving one to three residents to their other bucket, else failed.
 //      Where the window is one bucket (window_of: every evicting strategy, any table
 //      of one bucket) it reads and writes the key's home bucket only (and moves no
 //      resident), and pass 1 writes nothing there that it reads before it: an executor

@@ -326,12 +326,13 @@ DYNEMB_HD DYNEMB_INLINE void tile_move_for_room(const Tile& tile, const TableRef
 /// For tile_upsert_spill, by the tile that owns the table, when both buckets of `key`
 /// (home p.bucket, and `second`, or -1) are full: claims a slot of the home or then the
 /// second bucket freed by moving one of its residents, with its row, to the resident's
-/// other bucket (tile_room_in), else by two such moves (tile_room_chain_in), when some
-/// bucket within their reach has a free slot (tile_room_within_reach); the home is
-/// flagged for a key placed in its second bucket. A NO_EVICTION table of 2^20 slots
+/// other bucket (tile_room_in), else by a chain of two such moves, else of three
+/// (tile_room_chain), each when some bucket within its reach has a free slot
+/// (tile_room_within_reach); the home is flagged for a key placed in its second
+/// bucket. A NO_EVICTION table of 2^20 slots
 /// saved at its max capacity (a load of 0.969) and restored in one call lost 7,400 keys
-/// in slot order and 9,109 in a random order without moves, 0 and 2 with them
-/// (benchmark/RESULTS.md).
+/// in slot order and 9,109 in a random order without moves, 0 and 2 with chains of one
+/// or two, 0 and 0 with chains of three too (benchmark/RESULTS.md).
 /// @return the slot, or -1 when no room was found, in every lane; the caller's sink
 /// writes the row after.
 template <class Tile, class V>
@@ -339,17 +340,27 @@ DYNEMB_HD int64_t tile_claim_by_move(const Tile& tile, const TableRef<V>& t, int
                                      const KeyProbe& p, const UpsertArgs& u, uint64_t score,
                                      int64_t second) {
   int64_t slot = -1;
-  if (second >= 0 && !tile_room_within_reach(tile, t, p.bucket, second)) second = -1;
-  for (int k = 0; k < 2 && second >= 0 && slot < 0; ++k) {
+  // Each search only where a bucket within its reach has a free slot.
+  const bool three = second >= 0 && tile_room_within_reach<3>(tile, t, p.bucket, second);
+  const bool two = three && tile_room_within_reach<2>(tile, t, p.bucket, second);
+  for (int k = 0; k < 2 && two && slot < 0; ++k) {
     const RoomMove m = tile_room_in(tile, t, k == 0 ? p.bucket : second);
     if (m.from < 0) continue;
     tile_move_for_room(tile, t, m);
     slot = m.from;
   }
-  for (int k = 0; k < 2 && second >= 0 && slot < 0; ++k) {
-    const RoomChain c = tile_room_chain_in(tile, t, k == 0 ? p.bucket : second);
+  for (int k = 0; k < 2 && two && slot < 0; ++k) {
+    const RoomChain c = tile_room_chain<2>(tile, t, k == 0 ? p.bucket : second);
     if (c.from < 0) continue;
     tile_move_for_room(tile, t, c.inner);
+    tile_move_for_room(tile, t, RoomMove{c.from, c.inner.from});
+    slot = c.from;
+  }
+  for (int k = 0; k < 2 && three && slot < 0; ++k) {
+    const RoomChain3 c = tile_room_chain<3>(tile, t, k == 0 ? p.bucket : second);
+    if (c.from < 0) continue;
+    tile_move_for_room(tile, t, c.inner.inner);
+    tile_move_for_room(tile, t, RoomMove{c.inner.from, c.inner.inner.from});
     tile_move_for_room(tile, t, RoomMove{c.from, c.inner.from});
     slot = c.from;
   }

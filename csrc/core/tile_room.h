@@ -6,6 +6,8 @@
 // starts leave some keys whose two buckets are both full while a neighbour has room; a
 // table saved near its max capacity holds such keys in the buckets their history gave
 // them, which a restore from a checkpoint (no slots kept) must find room for again.
+// A restore also chains such moves, two or three deep (tile_room_chain), each search
+// bounded by the reach of its moves.
 #pragma once
 
 #include "core/bucket_tile.h"
@@ -25,8 +27,8 @@ DYNEMB_HD DYNEMB_INLINE void claim_moved(const TableRef<V>& dst, int64_t slot,
 /// A move that frees a slot of a full bucket: the entry of slot `from` goes to the
 /// free slot `to` of its other bucket.
 struct RoomMove {
-  int64_t from;  // -1: no entry of the bucket has room in its other bucket
-  int64_t to;
+  int64_t from = -1;  // -1: no entry of the bucket has room in its other bucket
+  int64_t to = -1;
 };
 
 /// The other bucket of the entry at `slot` of bucket `b` (its second when b is its
@@ -82,16 +84,16 @@ DYNEMB_HD RoomMove tile_room_in(const Tile& tile, const TableRef<V>& t, int64_t 
   return {-1, -1};
 }
 
-/// Whether any bucket within reach of a move chain from `home` and `second` (a key's two
-/// buckets, both full) has a free slot: a resident of bucket X moves to its other
-/// bucket, within kSecondBucketSpan of X, so two moves reach 2 * kSecondBucketSpan
-/// buckets either side. When none has, no chain finds room: the caller skips the search
-/// (in a full table every key that fails would otherwise scan bucket_capacity^2
+/// Whether any bucket within reach of a chain of kMoves moves from `home` and `second` (a
+/// key's two buckets, both full) has a free slot: a resident of bucket X moves to its
+/// other bucket, within kSecondBucketSpan of X, so k moves reach k * kSecondBucketSpan
+/// buckets either side. When none has, no such chain finds room: the caller skips the
+/// search (in a full table every key that fails would otherwise scan bucket_capacity^k
 /// residents' buckets). Reads only. @return the same in every lane.
-template <class Tile, class V>
+template <int kMoves, class Tile, class V>
 DYNEMB_HD bool tile_room_within_reach(const Tile& tile, const TableRef<V>& t, int64_t home,
                                       int64_t second) {
-  constexpr int64_t kReach = 2 * kSecondBucketSpan;
+  constexpr int64_t kReach = kMoves * kSecondBucketSpan;
   const int64_t last = second >= home ? second : second + t.num_buckets;  // wraps past the end
   const int64_t span = last - home + 2 * kReach + 1;
   const int64_t count = span < t.num_buckets ? span : t.num_buckets;
@@ -103,30 +105,74 @@ DYNEMB_HD bool tile_room_within_reach(const Tile& tile, const TableRef<V>& t, in
   return false;
 }
 
-/// Two moves that free a slot of full bucket `b` when no resident of it has room in its
-/// other bucket (tile_room_in gave none): `inner` makes room in the other bucket of the
-/// resident at `from` (tile_room_in there), which then moves into inner.from.
-struct RoomChain {
-  RoomMove inner;
-  int64_t from;  // -1: none found
+/// A chain of moves that frees a slot of full bucket `b` when a shorter one does not:
+/// `inner` makes room in the other bucket of the resident at `from`, which then moves
+/// into inner.from.
+template <class Inner>
+struct RoomVia {
+  Inner inner{};
+  int64_t from = -1;  // -1: none found
 };
 
-/// For a pass that owns the table, when tile_room_in found no room in `b`: the first
-/// entry of `b`, in slot order, whose other bucket has a resident with room in its own
-/// other bucket. Reads only. @return the same in every lane.
-template <class Tile, class V>
-DYNEMB_HD RoomChain tile_room_chain_in(const Tile& tile, const TableRef<V>& t, int64_t b) {
+/// What a chain of kMoves moves is: a RoomMove, then a RoomVia of the chain one shorter.
+template <int kMoves>
+struct RoomChainOf {
+  using type = RoomVia<typename RoomChainOf<kMoves - 1>::type>;
+};
+template <>
+struct RoomChainOf<1> {
+  using type = RoomMove;
+};
+template <int kMoves>
+using RoomChainOfT = typename RoomChainOf<kMoves>::type;
+using RoomChain = RoomChainOfT<2>;   // tile_room_chain<2>
+using RoomChain3 = RoomChainOfT<3>;  // tile_room_chain<3>
+
+/// The first entry of full bucket `b`, in slot order, whose other bucket `search` (a
+/// shorter chain's search there: `search(tile, t, other).from >= 0`) finds room in. A
+/// bucket where it found none is not searched again. Its buckets differ from `b`: `b`
+/// is full and, once the shorter chains failed there, no chain through `b` can start
+/// or end in it. Reads only. @return the same in every lane.
+template <class Inner, class Tile, class V, class Search>
+DYNEMB_HD RoomVia<Inner> tile_room_via(const Tile& tile, const TableRef<V>& t, int64_t b,
+                                       const Search& search) {
   const int64_t base = b * t.bucket_capacity;
-  uint64_t roomless = 0;  // near_bit of the other buckets where tile_room_in found none
+  uint64_t roomless = 0;  // near_bit of the other buckets where search found none
   for (int64_t s = base; s < base + t.bucket_capacity; ++s) {
     const int64_t other = other_bucket(t, s, b);
     const uint64_t bit = near_bit(t, b, other);
     if (roomless & bit) continue;
-    const RoomMove m = tile_room_in(tile, t, other);
-    if (m.from >= 0) return {m, s};
+    const Inner room = search(tile, t, other);
+    if (room.from >= 0) return {room, s};
     roomless |= bit;
   }
-  return {{-1, -1}, -1};
+  return {};
+}
+
+template <int kMoves, class Tile, class V>
+DYNEMB_HD RoomChainOfT<kMoves> tile_room_chain(const Tile& tile, const TableRef<V>& t, int64_t b);
+
+/// tile_room_chain<kMoves> as an argument of tile_room_via.
+template <int kMoves>
+struct RoomChainSearch {
+  template <class Tile, class V>
+  DYNEMB_HD RoomChainOfT<kMoves> operator()(const Tile& tile, const TableRef<V>& t,
+                                            int64_t b) const {
+    return tile_room_chain<kMoves>(tile, t, b);
+  }
+};
+
+/// For a pass that owns the table, when no shorter chain found room in full bucket `b`:
+/// a chain of kMoves moves (1: tile_room_in; more: the first entry of `b` whose other
+/// bucket has a chain one shorter, tile_room_via). Reads only. @return the same in
+/// every lane.
+template <int kMoves, class Tile, class V>
+DYNEMB_HD RoomChainOfT<kMoves> tile_room_chain(const Tile& tile, const TableRef<V>& t, int64_t b) {
+  if constexpr (kMoves == 1) {
+    return tile_room_in(tile, t, b);
+  } else {
+    return tile_room_via<RoomChainOfT<kMoves - 1>>(tile, t, b, RoomChainSearch<kMoves - 1>{});
+  }
 }
 
 }  // namespace dynemb

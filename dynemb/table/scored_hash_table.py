@@ -810,7 +810,7 @@ class ScoredHashTable:
         then a full bucket evicts its lowest (score, digest, key) resident (CUSTOMIZED refuses
         a newcomer ranking below it), and keys that fit nowhere are reported failed.
         Under NO_EVICTION a key whose two buckets are full takes a slot freed by moving
-        a resident, row and all, to its other bucket (or two residents in a chain), so
+        a resident, row and all, to its other bucket (or two or three in a chain), so
         that a table saved at its max capacity restores whole from its entries in slot
         order; in another order a few keys may still find no room at the highest loads.
 

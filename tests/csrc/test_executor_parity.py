@@ -234,17 +234,20 @@ def _lost_without_moves(keys, num_buckets, bucket_capacity):
     return lost
 
 
+@pytest.mark.parametrize("n, seed", [(505, 4), (510, 6)], ids=["505", "510"])
 @pytest.mark.parametrize("fast_slots", [None, 200])
-def test_a_restore_makes_room_by_moving_residents(fast_slots, cpu_threads):
-    """505 keys into 512 slots: pass 2 places every key, some only in a slot freed by
-    moving residents (one move or two) with their rows, the same on every executor."""
+def test_a_restore_makes_room_by_moving_residents(fast_slots, n, seed, cpu_threads):
+    """505 or 510 keys into 512 slots: pass 2 places every key, some only in a slot freed
+    by moving residents (one move, or a chain of two or three) with their rows, the same
+    on every executor. The 510 keys need a chain of three: with chains of at most two,
+    one of them found no room."""
     table = parity_table(NO_EVICTION, num_buckets=32, fast_slots=fast_slots)
-    g = torch.Generator().manual_seed(4)
-    keys = torch.randint(0, 1 << 50, (505,), generator=g)
-    assert keys.unique().numel() == 505
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(0, 1 << 50, (n,), generator=g)
+    assert keys.unique().numel() == n
     assert _lost_without_moves(keys, 32, 16) > 0  # the moves are needed
-    values = torch.randn(505, DIM, generator=g)
-    state = torch.randn(505, ROW - DIM, generator=g)
+    values = torch.randn(n, DIM, generator=g)
+    state = torch.randn(n, ROW - DIM, generator=g)
     policy = [NO_EVICTION, 9, 1, 0, DIM, 0, NO_PINS]
     restored = run_on_every_executor(
         table,

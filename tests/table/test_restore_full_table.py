@@ -3,8 +3,8 @@
 Two choices placed by the fills as each batch starts leave a full table whose keys sit
 in the buckets their history gave them; a restore (no slots saved) that places keys
 the same way lost ~0.8% of them. Its pass 2 now makes room for a key whose two buckets
-are full by moving a resident, with its row, to its other bucket (one move, or two:
-csrc/core/tile_room.h), on every executor. A moved key must keep its own row, on a
+are full by moving a resident, with its row, to its other bucket (one move, or a chain
+of two or three: csrc/core/tile_room.h), on every executor. A moved key must keep its own row, on a
 hybrid table's slow tier too."""
 
 import tempfile
@@ -85,6 +85,27 @@ def test_keys_restored_in_any_order_fail_only_when_both_buckets_are_full(device)
     lost = keys[~restored.contains(keys)]
     assert lost.numel() == stats.failed == keys.numel() - restored.size()
     assert all(ref.window_full(restored, int(k)) for k in lost.cpu().tolist())
+
+
+@pytest.mark.parametrize(
+    "seed, fast_rows", [(2, None), (9, None), (9, 6000)], ids=["2", "9", "9-hybrid"]
+)
+def test_keys_in_a_random_order_find_room_three_moves_away(device, seed, fast_rows):
+    """Tables (2^14 slots) whose random-order restore lost keys with chains of one or two
+    moves: 1 key (seed 2) and 5 (seed 9). A chain of three moves (tile_room.h
+    tile_room_chain<3>) finds room for every key, and each key keeps its own row, moved
+    across tiers in the hybrid table."""
+    capacity = 1 << 14
+    keys, rows = _saved(_filled(device, fast_rows, seed=seed, capacity=capacity))
+    perm = torch.randperm(keys.numel(), generator=torch.Generator().manual_seed(3))
+    keys, rows = keys[perm.to(device)], rows[perm.to(device)]
+    restored = _table(device, fast_rows, capacity=capacity)
+    stats = restored.restore(keys, rows[:, :DIM], rows[:, DIM:])
+    assert stats.failed == 0 and restored.size() == keys.numel()
+    found = restored.export_batch(0, restored.capacity(), include_extra=True)
+    order_saved, order_found = torch.argsort(keys), torch.argsort(found[0])
+    assert torch.equal(found[0][order_found], keys[order_saved])
+    assert torch.equal(found[1][order_found], rows[order_saved])
 
 
 @pytest.mark.parametrize("buckets", [2, 5, 16, 31])
