@@ -221,6 +221,18 @@ class RankAgreement:
             r,
         )
 
+    def _posted(self, step: str, r: int, ranks: list[int], got: dict) -> bool:
+        """Whether rank ``r``, found failed, had posted at ``step`` (one this step waits
+        for; read into ``got``): a rank posts its outcome, then raises and announces its
+        failure, and a waiter that missed the post by a poll must still take it (rank 0
+        of a delta publication posts its write error so, for the others to raise)."""
+        if r in got:
+            return True
+        if r not in ranks or not self._call(self._store.check, [f"{step}/{r}"]):
+            return False
+        got[r] = json.loads(self._call(self._store.get, f"{step}/{r}"))
+        return True
+
     def _wait(self, step: str, ranks: list[int], wait_all: bool, deadline=None) -> dict:
         got: dict = {}
         seen = {}  # rank -> (its beat count, when this rank saw it change)
@@ -239,13 +251,16 @@ class RankAgreement:
             # a failed rank posts its error there before it leaves.
             if not wait_all and self._call(self._store.check, ["failed"]):
                 failed = json.loads(self._call(self._store.get, "failed"))
-                if failed["rank"] != self.rank:
-                    raise RankFailure(
-                        f"{self.op}: rank {failed['rank']} of {self.world_size} failed: "
-                        f"{failed['error']}",
-                        failed["rank"],
-                        failed["error"],
-                    )
+                who = failed["rank"]
+                if who != self.rank:
+                    if not self._posted(step, who, ranks, got):
+                        raise RankFailure(
+                            f"{self.op}: rank {who} of {self.world_size} failed: {failed['error']}",
+                            who,
+                            failed["error"],
+                        )
+                    if isinstance(got[who], dict) and got[who].get("error"):
+                        return got  # its post reports the failure, as above
             if self._call(self._store.check, ["dead"]):  # another rank found one dead
                 self._dead = int(self._call(self._store.get, "dead"))
                 raise self._stopped(self._dead, step)
